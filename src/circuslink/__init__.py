@@ -1,0 +1,49 @@
+"""circuslink: direct accelerator-to-accelerator communication fused with computation.
+
+Start here::
+
+    import circuslink as cl
+    world = cl.init()                      # rank, size, back-end (cuda if a GPU is there, else cpu)
+    buf = world.alloc(1 << 20)             # symmetric memory: buf.local, buf.peer(r), buf.ptr(r)
+    world.barrier()
+    world.close()
+
+Run several ranks with ``circuslink run -n 4 -- python app.py`` (or mpirun).
+"""
+
+from __future__ import annotations
+
+from .device_code import compile, include_dir
+from .errors import (
+    BackendError,
+    ChannelError,
+    CompileError,
+    ConfigError,
+    Error,
+    PeerError,
+    RmaError,
+    SpecError,
+    TimeoutError,
+)
+from .memory import SymmetricBuffer
+from .world import World, init
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendError",
+    "ChannelError",
+    "CompileError",
+    "ConfigError",
+    "Error",
+    "PeerError",
+    "RmaError",
+    "SpecError",
+    "SymmetricBuffer",
+    "TimeoutError",
+    "World",
+    "__version__",
+    "compile",
+    "include_dir",
+    "init",
+]

@@ -1,0 +1,23 @@
+"""Start N ranks on this machine, one GPU each on the cuda back-end."""
+
+from __future__ import annotations
+
+import argparse
+
+from .backends import BACKENDS
+from .launcher import launch
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", "--nranks", type=int, required=True, metavar="N", help="number of ranks to start")
+    p.add_argument("--backend", choices=BACKENDS, help="back-end for every rank (default: cuda if a GPU is there)")
+    p.add_argument("--tag-output", choices=("all", "others", "none"), default="all",
+                   help="prefix output lines with [rank] (default: all)")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the program each rank runs")
+
+
+def run(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    return launch(args.nranks, command, backend=args.backend, tag_output=args.tag_output)

@@ -1,0 +1,89 @@
+"""The cpu back-end: symmetric memory in POSIX shared memory (/dev/shm).
+
+Each rank creates one file per allocation and maps every peer's. Once every rank has
+mapped every file the names are unlinked, so nothing is left in /dev/shm even if a
+rank is killed later: the memory lives exactly as long as the mappings.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendError
+from ..memory import SymmetricBuffer
+
+SHM_DIR = "/dev/shm"
+
+
+class CpuBackend:
+    name = "cpu"
+    device = None
+    xp = np
+
+    def __init__(self, world: Any) -> None:
+        self.world = world
+        self._alloc_count = 0
+        if not os.path.isdir(SHM_DIR):
+            raise BackendError(f"the cpu back-end needs POSIX shared memory at {SHM_DIR}")
+
+    def _name(self, alloc_id: int, rank: int) -> str:
+        return os.path.join(SHM_DIR, f"circuslink-{self.world.job_id}-{alloc_id}-{rank}")
+
+    def alloc(self, nbytes: int, timeout: float | None) -> SymmetricBuffer:
+        world = self.world
+        self._alloc_count += 1
+        alloc_id = self._alloc_count
+        mine = self._name(alloc_id, world.rank)
+        fd = os.open(mine, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        maps: dict[int, mmap.mmap] = {}
+        try:
+            os.ftruncate(fd, nbytes)
+            maps[world.rank] = mmap.mmap(fd, nbytes)
+        finally:
+            os.close(fd)
+        try:
+            world.barrier(timeout)  # every file exists
+            for r in range(world.size):
+                if r == world.rank:
+                    continue
+                pfd = os.open(self._name(alloc_id, r), os.O_RDWR)
+                try:
+                    maps[r] = mmap.mmap(pfd, nbytes)
+                finally:
+                    os.close(pfd)
+            world.barrier(timeout)  # every rank has mapped every file
+        finally:
+            try:
+                os.unlink(mine)
+            except FileNotFoundError:
+                pass
+        arrays = {r: np.frombuffer(m, dtype=np.uint8) for r, m in maps.items()}
+        ptrs = [int(arrays[r].ctypes.data) for r in range(world.size)]
+
+        def make_array(rank: int):
+            return arrays[rank]
+
+        def release_local() -> None:
+            arrays.clear()
+            for m in maps.values():
+                try:
+                    m.close()
+                except BufferError:
+                    pass  # a caller still holds a view; the mapping goes when it does
+            maps.clear()
+
+        def release_all(timeout: float | None = None) -> None:
+            world.barrier(timeout)  # nobody is still writing into my buffer
+            release_local()
+
+        return SymmetricBuffer(world, nbytes, ptrs, make_array, release_local, release_all)
+
+    def synchronize(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,129 @@
+"""The cuda back-end: symmetric memory in device memory, shared over NVLink by CUDA IPC.
+
+Buffers come from plain ``cudaMalloc`` (never managed memory). Each rank exports its
+buffer with ``cudaIpcGetMemHandle``; peers map it with ``cudaIpcOpenMemHandle`` and
+then load from and store to it directly from kernels. Several ranks may share one GPU:
+IPC between processes of the same device works the same way.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..errors import BackendError, ConfigError
+from ..memory import SymmetricBuffer
+
+_IPC_LAZY_ENABLE_PEER_ACCESS = 1  # cudaIpcMemLazyEnablePeerAccess
+
+
+def _cupy():
+    import cupy
+
+    return cupy
+
+
+class CudaBackend:
+    name = "cuda"
+
+    def __init__(self, world: Any) -> None:
+        cp = _cupy()
+        self.xp = cp
+        self.world = world
+        count = cp.cuda.runtime.getDeviceCount()
+        raw = os.environ.get("CIRCUSLINK_DEVICE")
+        if raw not in (None, ""):
+            try:
+                device = int(raw)
+            except ValueError:
+                raise ConfigError(f"CIRCUSLINK_DEVICE={raw!r} is not an integer") from None
+        else:
+            device = world.local_rank % count
+        if not 0 <= device < count:
+            raise ConfigError(f"CIRCUSLINK_DEVICE={device} but this machine has {count} GPU(s)")
+        self.device = device
+        cp.cuda.Device(device).use()
+        self.stream = cp.cuda.Stream(non_blocking=True)
+
+    def _check_peer_access(self, devices: list[int]) -> None:
+        rt = self.xp.cuda.runtime
+        me = self.device
+        for r, d in enumerate(devices):
+            if d != me and not rt.deviceCanAccessPeer(me, d):
+                raise BackendError(
+                    f"rank {self.world.rank} (GPU {me}) cannot access rank {r}'s GPU {d}: "
+                    "no peer-to-peer path (NVLink or PCIe P2P) between them"
+                )
+
+    def alloc(self, nbytes: int, timeout: float | None) -> SymmetricBuffer:
+        cp = self.xp
+        rt = cp.cuda.runtime
+        world = self.world
+        with cp.cuda.Device(self.device):
+            base = rt.malloc(nbytes)
+            try:
+                rt.memset(base, 0, nbytes)
+                rt.deviceSynchronize()
+                handle = bytes(rt.ipcGetMemHandle(base))
+            except Exception:
+                rt.free(base)
+                raise
+        ptrs: list[int] = []
+        opened: list[int] = []
+        try:
+            peers = world.allgather((self.device, handle), timeout)
+            self._check_peer_access([d for d, _ in peers])
+            with cp.cuda.Device(self.device):
+                for r, (_, h) in enumerate(peers):
+                    if r == world.rank:
+                        ptrs.append(base)
+                    else:
+                        p = rt.ipcOpenMemHandle(h, _IPC_LAZY_ENABLE_PEER_ACCESS)
+                        opened.append(p)
+                        ptrs.append(p)
+            world.barrier(timeout)
+        except Exception:
+            self._close_handles(opened)
+            rt.free(base)
+            raise
+
+        state = {"base": base, "opened": opened}
+
+        def make_array(rank: int):
+            mem = cp.cuda.UnownedMemory(ptrs[rank], nbytes, owner=buf, device_id=self.device)
+            return cp.ndarray((nbytes,), dtype=cp.uint8, memptr=cp.cuda.MemoryPointer(mem, 0))
+
+        def release_local() -> None:
+            self._close_handles(state["opened"])
+            state["opened"] = []
+            if state["base"] is not None:
+                with cp.cuda.Device(self.device):
+                    rt.deviceSynchronize()
+                    rt.free(state["base"])
+                state["base"] = None
+
+        def release_all(timeout: float | None = None) -> None:
+            with cp.cuda.Device(self.device):
+                rt.deviceSynchronize()  # my kernels no longer touch peers' memory
+            self._close_handles(state["opened"])
+            state["opened"] = []
+            world.barrier(timeout)  # no peer has my buffer mapped any more
+            release_local()
+
+        buf = SymmetricBuffer(world, nbytes, ptrs, make_array, release_local, release_all)
+        return buf
+
+    def _close_handles(self, opened: list[int]) -> None:
+        rt = self.xp.cuda.runtime
+        with self.xp.cuda.Device(self.device):
+            for p in opened:
+                try:
+                    rt.ipcCloseMemHandle(p)
+                except Exception:
+                    pass
+
+    def synchronize(self) -> None:
+        self.xp.cuda.Device(self.device).synchronize()
+
+    def close(self) -> None:
+        pass

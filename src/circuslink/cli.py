@@ -1,0 +1,87 @@
+"""The ``circuslink`` command.
+
+Each sub-command lives in its own module, which provides ``add_arguments(parser)`` and
+``run(args) -> int``; this file only wires them up and owns the one error style: a
+:class:`circuslink.Error` becomes one line ``circuslink: error: ...`` on stderr and exit
+code 1, never a traceback (set ``CIRCUSLINK_DEBUG=1`` to see the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from . import __version__
+from .errors import Error
+
+# (name, module, help). Modules are imported only when their command runs.
+COMMANDS = [
+    ("info", "circuslink.info", "versions, back-ends, GPUs and their peer-access / NVLink matrix"),
+    ("run", "circuslink._run_command", "start N ranks on this machine: circuslink run -n N -- CMD ..."),
+    ("probe", "circuslink.probe", "measure the physical floor between every pair of ranks"),
+    ("gen", "circuslink.spec.codegen", "generate a CUDA header and host binding from a channel spec (app.xml)"),
+]
+BENCHMARKS = [
+    ("pingpong", "circuslink.bench.pingpong", "channel pingpong against the floor, NCCL, NVSHMEM and MPI"),
+    ("allreduce-like", "circuslink.bench.allreduce_like", "CIRCUS's allreduce-like pipeline"),
+    ("allreduce", "circuslink.bench.allreduce", "channel all-reduce against NCCL"),
+    ("rma", "circuslink.bench.rma", "persistent RMA queues against MPI-3 RMA, MPI persistent p2p and NCCL"),
+]
+
+
+def _add_commands(sub, table) -> None:
+    for name, module_name, help_text in table:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue  # a feature not built into this install
+        if not hasattr(module, "add_arguments"):
+            continue
+        p = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip().splitlines()[0])
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="circuslink",
+        description="circuslink: direct GPU-to-GPU channels, RMA queues and transposing puts",
+    )
+    parser.add_argument("--version", action="version", version=f"circuslink {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_commands(sub, COMMANDS)
+    bench = sub.add_parser("bench", help="benchmarks (ours against the floor and the baselines)")
+    bench_sub = bench.add_subparsers(dest="benchmark", metavar="BENCHMARK")
+    _add_commands(bench_sub, BENCHMARKS)
+    bench.set_defaults(_run=lambda args: _missing(bench))
+    return parser
+
+
+def _missing(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        return _missing(parser)
+    try:
+        return int(args._run(args) or 0)
+    except Error as exc:
+        if os.environ.get("CIRCUSLINK_DEBUG"):
+            raise
+        print(f"circuslink: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("circuslink: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

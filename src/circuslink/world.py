@@ -1,0 +1,270 @@
+"""Ranks: who am I, who else is there, and the collectives every other layer builds on.
+
+:func:`init` works three ways, detected from the environment:
+
+* started by ``circuslink run`` (``CIRCUSLINK_RANK`` is set): the launcher hosts the
+  rendezvous store and records how each rank exits, so a collective waiting on a
+  dead rank fails at once with that rank's name;
+* started by ``mpirun`` (Open MPI's ``OMPI_COMM_WORLD_*`` or MPICH/PMI's ``PMI_*``):
+  rank 0 hosts the store and sends its address to the others through mpi4py;
+* a plain single process: a world of one rank.
+
+Every collective waits through one function (:meth:`World._exchange`), so every one of
+them has the same time-out and the same error, naming the ranks that did not arrive.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import time
+from typing import Any
+
+from . import _store
+from ._config import resolve_timeout
+from .errors import ConfigError, PeerError, TimeoutError
+
+_POLL_SLICE_S = 0.5  # how long one store poll blocks before the client re-checks its deadline
+
+
+def _env_int(env: dict[str, str], *names: str) -> int | None:
+    for name in names:
+        raw = env.get(name)
+        if raw not in (None, ""):
+            try:
+                return int(raw)
+            except ValueError:
+                raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from None
+    return None
+
+
+class World:
+    """The set of ranks of one job. Create it with :func:`circuslink.init`."""
+
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        local_rank: int,
+        local_size: int,
+        job_id: str,
+        store: _store.StoreClient | None,
+        backend_name: str | None,
+        launched_by: str,
+        hosted_store: _store.StoreServer | None = None,
+        mpi_comm: Any = None,
+    ) -> None:
+        self.rank = rank
+        self.size = size
+        self.local_rank = local_rank
+        self.local_size = local_size
+        self.job_id = job_id
+        self.launched_by = launched_by
+        self._store = store
+        self._hosted_store = hosted_store
+        self._mpi_comm = mpi_comm
+        self._seq = 0
+        self._closed = False
+        self._buffers: list = []  # live SymmetricBuffers, freed by close()
+        from .backends import select_backend
+
+        self.backend = select_backend(backend_name, self)
+
+    # -- identity ---------------------------------------------------------------------------
+    @property
+    def device(self) -> int | None:
+        """The GPU ordinal this rank uses (None on the cpu back-end)."""
+        return self.backend.device
+
+    @property
+    def xp(self):
+        """The array module of this back-end: numpy (cpu) or cupy (cuda)."""
+        return self.backend.xp
+
+    @property
+    def mpi_comm(self):
+        """mpi4py's COMM_WORLD when started by mpirun, else None."""
+        return self._mpi_comm
+
+    def __repr__(self) -> str:
+        return (
+            f"World(rank={self.rank}, size={self.size}, local_rank={self.local_rank}, "
+            f"backend={self.backend.name!r}, device={self.device})"
+        )
+
+    # -- collectives --------------------------------------------------------------------------
+    def _exchange(self, what: str, payload: bytes, timeout: float | None) -> list[bytes]:
+        """Post ``payload`` and wait for every rank's; the one wait all collectives share."""
+        self._check_open()
+        self._seq += 1
+        if self.size == 1:
+            return [payload]
+        assert self._store is not None
+        seq = self._seq
+        deadline = time.monotonic() + resolve_timeout(timeout)
+        prefix = f"c/{seq}/"
+        self._store.set(prefix + str(self.rank), payload)
+        wanted = {prefix + str(r): r for r in range(self.size)}
+        values: dict[str, bytes] = {}
+        while True:
+            missing = {k: r for k, r in wanted.items() if k not in values}
+            present, exited = self._store.poll(missing, min(_POLL_SLICE_S, max(0.0, deadline - time.monotonic())))
+            values.update(present)
+            if len(values) == self.size:
+                break
+            if exited:
+                r, how = sorted(exited.items())[0]
+                raise PeerError(f"rank {r} {how} before joining {what} #{seq} (waiting on rank {self.rank})")
+            if time.monotonic() >= deadline:
+                late = sorted(r for k, r in wanted.items() if k not in values)
+                raise TimeoutError(
+                    f"{what} #{seq} timed out on rank {self.rank}: rank(s) {', '.join(map(str, late))} "
+                    f"did not arrive within {resolve_timeout(timeout):g} s (CIRCUSLINK_TIMEOUT sets the limit)"
+                )
+        # Everyone has posted collective seq, so everyone has finished reading seq-1.
+        if seq > 1:
+            self._store.delete(f"c/{seq - 1}/{self.rank}")
+        return [values[prefix + str(r)] for r in range(self.size)]
+
+    def barrier(self, timeout: float | None = None) -> None:
+        """Return once every rank has called barrier; raise if one is dead or late."""
+        self._exchange("barrier", b"", timeout)
+
+    def allgather(self, obj: Any, timeout: float | None = None) -> list[Any]:
+        """Every rank's ``obj``, in rank order. ``bytes`` travel as they are; anything else is pickled."""
+        if isinstance(obj, bytes | bytearray | memoryview):
+            payload = b"B" + bytes(obj)
+        else:
+            payload = b"P" + pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        out = []
+        for raw in self._exchange("allgather", payload, timeout):
+            out.append(raw[1:] if raw[:1] == b"B" else pickle.loads(raw[1:]))
+        return out
+
+    def bcast(self, obj: Any = None, root: int = 0, timeout: float | None = None) -> Any:
+        """``root``'s ``obj`` on every rank."""
+        if not 0 <= root < self.size:
+            raise ConfigError(f"bcast root={root} is out of range for a world of {self.size} ranks")
+        return self.allgather(obj if self.rank == root else None, timeout)[root]
+
+    # -- memory -------------------------------------------------------------------------------
+    def alloc(self, nbytes: int, timeout: float | None = None):
+        """Collective: a :class:`~circuslink.memory.SymmetricBuffer` of ``nbytes`` on every rank.
+
+        Each rank gets its own zeroed buffer plus mapped views of every peer's, as arrays
+        and as raw pointers for kernels. Free it with ``buf.free()`` (collective) or let
+        :meth:`close` do it.
+        """
+        self._check_open()
+        if not isinstance(nbytes, int) or nbytes <= 0:
+            raise ConfigError(f"alloc: nbytes must be a positive integer, got {nbytes!r}")
+        sizes = self.allgather(nbytes, timeout)
+        if len(set(sizes)) != 1:
+            detail = ", ".join(f"rank {r}: {n}" for r, n in enumerate(sizes))
+            raise ConfigError(f"alloc is collective and needs the same nbytes on every rank ({detail})")
+        buf = self.backend.alloc(nbytes, timeout)
+        self._buffers.append(buf)
+        return buf
+
+    def _forget(self, buf) -> None:
+        if buf in self._buffers:
+            self._buffers.remove(buf)
+
+    # -- teardown -----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigError("this World is closed")
+
+    def close(self, timeout: float | None = None) -> None:
+        """Free every buffer, wait for every rank, and disconnect. Idempotent."""
+        if self._closed:
+            return
+        try:
+            for buf in list(self._buffers):
+                buf.free(timeout)
+            self.barrier(timeout)
+        finally:
+            self._closed = True
+            self.backend.close()
+            if self._store is not None:
+                self._store.close()
+            if self._hosted_store is not None:
+                self._hosted_store.close()
+
+    def __enter__(self) -> World:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            # A failing rank must not wait in close()'s barrier for peers that will wait forever
+            # on it; release local resources only and let the launcher end the job.
+            self._closed = True
+            for buf in list(self._buffers):
+                buf._release_local()
+            self.backend.close()
+
+
+_current: World | None = None
+
+
+def init(backend: str | None = None, timeout: float | None = None) -> World:
+    """Join the job this process belongs to and return its :class:`World`.
+
+    ``backend`` is ``"cpu"``, ``"cuda"`` or None for the default: ``CIRCUSLINK_BACKEND``
+    if set, else cuda when a usable GPU is present, else cpu. Calling init again in the
+    same process returns the same world.
+    """
+    global _current
+    if _current is not None and not _current._closed:
+        return _current
+    env = os.environ
+    connect_timeout = resolve_timeout(timeout)
+    backend = backend or env.get("CIRCUSLINK_BACKEND") or None
+    if "CIRCUSLINK_RANK" in env:
+        rank = _env_int(env, "CIRCUSLINK_RANK")
+        size = _env_int(env, "CIRCUSLINK_SIZE")
+        if rank is None or size is None or not 0 <= rank < size:
+            raise ConfigError(f"CIRCUSLINK_RANK={env.get('CIRCUSLINK_RANK')} / CIRCUSLINK_SIZE={env.get('CIRCUSLINK_SIZE')} are inconsistent")
+        local_rank = _env_int(env, "CIRCUSLINK_LOCAL_RANK")
+        local_size = _env_int(env, "CIRCUSLINK_LOCAL_SIZE")
+        store = _store.StoreClient(env["CIRCUSLINK_STORE"], env["CIRCUSLINK_STORE_TOKEN"], connect_timeout)
+        world = World(
+            rank, size, rank if local_rank is None else local_rank, size if local_size is None else local_size,
+            env.get("CIRCUSLINK_JOB_ID", "job"), store, backend, "circuslink run",
+        )
+    else:
+        mpi_rank = _env_int(env, "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+        if mpi_rank is not None:
+            world = _init_from_mpi(env, backend, connect_timeout)
+        else:
+            world = World(0, 1, 0, 1, _store.new_job_id(), None, backend, "single process")
+    _current = world
+    return world
+
+
+def _init_from_mpi(env: dict[str, str], backend: str | None, connect_timeout: float) -> World:
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise ConfigError(
+            "this process was started by mpirun but mpi4py is not installed: "
+            "pip install mpi4py, or start the job with 'circuslink run'"
+        ) from None
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    local_rank, local_size = local.Get_rank(), local.Get_size()
+    local.Free()
+    hosted = None
+    if rank == 0:
+        host = "127.0.0.1" if local_size == size else socket.gethostname()
+        hosted = _store.StoreServer(host="0.0.0.0" if host != "127.0.0.1" else host)
+        info = (f"{host}:{hosted.address.rsplit(':', 1)[1]}", hosted.token, _store.new_job_id())
+    else:
+        info = None
+    address, token, job_id = comm.bcast(info, root=0)
+    store = _store.StoreClient(address, token, connect_timeout)
+    return World(rank, size, local_rank, local_size, job_id, store, backend, "mpirun", hosted, comm)
