@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# What runs on the GPU machine (the device tool's `run`): install this checkout offline,
+# run the GPU-marked tests, the probe and the benchmarks, and leave everything under $OUT.
+#
+#   scripts/gpu-check.sh [STAGE ...]     stages: info tests probe pingpong allreduce-like allreduce rma all
+#
+# Results go to $OUT/results/ (JSON + PNG, the format of benchmarks/results/) and are also
+# packed into $OUT/results.tar.gz, because the device tool brings back at most 8 files.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT/results"
+LOG="$OUT/gpu-check.log"
+exec > >(tee -a "$LOG") 2>&1
+
+# Never use NVLink multicast on the shared machines (KINDS.md): it can take the GPUs down.
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export PYTHONUNBUFFERED=1 CIRCUSLINK_TIMEOUT=${CIRCUSLINK_TIMEOUT:-60}
+PY=${PYTHON:-python3}
+
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(all)
+want() { for s in "${stages[@]}"; do [ "$s" = "$1" ] || [ "$s" = all ] && return 0; done; return 1; }
+status=0
+step() {  # step NAME CMD...: run, time and record one step; a failure marks the run failed but goes on
+  local name=$1; shift
+  echo "=== $name: $*"
+  local t0=$SECONDS
+  "$@"; local rc=$?
+  echo "=== $name: rc=$rc ($((SECONDS - t0)) s)"
+  [ $rc -eq 0 ] || status=1
+  echo "$name rc=$rc $((SECONDS - t0))s" >> "$OUT/summary.txt"
+}
+
+echo "=== install (offline)"
+$PY -m pip install -q --no-index --no-deps --no-build-isolation -e . || { echo "install failed"; exit 2; }
+nvidia-smi --query-gpu=index,name,memory.total,clocks.sm,clocks.mem --format=csv || true
+
+want info && step info $PY -m circuslink info
+want tests && step tests $PY -m pytest -q -m gpu -p no:cacheprovider --timeout 300 tests
+want probe && step probe $PY -m circuslink probe --json "$OUT/results/probe.json"
+want pingpong && step pingpong $PY -m circuslink bench pingpong --json "$OUT/results/pingpong.json" \
+  --plot "$OUT/results/pingpong.png"
+want allreduce-like && step allreduce-like $PY -m circuslink bench allreduce-like \
+  --json "$OUT/results/allreduce-like.json" --plot "$OUT/results/allreduce-like.png" \
+  --trace "$OUT/results/allreduce-like-trace.json"
+want allreduce && step allreduce $PY -m circuslink bench allreduce --json "$OUT/results/allreduce.json" \
+  --plot "$OUT/results/allreduce.png"
+want rma && step rma $PY -m circuslink bench rma --json "$OUT/results/rma.json" --plot "$OUT/results/rma.png"
+
+tar -czf "$OUT/results.tar.gz" -C "$OUT" results
+echo "=== summary"; cat "$OUT/summary.txt" 2>/dev/null
+exit $status

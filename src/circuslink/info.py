@@ -1,0 +1,127 @@
+"""Versions, back-ends and GPUs, with their peer-access and NVLink matrix."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform
+import shutil
+import sys
+
+from . import __version__
+from .backends import cuda_device_count, default_backend_name
+
+
+def _version(module: str) -> str | None:
+    try:
+        mod = importlib.import_module(module)
+    except Exception:
+        return None
+    return str(getattr(mod, "__version__", "present"))
+
+
+def _nvlink_counts(n: int) -> list[list[int]] | None:
+    """links[i][j]: active NVLinks from GPU i to GPU j, read through NVML (None without it)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+        bus = [pynvml.nvmlDeviceGetPciInfo(h).busId for h in handles]
+        bus = [b.decode() if isinstance(b, bytes) else b for b in bus]
+        links = [[0] * n for _ in range(n)]
+        for i, h in enumerate(handles):
+            for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+                try:
+                    if pynvml.nvmlDeviceGetNvLinkState(h, link) != pynvml.NVML_FEATURE_ENABLED:
+                        continue
+                    remote = pynvml.nvmlDeviceGetNvLinkRemotePciInfo_v2(h, link).busId
+                except Exception:
+                    continue
+                remote = remote.decode() if isinstance(remote, bytes) else remote
+                for j, b in enumerate(bus):
+                    if b.lower().lstrip("0") == remote.lower().lstrip("0"):
+                        links[i][j] += 1
+        return links
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def gather() -> dict:
+    info: dict = {
+        "circuslink": __version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "packages": {m: _version(m) for m in ("numpy", "cupy", "mpi4py", "matplotlib", "cuda.bindings")},
+        "tools": {t: shutil.which(t) for t in ("nvcc", "mpirun")},
+        "backends": {"cpu": True, "cuda": cuda_device_count() > 0},
+        "default_backend": default_backend_name(),
+        "gpus": [],
+    }
+    n = cuda_device_count()
+    if n:
+        import cupy as cp
+
+        rt = cp.cuda.runtime
+        info["cuda"] = {"runtime": rt.runtimeGetVersion(), "driver": rt.driverGetVersion()}
+        try:
+            info["nccl"] = cp.cuda.nccl.get_version()
+        except Exception:
+            info["nccl"] = None
+        for i in range(n):
+            p = rt.getDeviceProperties(i)
+            name = p["name"].decode() if isinstance(p["name"], bytes) else p["name"]
+            info["gpus"].append({
+                "index": i, "name": name, "sm": f"{p['major']}.{p['minor']}",
+                "multiprocessors": p["multiProcessorCount"], "memory_GiB": round(p["totalGlobalMem"] / 2**30, 1),
+            })
+        info["peer_access"] = [[i == j or bool(rt.deviceCanAccessPeer(i, j)) for j in range(n)] for i in range(n)]
+        info["nvlinks"] = _nvlink_counts(n)
+    return info
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def run(args: argparse.Namespace) -> int:
+    info = gather()
+    if args.json:
+        json.dump(info, sys.stdout, indent=2)
+        print()
+        return 0
+    print(f"circuslink {info['circuslink']} on Python {info['python']} ({info['platform']})")
+    print("packages: " + ", ".join(f"{k} {v or 'missing'}" for k, v in info["packages"].items()))
+    print("tools:    " + ", ".join(f"{k} {'found' if v else 'missing'}" for k, v in info["tools"].items()))
+    avail = [k for k, v in info["backends"].items() if v]
+    print(f"back-ends: {', '.join(avail)} (default: {info['default_backend']})")
+    if not info["gpus"]:
+        print("GPUs: none visible")
+        return 0
+    print(f"CUDA runtime {info['cuda']['runtime']}, driver {info['cuda']['driver']}, NCCL {info.get('nccl')}")
+    for g in info["gpus"]:
+        print(f"  GPU {g['index']}: {g['name']}, sm_{g['sm'].replace('.', '')}, {g['multiprocessors']} SMs, "
+              f"{g['memory_GiB']} GiB")
+    n = len(info["gpus"])
+    print("peer access (P) and NVLinks between GPUs:")
+    print("      " + "".join(f"GPU{j:<4}" for j in range(n)))
+    for i in range(n):
+        cells = []
+        for j in range(n):
+            if i == j:
+                cells.append("  -    ")
+                continue
+            links = info["nvlinks"][i][j] if info.get("nvlinks") else None
+            p = "P" if info["peer_access"][i][j] else "x"
+            cells.append(f"{p} NV{links:<3}" if links else f"{p}      ")
+        print(f"GPU{i:<3}" + "".join(cells))
+    return 0

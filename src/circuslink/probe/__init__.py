@@ -1,0 +1,169 @@
+"""Measure the physical floor between every pair of ranks: ``circuslink probe``.
+
+For each ordered pair (a, b) of ranks, rank a measures, while every other rank waits:
+
+* ``ce_GBps``: copy-engine bandwidth, a's buffer into b's (cudaMemcpyAsync over NVLink;
+  ``numpy.copyto`` into b's shared memory on the cpu back-end);
+* ``sm_store_GBps`` / ``sm_load_GBps``: SM stores into, and loads from, b's memory with
+  16-byte vectors (the best over a sweep of CTA counts); ``sm_store_bidir_GBps``: both
+  directions at once;
+* ``lat_relaxed_us``, ``lat_acqrel_us``, ``lat_pull_us``: one-way latency of a one-thread
+  flag pingpong (relaxed stores polled locally; release/acquire; the peer's memory polled).
+
+Every benchmark calls :func:`measure` in its own run and reports these figures next to
+its own, so ratios are taken side by side. On the reference machine the figures must
+match DESIGN.md section 4 (:data:`REFERENCE_H200_NV18`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from .._config import default_timeout
+from ..errors import TimeoutError
+
+# DESIGN.md section 4: 2 x H200 joined by 18 NVLinks, measured 2026-11-22.
+REFERENCE_H200_NV18 = {
+    "ce_GBps": 395.0,
+    "sm_store_GBps": 366.5,  # 364-369
+    "sm_load_GBps": 373.0,
+    "sm_store_bidir_GBps": 362.0,
+    "lat_relaxed_us": 0.61,
+    "lat_acqrel_us": 1.20,
+    "lat_pull_us": 0.96,
+}
+METRICS = list(REFERENCE_H200_NV18)
+_BANDWIDTH_TOLERANCE = 0.05
+_LATENCY_TOLERANCE = 0.10
+
+
+def measure(world: Any, quick: bool = False, pairs: list[tuple[int, int]] | None = None) -> dict:
+    """Collective: the floor between every ordered pair of ranks (or ``pairs``)."""
+    if world.backend.name == "cuda":
+        from ._cuda import CudaProbe as Impl
+    else:
+        from ._cpu import CpuProbe as Impl
+    if pairs is None:
+        pairs = [(a, b) for a in range(world.size) for b in range(world.size) if a != b]
+    impl = Impl(world, quick)
+    try:
+        results = []
+        for a, b in pairs:
+            row = {"a": a, "b": b}
+            row.update(impl.measure_pair(a, b))
+            results.append(row)
+        local = world.allgather(impl.local_copy_GBps())
+    finally:
+        impl.close()
+    floor = {
+        "backend": world.backend.name,
+        "device": impl.device_name(),
+        "quick": quick,
+        "pairs": results,
+        "local_copy_GBps": local,
+    }
+    if results:
+        first = next((r for r in results if (r["a"], r["b"]) == (0, 1)), results[0])
+        floor["summary"] = {k: first[k] for k in METRICS}
+    return floor
+
+
+def check_against_reference(floor: dict) -> list[str]:
+    """Where the floor misses DESIGN.md section 4 (5% on bandwidth, 10% on latency)."""
+    misses = []
+    summary = floor.get("summary") or {}
+    for key, ref in REFERENCE_H200_NV18.items():
+        got = summary.get(key)
+        if got is None:
+            continue
+        tol = _LATENCY_TOLERANCE if key.startswith("lat") else _BANDWIDTH_TOLERANCE
+        if abs(got - ref) > tol * ref:
+            misses.append(f"{key}: {got:.3g} vs {ref:.3g} (off by {100 * (got - ref) / ref:+.1f}%, allowed {tol:.0%})")
+    return misses
+
+
+def _table(floor: dict) -> str:
+    cols = [("pair", 7)] + [(k, len(k) + 2) for k in METRICS]
+    lines = ["".join(name.rjust(w) for name, w in cols)]
+    for r in floor["pairs"]:
+        cells = [f"{r['a']}->{r['b']}".rjust(7)] + [f"{r[k]:.3f}".rjust(w) for k, w in cols[1:]]
+        lines.append("".join(cells))
+    if floor["backend"] == "cuda" and "H200" in floor.get("device", "") and floor.get("summary"):
+        lines.append("".join(["ref".rjust(7)] + [f"{REFERENCE_H200_NV18[k]:.3f}".rjust(w) for k, w in cols[1:]]))
+        lines.append("".join(["ratio".rjust(7)] + [
+            f"{floor['summary'][k] / REFERENCE_H200_NV18[k]:.3f}".rjust(w) for k, w in cols[1:]
+        ]))
+    lines.append("local copy (read+write) GB/s per rank: " + ", ".join(f"{v:.0f}" for v in floor["local_copy_GBps"]))
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..backends import BACKENDS
+
+    p.add_argument("-n", "--nranks", type=int, default=None,
+                   help="ranks to probe (default: one per GPU on cuda, 2 on cpu)")
+    p.add_argument("--backend", choices=BACKENDS, help="back-end (default: cuda if a GPU is there, else cpu)")
+    p.add_argument("--json", metavar="FILE", help="write the figures as JSON (the results format of every benchmark)")
+    p.add_argument("--quick", action="store_true", help="smaller buffers and fewer repetitions")
+    p.add_argument("--check", action="store_true",
+                   help="exit non-zero when the figures miss DESIGN.md section 4 (5%% bandwidth, 10%% latency)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    from ..launcher import inside_job, relaunch_self
+
+    if not inside_job():
+        from ..backends import cuda_device_count, default_backend_name
+
+        backend = args.backend or default_backend_name()
+        n = args.nranks or (max(2, cuda_device_count()) if backend == "cuda" else 2)
+        return relaunch_self(n, _argv(args), backend)
+    from .. import init
+
+    world = init(args.backend)
+    t0 = time.monotonic()
+    floor = measure(world, quick=args.quick)
+    status = 0
+    if world.rank == 0:
+        print(f"circuslink probe: {world.size} ranks, back-end {world.backend.name}, {floor['device']} "
+              f"({time.monotonic() - t0:.1f} s)")
+        print("bandwidths in GB/s (1e9 B/s), latencies one-way in us")
+        print(_table(floor))
+        if args.json:
+            from ..bench._driver import Results
+
+            res = Results("probe", world)
+            res.floor = floor
+            for r in floor["pairs"]:
+                res.add(impl="floor", **r)
+            path = res.write_json(args.json)
+            print(f"wrote {path}")
+        if args.check:
+            misses = check_against_reference(floor)
+            for m in misses:
+                print(f"circuslink probe: misses DESIGN.md section 4: {m}", file=sys.stderr)
+            status = 1 if misses else 0
+    world.close()
+    return status
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    argv = ["probe"]
+    if args.json:
+        argv += ["--json", args.json]
+    if args.quick:
+        argv.append("--quick")
+    if args.check:
+        argv.append("--check")
+    return argv
+
+
+def _stall(what: str, a: int, b: int, detail: str = "") -> TimeoutError:
+    return TimeoutError(
+        f"probe: {what} between rank {a} and rank {b} stalled{(' ' + detail) if detail else ''} "
+        f"(limit {default_timeout():g} s, CIRCUSLINK_TIMEOUT)"
+    )
