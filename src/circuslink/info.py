@@ -74,7 +74,9 @@ def gather() -> dict:
         rt = cp.cuda.runtime
         info["cuda"] = {"runtime": rt.runtimeGetVersion(), "driver": rt.driverGetVersion()}
         try:
-            info["nccl"] = cp.cuda.nccl.get_version()
+            from cupy.cuda import nccl
+
+            info["nccl"] = nccl.get_version()
         except Exception:
             info["nccl"] = None
         for i in range(n):

@@ -51,8 +51,9 @@ __device__ void pingpong(unsigned int* mine, unsigned int* peers, unsigned int b
     if (i == warmup + 1) t0 = globaltimer_ns();
     const unsigned int v = base + (unsigned int)i;
     if (initiator) put_flag<kMode>(mine, peers, v);
-    while (get_flag<kMode>(mine, peers) != v) {
-      if (deadline.expired()) { *error = i; return; }
+    if (!circuslink::detail::spin_until([&] { return get_flag<kMode>(mine, peers) == v; }, deadline)) {
+      *error = i;
+      return;
     }
     if (!initiator) put_flag<kMode>(mine, peers, v);
   }

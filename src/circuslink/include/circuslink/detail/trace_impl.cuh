@@ -1,15 +1,13 @@
 // circuslink/detail/trace_impl.cuh - device code of the tracer (included by trace.cuh).
 #pragma once
 
+#include "sync.cuh"
+
 namespace circuslink {
 namespace trace {
 
-__device__ __forceinline__ unsigned long long now_ns() {
-  unsigned long long t;
-  // volatile: the read must stay where it is written, between the operations it brackets.
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+// The recording clock: %globaltimer, the one time source every circuslink component uses.
+__device__ __forceinline__ unsigned long long now_ns() { return detail::globaltimer_ns(); }
 
 __device__ __forceinline__ unsigned int block_index_() {
   unsigned long long b = blockIdx.x + (unsigned long long)gridDim.x *

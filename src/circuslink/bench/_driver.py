@@ -1,0 +1,444 @@
+"""The one benchmark driver: sizes, common options, one results format, tables and plots.
+
+Every ``circuslink bench X`` module builds on this file, so all benchmarks read the same
+options, write the same JSON (DESIGN.md section 6) and draw the same plots::
+
+    from circuslink.bench import _driver as drv
+
+    def add_arguments(parser):
+        drv.add_common_arguments(parser, default_sizes="8:256M")
+
+    def run(args):
+        world = circuslink.init(args.backend)
+        results = drv.Results("pingpong", world)       # not collective: safe on rank 0 only
+        results.floor = probe.measure(world, quick=args.quick)
+        for nbytes in drv.parse_sizes(args.sizes):
+            drv.progress(f"pingpong {drv.format_bytes(nbytes)}")
+            results.add(impl="channel", bytes=nbytes, latency_us=..., throughput_GBps=...)
+        if world.rank == 0:
+            drv.print_table(results.rows, ["impl", "bytes", "latency_us"], "pingpong")
+            results.write_json(args.json)
+
+Nothing here is collective: every function may be called on one rank only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import BackendError, ConfigError
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:I?B)?\s*$", re.IGNORECASE)
+_MAX_SIZES = 4096  # a range longer than this is a typo, not a benchmark
+_START = time.monotonic()
+_RESULT_KEYS = ("benchmark", "device", "commit", "date", "backend", "nranks", "floor", "meta", "rows")
+
+
+# -- sizes --------------------------------------------------------------------------------------
+def _parse_one(token: str, whole: str) -> int:
+    m = _SIZE_RE.match(token)
+    if not m:
+        raise ConfigError(
+            f"--sizes {whole!r}: bad size {token.strip()!r} (expected a number with an optional "
+            "K/M/G suffix, e.g. 8, 64K, 4MiB)"
+        )
+    value = int(m.group(1)) * _UNITS[m.group(2).upper()]
+    if value <= 0:
+        raise ConfigError(f"--sizes {whole!r}: size {token.strip()!r} must be positive")
+    return value
+
+
+def parse_sizes(text: str | Sequence[int]) -> list[int]:
+    """Message sizes in bytes from ``"8,64,1K,4MiB"`` or ``"8:256M"`` (powers of two, inclusive).
+
+    Suffixes K, M, G are binary (KiB, MiB, GiB); ``B``/``iB`` may follow. Tokens may mix
+    lists and ranges (``"8:64,1M"``). The order is kept and duplicates are dropped. A
+    list of ints is checked and returned as it is, so ``parse_sizes(args.sizes)`` works
+    whether the caller already parsed it or not. Errors name the bad token.
+    """
+    if not isinstance(text, str):
+        sizes = list(text)
+        for s in sizes:
+            if not isinstance(s, int) or isinstance(s, bool) or s <= 0:
+                raise ConfigError(f"sizes: {s!r} is not a positive number of bytes")
+        return list(dict.fromkeys(sizes))
+    if not text.strip():
+        raise ConfigError("--sizes is empty: give e.g. 8,64,1K or 8:256M")
+    out: list[int] = []
+    for token in text.split(","):
+        if not token.strip():
+            raise ConfigError(f"--sizes {text!r}: empty entry between commas")
+        if ":" in token:
+            parts = token.split(":")
+            if len(parts) != 2:
+                raise ConfigError(f"--sizes {text!r}: bad range {token.strip()!r} (expected LOW:HIGH, e.g. 8:256M)")
+            low, high = _parse_one(parts[0], text), _parse_one(parts[1], text)
+            if low > high:
+                raise ConfigError(f"--sizes {text!r}: range {token.strip()!r} goes down ({low} > {high} bytes)")
+            if high.bit_length() - low.bit_length() > _MAX_SIZES:
+                raise ConfigError(f"--sizes {text!r}: range {token.strip()!r} is too long")
+            size = low
+            while size <= high:
+                out.append(size)
+                size *= 2
+        else:
+            out.append(_parse_one(token, text))
+    return list(dict.fromkeys(out))
+
+
+def format_bytes(nbytes: float) -> str:
+    """``8 B``, ``64 KiB``, ``256 MiB``, ``1.5 GiB``: sizes as people read them."""
+    n = float(nbytes)
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            value = n / scale
+            return f"{value:g} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+# -- options ------------------------------------------------------------------------------------
+def add_common_arguments(
+    parser: argparse.ArgumentParser,
+    default_sizes: str,
+    default_nranks: int = 2,
+    *,
+    default_iters: int = 100,
+    default_warmup: int = 10,
+) -> None:
+    """The options every benchmark shares (``args.sizes`` stays a string: call :func:`parse_sizes`)."""
+    parse_sizes(default_sizes)  # a bad default is the benchmark author's bug: fail at once
+    parser.add_argument("--sizes", default=default_sizes,
+                        help=f"message sizes: a list (8,64,1K,4MiB) or powers of two LOW:HIGH (default {default_sizes})")
+    parser.add_argument("--iters", type=_positive_int, default=default_iters,
+                        help=f"timed iterations per size (default {default_iters})")
+    parser.add_argument("--warmup", type=_non_negative_int, default=default_warmup,
+                        help=f"untimed iterations before timing (default {default_warmup})")
+    parser.add_argument("--json", metavar="FILE", default=None,
+                        help="results file (default benchmarks/results/<benchmark>-<device>-<date>.json)")
+    parser.add_argument("--plot", metavar="FILE", default=None, help="write the plot(s) as PNG to FILE")
+    parser.add_argument("--trace", metavar="FILE", default=None, help="write a Chrome/Perfetto trace to FILE")
+    parser.add_argument("--backend", choices=("cpu", "cuda"), default=None,
+                        help="back-end (default: cuda when a GPU is present, else cpu)")
+    parser.add_argument("-n", "--nranks", type=_positive_int, default=default_nranks,
+                        help=f"ranks to start when not already inside a job (default {default_nranks})")
+    parser.add_argument("--quick", action="store_true", help="few sizes and iterations (for tests and smoke runs)")
+    parser.add_argument("--no-baselines", dest="no_baselines", action="store_true",
+                        help="skip NCCL / NVSHMEM / MPI; measure only circuslink and the floor")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be zero or more")
+    return value
+
+
+# -- identity of a run --------------------------------------------------------------------------
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
+
+
+def device_label(world: Any) -> str:
+    """``cpu-<host>`` on the cpu back-end; ``<gpu-name>-x<count>`` (e.g. ``nvidia-h200-x2``) on cuda.
+
+    Not collective: the count is the number of GPUs the job can use, min(ranks, visible GPUs).
+    """
+    if world.backend.name != "cuda":
+        return "cpu-" + _slug(socket.gethostname().split(".")[0])
+    import cupy
+
+    props = cupy.cuda.runtime.getDeviceProperties(world.device)
+    name = props["name"]
+    if isinstance(name, bytes):
+        name = name.decode(errors="replace")
+    count = max(1, min(world.size, cupy.cuda.runtime.getDeviceCount()))
+    return f"{_slug(name)}-x{count}"
+
+
+def git_commit() -> str:
+    """The commit this code runs from (short hash, ``+dirty`` when the tree has changes).
+
+    ``CIRCUSLINK_COMMIT`` overrides it: a copy of the tree without ``.git`` (as on the device
+    machine) has no other way to know. ``unknown`` when neither is available.
+    """
+    override = os.environ.get("CIRCUSLINK_COMMIT")
+    if override:
+        return override
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode != 0:
+            return "unknown"
+        commit = head.stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                                capture_output=True, text=True, timeout=10)
+        if status.returncode == 0 and status.stdout.strip():
+            commit += "+dirty"
+        return commit
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def today() -> str:
+    """The local date, YYYY-MM-DD."""
+    return time.strftime("%Y-%m-%d")
+
+
+def _results_dir() -> Path:
+    # Inside a source checkout results go to its benchmarks/results; elsewhere to ./benchmarks/results.
+    repo = Path(__file__).resolve().parents[3]
+    if (repo / "benchmarks").is_dir() and (repo / "pyproject.toml").is_file():
+        return repo / "benchmarks" / "results"
+    return Path.cwd() / "benchmarks" / "results"
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON types: numpy scalars become numbers, NaN/inf become null, tuples become lists."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if hasattr(value, "item") and callable(value.item):  # numpy / cupy scalar
+        return _jsonable(value.item())
+    if isinstance(value, Path):
+        return str(value)
+    raise ConfigError(f"results: value {value!r} of type {type(value).__name__} cannot be written as JSON")
+
+
+class Results:
+    """The results of one benchmark run: identity, the floor, and one row per measurement.
+
+    Not collective. Rows carry at least ``impl`` and ``bytes``, plus the measured figures
+    (``latency_us``, ``time_us``, ``throughput_GBps``, ...); a baseline that could not run
+    adds a row with ``"skipped": "<reason>"``.
+    """
+
+    def __init__(self, benchmark: str, world: Any) -> None:
+        if not benchmark or not re.fullmatch(r"[A-Za-z0-9_.-]+", benchmark):
+            raise ConfigError(f"Results: benchmark name {benchmark!r} must be letters, digits, '-', '_' or '.'")
+        self.benchmark = benchmark
+        self.device = device_label(world)
+        self.commit = git_commit()
+        self.date = today()
+        self.backend = world.backend.name
+        self.nranks = world.size
+        self.floor: dict | None = None
+        self.rows: list[dict] = []
+        self.meta: dict = {
+            "host": socket.gethostname(),
+            "argv": list(sys.argv),
+            "python": sys.version.split()[0],
+        }
+        self._rank = world.rank
+
+    def add(self, **row: Any) -> dict:
+        """Append one row (``impl`` and ``bytes`` required) and return it."""
+        for key in ("impl", "bytes"):
+            if key not in row:
+                raise ConfigError(f"Results.add for {self.benchmark!r}: the row has no {key!r} field: {row!r}")
+        clean = _jsonable(row)
+        self.rows.append(clean)
+        return clean
+
+    def extend(self, rows: Iterable[dict]) -> None:
+        """Append rows made elsewhere (e.g. by a baseline function)."""
+        for row in rows:
+            self.add(**row)
+
+    def to_dict(self) -> dict:
+        return {
+            "benchmark": self.benchmark,
+            "device": self.device,
+            "commit": self.commit,
+            "date": self.date,
+            "backend": self.backend,
+            "nranks": self.nranks,
+            "floor": _jsonable(self.floor),
+            "meta": _jsonable(self.meta),
+            "rows": list(self.rows),
+        }
+
+    def default_path(self) -> Path:
+        return _results_dir() / f"{self.benchmark}-{self.device}-{self.date}.json"
+
+    def write_json(self, path: str | os.PathLike | None = None) -> str:
+        """Write the results (default ``benchmarks/results/<benchmark>-<device>-<date>.json``); return the path.
+
+        Writes through a temporary file and a rename, so a reader never sees half a file.
+        """
+        target = Path(path) if path else self.default_path()
+        text = json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n"
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, target)
+        except OSError as exc:
+            raise ConfigError(f"cannot write results to {str(target)!r}: {exc.strerror or exc}") from None
+        return str(target)
+
+
+# -- output -------------------------------------------------------------------------------------
+def _format_cell(column: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if column == "bytes" and isinstance(value, int | float) and not isinstance(value, bool):
+        return format_bytes(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "-"
+        magnitude = abs(value)
+        if magnitude >= 100:
+            return f"{value:.1f}"
+        if magnitude >= 1:
+            return f"{value:.2f}"
+        return f"{value:.3f}"
+    return str(value)
+
+
+def format_table(rows: Sequence[dict], columns: Sequence[str], title: str) -> str:
+    """The text :func:`print_table` prints."""
+    header = list(columns)
+    body = [[_format_cell(c, row.get(c)) for c in columns] for row in rows if "skipped" not in row]
+    widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(header)]
+
+    def line(cells: Sequence[str]) -> str:
+        # Text columns left-aligned, numbers right-aligned, as people scan them.
+        out = []
+        for i, cell in enumerate(cells):
+            numeric = cell[:1].isdigit() or cell[:1] in "-." and cell not in ("-",) or cell == "-"
+            out.append(cell.rjust(widths[i]) if numeric else cell.ljust(widths[i]))
+        return "  ".join(out).rstrip()
+
+    rule = "-" * (sum(widths) + 2 * (len(widths) - 1))
+    lines = [title, rule, line(header), rule]
+    lines += [line(r) for r in body]
+    lines.append(rule)
+    skipped = {}
+    for row in rows:
+        if "skipped" in row:
+            skipped.setdefault(str(row.get("impl", "?")), str(row["skipped"]))
+    for impl, why in skipped.items():
+        lines.append(f"skipped {impl}: {why}")
+    return "\n".join(lines)
+
+
+def print_table(rows: Sequence[dict], columns: list[str], title: str, file: Any = None) -> None:
+    """Print ``rows`` as an aligned table (``-`` for a missing figure; skipped baselines listed below)."""
+    print(format_table(rows, columns, title), file=file or sys.stdout, flush=True)
+
+
+def plot(
+    rows: Sequence[dict],
+    x: str,
+    y: str,
+    group: str,
+    path: str | os.PathLike,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    logx: bool = True,
+    logy: bool = True,
+) -> str:
+    """Draw ``y`` against ``x``, one line per value of ``group``, into the PNG ``path``; return the path."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise BackendError("plotting needs matplotlib: pip install matplotlib (or circuslink[plot])") from None
+    series: dict[str, list[tuple[float, float]]] = {}
+    for row in rows:
+        if "skipped" in row:
+            continue
+        xv, yv = row.get(x), row.get(y)
+        if not _is_number(xv) or not _is_number(yv):
+            continue
+        if (logx and xv <= 0) or (logy and yv <= 0):
+            continue  # a log axis cannot show it
+        series.setdefault(str(row.get(group, "?")), []).append((float(xv), float(yv)))
+    if not series:
+        raise ConfigError(f"plot {title!r}: no row has numeric {x!r} and {y!r} fields")
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    try:
+        for name, points in series.items():
+            points.sort()
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=name)
+        if logx:
+            ax.set_xscale("log", base=2 if x == "bytes" else 10)
+        if logy:
+            ax.set_yscale("log")
+        if x == "bytes":
+            ticks = sorted({p[0] for pts in series.values() for p in pts})
+            step = max(1, len(ticks) // 10)
+            ax.set_xticks(ticks[::step])
+            ax.set_xticklabels([format_bytes(t) for t in ticks[::step]], rotation=45, ha="right")
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(title=group)
+        fig.tight_layout()
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(target, format="png")
+    except OSError as exc:
+        raise ConfigError(f"cannot write plot to {str(path)!r}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
+    return str(path)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _env_rank() -> int:
+    for name in ("CIRCUSLINK_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"):
+        raw = os.environ.get(name)
+        if raw:
+            try:
+                return int(raw)
+            except ValueError:
+                return 0
+    return 0
+
+
+def progress(msg: str) -> None:
+    """One line on stderr, from rank 0 only, with the seconds since start (long runs show they live)."""
+    if _env_rank() != 0:
+        return
+    print(f"[{time.monotonic() - _START:7.1f} s] {msg}", file=sys.stderr, flush=True)

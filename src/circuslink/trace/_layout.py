@@ -1,0 +1,43 @@
+"""Record and handle layouts shared with ``include/circuslink/detail/trace_types.cuh``.
+
+The device writes :data:`RECORD_DTYPE` records; kernels receive a :data:`HANDLE_DTYPE`
+value. Both must match the C++ structs byte for byte (tests/test_trace.py checks the
+sizes against the header).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Event ids: the same numbers as the enum in trace_types.cuh.
+KERNEL = 1
+SEND = 2
+RECV = 3
+CREDITS = 4
+COMPUTE = 5
+USER = 256
+MAX_EVENT = 0x3FFF
+
+PHASE_INSTANT = 0
+PHASE_BEGIN = 1
+PHASE_END = 2
+PHASE_SHIFT = 14
+
+BUILTIN_NAMES = {KERNEL: "kernel", SEND: "send", RECV: "recv", CREDITS: "credits", COMPUTE: "compute"}
+# Events whose argument is a channel id: each channel gets its own track (thread) per rank.
+CHANNEL_EVENTS = frozenset({SEND, RECV, CREDITS})
+
+# As the device stores it: {u64 time, u16 event|phase, u16 block, u32 arg}, 16 bytes.
+RECORD_DTYPE = np.dtype([("time_ns", "<u8"), ("event", "<u2"), ("block", "<u2"), ("arg", "<u4")])
+assert RECORD_DTYPE.itemsize == 16
+
+# The device handle: {Record*, u64* cursor, u32 capacity, u32 rank}, 24 bytes, 8-aligned.
+HANDLE_DTYPE = np.dtype(
+    [("records", "<u8"), ("cursor", "<u8"), ("capacity", "<u4"), ("rank", "<u4")], align=True
+)
+assert HANDLE_DTYPE.itemsize == 24
+
+# A merged event of the whole job, on one time base (rank 0's clock, 0 = earliest event).
+EVENT_DTYPE = np.dtype(
+    [("rank", "<i4"), ("time_ns", "<i8"), ("event", "<u2"), ("phase", "u1"), ("block", "<u2"), ("arg", "<u4")]
+)

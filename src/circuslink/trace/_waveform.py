@@ -1,0 +1,63 @@
+"""The PNG waveform: send and receive activity of each rank over time.
+
+Drawn like the logic-analyser capture of CIRCUS's Fig. 18: one row per rank and
+direction, a filled bar wherever that direction is active, so overlap between a rank's
+receiving and sending shows as bars stacked above each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError
+from . import _layout as L
+
+if TYPE_CHECKING:
+    from ._model import Trace
+
+_ROWS = (("send", L.SEND, "#1f77b4"), ("recv", L.RECV, "#ff7f0e"), ("compute", L.COMPUTE, "#2ca02c"))
+
+
+def plot_waveform(
+    trace: Trace, path: str, title: str | None = None, ranks: Sequence[int] | None = None
+) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("plot_waveform needs matplotlib: pip install matplotlib") from None
+    ranks = list(range(trace.meta.nranks)) if ranks is None else list(ranks)
+    for r in ranks:
+        trace._check_rank(r)
+    rows = []  # (label, intervals, colour), top to bottom
+    for r in ranks:
+        for name, event, colour in _ROWS:
+            iv = trace.intervals(r, event)
+            if name == "compute" and len(iv) == 0:
+                continue  # only drawn when a program marks its computation
+            rows.append((f"rank {r} {name}", iv, colour))
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(rows) + 1.4))
+    end_us = 0.0
+    for i, (_label, iv, colour) in enumerate(rows):
+        y = len(rows) - 1 - i
+        if len(iv):
+            starts = iv[:, 0] / 1000.0
+            widths = (iv[:, 1] - iv[:, 0]) / 1000.0
+            ax.broken_barh(list(zip(starts, widths, strict=True)), (y + 0.15, 0.7), facecolors=colour)
+            end_us = max(end_us, float(iv[-1, 1]) / 1000.0)
+        ax.axhline(y + 0.15, color="0.8", linewidth=0.5)
+    ax.set_yticks([len(rows) - 1 - i + 0.5 for i in range(len(rows))])
+    ax.set_yticklabels([label for label, _, _ in rows])
+    ax.set_ylim(0, max(1, len(rows)))
+    ax.set_xlim(0, end_us * 1.02 if end_us > 0 else 1.0)
+    ax.set_xlabel("time (us, rank 0's clock)")
+    residual = max((trace.meta.residual_ns(r) for r in ranks), default=0)
+    default_title = f"circuslink trace ({len(ranks)} ranks, clocks aligned within {residual / 1000:.2f} us)"
+    ax.set_title(title or default_title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
