@@ -109,3 +109,43 @@ def test_bad_inputs_give_clear_errors():
             select_backend("tpu", world)
     finally:
         world.close()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 4])
+def test_world_under_mpirun(spmd, n):
+    job = spmd(n, """
+        import numpy as np, circuslink as cl
+        w = cl.init()
+        assert w.launched_by == "mpirun" and w.mpi_comm is not None
+        assert w.allgather(w.rank) == list(range(w.size))
+        b = w.alloc(4096)
+        b.local[:] = w.rank + 1
+        w.barrier()
+        assert [int(b.peer(r)[100]) for r in range(w.size)] == [r + 1 for r in range(w.size)]
+        w.close()
+        print("mpi ok", w.rank)
+    """, launcher="mpirun").check()
+    assert job.stdout.count("mpi ok") == n
+
+
+def test_launcher_tags_output_and_passes_identity(spmd):
+    job = spmd(3, """
+        import os
+        print("rank", os.environ["CIRCUSLINK_RANK"], "of", os.environ["CIRCUSLINK_SIZE"])
+    """).check()
+    for r in range(3):
+        assert f"[{r}] rank {r} of 3" in job.stdout
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "circuslink", "run", "-n", "0", "--", "true"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == "circuslink: error: -n must be a positive number of ranks, got 0"
+    proc = subprocess.run([sys.executable, "-m", "circuslink", "run", "-n", "1", "--", str(tmp_path / "nope")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "cannot start" in proc.stderr

@@ -83,10 +83,14 @@ def parse_sizes(text: str | Sequence[int]) -> list[int]:
         if ":" in token:
             parts = token.split(":")
             if len(parts) != 2:
-                raise ConfigError(f"--sizes {text!r}: bad range {token.strip()!r} (expected LOW:HIGH, e.g. 8:256M)")
+                raise ConfigError(
+                    f"--sizes {text!r}: bad range {token.strip()!r} (expected LOW:HIGH, e.g. 8:256M)"
+                )
             low, high = _parse_one(parts[0], text), _parse_one(parts[1], text)
             if low > high:
-                raise ConfigError(f"--sizes {text!r}: range {token.strip()!r} goes down ({low} > {high} bytes)")
+                raise ConfigError(
+                    f"--sizes {text!r}: range {token.strip()!r} goes down ({low} > {high} bytes)"
+                )
             if high.bit_length() - low.bit_length() > _MAX_SIZES:
                 raise ConfigError(f"--sizes {text!r}: range {token.strip()!r} is too long")
             size = low
@@ -120,7 +124,8 @@ def add_common_arguments(
     """The options every benchmark shares (``args.sizes`` stays a string: call :func:`parse_sizes`)."""
     parse_sizes(default_sizes)  # a bad default is the benchmark author's bug: fail at once
     parser.add_argument("--sizes", default=default_sizes,
-                        help=f"message sizes: a list (8,64,1K,4MiB) or powers of two LOW:HIGH (default {default_sizes})")
+                        help="message sizes: a list (8,64,1K,4MiB) or powers of two LOW:HIGH "
+                        f"(default {default_sizes})")
     parser.add_argument("--iters", type=_positive_int, default=default_iters,
                         help=f"timed iterations per size (default {default_iters})")
     parser.add_argument("--warmup", type=_non_negative_int, default=default_warmup,
@@ -133,7 +138,8 @@ def add_common_arguments(
                         help="back-end (default: cuda when a GPU is present, else cpu)")
     parser.add_argument("-n", "--nranks", type=_positive_int, default=default_nranks,
                         help=f"ranks to start when not already inside a job (default {default_nranks})")
-    parser.add_argument("--quick", action="store_true", help="few sizes and iterations (for tests and smoke runs)")
+    parser.add_argument("--quick", action="store_true",
+                        help="few sizes and iterations (for tests and smoke runs)")
     parser.add_argument("--no-baselines", dest="no_baselines", action="store_true",
                         help="skip NCCL / NVSHMEM / MPI; measure only circuslink and the floor")
 
@@ -247,7 +253,9 @@ class Results:
 
     def __init__(self, benchmark: str, world: Any) -> None:
         if not benchmark or not re.fullmatch(r"[A-Za-z0-9_.-]+", benchmark):
-            raise ConfigError(f"Results: benchmark name {benchmark!r} must be letters, digits, '-', '_' or '.'")
+            raise ConfigError(
+                f"Results: benchmark name {benchmark!r} must be letters, digits, '-', '_' or '.'"
+            )
         self.benchmark = benchmark
         self.device = device_label(world)
         self.commit = git_commit()
@@ -267,7 +275,9 @@ class Results:
         """Append one row (``impl`` and ``bytes`` required) and return it."""
         for key in ("impl", "bytes"):
             if key not in row:
-                raise ConfigError(f"Results.add for {self.benchmark!r}: the row has no {key!r} field: {row!r}")
+                raise ConfigError(
+                    f"Results.add for {self.benchmark!r}: the row has no {key!r} field: {row!r}"
+                )
         clean = _jsonable(row)
         self.rows.append(clean)
         return clean
@@ -294,7 +304,9 @@ class Results:
         return _results_dir() / f"{self.benchmark}-{self.device}-{self.date}.json"
 
     def write_json(self, path: str | os.PathLike | None = None) -> str:
-        """Write the results (default ``benchmarks/results/<benchmark>-<device>-<date>.json``); return the path.
+        """Write the results; return the path.
+
+        The default path is ``benchmarks/results/<benchmark>-<device>-<date>.json``.
 
         Writes through a temporary file and a rename, so a reader never sees half a file.
         """
@@ -331,16 +343,16 @@ def _format_cell(column: str, value: Any) -> str:
 def format_table(rows: Sequence[dict], columns: Sequence[str], title: str) -> str:
     """The text :func:`print_table` prints."""
     header = list(columns)
-    body = [[_format_cell(c, row.get(c)) for c in columns] for row in rows if "skipped" not in row]
+    shown = [row for row in rows if "skipped" not in row]
+    body = [[_format_cell(c, row.get(c)) for c in columns] for row in shown]
     widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(header)]
+    # Numbers right-aligned, text left-aligned, as people scan them.
+    numeric = [any(_is_number(row.get(c)) for row in shown) for c in columns]
 
     def line(cells: Sequence[str]) -> str:
-        # Text columns left-aligned, numbers right-aligned, as people scan them.
-        out = []
-        for i, cell in enumerate(cells):
-            numeric = cell[:1].isdigit() or cell[:1] in "-." and cell not in ("-",) or cell == "-"
-            out.append(cell.rjust(widths[i]) if numeric else cell.ljust(widths[i]))
-        return "  ".join(out).rstrip()
+        return "  ".join(
+            cell.rjust(widths[i]) if numeric[i] else cell.ljust(widths[i]) for i, cell in enumerate(cells)
+        ).rstrip()
 
     rule = "-" * (sum(widths) + 2 * (len(widths) - 1))
     lines = [title, rule, line(header), rule]
@@ -379,7 +391,7 @@ def plot(
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise BackendError("plotting needs matplotlib: pip install matplotlib (or circuslink[plot])") from None
+        raise BackendError("plotting needs matplotlib: pip install matplotlib") from None
     series: dict[str, list[tuple[float, float]]] = {}
     for row in rows:
         if "skipped" in row:

@@ -51,7 +51,7 @@ def measure(world: Any, quick: bool = False, pairs: list[tuple[int, int]] | None
     try:
         results = []
         for a, b in pairs:
-            row = {"a": a, "b": b}
+            row = {"a": a, "b": b, "bytes": impl.nbytes}
             row.update(impl.measure_pair(a, b))
             results.append(row)
         local = world.allgather(impl.local_copy_GBps())

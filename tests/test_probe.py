@@ -1,0 +1,54 @@
+"""The probe runs on every back-end and reports every figure for every ordered pair."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from circuslink.probe import METRICS, REFERENCE_H200_NV18, check_against_reference
+
+
+def _probe(tmp_path, backend: str, n: int) -> dict:
+    out = tmp_path / "floor.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "circuslink", "probe", "--quick", "--backend", backend, "-n", str(n),
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "lat_relaxed_us" in proc.stdout
+    return json.loads(out.read_text())
+
+
+def _check(doc: dict, n: int) -> None:
+    floor = doc["floor"]
+    pairs = {(p["a"], p["b"]) for p in floor["pairs"]}
+    assert pairs == {(a, b) for a in range(n) for b in range(n) if a != b}
+    for p in floor["pairs"]:
+        for key in METRICS:
+            assert p[key] > 0, (key, p)
+    assert doc["benchmark"] == "probe" and doc["commit"] and doc["date"] and doc["device"]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_probe_cpu(tmp_path, n):
+    _check(_probe(tmp_path, "cpu", n), n)
+
+
+@pytest.mark.gpu
+def test_probe_cuda(tmp_path):
+    from circuslink.backends import cuda_device_count
+
+    n = max(2, cuda_device_count())
+    _check(_probe(tmp_path, "cuda", n), n)
+
+
+def test_reference_check_names_misses():
+    good = {"summary": dict(REFERENCE_H200_NV18)}
+    assert check_against_reference(good) == []
+    bad = {"summary": dict(REFERENCE_H200_NV18, lat_relaxed_us=0.75, ce_GBps=300.0)}
+    misses = check_against_reference(bad)
+    assert len(misses) == 2 and any(m.startswith("lat_relaxed_us") for m in misses)
