@@ -58,6 +58,10 @@ def compile(  # noqa: A001 - the public name mirrors what it does
         import cupy
     except ImportError:
         raise BackendError("circuslink.compile needs CuPy and a GPU (the cuda back-end)") from None
+    from .backends import cuda_device_count
+
+    if cuda_device_count() == 0:
+        raise BackendError("circuslink.compile needs a visible GPU; none was found (CuPy is installed)")
     opts = ["-std=c++17", f"-I{include_dir()}", "-DCIRCUSLINK_NVRTC=1"]
     if not any(o.startswith(("-arch", "--gpu-architecture")) for o in options):
         opts.append(arch_flag())

@@ -58,6 +58,7 @@ def generate(spec_path: str, out_dir: str, nranks: int | None = None, stem: str 
         raise SpecError(f"{spec_path}: cannot read spec file: {exc}") from None
     spec = load(spec_path, nranks=nranks)
     stem = _identifier(stem if stem is not None else source.name.removesuffix(".xml"))
+    _check_generated_names(spec)
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -73,6 +74,31 @@ def generate(spec_path: str, out_dir: str, nranks: int | None = None, stem: str 
             raise SpecError(f"cannot write {path}: {exc}") from None
         written.append(str(path))
     return written
+
+
+_CPP_SUFFIXES = ("_element_t", "_t", "_id", "_peer_id", "_rank", "_peer_rank", "_depth", "_width")
+_PY_SUFFIXES = ("", "_ID", "_RANK")
+_PY_FIXED = ("SPEC", "SPEC_XML", "MIN_RANKS", "ENDS_ON_RANK", "SpecError", "load", "open", "handles")
+
+
+def _check_generated_names(spec: Spec) -> None:
+    """Refuse specs whose end names would generate the same identifier twice (``x_peer`` + ``_id`` vs
+    ``x`` + ``_peer_id``), or clash with a struct or a fixed generated name: the compiler's error would
+    not point at the spec."""
+    fixed_cpp = {"num_links": "the header", "min_ranks": "the header"}
+    fixed_cpp.update({f"rank{r}_channels": "the header" for r in spec.ranks()})
+    fixed_cpp.update({st.c_type: f"struct '{st.name}'" for st in spec.structs})
+    for table, suffixes, transform, fixed in (
+            ("CUDA header", _CPP_SUFFIXES, str, fixed_cpp),
+            ("Python binding", _PY_SUFFIXES, str.upper, {name: "the binding" for name in _PY_FIXED})):
+        owner: dict[str, str] = dict(fixed)
+        for end in spec.names():
+            for suffix in suffixes:
+                ident = transform(end) + suffix
+                if ident in owner and owner[ident] != f"channel '{end}'":
+                    raise SpecError(f"{spec.where(end)}: channel '{end}': field 'name': the {table} name {ident!r} "
+                                    f"would clash with {owner[ident]}; rename the channel end")
+                owner[ident] = f"channel '{end}'"
 
 
 def _identifier(stem: str) -> str:

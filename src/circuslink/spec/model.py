@@ -116,9 +116,12 @@ class Link:
 class Spec:
     """A validated set of links, from a file (``path``) or built in code."""
 
-    def __init__(self, links: list[Link], path: str | None = None, structs: list[ElementType] | None = None) -> None:
+    def __init__(self, links: list[Link], path: str | None = None, structs: list[ElementType] | None = None,
+                 lines: dict[str, int] | None = None) -> None:
         self.path = path
         self.links = list(links)
+        # end name -> line of its <channel> in the file (empty for specs built in code), for messages
+        self.lines: dict[str, int] = dict(lines or {})
         # User structs in declaration order (a struct may only use structs declared before it, so this
         # order is also a valid C++ definition order); structs used by links are always included.
         self.structs: list[ElementType] = list(structs or [])
@@ -139,6 +142,11 @@ class Spec:
                 if end_id in ids:
                     raise SpecError(f"{where}: channel ID {end_id} is used by both {ids[end_id]!r} and {end!r}")
                 ids[end_id] = end
+
+    def where(self, end_name: str) -> str:
+        """``FILE:LINE`` of an end's declaration (``FILE`` alone when unknown), for error messages."""
+        line = self.lines.get(end_name)
+        return f"{self.path or '<links>'}:{line}" if line else (self.path or "<links>")
 
     def link(self, name: str) -> Link:
         """The link one of whose ends is called ``name``."""

@@ -120,7 +120,8 @@ def load(source: str | os.PathLike, nranks: int | None = None, *, name: str | No
     if not ends and not problems.lines:
         problems.add(root.line, f"<{root.tag}>", None, "declares no <channel> elements")
     problems.raise_if_any()
-    return Spec(links, path=path, structs=list(structs.values()))
+    lines = {e.name: e.line for e in ends if e.name}
+    return Spec(links, path=path, structs=list(structs.values()), lines=lines)
 
 
 # ---- reading and XML -----------------------------------------------------------------------------
