@@ -31,7 +31,7 @@ def pytest_collection_modifyitems(config, items):
     mpi = shutil.which("mpirun") is not None and _importable("mpi4py")
     for item in items:
         if "gpu" in item.keywords and not gpu:
-            item.add_marker(pytest.mark.skip(reason="needs a GPU (runs on the device machine via scripts/gpu-check.sh)"))
+            item.add_marker(pytest.mark.skip(reason="needs a GPU (the device machine runs scripts/gpu-check.sh)"))
         if "mpi" in item.keywords and not mpi:
             item.add_marker(pytest.mark.skip(reason="needs mpirun and mpi4py"))
 

@@ -105,7 +105,7 @@ class _Handler(socketserver.BaseRequestHandler):
                             present = [k for k in keys if k in state.data]
                             dead = [
                                 EXIT_PREFIX + o
-                                for k, o in zip(keys, owners)
+                                for k, o in zip(keys, owners, strict=True)
                                 if k not in state.data and EXIT_PREFIX + o in state.data
                             ]
                             remaining = deadline - time.monotonic()

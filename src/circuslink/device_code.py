@@ -74,5 +74,6 @@ def compile(  # noqa: A001 - the public name mirrors what it does
         )
         module.compile()
     except cupy.cuda.compiler.CompileException as exc:
-        raise CompileError(f"device code failed to compile:\n{exc.get_message() if hasattr(exc, 'get_message') else exc}") from None
+        log = exc.get_message() if hasattr(exc, "get_message") else str(exc)
+        raise CompileError(f"device code failed to compile:\n{log}") from None
     return module

@@ -177,6 +177,46 @@ def inside_job() -> bool:
     return any(k in env for k in ("CIRCUSLINK_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"))
 
 
-def relaunch_self(nranks: int, argv: Sequence[str], backend: str | None) -> int:
-    """Run ``python -m circuslink ARGV`` as ``nranks`` ranks (used by multi-rank CLI commands)."""
-    return launch(nranks, [sys.executable, "-m", "circuslink", *argv], backend=backend, tag_output="others")
+def mpirun_available() -> bool:
+    """mpirun on PATH and mpi4py importable: what the MPI baselines and back-ends need."""
+    import importlib.util
+    import shutil
+
+    return shutil.which("mpirun") is not None and importlib.util.find_spec("mpi4py") is not None
+
+
+_FORWARDED = (
+    "CIRCUSLINK_", "NCCL_", "NVSHMEM_", "TORCH_SYMM_MEM_", "PYTHON", "CUDA_", "OMP_", "PATH", "LD_LIBRARY_PATH",
+)
+
+
+def mpirun_command(nranks: int, command: Sequence[str]) -> list[str]:
+    """``mpirun`` for ``nranks`` local ranks, forwarding circuslink's and the GPU libraries' settings."""
+    cmd = ["mpirun", "-np", str(nranks), "--oversubscribe"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    for key in sorted(os.environ):
+        if key.startswith(_FORWARDED):
+            cmd += ["-x", key]
+    return cmd + list(command)
+
+
+def relaunch_self(nranks: int, argv: Sequence[str], backend: str | None, prefer_mpirun: bool = False) -> int:
+    """Run ``python -m circuslink ARGV`` as ``nranks`` ranks (used by multi-rank CLI commands).
+
+    With ``prefer_mpirun`` (benchmarks whose baselines need MPI) the ranks are started by
+    mpirun when it and mpi4py are there; otherwise by :func:`launch`.
+    """
+    command = [sys.executable, "-m", "circuslink", *argv]
+    if prefer_mpirun and mpirun_available():
+        backend = (backend or os.environ.get("CIRCUSLINK_BACKEND") or "auto").lower()
+        if backend == "auto":
+            backend = default_backend_name()
+        os.environ["CIRCUSLINK_BACKEND"] = backend
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+        try:
+            return subprocess.run(mpirun_command(nranks, command)).returncode
+        except OSError as exc:
+            raise ConfigError(f"cannot start mpirun: {exc.strerror}") from None
+    return launch(nranks, command, backend=backend, tag_output="others")

@@ -227,7 +227,10 @@ def init(backend: str | None = None, timeout: float | None = None) -> World:
         rank = _env_int(env, "CIRCUSLINK_RANK")
         size = _env_int(env, "CIRCUSLINK_SIZE")
         if rank is None or size is None or not 0 <= rank < size:
-            raise ConfigError(f"CIRCUSLINK_RANK={env.get('CIRCUSLINK_RANK')} / CIRCUSLINK_SIZE={env.get('CIRCUSLINK_SIZE')} are inconsistent")
+            raise ConfigError(
+                f"CIRCUSLINK_RANK={env.get('CIRCUSLINK_RANK')} and CIRCUSLINK_SIZE={env.get('CIRCUSLINK_SIZE')} "
+                "are inconsistent"
+            )
         local_rank = _env_int(env, "CIRCUSLINK_LOCAL_RANK")
         local_size = _env_int(env, "CIRCUSLINK_LOCAL_SIZE")
         store = _store.StoreClient(env["CIRCUSLINK_STORE"], env["CIRCUSLINK_STORE_TOKEN"], connect_timeout)
