@@ -17,6 +17,11 @@ exec > >(tee -a "$LOG") 2>&1
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export PYTHONUNBUFFERED=1 CIRCUSLINK_TIMEOUT=${CIRCUSLINK_TIMEOUT:-60}
 PY=${PYTHON:-python3}
+# The device machine's copy of the tree has no .git: the caller passes the commit.
+if [ -z "${CIRCUSLINK_COMMIT:-}" ] && git rev-parse --short=12 HEAD >/dev/null 2>&1; then
+  CIRCUSLINK_COMMIT=$(git rev-parse --short=12 HEAD)
+fi
+export CIRCUSLINK_COMMIT=${CIRCUSLINK_COMMIT:-unknown}
 
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(all)

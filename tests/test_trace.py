@@ -170,7 +170,7 @@ def test_waveform_png_is_written(tmp_path):
     rng = np.random.default_rng()
     rows0, rows1 = [], []
     t = 0
-    for k in range(20):
+    for _ in range(20):
         d = int(rng.integers(100, 1000))
         rows0 += [(t, SEND, B, 0), (t + d, SEND, E, 0)]
         rows1 += [(t + 50, RECV, B, 0), (t + d + 80, RECV, E, 0), (t + 60, SEND, B, 1), (t + d + 90, SEND, E, 1)]

@@ -142,6 +142,25 @@ def add_common_arguments(
                         help="few sizes and iterations (for tests and smoke runs)")
     parser.add_argument("--no-baselines", dest="no_baselines", action="store_true",
                         help="skip NCCL / NVSHMEM / MPI; measure only circuslink and the floor")
+    # Remembered so sizes_and_counts() can tell a --sizes given by the user from the default.
+    parser.set_defaults(_default_sizes=default_sizes)
+
+
+def sizes_and_counts(
+    args: argparse.Namespace, quick_sizes: str = "8,4K,64K", quick_iters: int = 5, quick_warmup: int = 1
+) -> tuple[list[int], int, int]:
+    """(sizes, iters, warmup) from the common options, with ``--quick`` applied.
+
+    ``--quick`` replaces the default sizes by ``quick_sizes`` (sizes the user gave stay) and caps
+    iterations and warm-up at ``quick_iters`` / ``quick_warmup``.
+    """
+    sizes = parse_sizes(args.sizes)
+    iters, warmup = args.iters, args.warmup
+    if getattr(args, "quick", False):
+        if args.sizes == getattr(args, "_default_sizes", None):
+            sizes = parse_sizes(quick_sizes)
+        iters, warmup = min(iters, quick_iters), min(warmup, quick_warmup)
+    return sizes, iters, warmup
 
 
 def _positive_int(text: str) -> int:

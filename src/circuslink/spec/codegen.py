@@ -124,7 +124,14 @@ def cuda_header(spec: Spec, stem: str, spec_name: str) -> str:
              "// write_warp / read_warp etc.; see circuslink/channel.cuh.",
              "#pragma once", "", "#include <circuslink/channel.cuh>"]
     if any("__half" in _types_text(t) for t in _used_types(spec)):
-        lines.append("#include <cuda_fp16.h>  // __half, used by a half-precision channel")
+        # NVRTC finds cuda_fp16.h only when the CUDA include folder is on its path: fail with a clear
+        # message rather than with "__half is undefined".
+        lines += ["#if __has_include(<cuda_fp16.h>)",
+                  "#include <cuda_fp16.h>  // __half, used by a half-precision channel",
+                  "#else",
+                  f'#error "{stem}_channels.cuh: a channel carries half: put the CUDA include folder '
+                  '(with cuda_fp16.h) on the include path"',
+                  "#endif"]
     lines += ["", f"namespace {stem} {{", ""]
 
     if spec.structs:
@@ -134,8 +141,8 @@ def cuda_header(spec: Spec, stem: str, spec_name: str) -> str:
         lines.append("")
     lines.append("// ---- element sizes and alignments: the device layout must match the host's ----")
     for t in _used_types(spec):
-        lines.append(f'static_assert(sizeof({t.c_type}) == {t.nbytes}, "{t.name} must be {t.nbytes} bytes");')
-        lines.append(f'static_assert(alignof({t.c_type}) == {t.align}, "{t.name} must be {t.align}-byte aligned");')
+        lines.append(f'static_assert(sizeof({t.c_type}) == {t.nbytes}, "sizeof({t.name}) must be {t.nbytes}");')
+        lines.append(f'static_assert(alignof({t.c_type}) == {t.align}, "alignof({t.name}) must be {t.align}");')
     lines.append("")
 
     lines.append(f"constexpr int num_links = {len(spec.links)};")
@@ -174,8 +181,14 @@ def cuda_header(spec: Spec, stem: str, spec_name: str) -> str:
 def _used_types(spec: Spec) -> list[ElementType]:
     """Distinct element types (by C++ type) of the links and structs, in first-use order."""
     seen: dict[str, ElementType] = {}
-    for t in [*spec.structs, *(link.element for link in spec.links)]:
+
+    def visit(t: ElementType) -> None:
+        for _, member, _ in t.members:  # a member's layout decides its struct's, so check it too
+            visit(member)
         seen.setdefault(t.c_type, t)
+
+    for t in [*spec.structs, *(link.element for link in spec.links)]:
+        visit(t)
     return list(seen.values())
 
 
@@ -194,6 +207,7 @@ def python_binding(spec: Spec, stem: str, spec_name: str, xml_text: str) -> str:
            "``channels[NAME]`` is the end on this rank, ``handles(channels, world.rank)`` the device handles in",
            f"the order of ``{stem}::rank<N>_channels`` in {stem}_channels.cuh.",
            '"""', "",
+           "# ruff: noqa: E501 - the embedded spec keeps its own line lengths", "",
            "from __future__ import annotations", "",
            "from circuslink.errors import SpecError",
            "from circuslink.spec import load", "",
@@ -210,7 +224,9 @@ def python_binding(spec: Spec, stem: str, spec_name: str, xml_text: str) -> str:
     min_ranks = max(spec.ranks()) + 1 if spec.links else 0
     out.append(f"MIN_RANKS = {min_ranks}")
     ends = {rank: tuple(end for end, _, _ in spec.ends_on(rank)) for rank in spec.ranks()}
-    out.append(f"ENDS_ON_RANK = {ends!r}")
+    out.append("ENDS_ON_RANK = {  # rank -> its ends, in the member order of <stem>::rank<N>_channels")
+    out += [f"    {rank}: {names!r}," for rank, names in ends.items()]
+    out.append("}")
     out += ["", "",
             "def open(world, timeout: float | None = None):  # noqa: A001 - the binding's one verb",
             f'    """Open every channel of {spec_name} (collective); returns circuslink.channels.open\'s Channels."""',

@@ -43,7 +43,8 @@ class ElementType:
     ``name`` is the spelling in the spec, ``c_type`` the CUDA C++ type generated code uses,
     ``numpy_dtype`` the host-side dtype (its ``itemsize`` equals ``nbytes``), ``align`` the
     element's alignment in bytes in device memory (a power of two).
-    ``definition`` is the C++ definition for user structs ("" for built-in types).
+    ``definition`` is the C++ definition for user structs ("" for built-in types) and ``members`` their
+    ``(name, type, count)`` fields in order (empty for built-in types and opaque structs).
     """
 
     name: str
@@ -52,6 +53,7 @@ class ElementType:
     nbytes: int
     align: int = 0  # 0: derive from nbytes (largest power of two dividing it, at most 16)
     definition: str = field(default="", compare=False)
+    members: tuple = field(default=(), compare=False)  # user structs: ((name, ElementType, count), ...)
 
     def __post_init__(self) -> None:
         if not 1 <= self.nbytes <= MAX_ELEMENT_BYTES:
@@ -236,8 +238,9 @@ def _vector(name: str, base: str, n: int) -> ElementType:
     # A one-field structured dtype keeps one vector = one array item (a bare subarray dtype would
     # be expanded into an extra axis by numpy).
     dtype = numpy.dtype({"names": ["s"], "formats": [(base_dtype, (n,))], "offsets": [0], "itemsize": nbytes})
+    # nbytes is a power of two (n is 2, 4, 8, 16 or padded 3); 16 bytes is the widest vector access
     return ElementType(name=name, c_type=f"circuslink::vec<{c_type}, {n}>", numpy_dtype=dtype, nbytes=nbytes,
-                       align=min(nbytes, 16) if nbytes & (nbytes - 1) == 0 else base_dtype.itemsize)
+                       align=min(nbytes, 16))
 
 
 def builtin_type_names() -> list[str]:
@@ -304,7 +307,7 @@ def struct_type(name: str, fields: list[tuple] | None = None, nbytes: int | None
                        for fname, ftype, count in members)
         definition = f"struct alignas({max_align}) {name} {{\n{body}}};\n"
         return ElementType(name=name, c_type=name, numpy_dtype=dtype, nbytes=size, align=max_align,
-                           definition=definition)
+                           definition=definition, members=tuple(members))
     if nbytes is None:
         raise SpecError(f"struct {name}: give its fields or its size in bytes")
     if not 1 <= nbytes <= MAX_ELEMENT_BYTES:

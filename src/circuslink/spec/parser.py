@@ -83,20 +83,21 @@ class _End:
 
 
 class _Problems:
-    """Collects ``FILE:LINE: subject: field 'f': message`` lines."""
+    """Collects ``FILE:LINE: subject: field 'f': message`` lines, reported in line order."""
 
     def __init__(self, where: str) -> None:
         self.where = where
-        self.lines: list[str] = []
+        self.lines: list[tuple[int, str]] = []
 
     def add(self, line: int, subject: str, field_name: str | None, message: str) -> None:
         what = f"{subject}: field '{field_name}': " if field_name else f"{subject}: "
-        self.lines.append(f"{self.where}:{line}: {what}{message}")
+        self.lines.append((line, f"{self.where}:{line}: {what}{message}"))
 
     def raise_if_any(self) -> None:
         if self.lines:
-            err = SpecError("\n".join(self.lines))
-            err.problems = list(self.lines)
+            ordered = [text for _, text in sorted(self.lines, key=lambda item: item[0])]
+            err = SpecError("\n".join(ordered))
+            err.problems = ordered
             raise err
 
 
@@ -199,6 +200,12 @@ def _fields(node: _Node, allowed: tuple[str, ...], subject: str, problems: _Prob
     return out
 
 
+def _name_of(node: _Node) -> str:
+    """The element's name field, read ahead so that every problem of the element can name it."""
+    named = node.attrs.get("name") or next((c.text for c in node.children if c.tag == "name"), "")
+    return named.strip()
+
+
 def _int_field(fields: dict[str, tuple[str, int]], key: str, subject: str, problems: _Problems,
                lo: int, hi: int | None, range_text: str) -> int | None:
     if key not in fields:
@@ -233,9 +240,10 @@ def _parse_structs(root: _Node, problems: _Problems) -> dict[str, ElementType]:
     for node in root.children:
         if node.tag != "struct":
             continue
-        fields = _fields(node, _STRUCT_FIELDS, "<struct>", problems, children_ok=("field",))
+        named = _name_of(node)
+        subject = f"struct '{named}'" if named else "<struct>"
+        fields = _fields(node, _STRUCT_FIELDS, subject, problems, children_ok=("field",))
         name = fields.get("name", ("", node.line))[0]
-        subject = f"struct '{name}'" if name else "<struct>"
         if not name:
             problems.add(node.line, subject, "name", "missing (every struct needs a name)")
             continue
@@ -245,7 +253,8 @@ def _parse_structs(root: _Node, problems: _Problems) -> dict[str, ElementType]:
             problems.add(fields["name"][1], subject, "name", f"{name!r} is a built-in type name")
             continue
         if name in structs:
-            problems.add(fields["name"][1], subject, "name", f"struct {name!r} is already declared on line {lines[name]}")
+            problems.add(fields["name"][1], subject, "name",
+                         f"struct {name!r} is already declared on line {lines[name]}")
             continue
         nbytes = _int_field(fields, "bytes", subject, problems, 1, 64, "1..64 bytes")
         align = _int_field(fields, "align", subject, problems, 1, 16, "1..16 bytes")
@@ -260,7 +269,7 @@ def _parse_structs(root: _Node, problems: _Problems) -> dict[str, ElementType]:
         for child in node.children:
             if child.tag != "field":
                 continue
-            mf = _fields(child, _MEMBER_FIELDS, subject, problems)
+            mf = _fields(child, _MEMBER_FIELDS, f"{subject} member '{_name_of(child)}'", problems)
             mname = mf.get("name", ("", child.line))[0]
             if not mname:
                 problems.add(child.line, subject, "field", "<field> needs a name")
@@ -298,7 +307,7 @@ def _parse_structs(root: _Node, problems: _Problems) -> dict[str, ElementType]:
             structs[name] = struct_type(name, members or None, nbytes=nbytes, align=align)
             lines[name] = node.line
         except SpecError as exc:
-            problems.add(node.line, subject, "bytes" if not members else "field", str(exc).split(": ", 1)[-1])
+            problems.add(node.line, subject, "bytes" if nbytes is not None else "field", str(exc).split(": ", 1)[-1])
     return structs
 
 
@@ -330,9 +339,11 @@ def _parse_ends(root: _Node, structs: dict[str, ElementType], problems: _Problem
     names: dict[str, _End] = {}
     ids: dict[int, _End] = {}
     for node, inherited in _channel_nodes(root, problems):
-        fields = _fields(node, _CHANNEL_FIELDS, "<channel>", problems)
+        # the name first, so that every problem of this end can name it
+        named = _name_of(node)
+        subject = f"channel '{named}'" if named else "<channel>"
+        fields = _fields(node, _CHANNEL_FIELDS, subject, problems)
         name = fields.get("name", ("", node.line))[0]
-        subject = f"channel '{name}'" if name else "<channel>"
         if not name:
             problems.add(node.line, subject, "name", "missing (every channel end needs a name)")
         elif not _check_identifier(name, fields["name"][1], subject, problems):
@@ -409,14 +420,17 @@ def _pair(ends: list[_End], problems: _Problems) -> list[Link]:
     for e in ends:  # the first end with an ID wins, matching _parse_ends's duplicate report
         if e.end_id is not None and e.end_id not in by_id:
             by_id[e.end_id] = e
+    # An end whose own ID was unreadable may be the one a peer names: do not call the peer dangling too.
+    unreadable_id = any(e.end_id is None and "id" in e.lines for e in ends)
     targets: dict[int, list[_End]] = {}  # receiver ID -> senders writing to it, in file order
     for s in ends:
         if s.write_to is None:
             continue
         r = by_id.get(s.write_to)
         if r is None:
-            problems.add(s.lines["write-to"], f"channel '{s.name}'", "write-to",
-                         f"dangling: no channel end has ID {s.write_to}")
+            if not unreadable_id:
+                problems.add(s.lines["write-to"], f"channel '{s.name}'", "write-to",
+                             f"dangling: no channel end has ID {s.write_to}")
         elif r.is_sender:
             problems.add(s.lines["write-to"], f"channel '{s.name}'", "write-to",
                          f"ID {s.write_to} is sender end '{r.name}' (line {r.line}); write-to must name a "
@@ -449,7 +463,9 @@ def _pair(ends: list[_End], problems: _Problems) -> list[Link]:
         s = by_id.get(r.read_from)
         subject = f"channel '{r.name}'"
         if s is None:
-            problems.add(r.lines["read-from"], subject, "read-from", f"dangling: no channel end has ID {r.read_from}")
+            if not unreadable_id:
+                problems.add(r.lines["read-from"], subject, "read-from",
+                             f"dangling: no channel end has ID {r.read_from}")
         elif not s.is_sender:
             if s.read_from is not None:  # an end with neither field was reported already
                 problems.add(r.lines["read-from"], subject, "read-from",

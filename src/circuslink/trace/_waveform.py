@@ -32,27 +32,31 @@ def plot_waveform(
     ranks = list(range(trace.meta.nranks)) if ranks is None else list(ranks)
     for r in ranks:
         trace._check_rank(r)
-    rows = []  # (label, intervals, colour), top to bottom
+    rows = []  # (label, intervals, instants, colour), top to bottom
     for r in ranks:
         for name, event, colour in _ROWS:
             iv = trace.intervals(r, event)
-            if name == "compute" and len(iv) == 0:
+            ticks = [s.start for s in trace.spans(r) if s.event == event and not s.paired]
+            if name == "compute" and len(iv) == 0 and not ticks:
                 continue  # only drawn when a program marks its computation
-            rows.append((f"rank {r} {name}", iv, colour))
+            rows.append((f"rank {r} {name}", iv, ticks, colour))
+    end_ns = max([float(iv[-1, 1]) for _, iv, _, _ in rows if len(iv)] +
+                 [float(max(t)) for _, _, t, _ in rows if t] + [1.0])
+    min_width = end_ns / 2000.0  # spans shorter than a pixel would vanish; keep them visible
     fig, ax = plt.subplots(figsize=(10, 0.45 * len(rows) + 1.4))
-    end_us = 0.0
-    for i, (_label, iv, colour) in enumerate(rows):
+    for i, (_label, iv, ticks, colour) in enumerate(rows):
         y = len(rows) - 1 - i
         if len(iv):
-            starts = iv[:, 0] / 1000.0
-            widths = (iv[:, 1] - iv[:, 0]) / 1000.0
-            ax.broken_barh(list(zip(starts, widths, strict=True)), (y + 0.15, 0.7), facecolors=colour)
-            end_us = max(end_us, float(iv[-1, 1]) / 1000.0)
+            bars = [(a / 1000.0, max(b - a, min_width) / 1000.0) for a, b in iv]
+            ax.broken_barh(bars, (y + 0.15, 0.7), facecolors=colour, alpha=0.55)
+        if ticks:  # one tick per packet / chunk event: the texture of the stream
+            ax.vlines([t / 1000.0 for t in ticks], y + 0.15, y + 0.85, colors=colour, linewidth=0.6)
         ax.axhline(y + 0.15, color="0.8", linewidth=0.5)
+    end_us = end_ns / 1000.0
     ax.set_yticks([len(rows) - 1 - i + 0.5 for i in range(len(rows))])
-    ax.set_yticklabels([label for label, _, _ in rows])
+    ax.set_yticklabels([label for label, _, _, _ in rows])
     ax.set_ylim(0, max(1, len(rows)))
-    ax.set_xlim(0, end_us * 1.02 if end_us > 0 else 1.0)
+    ax.set_xlim(0, end_us * 1.02)
     ax.set_xlabel("time (us, rank 0's clock)")
     residual = max((trace.meta.residual_ns(r) for r in ranks), default=0)
     default_title = f"circuslink trace ({len(ranks)} ranks, clocks aligned within {residual / 1000:.2f} us)"

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "sync.cuh"
+#include "trace_types.cuh"
 
 namespace circuslink {
 namespace trace {

@@ -1,0 +1,179 @@
+"""MPI point-to-point pingpong (mpi4py), host-staged on the cuda back-end.
+
+The device image's Open MPI is not CUDA-aware, so on cuda the data takes the path a user of
+that MPI would write: device -> pinned host buffer (cudaMemcpy), MPI send, MPI receive into a
+pinned host buffer, host -> device. The copies are part of every one-way trip. On the cpu
+back-end the numpy buffers go to MPI directly (impl ``mpi``).
+
+Each MPI wait is a ``Test`` loop with a time-out naming the peer, so a dead peer ends the
+benchmark with an error instead of a hang.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from ..._config import resolve_timeout
+from ...errors import Error, TimeoutError
+from .._driver import progress
+from ._common import check_counts, check_sizes, fresh_seed, gbps, random_bytes
+
+_TAG = 0x5C1C  # one tag of our own, so the pingpong never matches a user's pending message
+_SPIN_S = 0.002
+_NAP_S = 0.0002
+
+
+def _wait(request, limit: float, what: str) -> None:
+    """MPI ``Wait`` with a time-out: spin on ``Test`` (latency stays honest), then nap."""
+    start = time.monotonic()
+    while not request.Test():
+        elapsed = time.monotonic() - start
+        if elapsed > limit:
+            try:
+                request.Cancel()
+            except Exception:
+                pass
+            raise TimeoutError(f"{what} did not complete within {limit:g} s (CIRCUSLINK_TIMEOUT sets the limit)")
+        if elapsed > _SPIN_S:
+            time.sleep(_NAP_S)
+
+
+class _Endpoint:
+    """One side of the pingpong: where its bytes live and how they get into MPI and back.
+
+    ``echo`` is rank 1, which sends back the bytes it received; rank 0 sends from its own
+    buffer and receives into another, so a message that never arrived cannot pass the check.
+    """
+
+    def __init__(self, world: Any, max_bytes: int, echo: bool) -> None:
+        self.cuda = world.backend.name == "cuda"
+        self.echo = echo
+        if self.cuda:
+            import cupy
+            import cupyx
+
+            with cupy.cuda.Device(world.device):
+                self.device_send = None if echo else cupy.empty(max_bytes, dtype=cupy.uint8)
+                self.device_recv = cupy.empty(max_bytes, dtype=cupy.uint8)
+                self.stream = cupy.cuda.Stream(non_blocking=True)
+            # Pinned, so the staging copies run at full speed, as a careful user would do.
+            self.host_send = cupyx.empty_pinned(max_bytes, dtype="uint8")
+            self.host_recv = cupyx.empty_pinned(max_bytes, dtype="uint8")
+        else:
+            import numpy as np
+
+            self.host_send = np.empty(max_bytes, dtype=np.uint8)
+            self.host_recv = np.empty(max_bytes, dtype=np.uint8)
+
+    def prepare(self, expected) -> None:
+        """Load the bytes to send (rank 0) and poison every receive buffer (every byte wrong)."""
+        n = expected.size
+        poison = expected ^ 0xFF
+        self.host_recv[:n] = poison
+        if not self.echo:
+            self.host_send[:n] = expected
+        if self.cuda:
+            self.device_recv[:n].set(self.host_recv[:n], stream=self.stream)
+            if not self.echo:
+                self.device_send[:n].set(self.host_send[:n], stream=self.stream)
+            self.stream.synchronize()
+
+    def stage_out(self, n: int):
+        """The host buffer MPI sends from; on cuda, first copied out of device memory."""
+        if self.cuda:
+            source = self.device_recv if self.echo else self.device_send
+            source[:n].get(stream=self.stream, out=self.host_send[:n])
+            self.stream.synchronize()
+            return self.host_send[:n]
+        return self.host_recv[:n] if self.echo else self.host_send[:n]
+
+    def stage_in(self, n: int) -> None:
+        """After a receive, on cuda: host -> device, where the application reads it."""
+        if self.cuda:
+            self.device_recv[:n].set(self.host_recv[:n], stream=self.stream)
+            self.stream.synchronize()
+
+    def received(self, n: int):
+        """The bytes that arrived, read where the application would read them."""
+        if self.cuda:
+            return self.device_recv[:n].get()
+        return self.host_recv[:n].copy()
+
+
+def mpi_pingpong(world: Any, sizes: Iterable[int], iters: int, warmup: int,
+                 timeout: float | None = None) -> list[dict]:
+    """MPI Send/Recv pingpong between ranks 0 and 1 (collective over the world; others wait).
+
+    Needs ``world.mpi_comm`` (a job started by mpirun); otherwise returns ``[]`` and says why
+    on stderr. Timed with ``MPI.Wtime`` over ``iters`` round trips on rank 0; one-way latency
+    = total / (2 * iters). Rows (the same on every rank): ``{"impl": "mpi-host-staged"`` on
+    cuda or ``"mpi"`` on cpu, ``"bytes", "latency_us", "time_us", "throughput_GBps", "iters"}``.
+    """
+    sizes = check_sizes(sizes, "mpi_pingpong")
+    check_counts(iters, warmup, "mpi_pingpong")
+    comm = world.mpi_comm
+    if comm is None:
+        progress("mpi_pingpong: skipped, the job was not started by mpirun (world.mpi_comm is None)")
+        return []
+    if world.size < 2:
+        progress("mpi_pingpong: skipped, it needs at least 2 ranks")
+        return []
+    from mpi4py import MPI
+
+    impl = "mpi-host-staged" if world.backend.name == "cuda" else "mpi"
+    rank = world.rank
+    peer = 1 - rank if rank < 2 else None
+    limit = resolve_timeout(timeout)
+    ep = _Endpoint(world, max(sizes), echo=rank == 1) if rank < 2 else None
+    rows: list[dict] = []
+    for nbytes in sizes:
+        seed = world.bcast(fresh_seed() if rank == 0 else None, timeout=timeout)
+        if rank < 2:
+            expected = random_bytes(seed, nbytes)
+            ep.prepare(expected)
+
+        def send(n: int = nbytes) -> None:
+            buf = ep.stage_out(n)
+            _wait(comm.Isend([buf, MPI.BYTE], dest=peer, tag=_TAG), limit,
+                  f"MPI send of {n} B from rank {rank} to rank {peer}")
+
+        def recv(n: int = nbytes) -> None:
+            _wait(comm.Irecv([ep.host_recv[:n], MPI.BYTE], source=peer, tag=_TAG), limit,
+                  f"MPI receive of {n} B on rank {rank} from rank {peer}")
+            ep.stage_in(n)
+
+        def round_trips(count: int) -> None:
+            for _ in range(count):
+                if rank == 0:
+                    send()
+                    recv()
+                elif rank == 1:
+                    recv()
+                    send()
+
+        world.barrier(timeout)
+        round_trips(1)
+        ok, detail = True, ""
+        if rank < 2:
+            import numpy as np
+
+            got = ep.received(nbytes)
+            if not np.array_equal(got, expected):
+                first = int(np.flatnonzero(got != expected)[0])
+                ok, detail = False, f"rank {rank}: wrong byte from rank {peer} at offset {first} of {nbytes}"
+        reports = world.allgather((ok, detail), timeout)
+        bad = [d for fine, d in reports if not fine]
+        if bad:
+            raise Error(f"mpi_pingpong: data check failed ({'; '.join(bad)})")
+        round_trips(warmup)
+        world.barrier(timeout)
+        t0 = MPI.Wtime()
+        round_trips(iters)
+        seconds = MPI.Wtime() - t0
+        if rank == 0:
+            one_way = seconds / (2 * iters)
+            rows.append({"impl": impl, "bytes": nbytes, "latency_us": one_way * 1e6, "time_us": one_way * 1e6,
+                         "throughput_GBps": gbps(nbytes, one_way), "iters": iters})
+    return world.bcast(rows if rank == 0 else None, timeout=timeout)

@@ -1,0 +1,322 @@
+"""Persistent RMA queues against MPI-3 RMA, MPI persistent point-to-point and NCCL: ``circuslink bench rma``.
+
+Two ranks exchange a chain of k writes of s bytes each way (a halo exchange: both ranks
+write into each other every cycle), for k in --chains and s in --sizes, contiguous and
+block-stride ("strided": blocks of min(s, 512) B, source stride 2 blocks, destination
+stride 3, no packing). One row per impl x layout x chain x size; ``time_us`` is the
+start-to-wait time of one cycle (mean over --iters, the slower rank), ``throughput_GBps``
+the bytes one rank writes per cycle over that time.
+
+impls: ``rma-host`` (start(); wait() from Python), ``rma-host-graphed`` (cuda: the same
+start and wait launches, --iters of them captured in one CUDA graph and event-timed: what
+a host-driven start costs on the GPU without Python), ``rma-device`` (cuda: start and
+wait inside one kernel through rma.cuh), ``mpi3-rma`` (the mpi back-end: MPI_Put in PSCW
+epochs, host-staged on cuda), ``mpi-persistent-p2p`` (Send_init/Recv_init, Startall,
+Waitall, host-staged), ``nccl-grouped-sendrecv`` (contiguous only), and the floor from
+``circuslink probe``. Set CIRCUSLINK_RMA_ENGINE=graph to measure the CUDA-graph engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, RmaError
+
+_CHAINS = "1,4,8,16"
+_STRIDED_BLOCK = 512
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from . import _driver as drv
+
+    drv.add_common_arguments(parser, default_sizes="8:4M", default_iters=200, default_warmup=20)
+    parser.add_argument("--chains", default=_CHAINS, help=f"writes per chain (default {_CHAINS})")
+    parser.add_argument("--layouts", default="contiguous,strided", help="contiguous, strided or both")
+
+
+def _parse_chains(text: str) -> list[int]:
+    out = []
+    for tok in text.split(","):
+        tok = tok.strip()
+        if not tok.isdigit() or int(tok) <= 0:
+            raise ConfigError(f"--chains {text!r}: bad chain length {tok!r} (positive integers, e.g. 1,4,8,16)")
+        out.append(int(tok))
+    return out
+
+
+def _layout(layout: str, nbytes: int) -> tuple[int, int, int, int]:
+    """(count, block, src_stride, dst_stride) of one write."""
+    if layout == "contiguous" or nbytes <= _STRIDED_BLOCK:
+        return 1, nbytes, nbytes, nbytes
+    block = _STRIDED_BLOCK
+    return nbytes // block, block, 2 * block, 3 * block
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import launcher
+
+    if not launcher.inside_job():
+        argv = ["bench", "rma", *sys.argv[sys.argv.index("rma") + 1:]] if "rma" in sys.argv else ["bench", "rma"]
+        return launcher.relaunch_self(args.nranks, argv, args.backend, prefer_mpirun=True)
+    return _run_rank(args)
+
+
+def _run_rank(args: argparse.Namespace) -> int:
+    import circuslink
+
+    from . import _driver as drv
+
+    world = circuslink.init(args.backend)
+    if world.size != 2:
+        raise ConfigError(f"bench rma runs on 2 ranks, this job has {world.size} (-n 2)")
+    sizes = drv.parse_sizes(args.sizes)
+    chains = _parse_chains(args.chains)
+    layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
+    for x in layouts:
+        if x not in ("contiguous", "strided"):
+            raise ConfigError(f"--layouts: unknown layout {x!r} (contiguous, strided)")
+    iters, warmup = args.iters, args.warmup
+    if args.quick:
+        sizes = sizes[:: max(1, len(sizes) // 3)][:3] if len(sizes) > 3 else sizes
+        chains = [c for c in chains if c in (1, 8)] or chains[:1]
+        iters, warmup = min(iters, 20), min(warmup, 3)
+    if world.backend.name == "cpu":
+        sizes = [s for s in sizes if s <= (1 << 20)] or [8]
+
+    results = drv.Results("rma", world)
+    from .. import probe
+
+    drv.progress("rma: measuring the floor (probe)")
+    results.floor = probe.measure(world, quick=True)
+    results.meta.update(chains=chains, layouts=layouts, iters=iters, warmup=warmup,
+                        engine=os.environ.get("CIRCUSLINK_RMA_ENGINE", "kernel"),
+                        strided_block=_STRIDED_BLOCK, launched_by=world.launched_by)
+    bench = _Bench(world, sizes, chains, iters, warmup, results)
+    bench.ours(layouts)
+    if not args.no_baselines:
+        bench.mpi3_rma(layouts)
+        bench.mpi_p2p()
+        bench.nccl()
+    if world.rank == 0:
+        drv.print_table(results.rows, ["impl", "layout", "chain", "bytes", "time_us", "throughput_GBps", "skipped"],
+                        "rma: start-to-wait per cycle")
+        path = results.write_json(args.json)
+        print(f"results: {path}")
+        if args.plot:
+            for chain in chains:
+                rows = [dict(r, series=f"{r['impl']} {r.get('layout', '')}") for r in results.rows
+                        if r.get("chain") == chain and r.get("time_us")]
+                if rows:
+                    root, ext = os.path.splitext(args.plot)
+                    drv.plot(rows, x="bytes", y="time_us", group="series", path=f"{root}-chain{chain}{ext or '.png'}",
+                             title=f"RMA chain of {chain} writes, start-to-wait", xlabel="bytes per write",
+                             ylabel="us per cycle")
+    world.barrier()
+    return 0
+
+
+class _Bench:
+    def __init__(self, world: Any, sizes: list[int], chains: list[int], iters: int, warmup: int, results: Any):
+        self.world = world
+        self.sizes = sizes
+        self.chains = chains
+        self.iters = iters
+        self.warmup = warmup
+        self.results = results
+        self.peer = 1 - world.rank
+        biggest = max(sizes) * max(chains)
+        self.src_bytes = 2 * biggest            # strided sources span two blocks per block
+        self.nbytes = self.src_bytes + 3 * biggest
+
+    def _max_over_ranks(self, value: float) -> float:
+        return max(self.world.allgather(value))
+
+    def _row(self, impl: str, layout: str, chain: int, nbytes: int, seconds: float, **extra: Any) -> None:
+        us = seconds * 1e6
+        total = chain * nbytes
+        self.results.add(impl=impl, layout=layout, chain=chain, bytes=nbytes, total_bytes=total, time_us=us,
+                         latency_us=us, throughput_GBps=total / seconds / 1e9 if seconds > 0 else None, **extra)
+
+    def _declare(self, rma: Any, win: Any, layout: str, chain: int, nbytes: int):
+        q = rma.Queue.alloc(win)
+        count, block, ss, ds = _layout(layout, nbytes)
+        for i in range(chain):
+            src_off = i * 2 * nbytes
+            dst_off = self.src_bytes + i * 3 * nbytes
+            if count == 1:
+                q.push(rma.declare_write(win, dst_off, win, src_off, nbytes, self.peer))
+            else:
+                q.push(rma.declare_strided_write(win, dst_off, win, src_off, count, block, ss, ds, self.peer))
+        q.add_origin(self.peer)
+        return q
+
+    def _verify(self, win: Any, layout: str, chain: int, nbytes: int, seed: int) -> None:
+        """The last cycle's incoming bytes equal the peer's sources, block for block."""
+        xp = self.world.xp
+        count, block, ss, ds = _layout(layout, nbytes)
+        got = win.local
+        peer_src = xp.asarray(np.random.default_rng([seed, self.peer]).integers(
+            0, 256, self.src_bytes, dtype=np.uint8))
+        for i in range(chain):
+            src = peer_src[i * 2 * nbytes: i * 2 * nbytes + (count - 1) * ss + block]
+            dst = got[self.src_bytes + i * 3 * nbytes: self.src_bytes + i * 3 * nbytes + (count - 1) * ds + block]
+            for b in (0, count - 1):
+                if not bool((src[b * ss: b * ss + block] == dst[b * ds: b * ds + block]).all()):
+                    raise RmaError(f"bench rma: rank {self.world.rank} received wrong bytes ({layout}, chain {chain}, "
+                                   f"{nbytes} B, write {i}, block {b})")
+
+    def _fill(self, win: Any, seed: int) -> None:
+        data = np.random.default_rng([seed, self.world.rank]).integers(0, 256, self.src_bytes, dtype=np.uint8)
+        win.local[: self.src_bytes] = self.world.xp.asarray(data)
+
+    def _cycles(self, q: Any, n: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            q.start()
+            q.wait()
+        return time.perf_counter() - t0
+
+    def _run_queue_rows(self, backend: str, impl: str, layouts: list[str], extra_impls: bool) -> None:
+        from .. import rma
+        from . import _driver as drv
+
+        win = rma.window_alloc(self.world, self.nbytes, backend=backend)
+        try:
+            for layout in layouts:
+                for chain in self.chains:
+                    for nbytes in self.sizes:
+                        drv.progress(f"rma: {impl} {layout} chain {chain} x {drv.format_bytes(nbytes)}")
+                        seed = int(self.world.bcast(int(np.random.SeedSequence().entropy % (1 << 31))))
+                        self._fill(win, seed)
+                        q = self._declare(rma, win, layout, chain, nbytes)
+                        q.commit()
+                        self._cycles(q, self.warmup)
+                        self.world.barrier()
+                        t = self._max_over_ranks(self._cycles(q, self.iters) / self.iters)
+                        self._verify(win, layout, chain, nbytes, seed)
+                        self._row(impl, layout, chain, nbytes, t)
+                        if extra_impls and self.world.backend.name == "cuda":
+                            self._cuda_rows(q, layout, chain, nbytes)
+                        self.world.barrier()
+                        q.free()
+        finally:
+            win.free()
+
+    def _cuda_rows(self, q: Any, layout: str, chain: int, nbytes: int) -> None:
+        import cupy as cp
+
+        impl = q._impl
+        if impl.graph is None:  # kernel engine: capture --iters cycles of the two launches in one graph
+            capture = cp.cuda.Stream(non_blocking=True)
+            stream = impl.stream
+            impl.stream = capture
+            capture.begin_capture()
+            try:
+                for _ in range(self.iters):
+                    impl.enqueue_start()
+                    impl.enqueue_wait(60.0)
+            finally:
+                graph = capture.end_capture()
+                impl.stream = stream
+            self.world.barrier()
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record(stream)
+            graph.launch(stream)
+            end.record(stream)
+            end.synchronize()
+            q.check_device()
+            t = self._max_over_ranks(cp.cuda.get_elapsed_time(start, end) * 1e-3 / self.iters)
+            self._row("rma-host-graphed", layout, chain, nbytes, t)
+        self.world.barrier()
+        impl.device_cycles(self.warmup)
+        self.world.barrier()
+        done, ns = impl.device_cycles(self.iters)
+        q.check_device()
+        if done != self.iters:
+            raise RmaError(f"bench rma: device-driven cycles stopped after {done} of {self.iters}")
+        self._row("rma-device", layout, chain, nbytes, self._max_over_ranks(ns * 1e-9))
+
+    def ours(self, layouts: list[str]) -> None:
+        self._run_queue_rows(self.world.backend.name, "rma-host", layouts, extra_impls=True)
+
+    def _skip(self, impl: str, reason: str, layouts: list[str]) -> None:
+        for layout in layouts:
+            for chain in self.chains:
+                for nbytes in self.sizes:
+                    self.results.add(impl=impl, layout=layout, chain=chain, bytes=nbytes, skipped=reason)
+
+    def mpi3_rma(self, layouts: list[str]) -> None:
+        if self.world.mpi_comm is None:
+            self._skip("mpi3-rma", "not started by mpirun (needs mpirun and mpi4py)", layouts)
+            return
+        self._run_queue_rows("mpi", "mpi3-rma", layouts, extra_impls=False)
+
+    def mpi_p2p(self) -> None:
+        from . import _driver as drv
+
+        comm = self.world.mpi_comm
+        impl = "mpi-persistent-p2p"
+        if comm is None:
+            self._skip(impl, "not started by mpirun (needs mpirun and mpi4py)", ["contiguous"])
+            return
+        from mpi4py import MPI
+
+        xp = self.world.xp
+        on_gpu = self.world.backend.name == "cuda"
+        for chain in self.chains:
+            for nbytes in self.sizes:
+                drv.progress(f"rma: {impl} chain {chain} x {drv.format_bytes(nbytes)}")
+                send_host = np.random.default_rng().integers(0, 256, chain * nbytes, dtype=np.uint8)
+                recv_host = np.zeros(chain * nbytes, dtype=np.uint8)
+                send_dev = xp.asarray(send_host) if on_gpu else None
+                recv_dev = xp.zeros(chain * nbytes, dtype=np.uint8) if on_gpu else None
+                reqs = []
+                for i in range(chain):
+                    part = slice(i * nbytes, (i + 1) * nbytes)
+                    reqs.append(comm.Recv_init(recv_host[part], self.peer, tag=i))
+                    reqs.append(comm.Send_init(send_host[part], self.peer, tag=i))
+
+                def cycle(reqs=reqs, send_dev=send_dev, send_host=send_host, recv_dev=recv_dev,
+                          recv_host=recv_host) -> None:
+                    if on_gpu:  # stage out, exchange, stage in: what a user of a non-CUDA-aware MPI does
+                        send_dev.get(out=send_host)
+                    MPI.Prequest.Startall(reqs)
+                    MPI.Request.Waitall(reqs)
+                    if on_gpu:
+                        recv_dev.set(recv_host)
+                        xp.cuda.get_current_stream().synchronize()
+
+                for _ in range(self.warmup):
+                    cycle()
+                comm.Barrier()
+                t0 = time.perf_counter()
+                for _ in range(self.iters):
+                    cycle()
+                t = self._max_over_ranks((time.perf_counter() - t0) / self.iters)
+                peer_data = self.world.allgather(send_host[:64].tobytes())[self.peer]
+                if recv_host[:64].tobytes() != peer_data:
+                    raise RmaError(f"bench rma: {impl} received wrong bytes on rank {self.world.rank}")
+                for r in reqs:
+                    r.Free()
+                self._row(impl, "contiguous", chain, nbytes, t)
+
+    def nccl(self) -> None:
+        from . import _driver as drv
+
+        if self.world.backend.name != "cuda":
+            self._skip("nccl-grouped-sendrecv", "needs the cuda back-end", ["contiguous"])
+            return
+        from .baselines import nccl_grouped_sendrecv
+
+        for chain in self.chains:
+            for nbytes in self.sizes:
+                drv.progress(f"rma: nccl-grouped-sendrecv chain {chain} x {drv.format_bytes(nbytes)}")
+                row = nccl_grouped_sendrecv(self.world, [(self.peer, nbytes)] * chain, self.iters, self.warmup)
+                row = dict(row, layout="contiguous", chain=chain, bytes=nbytes, total_bytes=chain * nbytes)
+                self.results.add(**row)

@@ -1,0 +1,116 @@
+"""Channel ends on the cuda back-end: device handles, and host write/read through small kernels.
+
+The host methods launch one block running the same device code users call
+(``write_block`` / ``read_block`` of ``circuslink/channel.cuh``) on the world's stream, wait for
+it, and turn an error the device recorded into :class:`circuslink.ChannelError`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from ..errors import ChannelError
+from . import protocol as P
+
+_HOST_THREADS = 256
+
+_HOST_KERNELS = r"""
+#include <circuslink/channel.cuh>
+extern "C" __global__ void circuslink_channel_write(circuslink::Sender<unsigned char> tx, const unsigned char* src,
+                                                    unsigned long long n) {
+  tx.write_block(src, n);
+}
+extern "C" __global__ void circuslink_channel_read(circuslink::Receiver<unsigned char> rx, unsigned char* dst,
+                                                   unsigned long long n) {
+  rx.read_block(dst, n);
+}
+"""
+
+
+@functools.lru_cache(maxsize=4)
+def _kernels(device: int):
+    from ..device_code import compile
+
+    module = compile(_HOST_KERNELS)
+    return module.get_function("circuslink_channel_write"), module.get_function("circuslink_channel_read")
+
+
+def make_handle(channels: Any, link: Any, geo: P.RingGeometry, lay: P.ChannelLayout, kind: str) -> np.void:
+    """The ``circuslink::detail::ChannelHandle`` of one end (a numpy scalar, passed to kernels by value)."""
+    buf, me = channels._buf, channels._world.rank
+    h = np.zeros((), dtype=P.HANDLE_DTYPE)
+    h["ring"] = buf.ptr(link.dst_rank) + lay.ring
+    h["credit"] = buf.ptr(link.src_rank) + lay.ctrl + P.CTRL_CREDIT
+    h["slot_credit"] = buf.ptr(link.src_rank) + lay.slot_credits
+    h["state"] = buf.ptr(me) + lay.ctrl + (P.CTRL_SEND_STATE if kind == "send" else P.CTRL_RECV_STATE)
+    h["error"] = buf.ptr(me) + lay.ctrl + (P.CTRL_SEND_ERROR if kind == "send" else P.CTRL_RECV_ERROR)
+    h["timeout_ns"] = int(channels.timeout * 1e9)
+    h["nslots"] = geo.nslots
+    h["slot_bytes"] = geo.slot_bytes
+    h["payload"] = geo.payload
+    h["route"] = P.route_of(link.recv_id, link.dst_rank)
+    h["mode"] = geo.mode
+    h["channel_id"] = link.send_id if kind == "send" else link.recv_id
+    return h[()]
+
+
+class CudaEnd:
+    def __init__(self, channels: Any, link: Any, geo: P.RingGeometry, lay: P.ChannelLayout, kind: str) -> None:
+        from . import _describe
+
+        self.channels = channels
+        self.kind = kind
+        self.dtype = link.element.numpy_dtype
+        self.describe = _describe(link, kind, channels._world.rank)
+        self.timeout = channels.timeout
+        self.handle = make_handle(channels, link, geo, lay, kind)
+        off = lay.ctrl + (P.CTRL_SEND_ERROR if kind == "send" else P.CTRL_RECV_ERROR)
+        self._error = channels._buf.local[off:off + 16]
+
+    def _launch(self, which: int, ptr_arg: Any, nbytes: int) -> None:
+        world = self.channels._world
+        kernel = _kernels(world.device)[which]
+        stream = world.backend.stream
+        kernel((1,), (_HOST_THREADS,), (self.handle, ptr_arg, np.uint64(nbytes)), stream=stream)
+        stream.synchronize()
+        self.check()
+
+    def write(self, arr: Any) -> None:
+        import cupy as cp
+
+        if isinstance(arr, cp.ndarray):
+            raw = cp.ascontiguousarray(arr).reshape(-1).view(cp.uint8)
+        else:  # numpy (structured and void dtypes have no cupy equivalent: move the bytes)
+            raw = cp.asarray(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+        if raw.size:
+            self._launch(0, raw, raw.size)
+
+    def read(self, n: int) -> Any:
+        import cupy as cp
+
+        out = cp.empty(n * self.dtype.itemsize, dtype=cp.uint8)
+        if n:
+            self._launch(1, out, out.size)
+        return out.view(self.dtype) if self.dtype.names is None and self.dtype.kind != "V" else _typed(out, self.dtype)
+
+    def check(self) -> None:
+        rec = self._error.get().view("<u4")
+        code = int(rec[0])
+        if code != P.ERR_NONE:
+            seq = int(rec[2]) | (int(rec[3]) << 32)
+            what = P.ERROR_TEXT.get(code, "failed (error code {code})").format(seq=seq, code=code)
+            if code == P.ERR_MISUSE:
+                raise ChannelError(f"{self.describe}: {what}")
+            raise ChannelError(f"{self.describe}: timed out after {self.timeout:g} s: {what}")
+
+
+def _typed(raw: Any, dtype: np.dtype) -> Any:
+    """Structured / void elements: cupy has no such dtypes on the device, so hand back a numpy array."""
+    return raw.get().view(dtype)
+
+
+def make_end(channels: Any, link: Any, geo: P.RingGeometry, lay: P.ChannelLayout, kind: str) -> CudaEnd:
+    return CudaEnd(channels, link, geo, lay, kind)

@@ -1,0 +1,591 @@
+// circuslink/detail/channel_impl.cuh - the device implementation of docs/protocol.md.
+//
+// Everything works on bytes: Sender<T> / Receiver<T> turn element counts into byte counts.
+// Groups: ThreadG (one thread), WarpG (a full, converged warp), BlockG (every thread of the
+// block). Every wait polls with a deadline (%globaltimer); on expiry it records an error in the
+// end's error record and the call returns false on every thread of the group.
+#pragma once
+
+#include "channel_types.cuh"
+#include "sync.cuh"
+
+namespace circuslink {
+namespace detail {
+
+// ---- groups ----------------------------------------------------------------------------------
+struct ThreadG {
+  __device__ static unsigned int size() { return 1; }
+  __device__ static unsigned int rank() { return 0; }
+  __device__ static void sync() {}
+  __device__ static unsigned long long bcast(unsigned long long v) { return v; }
+};
+
+struct WarpG {
+  __device__ static unsigned int size() { return 32; }
+  __device__ static unsigned int rank() { return threadIdx.x & 31u; }
+  __device__ static void sync() { __syncwarp(); }
+  // the value of lane 0
+  __device__ static unsigned long long bcast(unsigned long long v) {
+    v = __shfl_sync(0xffffffffu, v, 0);
+    __syncwarp();  // shfl alone orders no memory: lane 0's acquire must cover the others' loads
+    return v;
+  }
+};
+
+struct BlockG {
+  __device__ static unsigned int size() { return blockDim.x * blockDim.y * blockDim.z; }
+  __device__ static unsigned int rank() {
+    return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  }
+  __device__ static void sync() { __syncthreads(); }
+  // the value of thread 0
+  __device__ static unsigned long long bcast(unsigned long long v) {
+    __shared__ unsigned long long slot;
+    __syncthreads();
+    if (rank() == 0) slot = v;
+    __syncthreads();
+    return slot;
+  }
+};
+
+// ---- memory operations -----------------------------------------------------------------------
+struct U4 {
+  unsigned int x, y, z, w;
+};
+
+__device__ __forceinline__ void st_volatile_v4(void* p, U4 v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w)
+               : "memory");
+}
+__device__ __forceinline__ U4 ld_volatile_v4(const void* p) {
+  U4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_v4(void* p, U4 v) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+// L2-only load: a previous lap of the ring must not be served from L1.
+__device__ __forceinline__ U4 ld_cg_v4(const void* p) {
+  U4 v;
+  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+__device__ __forceinline__ unsigned int flag_of(unsigned long long seq) { return (unsigned int)(seq + 1ull); }
+
+// 8 bytes of src[pos..) as two words, zero past `end` (the stream is little-endian bytes).
+__device__ __forceinline__ void gather8(const unsigned char* src, unsigned long long pos, unsigned long long end,
+                                        unsigned int& lo, unsigned int& hi) {
+  const unsigned char* p = src + pos;
+  if (pos + 8 <= end && (((unsigned long long)p) & 7ull) == 0) {
+    unsigned long long v = *reinterpret_cast<const unsigned long long*>(p);
+    lo = (unsigned int)v;
+    hi = (unsigned int)(v >> 32);
+    return;
+  }
+  unsigned long long v = 0;
+  for (int b = 0; b < 8; ++b)
+    if (pos + b < end) v |= (unsigned long long)p[b] << (8 * b);
+  lo = (unsigned int)v;
+  hi = (unsigned int)(v >> 32);
+}
+
+// 16 bytes of src[pos..) as a vector, zero past `end`.
+__device__ __forceinline__ U4 gather16(const unsigned char* src, unsigned long long pos, unsigned long long end) {
+  const unsigned char* p = src + pos;
+  if (pos + 16 <= end && (((unsigned long long)p) & 15ull) == 0) return *reinterpret_cast<const U4*>(p);
+  U4 v;
+  gather8(src, pos, end, v.x, v.y);
+  gather8(src, pos + 8, end, v.z, v.w);
+  return v;
+}
+
+// Store bytes [from, to) of the 8-byte little-endian value (lo, hi) at dst.
+__device__ __forceinline__ void scatter8(unsigned char* dst, unsigned int lo, unsigned int hi, unsigned int from,
+                                         unsigned int to) {
+  unsigned long long v = (unsigned long long)lo | ((unsigned long long)hi << 32);
+  if (from == 0 && to == 8 && (((unsigned long long)dst) & 7ull) == 0) {
+    *reinterpret_cast<unsigned long long*>(dst) = v;
+    return;
+  }
+  for (unsigned int b = from; b < to; ++b) dst[b - from] = (unsigned char)(v >> (8 * b));
+}
+
+// ---- errors ------------------------------------------------------------------------------------
+__device__ __forceinline__ void record_error(const ChannelHandle& h, unsigned int code, unsigned long long seq) {
+  if (atomicCAS(h.error, 0u, code) == 0u) {
+    st_relaxed(h.error + 1, h.channel_id);
+    st_relaxed(h.error + 2, (unsigned int)seq);
+    st_relaxed(h.error + 3, (unsigned int)(seq >> 32));
+    __threadfence_system();
+  }
+}
+__device__ __forceinline__ bool has_error(const ChannelHandle& h) { return ld_relaxed(h.error) != 0u; }
+
+// Poll until ready() holds. Gives up on the deadline, or at once when this end already failed.
+template <typename Ready>
+__device__ __forceinline__ bool wait_for(const ChannelHandle& h, Ready ready, unsigned int code,
+                                         unsigned long long seq) {
+  if (ready()) return true;
+  if (has_error(h)) return false;
+  Deadline d = Deadline::after(h.timeout_ns);
+  while (true) {
+#pragma unroll 1
+    for (int k = 0; k < 8; ++k)
+      if (ready()) return true;
+    if (d.expired()) {
+      if (ready()) return true;
+      record_error(h, code, seq);
+      return false;
+    }
+  }
+}
+
+// ---- sender: credits -----------------------------------------------------------------------
+// Leader only: make sure packet `seq` may be written (seq < consumed + nslots).
+__device__ __forceinline__ bool credit_for(const ChannelHandle& h, SendState& st, unsigned long long seq) {
+  if (seq < st.credit_cache + h.nslots) return true;
+  unsigned long long* credit = h.credit;
+  const unsigned long long nslots = h.nslots;
+  unsigned long long seen = st.credit_cache;
+  bool ok = wait_for(
+      h, [&] { seen = ld_relaxed_u64(credit); return seq < seen + nslots; }, kErrCreditTimeout, seq);
+  st.credit_cache = seen;
+  return ok;
+}
+
+__device__ __forceinline__ SendState load_send_state(const ChannelHandle& h) {
+  SendState s;
+  s.seq = ld_relaxed_u64(h.state);
+  s.credit_cache = ld_relaxed_u64(h.state + 1);
+  return s;
+}
+__device__ __forceinline__ void save_send_state(const ChannelHandle& h, const SendState& s) {
+  st_relaxed_u64(h.state, s.seq);
+  st_relaxed_u64(h.state + 1, s.credit_cache);
+}
+__device__ __forceinline__ RecvState load_recv_state(const ChannelHandle& h) {
+  RecvState s;
+  s.seq = ld_relaxed_u64(h.state);
+  s.offset = ld_relaxed(reinterpret_cast<const unsigned int*>(h.state + 1));
+  s.returned = ld_relaxed_u64(h.state + 2);
+  return s;
+}
+__device__ __forceinline__ void save_recv_state(const ChannelHandle& h, const RecvState& s) {
+  st_relaxed_u64(h.state, s.seq);
+  st_relaxed(reinterpret_cast<unsigned int*>(h.state + 1), s.offset);
+  st_relaxed_u64(h.state + 2, s.returned);
+}
+
+// Receiver: hand consumed packets back to the writer (a posted store into its memory).
+__device__ __forceinline__ void return_credits(const ChannelHandle& h, RecvState& st) {
+  if (st.seq != st.returned) {
+    st_relaxed_u64(h.credit, st.seq);
+    st.returned = st.seq;
+  }
+}
+
+// ---- low-latency mode ------------------------------------------------------------------------
+// Write nbytes as packets of <= 120 bytes; the group stores 16 lines per packet, one 16-byte
+// volatile store per line, flags in every line (no fence).
+// The *_st forms work on a state the caller holds (in registers across calls, as the pingpong
+// benchmark does to keep two dependent loads off the latency path); the plain forms load the
+// state from memory and store it back.
+template <typename G>
+__device__ bool ll_write_st(const ChannelHandle& h, SendState& st, const unsigned char* src,
+                            unsigned long long nbytes) {
+  if (nbytes == 0) return true;
+  const unsigned long long npk = (nbytes + kLLPayload - 1) / kLLPayload;
+  // packets per iteration: 16 lanes each, and never more than the ring holds
+  unsigned int per_iter = G::size() >= 16 ? G::size() / 16 : 1;
+  if (per_iter > h.nslots) per_iter = h.nslots;
+  const unsigned long long mask = h.nslots - 1;
+  bool ok = true;
+  unsigned long long written = 0;  // packets stored (all of them unless a credit wait failed)
+  for (unsigned long long base = 0; base < npk; base += per_iter) {
+    const unsigned long long last = (base + per_iter < npk ? base + per_iter : npk) - 1;
+    unsigned long long okv = 1;
+    if (G::rank() == 0) okv = credit_for(h, st, st.seq + last) ? 1 : 0;
+    if (!G::bcast(okv)) { ok = false; break; }
+    written = last + 1;
+    const unsigned int items = (unsigned int)(last - base + 1) * 16;
+    for (unsigned int it = G::rank(); it < items; it += G::size()) {
+      const unsigned long long p = base + it / 16;
+      const unsigned int line = it % 16;
+      const unsigned long long seq = st.seq + p;
+      const unsigned long long off = p * kLLPayload;
+      const unsigned int nb = (unsigned int)(nbytes - off < kLLPayload ? nbytes - off : kLLPayload);
+      unsigned char* slot = h.ring + (seq & mask) * kLLSlotBytes;
+      const unsigned int flag = flag_of(seq);
+      if (line == 0) {
+        st_volatile_v4(slot, U4{h.route, flag, nb, flag});
+      } else if ((line - 1) * kLLLinePayload < nb) {
+        U4 v;
+        gather8(src, off + (line - 1) * kLLLinePayload, off + nb, v.x, v.z);
+        v.y = flag;
+        v.w = flag;
+        st_volatile_v4(slot + line * kLineBytes, v);
+      }
+    }
+  }
+  st.seq += written;
+  return ok;
+}
+
+template <typename G>
+__device__ bool ll_write(const ChannelHandle& h, const unsigned char* src, unsigned long long nbytes) {
+  SendState st = load_send_state(h);
+  const bool ok = ll_write_st<G>(h, st, src, nbytes);
+  G::sync();
+  if (G::rank() == 0) save_send_state(h, st);
+  G::sync();
+  return ok;
+}
+
+// One lane per line of up to two packets (lanes 0-15: packet seq, lanes 16-31: seq + 1).
+// Packet seq+1 is polled only when packet seq cannot satisfy the request.
+__device__ bool ll_read_warp_st(const ChannelHandle& h, RecvState& st, unsigned char* dst,
+                                unsigned long long nbytes) {
+  const unsigned int lane = threadIdx.x & 31u;
+  const unsigned long long mask = h.nslots - 1;
+  const unsigned int j = lane / 16, line = lane % 16;
+  unsigned long long done = 0;
+  bool ok = true;
+  while (done < nbytes) {
+    const unsigned long long need = nbytes - done;
+    const unsigned long long seq = st.seq + j;
+    const unsigned int flag = flag_of(seq);
+    const unsigned char* slot = h.ring + (seq & mask) * kLLSlotBytes;
+    U4 v;
+    unsigned int nb0 = 0, nb1 = 0;
+    bool hdr0 = false, hdr1 = false, need1 = true;
+    Deadline d = Deadline::after(h.timeout_ns);
+    bool give_up = has_error(h);
+    unsigned int spins = 0;
+    while (true) {
+      v = ld_volatile_v4(slot + line * kLineBytes);
+      const bool flags_ok = v.y == flag && v.w == flag;
+      hdr0 = __shfl_sync(0xffffffffu, flags_ok ? 1 : 0, 0) != 0;
+      hdr1 = __shfl_sync(0xffffffffu, flags_ok ? 1 : 0, 16) != 0;
+      nb0 = __shfl_sync(0xffffffffu, v.z, 0);
+      nb1 = __shfl_sync(0xffffffffu, v.z, 16);
+      need1 = !(hdr0 && (unsigned long long)(nb0 - st.offset) >= need);
+      bool mine;
+      if (j == 1 && !need1) {
+        mine = true;  // packet seq alone satisfies the request
+      } else {
+        const bool hdr = j == 0 ? hdr0 : hdr1;
+        const unsigned int nb = j == 0 ? nb0 : nb1;
+        mine = hdr && (line == 0 || (line - 1) * kLLLinePayload >= nb || flags_ok);
+      }
+      if (__all_sync(0xffffffffu, mine)) break;
+      if (give_up) { ok = false; break; }
+      if ((++spins & 7u) == 0) {
+        bool late = lane == 0 ? d.expired() || has_error(h) : false;
+        late = __shfl_sync(0xffffffffu, late ? 1 : 0, 0) != 0;
+        if (late) {
+          if (lane == 0 && !has_error(h)) record_error(h, kErrDataTimeout, st.seq + (hdr0 ? 1 : 0));
+          give_up = true;
+        }
+      }
+    }
+    if (!ok) break;
+    // Copy: packet 0 bytes [offset, offset + take0), then packet 1 bytes [0, take1).
+    const unsigned long long take0 = (nb0 - st.offset) < need ? (nb0 - st.offset) : need;
+    const unsigned long long take1 = need1 ? ((need - take0) < nb1 ? (need - take0) : nb1) : 0;
+    if (line > 0) {
+      const unsigned int lo = (line - 1) * kLLLinePayload, hi = lo + kLLLinePayload;
+      const unsigned int from_b = j == 0 ? st.offset : 0;
+      const unsigned int to_b = j == 0 ? (unsigned int)(st.offset + take0) : (unsigned int)take1;
+      const unsigned int a = lo > from_b ? lo : from_b, b = hi < to_b ? hi : to_b;
+      if (a < b) {
+        unsigned char* out = dst + done + (j == 0 ? (a - st.offset) : (take0 + a));
+        scatter8(out, v.x, v.z, a - lo, b - lo);
+      }
+    }
+    // Advance (every lane computes the same).
+    done += take0 + take1;
+    if (need1 || st.offset + take0 == nb0) {
+      st.seq += 1;
+      st.offset = 0;
+      if (take1 > 0) {
+        if (take1 == nb1) st.seq += 1;
+        else st.offset = (unsigned int)take1;
+      }
+    } else {
+      st.offset += (unsigned int)take0;
+    }
+    __syncwarp();
+    if (lane == 0) return_credits(h, st);
+  }
+  return ok;
+}
+
+__device__ bool ll_read_warp(const ChannelHandle& h, unsigned char* dst, unsigned long long nbytes) {
+  RecvState st = load_recv_state(h);
+  const bool ok = ll_read_warp_st(h, st, dst, nbytes);
+  __syncwarp();
+  if ((threadIdx.x & 31u) == 0) save_recv_state(h, st);
+  __syncwarp();
+  return ok;
+}
+
+// One thread: the scalar path (not the fast path).
+__device__ bool ll_read_thread(const ChannelHandle& h, unsigned char* dst, unsigned long long nbytes) {
+  RecvState st = load_recv_state(h);
+  const unsigned long long mask = h.nslots - 1;
+  unsigned long long done = 0;
+  bool ok = true;
+  while (done < nbytes && ok) {
+    const unsigned long long seq = st.seq;
+    const unsigned int flag = flag_of(seq);
+    const unsigned char* slot = h.ring + (seq & mask) * kLLSlotBytes;
+    U4 hd;
+    ok = wait_for(h, [&] { hd = ld_volatile_v4(slot); return hd.y == flag && hd.w == flag; }, kErrDataTimeout, seq);
+    if (!ok) break;
+    const unsigned int nb = hd.z;
+    const unsigned long long take = (nb - st.offset) < nbytes - done ? (nb - st.offset) : nbytes - done;
+    const unsigned int from_b = st.offset, to_b = (unsigned int)(st.offset + take);
+    for (unsigned int line = 1 + from_b / kLLLinePayload; ok && (line - 1) * kLLLinePayload < to_b; ++line) {
+      U4 v;
+      ok = wait_for(h, [&] { v = ld_volatile_v4(slot + line * kLineBytes); return v.y == flag && v.w == flag; },
+                    kErrDataTimeout, seq);
+      if (!ok) break;
+      const unsigned int lo = (line - 1) * kLLLinePayload, hi = lo + kLLLinePayload;
+      const unsigned int a = lo > from_b ? lo : from_b, b = hi < to_b ? hi : to_b;
+      scatter8(dst + done + (a - from_b), v.x, v.z, a - lo, b - lo);
+    }
+    if (!ok) break;
+    done += take;
+    st.offset += (unsigned int)take;
+    if (st.offset == nb) {
+      st.seq += 1;
+      st.offset = 0;
+      return_credits(h, st);
+    }
+  }
+  save_recv_state(h, st);
+  return ok;
+}
+
+// ---- bandwidth mode --------------------------------------------------------------------------
+// The group copies one packet's payload with 16-byte stores, then its leader publishes the
+// header after a system-scope fence.
+template <typename G>
+__device__ __forceinline__ void bw_store_packet(const ChannelHandle& h, const unsigned char* src,
+                                                unsigned long long seq, unsigned int nb) {
+  unsigned char* slot = h.ring + (seq & (unsigned long long)(h.nslots - 1)) * h.slot_bytes;
+  unsigned char* payload = slot + kBWHeaderBytes;
+  const unsigned int nvec = (nb + 15) / 16;
+  for (unsigned int i = G::rank(); i < nvec; i += G::size())
+    st_v4(payload + 16ull * i, gather16(src, 16ull * i, nb));
+  G::sync();
+  if (G::rank() == 0) {
+    __threadfence_system();
+    const unsigned int flag = flag_of(seq);
+    st_volatile_v4(slot, U4{h.route, flag, nb, flag});
+  }
+}
+
+// Leader polls packet seq's header; returns nbytes (0 on failure) to the whole group.
+template <typename G>
+__device__ __forceinline__ unsigned int bw_wait_packet(const ChannelHandle& h, unsigned long long seq) {
+  unsigned long long nb = 0;
+  if (G::rank() == 0) {
+    const unsigned char* slot = h.ring + (seq & (unsigned long long)(h.nslots - 1)) * h.slot_bytes;
+    const unsigned int flag = flag_of(seq);
+    U4 hd;
+    if (wait_for(h, [&] { hd = ld_volatile_v4(slot); return hd.y == flag && hd.w == flag; }, kErrDataTimeout, seq)) {
+      nb = hd.z;
+      __threadfence_system();  // acquire: the payload loads below follow the flag
+    }
+  }
+  return (unsigned int)G::bcast(nb);
+}
+
+// Copy payload bytes [from, to) of packet seq to dst.
+template <typename G>
+__device__ __forceinline__ void bw_copy_out(const ChannelHandle& h, unsigned long long seq, unsigned int from,
+                                            unsigned int to, unsigned char* dst) {
+  const unsigned char* payload =
+      h.ring + (seq & (unsigned long long)(h.nslots - 1)) * h.slot_bytes + kBWHeaderBytes;
+  const unsigned int n = to - from;
+  if ((from & 15u) == 0 && (((unsigned long long)dst) & 15ull) == 0) {
+    const unsigned int nvec = n / 16;
+    for (unsigned int i = G::rank(); i < nvec; i += G::size())
+      *reinterpret_cast<U4*>(dst + 16ull * i) = ld_cg_v4(payload + from + 16ull * i);
+    for (unsigned int b = nvec * 16 + G::rank(); b < n; b += G::size()) dst[b] = payload[from + b];
+  } else {
+    for (unsigned int b = G::rank(); b < n; b += G::size()) {
+      unsigned int v;
+      asm volatile("ld.global.cg.u8 %0, [%1];" : "=r"(v) : "l"(payload + from + b));
+      dst[b] = (unsigned char)v;
+    }
+  }
+}
+
+template <typename G>
+__device__ bool bw_write_st(const ChannelHandle& h, SendState& st, const unsigned char* src,
+                            unsigned long long nbytes) {
+  bool ok = true;
+  for (unsigned long long off = 0; off < nbytes; off += h.payload) {
+    const unsigned int nb = (unsigned int)(nbytes - off < h.payload ? nbytes - off : h.payload);
+    unsigned long long okv = 1;
+    if (G::rank() == 0) okv = credit_for(h, st, st.seq) ? 1 : 0;
+    if (!G::bcast(okv)) { ok = false; break; }
+    bw_store_packet<G>(h, src + off, st.seq, nb);
+    st.seq += 1;
+  }
+  return ok;
+}
+
+template <typename G>
+__device__ bool bw_write(const ChannelHandle& h, const unsigned char* src, unsigned long long nbytes) {
+  SendState st = load_send_state(h);
+  const bool ok = bw_write_st<G>(h, st, src, nbytes);
+  G::sync();
+  if (G::rank() == 0) save_send_state(h, st);
+  G::sync();
+  return ok;
+}
+
+template <typename G>
+__device__ bool bw_read_st(const ChannelHandle& h, RecvState& st, unsigned char* dst, unsigned long long nbytes) {
+  unsigned long long done = 0;
+  bool ok = true;
+  while (done < nbytes) {
+    const unsigned int nb = bw_wait_packet<G>(h, st.seq);
+    if (nb == 0) { ok = false; break; }
+    const unsigned long long take = (nb - st.offset) < nbytes - done ? (nb - st.offset) : nbytes - done;
+    bw_copy_out<G>(h, st.seq, st.offset, (unsigned int)(st.offset + take), dst + done);
+    done += take;
+    st.offset += (unsigned int)take;
+    G::sync();  // every copy is done before the slot is handed back
+    if (st.offset == nb) {
+      if (G::rank() == 0) st_relaxed(h.slot_credit + (st.seq & (h.nslots - 1)), flag_of(st.seq));
+      st.seq += 1;
+      st.offset = 0;
+      if (G::rank() == 0) return_credits(h, st);
+    }
+  }
+  return ok;
+}
+
+template <typename G>
+__device__ bool bw_read(const ChannelHandle& h, unsigned char* dst, unsigned long long nbytes) {
+  RecvState st = load_recv_state(h);
+  const bool ok = bw_read_st<G>(h, st, dst, nbytes);
+  G::sync();
+  if (G::rank() == 0) save_recv_state(h, st);
+  G::sync();
+  return ok;
+}
+
+// ---- grid forms (bandwidth mode) -------------------------------------------------------------
+// Block b handles packets base + b, base + b + gridDim, ... of the call; each packet waits only
+// for its own slot's credit. The last block to leave stores the new state (docs/protocol.md).
+__device__ __forceinline__ unsigned int grid_blocks() { return gridDim.x * gridDim.y * gridDim.z; }
+__device__ __forceinline__ unsigned int grid_block() {
+  return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+}
+
+// Block-level: the first packet number of this call (every block reads it at entry).
+__device__ __forceinline__ unsigned long long grid_base(const ChannelHandle& h) {
+  return BlockG::bcast(BlockG::rank() == 0 ? ld_relaxed_u64(h.state) : 0ull);
+}
+
+// Block-level: send one packet (seq) of a grid call, waiting for its slot's credit.
+__device__ __forceinline__ bool grid_send_packet(const ChannelHandle& h, const unsigned char* src,
+                                                 unsigned long long seq, unsigned int nb) {
+  unsigned long long okv = 1;
+  if (BlockG::rank() == 0 && seq >= h.nslots) {
+    unsigned int* credit = h.slot_credit + (seq & (h.nslots - 1));
+    const unsigned int want = flag_of(seq - h.nslots);
+    okv = wait_for(h, [&] { return ld_relaxed(credit) == want; }, kErrCreditTimeout, seq) ? 1 : 0;
+  }
+  if (!BlockG::bcast(okv)) return false;
+  bw_store_packet<BlockG>(h, src, seq, nb);
+  return true;
+}
+
+// Block-level: receive one packet (seq) of a grid call, which must carry `expect` bytes.
+__device__ __forceinline__ bool grid_recv_packet(const ChannelHandle& h, unsigned char* dst, unsigned long long seq,
+                                                 unsigned int expect) {
+  const unsigned int nb = bw_wait_packet<BlockG>(h, seq);
+  if (nb == 0) return false;
+  if (nb != expect) {
+    if (BlockG::rank() == 0) record_error(h, kErrMisuse, seq);
+    return false;
+  }
+  bw_copy_out<BlockG>(h, seq, 0, nb, dst);
+  __syncthreads();
+  if (BlockG::rank() == 0) st_relaxed(h.slot_credit + (seq & (h.nslots - 1)), flag_of(seq));
+  return true;
+}
+
+// Block-level: leave a grid call of `npk` packets from `base`; the last block stores the state
+// (and, on the receiving side, the in-order credit counter).
+__device__ __forceinline__ void grid_leave(const ChannelHandle& h, unsigned long long base, unsigned long long npk,
+                                           bool receiver) {
+  __syncthreads();
+  if (BlockG::rank() == 0) {
+    __threadfence();
+    // SendState.departed is at byte 16, RecvState.departed at byte 12
+    unsigned int* departed = receiver ? reinterpret_cast<unsigned int*>(h.state + 1) + 1
+                                      : reinterpret_cast<unsigned int*>(h.state + 2);
+    if (atomicAdd(departed, 1u) == grid_blocks() - 1) {
+      *departed = 0;
+      st_relaxed_u64(h.state, base + npk);
+      if (receiver) {
+        st_relaxed(reinterpret_cast<unsigned int*>(h.state + 1), 0u);
+        st_relaxed_u64(h.state + 2, base + npk);  // RecvState.returned
+        st_relaxed_u64(h.credit, base + npk);
+      }
+      __threadfence_system();
+    }
+  }
+}
+
+__device__ bool grid_write(const ChannelHandle& h, const unsigned char* src, unsigned long long nbytes) {
+  const unsigned long long base = grid_base(h);
+  const unsigned long long npk = (nbytes + h.payload - 1) / h.payload;
+  bool ok = true;
+  for (unsigned long long p = grid_block(); ok && p < npk; p += grid_blocks()) {
+    const unsigned long long off = p * h.payload;
+    const unsigned int nb = (unsigned int)(nbytes - off < h.payload ? nbytes - off : h.payload);
+    ok = grid_send_packet(h, src + off, base + p, nb);
+  }
+  grid_leave(h, base, npk, false);
+  return ok;
+}
+
+__device__ bool grid_read(const ChannelHandle& h, unsigned char* dst, unsigned long long nbytes) {
+  const unsigned long long base = grid_base(h);
+  const unsigned long long npk = (nbytes + h.payload - 1) / h.payload;
+  bool ok = true;
+  unsigned long long okv = 1;
+  if (BlockG::rank() == 0 && ld_relaxed(reinterpret_cast<const unsigned int*>(h.state + 1)) != 0u) {
+    record_error(h, kErrMisuse, base);  // a grid read must start at a packet boundary
+    okv = 0;
+  }
+  ok = BlockG::bcast(okv) != 0;
+  for (unsigned long long p = grid_block(); ok && p < npk; p += grid_blocks()) {
+    const unsigned long long off = p * h.payload;
+    const unsigned int nb = (unsigned int)(nbytes - off < h.payload ? nbytes - off : h.payload);
+    ok = grid_recv_packet(h, dst + off, base + p, nb);
+  }
+  grid_leave(h, base, npk, true);
+  return ok;
+}
+
+}  // namespace detail
+}  // namespace circuslink

@@ -1,0 +1,155 @@
+// circuslink/detail/collectives_impl.cuh - device code of the collectives (see collectives.cuh).
+#pragma once
+
+#include "collectives_types.cuh"
+
+namespace circuslink {
+namespace collectives {
+namespace detail {
+
+typedef unsigned long long u64;
+
+__device__ __forceinline__ u64 min_u64(u64 a, u64 b) { return a < b ? a : b; }
+
+// [lo, hi) of segment i of `count` elements split in `parts`, the first (count % parts) one longer.
+__device__ __forceinline__ void segment(u64 count, unsigned int parts, unsigned int i, u64& lo, u64& hi) {
+  u64 base = count / parts, extra = count % parts;
+  lo = i * base + (i < extra ? i : extra);
+  hi = lo + base + (i < extra ? 1 : 0);
+}
+
+// Stream `send_bytes` from `src` to the right while receiving `recv_bytes` from the left, one
+// piece of each at a time. Each received piece is handed to consume(dst_offset, bytes, from)
+// where `from` is the scratch buffer (reduce) or nullptr when it was read straight to `direct`.
+template <class Consume>
+__device__ bool exchange(const Ring& ring, const unsigned char* src, u64 send_bytes, unsigned char* direct,
+                         u64 recv_bytes, Consume consume) {
+  Sender<unsigned char> right = ring.right;
+  Receiver<unsigned char> left = ring.left;
+  u64 sent = 0, got = 0;
+  while (sent < send_bytes || got < recv_bytes) {
+    if (sent < send_bytes) {
+      u64 k = min_u64(ring.piece, send_bytes - sent);
+      if (!right.write_block(src + sent, k)) return false;
+      sent += k;
+    }
+    if (got < recv_bytes) {
+      u64 k = min_u64(ring.piece, recv_bytes - got);
+      unsigned char* dst = direct ? direct + got : ring.scratch;
+      if (!left.read_block(dst, k)) return false;
+      __syncthreads();  // every thread's part of the piece has landed
+      consume(got, k, direct ? nullptr : ring.scratch);
+      __syncthreads();  // scratch is free again before the next read
+      got += k;
+    }
+  }
+  return true;
+}
+
+template <class T, class Op>
+__device__ void combine(T* dst, const unsigned char* from, u64 bytes, Op op) {
+  const T* src = reinterpret_cast<const T*>(from);
+  for (u64 i = threadIdx.x; i < bytes / sizeof(T); i += blockDim.x) dst[i] = op(dst[i], src[i]);
+}
+
+}  // namespace detail
+
+// All threads of one block: data[0, n) becomes the element-wise op over every rank's data.
+template <class T, class Op>
+__device__ bool allreduce_block(const Ring& ring, T* data, unsigned long long n, Op op) {
+  using detail::u64;
+  const unsigned int size = ring.size, rank = ring.rank;
+  unsigned char* bytes = reinterpret_cast<unsigned char*>(data);
+  if (size == 1 || n == 0) return true;
+  if (size == 2 && n * sizeof(T) <= ring.piece) {
+    // Direct: one hop. My data goes right (= to the other rank), theirs lands in scratch.
+    return detail::exchange(ring, bytes, n * sizeof(T), nullptr, n * sizeof(T),
+                            [&](u64 off, u64 k, const unsigned char* from) {
+                              detail::combine(reinterpret_cast<T*>(bytes + off), from, k, op);
+                            });
+  }
+  for (unsigned int step = 0; step + 1 < size; ++step) {  // reduce-scatter
+    u64 s_lo, s_hi, r_lo, r_hi;
+    detail::segment(n, size, (rank + size - step) % size, s_lo, s_hi);
+    detail::segment(n, size, (rank + 2 * size - step - 1) % size, r_lo, r_hi);
+    T* acc = data + r_lo;
+    bool ok = detail::exchange(ring, bytes + s_lo * sizeof(T), (s_hi - s_lo) * sizeof(T), nullptr,
+                               (r_hi - r_lo) * sizeof(T), [&](u64 off, u64 k, const unsigned char* from) {
+                                 detail::combine(reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(acc) + off),
+                                                 from, k, op);
+                               });
+    if (!ok) return false;
+  }
+  for (unsigned int step = 0; step + 1 < size; ++step) {  // all-gather
+    u64 s_lo, s_hi, r_lo, r_hi;
+    detail::segment(n, size, (rank + 1 + size - step) % size, s_lo, s_hi);
+    detail::segment(n, size, (rank + size - step) % size, r_lo, r_hi);
+    bool ok = detail::exchange(ring, bytes + s_lo * sizeof(T), (s_hi - s_lo) * sizeof(T), bytes + r_lo * sizeof(T),
+                               (r_hi - r_lo) * sizeof(T), [](u64, u64, const unsigned char*) {});
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// Every thread of the grid: block b < nrings reduces slice b of data over rings[b].
+template <class T, class Op>
+__device__ bool allreduce_grid(const Ring* rings, unsigned int nrings, T* data, unsigned long long n, Op op) {
+  if (blockIdx.x >= nrings) return true;
+  detail::u64 lo, hi;
+  detail::segment(n, nrings, blockIdx.x, lo, hi);
+  return allreduce_block(rings[blockIdx.x], data + lo, hi - lo, op);
+}
+
+// All threads of one block: root's data[0, n) on every rank, pipelined along the ring.
+template <class T>
+__device__ bool broadcast_block(const Ring& ring, T* data, unsigned long long n, unsigned int root) {
+  if (ring.size == 1) return true;
+  Sender<unsigned char> right = ring.right;
+  Receiver<unsigned char> left = ring.left;
+  unsigned char* bytes = reinterpret_cast<unsigned char*>(data);
+  const unsigned int last = (root + ring.size - 1) % ring.size;  // does not forward
+  const detail::u64 total = n * sizeof(T);
+  for (detail::u64 lo = 0; lo < total; lo += ring.piece) {
+    detail::u64 k = detail::min_u64(ring.piece, total - lo);
+    if (ring.rank != root) {
+      if (!left.read_block(bytes + lo, k)) return false;
+      __syncthreads();
+    }
+    if (ring.rank != last && !right.write_block(bytes + lo, k)) return false;
+  }
+  return true;
+}
+
+template <class T>
+__device__ bool broadcast_grid(const Ring* rings, unsigned int nrings, T* data, unsigned long long n,
+                               unsigned int root) {
+  if (blockIdx.x >= nrings) return true;
+  detail::u64 lo, hi;
+  detail::segment(n, nrings, blockIdx.x, lo, hi);
+  return broadcast_block(rings[blockIdx.x], data + lo, hi - lo, root);
+}
+
+// All threads of one block: returns once every rank's block has entered the barrier.
+__device__ inline bool barrier_block(const Ring& ring) {
+  if (ring.size == 1) return true;
+  Sender<unsigned char> right = ring.right;
+  Receiver<unsigned char> left = ring.left;
+  __shared__ unsigned char token[16];
+  if (threadIdx.x == 0) token[0] = 0xB7;
+  __syncthreads();
+  for (int trip = 0; trip < 2; ++trip) {
+    if (ring.rank == 0) {
+      if (!right.write_block(token, 1)) return false;
+      if (trip == 0 && !left.read_block(token, 1)) return false;
+    } else {
+      if (!left.read_block(token, 1)) return false;
+      __syncthreads();
+      if (!(trip == 1 && ring.rank == ring.size - 1) && !right.write_block(token, 1)) return false;
+    }
+  }
+  __syncthreads();
+  return true;
+}
+
+}  // namespace collectives
+}  // namespace circuslink

@@ -1,0 +1,64 @@
+// circuslink/detail/rma_types.cuh: the device-side layout of a committed RMA queue.
+// The host (circuslink/rma/_cuda.py) writes these structs byte for byte into device
+// memory at commit; every field is 8 bytes wide so the Python side packs them with one
+// numpy dtype and no padding rules. Change them together.
+#pragma once
+
+namespace circuslink {
+
+// Work is cut into units of at most this many bytes (one warp copies one unit), so that
+// one large block is copied by many warps and many small blocks by one warp each.
+constexpr unsigned long long kRmaChunkBytes = 4096;
+
+// One declared write, as the copy kernel reads it (64 bytes).
+struct RmaDescriptor {
+  unsigned long long src;          // my source address
+  unsigned long long dst;          // destination, the target's memory mapped here (CUDA IPC)
+  unsigned long long count;        // blocks
+  unsigned long long block_bytes;
+  unsigned long long src_stride;   // bytes between block starts
+  unsigned long long dst_stride;
+  unsigned long long unit_begin;   // first work unit of this descriptor (prefix sum over the chain)
+  unsigned int units_per_block;    // ceil(block_bytes / kRmaChunkBytes)
+  unsigned int align;              // widest access all addresses, sizes and strides allow: 16, 8, 4, 2, 1
+};
+
+// Per-queue state that lives in this rank's device memory and survives launches.
+struct RmaState {
+  unsigned long long epoch;        // last epoch started on the device (host- or device-driven)
+  unsigned long long done_ctas;    // CTAs of the current start launch that finished copying
+  unsigned long long failed;       // set (atomically, in device memory) by the first failing wait
+};
+
+// The first failure a device-side wait saw; in host-mapped memory so the host reads it
+// without a copy (written with plain stores by the one thread that won RmaState::failed:
+// atomics on host memory would need PCIe atomics). code 0: none, 1: a target did not post, 2: an origin's writes did not arrive.
+struct RmaErrorRecord {
+  unsigned long long code;
+  unsigned long long rank;
+  unsigned long long epoch;
+};
+
+// The device handle of a committed queue: what rma_start / rma_wait receive.
+// Counters (uint64, in each rank's `signals`): [0, size) arrivals, slot o raised by origin o
+// once its writes of an epoch are visible; [size, 2 size) posts, slot t raised by target t
+// when I may write epoch e into it.
+struct RmaQueue {
+  const RmaDescriptor* descs;
+  unsigned long long n_descs;
+  unsigned long long total_units;
+  unsigned long long* signals;                      // my counters
+  unsigned long long size;                          // ranks in the world
+  const unsigned long long* targets;                // rank of each target
+  unsigned long long* const* arrival_at_target;     // &target.signals[me], mapped here
+  unsigned long long n_targets;
+  const unsigned long long* origins;                // rank of each origin
+  unsigned long long* const* post_at_origin;        // &origin.signals[size + me], mapped here
+  unsigned long long n_origins;
+  RmaState* state;
+  RmaErrorRecord* error;
+  unsigned long long timeout_ns;                    // 0: wait forever
+  unsigned long long post_at_wait;                  // 1: post epoch e+1 at the end of wait(e)
+};
+
+}  // namespace circuslink

@@ -1,0 +1,38 @@
+"""Persistent RMA queues: the TCA / QUDA RMA interface (DESIGN.md section 1), on GPUs.
+
+An application that repeats the same exchange every iteration (a halo exchange) declares
+its writes once, commits them into a queue, and then runs each iteration as one
+``start()`` and one ``wait()``::
+
+    from circuslink import rma
+
+    win = rma.window_alloc(world, nbytes)                   # collective
+    h = rma.declare_write(win, dst_off, win, src_off, n, dst_rank=right)
+    q = rma.Queue.alloc(win)                                # collective
+    q.push(h)
+    q.add_origin(left)                                      # who writes into me
+    q.commit()                                              # collective: build the chain once
+    for it in range(steps):
+        q.start()                                           # post my window, run my writes
+        q.wait()                                            # mine done and my origins' arrived
+        compute(win.local)
+
+Back-ends: ``cpu`` (shared memory, the reference), ``cuda`` (CUDA IPC over NVLink: one
+launch per start, and ``circuslink::rma_start`` / ``rma_wait`` in ``<circuslink/rma.cuh>``
+for kernels that drive the queue themselves) and ``mpi`` (MPI-3 RMA, ``MPI_Put`` in
+post/start/complete/wait epochs). docs/rma.md has the semantics.
+"""
+
+from __future__ import annotations
+
+from ._core import MsgHandle, Queue, Window, declare_strided_write, declare_write, queue_alloc, window_alloc
+
+__all__ = [
+    "MsgHandle",
+    "Queue",
+    "Window",
+    "declare_strided_write",
+    "declare_write",
+    "queue_alloc",
+    "window_alloc",
+]

@@ -1,0 +1,117 @@
+"""The cpu engine: the reference semantics of RMA queues, over the cpu back-end's shared memory.
+
+A window is a :class:`~circuslink.SymmetricBuffer`; a queue adds one symmetric array of
+uint64 counters per rank: ``[0, size)`` arrival counters (slot o is raised by origin o
+once its writes of an epoch are in my window), ``[size, 2*size)`` post counters (slot t
+is raised by target t when I may write epoch e into it). Writes are numpy copies
+between views built once at commit (strided views for block-stride writes: no packing).
+
+Ordering: numpy stores the data before the counter store, and x86 (TSO) keeps stores in
+order, so a peer that sees the counter sees the data.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from .._config import default_timeout
+from ._core import poll_until
+
+
+def _view(arr: np.ndarray, offset: int, count: int, block: int, stride: int) -> np.ndarray:
+    if count == 1:
+        return arr[offset: offset + block]
+    base = arr[offset: offset + (count - 1) * stride + block]
+    return as_strided(base, shape=(count, block), strides=(stride, 1), writeable=True)
+
+
+class CpuWindow:
+    def __init__(self, world: Any, nbytes: int, timeout: float | None) -> None:
+        self.world = world
+        self.buf = world.alloc(nbytes, timeout)
+
+    @property
+    def local(self) -> np.ndarray:
+        return self.buf.local
+
+    def peer(self, rank: int) -> np.ndarray:
+        return self.buf.peer(rank)
+
+    def new_queue(self, index: int, timeout: float | None) -> CpuQueue:
+        return CpuQueue(self, timeout)
+
+    def free(self, timeout: float | None) -> None:
+        self.buf.free(timeout)
+
+
+class CpuQueue:
+    def __init__(self, window: CpuWindow, timeout: float | None) -> None:
+        self.world = window.world
+        self.window = window
+        size = self.world.size
+        self.size = size
+        self.signals = self.world.alloc(2 * size * 8, timeout)
+        self.mine = self.signals.view(np.uint64)
+        self.peers = {r: self.signals.view(np.uint64, r) for r in range(size)}
+        self.queue: Any = None
+        self.chain: list[tuple[int, list[tuple[np.ndarray, np.ndarray]]]] = []
+        self.origins: list[int] = []
+        self.post_at = "start"
+
+    def current_epoch(self, host_epoch: int) -> int:
+        return host_epoch
+
+    def commit(self, queue: Any, base: int, post_at: str, incoming: dict, timeout: float | None) -> None:
+        self.queue = queue
+        self.post_at = post_at
+        self.origins = list(queue.origins)
+        by_target: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        for h in queue.handles:
+            src = _view(h.src_window._impl.local, h.src_offset, h.count, h.block_bytes, h.src_stride)
+            dst = _view(self.window.peer(h.dst_rank), h.dst_offset, h.count, h.block_bytes, h.dst_stride)
+            by_target.setdefault(h.dst_rank, []).append((dst, src))
+        self.chain = sorted(by_target.items())
+        if post_at == "wait":
+            self._post(base + 1)  # the first epoch is open from the start
+
+    def _post(self, epoch: int) -> None:
+        me = self.world.rank
+        for o in self.origins:
+            self.peers[o][self.size + me] = epoch
+
+    def start(self, epoch: int) -> None:
+        queue = self.queue
+        if self.post_at == "start":
+            self._post(epoch)
+        me = self.world.rank
+        deadline = time.monotonic() + default_timeout()
+        for t, copies in self.chain:
+            slot = self.size + t
+            if not poll_until(lambda slot=slot: int(self.mine[slot]) >= epoch, deadline):
+                raise queue._timeout(default_timeout(), "in start() waiting for the post of target", [t])
+            for dst, src in copies:
+                dst[...] = src
+            self.peers[t][me] = epoch  # after the data: a peer that sees it sees the bytes
+
+    def wait(self, epoch: int, limit: float) -> None:
+        deadline = time.monotonic() + limit
+        mine = self.mine
+        if not poll_until(lambda: all(int(mine[o]) >= epoch for o in self.origins), deadline):
+            late = [o for o in self.origins if int(mine[o]) < epoch]
+            raise self.queue._timeout(limit, "waiting for the writes of origin", late)
+        if self.post_at == "wait":
+            self._post(epoch + 1)
+
+    def clear(self) -> None:
+        self.chain = []
+        self.origins = []
+
+    def free(self, timeout: float | None) -> None:
+        self.chain = []
+        self.peers = {}
+        self.mine = None
+        self.signals.free(timeout)

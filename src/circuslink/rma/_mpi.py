@@ -1,0 +1,182 @@
+"""The mpi engine: MPI-3 RMA, as the paper's MPI back-end (``MPI_Put`` inside PSCW epochs).
+
+A window is ``MPI.Win.Create`` over a host buffer. A cycle is
+
+    start():  MPI_Win_post(origins)   MPI_Win_start(targets)   MPI_Put ... (one per handle)
+    wait():   MPI_Win_complete()      MPI_Win_test() until done (our time-out), H2D of incoming bytes
+
+Strided handles use MPI vector datatypes for origin and target, built once at commit.
+On a cuda world ``local`` is device memory and the window a host mirror: start() copies
+my source blocks device -> host, wait() copies the incoming blocks host -> device (this
+Open MPI is not CUDA-aware, so a user of it would stage the same way). Block-stride
+staging uses 2-D copies so bytes between blocks are never touched.
+
+MPI gives no way to bound MPI_Win_complete; an origin whose target never posts blocks
+there. The target side (the usual stall) polls MPI_Win_test with the queue's time-out.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from ..errors import RmaError
+from ._core import poll_until
+
+
+def _mpi():
+    from mpi4py import MPI
+
+    return MPI
+
+
+class MpiWindow:
+    def __init__(self, world: Any, nbytes: int, timeout: float | None) -> None:
+        comm = world.mpi_comm
+        if comm is None:
+            raise RmaError("window_alloc(backend='mpi') needs a job started by mpirun (world.mpi_comm is None)")
+        MPI = _mpi()
+        self.world = world
+        self.comm = comm
+        self.nbytes = nbytes
+        self.host = np.zeros(nbytes, dtype=np.uint8)
+        self.on_gpu = world.backend.name == "cuda"
+        if self.on_gpu:
+            import cupy as cp
+
+            self.device = cp.zeros(nbytes, dtype=cp.uint8)
+        self.win = MPI.Win.Create(self.host, disp_unit=1, comm=comm)
+        self.group = comm.Get_group()
+
+    @property
+    def local(self):
+        return self.device if self.on_gpu else self.host
+
+    def new_queue(self, index: int, timeout: float | None) -> MpiQueue:
+        return MpiQueue(self)
+
+    def free(self, timeout: float | None) -> None:
+        if self.win is not None:
+            self.win.Free()  # collective
+            self.group.Free()
+            self.win = None
+            if self.on_gpu:
+                self.device = None
+
+
+def _copy_blocks(dst_ptr: int, src_ptr: int, count: int, block: int, dst_stride: int, src_stride: int,
+                 kind: int, stream: Any) -> None:
+    """Host <-> device staging of one strided pattern, with one 2-D copy."""
+    import cupy as cp
+
+    cp.cuda.runtime.memcpy2DAsync(dst_ptr, dst_stride, src_ptr, src_stride, block, count, kind, stream.ptr)
+
+
+class MpiQueue:
+    def __init__(self, window: MpiWindow) -> None:
+        self.window = window
+        self.world = window.world
+        self.queue: Any = None
+        self.puts: list[tuple] = []
+        self.types: list[Any] = []
+        self.origin_group = None
+        self.target_group = None
+        self.stage_out: list[tuple] = []
+        self.stage_in: list[tuple] = []
+        self.post_at = "start"
+        self.posted = False
+
+    def current_epoch(self, host_epoch: int) -> int:
+        return host_epoch
+
+    def commit(self, queue: Any, base: int, post_at: str, incoming: dict, timeout: float | None) -> None:
+        MPI = _mpi()
+        self.queue = queue
+        self.post_at = post_at
+        win = self.window
+        for h in queue.handles:
+            src = h.src_window._impl
+            if h.count == 1:
+                origin = [src.host[h.src_offset: h.src_offset + h.block_bytes], h.block_bytes, MPI.BYTE]
+                target = (h.dst_offset, h.block_bytes, MPI.BYTE)
+            else:
+                otype = MPI.BYTE.Create_vector(h.count, h.block_bytes, h.src_stride).Commit()
+                ttype = MPI.BYTE.Create_vector(h.count, h.block_bytes, h.dst_stride).Commit()
+                self.types += [otype, ttype]
+                origin = [src.host[h.src_offset: h.src_offset + h.src_extent], 1, otype]
+                target = (h.dst_offset, 1, ttype)
+            self.puts.append((origin, h.dst_rank, target))
+            if win.on_gpu:
+                self.stage_out.append((src, h.src_offset, h.count, h.block_bytes, h.src_stride))
+        for specs in incoming.values():
+            for _hid, off, count, block, stride in specs:
+                self.stage_in.append((off, count, block, stride))
+        group = win.group
+        self.origin_group = group.Incl(sorted(queue.origins)) if queue.origins else None
+        self.target_group = group.Incl(list(queue.targets)) if queue.targets else None
+        if post_at == "wait":
+            # An exposure epoch left open by wait() could only be closed by every origin
+            # running an empty access epoch; MPI's PSCW has no cheaper way, so we refuse.
+            raise RmaError(f"commit of {queue.name}: post_at='wait' is not supported by the mpi back-end")
+
+    def _post(self) -> None:
+        if self.origin_group is not None and not self.posted:
+            self.window.win.Post(self.origin_group)
+            self.posted = True
+
+    def start(self, epoch: int) -> None:
+        win = self.window
+        if win.on_gpu and self.stage_out:
+            import cupy as cp
+
+            stream = self.world.backend.stream
+            d2h = cp.cuda.runtime.memcpyDeviceToHost
+            for src, off, count, block, stride in self.stage_out:
+                _copy_blocks(src.host.ctypes.data + off, src.device.data.ptr + off, count, block, stride, stride,
+                             d2h, stream)
+            stream.synchronize()
+        if self.post_at == "start":
+            self._post()
+        if self.target_group is not None:
+            win.win.Start(self.target_group)
+            for origin, rank, target in self.puts:
+                win.win.Put(origin, rank, target)
+
+    def wait(self, epoch: int, limit: float) -> None:
+        win = self.window
+        if self.target_group is not None:
+            win.win.Complete()
+        if self.origin_group is not None:
+            deadline = time.monotonic() + limit
+            if not poll_until(win.win.Test, deadline):
+                # Leave the exposure epoch open: MPI cannot cancel it. The job must end.
+                raise self.queue._timeout(limit, "waiting for the writes of origin",
+                                          list(self.queue.origins))
+            self.posted = False
+            if win.on_gpu and self.stage_in:
+                import cupy as cp
+
+                stream = self.world.backend.stream
+                h2d = cp.cuda.runtime.memcpyHostToDevice
+                for off, count, block, stride in self.stage_in:
+                    _copy_blocks(win.device.data.ptr + off, win.host.ctypes.data + off, count, block, stride,
+                                 stride, h2d, stream)
+                stream.synchronize()
+
+    def clear(self) -> None:
+        for t in self.types:
+            t.Free()
+        self.types = []
+        self.puts = []
+        self.stage_out = []
+        self.stage_in = []
+        for g in (self.origin_group, self.target_group):
+            if g is not None:
+                g.Free()
+        self.origin_group = self.target_group = None
+
+    def free(self, timeout: float | None) -> None:
+        self.clear()
+        self.world.barrier(timeout)

@@ -1,0 +1,88 @@
+"""``circuslink bench allreduce-like``: A streams, B adds as the data arrives and streams back."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import circuslink as cl
+
+INCLUDE = Path(cl.include_dir())
+
+
+def _have_channels() -> bool:
+    try:
+        from circuslink.channels import open  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_channels = pytest.mark.skipif(not _have_channels(), reason="circuslink.channels is not there yet")
+
+
+def _bench(tmp_path: Path, *extra: str, backend: str = "cpu", timeout: float = 170) -> subprocess.CompletedProcess:
+    env = dict(os.environ, CIRCUSLINK_TIMEOUT="60")
+    cmd = [sys.executable, "-m", "circuslink", "bench", "allreduce-like", "--backend", backend,
+           "--json", str(tmp_path / "res.json"), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=str(tmp_path), env=env)
+
+
+@needs_channels
+def test_cpu_run_verifies_and_traces(tmp_path):
+    proc = _bench(tmp_path, "--sizes", "8,1K,64K", "--iters", "2", "--warmup", "1", "--trace",
+                  str(tmp_path / "t.json"), "--plot", str(tmp_path / "p.png"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads((tmp_path / "res.json").read_text())
+    assert res["benchmark"] == "allreduce-like" and res["nranks"] == 2 and res["backend"] == "cpu"
+    sizes = [r["bytes"] for r in res["rows"]]
+    assert sizes == [8, 1024, 65536, 32768]  # the traced size is added
+    for r in res["rows"]:
+        assert r["impl"] == "channel"
+        assert 0 < r["latency_us"] <= r["time_us"]
+        assert r["throughput_GBps"] == pytest.approx(r["bytes"] / (r["time_us"] * 1e3))
+    tr = res["meta"]["trace"]
+    assert 0.0 <= tr["overlap_fraction_B"] <= 1.0
+    # B receives piece k+1 before it has sent the last piece: a pipeline, so its bursts overlap.
+    assert tr["overlap_fraction_B"] > 0.5, tr
+    trace = json.loads((tmp_path / "t.json").read_text())
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert {"send ch 1", "recv ch 4", "recv ch 2", "send ch 3", "compute"} <= names
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    assert "overlap for" in proc.stdout and "min latency" in proc.stdout
+
+
+def test_needs_two_ranks(tmp_path):
+    proc = _bench(tmp_path, "-n", "3")
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == "circuslink: error: allreduce-like runs on exactly 2 ranks (A and B), got -n 3"
+
+
+def test_kernel_source_compiles(tmp_path):
+    nvcc = shutil.which("nvcc")
+    if nvcc is None or not (INCLUDE / "circuslink" / "channel.cuh").exists():
+        pytest.skip("needs nvcc and circuslink/channel.cuh")
+    from circuslink.bench.allreduce_like import CUDA_SOURCE
+
+    src = tmp_path / "arl.cu"
+    src.write_text(CUDA_SOURCE)
+    proc = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90a", f"-I{INCLUDE}", "-c", str(src), "-o",
+                           str(tmp_path / "arl.o")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.gpu
+def test_gpu_run_verifies_and_traces(tmp_path):
+    proc = _bench(tmp_path, "--sizes", "8,4K,64K,1M,16M", "--iters", "5", "--warmup", "2", "--trace",
+                  str(tmp_path / "t.json"), backend="cuda", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads((tmp_path / "res.json").read_text())
+    assert all(r.get("verified") for r in res["rows"])
+    assert res["meta"]["trace"]["overlap_fraction_B"] > 0.5

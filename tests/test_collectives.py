@@ -1,0 +1,279 @@
+"""Collectives: ring all-reduce / broadcast / barrier at 1..8 ranks with fresh random data.
+
+The algorithms are checked twice: in one process over bounded in-memory FIFOs (threads as
+ranks; the buffers are tiny so the flow-control argument is exercised), and as real ranks
+over circuslink channels (spmd).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import circuslink as cl
+from circuslink.collectives import _algorithms as alg
+
+INT_TYPES = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64]
+FLOAT_TYPES = [np.float16, np.float32, np.float64]
+# Floats: ring order differs from a serial sum only by rounding; per element the error is at most
+# (n - 1) * eps * sum(|x_i|) (each of the n - 1 additions rounds once). We check that bound.
+
+
+class _Fifo:
+    """A bounded byte stream between two threads: write blocks while full, read until filled."""
+
+    def __init__(self, capacity: int, name: str) -> None:
+        self.buf = bytearray()
+        self.capacity = capacity
+        self.name = name
+        self.cv = threading.Condition()
+
+    def write(self, data: np.ndarray) -> None:
+        data = np.asarray(data, dtype=np.uint8).tobytes()
+        deadline = time.monotonic() + 20
+        while data:
+            with self.cv:
+                while len(self.buf) >= self.capacity:
+                    if not self.cv.wait(timeout=max(0.0, deadline - time.monotonic())):
+                        raise TimeoutError(f"{self.name}: writer stalled (deadlock?)")
+                room = self.capacity - len(self.buf)
+                self.buf += data[:room]
+                data = data[room:]
+                self.cv.notify_all()
+
+    def flush(self) -> None:
+        pass
+
+    def read(self, nbytes: int) -> np.ndarray:
+        out = bytearray()
+        deadline = time.monotonic() + 20
+        while len(out) < nbytes:
+            with self.cv:
+                while not self.buf:
+                    if not self.cv.wait(timeout=max(0.0, deadline - time.monotonic())):
+                        raise TimeoutError(f"{self.name}: reader stalled (deadlock?)")
+                take = min(nbytes - len(out), len(self.buf))
+                out += self.buf[:take]
+                del self.buf[:take]
+                self.cv.notify_all()
+        return np.frombuffer(bytes(out), dtype=np.uint8)
+
+
+def _run_ranks(n: int, body, capacity: int = 64):
+    """Run body(rank, right, left) on n threads joined in a ring of FIFOs; return results."""
+    fifos = [_Fifo(capacity, f"ring {r}->{(r + 1) % n}") for r in range(n)]
+    results: list = [None] * n
+    errors: list = []
+
+    def main(r: int) -> None:
+        try:
+            results[r] = body(r, fifos[r], fifos[(r - 1) % n])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append((r, exc))
+
+    threads = [threading.Thread(target=main, args=(r,), daemon=True) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return results
+
+
+def _random(rng, dtype, shape, negative=False):
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        x = rng.standard_normal(shape) * 100
+        if negative:
+            x = -np.abs(x) - 1
+        return x.astype(dtype)
+    info = np.iinfo(dtype)
+    if negative and dtype.kind == "i":
+        return rng.integers(info.min, 0, size=shape, dtype=dtype)
+    return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+
+
+def _expected(inputs, op):
+    fn = alg.OPS[op]
+    out = inputs[0].copy()
+    for x in inputs[1:]:
+        out = fn(out, x)  # integers wrap modulo 2**bits exactly as the ring does
+    return out
+
+
+def _check_float(got, inputs, op):
+    if op != "sum":
+        assert np.array_equal(got, _expected(inputs, op))
+        return
+    exact = np.sum([x.astype(np.float64) for x in inputs], axis=0)
+    bound = (len(inputs) - 1) * np.finfo(got.dtype).eps * np.sum([np.abs(x.astype(np.float64)) for x in inputs],
+                                                                axis=0)
+    assert np.all(np.abs(got.astype(np.float64) - exact) <= bound + np.finfo(got.dtype).tiny)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_ring_allreduce_threads(n):
+    rng = np.random.default_rng()
+    cases = [(dt, op) for dt in INT_TYPES + FLOAT_TYPES for op in ("sum", "max", "min")]
+    for dtype, op in cases:
+        count = int(rng.integers(0, 300))
+        negative = op in ("max", "min") and rng.random() < 0.5
+        inputs = [_random(rng, dtype, (count,), negative) for _ in range(n)]
+        got = _run_ranks(n, lambda r, right, left, inputs=inputs, op=op: alg.ring_allreduce(
+            r, n, right, left, inputs[r], op, piece=16), capacity=32)
+        for r in range(1, n):
+            assert got[r].tobytes() == got[0].tobytes(), (dtype, op, "ranks disagree")
+        if np.dtype(dtype).kind == "f":
+            _check_float(got[0], inputs, op)
+        else:
+            assert np.array_equal(got[0], _expected(inputs, op)), (dtype, op, n)
+        assert got[0].dtype == np.dtype(dtype) and got[0].shape == (count,)
+
+
+def test_all_negative_max_min_is_not_zero():
+    # A max that started from 0 instead of the first operand would return zeros here.
+    rng = np.random.default_rng()
+    for dtype in (np.int32, np.int64, np.float32, np.float64):
+        inputs = [_random(rng, dtype, (97,), negative=True) for _ in range(3)]
+        for op in ("max", "min"):
+            got = _run_ranks(3, lambda r, right, left, inputs=inputs, op=op: alg.ring_allreduce(
+                r, 3, right, left, inputs[r], op, piece=8), capacity=16)
+            assert np.array_equal(got[0], _expected(inputs, op))
+            assert np.all(got[0] < 0)
+
+
+def test_shape_is_kept_and_input_untouched():
+    rng = np.random.default_rng()
+    inputs = [_random(rng, np.int32, (5, 7)) for _ in range(4)]
+    before = [x.copy() for x in inputs]
+    got = _run_ranks(4, lambda r, right, left: alg.ring_allreduce(r, 4, right, left, inputs[r], "sum", 12), 24)
+    assert got[2].shape == (5, 7)
+    assert np.array_equal(got[2], _expected(inputs, "sum"))
+    assert all(np.array_equal(a, b) for a, b in zip(inputs, before, strict=True))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+def test_ring_broadcast_and_barrier_threads(n):
+    rng = np.random.default_rng()
+    for root in {0, n - 1, int(rng.integers(0, n))}:
+        src = _random(rng, np.float64, (int(rng.integers(1, 200)),))
+        got = _run_ranks(n, lambda r, right, left, src=src, root=root: alg.ring_broadcast(
+            r, n, right, left, src if r == root else np.zeros_like(src), root, piece=40), capacity=80)
+        for g in got:
+            assert g.tobytes() == src.tobytes()
+    arrived = []
+
+    def body(r, right, left):
+        time.sleep(0.01 * r)  # the last rank arrives late: nobody may leave before it
+        arrived.append(r)
+        alg.ring_barrier(r, n, right, left)
+        return len(arrived)
+
+    counts = _run_ranks(n, body)
+    assert counts == [n] * n
+
+
+def test_disagreeing_ranks_are_named():
+    x32 = np.arange(10, dtype=np.int32)
+    x64 = np.arange(10, dtype=np.int64)
+
+    def body(r, right, left):
+        try:
+            alg.check_agreement(r, 2, right, left, "allreduce", x32 if r == 0 else x64, op="sum")
+        except cl.ConfigError as exc:
+            return str(exc)
+        return None
+
+    msgs = _run_ranks(2, body)
+    assert msgs[0] == ("allreduce on rank 0 does not match rank 1's call: rank 0 has allreduce(10 x int32, "
+                       "op=sum, root=0), rank 1 has allreduce(10 x int64, op=sum, root=0)")
+    assert msgs[1] is not None and msgs[1].startswith("allreduce on rank 1 does not match rank 0's call")
+    with pytest.raises(cl.ConfigError, match="op='avg' is not one of sum, max, min"):
+        alg.check_op("avg")
+    with pytest.raises(cl.ConfigError, match="not an integer or floating type"):
+        alg.check_array(np.array([True]), "allreduce")
+
+
+def _have_channels() -> bool:
+    try:
+        from circuslink.channels import open  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_channels = pytest.mark.skipif(not _have_channels(), reason="circuslink.channels is not there yet")
+
+_SPMD_BODY = """
+    import numpy as np
+    import circuslink as cl
+    from circuslink import collectives
+
+    w = cl.init()
+    rng = np.random.default_rng()
+    n, r = w.size, w.rank
+    comm = collectives.Comm(w, depth_bytes=256)   # small: many pieces, flow control exercised
+    for dtype in (np.int8, np.uint16, np.int32, np.uint64, np.float32, np.float64):
+        for op in ("sum", "max", "min"):
+            count = int(w.bcast(int(rng.integers(1, 700))))
+            negative = op != "sum" and dtype not in (np.uint16, np.uint64)
+            seed = int(w.bcast(int(rng.integers(1 << 62))))
+            per_rank = []
+            for k in range(n):   # every rank can rebuild every rank's input from the shared seed
+                g = np.random.default_rng(seed + k)
+                if np.dtype(dtype).kind == "f":
+                    x = (g.standard_normal(count) * 100).astype(dtype)
+                    x = -np.abs(x) - 1 if negative else x
+                else:
+                    info = np.iinfo(dtype)
+                    hi = 0 if negative else info.max
+                    x = g.integers(info.min, hi, size=count, dtype=dtype)
+                per_rank.append(x)
+            got = comm.allreduce(per_rank[r], op)
+            fn = {"sum": np.add, "max": np.maximum, "min": np.minimum}[op]
+            want = per_rank[0].copy()
+            for x in per_rank[1:]:
+                want = fn(want, x)
+            if np.dtype(dtype).kind == "f" and op == "sum":
+                bound = (n - 1) * np.finfo(dtype).eps * np.sum(np.abs(np.array(per_rank, np.float64)), axis=0)
+                assert np.all(np.abs(got.astype(np.float64) - want.astype(np.float64)) <= 2 * bound + 1e-30)
+            else:
+                assert np.array_equal(got, want), (dtype, op)
+            same = w.allgather(got.tobytes())
+            assert all(s == same[0] for s in same), "ranks disagree"
+    root = n - 1
+    src = rng.integers(0, 1 << 30, size=333, dtype=np.int64)
+    got = comm.broadcast(src if r == root else np.zeros_like(src), root=root)
+    assert w.allgather(got.tobytes()) == [w.bcast(src.tobytes(), root=root)] * n
+    collectives.barrier(comm)
+    total = collectives.allreduce(w, np.array([r + 1], dtype=np.int64))   # module API on the world
+    assert int(total[0]) == n * (n + 1) // 2
+    comm.close()
+    print("ok", r)
+    w.close()
+"""
+
+
+@needs_channels
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_collectives_over_channels(spmd, n):
+    job = spmd(n, _SPMD_BODY, job_timeout=170).check()
+    assert job.stdout.count("ok") == n
+
+
+@needs_channels
+def test_mismatched_call_fails_with_names(spmd):
+    job = spmd(2, """
+        import numpy as np, circuslink as cl
+        from circuslink import collectives
+        w = cl.init()
+        try:
+            collectives.allreduce(w, np.zeros(8, dtype=np.int32 if w.rank == 0 else np.float32))
+        except cl.ConfigError as exc:
+            print("error:", exc)
+        w.close()
+    """).check()
+    assert "does not match rank" in job.stdout

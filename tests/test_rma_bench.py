@@ -1,0 +1,39 @@
+"""``circuslink bench rma`` end to end on the cpu back-end (CI runs it with --quick)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+
+def test_bench_rma_quick_cpu(tmp_path):
+    out = tmp_path / "rma.json"
+    env = dict(os.environ, CIRCUSLINK_TIMEOUT="60")
+    cmd = [sys.executable, "-m", "circuslink", "bench", "rma", "--quick", "--backend", "cpu", "--sizes", "8,2K",
+           "--chains", "1,8", "--iters", "5", "--warmup", "1", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    assert data["benchmark"] == "rma" and data["nranks"] == 2 and data["floor"]["backend"] == "cpu"
+    ours = [r for r in data["rows"] if r["impl"] == "rma-host"]
+    # every layout x chain x size, each with a positive time and consistent bandwidth
+    assert {(r["layout"], r["chain"], r["bytes"]) for r in ours} == {
+        (lay, c, s) for lay in ("contiguous", "strided") for c in (1, 8) for s in (8, 2048)}
+    for r in ours:
+        assert r["time_us"] > 0
+        assert abs(r["throughput_GBps"] - r["chain"] * r["bytes"] / (r["time_us"] * 1e-6) / 1e9) < 1e-6
+    impls = {r["impl"] for r in data["rows"]}
+    assert {"mpi3-rma", "mpi-persistent-p2p", "nccl-grouped-sendrecv"} <= impls
+    nccl = [r for r in data["rows"] if r["impl"] == "nccl-grouped-sendrecv"]
+    assert all("skipped" in r for r in nccl)
+
+
+def test_bench_rma_rejects_bad_chains(tmp_path):
+    cmd = [sys.executable, "-m", "circuslink", "bench", "rma", "--backend", "cpu", "--chains", "1,x"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
+                          env=dict(os.environ, CIRCUSLINK_TIMEOUT="30"))
+    assert proc.returncode != 0
+    assert "--chains '1,x': bad chain length 'x'" in proc.stderr
+    assert "Traceback" not in proc.stderr
