@@ -86,3 +86,22 @@ def test_gpu_run_verifies_and_traces(tmp_path):
     res = json.loads((tmp_path / "res.json").read_text())
     assert all(r.get("verified") for r in res["rows"])
     assert res["meta"]["trace"]["overlap_fraction_B"] > 0.5
+
+
+def test_pingpong_reference_reads_the_best_channel_rows(tmp_path):
+    import types
+
+    from circuslink.bench.allreduce_like import _pingpong_reference
+
+    rows = [{"impl": "circuslink", "bytes": 8, "latency_us": 0.7, "throughput_GBps": 0.01},
+            {"impl": "circuslink", "bytes": 1 << 28, "latency_us": 5.0, "throughput_GBps": 350.0},
+            {"impl": "circuslink-ll-depth4", "bytes": 8, "latency_us": 0.1, "throughput_GBps": 999.0},
+            {"impl": "nccl", "bytes": 8, "latency_us": 11.0, "throughput_GBps": 300.0},
+            {"impl": "nvshmem-put-signal", "bytes": 0, "skipped": "no mpirun"}]
+    (tmp_path / "pingpong-dev-2026-11-21.json").write_text(json.dumps({"rows": []}))
+    (tmp_path / "pingpong-dev-2026-11-22.json").write_text(json.dumps({"rows": rows}))
+    fake = types.SimpleNamespace(device="dev", default_path=lambda: tmp_path / "allreduce-like-dev.json")
+    ref = _pingpong_reference(fake)
+    assert ref == {"file": str(tmp_path / "pingpong-dev-2026-11-22.json"), "min_latency_us": 0.7,
+                   "peak_throughput_GBps": 350.0}
+    assert _pingpong_reference(types.SimpleNamespace(device="other", default_path=fake.default_path)) is None

@@ -325,6 +325,52 @@ def test_open_errors_single_rank():
     x = np.random.default_rng().integers(0, 2**32, 5, dtype=np.uint32)
     ch["a"].write(x.view(np.float32))  # same size: the bytes travel as they are
     assert ch["b"].read(5).tobytes() == x.tobytes()
+    v = channels.open(w, [Link("v", "vi", 2, 3, 0, 0, element_type("uint4"), 8)])
+    rows = np.random.default_rng().integers(0, 2**32, (6, 4), dtype=np.uint32)
+    v["v"].write(rows)  # rows of 4 uints make up one uint4 element each
+    back = v["vi"].read(6)
+    assert back.dtype == element_type("uint4").numpy_dtype and back.tobytes() == rows.tobytes()
+    with pytest.raises(ChannelError, match="channel v: write.. got uint32 elements"):
+        v["v"].write(rows[:, :3])
+    v.close()
     ch.close()
     with pytest.raises(ChannelError, match="closed"):
         ch["a"]
+
+
+def test_handle_and_state_layout_match_the_header(tmp_path):
+    """protocol.HANDLE_DTYPE and the CTRL_* offsets agree with detail/channel_types.cuh (compiled as host C++)."""
+    import shutil
+    import subprocess
+
+    from circuslink import include_dir
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    fields = P.HANDLE_DTYPE.names
+    src = tmp_path / "layout.cpp"
+    src.write_text(
+        "#include <cstdio>\n#include <cstddef>\n#include <circuslink/channel.cuh>\n"
+        "using H = circuslink::detail::ChannelHandle;\n"
+        "using S = circuslink::detail::SendState;\nusing R = circuslink::detail::RecvState;\n"
+        "int main() {\n"
+        + "".join(f'  std::printf("{f} %zu %zu\\n", offsetof(H, {f}), sizeof(((H*)0)->{f}));\n' for f in fields)
+        + '  std::printf("sizeof %zu\\n", sizeof(H));\n'
+        + '  std::printf("send_state %zu departed %zu\\n", sizeof(S), offsetof(S, departed));\n'
+        + '  std::printf("recv_state %zu offset %zu departed %zu returned %zu\\n", sizeof(R), offsetof(R, offset),'
+          ' offsetof(R, departed), offsetof(R, returned));\n'
+        + "  return 0;\n}\n")
+    exe = tmp_path / "layout"
+    subprocess.run([cxx, "-std=c++17", f"-I{include_dir()}", str(src), "-o", str(exe)], check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n")
+    for line, name in zip(out, fields, strict=False):
+        f, off, size = line.split()
+        assert (f, int(off), int(size)) == (name, P.HANDLE_DTYPE.fields[name][1], P.HANDLE_DTYPE[name].itemsize)
+    assert out[len(fields)] == f"sizeof {P.HANDLE_DTYPE.itemsize}"
+    # the state structs fit between their control-block offsets
+    assert out[len(fields) + 1] == "send_state 24 departed 16"
+    assert P.CTRL_SEND_STATE + 24 <= P.CTRL_RECV_STATE
+    assert out[len(fields) + 2] == "recv_state 24 offset 8 departed 12 returned 16"
+    assert P.CTRL_RECV_STATE + 24 <= P.CTRL_SEND_ERROR and P.CTRL_SEND_ERROR + 16 <= P.CTRL_RECV_ERROR
+    assert P.CTRL_RECV_ERROR + 16 <= P.CTRL_BYTES

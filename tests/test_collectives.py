@@ -133,6 +133,18 @@ def test_ring_allreduce_threads(n):
         assert got[0].dtype == np.dtype(dtype) and got[0].shape == (count,)
 
 
+def test_segments_cover_everything_in_aligned_units():
+    rng = np.random.default_rng()
+    for _ in range(300):
+        n, item, parts = int(rng.integers(0, 5000)), int(rng.choice([1, 2, 4, 8])), int(rng.integers(1, 9))
+        seg = alg.segments(n, item, parts)
+        assert seg[0][0] == 0 and seg[-1][1] == n
+        assert all(a[1] == b[0] for a, b in zip(seg, seg[1:], strict=False))
+        assert all((lo * item) % 16 == 0 for lo, _ in seg)  # 16-byte aligned starts
+        sizes = [hi - lo for lo, hi in seg[:-1]]
+        assert not sizes or max(sizes) - min(sizes) <= 16 // item
+
+
 def test_all_negative_max_min_is_not_zero():
     # A max that started from 0 instead of the first operand would return zeros here.
     rng = np.random.default_rng()
@@ -258,7 +270,7 @@ _SPMD_BODY = """
 
 
 @needs_channels
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8])
 def test_collectives_over_channels(spmd, n):
     job = spmd(n, _SPMD_BODY, job_timeout=170).check()
     assert job.stdout.count("ok") == n
@@ -277,3 +289,50 @@ def test_mismatched_call_fails_with_names(spmd):
         w.close()
     """).check()
     assert "does not match rank" in job.stdout
+
+
+def test_device_collectives_compile_and_match_the_ring_layout(tmp_path):
+    import shutil
+    import subprocess
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("needs nvcc")
+    from circuslink.collectives._device import kernel_source, ring_dtype
+
+    rd = ring_dtype()
+    checks = "\n".join([
+        "#include <cstddef>",
+        f"static_assert(sizeof(cc::Ring) == {rd.itemsize}, \"Ring size\");",
+        *(f"static_assert(offsetof(cc::Ring, {f}) == {rd.fields[f][1]}, \"{f}\");" for f in rd.names),
+    ])
+    src = tmp_path / "coll.cu"
+    # Two of the ten dtypes (the rest differ only in the C++ type name): nvcc takes ~5 s per dtype.
+    src.write_text(kernel_source(types=("int8", "float64")) + checks + "\n")
+    proc = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90a", f"-I{cl.include_dir()}", "-c", str(src), "-o",
+                           str(tmp_path / "coll.o")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_bench_allreduce_cpu(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if not _have_channels():
+        pytest.skip("circuslink.channels is not there yet")
+    env = dict(os.environ, CIRCUSLINK_TIMEOUT="60")
+    proc = subprocess.run([sys.executable, "-m", "circuslink", "bench", "allreduce", "--backend", "cpu", "-n", "3",
+                           "--sizes", "8,4K", "--iters", "2", "--warmup", "1", "--json", str(tmp_path / "r.json"),
+                           "--trace", str(tmp_path / "t.json")], capture_output=True, text=True, timeout=170,
+                          cwd=str(tmp_path), env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert res["nranks"] == 3 and [r["bytes"] for r in res["rows"]] == [8, 4096]
+    for r in res["rows"]:
+        assert r["verified"] and r["time_us"] > 0
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 4 / 3)
+    trace = json.loads((tmp_path / "t.json").read_text())
+    assert {e["pid"] for e in trace["traceEvents"]} == {0, 1, 2}
+    assert (tmp_path / "t.png").exists()

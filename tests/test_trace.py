@@ -100,7 +100,8 @@ def test_synthetic_stream_gives_the_expected_chrome_json(tmp_path):
 def test_merge_applies_known_offsets_and_drift():
     rng = np.random.default_rng()
     true = np.sort(rng.integers(1_000_000, 9_000_000, size=(3, 40)), axis=1)  # reference-clock times
-    offsets = [0, int(rng.integers(-5_000_000, 5_000_000)), int(rng.integers(10**12, 2 * 10**12))]
+    # rank 1 a little behind or ahead (local times stay >= 0), rank 2 far ahead
+    offsets = [0, int(rng.integers(-900_000, 5_000_000)), int(rng.integers(10**12, 2 * 10**12))]
     raw = [_recs([(int(t) + offsets[r], SEND, I, r) for t in true[r]]) for r in range(3)]
     clock = {r: [ClockSample(0, offsets[r], 0)] for r in range(3)}
     trace = Trace.from_records(raw, clock)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .. import launcher
-from ..errors import ConfigError
+from ..errors import ChannelError, ConfigError
 from . import _driver as drv
 
 BENCHMARK = "allreduce"
@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if not 1 <= args.nranks <= _MAX_RANKS:
         raise ConfigError(f"allreduce: -n {args.nranks} is outside 1..{_MAX_RANKS}")
+    if args.rings is not None and not 1 <= args.rings <= 128:
+        raise ConfigError(f"allreduce: --rings {args.rings} is outside 1..128")
     if not launcher.inside_job():
         return launcher.relaunch_self(args.nranks, sys.argv[1:], args.backend)
     import circuslink as cl
@@ -89,7 +91,7 @@ def _run(world: Any, args: argparse.Namespace) -> int:
             oks = world.allgather(ok)
             if not all(oks):
                 bad = [r for r, o in enumerate(oks) if not o]
-                raise ConfigError(f"allreduce of {count * 4} B: wrong result on rank(s) {bad}")
+                raise ChannelError(f"allreduce of {count * 4} B: wrong result on rank(s) {bad}")
             per_op_s = _time(world, comm, xp.asarray(mine), iters, warmup)
             per_op_s = max(world.allgather(per_op_s))
             algbw = count * 4 / per_op_s / 1e9

@@ -139,12 +139,16 @@ class Sender(_EndBase):
         xp = self._channels._world.xp
         dtype = self.element.numpy_dtype
         arr = data if hasattr(data, "dtype") else np.asarray(data, dtype=dtype)
-        if arr.dtype.itemsize != dtype.itemsize:  # same size: the bytes travel as they are
+        # the bytes travel as they are: same-size dtypes, or rows that make up one element each
+        # (an (n, 4) uint32 array for a uint4 channel)
+        rows = arr.ndim >= 1 and arr.shape[-1] * arr.dtype.itemsize == dtype.itemsize and arr.dtype.names is None
+        if arr.dtype.itemsize != dtype.itemsize and not rows:
             raise ChannelError(f"channel {self.name}: write() got {arr.dtype} elements, the channel carries "
                                    f"{self.element.name} ({dtype.itemsize} bytes)")
         if hasattr(arr, "__cuda_array_interface__"):
             return xp.ascontiguousarray(arr).reshape(-1)
-        return np.ascontiguousarray(arr).reshape(-1)
+        flat = np.ascontiguousarray(arr).reshape(-1)
+        return flat if flat.dtype.itemsize == dtype.itemsize else flat.view(np.uint8).view(dtype)
 
 
 class Receiver(_EndBase):

@@ -54,6 +54,7 @@ HANDLE_DTYPE = np.dtype({
     "formats": ["<u8", "<u8", "<u8", "<u8", "<u8", "<u8", "<u4", "<u4", "<u4", "<u4", "<u4", "<u4"],
     "offsets": [0, 8, 16, 24, 32, 40, 48, 52, 56, 60, 64, 68],
     "itemsize": 72,
+    "aligned": True,  # a C struct of 8-byte alignment: CuPy passes it by value with that layout
 })
 
 

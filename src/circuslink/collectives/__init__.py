@@ -51,6 +51,8 @@ class Comm:
         self.rank = world.rank
         self.size = world.size
         self._cuda = None
+        if rings is not None and (not isinstance(rings, int) or not 1 <= rings <= 128):
+            raise ConfigError(f"collectives: rings={rings!r} must be an integer in 1..128")
         if world.backend.name == "cuda":
             from ._device import DEFAULT_RINGS, CudaCollectives
 

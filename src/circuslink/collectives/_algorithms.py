@@ -75,13 +75,18 @@ def exchange(right: SendPort, left: RecvPort, send: np.ndarray, recv_nbytes: int
     return out
 
 
-def _bounds(nelems: int, nranks: int) -> list[tuple[int, int]]:
-    base, extra = divmod(nelems, nranks)
-    out, start = [], 0
-    for i in range(nranks):
-        size = base + (1 if i < extra else 0)
-        out.append((start, start + size))
-        start += size
+def segments(nelems: int, itemsize: int, parts: int) -> list[tuple[int, int]]:
+    """[lo, hi) of each of ``parts`` segments, exactly as the device code cuts them
+    (``detail::segment`` in collectives_impl.cuh): whole 16-byte units, the first
+    (units % parts) one unit longer, the last also taking the elements past the last unit."""
+    per_unit = 1 if itemsize >= 16 else 16 // itemsize
+    units = nelems // per_unit
+    base, extra = divmod(units, parts)
+    out = []
+    for i in range(parts):
+        lo = (i * base + min(i, extra)) * per_unit
+        hi = nelems if i == parts - 1 else lo + (base + (1 if i < extra else 0)) * per_unit
+        out.append((lo, hi))
     return out
 
 
@@ -99,7 +104,7 @@ def ring_allreduce(
     acc = xp.array(data, copy=True).reshape(-1)
     if nranks == 1 or acc.size == 0:
         return acc.reshape(np.shape(data))
-    seg = _bounds(acc.size, nranks)
+    seg = segments(acc.size, acc.dtype.itemsize, nranks)
     raw = acc.view(np.uint8)
     item = acc.dtype.itemsize
     for step in range(nranks - 1):

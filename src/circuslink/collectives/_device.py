@@ -1,9 +1,9 @@
 """The collectives on the cuda back-end: collectives.cuh launched from the host, and the
 ``circuslink::collectives::Ring`` records users' kernels receive.
 
-Two sets of rings per communicator: one low-latency ring (64 KiB LL channels, one block)
-for messages up to :data:`LL_MAX_BYTES`, and ``rings`` bandwidth-mode rings (1 MiB BW
-channels, one block each, each reducing its own slice of the data) for larger ones.
+Two sets of rings per communicator: one low-latency ring (LL channels, one block) for
+messages up to :data:`LL_MAX_BYTES`, and ``rings`` bandwidth-mode rings (1 MiB BW channels,
+one block each, each reducing its own slice of the data) for larger ones.
 """
 
 from __future__ import annotations
@@ -15,10 +15,14 @@ import numpy as np
 from ..errors import ChannelError, ConfigError
 from ._ring import ChannelRing
 
-LL_MAX_BYTES = 64 << 10
-LL_DEPTH_BYTES = 64 << 10  # auto mode makes these LL channels (payload <= 64 KiB)
-BW_DEPTH_BYTES = 1 << 20  # and these BW channels
-DEFAULT_RINGS = 32
+# LL reads are done by one warp, two 120-byte packets per poll round: unbeatable for a few
+# packets, slow beyond (~0.5 GB/s). So LL only up to 1 KiB (9 packets); above, every block of
+# the grid moves its own slice in bandwidth mode (one 16-byte-vector packet per piece).
+LL_MAX_BYTES = 1 << 10
+LL_DEPTH_BYTES = 16 << 10  # auto mode makes these LL channels (payload <= 64 KiB)
+BW_DEPTH_BYTES = 1 << 20  # and these BW channels (16 slots of 64 KiB)
+DEFAULT_RINGS = 64  # blocks per all-reduce: each alternates writing and reading, so it takes
+# about twice the ~16 CTAs that saturate NVLink with stores alone, plus margin (tune with --rings)
 THREADS = 512
 
 # C++ types of the dtypes the device collectives reduce (float16 only on the cpu back-end).
@@ -43,9 +47,9 @@ def ring_dtype() -> np.dtype:
     })
 
 
-def kernel_source() -> str:
+def kernel_source(types: tuple[str, ...] | None = None) -> str:
     """extern "C" entry points: one all-reduce kernel per (dtype, op), broadcast, barrier, and the
-    timed loops the benchmark uses."""
+    timed loops the benchmark uses. ``types`` limits the dtypes (tests compile a few)."""
     lines = [
         "#include <circuslink/collectives.cuh>",
         "#include <circuslink/trace.cuh>",
@@ -54,6 +58,8 @@ def kernel_source() -> str:
         "#define CL_FAIL() do { if (threadIdx.x == 0) atomicExch(status, 1); } while (0)",
     ]
     for name, ctype in C_TYPES.items():
+        if types is not None and name not in types:
+            continue
         for op, functor in OP_TYPES.items():
             lines.append(
                 f'extern "C" __global__ void cl_allreduce_{name}_{op}(const cc::Ring* rings, unsigned int nrings, '
@@ -61,6 +67,8 @@ def kernel_source() -> str:
                 f"if (!cc::allreduce_grid(rings, nrings, data, n, cc::{functor}())) CL_FAIL(); }}"
             )
     for name in ("float32", "int32"):
+        if types is not None and name not in types:
+            continue
         ctype = C_TYPES[name]
         # `iters` all-reduces back to back in one launch; t[0] / t[1] = first start / last end (ns).
         lines.append(
@@ -129,15 +137,23 @@ class CudaCollectives:
                                    id_base=0x8000 + 2 * n)
         self.ll = DeviceRings(world, self.ll_ring)
         self.bw = DeviceRings(world, self.bw_ring)
-        self.module = compile_device(kernel_source())
+        self._compile = compile_device
+        self._modules: dict[str, Any] = {}
         self.status = cp.zeros(1, dtype=cp.int32)
+
+    def _module(self, dtype_name: str) -> Any:
+        # One module per dtype, compiled on first use: all ten at once take NVRTC ~a minute, and
+        # CuPy caches each on disk after that.
+        if dtype_name not in self._modules:
+            self._modules[dtype_name] = self._compile(kernel_source(types=(dtype_name,)))
+        return self._modules[dtype_name]
 
     def rings_for(self, nbytes: int) -> DeviceRings:
         return self.ll if nbytes <= LL_MAX_BYTES else self.bw
 
-    def _launch(self, name: str, grid: int, args: tuple, what: str) -> None:
+    def _launch(self, name: str, grid: int, args: tuple, what: str, dtype_name: str = "uint8") -> None:
         self.status.fill(0)
-        self.module.get_function(name)((grid,), (THREADS,), args + (self.status,), stream=self.stream)
+        self._module(dtype_name).get_function(name)((grid,), (THREADS,), args + (self.status,), stream=self.stream)
         self.stream.synchronize()
         if int(self.status.get()[0]):
             for ring in (self.ll_ring, self.bw_ring):
@@ -156,7 +172,7 @@ class CudaCollectives:
             return out
         rings = self.rings_for(out.nbytes)
         self._launch(f"cl_allreduce_{name}_{op}", rings.count,
-                     (np.uint64(rings.ptr), np.uint32(rings.count), out, np.uint64(out.size)), "allreduce")
+                     (np.uint64(rings.ptr), np.uint32(rings.count), out, np.uint64(out.size)), "allreduce", name)
         return out
 
     def allreduce_loop(self, data: Any, iters: int, trace: Any = None) -> float:
@@ -166,12 +182,14 @@ class CudaCollectives:
 
         cp = self.cp
         name = np.dtype(data.dtype).name
+        if name not in ("float32", "int32"):
+            raise ConfigError(f"allreduce_loop: dtype {name} has no timed loop (float32 and int32 do)")
         rings = self.rings_for(data.nbytes)
         t = cp.array([np.iinfo(np.uint64).max, 0], dtype=cp.uint64)
         handle = trace if trace is not None else Tracer.null_handle()
         self._launch(f"cl_allreduce_loop_{name}_sum", rings.count,
                      (np.uint64(rings.ptr), np.uint32(rings.count), data, np.uint64(data.size), np.uint32(iters), t,
-                      handle), "allreduce loop")
+                      handle), "allreduce loop", name)
         t0, t1 = (int(v) for v in t.get())
         return (t1 - t0) / iters
 

@@ -25,7 +25,7 @@ See docs/trace.md for the record format, the clock alignment and its residual.
 
 from __future__ import annotations
 
-from ._layout import COMPUTE, CREDITS, KERNEL, RECV, SEND, USER
+from ._layout import COMPUTE, CREDITS, KERNEL, PHASE_BEGIN, PHASE_END, PHASE_INSTANT, RECV, SEND, USER
 from ._model import ClockSample, Trace, TraceMeta, interval_overlap_fraction, union_intervals
 from ._tracer import DEFAULT_CAPACITY, Tracer
 
@@ -34,6 +34,9 @@ __all__ = [
     "CREDITS",
     "DEFAULT_CAPACITY",
     "KERNEL",
+    "PHASE_BEGIN",
+    "PHASE_END",
+    "PHASE_INSTANT",
     "RECV",
     "SEND",
     "USER",

@@ -90,10 +90,12 @@ class CpuClockSync:
         self.epoch += 1
         base = self.epoch << 20  # slots keep counting up across syncs: no reset race
         mine_slots = self.buf.view(np.int64)
-        mine: Any
-        if w.rank == 0:
-            mine = {}
-            for r in range(1, w.size):
+        mine: Any = {} if w.rank == 0 else None
+        # One pair at a time, started by a barrier: the pair's two processes arrive together and
+        # the others sleep in the barrier instead of polling (2 shared cores on CI machines).
+        for r in range(1, w.size):
+            w.barrier(timeout)
+            if w.rank == 0:
                 peer_slots = self.buf.view(np.int64, r)
                 t1 = np.zeros(self.rounds, np.int64)
                 t2 = np.zeros(self.rounds, np.int64)
@@ -106,18 +108,17 @@ class CpuClockSync:
                                 f"rank 0's ping {k} within {limit:g} s")
                     t2[k] = self.clock_ns()
                 mine[r] = (t1, t2)
-        else:
-            ref_slots = self.buf.view(np.int64, 0)
-            tb = np.zeros(self.rounds, np.int64)
-            # Rank 0 serves the ranks one after another: rank r may wait for all before it.
-            deadline = time.perf_counter() + limit
-            for k in range(self.rounds):
-                seq = base + k + 1
-                _wait_value(mine_slots, 0, seq, deadline,
-                            f"trace clock sync: rank {w.rank} got no ping {k} from rank 0 within {limit:g} s")
-                tb[k] = self.clock_ns()
-                ref_slots[w.rank] = seq
-            mine = tb
+            elif w.rank == r:
+                ref_slots = self.buf.view(np.int64, 0)
+                tb = np.zeros(self.rounds, np.int64)
+                deadline = time.perf_counter() + limit
+                for k in range(self.rounds):
+                    seq = base + k + 1
+                    _wait_value(mine_slots, 0, seq, deadline,
+                                f"trace clock sync: rank {w.rank} got no ping {k} from rank 0 within {limit:g} s")
+                    tb[k] = self.clock_ns()
+                    ref_slots[w.rank] = seq
+                mine = tb
         return _combine(w, mine, self.clock_ns())
 
     def close(self) -> None:
@@ -163,34 +164,35 @@ class CudaClockSync:
         self.epoch += 1
         base = np.uint64(self.epoch << 20)
         rounds = np.uint32(self.rounds)
-        mine: Any = None
-        if w.rank == 0:
-            mine = {}
-            ping = self.module.get_function("clock_ping")
-            for r in range(1, w.size):
-                if self.same_clock_as_ref[r]:
-                    continue
+        mine: Any = {} if w.rank == 0 else None
+        # One pair at a time after a barrier (as on cpu): only the pair's kernels spin, so ranks
+        # sharing a GPU with the pair do not take time slices from it.
+        for r in range(1, w.size):
+            w.barrier(timeout)
+            if self.same_clock_as_ref[r]:
+                continue  # the very same %globaltimer as rank 0: offset 0 by construction
+            if w.rank == 0:
                 slot_peer = np.uint64(self.buf.ptr(r))  # rank r's slot 0
                 slot_mine = np.uint64(self.buf.ptr(0) + 8 * r)
                 args = (slot_peer, slot_mine, base, rounds, timeout_ns, self.out)
-                ping((1,), (1,), args, stream=self.stream)
+                self.module.get_function("clock_ping")((1,), (1,), args, stream=self.stream)
                 self.stream.synchronize()
                 out = self.out.get().astype(np.int64)
                 if out[2 * self.rounds]:
                     raise TimeoutError(f"trace clock sync: rank {r} did not answer rank 0's ping "
                                        f"{out[2 * self.rounds] - 1} within {limit:g} s (device-side wait)")
                 mine[r] = (out[0:2 * self.rounds:2], out[1:2 * self.rounds:2])
-        elif not self.same_clock_as_ref[w.rank]:
-            pong = self.module.get_function("clock_pong")
-            slot_ref = np.uint64(self.buf.ptr(0) + 8 * w.rank)
-            slot_mine = np.uint64(self.buf.ptr(w.rank))
-            pong((1,), (1,), (slot_ref, slot_mine, base, rounds, timeout_ns, self.out), stream=self.stream)
-            self.stream.synchronize()
-            out = self.out.get().astype(np.int64)
-            if out[self.rounds]:
-                raise TimeoutError(f"trace clock sync: rank {w.rank} got no ping {out[self.rounds] - 1} "
-                                   f"from rank 0 within {limit:g} s (device-side wait)")
-            mine = out[: self.rounds]
+            elif w.rank == r:
+                slot_ref = np.uint64(self.buf.ptr(0) + 8 * w.rank)
+                slot_mine = np.uint64(self.buf.ptr(w.rank))
+                args = (slot_ref, slot_mine, base, rounds, timeout_ns, self.out)
+                self.module.get_function("clock_pong")((1,), (1,), args, stream=self.stream)
+                self.stream.synchronize()
+                out = self.out.get().astype(np.int64)
+                if out[self.rounds]:
+                    raise TimeoutError(f"trace clock sync: rank {w.rank} got no ping {out[self.rounds] - 1} "
+                                       f"from rank 0 within {limit:g} s (device-side wait)")
+                mine = out[: self.rounds]
         return _combine(w, mine, self.now_ns())
 
     def close(self) -> None:

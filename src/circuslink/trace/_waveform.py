@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ._model import Trace
 
 _ROWS = (("send", L.SEND, "#1f77b4"), ("recv", L.RECV, "#ff7f0e"), ("compute", L.COMPUTE, "#2ca02c"))
+_USER_COLOURS = ("#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
 
 def plot_waveform(
@@ -33,12 +34,15 @@ def plot_waveform(
     for r in ranks:
         trace._check_rank(r)
     rows = []  # (label, intervals, instants, colour), top to bottom
+    # Send / receive always (the waveform's point), compute when marked, and user events by name.
+    user_ids = sorted({int(e) for e in trace.events["event"] if int(e) >= L.USER})
+    kinds = list(_ROWS) + [(trace.name(e), e, _USER_COLOURS[i % len(_USER_COLOURS)]) for i, e in enumerate(user_ids)]
     for r in ranks:
-        for name, event, colour in _ROWS:
+        for name, event, colour in kinds:
             iv = trace.intervals(r, event)
             ticks = [s.start for s in trace.spans(r) if s.event == event and not s.paired]
-            if name == "compute" and len(iv) == 0 and not ticks:
-                continue  # only drawn when a program marks its computation
+            if event not in (L.SEND, L.RECV) and len(iv) == 0 and not ticks:
+                continue  # optional rows only when this rank recorded them
             rows.append((f"rank {r} {name}", iv, ticks, colour))
     end_ns = max([float(iv[-1, 1]) for _, iv, _, _ in rows if len(iv)] +
                  [float(max(t)) for _, _, t, _ in rows if t] + [1.0])

@@ -20,9 +20,10 @@
 //   write_warp / read_warp    a full converged warp (32 lanes) calls it; latency path in LL mode
 //   write_block / read_block  every thread of the block (blockDim a multiple of 32); in LL mode
 //                             read_block uses warp 0 (LL throughput is bound by polling anyway)
-//   write_grid / read_grid    every thread of a co-resident grid, bandwidth mode only: block b
-//                             streams packets b, b + gridDim, ...; must be the only call on the
-//                             channel in its launch, and read_grid must use the writer's n
+//   write_grid / read_grid    every thread of a co-resident grid (blockDim a multiple of 32),
+//                             bandwidth mode only: warp w of the grid streams packets w, w + W, ...
+//                             (W warps); must be the only call on the channel in its launch, and
+//                             read_grid must use the writer's n
 //   write(v) / read()         one thread, one element: simple, not fast
 // Only one group may use one end at a time (calls on an end are sequential). The protocol,
 // layouts and modes (LL: flag-in-line; BW: chunk + release flag) are in docs/protocol.md.
@@ -53,7 +54,7 @@ struct Sender {
   }
   __device__ bool write_grid(const T* src, unsigned long long n) const {
     if (h.mode != detail::kModeBW) {
-      if (detail::BlockG::rank() == 0) detail::record_error(h, detail::kErrMisuse, 0);
+      if (detail::WarpG::rank() == 0) detail::record_error(h, detail::kErrMisuse, 0);
       return false;
     }
     return detail::grid_write(h, reinterpret_cast<const unsigned char*>(src), n * sizeof(T));
@@ -89,7 +90,7 @@ struct Receiver {
   }
   __device__ bool read_grid(T* dst, unsigned long long n) const {
     if (h.mode != detail::kModeBW) {
-      if (detail::BlockG::rank() == 0) detail::record_error(h, detail::kErrMisuse, 0);
+      if (detail::WarpG::rank() == 0) detail::record_error(h, detail::kErrMisuse, 0);
       return false;
     }
     return detail::grid_read(h, reinterpret_cast<unsigned char*>(dst), n * sizeof(T));

@@ -377,6 +377,15 @@ __device__ bool ll_read_thread(const ChannelHandle& h, unsigned char* dst, unsig
   return ok;
 }
 
+// Leader only: wait until packet seq's header is valid (both modes), without consuming it. For
+// measurements (the pingpong's "first word back" time); false on time-out.
+__device__ __forceinline__ bool peek_packet(const ChannelHandle& h, unsigned long long seq) {
+  const unsigned char* slot = h.ring + (seq & (unsigned long long)(h.nslots - 1)) * h.slot_bytes;
+  const unsigned int flag = flag_of(seq);
+  return wait_for(h, [&] { U4 hd = ld_volatile_v4(slot); return hd.y == flag && hd.w == flag; }, kErrDataTimeout,
+                  seq);
+}
+
 // ---- bandwidth mode --------------------------------------------------------------------------
 // The group copies one packet's payload with 16-byte stores, then its leader publishes the
 // header after a system-scope fence.
@@ -386,8 +395,23 @@ __device__ __forceinline__ void bw_store_packet(const ChannelHandle& h, const un
   unsigned char* slot = h.ring + (seq & (unsigned long long)(h.nslots - 1)) * h.slot_bytes;
   unsigned char* payload = slot + kBWHeaderBytes;
   const unsigned int nvec = (nb + 15) / 16;
-  for (unsigned int i = G::rank(); i < nvec; i += G::size())
-    st_v4(payload + 16ull * i, gather16(src, 16ull * i, nb));
+  unsigned int i = G::rank();
+  if ((((unsigned long long)src) & 15ull) == 0) {
+    // Four loads in flight before their stores: one load at a time leaves NVLink idle while the
+    // loads wait on local memory.
+    const unsigned int full = nb / 16, step = G::size();
+    for (; i + 3 * step < full; i += 4 * step) {
+      const U4 a = *reinterpret_cast<const U4*>(src + 16ull * i);
+      const U4 b = *reinterpret_cast<const U4*>(src + 16ull * (i + step));
+      const U4 c = *reinterpret_cast<const U4*>(src + 16ull * (i + 2 * step));
+      const U4 d = *reinterpret_cast<const U4*>(src + 16ull * (i + 3 * step));
+      st_v4(payload + 16ull * i, a);
+      st_v4(payload + 16ull * (i + step), b);
+      st_v4(payload + 16ull * (i + 2 * step), c);
+      st_v4(payload + 16ull * (i + 3 * step), d);
+    }
+  }
+  for (; i < nvec; i += G::size()) st_v4(payload + 16ull * i, gather16(src, 16ull * i, nb));
   G::sync();
   if (G::rank() == 0) {
     __threadfence_system();
@@ -420,9 +444,19 @@ __device__ __forceinline__ void bw_copy_out(const ChannelHandle& h, unsigned lon
       h.ring + (seq & (unsigned long long)(h.nslots - 1)) * h.slot_bytes + kBWHeaderBytes;
   const unsigned int n = to - from;
   if ((from & 15u) == 0 && (((unsigned long long)dst) & 15ull) == 0) {
-    const unsigned int nvec = n / 16;
-    for (unsigned int i = G::rank(); i < nvec; i += G::size())
-      *reinterpret_cast<U4*>(dst + 16ull * i) = ld_cg_v4(payload + from + 16ull * i);
+    const unsigned int nvec = n / 16, step = G::size();
+    unsigned int i = G::rank();
+    for (; i + 3 * step < nvec; i += 4 * step) {  // four loads in flight, as in bw_store_packet
+      const U4 a = ld_cg_v4(payload + from + 16ull * i);
+      const U4 b = ld_cg_v4(payload + from + 16ull * (i + step));
+      const U4 c = ld_cg_v4(payload + from + 16ull * (i + 2 * step));
+      const U4 d = ld_cg_v4(payload + from + 16ull * (i + 3 * step));
+      *reinterpret_cast<U4*>(dst + 16ull * i) = a;
+      *reinterpret_cast<U4*>(dst + 16ull * (i + step)) = b;
+      *reinterpret_cast<U4*>(dst + 16ull * (i + 2 * step)) = c;
+      *reinterpret_cast<U4*>(dst + 16ull * (i + 3 * step)) = d;
+    }
+    for (; i < nvec; i += step) *reinterpret_cast<U4*>(dst + 16ull * i) = ld_cg_v4(payload + from + 16ull * i);
     for (unsigned int b = nvec * 16 + G::rank(); b < n; b += G::size()) dst[b] = payload[from + b];
   } else {
     for (unsigned int b = G::rank(); b < n; b += G::size()) {
@@ -491,58 +525,63 @@ __device__ bool bw_read(const ChannelHandle& h, unsigned char* dst, unsigned lon
 }
 
 // ---- grid forms (bandwidth mode) -------------------------------------------------------------
-// Block b handles packets base + b, base + b + gridDim, ... of the call; each packet waits only
-// for its own slot's credit. The last block to leave stores the new state (docs/protocol.md).
+// The warps of the grid share the packets of a call: warp w handles packets base + w,
+// base + w + W, ... (W = warps in the grid), each waiting only for its own slot's credit. Warps,
+// not blocks, so that one warp's system fence before its header overlaps the other warps' stores
+// instead of stalling a whole block. The last warp to leave stores the new state.
 __device__ __forceinline__ unsigned int grid_blocks() { return gridDim.x * gridDim.y * gridDim.z; }
 __device__ __forceinline__ unsigned int grid_block() {
   return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
 }
+__device__ __forceinline__ unsigned int block_warps() { return BlockG::size() / 32; }
+__device__ __forceinline__ unsigned int grid_warps() { return grid_blocks() * block_warps(); }
+__device__ __forceinline__ unsigned int grid_warp() { return grid_block() * block_warps() + BlockG::rank() / 32; }
 
-// Block-level: the first packet number of this call (every block reads it at entry).
+// Warp-level: the first packet number of this call (every warp reads it at entry).
 __device__ __forceinline__ unsigned long long grid_base(const ChannelHandle& h) {
-  return BlockG::bcast(BlockG::rank() == 0 ? ld_relaxed_u64(h.state) : 0ull);
+  return WarpG::bcast(WarpG::rank() == 0 ? ld_relaxed_u64(h.state) : 0ull);
 }
 
-// Block-level: send one packet (seq) of a grid call, waiting for its slot's credit.
+// Warp-level: send one packet (seq) of a grid call, waiting for its slot's credit.
 __device__ __forceinline__ bool grid_send_packet(const ChannelHandle& h, const unsigned char* src,
                                                  unsigned long long seq, unsigned int nb) {
   unsigned long long okv = 1;
-  if (BlockG::rank() == 0 && seq >= h.nslots) {
+  if (WarpG::rank() == 0 && seq >= h.nslots) {
     unsigned int* credit = h.slot_credit + (seq & (h.nslots - 1));
     const unsigned int want = flag_of(seq - h.nslots);
     okv = wait_for(h, [&] { return ld_relaxed(credit) == want; }, kErrCreditTimeout, seq) ? 1 : 0;
   }
-  if (!BlockG::bcast(okv)) return false;
-  bw_store_packet<BlockG>(h, src, seq, nb);
+  if (!WarpG::bcast(okv)) return false;
+  bw_store_packet<WarpG>(h, src, seq, nb);
   return true;
 }
 
-// Block-level: receive one packet (seq) of a grid call, which must carry `expect` bytes.
+// Warp-level: receive one packet (seq) of a grid call, which must carry `expect` bytes.
 __device__ __forceinline__ bool grid_recv_packet(const ChannelHandle& h, unsigned char* dst, unsigned long long seq,
                                                  unsigned int expect) {
-  const unsigned int nb = bw_wait_packet<BlockG>(h, seq);
+  const unsigned int nb = bw_wait_packet<WarpG>(h, seq);
   if (nb == 0) return false;
   if (nb != expect) {
-    if (BlockG::rank() == 0) record_error(h, kErrMisuse, seq);
+    if (WarpG::rank() == 0) record_error(h, kErrMisuse, seq);
     return false;
   }
-  bw_copy_out<BlockG>(h, seq, 0, nb, dst);
-  __syncthreads();
-  if (BlockG::rank() == 0) st_relaxed(h.slot_credit + (seq & (h.nslots - 1)), flag_of(seq));
+  bw_copy_out<WarpG>(h, seq, 0, nb, dst);
+  __syncwarp();  // every lane's loads are done before the slot is handed back
+  if (WarpG::rank() == 0) st_relaxed(h.slot_credit + (seq & (h.nslots - 1)), flag_of(seq));
   return true;
 }
 
-// Block-level: leave a grid call of `npk` packets from `base`; the last block stores the state
-// (and, on the receiving side, the in-order credit counter).
+// Warp-level: leave a grid call of `npk` packets from `base`; the last of the `nwarps` warps that
+// served this end stores the state (and, on the receiving side, the in-order credit counter).
 __device__ __forceinline__ void grid_leave(const ChannelHandle& h, unsigned long long base, unsigned long long npk,
-                                           bool receiver) {
-  __syncthreads();
-  if (BlockG::rank() == 0) {
+                                           bool receiver, unsigned int nwarps) {
+  __syncwarp();
+  if (WarpG::rank() == 0) {
     __threadfence();
     // SendState.departed is at byte 16, RecvState.departed at byte 12
     unsigned int* departed = receiver ? reinterpret_cast<unsigned int*>(h.state + 1) + 1
                                       : reinterpret_cast<unsigned int*>(h.state + 2);
-    if (atomicAdd(departed, 1u) == grid_blocks() - 1) {
+    if (atomicAdd(departed, 1u) == nwarps - 1) {
       *departed = 0;
       st_relaxed_u64(h.state, base + npk);
       if (receiver) {
@@ -553,37 +592,37 @@ __device__ __forceinline__ void grid_leave(const ChannelHandle& h, unsigned long
       __threadfence_system();
     }
   }
+  __syncwarp();
 }
 
 __device__ bool grid_write(const ChannelHandle& h, const unsigned char* src, unsigned long long nbytes) {
   const unsigned long long base = grid_base(h);
   const unsigned long long npk = (nbytes + h.payload - 1) / h.payload;
   bool ok = true;
-  for (unsigned long long p = grid_block(); ok && p < npk; p += grid_blocks()) {
+  for (unsigned long long p = grid_warp(); ok && p < npk; p += grid_warps()) {
     const unsigned long long off = p * h.payload;
     const unsigned int nb = (unsigned int)(nbytes - off < h.payload ? nbytes - off : h.payload);
     ok = grid_send_packet(h, src + off, base + p, nb);
   }
-  grid_leave(h, base, npk, false);
+  grid_leave(h, base, npk, false, grid_warps());
   return ok;
 }
 
 __device__ bool grid_read(const ChannelHandle& h, unsigned char* dst, unsigned long long nbytes) {
   const unsigned long long base = grid_base(h);
   const unsigned long long npk = (nbytes + h.payload - 1) / h.payload;
-  bool ok = true;
   unsigned long long okv = 1;
-  if (BlockG::rank() == 0 && ld_relaxed(reinterpret_cast<const unsigned int*>(h.state + 1)) != 0u) {
+  if (WarpG::rank() == 0 && ld_relaxed(reinterpret_cast<const unsigned int*>(h.state + 1)) != 0u) {
     record_error(h, kErrMisuse, base);  // a grid read must start at a packet boundary
     okv = 0;
   }
-  ok = BlockG::bcast(okv) != 0;
-  for (unsigned long long p = grid_block(); ok && p < npk; p += grid_blocks()) {
+  bool ok = WarpG::bcast(okv) != 0;
+  for (unsigned long long p = grid_warp(); ok && p < npk; p += grid_warps()) {
     const unsigned long long off = p * h.payload;
     const unsigned int nb = (unsigned int)(nbytes - off < h.payload ? nbytes - off : h.payload);
     ok = grid_recv_packet(h, dst + off, base + p, nb);
   }
-  grid_leave(h, base, npk, true);
+  grid_leave(h, base, npk, true, grid_warps());
   return ok;
 }
 

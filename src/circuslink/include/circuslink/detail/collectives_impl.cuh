@@ -11,11 +11,15 @@ typedef unsigned long long u64;
 
 __device__ __forceinline__ u64 min_u64(u64 a, u64 b) { return a < b ? a : b; }
 
-// [lo, hi) of segment i of `count` elements split in `parts`, the first (count % parts) one longer.
-__device__ __forceinline__ void segment(u64 count, unsigned int parts, unsigned int i, u64& lo, u64& hi) {
-  u64 base = count / parts, extra = count % parts;
-  lo = i * base + (i < extra ? i : extra);
-  hi = lo + base + (i < extra ? 1 : 0);
+// [lo, hi) of segment i of `count` elements of `elem` bytes split in `parts`: whole 16-byte units
+// (so every segment starts 16-byte aligned and the channel copies whole vectors), the first
+// (units % parts) one unit longer, and the last also taking the elements past the last whole unit.
+__device__ __forceinline__ void segment(u64 count, unsigned int elem, unsigned int parts, unsigned int i, u64& lo,
+                                        u64& hi) {
+  const u64 per_unit = elem >= 16 ? 1 : 16 / elem;
+  const u64 units = count / per_unit, base = units / parts, extra = units % parts;
+  lo = (i * base + (i < extra ? i : extra)) * per_unit;
+  hi = i + 1 == parts ? count : lo + (base + (i < extra ? 1 : 0)) * per_unit;
 }
 
 // Stream `send_bytes` from `src` to the right while receiving `recv_bytes` from the left, one
@@ -70,8 +74,8 @@ __device__ bool allreduce_block(const Ring& ring, T* data, unsigned long long n,
   }
   for (unsigned int step = 0; step + 1 < size; ++step) {  // reduce-scatter
     u64 s_lo, s_hi, r_lo, r_hi;
-    detail::segment(n, size, (rank + size - step) % size, s_lo, s_hi);
-    detail::segment(n, size, (rank + 2 * size - step - 1) % size, r_lo, r_hi);
+    detail::segment(n, sizeof(T), size, (rank + size - step) % size, s_lo, s_hi);
+    detail::segment(n, sizeof(T), size, (rank + 2 * size - step - 1) % size, r_lo, r_hi);
     T* acc = data + r_lo;
     bool ok = detail::exchange(ring, bytes + s_lo * sizeof(T), (s_hi - s_lo) * sizeof(T), nullptr,
                                (r_hi - r_lo) * sizeof(T), [&](u64 off, u64 k, const unsigned char* from) {
@@ -82,8 +86,8 @@ __device__ bool allreduce_block(const Ring& ring, T* data, unsigned long long n,
   }
   for (unsigned int step = 0; step + 1 < size; ++step) {  // all-gather
     u64 s_lo, s_hi, r_lo, r_hi;
-    detail::segment(n, size, (rank + 1 + size - step) % size, s_lo, s_hi);
-    detail::segment(n, size, (rank + size - step) % size, r_lo, r_hi);
+    detail::segment(n, sizeof(T), size, (rank + 1 + size - step) % size, s_lo, s_hi);
+    detail::segment(n, sizeof(T), size, (rank + size - step) % size, r_lo, r_hi);
     bool ok = detail::exchange(ring, bytes + s_lo * sizeof(T), (s_hi - s_lo) * sizeof(T), bytes + r_lo * sizeof(T),
                                (r_hi - r_lo) * sizeof(T), [](u64, u64, const unsigned char*) {});
     if (!ok) return false;
@@ -96,7 +100,7 @@ template <class T, class Op>
 __device__ bool allreduce_grid(const Ring* rings, unsigned int nrings, T* data, unsigned long long n, Op op) {
   if (blockIdx.x >= nrings) return true;
   detail::u64 lo, hi;
-  detail::segment(n, nrings, blockIdx.x, lo, hi);
+  detail::segment(n, sizeof(T), nrings, blockIdx.x, lo, hi);
   return allreduce_block(rings[blockIdx.x], data + lo, hi - lo, op);
 }
 
@@ -125,7 +129,7 @@ __device__ bool broadcast_grid(const Ring* rings, unsigned int nrings, T* data, 
                                unsigned int root) {
   if (blockIdx.x >= nrings) return true;
   detail::u64 lo, hi;
-  detail::segment(n, nrings, blockIdx.x, lo, hi);
+  detail::segment(n, sizeof(T), nrings, blockIdx.x, lo, hi);
   return broadcast_block(rings[blockIdx.x], data + lo, hi - lo, root);
 }
 

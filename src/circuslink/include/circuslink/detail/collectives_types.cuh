@@ -3,7 +3,7 @@
 // The layout of Ring is mirrored by circuslink/collectives/_device.py (RING_DTYPE); change both.
 #pragma once
 
-#include "../channel.cuh"
+#include <circuslink/channel.cuh>  // via -I<include>, which NVRTC and nvcc both get
 
 namespace circuslink {
 namespace collectives {
