@@ -42,7 +42,9 @@ $PY -m pip install -q --no-index --no-deps --no-build-isolation -e . || { echo "
 nvidia-smi --query-gpu=index,name,memory.total,clocks.sm,clocks.mem --format=csv || true
 
 want info && step info $PY -m circuslink info
-want tests && step tests $PY -m pytest -q -m gpu -p no:cacheprovider --timeout 300 tests
+# Tests get a short device-side time-out so that a hang costs seconds, not the lease.
+want tests && step tests env CIRCUSLINK_TIMEOUT=20 $PY -m pytest -q -m gpu -p no:cacheprovider --timeout 150 \
+  --durations=15 tests
 want probe && step probe $PY -m circuslink probe --json "$OUT/results/probe.json"
 want pingpong && step pingpong $PY -m circuslink bench pingpong --json "$OUT/results/pingpong.json" \
   --plot "$OUT/results/pingpong.png"
