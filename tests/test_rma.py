@@ -384,3 +384,31 @@ def test_start_times_out_naming_the_target_that_never_posts(spmd):
     """
     job = spmd(2, code, env={"CIRCUSLINK_TIMEOUT": "1"}).check()
     assert "in start() waiting for the post of target rank(s) 1" in job.output, job.output
+
+
+@pytest.mark.mpi
+def test_mpi_origin_stall_is_bounded_and_named(spmd):
+    """MPI cannot bound MPI_Win_start/complete: the watchdog ends the stalled origin, naming queue and target."""
+    job = spmd(2, """
+        import time
+        import circuslink as cl
+        from circuslink import rma
+
+        world = cl.init()
+        win = rma.window_alloc(world, 64, backend="mpi")
+        peer = 1 - world.rank
+        q = rma.Queue.alloc(win)
+        q.push(rma.declare_write(win, 32, win, 0, 8, peer))
+        q.add_origin(peer)
+        q.commit()
+        if world.rank == 1:
+            time.sleep(30)  # never posts within rank 0's limit
+        t0 = time.monotonic()
+        q.start()
+        q.wait(timeout=2.0)
+        print("returned after", time.monotonic() - t0)
+    """, launcher="mpirun", env={"CIRCUSLINK_TIMEOUT": "2"}, job_timeout=25)
+    assert job.returncode != 0, job.output
+    assert "rma queue 1 of window 1 on rank 0: epoch 1 timed out after 2 s" in job.output, job.output
+    assert "waiting for the post of target rank(s) 1" in job.output, job.output
+    assert "returned after" not in job.output

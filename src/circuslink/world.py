@@ -250,6 +250,11 @@ def init(backend: str | None = None, timeout: float | None = None) -> World:
 
 def _init_from_mpi(env: dict[str, str], backend: str | None, connect_timeout: float) -> World:
     try:
+        import mpi4py
+
+        # One thread talks to MPI (the store's thread never does). THREAD_MULTIPLE, mpi4py's
+        # default, makes Open MPI 4.1 refuse one-sided windows on some builds (MPI_ERR_WIN).
+        mpi4py.rc.thread_level = "funneled"
         from mpi4py import MPI
     except ImportError:
         raise ConfigError(

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from .._config import default_timeout
 from ..errors import ConfigError, RmaError
 
 _CHAINS = "1,4,8,16"
@@ -63,8 +64,43 @@ def run(args: argparse.Namespace) -> int:
 
     if not launcher.inside_job():
         argv = ["bench", "rma", *sys.argv[sys.argv.index("rma") + 1:]] if "rma" in sys.argv else ["bench", "rma"]
+        _yield_when_idle(args.nranks)
         return launcher.relaunch_self(args.nranks, argv, args.backend, prefer_mpirun=True)
     return _run_rank(args)
+
+
+def _yield_when_idle(nranks: int) -> None:
+    """With no spare core per rank, make Open MPI's blocking calls yield instead of busy-polling.
+
+    A rank spinning in MPI_Waitall or MPI_Finalize on a shared 2-core machine starves the
+    peer it waits for. mpirun hands OMPI_MCA_* variables to the ranks; a value the user set wins.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    if cores < 2 * nranks:
+        os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+
+
+def _end_of_job(world: Any) -> None:
+    """Hold every rank until all are done with the rendezvous store, then let them exit.
+
+    Under mpirun rank 0 hosts the store on a thread of its own process. After the last
+    store barrier rank 0 may return before a slower peer has read its reply or sent the
+    barrier's clean-up ``delete``; rank 0 then finalizes Python (the store thread dies) and
+    waits in MPI_Finalize for that peer, which waits forever on the store socket. An MPI
+    barrier after the store barrier (a peer enters it only after its last store call)
+    closes that window; it is polled so that it has the job's time-out too.
+    """
+    comm = world.mpi_comm
+    if comm is None:
+        return
+    from ..rma._mpi import poll_request
+
+    poll_request(comm.Ibarrier(), None,
+                  lambda limit: f"bench rma: the end-of-job barrier on rank {world.rank} timed out after {limit:g} s: "
+                                f"rank(s) of {world.size} did not arrive (CIRCUSLINK_TIMEOUT sets the limit)")
 
 
 def _run_rank(args: argparse.Namespace) -> int:
@@ -96,6 +132,7 @@ def _run_rank(args: argparse.Namespace) -> int:
     results.floor = probe.measure(world, quick=True)
     results.meta.update(chains=chains, layouts=layouts, iters=iters, warmup=warmup,
                         engine=os.environ.get("CIRCUSLINK_RMA_ENGINE", "kernel"),
+                        mpi_yield_when_idle=os.environ.get("OMPI_MCA_mpi_yield_when_idle"),
                         strided_block=_STRIDED_BLOCK, launched_by=world.launched_by)
     bench = _Bench(world, sizes, chains, iters, warmup, results)
     bench.ours(layouts)
@@ -118,6 +155,7 @@ def _run_rank(args: argparse.Namespace) -> int:
                              title=f"RMA chain of {chain} writes, start-to-wait", xlabel="bytes per write",
                              ylabel="us per cycle")
     world.barrier()
+    _end_of_job(world)
     return 0
 
 
@@ -267,6 +305,8 @@ class _Bench:
             return
         from mpi4py import MPI
 
+        from ..rma._mpi import bounded
+
         xp = self.world.xp
         on_gpu = self.world.backend.name == "cuda"
         for chain in self.chains:
@@ -282,6 +322,13 @@ class _Bench:
                     reqs.append(comm.Recv_init(recv_host[part], self.peer, tag=i))
                     reqs.append(comm.Send_init(send_host[part], self.peer, tag=i))
 
+                limit = default_timeout()
+
+                def stalled(chain=chain, nbytes=nbytes, limit=limit) -> str:
+                    return (f"bench rma: {impl} (chain {chain} x {nbytes} B) on rank {self.world.rank}: MPI_Waitall "
+                            f"did not finish within {limit:g} s waiting for peer rank {self.peer} "
+                            "(CIRCUSLINK_TIMEOUT sets the limit)")
+
                 def cycle(reqs=reqs, send_dev=send_dev, send_host=send_host, recv_dev=recv_dev,
                           recv_host=recv_host) -> None:
                     if on_gpu:  # stage out, exchange, stage in: what a user of a non-CUDA-aware MPI does
@@ -292,13 +339,18 @@ class _Bench:
                         recv_dev.set(recv_host)
                         xp.cuda.get_current_stream().synchronize()
 
-                for _ in range(self.warmup):
-                    cycle()
-                comm.Barrier()
-                t0 = time.perf_counter()
-                for _ in range(self.iters):
-                    cycle()
-                t = self._max_over_ranks((time.perf_counter() - t0) / self.iters)
+                # Waitall itself (not a Test loop) is what a user of MPI measures; the watchdog bounds
+                # each loop of cycles (arming it per cycle would add ~1 us to a ~3 us exchange).
+                with bounded(limit, stalled):
+                    for _ in range(self.warmup):
+                        cycle()
+                self.world.barrier()
+                with bounded(limit, stalled):
+                    t0 = time.perf_counter()
+                    for _ in range(self.iters):
+                        cycle()
+                    t1 = time.perf_counter()
+                t = self._max_over_ranks((t1 - t0) / self.iters)
                 peer_data = self.world.allgather(send_host[:64].tobytes())[self.peer]
                 if recv_host[:64].tobytes() != peer_data:
                     raise RmaError(f"bench rma: {impl} received wrong bytes on rank {self.world.rank}")

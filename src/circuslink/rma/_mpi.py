@@ -11,18 +11,27 @@ my source blocks device -> host, wait() copies the incoming blocks host -> devic
 Open MPI is not CUDA-aware, so a user of it would stage the same way). Block-stride
 staging uses 2-D copies so bytes between blocks are never touched.
 
-MPI gives no way to bound MPI_Win_complete; an origin whose target never posts blocks
-there. The target side (the usual stall) polls MPI_Win_test with the queue's time-out.
+The target side (the usual stall) polls MPI_Win_test with the queue's time-out. MPI gives
+no way to bound MPI_Win_complete (an origin whose target never posts blocks there), nor
+the collective MPI_Win_create / MPI_Win_free: those run under :func:`bounded`, a
+watchdog thread that, past the time-out, prints a one-line TimeoutError naming the
+queue and the peers and ends the process (MPI cannot cancel the call; mpirun then ends
+the job). mpi4py releases the GIL inside these calls, so the watchdog can run.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..errors import RmaError
+from .._config import default_timeout
+from ..errors import RmaError, TimeoutError
 from ._core import poll_until
 
 
@@ -30,6 +39,91 @@ def _mpi():
     from mpi4py import MPI
 
     return MPI
+
+
+class _Watchdog:
+    """One thread per process that ends it when an armed, unboundable call outlives its deadline.
+
+    Arming is a plain lock and (rarely) a notify, cheap enough to wrap every cycle of a
+    benchmark; the thread is started once.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._deadline: float | None = None
+        self._what: Callable[[], str] | None = None
+        self._wake_at = float("inf")  # when the thread next looks: arm() notifies only if sooner
+        self._thread: threading.Thread | None = None
+
+    def arm(self, deadline: float, what: Callable[[], str]) -> None:
+        with self._cond:
+            self._deadline, self._what = deadline, what
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="circuslink-mpi-watchdog", daemon=True)
+                self._thread.start()
+            elif deadline < self._wake_at:
+                self._cond.notify()
+
+    def disarm(self) -> None:
+        with self._cond:
+            self._deadline = self._what = None
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                if self._deadline is None:
+                    self._wake_at = now + 1.0
+                elif now >= self._deadline:
+                    self._fire(self._what)
+                else:
+                    self._wake_at = self._deadline
+                self._cond.wait(self._wake_at - now)
+
+    @staticmethod
+    def _fire(what: Callable[[], str] | None) -> None:
+        msg = what() if what is not None else "an MPI call timed out"
+        # The main thread is stuck inside MPI, which cannot cancel the call: say what stalled and
+        # leave without MPI_Finalize (it would wait for the stalled peer too); mpirun ends the job.
+        sys.stderr.write(f"circuslink: TimeoutError: {msg}; MPI cannot cancel the call, so this rank exits\n")
+        sys.stderr.flush()
+        os._exit(124)
+
+
+_watchdog = _Watchdog()
+
+
+class bounded:  # noqa: N801 - used like a function: ``with bounded(limit, what): comm.Call()``
+    """Run a blocking MPI call that MPI cannot bound; past ``limit`` s end the process naming ``what()``.
+
+    ``what`` is called only on a time-out and returns the error text (queue, epoch, peers).
+    One bounded call at a time per process (circuslink drives MPI from one thread).
+    """
+
+    __slots__ = ("_deadline", "_what")
+
+    def __init__(self, limit: float | None, what: Callable[[], str]) -> None:
+        self._deadline = time.monotonic() + (default_timeout() if limit is None else limit)
+        self._what = what
+
+    def __enter__(self) -> None:
+        _watchdog.arm(self._deadline, self._what)
+
+    def __exit__(self, *exc: object) -> None:
+        _watchdog.disarm()
+
+
+def poll_request(request: Any, limit: float | None, what: Callable[[float], str]) -> None:
+    """Complete a non-blocking MPI request by polling ``Test`` (backing off), or raise TimeoutError(what(limit))."""
+    limit = default_timeout() if limit is None else limit
+    if not poll_until(request.Test, time.monotonic() + limit):
+        raise TimeoutError(what(limit))
+
+
+def _collective_stall(where: str, call: str, world: Any, limit: float) -> str:
+    return str(TimeoutError(
+        f"{where} on rank {world.rank}: {call} (collective) did not return within {limit:g} s: some rank of "
+        f"{world.size} did not join (CIRCUSLINK_TIMEOUT sets the limit)"))
 
 
 class MpiWindow:
@@ -47,7 +141,9 @@ class MpiWindow:
             import cupy as cp
 
             self.device = cp.zeros(nbytes, dtype=cp.uint8)
-        self.win = MPI.Win.Create(self.host, disp_unit=1, comm=comm)
+        limit = default_timeout() if timeout is None else timeout
+        with bounded(limit, lambda: _collective_stall("window_alloc(backend='mpi')", "MPI_Win_create", world, limit)):
+            self.win = MPI.Win.Create(self.host, disp_unit=1, comm=comm)
         self.group = comm.Get_group()
 
     @property
@@ -59,7 +155,10 @@ class MpiWindow:
 
     def free(self, timeout: float | None) -> None:
         if self.win is not None:
-            self.win.Free()  # collective
+            limit = default_timeout() if timeout is None else timeout
+            world = self.world
+            with bounded(limit, lambda: _collective_stall("window free (backend='mpi')", "MPI_Win_free", world, limit)):
+                self.win.Free()  # collective
             self.group.Free()
             self.win = None
             if self.on_gpu:
@@ -140,14 +239,24 @@ class MpiQueue:
         if self.post_at == "start":
             self._post()
         if self.target_group is not None:
-            win.win.Start(self.target_group)
-            for origin, rank, target in self.puts:
-                win.win.Put(origin, rank, target)
+            limit = default_timeout()
+            with bounded(limit, lambda: self._stalled(limit, "in start() (MPI_Win_start / MPI_Put) waiting for "
+                                                      "the post of target")):
+                win.win.Start(self.target_group)
+                for origin, rank, target in self.puts:
+                    win.win.Put(origin, rank, target)
+
+    def _stalled(self, limit: float, what: str) -> str:
+        return str(self.queue._timeout(limit, what, list(self.queue.targets)))
 
     def wait(self, epoch: int, limit: float) -> None:
         win = self.window
         if self.target_group is not None:
-            win.win.Complete()
+            # Where an origin waits for its targets' posts depends on the osc component (osc/sm:
+            # MPI_Win_start; osc/rdma and pt2pt: MPI_Win_complete); neither can be bounded but by the watchdog.
+            with bounded(limit, lambda: self._stalled(limit, "in wait() (MPI_Win_complete) waiting for the post "
+                                                      "of target")):
+                win.win.Complete()
         if self.origin_group is not None:
             deadline = time.monotonic() + limit
             if not poll_until(win.win.Test, deadline):

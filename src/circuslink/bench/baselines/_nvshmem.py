@@ -37,7 +37,13 @@ SOURCE = Path(__file__).with_name("nvshmem_pingpong.cu")
 _ARCH = "sm_90a"
 _COMPILE_TIMEOUT_S = 600.0
 _HEAP_SLACK = 64 << 20  # NVSHMEM's own allocations next to our two buffers
-_ENV_OF_ENCLOSING_JOB = ("OMPI_", "PMIX_", "PMI_", "CIRCUSLINK_RANK", "CIRCUSLINK_STORE")
+# What identifies an enclosing job's rank to Open MPI / PMIx: a nested mpirun must not inherit it.
+# Other OMPI_MCA_* settings (the machine's MPI configuration, e.g. plm_rsh_agent) are kept.
+_ENV_OF_ENCLOSING_JOB = (
+    "OMPI_COMM_WORLD_", "OMPI_MCA_ess", "OMPI_MCA_orte_", "OMPI_MCA_pmix", "OMPI_MCA_initial_wdir", "OMPI_UNIVERSE_",
+    "OMPI_APP_CTX_", "OMPI_FIRST_RANKS", "OMPI_NUM_APP_CTX", "OMPI_ARGV", "OMPI_FILE_LOCATION", "OMPI_COMMAND",
+    "PMIX_", "PMI_", "CIRCUSLINK_RANK", "CIRCUSLINK_STORE",
+)
 
 
 def _nvidia_dirs() -> list[Path]:
