@@ -160,6 +160,7 @@ class StoreClient:
     def __init__(self, address: str, token: str, connect_timeout: float) -> None:
         host, port = address.rsplit(":", 1)
         self.address = address
+        self._reply_timeout = connect_timeout
         self._lock = threading.Lock()
         deadline = time.monotonic() + connect_timeout
         while True:
@@ -170,15 +171,22 @@ class StoreClient:
                 if time.monotonic() > deadline:
                     raise PeerError(f"cannot reach the rendezvous store at {address}: {exc}") from None
                 time.sleep(0.05)
-        self._sock.settimeout(None)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._call([b"hello", token.encode()])
 
-    def _call(self, fields: list[bytes]) -> list[bytes]:
+    def _call(self, fields: list[bytes], wait_s: float = 0.0) -> list[bytes]:
+        # Every reply is bounded: a store that stops answering (its host died mid-reply) must
+        # raise, not leave this rank blocked in recv() forever.
         with self._lock:
             try:
+                self._sock.settimeout(wait_s + self._reply_timeout)
                 _send_fields(self._sock, fields)
                 reply = _recv_fields(self._sock)
+            except TimeoutError:
+                raise PeerError(
+                    f"the rendezvous store at {self.address} did not answer within "
+                    f"{wait_s + self._reply_timeout:g} s; the rank or launcher hosting it has probably died"
+                ) from None
             except (ConnectionError, OSError) as exc:
                 raise PeerError(
                     f"lost the rendezvous store at {self.address} ({exc}); the rank or launcher hosting it "
@@ -204,7 +212,7 @@ class StoreClient:
         fields = [b"poll", f"{wait_s:.3f}".encode()]
         for key, owner in owned_keys.items():
             fields += [key.encode(), str(owner).encode()]
-        reply = self._call(fields)
+        reply = self._call(fields, wait_s)
         n_present = int(reply[1])
         items = reply[2:]
         pairs = [(items[i].decode(), items[i + 1]) for i in range(0, len(items), 2)]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import pickle
 import socket
+import sys
 import time
 from typing import Any
 
@@ -184,6 +185,10 @@ class World:
             for buf in list(self._buffers):
                 buf.free(timeout)
             self.barrier(timeout)
+            if self._mpi_comm is not None:
+                # Under mpirun rank 0 hosts the store: a peer may still be reading the last
+                # barrier's reply when rank 0 would close it, so wait on MPI, bounded, first.
+                _bounded_mpi_barrier(self._mpi_comm, resolve_timeout(timeout), self.rank)
         finally:
             self._closed = True
             self.backend.close()
@@ -208,6 +213,34 @@ class World:
 
 
 _current: World | None = None
+
+
+def _bounded_mpi_barrier(comm, timeout: float, rank: int) -> None:
+    request = comm.Ibarrier()
+    deadline = time.monotonic() + timeout
+    while not request.Test():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the closing MPI barrier timed out on rank {rank} after {timeout:g} s")
+        time.sleep(0.0005)
+
+
+_failing = False
+
+
+def _note_failure(exc_type, exc, tb, _previous=None) -> None:
+    global _failing
+    _failing = True  # an unhandled error: exit now, do not wait in close() for peers
+    (_previous or sys.__excepthook__)(exc_type, exc, tb)
+
+
+def _close_at_exit() -> None:
+    """Close a world the program left open, so that rank 0's store outlives its peers' last calls."""
+    world = _current
+    if world is not None and not world._closed and not _failing:
+        try:
+            world.close()
+        except Exception as exc:  # exiting anyway; say why the clean close failed
+            print(f"circuslink: rank {world.rank}: closing the world at exit failed: {exc}", file=sys.stderr)
 
 
 def init(backend: str | None = None, timeout: float | None = None) -> World:
@@ -274,5 +307,10 @@ def _init_from_mpi(env: dict[str, str], backend: str | None, connect_timeout: fl
     else:
         info = None
     address, token, job_id = comm.bcast(info, root=0)
+    import atexit
+
+    atexit.register(_close_at_exit)  # Python's atexit runs before mpi4py's MPI_Finalize
+    previous = sys.excepthook
+    sys.excepthook = lambda t, e, tb: _note_failure(t, e, tb, previous)
     store = _store.StoreClient(address, token, connect_timeout)
     return World(rank, size, local_rank, local_size, job_id, store, backend, "mpirun", hosted, comm)

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     drv.parse_sizes(args.sizes)  # bad options fail here, once, not on every rank
     bw_configs = _parse_bw_configs(args.bw_configs)
     if not inside_job():
-        return relaunch_self(args.nranks, _argv(args), args.backend)
+        return relaunch_self(args.nranks, _argv(args), args.backend, prefer_mpirun=True)
     import circuslink
 
     world = circuslink.init(args.backend)
