@@ -56,7 +56,8 @@ def test_cpu_run_verifies_and_traces(tmp_path):
     assert {"send ch 1", "recv ch 4", "recv ch 2", "send ch 3", "compute"} <= names
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
-    assert "overlap for" in proc.stdout and "min latency" in proc.stdout
+    assert "overlap fraction of B's receiving and sending (32 KiB run): " in proc.stdout
+    assert "min latency" in proc.stdout
 
 
 def test_needs_two_ranks(tmp_path):
@@ -85,7 +86,11 @@ def test_gpu_run_verifies_and_traces(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads((tmp_path / "res.json").read_text())
     assert all(r.get("verified") for r in res["rows"])
-    assert res["meta"]["trace"]["overlap_fraction_B"] > 0.5
+    assert 32768 in [r["bytes"] for r in res["rows"]]  # the traced size is run whatever --sizes says
+    tr = res["meta"]["trace"]
+    assert tr["bytes"] == 32768 and tr["config"] == {"pairs": 8, "chunk_bytes": 512}, tr
+    assert tr["overlap_fraction_B"] > 0.5, tr
+    assert "overlap fraction of B's receiving and sending (32 KiB run): " in proc.stdout
 
 
 def test_pingpong_reference_reads_the_best_channel_rows(tmp_path):

@@ -418,9 +418,13 @@ def test_nvshmem_run_environment_and_command(monkeypatch, tmp_path):
     nv = tmp_path / "nvshmem"
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
     monkeypatch.setenv("PMIX_RANK", "1")
+    monkeypatch.setenv("OMPI_MCA_ess_base_jobid", "7")
+    monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT", "1")
     monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/x")
     env = _nvshmem._job_env(nv, 256 * MiB)
-    assert not any(k.startswith(("OMPI_", "PMIX_")) for k in env)  # the nested mpirun starts clean
+    # The nested mpirun must not inherit the enclosing job's identity, but keeps the user's settings.
+    assert not {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "OMPI_MCA_ess_base_jobid"} & set(env)
+    assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
     assert env["NVSHMEM_DISABLE_NVLS"] == "1" and env["NCCL_NVLS_ENABLE"] == "0"
     assert env["NVSHMEM_BOOTSTRAP"] == "MPI" and env["LD_LIBRARY_PATH"] == f"{nv / 'lib'}:/opt/x"
     assert int(env["NVSHMEM_SYMMETRIC_SIZE"]) >= 2 * 256 * MiB

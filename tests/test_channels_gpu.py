@@ -116,6 +116,9 @@ links = [Link(f"c{k}_out", f"c{k}_in", 2 * k, 2 * k + 1, 0, 1, t, 64) for k, t i
 opts = {l.name: {"mode": MODE, "nslots": 4, **({"chunk": 256} if MODE == "bw" else {})} for l in links}
 ch = channels.open(w, links, options=opts, timeout=30)
 rng = np.random.default_rng(w.bcast(int(np.random.SeedSequence().entropy % (1 << 32))))
+# the read splits come from a rank-local generator: drawing them from `rng` would advance rank 1's
+# shared generator only, so from the second channel on the ranks would disagree on the stream
+read_rng = np.random.default_rng()
 for l in links:
     nb = l.element.nbytes
     calls = [int(x) for x in rng.integers(1, 200, 6)]
@@ -131,7 +134,7 @@ for l in links:
         out = cp.zeros(total * nb, dtype=cp.uint8)
         pos, i = 0, 0
         while pos < total:
-            n = min(total - pos, int(rng.integers(1, 150)))
+            n = min(total - pos, int(read_rng.integers(1, 150)))
             launch(rforms[i % 3], ch[l.receiver_name], out[pos * nb:], n)
             pos += n; i += 1
         assert out.get().tobytes() == data.tobytes(), l.name

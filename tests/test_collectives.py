@@ -336,3 +336,88 @@ def test_bench_allreduce_cpu(tmp_path):
     trace = json.loads((tmp_path / "t.json").read_text())
     assert {e["pid"] for e in trace["traceEvents"]} == {0, 1, 2}
     assert (tmp_path / "t.png").exists()
+
+
+class _FakeStream:
+    """Just enough of a cupy Stream to log which stream each operation was issued on."""
+
+    def __init__(self, cp, ptr):
+        self.cp, self.ptr = cp, ptr
+
+    def __enter__(self):
+        self.cp.current.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        self.cp.current.pop()
+
+    def record(self):
+        self.cp.log.append(("record", self.ptr))
+        return ("event", self.ptr)
+
+    def wait_event(self, ev):
+        self.cp.log.append(("wait", self.ptr, ev[1]))
+
+    def synchronize(self):
+        self.cp.log.append(("sync", self.ptr))
+
+
+class _FakeCupy:
+    def __init__(self):
+        import types
+
+        self.log: list = []
+        self.null = _FakeStream(self, 0)
+        self.current = [self.null]
+        self.cuda = types.SimpleNamespace(get_current_stream=lambda: self.current[-1])
+        self.uint64, self.uint8 = np.uint64, np.uint8
+
+    def array(self, a, copy=True, order="C", dtype=None):
+        self.log.append(("copy", self.current[-1].ptr))
+        return np.array(a, copy=True, order=order, dtype=dtype)
+
+
+class _FakeStatus:
+    def __init__(self, cp):
+        self.cp = cp
+
+    def fill(self, v):
+        self.cp.log.append(("fill", self.cp.current[-1].ptr))
+
+    def get(self):
+        return np.zeros(1, np.int32)
+
+
+def test_cuda_collectives_order_their_stream_after_the_callers():
+    """uint64 max came out wrong at 4 ranks on 2 GPUs: the input copy and the status reset ran on
+    CuPy's null stream, the kernel on the world's non-blocking stream, with nothing ordering them,
+    so a kernel could reduce a buffer that had not been written yet. Every operation of a call must
+    run on the collective stream, after the caller's stream."""
+    import types
+
+    from circuslink.collectives._device import CudaCollectives
+
+    cp = _FakeCupy()
+    coll = object.__new__(CudaCollectives)
+    coll.cp = cp
+    coll.stream = _FakeStream(cp, 7)
+    coll.world = types.SimpleNamespace(size=4, rank=0)
+    coll.status = _FakeStatus(cp)
+    coll.ll_ring = coll.bw_ring = types.SimpleNamespace(channels=None)
+    rings = types.SimpleNamespace(ptr=1, count=1)
+    coll.ll = coll.bw = rings
+
+    def launch(grid, block, args, stream):
+        cp.log.append(("launch", stream.ptr))
+
+    coll._module = lambda name: types.SimpleNamespace(get_function=lambda fn: launch)
+    rng = np.random.default_rng()
+    x = rng.integers(0, np.iinfo(np.uint64).max, size=1000, dtype=np.uint64, endpoint=True)
+    for call in (lambda: coll.allreduce(x, "max"), lambda: coll.broadcast(x, 1), coll.barrier):
+        cp.log.clear()
+        call()
+        launch_at = cp.log.index(("launch", 7))
+        before = cp.log[:launch_at]
+        assert ("wait", 7, 0) in before, cp.log  # the collective stream waits for the caller's
+        assert all(op[1] == 7 for op in before if op[0] in ("copy", "fill")), cp.log
+        assert ("sync", 7) in cp.log[launch_at:], cp.log

@@ -92,6 +92,7 @@ def test_synthetic_stream_gives_the_expected_chrome_json(tmp_path):
             "clock_residual_ns": {"0": 0, "1": 50},
             "dropped": {"0": 0, "1": 7},
             "unmatched": 0,
+            "timer_tick_ns": {"0": 100, "1": 50},  # gcd of each rank's raw timestamp steps
         },
     }
     assert got == expected
@@ -342,3 +343,51 @@ def test_gpu_kernel_records_and_ranks_merge(spmd, tmp_path):
             trace.export_chrome("{out}.json")
         small.close(); tr.close(); w.close()
     """, backend="cuda").check()
+
+
+def _quantised_b_stream(rng, pipelined: bool, tick: int = 128, blocks: int = 8, chunks: int = 8, reps: int = 5):
+    """B's RECV / SEND instants (one per chunk, per block) as a coarse %globaltimer stamps them:
+    every time rounded down to ``tick``, so most instants share their timestamp with others."""
+    rows = []
+    for rep in range(reps):
+        t_rep = rep * 40_000 + int(rng.integers(0, 1000))
+        for g in range(blocks):
+            t = t_rep + int(rng.integers(0, 300))
+            if pipelined:  # read chunk k, add, write chunk k, read chunk k + 1 ...
+                for _ in range(chunks):
+                    t += int(rng.integers(700, 1100))
+                    rows.append((t, RECV, I, 2, g))
+                    rows.append((t + int(rng.integers(300, 500)), SEND, I, 3, g))
+            else:  # store and forward: every chunk in, then every chunk out
+                for k in range(chunks):
+                    rows.append((t + 150 * k, RECV, I, 2, g))
+                for k in range(chunks):
+                    rows.append((t + 150 * chunks + 1500 + 150 * k, SEND, I, 3, g))
+    rows.sort(key=lambda r: r[0])
+    return [(tm // tick * tick, *rest) for tm, *rest in rows]
+
+
+def test_overlap_survives_a_coarse_timer():
+    """The GPU trace of the 32 KiB allreduce-like run gave B's overlap 0.0: with a 128 ns timer the
+    median step between instants was 0, so the burst gap was 0 and every burst vanished."""
+    rng = np.random.default_rng()
+    a = _recs([(0, KERNEL, I, 0)])
+    # 48 blocks (the bench's pairs) stamp ~400 instants per repetition into ~60 ticks
+    piped = Trace.from_records([a, _recs(_quantised_b_stream(rng, pipelined=True, blocks=48))])
+    assert piped.meta.tick(1) % 128 == 0
+    assert piped.to_chrome()["otherData"]["timer_tick_ns"]["1"] == piped.meta.tick(1)
+    recv = piped.intervals(1, "recv")
+    assert len(recv) == 5  # one burst per repetition, none lost, none merged across repetitions
+    assert 0.6 < piped.overlap_fraction(1, "recv", "send") <= 1.0
+    stored = Trace.from_records([a, _recs(_quantised_b_stream(rng, pipelined=False))])
+    assert stored.overlap_fraction(1, "recv", "send") < 0.15  # store-and-forward scores ~0
+
+
+def test_instants_within_one_tick_are_one_tick_of_activity():
+    # a 1024 ns timer: three sends in one tick, a lone compute instant, a span shorter than the tick
+    rows = [(1024, SEND, I, 0)] * 3 + [(6144, COMPUTE, I, 0), (9216, RECV, B, 1), (9216, RECV, E, 1)]
+    trace = Trace.from_records([_recs(rows)])  # times become relative to the first event (1024)
+    assert trace.meta.tick(0) == 1024
+    assert trace.intervals(0, SEND).tolist() == [[0, 1024]]
+    assert trace.intervals(0, COMPUTE).tolist() == []  # a lone instant is no activity
+    assert trace.intervals(0, RECV).tolist() == [[8192, 9216]]

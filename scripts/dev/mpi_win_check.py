@@ -9,6 +9,10 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 comm = MPI.COMM_WORLD
+if comm.rank == 0:
+    import os
+
+    print({k: v for k, v in os.environ.items() if k.startswith("OMPI_MCA")})
 buf = np.zeros(64, dtype=np.uint8)
 try:
     win = MPI.Win.Create(buf, disp_unit=1, comm=comm)

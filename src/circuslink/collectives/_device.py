@@ -151,8 +151,18 @@ class CudaCollectives:
     def rings_for(self, nbytes: int) -> DeviceRings:
         return self.ll if nbytes <= LL_MAX_BYTES else self.bw
 
+    def _after_caller(self) -> None:
+        """Order the collective stream after the caller's current stream. The world's stream is
+        non-blocking: without this, a kernel on it may read an input the caller's stream (CuPy's
+        null stream by default) has not finished writing, and run with stale data (this is what
+        made uint64 max wrong at 4 ranks on 2 GPUs: time-slicing widened the window)."""
+        caller = self.cp.cuda.get_current_stream()
+        if caller.ptr != self.stream.ptr:
+            self.stream.wait_event(caller.record())
+
     def _launch(self, name: str, grid: int, args: tuple, what: str, dtype_name: str = "uint8") -> None:
-        self.status.fill(0)
+        with self.stream:  # the status reset must precede the kernel on the same stream
+            self.status.fill(0)
         self._module(dtype_name).get_function(name)((grid,), (THREADS,), args + (self.status,), stream=self.stream)
         self.stream.synchronize()
         if int(self.status.get()[0]):
@@ -167,8 +177,11 @@ class CudaCollectives:
         if name not in C_TYPES:
             raise ConfigError(f"allreduce: dtype {name} is not supported on the cuda back-end "
                               f"(supported: {', '.join(C_TYPES)})")
-        out = cp.array(array, copy=True, order="C")
+        self._after_caller()
+        with self.stream:  # the copy must land before the kernel that reads it
+            out = cp.array(array, copy=True, order="C")
         if self.world.size == 1 or out.size == 0:
+            self.stream.synchronize()
             return out
         rings = self.rings_for(out.nbytes)
         self._launch(f"cl_allreduce_{name}_{op}", rings.count,
@@ -185,7 +198,9 @@ class CudaCollectives:
         if name not in ("float32", "int32"):
             raise ConfigError(f"allreduce_loop: dtype {name} has no timed loop (float32 and int32 do)")
         rings = self.rings_for(data.nbytes)
-        t = cp.array([np.iinfo(np.uint64).max, 0], dtype=cp.uint64)
+        self._after_caller()
+        with self.stream:
+            t = cp.array([np.iinfo(np.uint64).max, 0], dtype=cp.uint64)
         handle = trace if trace is not None else Tracer.null_handle()
         self._launch(f"cl_allreduce_loop_{name}_sum", rings.count,
                      (np.uint64(rings.ptr), np.uint32(rings.count), data, np.uint64(data.size), np.uint32(iters), t,
@@ -195,8 +210,11 @@ class CudaCollectives:
 
     def broadcast(self, array: Any, root: int) -> Any:
         cp = self.cp
-        out = cp.array(array, copy=True, order="C")
+        self._after_caller()
+        with self.stream:
+            out = cp.array(array, copy=True, order="C")
         if self.world.size == 1 or out.size == 0:
+            self.stream.synchronize()
             return out
         raw = out.reshape(-1).view(cp.uint8)
         rings = self.rings_for(raw.nbytes)
@@ -206,6 +224,7 @@ class CudaCollectives:
 
     def barrier(self) -> None:
         if self.world.size > 1:
+            self._after_caller()  # a barrier also orders the caller's earlier work
             self._launch("cl_barrier", 1, (np.uint64(self.ll.ptr),), "barrier")
 
     def close(self) -> None:

@@ -51,6 +51,12 @@ class TraceMeta:
     clock: dict[int, list[ClockSample]] = field(default_factory=dict)
     unmatched: int = 0  # begin without end or end without begin (dropped from spans)
     t0_ns: int = 0  # reference-clock time of the earliest event (time 0 of the trace)
+    tick_ns: dict[int, int] = field(default_factory=dict)  # timer resolution seen per rank (1 if unknown)
+
+    def tick(self, rank: int) -> int:
+        """The resolution of ``rank``'s timestamps: the gcd of the steps between its distinct raw
+        timestamps (128 ns or 1 us on GPUs whose %globaltimer is coarse, 1 ns on cpu)."""
+        return max(1, int(self.tick_ns.get(rank, 1)))
 
     def residual_ns(self, rank: int) -> int:
         """Bound on the alignment error of ``rank``'s timestamps (0 for the reference)."""
@@ -70,6 +76,13 @@ def _offset_at(samples: Sequence[ClockSample], local: np.ndarray) -> np.ndarray:
     if len(xs) == 1 or np.all(xs == xs[0]):
         return np.full(local.shape, int(round(ys.mean())), dtype=np.int64)
     return np.rint(np.interp(local.astype(np.float64), xs, ys)).astype(np.int64)
+
+
+def timer_tick(times: np.ndarray) -> int:
+    """The timer resolution evident in raw timestamps of one clock: the gcd of the steps between
+    distinct values (exact for a quantised timer; 1 when fewer than two distinct values)."""
+    steps = np.diff(np.unique(np.asarray(times, dtype=np.int64)))
+    return max(1, int(np.gcd.reduce(steps))) if len(steps) else 1
 
 
 def merge(
@@ -149,11 +162,33 @@ def interval_overlap_fraction(a: Iterable[Sequence[float]], b: Iterable[Sequence
     return _intersection(ua, ub) / union if union else 0.0
 
 
-def _default_gap(times: np.ndarray) -> int:
-    """Instants closer than this belong to one burst of activity: 4 x the median spacing."""
-    if len(times) < 2:
-        return 0
-    return int(4 * np.median(np.diff(np.sort(times))))
+def _default_gap(times: np.ndarray, tick: int = 1) -> int:
+    """Instants closer than this belong to one burst of activity: 4 x the median spacing of their
+    distinct timestamps, and at least one timer tick. Distinct, because a timer coarser than the
+    events (%globaltimer ticks 128 ns to 1 us on H100/H200) stamps many of them alike: the median
+    of all the steps is then 0 and every burst would collapse to nothing."""
+    distinct = np.unique(times)
+    if len(distinct) < 2:
+        return tick if len(times) >= 2 else 0
+    return max(int(tick), int(4 * np.median(np.diff(distinct))))
+
+
+def _bursts(instants: np.ndarray, gap: int, tick: int) -> list[tuple[int, int]]:
+    """Runs of instants at most ``gap`` apart -> [first, last]. A run of two or more instants that
+    all carry one timestamp happened within one tick: it is [t, t + tick], not nothing. A lone
+    instant is no activity."""
+    runs: list[list[int]] = []  # [first, last, count]
+    for t in np.sort(instants):
+        if runs and t - runs[-1][1] <= gap:
+            runs[-1][1] = int(t)
+            runs[-1][2] += 1
+        else:
+            runs.append([int(t), int(t), 1])
+    out = []
+    for a, b, n in runs:
+        if n >= 2:
+            out.append((a, b if b > a else a + tick))
+    return out
 
 
 class Trace:
@@ -181,6 +216,7 @@ class Trace:
             dropped=dict(dropped or {}),
             clock={r: list(s) for r, s in (clock or {}).items()},
             t0_ns=t0,
+            tick_ns={r: timer_tick(np.asarray(recs)["time_ns"]) for r, recs in enumerate(raw)},
         )
         return cls(events, meta, names)
 
@@ -241,20 +277,24 @@ class Trace:
     ) -> np.ndarray:
         """When ``rank`` was busy with ``events``: the union of their begin/end spans and of
         bursts of their instants (instants at most ``gap_ns`` apart form one burst; default
-        4 x their median spacing). An (n, 2) array of [start, end] ns."""
+        4 x the median spacing of their distinct timestamps, at least one timer tick), per block.
+        An (n, 2) array of [start, end] ns."""
         self._check_rank(rank)
         ids = self._event_ids(events)
+        tick = self.meta.tick(rank)
         chosen = [s for s in self._spans if s.rank == rank and s.event in ids]
-        durations = [(s.start, s.end) for s in chosen if s.paired]
-        instants = np.array(sorted(s.start for s in chosen if not s.paired), dtype=np.int64)
-        gap = _default_gap(instants) if gap_ns is None else int(gap_ns)
+        # A begin/end pair within one tick took between 0 and a tick: count it as a tick, so
+        # that a coarse timer does not erase short spans from the activity.
+        durations = [(s.start, s.end if s.end > s.start else s.start + tick) for s in chosen if s.paired]
+        # Bursts per block: each block streams its own chunks (in a pipeline, block g receives
+        # chunk k + 1 while block h sends), so its own spacing sets its gap; interleaving the
+        # blocks' instants first would make the spacing that of the timer, not of the stream.
         bursts: list[tuple[int, int]] = []
-        for t in instants:
-            if bursts and t - bursts[-1][1] <= gap:
-                bursts[-1] = (bursts[-1][0], int(t))
-            else:
-                bursts.append((int(t), int(t)))
-        return union_intervals(durations + [b for b in bursts if b[1] > b[0]])
+        for block in sorted({s.block for s in chosen if not s.paired}):
+            instants = np.array([s.start for s in chosen if not s.paired and s.block == block], dtype=np.int64)
+            gap = _default_gap(instants, tick) if gap_ns is None else int(gap_ns)
+            bursts += _bursts(instants, gap, tick)
+        return union_intervals(durations + bursts)
 
     def overlap_fraction(
         self, rank: int, a_events: EventSpec | Iterable[EventSpec], b_events: EventSpec | Iterable[EventSpec],
@@ -323,6 +363,7 @@ class Trace:
             "clock_residual_ns": {str(r): self.meta.residual_ns(r) for r in range(self.meta.nranks)},
             "dropped": {str(r): int(self.meta.dropped.get(r, 0)) for r in range(self.meta.nranks)},
             "unmatched": self.meta.unmatched,
+            "timer_tick_ns": {str(r): self.meta.tick(r) for r in range(self.meta.nranks)},
         }
         return {"traceEvents": out, "displayTimeUnit": "ns", "otherData": other}
 

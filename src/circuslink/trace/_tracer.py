@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import ConfigError
 from . import _layout as L
 from ._clock import CpuClockSync, CudaClockSync
-from ._model import Trace, TraceMeta, merge
+from ._model import Trace, TraceMeta, merge, timer_tick
 
 DEFAULT_CAPACITY = 1 << 16  # records per rank: 1 MiB
 
@@ -161,6 +161,7 @@ class Tracer:
             dropped={r: max(0, a - self.capacity) for r, (_, a, _) in enumerate(everyone)},
             clock=clock,
             t0_ns=t0,
+            tick_ns={r: timer_tick(recs["time_ns"]) for r, recs in enumerate(per_rank)},
         )
         self.last = Trace(events, meta, names)
         return self.last

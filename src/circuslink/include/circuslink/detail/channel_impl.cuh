@@ -80,6 +80,14 @@ __device__ __forceinline__ U4 ld_cg_v4(const void* p) {
   return v;
 }
 
+// One byte, L2-only (the byte path and vector tails of bw_copy_out: a plain load may hit a stale L1
+// line of the slot's previous lap within the same launch).
+__device__ __forceinline__ unsigned char ld_cg_u8(const unsigned char* p) {
+  unsigned short v;
+  asm volatile("ld.global.cg.u8 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
+  return (unsigned char)v;
+}
+
 __device__ __forceinline__ unsigned int flag_of(unsigned long long seq) { return (unsigned int)(seq + 1ull); }
 
 // 8 bytes of src[pos..) as two words, zero past `end` (the stream is little-endian bytes).
@@ -163,6 +171,22 @@ __device__ __forceinline__ bool credit_for(const ChannelHandle& h, SendState& st
   return ok;
 }
 
+// Leader only: wait for the credit of packet `seq` ALONE, then return how many of the `want`
+// packets from `seq` may be written now (1 .. want; 0 on time-out). A batch must never wait for
+// the credits of its later packets: a reader whose read spans the last packet written and the next
+// one keeps the last one (and its credit) until the next one arrives, so a writer waiting for the
+// whole batch's credits (up to nslots packets) and that reader would wait on each other forever.
+__device__ __forceinline__ unsigned long long credits_from(const ChannelHandle& h, SendState& st,
+                                                           unsigned long long seq, unsigned long long want) {
+  const unsigned long long nslots = h.nslots;
+  // The cache covers the first packet but not the batch: one fresh look (no wait) may cover it all.
+  if (seq + want > st.credit_cache + nslots && seq < st.credit_cache + nslots)
+    st.credit_cache = ld_relaxed_u64(h.credit);
+  if (!credit_for(h, st, seq)) return 0;
+  const unsigned long long room = st.credit_cache + nslots - seq;
+  return room < want ? room : want;
+}
+
 __device__ __forceinline__ SendState load_send_state(const ChannelHandle& h) {
   SendState s;
   s.seq = ld_relaxed_u64(h.state);
@@ -210,14 +234,15 @@ __device__ bool ll_write_st(const ChannelHandle& h, SendState& st, const unsigne
   if (per_iter > h.nslots) per_iter = h.nslots;
   const unsigned long long mask = h.nslots - 1;
   bool ok = true;
-  unsigned long long written = 0;  // packets stored (all of them unless a credit wait failed)
-  for (unsigned long long base = 0; base < npk; base += per_iter) {
-    const unsigned long long last = (base + per_iter < npk ? base + per_iter : npk) - 1;
-    unsigned long long okv = 1;
-    if (G::rank() == 0) okv = credit_for(h, st, st.seq + last) ? 1 : 0;
-    if (!G::bcast(okv)) { ok = false; break; }
-    written = last + 1;
-    const unsigned int items = (unsigned int)(last - base + 1) * 16;
+  unsigned long long base = 0;  // packets stored (all of them unless a credit wait failed)
+  while (base < npk) {
+    // as many packets as the group covers AND the credits allow: waiting for a whole batch's credits
+    // deadlocks against a reader holding the last packet (credits_from explains)
+    unsigned long long cnt = 0;
+    if (G::rank() == 0) cnt = credits_from(h, st, st.seq + base, npk - base < per_iter ? npk - base : per_iter);
+    cnt = G::bcast(cnt);
+    if (cnt == 0) { ok = false; break; }
+    const unsigned int items = (unsigned int)cnt * 16;
     for (unsigned int it = G::rank(); it < items; it += G::size()) {
       const unsigned long long p = base + it / 16;
       const unsigned int line = it % 16;
@@ -236,8 +261,9 @@ __device__ bool ll_write_st(const ChannelHandle& h, SendState& st, const unsigne
         st_volatile_v4(slot + line * kLineBytes, v);
       }
     }
+    base += cnt;
   }
-  st.seq += written;
+  st.seq += base;
   return ok;
 }
 
@@ -274,20 +300,24 @@ __device__ bool ll_read_warp_st(const ChannelHandle& h, RecvState& st, unsigned 
     while (true) {
       v = ld_volatile_v4(slot + line * kLineBytes);
       const bool flags_ok = v.y == flag && v.w == flag;
-      hdr0 = __shfl_sync(0xffffffffu, flags_ok ? 1 : 0, 0) != 0;
-      hdr1 = __shfl_sync(0xffffffffu, flags_ok ? 1 : 0, 16) != 0;
-      nb0 = __shfl_sync(0xffffffffu, v.z, 0);
-      nb1 = __shfl_sync(0xffffffffu, v.z, 16);
-      need1 = !(hdr0 && (unsigned long long)(nb0 - st.offset) >= need);
-      bool mine;
-      if (j == 1 && !need1) {
-        mine = true;  // packet seq alone satisfies the request
-      } else {
-        const bool hdr = j == 0 ? hdr0 : hdr1;
-        const unsigned int nb = j == 0 ? nb0 : nb1;
-        mine = hdr && (line == 0 || (line - 1) * kLLLinePayload >= nb || flags_ok);
+      // Idle polls cost one vote: nothing is consumable before packet seq's header is valid, so
+      // the shuffles below run only once it is (on the lines loaded in this same round).
+      hdr0 = __any_sync(0xffffffffu, lane == 0 && flags_ok);
+      if (hdr0) {
+        hdr1 = __shfl_sync(0xffffffffu, flags_ok ? 1 : 0, 16) != 0;
+        nb0 = __shfl_sync(0xffffffffu, v.z, 0);
+        nb1 = __shfl_sync(0xffffffffu, v.z, 16);
+        need1 = (unsigned long long)(nb0 - st.offset) < need;
+        bool mine;
+        if (j == 1 && !need1) {
+          mine = true;  // packet seq alone satisfies the request
+        } else {
+          const bool hdr = j == 0 ? true : hdr1;
+          const unsigned int nb = j == 0 ? nb0 : nb1;
+          mine = hdr && (line == 0 || (line - 1) * kLLLinePayload >= nb || flags_ok);
+        }
+        if (__all_sync(0xffffffffu, mine)) break;
       }
-      if (__all_sync(0xffffffffu, mine)) break;
       if (give_up) { ok = false; break; }
       if ((++spins & 7u) == 0) {
         bool late = lane == 0 ? d.expired() || has_error(h) : false;
@@ -457,13 +487,9 @@ __device__ __forceinline__ void bw_copy_out(const ChannelHandle& h, unsigned lon
       *reinterpret_cast<U4*>(dst + 16ull * (i + 3 * step)) = d;
     }
     for (; i < nvec; i += step) *reinterpret_cast<U4*>(dst + 16ull * i) = ld_cg_v4(payload + from + 16ull * i);
-    for (unsigned int b = nvec * 16 + G::rank(); b < n; b += G::size()) dst[b] = payload[from + b];
+    for (unsigned int b = nvec * 16 + G::rank(); b < n; b += G::size()) dst[b] = ld_cg_u8(payload + from + b);
   } else {
-    for (unsigned int b = G::rank(); b < n; b += G::size()) {
-      unsigned int v;
-      asm volatile("ld.global.cg.u8 %0, [%1];" : "=r"(v) : "l"(payload + from + b));
-      dst[b] = (unsigned char)v;
-    }
+    for (unsigned int b = G::rank(); b < n; b += G::size()) dst[b] = ld_cg_u8(payload + from + b);
   }
 }
 
