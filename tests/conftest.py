@@ -20,18 +20,17 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _has_gpu() -> bool:
-    from circuslink.backends import cuda_device_count
-
-    return cuda_device_count() > 0
-
-
 def pytest_collection_modifyitems(config, items):
-    gpu = _has_gpu()
+    from circuslink.backends import SHARED_GPU_NOTE, cuda_device_count
+
+    gpus = cuda_device_count()
     mpi = shutil.which("mpirun") is not None and _importable("mpi4py")
     for item in items:
-        if "gpu" in item.keywords and not gpu:
+        if "gpu" in item.keywords and not gpus:
             item.add_marker(pytest.mark.skip(reason="needs a GPU (the device machine runs scripts/gpu-check.sh)"))
+        elif "two_gpus" in item.keywords and gpus < 2:
+            item.add_marker(pytest.mark.skip(
+                reason=f"needs 2 GPUs, found {gpus}: NCCL and NVSHMEM refuse two ranks on one GPU, and {SHARED_GPU_NOTE}"))
         if "mpi" in item.keywords and not mpi:
             item.add_marker(pytest.mark.skip(reason="needs mpirun and mpi4py"))
 

@@ -80,6 +80,7 @@ def test_kernel_source_compiles(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.two_gpus
 def test_gpu_run_verifies_and_traces(tmp_path):
     proc = _bench(tmp_path, "--sizes", "8,4K,64K,1M,16M", "--iters", "5", "--warmup", "2", "--trace",
                   str(tmp_path / "t.json"), backend="cuda", timeout=300)

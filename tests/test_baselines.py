@@ -499,6 +499,7 @@ def test_nvshmem_compile_error_carries_the_log(tmp_path, monkeypatch):
 
 # -- GPU (device machine) ------------------------------------------------------------------------
 @pytest.mark.gpu
+@pytest.mark.two_gpus
 def test_nccl_pingpong_gpu(spmd):
     job = spmd(2, """
         import circuslink as cl
@@ -519,6 +520,7 @@ def test_nccl_pingpong_gpu(spmd):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "int32", "float16"])
+@pytest.mark.two_gpus
 def test_nccl_allreduce_gpu(spmd, dtype):
     job = spmd(2, f"""
         import circuslink as cl
@@ -536,6 +538,7 @@ def test_nccl_allreduce_gpu(spmd, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.two_gpus
 def test_nccl_grouped_sendrecv_gpu(spmd):
     job = spmd(2, """
         import circuslink as cl
@@ -570,6 +573,7 @@ def test_mpi_pingpong_host_staged_gpu(spmd):
 
 @pytest.mark.gpu
 @needs_nvshmem_build
+@pytest.mark.two_gpus
 def test_nvshmem_pingpong_gpu(tmp_path):
     sizes = [8, 64, 4096, 1 << 20, 64 << 20]
     rows = baselines.nvshmem_pingpong(sizes, iters=200, warmup=20, out_dir=tmp_path, timeout=300)

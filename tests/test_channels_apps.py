@@ -38,7 +38,7 @@ def test_fig2_pipeline(tmp_path, backend):
     assert f"50000 elements went through read, +1, write on rank 1 and came back exact ({backend})" in proc.stdout
 
 
-@pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.two_gpus])])
 def test_pingpong_bench(tmp_path, backend):
     out = tmp_path / "pp.json"
     plot = tmp_path / "pp.png"

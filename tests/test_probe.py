@@ -39,6 +39,7 @@ def test_probe_cpu(tmp_path, n):
 
 
 @pytest.mark.gpu
+@pytest.mark.two_gpus
 def test_probe_cuda(tmp_path):
     from circuslink.backends import cuda_device_count
 

@@ -27,6 +27,28 @@ def cuda_device_count() -> int:
         return 0
 
 
+# Why figures between ranks that share a GPU are not link figures. Each rank is a process with
+# its own CUDA context, and without MPS the GPU time-slices contexts instead of running their
+# kernels side by side: a spin-waiting pingpong between two of them waits for the time slice.
+SHARED_GPU_NOTE = ("ranks that share a GPU run in separate CUDA contexts, which the GPU time-slices "
+                   "(no MPS): their latencies measure the time slice, not a link")
+
+
+def shared_gpus(world: Any) -> dict[int, list[int]]:
+    """Collective: ``{gpu: [ranks]}`` for each GPU that more than one rank uses (empty off cuda)."""
+    if world.backend.name != "cuda":
+        return {}
+    groups: dict[int, list[int]] = {}
+    for rank, device in enumerate(world.allgather(world.device)):
+        groups.setdefault(int(device), []).append(rank)
+    return {d: ranks for d, ranks in groups.items() if len(ranks) > 1}
+
+
+def describe_shared_gpus(groups: dict[int, list[int]]) -> str:
+    """``"ranks 0, 1 share GPU 0"``, for messages."""
+    return "; ".join(f"ranks {', '.join(map(str, r))} share GPU {d}" for d, r in sorted(groups.items()))
+
+
 def default_backend_name() -> str:
     return "cuda" if cuda_device_count() > 0 else "cpu"
 

@@ -65,7 +65,14 @@ def _unavailable(world: Any, impl: str) -> str | None:
     except BackendError as exc:
         mine = f"rank {world.rank}: {exc}"
     reasons = [r for r in world.allgather(mine) if r]
-    return reasons[0] if reasons else None
+    if reasons:
+        return reasons[0]
+    from ...backends import describe_shared_gpus, shared_gpus
+
+    sharing = shared_gpus(world)
+    if sharing:  # ncclCommInitRank refuses two ranks on one device ("Duplicate GPU detected")
+        return f"{impl} needs one GPU per rank ({describe_shared_gpus(sharing)})"
+    return None
 
 
 def _communicator(world: Any, timeout: float | None):
