@@ -29,8 +29,8 @@ def pytest_collection_modifyitems(config, items):
         if "gpu" in item.keywords and not gpus:
             item.add_marker(pytest.mark.skip(reason="needs a GPU (the device machine runs scripts/gpu-check.sh)"))
         elif "two_gpus" in item.keywords and gpus < 2:
-            item.add_marker(pytest.mark.skip(
-                reason=f"needs 2 GPUs, found {gpus}: NCCL and NVSHMEM refuse two ranks on one GPU, and {SHARED_GPU_NOTE}"))
+            why = f"NCCL and NVSHMEM refuse two ranks on one GPU, and {SHARED_GPU_NOTE}"
+            item.add_marker(pytest.mark.skip(reason=f"needs 2 GPUs, found {gpus}: {why}"))
         if "mpi" in item.keywords and not mpi:
             item.add_marker(pytest.mark.skip(reason="needs mpirun and mpi4py"))
 

@@ -85,9 +85,9 @@ print(f"rank {{me}} ok {{CYCLES}} cycles")
 """
 
 
-def _ring(spmd, n, cycles, backend="cpu", post_at="start", launcher="circuslink", world_backend="cpu"):
+def _ring(spmd, n, cycles, backend="cpu", post_at="start", launcher="circuslink", world_backend="cpu", env=None):
     code = RING.format(backend=backend, cycles=cycles, post_at=post_at)
-    job = spmd(n, code, backend=world_backend, launcher=launcher, timeout=120).check()
+    job = spmd(n, code, backend=world_backend, launcher=launcher, timeout=120, env=env).check()
     assert job.output.count(f"ok {cycles} cycles") == n, job.output
 
 
@@ -115,6 +115,14 @@ def test_mpi_ring_exchange_is_byte_exact(spmd, n):
 @pytest.mark.parametrize("n", [2, 4])
 def test_mpi_thousand_cycles(spmd, n):
     _ring(spmd, n, cycles=1000, backend="mpi", launcher="mpirun")
+
+
+@pytest.mark.mpi
+def test_mpi_ring_without_single_copy_transport(spmd):
+    """The device machines' Open MPI runs with btl_vader_single_copy_mechanism=none, where
+    MPI_Win_create over a user buffer fails (MPI_ERR_WIN); our windows must still work."""
+    _ring(spmd, 2, cycles=20, backend="mpi", launcher="mpirun",
+          env={"OMPI_MCA_btl_vader_single_copy_mechanism": "none"})
 
 
 @pytest.mark.mpi

@@ -1,5 +1,5 @@
 """Dev check: can this Open MPI create an MPI-3 window and run a PSCW epoch? Usage:
-mpirun -np 2 python scripts/dev/mpi_win_check.py [multiple|funneled]"""
+mpirun -np 2 python scripts/dev/mpi_win_check.py [multiple|funneled] [create|allocate]"""
 import sys
 
 import mpi4py
@@ -13,9 +13,16 @@ if comm.rank == 0:
     import os
 
     print({k: v for k, v in os.environ.items() if k.startswith("OMPI_MCA")})
-buf = np.zeros(64, dtype=np.uint8)
+flavor = sys.argv[2] if len(sys.argv) > 2 else "create"
 try:
-    win = MPI.Win.Create(buf, disp_unit=1, comm=comm)
+    if flavor == "create":
+        buf = np.zeros(64, dtype=np.uint8)
+        win = MPI.Win.Create(buf, disp_unit=1, comm=comm)
+    else:
+        win = MPI.Win.Allocate(64, disp_unit=1, comm=comm)
+        buf = np.frombuffer(win.tomemory(), dtype=np.uint8, count=64)
+        buf[:] = 0
+        comm.Barrier()
     peer = 1 - comm.rank
     group = comm.group.Incl([peer])
     win.Post(group)
@@ -24,7 +31,8 @@ try:
     win.Complete()
     win.Wait()
     ok = int(buf[0]) == peer + 1
+    del buf
     win.Free()
-    print(f"rank {comm.rank}: thread level {mpi4py.rc.thread_level}: window ok={ok}")
+    print(f"rank {comm.rank}: thread level {mpi4py.rc.thread_level}, {flavor}: window ok={ok}")
 except Exception as exc:
-    print(f"rank {comm.rank}: thread level {mpi4py.rc.thread_level}: {type(exc).__name__}: {exc}")
+    print(f"rank {comm.rank}: thread level {mpi4py.rc.thread_level}, {flavor}: {type(exc).__name__}: {exc}")

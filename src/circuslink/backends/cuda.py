@@ -43,7 +43,20 @@ class CudaBackend:
             raise ConfigError(f"CIRCUSLINK_DEVICE={device} but this machine has {count} GPU(s)")
         self.device = device
         cp.cuda.Device(device).use()
+        # The world's stream is non-blocking: our kernels never wait behind the user's stream
+        # by accident, and after_caller() orders them behind it on purpose.
         self.stream = cp.cuda.Stream(non_blocking=True)
+        self._caller_done = cp.cuda.Event(disable_timing=True)
+
+    def after_caller(self) -> None:
+        """Order the world's stream after the caller's current stream (CuPy's null stream by
+        default). Every host-side operation that launches on the world's stream calls this
+        first: otherwise its kernel may read an input the caller has not finished writing. The
+        GPU waits, not the host; one reused event keeps it to two driver calls."""
+        caller = self.xp.cuda.get_current_stream()
+        if caller.ptr != self.stream.ptr:
+            self._caller_done.record(caller)
+            self.stream.wait_event(self._caller_done)
 
     def _check_peer_access(self, devices: list[int]) -> None:
         rt = self.xp.cuda.runtime

@@ -71,13 +71,10 @@ class CudaEnd:
         self._error = channels._buf.local[off:off + 16]
 
     def _launch(self, which: int, ptr_arg: Any, nbytes: int) -> None:
-        import cupy as cp
-
         world = self.channels._world
         kernel = _kernels(world.device)[which]
         stream = world.backend.stream
-        # the argument arrays were made on the current stream; the world's stream does not wait for it
-        cp.cuda.get_current_stream().synchronize()
+        world.backend.after_caller()  # the argument arrays were made on the caller's stream
         with stream:
             kernel((1,), (_HOST_THREADS,), (self.handle, ptr_arg, np.uint64(nbytes)))
         stream.synchronize()

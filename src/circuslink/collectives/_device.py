@@ -151,15 +151,6 @@ class CudaCollectives:
     def rings_for(self, nbytes: int) -> DeviceRings:
         return self.ll if nbytes <= LL_MAX_BYTES else self.bw
 
-    def _after_caller(self) -> None:
-        """Order the collective stream after the caller's current stream. The world's stream is
-        non-blocking: without this, a kernel on it may read an input the caller's stream (CuPy's
-        null stream by default) has not finished writing, and run with stale data (this is what
-        made uint64 max wrong at 4 ranks on 2 GPUs: time-slicing widened the window)."""
-        caller = self.cp.cuda.get_current_stream()
-        if caller.ptr != self.stream.ptr:
-            self.stream.wait_event(caller.record())
-
     def _launch(self, name: str, grid: int, args: tuple, what: str, dtype_name: str = "uint8") -> None:
         with self.stream:  # the status reset must precede the kernel on the same stream
             self.status.fill(0)
@@ -177,7 +168,7 @@ class CudaCollectives:
         if name not in C_TYPES:
             raise ConfigError(f"allreduce: dtype {name} is not supported on the cuda back-end "
                               f"(supported: {', '.join(C_TYPES)})")
-        self._after_caller()
+        self.world.backend.after_caller()
         with self.stream:  # the copy must land before the kernel that reads it
             out = cp.array(array, copy=True, order="C")
         if self.world.size == 1 or out.size == 0:
@@ -198,7 +189,7 @@ class CudaCollectives:
         if name not in ("float32", "int32"):
             raise ConfigError(f"allreduce_loop: dtype {name} has no timed loop (float32 and int32 do)")
         rings = self.rings_for(data.nbytes)
-        self._after_caller()
+        self.world.backend.after_caller()
         with self.stream:
             t = cp.array([np.iinfo(np.uint64).max, 0], dtype=cp.uint64)
         handle = trace if trace is not None else Tracer.null_handle()
@@ -210,7 +201,7 @@ class CudaCollectives:
 
     def broadcast(self, array: Any, root: int) -> Any:
         cp = self.cp
-        self._after_caller()
+        self.world.backend.after_caller()
         with self.stream:
             out = cp.array(array, copy=True, order="C")
         if self.world.size == 1 or out.size == 0:
@@ -224,7 +215,7 @@ class CudaCollectives:
 
     def barrier(self) -> None:
         if self.world.size > 1:
-            self._after_caller()  # a barrier also orders the caller's earlier work
+            self.world.backend.after_caller()  # a barrier also orders the caller's earlier work
             self._launch("cl_barrier", 1, (np.uint64(self.ll.ptr),), "barrier")
 
     def close(self) -> None:

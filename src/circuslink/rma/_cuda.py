@@ -229,6 +229,9 @@ class CudaQueue:
                             (np.uint64(self.handle_mem.ptr), np.uint64(int(limit * 1e9))))
 
     def start(self, epoch: int) -> None:
+        # The caller has just written the sources on its own stream (CuPy's null stream by
+        # default): the copy must not read them before they land.
+        self.world.backend.after_caller()
         self.enqueue_start()
 
     def wait(self, epoch: int, limit: float) -> None:

@@ -1,6 +1,9 @@
 """The mpi engine: MPI-3 RMA, as the paper's MPI back-end (``MPI_Put`` inside PSCW epochs).
 
-A window is ``MPI.Win.Create`` over a host buffer. A cycle is
+A window is ``MPI.Win.Allocate``: MPI owns the host memory, so Open MPI can serve it with its
+shared-memory one-sided component inside a node. (``MPI_Win_create`` over our own buffer needs
+a single-copy transport, which the device machines' Open MPI has switched off:
+``btl_vader_single_copy_mechanism=none`` makes it fail with MPI_ERR_WIN.) A cycle is
 
     start():  MPI_Win_post(origins)   MPI_Win_start(targets)   MPI_Put ... (one per handle)
     wait():   MPI_Win_complete()      MPI_Win_test() until done (our time-out), H2D of incoming bytes
@@ -135,7 +138,6 @@ class MpiWindow:
         self.world = world
         self.comm = comm
         self.nbytes = nbytes
-        self.host = np.zeros(nbytes, dtype=np.uint8)
         self.on_gpu = world.backend.name == "cuda"
         if self.on_gpu:
             import cupy as cp
@@ -143,7 +145,10 @@ class MpiWindow:
             self.device = cp.zeros(nbytes, dtype=cp.uint8)
         limit = default_timeout() if timeout is None else timeout
         with bounded(limit, lambda: _collective_stall("window_alloc(backend='mpi')", "MPI_Win_create", world, limit)):
-            self.win = MPI.Win.Create(self.host, disp_unit=1, comm=comm)
+            self.win = MPI.Win.Allocate(nbytes, disp_unit=1, comm=comm)
+        self.host = np.frombuffer(self.win.tomemory(), dtype=np.uint8, count=nbytes)
+        self.host[:] = 0
+        comm.Barrier()  # every window is zeroed before any rank may write into it
         self.group = comm.Get_group()
 
     @property
@@ -158,6 +163,7 @@ class MpiWindow:
             limit = default_timeout() if timeout is None else timeout
             world = self.world
             with bounded(limit, lambda: _collective_stall("window free (backend='mpi')", "MPI_Win_free", world, limit)):
+                self.host = None  # a view of MPI's memory, which Free releases
                 self.win.Free()  # collective
             self.group.Free()
             self.win = None
