@@ -237,6 +237,7 @@ class MpiQueue:
             import cupy as cp
 
             stream = self.world.backend.stream
+            self.world.backend.after_caller()  # the sources were written on the caller's stream
             d2h = cp.cuda.runtime.memcpyDeviceToHost
             for src, off, count, block, stride in self.stage_out:
                 _copy_blocks(src.host.ctypes.data + off, src.device.data.ptr + off, count, block, stride, stride,
@@ -274,6 +275,7 @@ class MpiQueue:
                 import cupy as cp
 
                 stream = self.world.backend.stream
+                self.world.backend.after_caller()  # land after whatever the caller queued on the window
                 h2d = cp.cuda.runtime.memcpyHostToDevice
                 for off, count, block, stride in self.stage_in:
                     _copy_blocks(win.device.data.ptr + off, win.host.ctypes.data + off, count, block, stride,
