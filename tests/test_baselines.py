@@ -292,6 +292,7 @@ FAKE_JOB_PREFIX = """
     import fake_cupy
     fake_cupy.install()
     w.backend.name = "cuda"  # the fake device: the baselines take their GPU code paths
+    w.backend.device = w.rank  # one fake GPU per rank
     from circuslink.bench.baselines import (mpi_pingpong, nccl_allreduce, nccl_grouped_sendrecv,
                                             nccl_pingpong)
 """
@@ -301,6 +302,21 @@ FAKE_JOB_PREFIX = """
 def fake_gpu(tmp_path):
     (tmp_path / "fake_cupy.py").write_text(FAKE_CUPY)
     return FAKE_JOB_PREFIX
+
+
+@pytest.mark.mpi
+def test_nccl_skips_ranks_that_share_a_gpu(spmd, fake_gpu):
+    """NCCL refuses two ranks on one device: the baseline says so in skipped rows, naming them."""
+    job = spmd(2, fake_gpu + """
+    w.backend.device = 0
+    rows = nccl_pingpong(w, [8, 4096], iters=5, warmup=1)
+    assert [r["bytes"] for r in rows] == [8, 4096], rows
+    assert all(r["skipped"] == "nccl needs one GPU per rank (ranks 0, 1 share GPU 0)" for r in rows), rows
+    w.close()
+    print("ok", w.rank)
+    """, launcher="mpirun", timeout=120)
+    job.check()
+    assert job.output.count("ok") == 2
 
 
 @pytest.mark.mpi

@@ -362,6 +362,18 @@ class _FakeStream:
         self.cp.log.append(("sync", self.ptr))
 
 
+class _FakeEvent(list):
+    """A cupy Event that remembers the stream it was last recorded on (an ("event", ptr) pair)."""
+
+    def __init__(self, cp):
+        super().__init__(("event", None))
+        self.cp = cp
+
+    def record(self, stream):
+        self.cp.log.append(("record", stream.ptr))
+        self[1] = stream.ptr
+
+
 class _FakeCupy:
     def __init__(self):
         import types
@@ -401,7 +413,11 @@ def test_cuda_collectives_order_their_stream_after_the_callers():
     coll = object.__new__(CudaCollectives)
     coll.cp = cp
     coll.stream = _FakeStream(cp, 7)
-    coll.world = types.SimpleNamespace(size=4, rank=0)
+    from circuslink.backends.cuda import CudaBackend
+
+    backend = object.__new__(CudaBackend)  # the real after_caller() on the fake streams
+    backend.xp, backend.stream, backend._caller_done = cp, coll.stream, _FakeEvent(cp)
+    coll.world = types.SimpleNamespace(size=4, rank=0, backend=backend)
     coll.status = _FakeStatus(cp)
     coll.ll_ring = coll.bw_ring = types.SimpleNamespace(channels=None)
     rings = types.SimpleNamespace(ptr=1, count=1)
