@@ -4,25 +4,30 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 
-def test_bench_rma_quick_cpu(tmp_path):
+def _bench(tmp_path, nranks):
     out = tmp_path / "rma.json"
     env = dict(os.environ, CIRCUSLINK_TIMEOUT="60")
-    cmd = [sys.executable, "-m", "circuslink", "bench", "rma", "--quick", "--backend", "cpu", "--sizes", "8,2K",
-           "--chains", "1,8", "--iters", "5", "--warmup", "1", "--json", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, cwd=str(tmp_path))
+    cmd = [sys.executable, "-m", "circuslink", "bench", "rma", "-n", str(nranks), "--quick", "--backend", "cpu",
+           "--sizes", "8,2K", "--chains", "1,8", "--iters", "5", "--warmup", "1", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    data = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_bench_rma_quick_cpu(tmp_path):
+    data = _bench(tmp_path, 2)
     assert data["benchmark"] == "rma" and data["nranks"] == 2 and data["floor"]["backend"] == "cpu"
     ours = [r for r in data["rows"] if r["impl"] == "rma-host"]
     # every layout x chain x size, each with a positive time and consistent bandwidth
     assert {(r["layout"], r["chain"], r["bytes"]) for r in ours} == {
         (lay, c, s) for lay in ("contiguous", "strided") for c in (1, 8) for s in (8, 2048)}
     for r in ours:
-        assert r["time_us"] > 0
+        assert r["time_us"] > 0 and r["neighbours"] == 1 and r["total_bytes"] == r["chain"] * r["bytes"]
         assert abs(r["throughput_GBps"] - r["chain"] * r["bytes"] / (r["time_us"] * 1e-6) / 1e9) < 1e-6
     impls = {r["impl"] for r in data["rows"]}
     assert {"mpi3-rma", "mpi-persistent-p2p", "nccl-grouped-sendrecv"} <= impls
@@ -37,3 +42,14 @@ def test_bench_rma_rejects_bad_chains(tmp_path):
     assert proc.returncode != 0
     assert "--chains '1,x': bad chain length 'x'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_bench_rma_ring_of_four_cpu(tmp_path):
+    """Each rank writes to both neighbours (issue 6's ring); every impl verifies what arrived from each."""
+    data = _bench(tmp_path, 4)
+    assert data["nranks"] == 4
+    timed = [r for r in data["rows"] if "skipped" not in r]
+    wanted = {"rma-host", "mpi3-rma", "mpi-persistent-p2p"} if shutil.which("mpirun") else {"rma-host"}
+    assert wanted <= {r["impl"] for r in timed}, data["rows"]
+    for r in timed:
+        assert r["neighbours"] == 2 and r["total_bytes"] == 2 * r["chain"] * r["bytes"] and r["time_us"] > 0, r

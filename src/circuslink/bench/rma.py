@@ -1,11 +1,12 @@
 """Persistent RMA queues against MPI-3 RMA, MPI persistent point-to-point and NCCL: ``circuslink bench rma``.
 
-Two ranks exchange a chain of k writes of s bytes each way (a halo exchange: both ranks
-write into each other every cycle), for k in --chains and s in --sizes, contiguous and
-block-stride ("strided": blocks of min(s, 512) B, source stride 2 blocks, destination
-stride 3, no packing). One row per impl x layout x chain x size; ``time_us`` is the
-start-to-wait time of one cycle (mean over --iters, the slower rank), ``throughput_GBps``
-the bytes one rank writes per cycle over that time.
+Every rank writes a chain of k writes of s bytes to each neighbour in a ring (a halo
+exchange: with 2 ranks, the two write into each other; with more, each rank writes to its
+left and its right neighbour and receives from both), for k in --chains and s in --sizes,
+contiguous and block-stride ("strided": blocks of min(s, 512) B, source stride 2 blocks,
+destination stride 3, no packing). One row per impl x layout x chain x size; ``time_us`` is
+the start-to-wait time of one cycle (mean over --iters, the slowest rank),
+``throughput_GBps`` the bytes one rank writes per cycle (``total_bytes``) over that time.
 
 impls: ``rma-host`` (start(); wait() from Python), ``rma-host-graphed`` (cuda: the same
 start and wait launches, --iters of them captured in one CUDA graph and event-timed: what
@@ -109,8 +110,8 @@ def _run_rank(args: argparse.Namespace) -> int:
     from . import _driver as drv
 
     world = circuslink.init(args.backend)
-    if world.size != 2:
-        raise ConfigError(f"bench rma runs on 2 ranks, this job has {world.size} (-n 2)")
+    if world.size < 2:
+        raise ConfigError(f"bench rma needs at least 2 ranks (a ring), this job has {world.size} (-n 2 or more)")
     sizes = drv.parse_sizes(args.sizes)
     chains = _parse_chains(args.chains)
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
@@ -129,7 +130,7 @@ def _run_rank(args: argparse.Namespace) -> int:
     from .. import probe
 
     drv.progress("rma: measuring the floor (probe)")
-    results.floor = probe.measure(world, quick=True)
+    results.floor = probe.measure(world, quick=True, pairs=[(0, 1), (1, 0)])  # the ring's links are alike
     results.meta.update(chains=chains, layouts=layouts, iters=iters, warmup=warmup,
                         engine=os.environ.get("CIRCUSLINK_RMA_ENGINE", "kernel"),
                         mpi_yield_when_idle=os.environ.get("OMPI_MCA_mpi_yield_when_idle"),
@@ -167,47 +168,65 @@ class _Bench:
         self.iters = iters
         self.warmup = warmup
         self.results = results
-        self.peer = 1 - world.rank
+        n, me = world.size, world.rank
+        self.right, self.left = (me + 1) % n, (me - 1) % n
+        # (target rank, slot in the target's window): slot 0 receives from the target's left
+        # neighbour, slot 1 from its right; with 2 ranks the one peer is both and one write suffices.
+        self.targets = [(self.right, 0)] + ([(self.left, 1)] if n > 2 else [])
+        self.origins = sorted({self.left, self.right})
         biggest = max(sizes) * max(chains)
-        self.src_bytes = 2 * biggest            # strided sources span two blocks per block
-        self.nbytes = self.src_bytes + 3 * biggest
+        self.region = 2 * biggest            # strided sources span two blocks per block
+        self.src_bytes = len(self.targets) * self.region  # one source region per target
+        self.slot_bytes = 3 * biggest
+        self.nbytes = self.src_bytes + 2 * self.slot_bytes
 
     def _max_over_ranks(self, value: float) -> float:
         return max(self.world.allgather(value))
 
     def _row(self, impl: str, layout: str, chain: int, nbytes: int, seconds: float, **extra: Any) -> None:
         us = seconds * 1e6
-        total = chain * nbytes
+        total = chain * nbytes * len(self.targets)
         self.results.add(impl=impl, layout=layout, chain=chain, bytes=nbytes, total_bytes=total, time_us=us,
-                         latency_us=us, throughput_GBps=total / seconds / 1e9 if seconds > 0 else None, **extra)
+                         latency_us=us, throughput_GBps=total / seconds / 1e9 if seconds > 0 else None,
+                         neighbours=len(self.targets), **extra)
 
     def _declare(self, rma: Any, win: Any, layout: str, chain: int, nbytes: int):
         q = rma.Queue.alloc(win)
         count, block, ss, ds = _layout(layout, nbytes)
-        for i in range(chain):
-            src_off = i * 2 * nbytes
-            dst_off = self.src_bytes + i * 3 * nbytes
-            if count == 1:
-                q.push(rma.declare_write(win, dst_off, win, src_off, nbytes, self.peer))
-            else:
-                q.push(rma.declare_strided_write(win, dst_off, win, src_off, count, block, ss, ds, self.peer))
-        q.add_origin(self.peer)
+        for j, (target, slot) in enumerate(self.targets):
+            for i in range(chain):
+                src_off = j * self.region + i * 2 * nbytes
+                dst_off = self.src_bytes + slot * self.slot_bytes + i * 3 * nbytes
+                if count == 1:
+                    q.push(rma.declare_write(win, dst_off, win, src_off, nbytes, target))
+                else:
+                    q.push(rma.declare_strided_write(win, dst_off, win, src_off, count, block, ss, ds, target))
+        for origin in self.origins:
+            q.add_origin(origin)
         return q
 
+    def _incoming(self) -> list[tuple[int, int, int]]:
+        """(origin rank, its source region, my slot) for every write I receive."""
+        if len(self.targets) == 1:
+            return [(self.left, 0, 0)]
+        return [(self.left, 0, 0), (self.right, 1, 1)]  # the left writes to its right (me) from region 0
+
     def _verify(self, win: Any, layout: str, chain: int, nbytes: int, seed: int) -> None:
-        """The last cycle's incoming bytes equal the peer's sources, block for block."""
+        """The last cycle's incoming bytes equal the origins' sources: first and last block of every write."""
         xp = self.world.xp
         count, block, ss, ds = _layout(layout, nbytes)
         got = win.local
-        peer_src = xp.asarray(np.random.default_rng([seed, self.peer]).integers(
-            0, 256, self.src_bytes, dtype=np.uint8))
-        for i in range(chain):
-            src = peer_src[i * 2 * nbytes: i * 2 * nbytes + (count - 1) * ss + block]
-            dst = got[self.src_bytes + i * 3 * nbytes: self.src_bytes + i * 3 * nbytes + (count - 1) * ds + block]
-            for b in (0, count - 1):
-                if not bool((src[b * ss: b * ss + block] == dst[b * ds: b * ds + block]).all()):
-                    raise RmaError(f"bench rma: rank {self.world.rank} received wrong bytes ({layout}, chain {chain}, "
-                                   f"{nbytes} B, write {i}, block {b})")
+        for origin, region, slot in self._incoming():
+            origin_src = xp.asarray(np.random.default_rng([seed, origin]).integers(
+                0, 256, self.src_bytes, dtype=np.uint8))[region * self.region:]
+            for i in range(chain):
+                src = origin_src[i * 2 * nbytes: i * 2 * nbytes + (count - 1) * ss + block]
+                at = self.src_bytes + slot * self.slot_bytes + i * 3 * nbytes
+                dst = got[at: at + (count - 1) * ds + block]
+                for b in (0, count - 1):
+                    if not bool((src[b * ss: b * ss + block] == dst[b * ds: b * ds + block]).all()):
+                        raise RmaError(f"bench rma: rank {self.world.rank} received wrong bytes from rank {origin} "
+                                       f"({layout}, chain {chain}, {nbytes} B, write {i}, block {b})")
 
     def _fill(self, win: Any, seed: int) -> None:
         data = np.random.default_rng([seed, self.world.rank]).integers(0, 256, self.src_bytes, dtype=np.uint8)
@@ -312,22 +331,28 @@ class _Bench:
         for chain in self.chains:
             for nbytes in self.sizes:
                 drv.progress(f"rma: {impl} chain {chain} x {drv.format_bytes(nbytes)}")
-                send_host = np.random.default_rng().integers(0, 256, chain * nbytes, dtype=np.uint8)
-                recv_host = np.zeros(chain * nbytes, dtype=np.uint8)
+                total = len(self.targets) * chain * nbytes
+                send_host = np.random.default_rng().integers(0, 256, total, dtype=np.uint8)
+                recv_host = np.zeros(total, dtype=np.uint8)
                 send_dev = xp.asarray(send_host) if on_gpu else None
-                recv_dev = xp.zeros(chain * nbytes, dtype=np.uint8) if on_gpu else None
+                recv_dev = xp.zeros(total, dtype=np.uint8) if on_gpu else None
                 reqs = []
-                for i in range(chain):
-                    part = slice(i * nbytes, (i + 1) * nbytes)
-                    reqs.append(comm.Recv_init(recv_host[part], self.peer, tag=i))
-                    reqs.append(comm.Send_init(send_host[part], self.peer, tag=i))
+                # Send j goes to target j; the matching receive (tag = slot, write) comes from the
+                # neighbour on the other side, which sends me its own part j.
+                incoming = self._incoming()
+                for j, (target, slot) in enumerate(self.targets):
+                    origin, _, my_slot = incoming[j]
+                    for i in range(chain):
+                        part = slice((j * chain + i) * nbytes, (j * chain + i + 1) * nbytes)
+                        reqs.append(comm.Recv_init(recv_host[part], origin, tag=my_slot * chain + i))
+                        reqs.append(comm.Send_init(send_host[part], target, tag=slot * chain + i))
 
                 limit = default_timeout()
 
                 def stalled(chain=chain, nbytes=nbytes, limit=limit) -> str:
                     return (f"bench rma: {impl} (chain {chain} x {nbytes} B) on rank {self.world.rank}: MPI_Waitall "
-                            f"did not finish within {limit:g} s waiting for peer rank {self.peer} "
-                            "(CIRCUSLINK_TIMEOUT sets the limit)")
+                            f"did not finish within {limit:g} s waiting for neighbour rank(s) "
+                            f"{', '.join(map(str, self.origins))} (CIRCUSLINK_TIMEOUT sets the limit)")
 
                 def cycle(reqs=reqs, send_dev=send_dev, send_host=send_host, recv_dev=recv_dev,
                           recv_host=recv_host) -> None:
@@ -351,9 +376,12 @@ class _Bench:
                         cycle()
                     t1 = time.perf_counter()
                 t = self._max_over_ranks((t1 - t0) / self.iters)
-                peer_data = self.world.allgather(send_host[:64].tobytes())[self.peer]
-                if recv_host[:64].tobytes() != peer_data:
-                    raise RmaError(f"bench rma: {impl} received wrong bytes on rank {self.world.rank}")
+                sent = self.world.allgather(send_host.tobytes())
+                for j, (origin, region, _) in enumerate(self._incoming()):
+                    want = sent[origin][region * chain * nbytes: (region + 1) * chain * nbytes]
+                    if recv_host[j * chain * nbytes: (j + 1) * chain * nbytes].tobytes() != want:
+                        raise RmaError(f"bench rma: {impl} on rank {self.world.rank} received wrong bytes "
+                                       f"from rank {origin}")
                 for r in reqs:
                     r.Free()
                 self._row(impl, "contiguous", chain, nbytes, t)
@@ -369,6 +397,8 @@ class _Bench:
         for chain in self.chains:
             for nbytes in self.sizes:
                 drv.progress(f"rma: nccl-grouped-sendrecv chain {chain} x {drv.format_bytes(nbytes)}")
-                row = nccl_grouped_sendrecv(self.world, [(self.peer, nbytes)] * chain, self.iters, self.warmup)
-                row = dict(row, layout="contiguous", chain=chain, bytes=nbytes, total_bytes=chain * nbytes)
+                plan = [(target, nbytes) for target, _ in self.targets for _ in range(chain)]
+                row = nccl_grouped_sendrecv(self.world, plan, self.iters, self.warmup)
+                row = dict(row, layout="contiguous", chain=chain, bytes=nbytes,
+                           total_bytes=len(self.targets) * chain * nbytes, neighbours=len(self.targets))
                 self.results.add(**row)
