@@ -3,6 +3,8 @@
 # run the GPU-marked tests, the probe and the benchmarks, and leave everything under $OUT.
 #
 #   scripts/gpu-check.sh [STAGE ...]     stages: info tests probe pingpong allreduce-like allreduce rma all
+#                                        scale (4- and 8-GPU machines: probe matrix, pingpong 0->k,
+#                                        allreduce and the RMA ring at 4 and 8 GPUs; not in "all")
 #
 # Results go to $OUT/results/ (JSON + PNG, the format of benchmarks/results/) and are also
 # packed into $OUT/results.tar.gz, because the device tool brings back at most 8 files.
@@ -54,6 +56,23 @@ want allreduce-like && step allreduce-like $PY -m circuslink bench allreduce-lik
 want allreduce && step allreduce $PY -m circuslink bench allreduce --json "$OUT/results/allreduce.json" \
   --plot "$OUT/results/allreduce.png"
 want rma && step rma $PY -m circuslink bench rma --json "$OUT/results/rma.json" --plot "$OUT/results/rma.png"
+
+# Machines of more than 2 GPUs (issue 6): not part of "all"; run `scripts/gpu-check.sh scale`.
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+if printf '%s\n' "${stages[@]}" | grep -qx scale; then
+  step scale-probe $PY -m circuslink probe --json "$OUT/results/probe-${NGPU}gpu.json"
+  for k in $(seq 1 $((NGPU - 1))); do  # GPU 0 against each other GPU: rank 0 on GPU 0, rank 1 on GPU k
+    step "scale-pingpong-0-$k" env CUDA_VISIBLE_DEVICES=0,$k $PY -m circuslink bench pingpong \
+      --json "$OUT/results/pingpong-0-$k.json" --plot "$OUT/results/pingpong-0-$k.png"
+  done
+  for n in 4 8; do
+    [ "$n" -le "$NGPU" ] || continue
+    step "scale-allreduce-$n" $PY -m circuslink bench allreduce -n $n --json "$OUT/results/allreduce-${n}gpu.json" \
+      --plot "$OUT/results/allreduce-${n}gpu.png"
+    step "scale-rma-ring-$n" $PY -m circuslink bench rma -n $n --json "$OUT/results/rma-ring${n}.json" \
+      --plot "$OUT/results/rma-ring${n}.png"
+  done
+fi
 
 tar -czf "$OUT/results.tar.gz" -C "$OUT" results
 echo "=== summary"; cat "$OUT/summary.txt" 2>/dev/null
