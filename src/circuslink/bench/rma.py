@@ -173,6 +173,9 @@ class _Bench:
         # (target rank, slot in the target's window): slot 0 receives from the target's left
         # neighbour, slot 1 from its right; with 2 ranks the one peer is both and one write suffices.
         self.targets = [(self.right, 0)] + ([(self.left, 1)] if n > 2 else [])
+        # (origin rank, its source region, my slot) for every write I receive, in the order of
+        # `targets`: the left neighbour writes to its right (me) from its region 0 into my slot 0.
+        self.incoming = [(self.left, 0, 0)] + ([(self.right, 1, 1)] if n > 2 else [])
         self.origins = sorted({self.left, self.right})
         biggest = max(sizes) * max(chains)
         self.region = 2 * biggest            # strided sources span two blocks per block
@@ -205,18 +208,12 @@ class _Bench:
             q.add_origin(origin)
         return q
 
-    def _incoming(self) -> list[tuple[int, int, int]]:
-        """(origin rank, its source region, my slot) for every write I receive."""
-        if len(self.targets) == 1:
-            return [(self.left, 0, 0)]
-        return [(self.left, 0, 0), (self.right, 1, 1)]  # the left writes to its right (me) from region 0
-
     def _verify(self, win: Any, layout: str, chain: int, nbytes: int, seed: int) -> None:
         """The last cycle's incoming bytes equal the origins' sources: first and last block of every write."""
         xp = self.world.xp
         count, block, ss, ds = _layout(layout, nbytes)
         got = win.local
-        for origin, region, slot in self._incoming():
+        for origin, region, slot in self.incoming:
             origin_src = xp.asarray(np.random.default_rng([seed, origin]).integers(
                 0, 256, self.src_bytes, dtype=np.uint8))[region * self.region:]
             for i in range(chain):
@@ -339,9 +336,8 @@ class _Bench:
                 reqs = []
                 # Send j goes to target j; the matching receive (tag = slot, write) comes from the
                 # neighbour on the other side, which sends me its own part j.
-                incoming = self._incoming()
-                for j, (target, slot) in enumerate(self.targets):
-                    origin, _, my_slot = incoming[j]
+                for j, ((target, slot), (origin, _, my_slot)) in enumerate(zip(self.targets, self.incoming,
+                                                                               strict=True)):
                     for i in range(chain):
                         part = slice((j * chain + i) * nbytes, (j * chain + i + 1) * nbytes)
                         reqs.append(comm.Recv_init(recv_host[part], origin, tag=my_slot * chain + i))
@@ -377,7 +373,7 @@ class _Bench:
                     t1 = time.perf_counter()
                 t = self._max_over_ranks((t1 - t0) / self.iters)
                 sent = self.world.allgather(send_host.tobytes())
-                for j, (origin, region, _) in enumerate(self._incoming()):
+                for j, (origin, region, _) in enumerate(self.incoming):
                     want = sent[origin][region * chain * nbytes: (region + 1) * chain * nbytes]
                     if recv_host[j * chain * nbytes: (j + 1) * chain * nbytes].tobytes() != want:
                         raise RmaError(f"bench rma: {impl} on rank {self.world.rank} received wrong bytes "

@@ -16,7 +16,7 @@ staging uses 2-D copies so bytes between blocks are never touched.
 
 The target side (the usual stall) polls MPI_Win_test with the queue's time-out. MPI gives
 no way to bound MPI_Win_complete (an origin whose target never posts blocks there), nor
-the collective MPI_Win_create / MPI_Win_free: those run under :func:`bounded`, a
+the collective MPI_Win_allocate / MPI_Win_free: those run under :func:`bounded`, a
 watchdog thread that, past the time-out, prints a one-line TimeoutError naming the
 queue and the peers and ends the process (MPI cannot cancel the call; mpirun then ends
 the job). mpi4py releases the GIL inside these calls, so the watchdog can run.
@@ -144,7 +144,7 @@ class MpiWindow:
 
             self.device = cp.zeros(nbytes, dtype=cp.uint8)
         limit = default_timeout() if timeout is None else timeout
-        with bounded(limit, lambda: _collective_stall("window_alloc(backend='mpi')", "MPI_Win_create", world, limit)):
+        with bounded(limit, lambda: _collective_stall("window_alloc(backend='mpi')", "MPI_Win_allocate", world, limit)):
             self.win = MPI.Win.Allocate(nbytes, disp_unit=1, comm=comm)
         self.host = np.frombuffer(self.win.tomemory(), dtype=np.uint8, count=nbytes)
         self.host[:] = 0

@@ -289,9 +289,13 @@ class Trace:
         # Bursts per block: each block streams its own chunks (in a pipeline, block g receives
         # chunk k + 1 while block h sends), so its own spacing sets its gap; interleaving the
         # blocks' instants first would make the spacing that of the timer, not of the stream.
+        by_block: dict[int, list[int]] = {}
+        for s in chosen:
+            if not s.paired:
+                by_block.setdefault(s.block, []).append(s.start)
         bursts: list[tuple[int, int]] = []
-        for block in sorted({s.block for s in chosen if not s.paired}):
-            instants = np.array([s.start for s in chosen if not s.paired and s.block == block], dtype=np.int64)
+        for block in sorted(by_block):
+            instants = np.array(by_block[block], dtype=np.int64)
             gap = _default_gap(instants, tick) if gap_ns is None else int(gap_ns)
             bursts += _bursts(instants, gap, tick)
         return union_intervals(durations + bursts)
