@@ -144,11 +144,12 @@ class MpiWindow:
 
             self.device = cp.zeros(nbytes, dtype=cp.uint8)
         limit = default_timeout() if timeout is None else timeout
-        with bounded(limit, lambda: _collective_stall("window_alloc(backend='mpi')", "MPI_Win_allocate", world, limit)):
+        calls = "MPI_Win_allocate + MPI_Barrier"
+        with bounded(limit, lambda: _collective_stall("window_alloc(backend='mpi')", calls, world, limit)):
             self.win = MPI.Win.Allocate(nbytes, disp_unit=1, comm=comm)
-        self.host = np.frombuffer(self.win.tomemory(), dtype=np.uint8, count=nbytes)
-        self.host[:] = 0
-        comm.Barrier()  # every window is zeroed before any rank may write into it
+            self.host = np.frombuffer(self.win.tomemory(), dtype=np.uint8, count=nbytes)
+            self.host[:] = 0
+            comm.Barrier()  # every window is zeroed before any rank may write into it
         self.group = comm.Get_group()
 
     @property
