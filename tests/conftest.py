@@ -4,6 +4,11 @@
 (``launcher="mpirun"`` runs it under ``mpirun`` instead). The snippet asserts on every
 rank; the test asserts on the job's exit code and output. Every job has a wall-clock
 limit, so a hang fails the test instead of the suite.
+
+Random inputs: the ``seed`` fixture draws a fresh seed per test (or takes
+``CIRCUSLINK_TEST_SEED``), ``rng`` is a numpy Generator seeded with it, and a failing test's
+report says ``seed N`` with the command that replays it. Jobs started by ``spmd`` see the seed
+as ``CIRCUSLINK_TEST_SEED`` (read it with ``int(os.environ["CIRCUSLINK_TEST_SEED"])``).
 """
 
 from __future__ import annotations
@@ -15,9 +20,36 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+SEED_ENV = "CIRCUSLINK_TEST_SEED"
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """This test's random seed: CIRCUSLINK_TEST_SEED if set, else fresh; reported on failure."""
+    raw = os.environ.get(SEED_ENV)
+    value = int(raw) if raw else int(np.random.SeedSequence().entropy % (1 << 31))
+    request.node._circuslink_seed = value
+    return value
+
+
+@pytest.fixture
+def rng(seed) -> np.random.Generator:
+    """A numpy Generator seeded with this test's ``seed``."""
+    return np.random.default_rng(seed)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    value = getattr(item, "_circuslink_seed", None)
+    if value is not None and report.failed:
+        report.sections.append(
+            ("random seed", f"seed {value}: replay with {SEED_ENV}={value} python -m pytest '{item.nodeid}'"))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -59,20 +91,26 @@ class Job:
 
 
 @pytest.fixture
-def spmd(tmp_path):
+def spmd(tmp_path, request):
     def run(n: int, code: str, backend: str = "cpu", timeout: float = 180, env: dict | None = None,
             launcher: str = "circuslink", job_timeout: float | None = None) -> Job:
         script = tmp_path / f"job_{n}.py"
         script.write_text(textwrap.dedent(code))
         full_env = dict(os.environ)
         full_env.setdefault("CIRCUSLINK_TIMEOUT", "60")
+        test_seed = getattr(request.node, "_circuslink_seed", None)
+        if test_seed is None:  # the job draws its own inputs: give it a seed the report names
+            raw = os.environ.get(SEED_ENV)
+            test_seed = int(raw) if raw else int(np.random.SeedSequence().entropy % (1 << 31))
+            request.node._circuslink_seed = test_seed
+        full_env[SEED_ENV] = str(test_seed)
         full_env.update(env or {})
         if launcher == "circuslink":
             cmd = [sys.executable, "-m", "circuslink", "run", "-n", str(n), "--backend", backend, "--",
                    sys.executable, str(script)]
         elif launcher == "mpirun":
             cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n),
-                   "-x", "CIRCUSLINK_TIMEOUT", "-x", "CIRCUSLINK_BACKEND",
+                   "-x", "CIRCUSLINK_TIMEOUT", "-x", "CIRCUSLINK_BACKEND", "-x", SEED_ENV,
                    sys.executable, str(script)]
             full_env["CIRCUSLINK_BACKEND"] = backend
         else:

@@ -7,6 +7,8 @@ failures apart from their own.
 
 from __future__ import annotations
 
+import builtins
+
 
 class Error(Exception):
     """Base class of every error circuslink raises on purpose."""
@@ -20,8 +22,10 @@ class BackendError(Error):
     """A back-end cannot do what was asked (no GPU, no peer access, no compiler...)."""
 
 
-class TimeoutError(Error):  # noqa: A001 - deliberately shadows the builtin inside circuslink
-    """A wait ran past its time-out. The message names what stalled."""
+class TimeoutError(Error, builtins.TimeoutError):  # noqa: A001 - shadows the builtin inside circuslink
+    """A wait ran past its time-out. The message names what stalled.
+
+    It is also a builtin :class:`TimeoutError`, so ``except TimeoutError`` catches it either way."""
 
 
 class PeerError(Error):

@@ -68,6 +68,7 @@ class World:
         self._seq = 0
         self._closed = False
         self._buffers: list = []  # live SymmetricBuffers, freed by close()
+        self._resources: list = []  # live Resources (circuslink._lifecycle), closed newest first by close()
         from .backends import select_backend
 
         self.backend = select_backend(backend_name, self)
@@ -82,6 +83,30 @@ class World:
     def xp(self):
         """The array module of this back-end: numpy (cpu) or cupy (cuda)."""
         return self.backend.xp
+
+    @property
+    def sm_budget(self) -> int | None:
+        """SMs this rank's kernels may occupy at once (None on the cpu back-end).
+
+        The forward-progress rule: ranks that share a GPU each get a share of its SMs, and a kernel
+        that waits on a peer must never launch more resident blocks than its rank's share allows
+        (``world.backend.max_blocks(kernel, threads)`` computes that bound), so the peer always has
+        SMs to make progress on."""
+        return self.backend.sm_budget
+
+    def engine(self, package: str):
+        """The back-end half of a subsystem (``world.engine("circuslink.rma")`` -> ``rma._cuda``)."""
+        from .backends import engine
+
+        return engine(self.backend, package)
+
+    # -- resources (circuslink._lifecycle) -----------------------------------------------------
+    def _own(self, resource) -> None:
+        self._resources.append(resource)
+
+    def _disown(self, resource) -> None:
+        if resource in self._resources:
+            self._resources.remove(resource)
 
     @property
     def mpi_comm(self):
@@ -182,6 +207,8 @@ class World:
         if self._closed:
             return
         try:
+            for res in reversed(list(self._resources)):
+                res.close(timeout)
             for buf in list(self._buffers):
                 buf.free(timeout)
             self.barrier(timeout)
@@ -207,6 +234,8 @@ class World:
             # A failing rank must not wait in close()'s barrier for peers that will wait forever
             # on it; release local resources only and let the launcher end the job.
             self._closed = True
+            for res in reversed(list(self._resources)):
+                res.release_local()
             for buf in list(self._buffers):
                 buf._release_local()
             self.backend.close()

@@ -8,6 +8,8 @@ picks cuda when a usable GPU is present, else cpu.
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
 from typing import Any
 
 from ..errors import BackendError, ConfigError
@@ -47,6 +49,21 @@ def shared_gpus(world: Any) -> dict[int, list[int]]:
 def describe_shared_gpus(groups: dict[int, list[int]]) -> str:
     """``"ranks 0, 1 share GPU 0"``, for messages."""
     return "; ".join(f"ranks {', '.join(map(str, r))} share GPU {d}" for d, r in sorted(groups.items()))
+
+
+def engine(backend: Any, package: str) -> ModuleType:
+    """The engine of subsystem ``package`` for ``backend``: the module ``<package>._<backend name>``.
+
+    This is how every subsystem finds its back-end specific half (``circuslink.rma`` -> ``rma._cuda``)
+    without ever testing the back-end's name: a new back-end adds its file to ``backends/`` and one
+    engine file per subsystem, nothing else."""
+    name = f"{package}._{backend.name}"
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name:
+            raise
+        raise BackendError(f"{package} has no engine for the {backend.name} back-end ({name})") from None
 
 
 def default_backend_name() -> str:

@@ -23,6 +23,7 @@ class CpuBackend:
     name = "cpu"
     device = None
     xp = np
+    sm_budget = None  # no SMs: the cpu reference runs on the host
 
     def __init__(self, world: Any) -> None:
         self.world = world

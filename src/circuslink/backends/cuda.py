@@ -23,6 +23,32 @@ def _cupy():
     return cupy
 
 
+def _sm_budget(sm_count: int) -> int:
+    """SMs this rank's kernels may occupy (the forward-progress rule, docs/architecture.md).
+
+    Under MPS with ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (the launcher sets it to the rank's
+    share of its GPU) the client is capped by the hardware; the budget is that share of the SMs,
+    so a rank whose kernels spin on a peer never holds the SMs the peer needs.
+    ``CIRCUSLINK_SM_BUDGET`` overrides it (a number of SMs)."""
+    raw = os.environ.get("CIRCUSLINK_SM_BUDGET")
+    if raw not in (None, ""):
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigError(f"CIRCUSLINK_SM_BUDGET={raw!r} is not an integer") from None
+        if value < 1:
+            raise ConfigError(f"CIRCUSLINK_SM_BUDGET={raw!r} must be at least 1")
+        return min(value, sm_count)
+    pct = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    if pct not in (None, ""):
+        try:
+            share = float(pct)
+        except ValueError:
+            raise ConfigError(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={pct!r} is not a number") from None
+        return max(1, min(sm_count, int(sm_count * share / 100.0)))
+    return sm_count
+
+
 class CudaBackend:
     name = "cuda"
 
@@ -47,6 +73,15 @@ class CudaBackend:
         # by accident, and after_caller() orders them behind it on purpose.
         self.stream = cp.cuda.Stream(non_blocking=True)
         self._caller_done = cp.cuda.Event(disable_timing=True)
+        self.sm_count = int(cp.cuda.Device(device).attributes["MultiProcessorCount"])
+        self.sm_budget = _sm_budget(self.sm_count)
+
+    def max_blocks(self, kernel: Any, threads: int, shared_bytes: int = 0) -> int:
+        """Blocks of ``kernel`` (a cupy RawKernel) this rank may have resident at once: its SM budget
+        times the blocks that fit on one SM. A kernel that spins on a peer must launch no more."""
+        per_sm = self.xp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+            kernel.kernel.ptr, int(threads), int(shared_bytes))
+        return max(1, self.sm_budget * max(1, int(per_sm)))
 
     def after_caller(self) -> None:
         """Order the world's stream after the caller's current stream (CuPy's null stream by

@@ -1,0 +1,87 @@
+"""The one host-side wait: poll until done, give up at a deadline, say what stalled.
+
+Every host wait in circuslink (collectives over the store, channel ends on the cpu back-end,
+RMA counters, MPI requests, baselines' child processes, device work seen from the host) goes
+through :func:`wait_until`, so they share one back-off, one time-out rule and one error:
+
+    deadline = Deadline.after(timeout)            # timeout: seconds, None = CIRCUSLINK_TIMEOUT
+    wait_until(lambda: counter[0] >= epoch, deadline, lambda: f"rma queue 3 on rank 1: origin 0")
+
+A :class:`Deadline` is passed down, not re-made: a time-out given to a call bounds every wait
+under it, together. ``check`` (optional) runs between polls and may raise, e.g. a
+:class:`~circuslink.PeerError` naming a rank that died.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ._config import resolve_timeout
+from .errors import TimeoutError
+
+# Back-off: spin a little (a peer often answers within microseconds), then yield, then sleep
+# up to _SLEEP_MAX_S: ranks share few cores and a spinning rank starves the peer it waits for.
+_SPIN_POLLS = 50
+_YIELD_POLLS = 200
+_SLEEP_MIN_S = 20e-6
+_SLEEP_MAX_S = 2e-3
+
+
+class Deadline:
+    """An absolute point in time (monotonic clock) after which waits give up."""
+
+    __slots__ = ("at", "limit")
+
+    def __init__(self, at: float, limit: float) -> None:
+        self.at = at
+        self.limit = limit  # the seconds it was made with, for messages
+
+    @classmethod
+    def after(cls, timeout: float | Deadline | None) -> Deadline:
+        """``timeout`` seconds from now (None: CIRCUSLINK_TIMEOUT); a Deadline passes through."""
+        if isinstance(timeout, Deadline):
+            return timeout
+        limit = resolve_timeout(timeout)
+        return cls(time.monotonic() + limit, limit)
+
+    def remaining(self) -> float:
+        return max(0.0, self.at - time.monotonic())
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.at
+
+    def __repr__(self) -> str:
+        return f"Deadline(limit={self.limit:g} s, remaining={self.remaining():.3g} s)"
+
+
+def timeout_error(what: str, deadline: Deadline) -> TimeoutError:
+    """The one time-out error: what stalled, after how long, and how to change the limit."""
+    return TimeoutError(f"{what}: timed out after {deadline.limit:g} s (CIRCUSLINK_TIMEOUT sets the limit)")
+
+
+def wait_until(ready: Callable[[], bool], deadline: Deadline | float | None,
+               what: str | Callable[[], str], check: Callable[[], None] | None = None) -> None:
+    """Poll ``ready()`` with back-off until it is true; raise :class:`~circuslink.TimeoutError` naming
+    ``what`` (a string, or a function called only on failure) once ``deadline`` passes."""
+    if ready():
+        return
+    deadline = Deadline.after(deadline)
+    polls, sleep = 0, _SLEEP_MIN_S
+    while True:
+        if check is not None:
+            check()
+        if ready():
+            return
+        if deadline.expired():
+            if ready():  # one last look: the answer may have come while we slept
+                return
+            raise timeout_error(what() if callable(what) else what, deadline)
+        polls += 1
+        if polls <= _SPIN_POLLS:
+            continue
+        if polls <= _YIELD_POLLS:
+            time.sleep(0)
+            continue
+        time.sleep(min(sleep, deadline.remaining()))
+        sleep = min(2 * sleep, _SLEEP_MAX_S)
