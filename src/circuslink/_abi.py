@@ -76,7 +76,8 @@ class Struct:
             max_align = max(max_align, a)
         if align is not None:
             if align < max_align or align & (align - 1):
-                raise ConfigError(f"abi {cxx}: alignment {align} is below its fields' ({max_align}) or not a power of 2")
+                raise ConfigError(f"abi {cxx}: alignment {align} is below its fields' ({max_align}) "
+                                  "or not a power of 2")
             max_align = align
         self.align = max_align
         self.size = -(-at // max_align) * max_align
