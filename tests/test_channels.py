@@ -34,9 +34,10 @@ def test_vectors_cpu(vec):
     geo = P.RingGeometry(P.MODES[vec["mode"]], vec["nslots"], vec["slot_bytes"], vec["payload"])
     tx, _, ring, credit = _pair(geo, P.route_of(vec["recv_id"], vec["dst_rank"]))
     credit[0] = 1 << 40  # the reader keeps up: the vectors cover wrap-around
+    tx.seq = tx.credit_cache = vec["first_seq"]
     for data in vec["writes"]:
         tx.write_bytes(bytes.fromhex(data))
-    assert tx.seq == vec["packets"]
+    assert tx.seq - vec["first_seq"] == vec["packets"]
     assert ring.tobytes().hex() == vec["ring"]
 
 
@@ -47,7 +48,8 @@ def test_vectors_roundtrip_cpu():
     rng = np.random.default_rng()
     for vec in VECTORS:
         geo = P.RingGeometry(P.MODES[vec["mode"]], vec["nslots"], vec["slot_bytes"], vec["payload"])
-        tx, rx, _, _ = _pair(geo)
+        tx, rx, _, credit = _pair(geo)
+        tx.seq = tx.credit_cache = rx.seq = credit[0] = vec["first_seq"]
         stream = b"".join(bytes.fromhex(d) for d in vec["writes"])
         writes = [bytes.fromhex(d) for d in vec["writes"]]
         writer = threading.Thread(target=lambda tx=tx, writes=writes: [tx.write_bytes(d) for d in writes])
@@ -59,19 +61,81 @@ def test_vectors_roundtrip_cpu():
         assert bytes(got) == stream, vec["name"]
 
 
-def test_header_layout_by_hand():
-    """One packet spelled out: header {route, flag, nbytes, flag}, then LL lines {lo, flag, hi, flag}."""
-    geo = P.geometry(8, 8, mode="ll")
-    tx, _, ring, _ = _pair(geo, route=P.route_of(0x1234, 3))
-    payload = np.random.default_rng().integers(0, 256, 20, dtype=np.uint8).tobytes()
+@pytest.mark.parametrize("first_seq", [0, 6, (1 << 31) - 1, 1 << 31, (1 << 32) + 9])
+def test_header_layout_by_hand(rng, first_seq):
+    """One packet spelled out: header {route, flag, nbytes, flag}, then LL lines {lo, flag, hi, flag};
+    lines past nbytes are written (zeros) only on the first lap after a multiple of 2^31."""
+    geo = P.geometry(8, 8, mode="ll")  # 2 slots
+    tx, _, ring, credit = _pair(geo, route=P.route_of(0x1234, 3))
+    tx.seq = tx.credit_cache = credit[0] = first_seq
+    payload = rng.integers(0, 256, 20, dtype=np.uint8).tobytes()
     tx.write_bytes(payload)
-    words = ring.view("<u4")
-    assert list(words[:4]) == [0x0003_1234, 1, 20, 1]
-    lines = words[4:4 * 4].reshape(3, 4)
-    assert list(lines[:, 1]) == [1, 1, 1] and list(lines[:, 3]) == [1, 1, 1]
+    flag = (first_seq & 0xFFFFFFFF) | 1
+    slot = ring[(first_seq % 2) * 256:(first_seq % 2 + 1) * 256]
+    words = slot.view("<u4")
+    assert list(words[:4]) == [0x0003_1234, flag, 20, flag]
+    rewrite = first_seq % (1 << 31) < geo.nslots
+    nlines = 15 if rewrite else 3
+    lines = words[4:4 + 4 * nlines].reshape(nlines, 4)
+    assert (lines[:, 1] == flag).all() and (lines[:, 3] == flag).all()
     data = np.ascontiguousarray(lines[:, 0::2]).tobytes()
-    assert data[:20] == payload and data[20:] == bytes(4)
-    assert not ring[16 * 4:].any()  # lines past nbytes are not written
+    assert data[:20] == payload and not any(data[20:])
+    assert not slot[16 * (1 + nlines):].any()  # lines past nbytes are not written, except on a rewrite lap
+
+
+def test_flags_are_never_zero_and_differ_from_the_previous_occupants():
+    for nslots in (2, 4, 1024):
+        for seq in (0, 1, nslots, (1 << 31) - 1, (1 << 32) - 1, 1 << 32, (1 << 33) + 5, (1 << 64) - 1):
+            assert P.flag_of(seq) != 0
+            for k in range(1, 8):
+                if seq >= k * nslots:
+                    assert P.flag_of(seq) != P.flag_of(seq - k * nslots)
+
+
+def test_reader_ahead_of_the_writer_at_flag_wrap(rng):
+    """At seq 2^32 - 1 the old flag (seq + 1) mod 2^32 was 0, which a zeroed ring already holds: a
+    reader that polled before the writer stored read a packet of 0 bytes. It must wait."""
+    import threading
+    import time
+
+    for mode in ("ll", "bw"):
+        geo = P.geometry(64, 4, mode=mode, nslots=4, chunk=256 if mode == "bw" else None)
+        tx, rx, ring, credit = _pair(geo)
+        first = (1 << 32) - 1
+        tx.seq = tx.credit_cache = rx.seq = credit[0] = first
+        data = rng.integers(0, 256, 3 * geo.payload + 17, dtype=np.uint8).tobytes()
+
+        def late_writer(tx=tx, data=data):
+            time.sleep(0.05)
+            tx.write_bytes(data)
+
+        writer = threading.Thread(target=late_writer)
+        writer.start()
+        got = rx.read_bytes(len(data))
+        writer.join()
+        assert got == data, mode
+
+
+def test_rewrite_lap_refreshes_every_line(rng):
+    """Lines a short packet leaves alone keep the flag of the packet that last wrote them. A line last
+    written 2^32 packets ago would carry the flag expected now; every slot's lines are therefore all
+    rewritten on the first lap after each multiple of 2^31, so no line is ever that old."""
+    geo = P.geometry(64, 1, mode="ll", nslots=4)
+    tx, _, ring, credit = _pair(geo)
+    start = (1 << 31) - 2 * geo.nslots
+    tx.seq = tx.credit_cache = start
+    credit[0] = 1 << 40
+    for _ in range(2 * geo.nslots):  # two laps of 1-byte packets: one data line each
+        tx.write_bytes(bytes([int(rng.integers(0, 256))]))
+    words = ring.view("<u4").reshape(geo.nslots, 64)
+    assert all((words[s, 4 + 4 * 2::4] != P.flag_of(start + geo.nslots + s)).all() for s in range(geo.nslots))
+    for _ in range(geo.nslots):  # the rewrite lap
+        tx.write_bytes(bytes([int(rng.integers(0, 256))]))
+    for s in range(geo.nslots):
+        flag = P.flag_of((1 << 31) + s)
+        lines = words[s, 4:].reshape(15, 4)
+        assert (lines[:, 1] == flag).all() and (lines[:, 3] == flag).all(), s
+        assert not lines[1:, 0::2].any()  # zeros past the packet's one byte
 
 
 def test_fresh_random_packing_matches_encoder():

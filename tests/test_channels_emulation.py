@@ -31,7 +31,7 @@ class Deadlock(AssertionError):
 
 
 def flag_of(seq: int) -> int:
-    return (seq + 1) & M32
+    return (seq & M32) | 1
 
 
 class Chan:

@@ -361,6 +361,11 @@ class _FakeStream:
     def synchronize(self):
         self.cp.log.append(("sync", self.ptr))
 
+    @property
+    def done(self):  # the backend's bounded wait polls this: the host waits for this stream's work
+        self.cp.log.append(("sync", self.ptr))
+        return True
+
 
 class _FakeEvent(list):
     """A cupy Event that remembers the stream it was last recorded on (an ("event", ptr) pair)."""
@@ -417,6 +422,8 @@ def test_cuda_collectives_order_their_stream_after_the_callers():
 
     backend = object.__new__(CudaBackend)  # the real after_caller() on the fake streams
     backend.xp, backend.stream, backend._caller_done = cp, coll.stream, _FakeEvent(cp)
+    backend.max_blocks = lambda kernel, threads, shared=0: 1
+    coll._host_limit = 5.0
     coll.world = types.SimpleNamespace(size=4, rank=0, backend=backend)
     coll.status = _FakeStatus(cp)
     coll.ll_ring = coll.bw_ring = types.SimpleNamespace(channels=None)

@@ -83,7 +83,10 @@ class Struct:
         self.size = -(-at // max_align) * max_align
         self.fields = [(n, f[1], f[2] if len(f) > 2 else 1) for n, f in zip(names, fields, strict=True)]
         self.offsets = dict(zip(names, offsets, strict=True))
-        self.dtype = np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": self.size})
+        # "aligned": the dtype is a C struct (isalignedstruct), which is how CuPy passes a numpy scalar
+        # of it to a kernel by value with this layout.
+        self.dtype = np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": self.size,
+                               "aligned": True})
         _REGISTRY.append(self)
 
     @property

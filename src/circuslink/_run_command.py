@@ -11,6 +11,9 @@ from .launcher import launch
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--nranks", type=int, required=True, metavar="N", help="number of ranks to start")
     p.add_argument("--backend", choices=BACKENDS, help="back-end for every rank (default: cuda if a GPU is there)")
+    p.add_argument("--mps", choices=("auto", "on", "off"), default="auto",
+                   help="ranks that share a GPU run under CUDA MPS: auto (default: reuse a running daemon or "
+                        "start one for the job, else warn and time-slice), on (fail without MPS), off")
     p.add_argument("--tag-output", choices=("all", "others", "none"), default="all",
                    help="prefix output lines with [rank] (default: all)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the program each rank runs")
@@ -20,4 +23,4 @@ def run(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
-    return launch(args.nranks, command, backend=args.backend, tag_output=args.tag_output)
+    return launch(args.nranks, command, backend=args.backend, tag_output=args.tag_output, mps_mode=args.mps)

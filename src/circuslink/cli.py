@@ -20,6 +20,7 @@ from .errors import Error
 COMMANDS = [
     ("info", "circuslink.info", "versions, back-ends, GPUs and their peer-access / NVLink matrix"),
     ("run", "circuslink._run_command", "start N ranks on this machine: circuslink run -n N -- CMD ..."),
+    ("mps", "circuslink.mps", "run a command (e.g. mpirun ...) with CUDA MPS arranged for ranks sharing a GPU"),
     ("probe", "circuslink.probe", "measure the physical floor between every pair of ranks"),
     ("gen", "circuslink.spec.codegen", "generate a CUDA header and host binding from a channel spec (app.xml)"),
 ]
@@ -66,7 +67,11 @@ def _missing(parser: argparse.ArgumentParser) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    from .launcher import set_invocation
+
+    set_invocation(argv)
     if not getattr(args, "_run", None):
         return _missing(parser)
     try:

@@ -69,6 +69,10 @@ def gather() -> dict:
     }
     n = cuda_device_count()
     if n:
+        from . import mps
+
+        st = mps.status()
+        info["mps"] = {"active": st.active, "pipe_dir": st.pipe_dir, "how": st.how}
         import cupy as cp
 
         rt = cp.cuda.runtime
@@ -110,6 +114,13 @@ def run(args: argparse.Namespace) -> int:
         print("GPUs: none visible")
         return 0
     print(f"CUDA runtime {info['cuda']['runtime']}, driver {info['cuda']['driver']}, NCCL {info.get('nccl')}")
+    mps_info = info.get("mps") or {}
+    if mps_info.get("active"):
+        print(f"MPS: active ({mps_info['how']}; pipe directory {mps_info['pipe_dir']}): ranks sharing a GPU run "
+              "concurrently")
+    else:
+        print(f"MPS: not active ({mps_info.get('how', '')}): ranks sharing a GPU are time-sliced "
+              "(circuslink run starts MPS for them)")
     for g in info["gpus"]:
         print(f"  GPU {g['index']}: {g['name']}, sm_{g['sm'].replace('.', '')}, {g['multiprocessors']} SMs, "
               f"{g['memory_GiB']} GiB")

@@ -11,6 +11,7 @@ instead of waiting for their time-out.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,8 +20,8 @@ import time
 from collections.abc import Sequence
 
 from . import _store
-from .backends import BACKENDS, cuda_device_count, default_backend_name
-from .errors import ConfigError
+from .backends import BACKENDS, default_backend_name
+from .errors import BackendError, ConfigError
 
 _GRACE_S = 3.0  # between SIGTERM and SIGKILL when ending the other ranks
 
@@ -50,30 +51,56 @@ def _pump(stream, sink, tag: str, lock: threading.Lock) -> None:
     stream.close()
 
 
+def _gpu_plan(nranks: int, extra_env: dict[str, str] | None) -> tuple[int, list[int]]:
+    """(GPUs, GPU of each rank) for the cuda back-end, counted without making the launcher a CUDA client."""
+    from . import mps
+
+    gpus = mps.gpu_count()
+    if gpus == 0:
+        raise BackendError("--backend cuda: no GPU is visible on this machine (nvidia-smi and CuPy see none); "
+                           "use --backend cpu")
+    fixed = (extra_env or {}).get("CIRCUSLINK_DEVICE") or os.environ.get("CIRCUSLINK_DEVICE")
+    if fixed not in (None, ""):
+        try:
+            return gpus, [int(fixed)] * nranks
+        except ValueError:
+            raise ConfigError(f"CIRCUSLINK_DEVICE={fixed!r} is not an integer") from None
+    return gpus, [r % gpus for r in range(nranks)]
+
+
 def launch(
     nranks: int,
     command: Sequence[str],
     backend: str | None = None,
     tag_output: str = "all",
     extra_env: dict[str, str] | None = None,
+    mps_mode: str = "auto",
 ) -> int:
     """Run ``command`` as ``nranks`` ranks; return the job's exit code (0 when every rank succeeded).
 
     ``tag_output``: "all" prefixes every line with ``[rank]``; "others" leaves rank 0's
     lines bare (used when a circuslink command launches itself and rank 0 prints the report).
+    ``mps_mode``: "auto" | "on" | "off", how ranks that share a GPU get CUDA MPS (circuslink.mps).
     """
+    from . import _guard, mps
+
     if not isinstance(nranks, int) or nranks < 1:
         raise ConfigError(f"-n must be a positive number of ranks, got {nranks!r}")
     if not command:
         raise ConfigError("no command to run: give it after '--', e.g. circuslink run -n 2 -- python app.py")
-    backend = (backend or os.environ.get("CIRCUSLINK_BACKEND") or "auto").lower()
-    if backend == "auto":
-        backend = default_backend_name()
-    if backend not in BACKENDS:
-        raise ConfigError(f"unknown back-end {backend!r}: choose one of {', '.join(BACKENDS)}")
+    backend = resolve_backend(backend)
     command = list(command)
     if command[0].endswith(".py"):
         command = [sys.executable, *command]
+    _check_runnable(command[0])
+
+    devices: list[int] = []
+    if backend == "cuda":
+        _, devices = _gpu_plan(nranks, extra_env)
+    per_gpu = {d: devices.count(d) for d in set(devices)}
+    session = mps.start(mps_mode, needed=any(n > 1 for n in per_gpu.values()), label=f"run{os.getpid()}")
+    if session.warning:
+        print(f"circuslink run: warning: {session.warning}", file=sys.stderr)
 
     store = _store.StoreServer()
     job_id = _store.new_job_id()
@@ -86,10 +113,10 @@ def launch(
         CIRCUSLINK_STORE_TOKEN=store.token,
         CIRCUSLINK_JOB_ID=job_id,
         CIRCUSLINK_BACKEND=backend,
+        CIRCUSLINK_LAUNCHER_PID=str(os.getpid()),
         PYTHONUNBUFFERED="1",
     )
-    if backend == "cuda":
-        gpus = cuda_device_count()
+    base_env.update(_NO_MULTICAST)
     lock = threading.Lock()
     ranks: list[_Rank] = []
     interrupted = {"signal": None}
@@ -97,25 +124,30 @@ def launch(
     def on_signal(signum, frame):  # forward Ctrl-C / SIGTERM to the whole job
         interrupted["signal"] = signum
 
+    guard = _guard.Guard(session)
     old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        # Every rank is started before any output thread: forking while threads run is best avoided.
         for r in range(nranks):
             env = dict(base_env, CIRCUSLINK_RANK=str(r), CIRCUSLINK_LOCAL_RANK=str(r))
-            if backend == "cuda" and "CIRCUSLINK_DEVICE" not in (extra_env or {}):
-                env["CIRCUSLINK_DEVICE"] = str(r % gpus)
+            if devices:
+                env["CIRCUSLINK_DEVICE"] = str(devices[r])
+                env.update(session.rank_env(per_gpu[devices[r]]))
             try:
                 proc = subprocess.Popen(
-                    command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+                    _guard.exec_command() + command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    start_new_session=True,
                 )
             except OSError as exc:
                 raise ConfigError(f"cannot start {command[0]!r}: {exc.strerror}") from None
-            rank = _Rank(r, proc)
-            tag = "" if (tag_output == "others" and r == 0) or tag_output == "none" else f"[{r}] "
-            for stream, sink in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+            guard.watch(proc.pid, group=True)
+            ranks.append(_Rank(r, proc))
+        for rank in ranks:
+            tag = "" if (tag_output == "others" and rank.rank == 0) or tag_output == "none" else f"[{rank.rank}] "
+            for stream, sink in ((rank.proc.stdout, sys.stdout), (rank.proc.stderr, sys.stderr)):
                 t = threading.Thread(target=_pump, args=(stream, sink, tag, lock), daemon=True)
                 t.start()
                 rank.threads.append(t)
-            ranks.append(rank)
 
         failed: tuple[int, int] | None = None
         running = {rk.rank: rk for rk in ranks}
@@ -137,9 +169,13 @@ def launch(
             for t in rk.threads:
                 t.join(timeout=5)
     finally:
+        if ranks:
+            _end([rk for rk in ranks if rk.proc.poll() is None])  # an exception above: no rank outlives us
         for s, h in old_handlers.items():
             signal.signal(s, h)
         store.close()
+        session.stop()
+        guard.close()
 
     if failed is None:
         return 0
@@ -149,6 +185,32 @@ def launch(
         return 130
     print(f"circuslink run: rank {r} {_describe_exit(code)}; ended the other ranks", file=sys.stderr)
     return code if code > 0 else 128 - code
+
+
+def _check_runnable(program: str) -> None:
+    """Refuse a command that cannot start, before any rank or daemon exists (ranks start through
+    the guard's exec, which would only report it as an exit code)."""
+    if os.sep in program:
+        if not os.path.exists(program):
+            raise ConfigError(f"cannot start {program!r}: No such file or directory")
+        if not os.access(program, os.X_OK) or os.path.isdir(program):
+            raise ConfigError(f"cannot start {program!r}: Permission denied")
+    elif shutil.which(program) is None:
+        raise ConfigError(f"cannot start {program!r}: not found on PATH")
+
+
+# Never NVLink multicast (it can take shared machines' GPUs down): also for programs we start.
+_NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+
+
+def resolve_backend(backend: str | None) -> str:
+    """The back-end a job will use: the argument, else CIRCUSLINK_BACKEND, else cuda if a GPU is there."""
+    backend = (backend or os.environ.get("CIRCUSLINK_BACKEND") or "auto").lower()
+    if backend == "auto":
+        backend = default_backend_name()
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown back-end {backend!r}: choose one of {', '.join(BACKENDS)}")
+    return backend
 
 
 def _end(ranks) -> None:
@@ -201,22 +263,56 @@ def mpirun_command(nranks: int, command: Sequence[str]) -> list[str]:
     return cmd + list(command)
 
 
-def relaunch_self(nranks: int, argv: Sequence[str], backend: str | None, prefer_mpirun: bool = False) -> int:
-    """Run ``python -m circuslink ARGV`` as ``nranks`` ranks (used by multi-rank CLI commands).
+_invocation: list[str] | None = None
 
-    With ``prefer_mpirun`` (benchmarks whose baselines need MPI) the ranks are started by
-    mpirun when it and mpi4py are there; otherwise by :func:`launch`.
+
+def set_invocation(argv: Sequence[str]) -> None:
+    """Remember the arguments the ``circuslink`` command was called with (cli.main does this)."""
+    global _invocation
+    _invocation = list(argv)
+
+
+def relaunch_self(nranks: int, backend: str | None, prefer_mpirun: bool = False, mps_mode: str = "auto",
+                  argv: Sequence[str] | None = None) -> int:
+    """Run this ``circuslink`` command again as ``nranks`` ranks (multi-rank CLI commands call this
+    when they are not inside a job yet); the one way a command relaunches itself.
+
+    The ranks get the same arguments (``argv``, default: those of this invocation). With
+    ``prefer_mpirun`` (benchmarks whose baselines need MPI) they are started by mpirun when it and
+    mpi4py are there, with MPS arranged around it as ``circuslink mps`` does; otherwise by
+    :func:`launch`. Either way ranks that share a GPU run under MPS (``mps_mode``).
     """
-    command = [sys.executable, "-m", "circuslink", *argv]
+    from . import _guard, mps
+
+    args = list(argv) if argv is not None else list(_invocation if _invocation is not None else sys.argv[1:])
+    command = [sys.executable, "-m", "circuslink", *args]
+    backend = resolve_backend(backend)
     if prefer_mpirun and mpirun_available():
-        backend = (backend or os.environ.get("CIRCUSLINK_BACKEND") or "auto").lower()
-        if backend == "auto":
-            backend = default_backend_name()
         os.environ["CIRCUSLINK_BACKEND"] = backend
-        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-        os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+        for key, value in _NO_MULTICAST.items():
+            os.environ.setdefault(key, value)
+        needed = backend == "cuda" and nranks > _gpu_plan(nranks, None)[0]
+        session = mps.start(mps_mode, needed=needed, label=f"mpirun{os.getpid()}")
+        if session.warning:
+            print(f"circuslink: warning: {session.warning}", file=sys.stderr)
+        guard = _guard.Guard(session)
+        saved = {k: os.environ.get(k) for k in (*session.env, mps.ENV_GPUS)}
         try:
-            return subprocess.run(mpirun_command(nranks, command)).returncode
-        except OSError as exc:
-            raise ConfigError(f"cannot start mpirun: {exc.strerror}") from None
-    return launch(nranks, command, backend=backend, tag_output="others")
+            os.environ.update(session.env)
+            if session.status.active:
+                os.environ[mps.ENV_GPUS] = str(mps.gpu_count())
+            try:
+                proc = subprocess.Popen(mpirun_command(nranks, command))
+            except OSError as exc:
+                raise ConfigError(f"cannot start mpirun: {exc.strerror}") from None
+            guard.watch(proc.pid)
+            return proc.wait()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            session.stop()
+            guard.close()
+    return launch(nranks, command, backend=backend, tag_output="others", mps_mode=mps_mode)

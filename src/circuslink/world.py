@@ -303,11 +303,25 @@ def init(backend: str | None = None, timeout: float | None = None) -> World:
     else:
         mpi_rank = _env_int(env, "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
         if mpi_rank is not None:
+            _mps_share_under_mpirun(env)
             world = _init_from_mpi(env, backend, connect_timeout)
         else:
             world = World(0, 1, 0, 1, _store.new_job_id(), None, backend, "single process")
     _current = world
     return world
+
+
+def _mps_share_under_mpirun(env) -> None:
+    """Under ``circuslink mps -- mpirun ...``: take this rank's share of its GPU's SMs, as ``circuslink run``
+    gives it, before anything initialises CUDA (MPS reads the share when the context is made)."""
+    from . import mps
+
+    if not env.get(mps.ENV_ACTIVE) or env.get(mps.ENV_SHARE):
+        return
+    gpus = _env_int(env, mps.ENV_GPUS) or 0
+    local = _env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE") or 0
+    if gpus > 0 and local > gpus:
+        os.environ[mps.ENV_SHARE] = str(mps.share_percent(-(-local // gpus)))
 
 
 def _init_from_mpi(env: dict[str, str], backend: str | None, connect_timeout: float) -> World:

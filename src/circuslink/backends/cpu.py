@@ -24,6 +24,7 @@ class CpuBackend:
     device = None
     xp = np
     sm_budget = None  # no SMs: the cpu reference runs on the host
+    abort_ptr = 0  # no device waits to abort
 
     def __init__(self, world: Any) -> None:
         self.world = world

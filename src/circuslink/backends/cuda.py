@@ -8,11 +8,17 @@ IPC between processes of the same device works the same way.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from typing import Any
 
-from ..errors import BackendError, ConfigError
+import numpy as np
+
+from .._wait import Deadline, wait_until
+from ..errors import BackendError, ConfigError, TimeoutError
 from ..memory import SymmetricBuffer
+
+_ABORT_GRACE_S = 10.0  # after the abort word is set, device waits notice within microseconds
 
 _IPC_LAZY_ENABLE_PEER_ACCESS = 1  # cudaIpcMemLazyEnablePeerAccess
 
@@ -75,7 +81,31 @@ class CudaBackend:
         self._caller_done = cp.cuda.Event(disable_timing=True)
         self.sm_count = int(cp.cuda.Device(device).attributes["MultiProcessorCount"])
         self.sm_budget = _sm_budget(self.sm_count)
+        # The abort word (detail/sync.cuh): host-mapped, so the host can end every device wait of
+        # this process when its own bounded wait for a kernel gives up. With unified addressing the
+        # host pointer of mapped memory is also its device pointer.
+        rt = cp.cuda.runtime
+        self.abort_ptr = rt.hostAlloc(8, rt.hostAllocMapped)
+        self._abort = np.frombuffer((ctypes.c_uint32 * 2).from_address(self.abort_ptr), dtype=np.uint32)
+        self._abort[:] = 0
 
+    def wait_stream(self, stream: Any, deadline: Deadline | float | None, what) -> None:
+        """Wait, bounded, until ``stream`` has finished its work; on time-out set the abort word (every
+        device wait of this process gives up and records why), let the kernels exit, and raise
+        :class:`~circuslink.TimeoutError` naming ``what``. No host wait on the GPU is unbounded."""
+        if stream.done:
+            return
+        try:
+            wait_until(lambda: stream.done, deadline, what)
+        except TimeoutError:
+            self._abort[0] = 1
+            try:
+                wait_until(lambda: stream.done, _ABORT_GRACE_S, "kernels ignoring the abort word")
+            except TimeoutError:
+                pass  # the abort stays set: this process's GPU work cannot be trusted to finish
+            else:
+                self._abort[0] = 0
+            raise
     def max_blocks(self, kernel: Any, threads: int, shared_bytes: int = 0) -> int:
         """Blocks of ``kernel`` (a cupy RawKernel) this rank may have resident at once: its SM budget
         times the blocks that fit on one SM. A kernel that spins on a peer must launch no more."""
@@ -174,4 +204,9 @@ class CudaBackend:
         self.xp.cuda.Device(self.device).synchronize()
 
     def close(self) -> None:
-        pass
+        if self.abort_ptr:
+            try:
+                self.xp.cuda.runtime.freeHost(self.abort_ptr)
+            except Exception:
+                pass  # a context already torn down at exit
+            self.abort_ptr = 0

@@ -140,6 +140,9 @@ def add_common_arguments(
                         help=f"ranks to start when not already inside a job (default {default_nranks})")
     parser.add_argument("--quick", action="store_true",
                         help="few sizes and iterations (for tests and smoke runs)")
+    parser.add_argument("--mps", choices=("auto", "on", "off"), default="auto",
+                        help="ranks that share a GPU run under CUDA MPS: auto (default: reuse or start one, else "
+                             "warn), on (fail without it), off")
     parser.add_argument("--no-baselines", dest="no_baselines", action="store_true",
                         help="skip NCCL / NVSHMEM / MPI; measure only circuslink and the floor")
     # Remembered so sizes_and_counts() can tell a --sizes given by the user from the default.

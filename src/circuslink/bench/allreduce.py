@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from typing import Any
 
@@ -40,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     if args.rings is not None and not 1 <= args.rings <= 128:
         raise ConfigError(f"allreduce: --rings {args.rings} is outside 1..128")
     if not launcher.inside_job():
-        return launcher.relaunch_self(args.nranks, sys.argv[1:], args.backend)
+        return launcher.relaunch_self(args.nranks, args.backend, mps_mode=args.mps)
     import circuslink as cl
 
     world = cl.init(args.backend)

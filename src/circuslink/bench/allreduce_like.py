@@ -21,7 +21,6 @@ import argparse
 import glob
 import json
 import os
-import sys
 import time
 from typing import Any
 
@@ -52,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if not launcher.inside_job():
         if args.nranks != 2:
             raise ConfigError(f"allreduce-like runs on exactly 2 ranks (A and B), got -n {args.nranks}")
-        return launcher.relaunch_self(2, sys.argv[1:], args.backend)
+        return launcher.relaunch_self(2, args.backend, mps_mode=args.mps)
     import circuslink as cl
 
     world = cl.init(args.backend)
@@ -491,6 +490,7 @@ class CudaPipeline:
                 in_names = [f"{name}_ab{g}.in" for g in range(count)]
             self.handles[name] = (self._handle_array(out_names), self._handle_array(in_names), count)
         self.module = compile_device(CUDA_SOURCE)
+        self._max_pairs = self._budget_pairs()
         n = max_bytes // 4
         self.mine = cp.zeros(n, dtype=cp.uint32)  # a on A, b on B
         self.check = cp.zeros(n if me == 0 else 1, dtype=cp.uint32)  # B's vector, on A, to verify
@@ -549,6 +549,9 @@ class CudaPipeline:
                               f"16..{_BW_CHUNK_BYTES}")  # 16 B keeps every chunk vector-aligned
         else:
             chunk = np.uint64(chunk_bytes // 4)
+        # A's 2G blocks meet in a grid barrier and B's G blocks wait on A: each side must fit in its
+        # rank's SM share at once (the forward-progress rule), or the pipeline stalls (the MPS hang).
+        pairs = min(pairs, self.max_pairs())
         trace = tracer.device_handle() if tracer is not None else Tracer.null_handle()
         cp.cuda.Device().synchronize()
         w.barrier()
@@ -580,6 +583,17 @@ class CudaPipeline:
         return {"latency_us": float(lat.min()) / 1e3, "time_us": float(total[k]) / 1e3,
                 "throughput_GBps": nbytes / float(total[k]), "pairs": pairs, "chunk_bytes": int(chunk) * 4,
                 "verified": True}
+
+    def max_pairs(self) -> int:
+        """The most channel pairs whose blocks fit the SM budget of both ranks (A runs 2 per pair, B one)."""
+        return self._max_pairs
+
+    def _budget_pairs(self) -> int:
+        """Collective: A's and B's answers agree, so both launch the same number of pairs."""
+        backend = self.world.backend
+        a = backend.max_blocks(self.module.get_function("ar_like_a"), _THREADS) // 2
+        b = backend.max_blocks(self.module.get_function("ar_like_b"), _THREADS)
+        return max(1, min(self.world.allgather(a if self.world.rank == 0 else b)))
 
     def close(self) -> None:
         self.channels.close()

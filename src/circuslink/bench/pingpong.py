@@ -52,28 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"bandwidth-mode chunk sizes and sending warps to try (default {_BW_CONFIGS})")
 
 
-def _argv(args: argparse.Namespace) -> list[str]:
-    argv = ["bench", "pingpong", "--sizes", args.sizes, "--iters", str(args.iters), "--warmup", str(args.warmup),
-            "--mode", args.mode, "--bw-configs", args.bw_configs]
-    for flag in ("json", "plot", "trace"):
-        if getattr(args, flag, None):
-            argv += [f"--{flag}", getattr(args, flag)]
-    if args.backend:
-        argv += ["--backend", args.backend]
-    if args.quick:
-        argv.append("--quick")
-    if args.no_baselines:
-        argv.append("--no-baselines")
-    return argv
-
-
 def run(args: argparse.Namespace) -> int:
     from ..launcher import inside_job, relaunch_self
 
     drv.parse_sizes(args.sizes)  # bad options fail here, once, not on every rank
     bw_configs = _parse_bw_configs(args.bw_configs)
     if not inside_job():
-        return relaunch_self(args.nranks, _argv(args), args.backend, prefer_mpirun=True)
+        return relaunch_self(args.nranks, args.backend, prefer_mpirun=True, mps_mode=args.mps)
     import circuslink
 
     world = circuslink.init(args.backend)
@@ -196,6 +181,10 @@ class _Pingpong:
 
             module = compile(_KERNEL_FILE.read_text())
             self._kernels = {"ll": module.get_function("pingpong_ll"), "bw": module.get_function("pingpong_bw")}
+            # Rank 0 runs 2G blocks (send + receive), rank 1 G: every block must fit the rank's SM
+            # share at once (the forward-progress rule), and both must use the same G.
+            most = world.backend.max_blocks(self._kernels["bw"], _BW_THREADS)
+            self.max_bw_blocks = max(1, min(world.allgather(most // 2 if world.rank == 0 else most)))
 
     def _ends(self, pair: str):
         ch, me = self.channels, self.world.rank
@@ -269,7 +258,7 @@ class _Pingpong:
             else:
                 wpb = _BW_THREADS // 32
                 npk = -(-nbytes // tx.geometry.payload)
-                blocks = -(-min(warps, npk) // wpb)  # sending blocks; no more warps than packets
+                blocks = min(-(-min(warps, npk) // wpb), self.max_bw_blocks)  # no more warps than packets
                 times.reshape(total, 3)[:, :2] = np.iinfo(np.uint64).max
                 echo = cp.zeros(nbytes, dtype=cp.uint8) if role == 1 else cp.zeros(1, cp.uint8)
                 grid = 2 * blocks if role == 0 else blocks

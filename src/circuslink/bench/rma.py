@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from typing import Any
 
@@ -64,9 +63,8 @@ def run(args: argparse.Namespace) -> int:
     from .. import launcher
 
     if not launcher.inside_job():
-        argv = ["bench", "rma", *sys.argv[sys.argv.index("rma") + 1:]] if "rma" in sys.argv else ["bench", "rma"]
         _yield_when_idle(args.nranks)
-        return launcher.relaunch_self(args.nranks, argv, args.backend, prefer_mpirun=True)
+        return launcher.relaunch_self(args.nranks, args.backend, prefer_mpirun=True, mps_mode=args.mps)
     return _run_rank(args)
 
 

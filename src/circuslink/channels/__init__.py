@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .._config import resolve_timeout
+from .._config import default_timeout, resolve_timeout
 from ..errors import ChannelError, ConfigError, SpecError
 from . import protocol as _P
 
@@ -174,7 +174,8 @@ class Channels:
         self.spec = spec
         self._plan = plan
         self._buf = buf
-        self.timeout = timeout_s
+        self.timeout = timeout_s  # device waits (0: never give up)
+        self.host_timeout = timeout_s or default_timeout()  # host waits: always bounded
         self._closed = False
         self._ends: dict[str, _EndBase] = {}
         self._where: dict[str, int] = {}
@@ -263,7 +264,7 @@ def _make_cpu_end(channels: Channels, link: Any, geo: _P.RingGeometry, lay: _P.C
     error = me[err_off:err_off + 16].view("<u4")
     args = (link.name if kind == "send" else link.receiver_name, _describe(link, kind, channels._world.rank),
             link.send_id if kind == "send" else link.recv_id, geo, ring, credit, slot_credits, error,
-            channels.timeout, _P.route_of(link.recv_id, link.dst_rank))
+            channels.host_timeout, _P.route_of(link.recv_id, link.dst_rank))
     impl = CpuSender(*args) if kind == "send" else CpuReceiver(*args)
     return _CpuEnd(impl, link.element.numpy_dtype)
 
@@ -291,11 +292,13 @@ def open(world: Any, spec_or_links: Any, timeout: float | None = None,  # noqa: 
     """Collective: open every channel of ``spec_or_links`` (a Spec, Links, or a spec path / XML text).
 
     All rings live in one symmetric allocation. ``timeout`` (seconds, default CIRCUSLINK_TIMEOUT)
-    bounds every wait, host or device. ``options`` maps a channel end name to
+    bounds every wait, host or device; ``timeout=0`` lets device waits run for ever (a kernel that
+    streams for hours), while the host's waits for circuslink's own kernels stay bounded by
+    CIRCUSLINK_TIMEOUT: on expiry the host aborts the device waits and raises. ``options`` maps a channel end name to
     ``{"mode": "auto"|"ll"|"bw", "nslots": power of two, "chunk": bytes}`` (docs/protocol.md, Sizing).
     Every rank must pass the same spec and options.
     """
-    timeout_s = resolve_timeout(timeout)
+    timeout_s = 0.0 if timeout == 0 else resolve_timeout(timeout)
     try:
         links, spec = _load_links(spec_or_links, world.size)
     except SpecError:

@@ -114,7 +114,7 @@ class CpuSender(_End):
         n = len(payload)
         ring, words = self.ring, self.ring_u32
         if geo.mode == P.MODE_LL:
-            nlines = -(-n // P.LL_LINE_PAYLOAD)
+            nlines = P.ll_lines(seq, n, geo.nslots)
             padded = np.frombuffer(payload + bytes(nlines * P.LL_LINE_PAYLOAD - n), dtype="<u4").reshape(nlines, 2)
             lines = words[(base + P.LINE_BYTES) // 4:(base + P.LINE_BYTES) // 4 + 4 * nlines].reshape(nlines, 4)
             lines[:, 0::2] = padded  # data words first ...

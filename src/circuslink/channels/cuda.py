@@ -47,6 +47,7 @@ def make_handle(channels: Any, link: Any, geo: P.RingGeometry, lay: P.ChannelLay
     h["slot_credit"] = buf.ptr(link.src_rank) + lay.slot_credits
     h["state"] = buf.ptr(me) + lay.ctrl + (P.CTRL_SEND_STATE if kind == "send" else P.CTRL_RECV_STATE)
     h["error"] = buf.ptr(me) + lay.ctrl + (P.CTRL_SEND_ERROR if kind == "send" else P.CTRL_RECV_ERROR)
+    h["abort"] = channels._world.backend.abort_ptr
     h["timeout_ns"] = int(channels.timeout * 1e9)
     h["nslots"] = geo.nslots
     h["slot_bytes"] = geo.slot_bytes
@@ -77,7 +78,12 @@ class CudaEnd:
         world.backend.after_caller()  # the argument arrays were made on the caller's stream
         with stream:
             kernel((1,), (_HOST_THREADS,), (self.handle, ptr_arg, np.uint64(nbytes)))
-        stream.synchronize()
+        # Bounded even when the device waits are not (timeout 0): the device gives up first when it
+        # can, so the host's limit is a backstop with room to spare.
+        device = self.channels.timeout
+        limit = 2 * device + 5 if device else self.channels.host_timeout
+        what = ("write" if which == 0 else "read")
+        world.backend.wait_stream(stream, limit, lambda: f"{self.describe}: its {what} kernel did not finish")
         self.check()
 
     def write(self, arr: Any) -> None:
@@ -104,7 +110,7 @@ class CudaEnd:
         if code != P.ERR_NONE:
             seq = int(rec[2]) | (int(rec[3]) << 32)
             what = P.ERROR_TEXT.get(code, "failed (error code {code})").format(seq=seq, code=code)
-            if code == P.ERR_MISUSE:
+            if code in (P.ERR_MISUSE, P.ERR_ABORTED):
                 raise ChannelError(f"{self.describe}: {what}")
             raise ChannelError(f"{self.describe}: timed out after {self.timeout:g} s: {what}")
 

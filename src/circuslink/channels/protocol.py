@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import _abi as abi
 from ..errors import ConfigError
 
 MODE_LL = 0
@@ -39,27 +40,45 @@ ERR_NONE = 0
 ERR_DATA_TIMEOUT = 1
 ERR_CREDIT_TIMEOUT = 2
 ERR_MISUSE = 3
+ERR_ABORTED = 4
 ERROR_TEXT = {
     ERR_DATA_TIMEOUT: "waited for data (packet seq {seq}) from its sender",
     ERR_CREDIT_TIMEOUT: "waited for credits (to write packet seq {seq}): its reader stopped consuming",
     ERR_MISUSE: "was misused at packet seq {seq} (write_grid must be read by read_grid of the same n)",
+    ERR_ABORTED: "was waiting at packet seq {seq} when the host gave up on the kernel",
 }
 
 FLAG_MASK = 0xFFFFFFFF
 
-# What a kernel receives: the device struct circuslink::detail::ChannelHandle, 64 bytes.
-HANDLE_DTYPE = np.dtype({
-    "names": ["ring", "credit", "slot_credit", "state", "error", "timeout_ns",
-              "nslots", "slot_bytes", "payload", "route", "mode", "channel_id"],
-    "formats": ["<u8", "<u8", "<u8", "<u8", "<u8", "<u8", "<u4", "<u4", "<u4", "<u4", "<u4", "<u4"],
-    "offsets": [0, 8, 16, 24, 32, 40, 48, 52, 56, 60, 64, 68],
-    "itemsize": 72,
-    "aligned": True,  # a C struct of 8-byte alignment: CuPy passes it by value with that layout
-})
+# What a kernel receives: circuslink::detail::ChannelHandle (detail/channel_types.cuh), by value.
+HANDLE = abi.Struct("circuslink::detail::ChannelHandle", "circuslink/detail/channel_types.cuh", [
+    ("ring", abi.PTR), ("credit", abi.PTR), ("slot_credit", abi.PTR), ("state", abi.PTR), ("error", abi.PTR),
+    ("abort", abi.PTR), ("timeout_ns", abi.U64), ("nslots", abi.U32), ("slot_bytes", abi.U32),
+    ("payload", abi.U32), ("route", abi.U32), ("mode", abi.U32), ("channel_id", abi.U32)])
+HANDLE_DTYPE = HANDLE.dtype
+SEND_STATE = abi.Struct("circuslink::detail::SendState", "circuslink/detail/channel_types.cuh", [
+    ("seq", abi.U64), ("credit_cache", abi.U64), ("departed", abi.U32), ("pad", abi.U32)])
+RECV_STATE = abi.Struct("circuslink::detail::RecvState", "circuslink/detail/channel_types.cuh", [
+    ("seq", abi.U64), ("offset", abi.U32), ("departed", abi.U32), ("returned", abi.U64)])
+
+
+REWRITE_PERIOD = 1 << 31  # LL: the first lap after every multiple of this writes every line of its slots
 
 
 def flag_of(seq: int) -> int:
-    return (seq + 1) & FLAG_MASK
+    """Packet ``seq``'s flag: never 0, and unlike its slot's previous occupants' (docs/protocol.md)."""
+    return (seq & FLAG_MASK) | 1
+
+
+def ll_rewrites_all(seq: int, nslots: int) -> bool:
+    """LL packets of the first lap after each multiple of 2^31 write all 15 data lines, so no line
+    survives long enough (2^32 packets) for its flag to come round again."""
+    return seq % REWRITE_PERIOD < nslots
+
+
+def ll_lines(seq: int, nbytes: int, nslots: int) -> int:
+    """Data lines an LL packet writes: those below ``nbytes``, or all of them on a rewrite lap."""
+    return LL_LINES - 1 if ll_rewrites_all(seq, nslots) else -(-nbytes // LL_LINE_PAYLOAD)
 
 
 def route_of(recv_id: int, dst_rank: int) -> int:
@@ -150,7 +169,7 @@ def packet_image(geo: RingGeometry, seq: int, route: int, payload: bytes) -> lis
     header = np.array([route, flag, n, flag], dtype="<u4").tobytes()
     if geo.mode == MODE_LL:
         stores = []
-        nlines = -(-n // LL_LINE_PAYLOAD)
+        nlines = ll_lines(seq, n, geo.nslots)
         padded = payload + bytes(nlines * LL_LINE_PAYLOAD - n)
         words = np.frombuffer(padded, dtype="<u4").reshape(nlines, 2)
         lines = np.empty((nlines, 4), dtype="<u4")

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .._config import default_timeout
 from ..errors import ChannelError, ConfigError
 from ._ring import ChannelRing
 
@@ -35,16 +36,10 @@ OP_TYPES = {"sum": "Sum", "max": "Max", "min": "Min"}
 
 
 def ring_dtype() -> np.dtype:
-    """The layout of ``circuslink::collectives::Ring`` (detail/collectives_types.cuh)."""
-    from ..channels.protocol import HANDLE_DTYPE
+    """The layout of ``circuslink::collectives::Ring`` (its ABI table, collectives/_layout.py)."""
+    from ._layout import RING
 
-    h = HANDLE_DTYPE.itemsize  # Sender<T> and Receiver<T> are the bare 8-aligned ChannelHandle
-    return np.dtype({
-        "names": ["right", "left", "scratch", "piece", "rank", "size"],
-        "formats": [f"V{h}", f"V{h}", "<u8", "<u8", "<u4", "<u4"],
-        "offsets": [0, h, 2 * h, 2 * h + 8, 2 * h + 16, 2 * h + 20],
-        "itemsize": 2 * h + 24,
-    })
+    return RING.dtype
 
 
 def kernel_source(types: tuple[str, ...] | None = None) -> str:
@@ -107,8 +102,8 @@ class DeviceRings:
         rec = np.zeros(ring.count, dtype=ring_dtype())
         for i in range(ring.count):
             if world.size > 1:
-                rec["right"][i] = np.void(ring.rights[i].device_handle().tobytes())
-                rec["left"][i] = np.void(ring.lefts[i].device_handle().tobytes())
+                rec["right"][i] = ring.rights[i].device_handle()
+                rec["left"][i] = ring.lefts[i].device_handle()
             rec["scratch"][i] = self.scratch.data.ptr + i * ring.piece
             rec["piece"][i] = ring.piece
             rec["rank"][i] = world.rank
@@ -140,6 +135,10 @@ class CudaCollectives:
         self._compile = compile_device
         self._modules: dict[str, Any] = {}
         self.status = cp.zeros(1, dtype=cp.int32)
+        device = self.bw_ring.timeout
+        # A backstop: the channels' device waits give up first (with timeout 0 they never do, and
+        # the host's own limit applies).
+        self._host_limit = 2 * device + 5 if device else default_timeout()
 
     def _module(self, dtype_name: str) -> Any:
         # One module per dtype, compiled on first use: all ten at once take NVRTC ~a minute, and
@@ -154,8 +153,13 @@ class CudaCollectives:
     def _launch(self, name: str, grid: int, args: tuple, what: str, dtype_name: str = "uint8") -> None:
         with self.stream:  # the status reset must precede the kernel on the same stream
             self.status.fill(0)
-        self._module(dtype_name).get_function(name)((grid,), (THREADS,), args + (self.status,), stream=self.stream)
-        self.stream.synchronize()
+        fn = self._module(dtype_name).get_function(name)
+        # The forward-progress rule: never more resident blocks than this rank's SM share holds
+        # (the *_grid forms cover every ring's slice with fewer blocks).
+        grid = min(grid, self.world.backend.max_blocks(fn, THREADS))
+        fn((grid,), (THREADS,), args + (self.status,), stream=self.stream)
+        self.world.backend.wait_stream(self.stream, self._host_limit,
+                                       lambda: f"{what} on rank {self.world.rank}: its kernel did not finish")
         if int(self.status.get()[0]):
             for ring in (self.ll_ring, self.bw_ring):
                 if ring.channels is not None:

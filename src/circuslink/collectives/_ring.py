@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._config import resolve_timeout
 from ..errors import ConfigError
 
 # Bytes of buffer per ring channel. Pieces are half of it (see _algorithms), so 64 KiB
@@ -29,6 +30,7 @@ class ChannelRing:
         # every element size (1..8 bytes) divides a piece.
         self.piece = max(16, (depth_bytes // 2) & ~15)
         self.count = count
+        self.timeout = 0.0 if timeout == 0 else resolve_timeout(timeout)  # the channels' device waits
         self.channels = None
         self.right = self.left = None
         self.rights: list = []

@@ -51,7 +51,8 @@ def measure(world: Any, quick: bool = False, pairs: list[tuple[int, int]] | None
 
     impl = Impl(world, quick)
     sharing = shared_gpus(world)
-    if sharing:
+    mps_active = bool(sharing) and _mps_active(world)
+    if sharing and not mps_active:
         # Each round trip between contexts on one GPU waits for a time slice: a short run says
         # as much as a long one, and a long one would outlast any sensible time-out.
         impl.iters, impl.launches = min(impl.iters, 20), 1
@@ -76,11 +77,23 @@ def measure(world: Any, quick: bool = False, pairs: list[tuple[int, int]] | None
         "local_copy_GBps": local,
     }
     if sharing:
-        floor["shared_gpus"] = f"{describe_shared_gpus(sharing)}; {SHARED_GPU_NOTE}"
+        floor["shared_gpus"] = describe_shared_gpus(sharing) + ("" if mps_active else f"; {SHARED_GPU_NOTE}")
+        floor["mps"] = mps_active
     if results:
         first = next((r for r in results if (r["a"], r["b"]) == (0, 1)), results[0])
         floor["summary"] = {k: first[k] for k in METRICS}
     return floor
+
+
+def _mps_active(world: Any) -> bool:
+    """Collective: whether every rank runs under MPS (rank 0 asks the daemon, everyone learns)."""
+    from .. import mps
+
+    return bool(world.bcast(mps.status().active if world.rank == 0 else None))
+
+
+def _is_reference_machine(floor: dict) -> bool:
+    return floor.get("backend") == "cuda" and "H200" in floor.get("device", "") and not floor.get("shared_gpus")
 
 
 def check_against_reference(floor: dict) -> list[str]:
@@ -103,7 +116,7 @@ def _table(floor: dict) -> str:
     for r in floor["pairs"]:
         cells = [f"{r['a']}->{r['b']}".rjust(7)] + [f"{r[k]:.3f}".rjust(w) for k, w in cols[1:]]
         lines.append("".join(cells))
-    if floor["backend"] == "cuda" and "H200" in floor.get("device", "") and floor.get("summary"):
+    if _is_reference_machine(floor) and floor.get("summary"):
         lines.append("".join(["ref".rjust(7)] + [f"{REFERENCE_H200_NV18[k]:.3f}".rjust(w) for k, w in cols[1:]]))
         lines.append("".join(["ratio".rjust(7)] + [
             f"{floor['summary'][k] / REFERENCE_H200_NV18[k]:.3f}".rjust(w) for k, w in cols[1:]
@@ -115,13 +128,26 @@ def _table(floor: dict) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..backends import BACKENDS
 
-    p.add_argument("-n", "--nranks", type=int, default=None,
-                   help="ranks to probe (default: one per GPU on cuda, 2 on cpu)")
+    p.add_argument("-n", "--nranks", type=_ranks, default=None,
+                   help="ranks to probe, at least 2 (default: one per GPU on cuda, at least 2; 2 on cpu)")
     p.add_argument("--backend", choices=BACKENDS, help="back-end (default: cuda if a GPU is there, else cpu)")
     p.add_argument("--json", metavar="FILE", help="write the figures as JSON (the results format of every benchmark)")
     p.add_argument("--quick", action="store_true", help="smaller buffers and fewer repetitions")
+    p.add_argument("--mps", choices=("auto", "on", "off"), default="auto",
+                   help="ranks that share a GPU run under CUDA MPS: auto (default), on, off")
     p.add_argument("--check", action="store_true",
-                   help="exit non-zero when the figures miss DESIGN.md section 4 (5%% bandwidth, 10%% latency)")
+                   help="exit non-zero when the figures miss the reference machine's (two H200s joined by 18 "
+                        "NVLinks, one rank per GPU) by more than 5%% on bandwidth or 10%% on latency")
+
+
+def _ranks(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"{value}: the probe measures pairs of ranks, so it needs at least 2")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -134,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
 
         backend = args.backend or default_backend_name()
         n = args.nranks or (max(2, cuda_device_count()) if backend == "cuda" else 2)
-        return relaunch_self(n, _argv(args), backend)
+        return relaunch_self(n, backend, mps_mode=args.mps)
     from .. import init
 
     world = init(args.backend)
@@ -155,24 +181,18 @@ def run(args: argparse.Namespace) -> int:
                 res.add(impl="floor", **r)
             path = res.write_json(args.json)
             print(f"wrote {path}")
-        if args.check:
+        if args.check and not _is_reference_machine(floor):
+            print(f"circuslink probe: --check: no reference figures for {floor['device']} on the "
+                  f"{floor['backend']} back-end{' with ranks sharing a GPU' if floor.get('shared_gpus') else ''}; "
+                  "the reference is two H200s joined by 18 NVLinks, one rank per GPU", file=sys.stderr)
+            status = 2
+        elif args.check:
             misses = check_against_reference(floor)
             for m in misses:
                 print(f"circuslink probe: misses DESIGN.md section 4: {m}", file=sys.stderr)
             status = 1 if misses else 0
     world.close()
     return status
-
-
-def _argv(args: argparse.Namespace) -> list[str]:
-    argv = ["probe"]
-    if args.json:
-        argv += ["--json", args.json]
-    if args.quick:
-        argv.append("--quick")
-    if args.check:
-        argv.append("--check")
-    return argv
 
 
 def _stall(what: str, a: int, b: int, detail: str = "") -> TimeoutError:

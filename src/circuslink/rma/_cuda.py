@@ -29,17 +29,11 @@ import numpy as np
 
 from .._config import default_timeout
 from ..errors import RmaError, TimeoutError
+from ._layout import CHUNK_BYTES, DESCRIPTOR, QUEUE
 
 ENGINES = ("kernel", "graph")
 _KERNELS = Path(__file__).with_name("rma_kernels.cu")
 _THREADS = 256
-_CHUNK = 4096  # kRmaChunkBytes in rma_types.cuh
-_DESC = np.dtype([("src", "<u8"), ("dst", "<u8"), ("count", "<u8"), ("block_bytes", "<u8"),
-                  ("src_stride", "<u8"), ("dst_stride", "<u8"), ("unit_begin", "<u8"),
-                  ("units_per_block", "<u4"), ("align", "<u4")])
-_QUEUE_FIELDS = ("descs", "n_descs", "total_units", "signals", "size", "targets", "arrival_at_target",
-                 "n_targets", "origins", "post_at_origin", "n_origins", "state", "error", "timeout_ns",
-                 "post_at_wait")
 _module = None
 
 
@@ -121,13 +115,13 @@ class CudaQueue:
         self.engine = engine_name()
         me, size = self.world.rank, self.size
         handles = sorted(queue.handles, key=lambda h: h.dst_rank)
-        descs = np.zeros(len(handles), dtype=_DESC)
+        descs = DESCRIPTOR.array(len(handles))
         units = 0
         for i, h in enumerate(handles):
             src = h.src_window._impl.buf.ptr(me) + h.src_offset
             dst = self.window.buf.ptr(h.dst_rank) + h.dst_offset
             strides = (h.src_stride, h.dst_stride) if h.count > 1 else ()
-            per_block = -(-h.block_bytes // _CHUNK)
+            per_block = -(-h.block_bytes // CHUNK_BYTES)
             descs[i] = (src, dst, h.count, h.block_bytes, h.src_stride, h.dst_stride, units, per_block,
                         _alignment(src, dst, h.block_bytes, *strides))
             units += h.count * per_block
@@ -141,7 +135,7 @@ class CudaQueue:
             np.array(origins, dtype=np.uint64).tobytes(),
             np.array([sig.ptr(o) + 8 * (size + me) for o in origins], dtype=np.uint64).tobytes(),
         ]
-        header = 8 * len(_QUEUE_FIELDS)
+        header = -(-QUEUE.size // 16) * 16
         offsets, at = [], header
         for a in arrays:
             offsets.append(at)
@@ -155,9 +149,10 @@ class CudaQueue:
             "origins": base_ptr + offsets[3], "post_at_origin": base_ptr + offsets[4], "n_origins": len(origins),
             "state": self.state.data.ptr, "error": self.error_ptr,
             "timeout_ns": int(default_timeout() * 1e9), "post_at_wait": int(post_at == "wait"),
+            "abort": self.world.backend.abort_ptr,
         }
         blob = bytearray(at)
-        blob[:header] = np.array([fields[k] for k in _QUEUE_FIELDS], dtype=np.uint64).tobytes()
+        blob[:QUEUE.size] = QUEUE.pack(**fields).tobytes()
         for off, a in zip(offsets, arrays, strict=True):
             blob[off: off + len(a)] = a
         host = np.frombuffer(bytes(blob), dtype=np.uint8)
@@ -167,11 +162,12 @@ class CudaQueue:
         self.n_origins = len(origins)
         self.state[:] = cp.array([base, 0, 0], dtype=cp.uint64)
         self.error[:] = 0
-        sms = cp.cuda.Device(self.world.device).attributes["MultiProcessorCount"]
         warps = _THREADS // 32
-        self.grid = max(1, min(-(-units // warps), 2 * sms))
         kernels = _kernels()
         self.k_start = kernels.get_function("circuslink_rma_start")
+        # Every CTA of the start kernel waits for the targets' posts: never more CTAs than this rank's
+        # SM share holds at once, or they could take the SMs a target needs to post (the MPS hang).
+        self.grid = max(1, min(-(-units // warps), self.world.backend.max_blocks(self.k_start, _THREADS)))
         self.k_wait = kernels.get_function("circuslink_rma_wait")
         self.k_cycles = kernels.get_function("circuslink_rma_device_cycles")
         cp.cuda.Device(self.world.device).synchronize()
@@ -236,7 +232,9 @@ class CudaQueue:
 
     def wait(self, epoch: int, limit: float) -> None:
         self.enqueue_wait(limit)
-        self.stream.synchronize()
+        # The wait kernel gives up after `limit` on its own; the host's bound is the backstop.
+        self.world.backend.wait_stream(self.stream, 2 * limit + 5,
+                                       lambda: f"{self.queue._where()}: epoch {epoch}'s wait kernel did not finish")
         self._raise_recorded(limit, "")
 
     def _raise_recorded(self, limit: float, how: str) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import _abi as abi
+
 # Event ids: the same numbers as the enum in trace_types.cuh.
 KERNEL = 1
 SEND = 2
@@ -27,15 +29,15 @@ BUILTIN_NAMES = {KERNEL: "kernel", SEND: "send", RECV: "recv", CREDITS: "credits
 # Events whose argument is a channel id: each channel gets its own track (thread) per rank.
 CHANNEL_EVENTS = frozenset({SEND, RECV, CREDITS})
 
-# As the device stores it: {u64 time, u16 event|phase, u16 block, u32 arg}, 16 bytes.
-RECORD_DTYPE = np.dtype([("time_ns", "<u8"), ("event", "<u2"), ("block", "<u2"), ("arg", "<u4")])
-assert RECORD_DTYPE.itemsize == 16
+# As the device stores it: {u64 time, u16 event|phase, u16 block, u32 arg}, 16 bytes, one vector store.
+RECORD = abi.Struct("circuslink::trace::Record", "circuslink/detail/trace_types.cuh", [
+    ("time_ns", abi.U64), ("event", abi.U16), ("block", abi.U16), ("arg", abi.U32)], align=16)
+RECORD_DTYPE = RECORD.dtype
 
-# The device handle: {Record*, u64* cursor, u32 capacity, u32 rank}, 24 bytes, 8-aligned.
-HANDLE_DTYPE = np.dtype(
-    [("records", "<u8"), ("cursor", "<u8"), ("capacity", "<u4"), ("rank", "<u4")], align=True
-)
-assert HANDLE_DTYPE.itemsize == 24
+# The device handle: {Record*, u64* cursor, u32 capacity, u32 rank}, passed by value.
+HANDLE = abi.Struct("circuslink::trace::Handle", "circuslink/detail/trace_types.cuh", [
+    ("records", abi.PTR), ("cursor", abi.PTR), ("capacity", abi.U32), ("rank", abi.U32)])
+HANDLE_DTYPE = HANDLE.dtype
 
 # A merged event of the whole job, on one time base (rank 0's clock, 0 = earliest event).
 EVENT_DTYPE = np.dtype(

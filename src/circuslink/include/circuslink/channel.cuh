@@ -110,8 +110,8 @@ struct Receiver {
 #endif
 };
 
-static_assert(sizeof(detail::ChannelHandle) == 72, "ChannelHandle layout must match protocol.HANDLE_DTYPE");
-static_assert(sizeof(Sender<int>) == 72 && sizeof(Receiver<int>) == 72, "handles are the bare ChannelHandle");
+static_assert(sizeof(Sender<int>) == sizeof(detail::ChannelHandle) &&
+              sizeof(Receiver<int>) == sizeof(detail::ChannelHandle), "handles are the bare ChannelHandle");
 static_assert(sizeof(vec<unsigned int, 16>) == 64 && alignof(vec<unsigned int, 16>) == 16, "uint16 layout");
 static_assert(sizeof(vec<int, 3>) == 16, "a 3-vector has the room of a 4-vector");
 

@@ -13,8 +13,10 @@
 //     ... use x ...
 //   }
 //
-// Forms: *_block (all threads of ONE block, one Ring) and *_grid (block b < nrings works on
-// slice b of the data over rings[b]; blocks beyond nrings return at once). Every call returns
+// Forms: *_block (all threads of ONE block, one Ring) and *_grid (slice s of the data travels over
+// rings[s]; block b takes slices b, b + gridDim.x, ...: any grid size covers every slice, and a grid
+// no larger than the rank's SM budget allows, world.backend.max_blocks(...), never stalls a peer).
+// Every call returns
 // false if a channel wait timed out (the channel recorded an error the host raises).
 //
 // Algorithms: ring reduce-scatter + all-gather (2 (size - 1) hops; every segment is reduced

@@ -35,12 +35,12 @@ __device__ __forceinline__ bool rma_start(const RmaQueue* queue) {
   if (!q.post_at_wait) detail::rma_raise(q.post_at_origin, q.n_origins, epoch);
   bool ok = detail::rma_wait_counters(q, q.targets, q.size, q.n_targets, epoch, 1ull);
   if (ok) {
-    detail::rma_copy_chain(q, threadIdx.x / 32u, (blockDim.x + 31u) / 32u);
+    detail::rma_copy_chain(q, detail::block_thread() / 32u, (detail::block_threads() + 31u) / 32u);
     __syncthreads();
     detail::rma_raise(q.arrival_at_target, q.n_targets, epoch);
   }
   __syncthreads();  // every thread has read state->epoch
-  if (threadIdx.x == 0) q.state->epoch = epoch;
+  if (detail::block_thread() == 0) q.state->epoch = epoch;
   __syncthreads();
   return ok;
 }

@@ -22,7 +22,7 @@ struct ThreadG {
 
 struct WarpG {
   __device__ static unsigned int size() { return 32; }
-  __device__ static unsigned int rank() { return threadIdx.x & 31u; }
+  __device__ static unsigned int rank() { return lane_id(); }
   __device__ static void sync() { __syncwarp(); }
   // the value of lane 0
   __device__ static unsigned long long bcast(unsigned long long v) {
@@ -33,10 +33,8 @@ struct WarpG {
 };
 
 struct BlockG {
-  __device__ static unsigned int size() { return blockDim.x * blockDim.y * blockDim.z; }
-  __device__ static unsigned int rank() {
-    return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-  }
+  __device__ static unsigned int size() { return block_threads(); }
+  __device__ static unsigned int rank() { return block_thread(); }
   __device__ static void sync() { __syncthreads(); }
   // the value of thread 0
   __device__ static unsigned long long bcast(unsigned long long v) {
@@ -53,18 +51,19 @@ struct U4 {
   unsigned int x, y, z, w;
 };
 
+// A 16-byte line {word, flag, word, flag} as two 8-byte halves. The PTX memory model makes a vector
+// access one access per element, so only each element is single-copy atomic: with v2.u64 every
+// {word, flag} pair is stored and loaded whole (with v4.u32 a reader could see a pair's new flag
+// beside its old word).
 __device__ __forceinline__ void st_volatile_v4(void* p, U4 v) {
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
-               "r"(v.w)
-               : "memory");
+  const unsigned long long lo = (unsigned long long)v.x | ((unsigned long long)v.y << 32);
+  const unsigned long long hi = (unsigned long long)v.z | ((unsigned long long)v.w << 32);
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(lo), "l"(hi) : "memory");
 }
 __device__ __forceinline__ U4 ld_volatile_v4(const void* p) {
-  U4 v;
-  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
+  unsigned long long lo, hi;
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(lo), "=l"(hi) : "l"(p) : "memory");
+  return U4{(unsigned int)lo, (unsigned int)(lo >> 32), (unsigned int)hi, (unsigned int)(hi >> 32)};
 }
 __device__ __forceinline__ void st_v4(void* p, U4 v) {
   asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
@@ -88,7 +87,17 @@ __device__ __forceinline__ unsigned char ld_cg_u8(const unsigned char* p) {
   return (unsigned char)v;
 }
 
-__device__ __forceinline__ unsigned int flag_of(unsigned long long seq) { return (unsigned int)(seq + 1ull); }
+// Packet seq's flag: never 0 (a zeroed ring never looks written) and different from the flag of the
+// slot's previous occupants back to 2^32 packets (seq and seq - k * nslots, nslots even, agree in bit
+// 0). What stays equal after 2^32 packets is covered by ll_rewrites_all(): every line of every slot is
+// rewritten at least every 2^31 packets, so no line that old survives.
+__device__ __forceinline__ unsigned int flag_of(unsigned long long seq) { return (unsigned int)seq | 1u; }
+
+// LL packets of the first lap after every multiple of 2^31 write all 15 data lines (zeros past
+// nbytes), not only those below nbytes: see flag_of().
+__device__ __forceinline__ bool ll_rewrites_all(unsigned long long seq, unsigned int nslots) {
+  return (seq & 0x7FFFFFFFull) < nslots;
+}
 
 // 8 bytes of src[pos..) as two words, zero past `end` (the stream is little-endian bytes).
 __device__ __forceinline__ void gather8(const unsigned char* src, unsigned long long pos, unsigned long long end,
@@ -145,14 +154,14 @@ __device__ __forceinline__ bool wait_for(const ChannelHandle& h, Ready ready, un
                                          unsigned long long seq) {
   if (ready()) return true;
   if (has_error(h)) return false;
-  Deadline d = Deadline::after(h.timeout_ns);
+  Deadline d = Deadline::after(h.timeout_ns, h.abort);
   while (true) {
 #pragma unroll 1
     for (int k = 0; k < 8; ++k)
       if (ready()) return true;
     if (d.expired()) {
       if (ready()) return true;
-      record_error(h, code, seq);
+      record_error(h, d.aborted() ? kErrAborted : code, seq);
       return false;
     }
   }
@@ -253,7 +262,7 @@ __device__ bool ll_write_st(const ChannelHandle& h, SendState& st, const unsigne
       const unsigned int flag = flag_of(seq);
       if (line == 0) {
         st_volatile_v4(slot, U4{h.route, flag, nb, flag});
-      } else if ((line - 1) * kLLLinePayload < nb) {
+      } else if ((line - 1) * kLLLinePayload < nb || ll_rewrites_all(seq, h.nslots)) {
         U4 v;
         gather8(src, off + (line - 1) * kLLLinePayload, off + nb, v.x, v.z);
         v.y = flag;
@@ -281,7 +290,7 @@ __device__ bool ll_write(const ChannelHandle& h, const unsigned char* src, unsig
 // Packet seq+1 is polled only when packet seq cannot satisfy the request.
 __device__ bool ll_read_warp_st(const ChannelHandle& h, RecvState& st, unsigned char* dst,
                                 unsigned long long nbytes) {
-  const unsigned int lane = threadIdx.x & 31u;
+  const unsigned int lane = lane_id();
   const unsigned long long mask = h.nslots - 1;
   const unsigned int j = lane / 16, line = lane % 16;
   unsigned long long done = 0;
@@ -294,7 +303,7 @@ __device__ bool ll_read_warp_st(const ChannelHandle& h, RecvState& st, unsigned 
     U4 v;
     unsigned int nb0 = 0, nb1 = 0;
     bool hdr0 = false, hdr1 = false, need1 = true;
-    Deadline d = Deadline::after(h.timeout_ns);
+    Deadline d = Deadline::after(h.timeout_ns, h.abort);
     bool give_up = has_error(h);
     unsigned int spins = 0;
     while (true) {
@@ -323,7 +332,8 @@ __device__ bool ll_read_warp_st(const ChannelHandle& h, RecvState& st, unsigned 
         bool late = lane == 0 ? d.expired() || has_error(h) : false;
         late = __shfl_sync(0xffffffffu, late ? 1 : 0, 0) != 0;
         if (late) {
-          if (lane == 0 && !has_error(h)) record_error(h, kErrDataTimeout, st.seq + (hdr0 ? 1 : 0));
+          if (lane == 0 && !has_error(h)) record_error(h, d.aborted() ? kErrAborted : kErrDataTimeout,
+                                                       st.seq + (hdr0 ? 1 : 0));
           give_up = true;
         }
       }
@@ -364,7 +374,7 @@ __device__ bool ll_read_warp(const ChannelHandle& h, unsigned char* dst, unsigne
   RecvState st = load_recv_state(h);
   const bool ok = ll_read_warp_st(h, st, dst, nbytes);
   __syncwarp();
-  if ((threadIdx.x & 31u) == 0) save_recv_state(h, st);
+  if (lane_id() == 0) save_recv_state(h, st);
   __syncwarp();
   return ok;
 }

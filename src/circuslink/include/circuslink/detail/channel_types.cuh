@@ -33,16 +33,18 @@ enum : unsigned int {
   kBWHeaderBytes = 16,
 };
 // error codes recorded in an end's error record {code, channel id, seq lo, seq hi}
-enum : unsigned int { kErrNone = 0, kErrDataTimeout = 1, kErrCreditTimeout = 2, kErrMisuse = 3 };
+enum : unsigned int { kErrNone = 0, kErrDataTimeout = 1, kErrCreditTimeout = 2, kErrMisuse = 3, kErrAborted = 4 };
 
-// What a kernel receives (72 bytes, by value). Pointers are valid on the end's own GPU.
+// What a kernel receives (80 bytes, by value). Pointers are valid on the end's own GPU. The host's
+// table of this struct is circuslink.channels.protocol.HANDLE (tests/test_abi.py checks both agree).
 struct ChannelHandle {
   unsigned char* ring;               // the receiver's ring (sender: mapped peer memory; receiver: local)
   unsigned long long* credit;        // packets consumed in order; in the sender's memory
   unsigned int* slot_credit;         // per-slot credits (bandwidth mode); in the sender's memory
   unsigned long long* state;         // this end's SendState / RecvState, in its own memory
   unsigned int* error;               // this end's error record (4 x u32), in its own memory
-  unsigned long long timeout_ns;     // device waits give up after this long (0: never)
+  const volatile unsigned int* abort;  // host-mapped: set by the host to end every device wait (sync.cuh)
+  unsigned long long timeout_ns;     // device waits give up after this long (0: never; the host still aborts)
   unsigned int nslots;               // power of two
   unsigned int slot_bytes;           // 256 (LL) or 16 + chunk (BW)
   unsigned int payload;              // payload capacity of one packet: 120 (LL) or chunk (BW)

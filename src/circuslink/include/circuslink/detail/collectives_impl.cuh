@@ -95,13 +95,18 @@ __device__ bool allreduce_block(const Ring& ring, T* data, unsigned long long n,
   return true;
 }
 
-// Every thread of the grid: block b < nrings reduces slice b of data over rings[b].
+// Every thread of the grid: slice s of data is reduced over rings[s], s = 0 .. nrings - 1; block b
+// takes slices b, b + gridDim.x, ... in that order (every rank in the same order, so a grid smaller
+// than nrings - as the SM budget may force - still covers every slice and cannot deadlock).
 template <class T, class Op>
 __device__ bool allreduce_grid(const Ring* rings, unsigned int nrings, T* data, unsigned long long n, Op op) {
-  if (blockIdx.x >= nrings) return true;
-  detail::u64 lo, hi;
-  detail::segment(n, sizeof(T), nrings, blockIdx.x, lo, hi);
-  return allreduce_block(rings[blockIdx.x], data + lo, hi - lo, op);
+  for (unsigned int s = blockIdx.x; s < nrings; s += gridDim.x) {
+    detail::u64 lo, hi;
+    detail::segment(n, sizeof(T), nrings, s, lo, hi);
+    if (!allreduce_block(rings[s], data + lo, hi - lo, op)) return false;
+    __syncthreads();
+  }
+  return true;
 }
 
 // All threads of one block: root's data[0, n) on every rank, pipelined along the ring.
@@ -124,13 +129,17 @@ __device__ bool broadcast_block(const Ring& ring, T* data, unsigned long long n,
   return true;
 }
 
+// Slices as allreduce_grid: every slice is covered whatever the grid size.
 template <class T>
 __device__ bool broadcast_grid(const Ring* rings, unsigned int nrings, T* data, unsigned long long n,
                                unsigned int root) {
-  if (blockIdx.x >= nrings) return true;
-  detail::u64 lo, hi;
-  detail::segment(n, sizeof(T), nrings, blockIdx.x, lo, hi);
-  return broadcast_block(rings[blockIdx.x], data + lo, hi - lo, root);
+  for (unsigned int s = blockIdx.x; s < nrings; s += gridDim.x) {
+    detail::u64 lo, hi;
+    detail::segment(n, sizeof(T), nrings, s, lo, hi);
+    if (!broadcast_block(rings[s], data + lo, hi - lo, root)) return false;
+    __syncthreads();
+  }
+  return true;
 }
 
 // All threads of one block: returns once every rank's block has entered the barrier.

@@ -29,10 +29,10 @@ __device__ __forceinline__ bool rma_wait_counters(const RmaQueue& q, const unsig
                                                   unsigned long long slot_base, unsigned long long n,
                                                   unsigned long long epoch, unsigned long long code) {
   bool ok = true;
-  for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x) {
+  for (unsigned long long i = block_thread(); i < n; i += block_threads()) {
     const unsigned long long rank = ranks[i];
     const unsigned long long* counter = q.signals + slot_base + rank;
-    Deadline deadline = Deadline::after(q.timeout_ns);
+    Deadline deadline = Deadline::after(q.timeout_ns, q.abort);
     if (!spin_until([&] { return ld_relaxed_u64(counter) >= epoch; }, deadline)) {
       rma_record_error(q, code, rank, epoch);
       ok = false;
@@ -47,7 +47,7 @@ __device__ __forceinline__ bool rma_wait_counters(const RmaQueue& q, const unsig
 // is visible to whoever acquires the value).
 __device__ __forceinline__ void rma_raise(unsigned long long* const* remote, unsigned long long n,
                                           unsigned long long epoch) {
-  for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x) st_release_sys_u64(remote[i], epoch);
+  for (unsigned long long i = block_thread(); i < n; i += block_threads()) st_release_sys_u64(remote[i], epoch);
 }
 
 template <typename T>
@@ -100,7 +100,7 @@ __device__ __forceinline__ void rma_copy_unit(const RmaQueue& q, unsigned long l
 // Warps [first_warp, first_warp + n_warps) of the caller share the chain's units.
 __device__ __forceinline__ void rma_copy_chain(const RmaQueue& q, unsigned long long warp,
                                                unsigned long long n_warps) {
-  const unsigned int lane = threadIdx.x & 31u;
+  const unsigned int lane = lane_id();
   for (unsigned long long unit = warp; unit < q.total_units; unit += n_warps) rma_copy_unit(q, unit, lane);
 }
 

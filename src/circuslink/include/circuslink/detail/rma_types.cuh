@@ -57,8 +57,9 @@ struct RmaQueue {
   unsigned long long n_origins;
   RmaState* state;
   RmaErrorRecord* error;
-  unsigned long long timeout_ns;                    // 0: wait forever
+  unsigned long long timeout_ns;                    // 0: wait forever (the host may still abort)
   unsigned long long post_at_wait;                  // 1: post epoch e+1 at the end of wait(e)
+  const volatile unsigned int* abort;               // host-mapped: set by the host to end every wait
 };
 
 }  // namespace circuslink

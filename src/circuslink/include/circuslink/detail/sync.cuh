@@ -6,6 +6,20 @@
 namespace circuslink {
 namespace detail {
 
+// This thread's lane in its warp. Not threadIdx.x & 31: warps are cut from the linear thread index,
+// so in a 16x16 block warp 0 holds threads (0..15, 0) and (0..15, 1), whose threadIdx.x repeat.
+__device__ __forceinline__ unsigned int lane_id() {
+  unsigned int lane;
+  asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+  return lane;
+}
+
+// The calling thread's index within its block, for any block shape (1-D, 2-D or 3-D).
+__device__ __forceinline__ unsigned int block_thread() {
+  return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+}
+__device__ __forceinline__ unsigned int block_threads() { return blockDim.x * blockDim.y * blockDim.z; }
+
 // Nanoseconds from the GPU's global timer (the same clock on every SM of a GPU).
 __device__ __forceinline__ unsigned long long globaltimer_ns() {
   unsigned long long t;
@@ -51,23 +65,46 @@ __device__ __forceinline__ unsigned long long ld_acquire_sys_u64(const unsigned 
 }
 
 // A deadline for device-side waits. Reading %globaltimer costs more than a poll, so it
-// is read once every `kCheckEvery` calls of expired().
+// is read once every `kCheckEvery` calls of expired(). Two backstops make sure a wait ends:
+// `now + timeout` saturates instead of wrapping (a huge time-out means "very long", never "already
+// over"), and a poll count gives up even if the timer stopped advancing (one call of expired() per
+// nanosecond of time-out at most: every poll costs far more than a nanosecond, so the count never
+// ends a wait that the clock would have let run).
+//
+// The host can end every wait of its process at once: `abort` points at a word in host-mapped
+// memory that the host sets when its own, bounded wait for a kernel gives up (for example on a
+// dead peer with a device time-out of 0, "never"). A wait that sees it returns as if timed out.
 struct Deadline {
-  unsigned long long limit_ns;  // absolute; 0 means "never"
+  unsigned long long limit_ns;    // absolute; 0 means "never"
+  unsigned long long checks_left; // the backstop: clock checks until it says yes regardless of the clock
+  const volatile unsigned int* abort;  // host-mapped; may be null
   unsigned int polls;
   static constexpr unsigned int kCheckEvery = 32;
 
-  __device__ __forceinline__ static Deadline after(unsigned long long timeout_ns) {
+  __device__ __forceinline__ static Deadline after(unsigned long long timeout_ns,
+                                                   const volatile unsigned int* abort = nullptr) {
     Deadline d;
-    d.limit_ns = timeout_ns ? globaltimer_ns() + timeout_ns : 0ull;
     d.polls = 0;
+    d.abort = abort;
+    if (timeout_ns == 0ull) {
+      d.limit_ns = 0ull;
+      d.checks_left = 0ull;
+      return d;
+    }
+    const unsigned long long now = globaltimer_ns();
+    d.limit_ns = timeout_ns > ~0ull - now ? ~0ull : now + timeout_ns;
+    d.checks_left = timeout_ns / kCheckEvery + 1ull;  // >= timeout_ns calls: each costs well over 1 ns
     return d;
   }
-  // True once the deadline has passed (the clock is read every kCheckEvery calls).
+  // True once the deadline has passed or the host aborted (both read every kCheckEvery calls).
   __device__ __forceinline__ bool expired() {
-    if (limit_ns == 0ull || (++polls % kCheckEvery) != 0) return false;
+    if ((++polls % kCheckEvery) != 0) return false;
+    if (abort != nullptr && *abort != 0u) return true;
+    if (limit_ns == 0ull) return false;
+    if (--checks_left == 0ull) return true;
     return globaltimer_ns() > limit_ns;
   }
+  __device__ __forceinline__ bool aborted() const { return abort != nullptr && *abort != 0u; }
 };
 
 // Spin until ready() holds or the deadline passes; false on time-out. The deadline is

@@ -1,0 +1,11 @@
+"""The ABI table of ``circuslink::collectives::Ring`` (include/circuslink/detail/collectives_types.cuh)."""
+
+from __future__ import annotations
+
+from .. import _abi as abi
+from ..channels.protocol import HANDLE
+
+# Sender<T> / Receiver<T> hold exactly one ChannelHandle, so they have its layout.
+RING = abi.Struct("circuslink::collectives::Ring", "circuslink/detail/collectives_types.cuh", [
+    ("right", HANDLE), ("left", HANDLE), ("scratch", abi.PTR), ("piece", abi.U64), ("rank", abi.U32),
+    ("size", abi.U32)])

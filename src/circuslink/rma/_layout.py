@@ -1,0 +1,25 @@
+"""The ABI tables of a committed RMA queue (include/circuslink/detail/rma_types.cuh), in one place.
+
+commit() packs these into device memory byte for byte; tests/test_abi.py checks them against the
+header with nvcc.
+"""
+
+from __future__ import annotations
+
+from .. import _abi as abi
+
+HEADER = "circuslink/detail/rma_types.cuh"
+CHUNK_BYTES = 4096  # kRmaChunkBytes: one warp copies one work unit of at most this many bytes
+
+DESCRIPTOR = abi.Struct("circuslink::RmaDescriptor", HEADER, [
+    ("src", abi.U64), ("dst", abi.U64), ("count", abi.U64), ("block_bytes", abi.U64), ("src_stride", abi.U64),
+    ("dst_stride", abi.U64), ("unit_begin", abi.U64), ("units_per_block", abi.U32), ("align", abi.U32)])
+STATE = abi.Struct("circuslink::RmaState", HEADER, [("epoch", abi.U64), ("done_ctas", abi.U64),
+                                                     ("failed", abi.U64)])
+ERROR_RECORD = abi.Struct("circuslink::RmaErrorRecord", HEADER, [("code", abi.U64), ("rank", abi.U64),
+                                                                  ("epoch", abi.U64)])
+QUEUE = abi.Struct("circuslink::RmaQueue", HEADER, [
+    ("descs", abi.PTR), ("n_descs", abi.U64), ("total_units", abi.U64), ("signals", abi.PTR), ("size", abi.U64),
+    ("targets", abi.PTR), ("arrival_at_target", abi.PTR), ("n_targets", abi.U64), ("origins", abi.PTR),
+    ("post_at_origin", abi.PTR), ("n_origins", abi.U64), ("state", abi.PTR), ("error", abi.PTR),
+    ("timeout_ns", abi.U64), ("post_at_wait", abi.U64), ("abort", abi.PTR)])
