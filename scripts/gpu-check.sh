@@ -1,33 +1,60 @@
 #!/usr/bin/env bash
-# What runs on the GPU machine (the device tool's `run`): install this checkout offline,
-# run the GPU-marked tests, the probe and the benchmarks, and leave everything under $OUT.
+# What runs on the GPU machine (the device tool's `run`): install this checkout offline, then run
+# the chosen stages with every rank of every job sharing the GPU under CUDA MPS, and leave the
+# results under $OUT.
 #
-#   scripts/gpu-check.sh [STAGE ...]     stages: info tests probe pingpong allreduce-like allreduce rma all
-#                                        scale (4- and 8-GPU machines: probe matrix, pingpong 0->k,
-#                                        allreduce and the RMA ring at 4 and 8 GPUs; not in "all")
+#   scripts/gpu-check.sh [STAGE ...]      (default: all)
 #
-# Results go to $OUT/results/ (JSON + PNG, the format of benchmarks/results/) and are also
-# packed into $OUT/results.tar.gz, because the device tool brings back at most 8 files.
+#   info            circuslink info (GPUs, MPS) and the per-rank SM budget of the kernels (diag)
+#   tests           the GPU-marked tests (2 and 4 ranks on the one GPU)
+#   probe           the floor, 2 and 4 ranks
+#   pingpong        channel pingpong against the floor and the baselines
+#   allreduce-like  CIRCUS's pipeline, with its trace
+#   allreduce       channel all-reduce, 2 and 4 ranks
+#   rma             persistent RMA queues against MPI-3 RMA and MPI p2p, 2 and 4 ranks (a ring)
+#   soak            10^6 messages over 72 channels among 4 ranks, both modes, every byte checked
+#   all             every stage above
+#   before          the regression tests of the MPS hangs against an older tree ($OLD_TREE, e.g.
+#                   .old/ from `git archive`): they must fail there (not part of "all")
+#   scale           machines of 4 or 8 GPUs: probe matrix, pingpong 0->k, allreduce and the RMA ring
+#   x2              the two-H200 reference runs (one rank per GPU; not part of "all")
+#
+# One MPS control daemon serves the whole run: the script re-executes itself under
+# `circuslink mps`, which starts one (or reuses a running one) and stops it at the end, also on
+# failure. Results go to $OUT/results/ (JSON + PNG) and are packed into $OUT/results.tar.gz,
+# because the device tool brings back at most 8 files.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
+PY=${PYTHON:-python3}
+# Never use NVLink multicast on the shared machines: it can take the GPUs down.
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export PYTHONUNBUFFERED=1 CIRCUSLINK_TIMEOUT=${CIRCUSLINK_TIMEOUT:-60}
+
+if [ -z "${CIRCUSLINK_GPU_CHECK_INSTALLED:-}" ]; then
+  mkdir -p "$OUT/results"
+  echo "=== install (offline)" | tee -a "$OUT/gpu-check.log"
+  $PY -m pip install -q --no-index --no-deps --no-build-isolation -e . >>"$OUT/gpu-check.log" 2>&1 \
+    || { echo "install failed"; tail -20 "$OUT/gpu-check.log"; exit 2; }
+  export CIRCUSLINK_GPU_CHECK_INSTALLED=1
+fi
+if [ -z "${CIRCUSLINK_MPS:-}" ] && [ "${1:-}" != "x2" ] && [ "${1:-}" != "scale" ]; then
+  exec $PY -m circuslink mps -- "$0" "$@"
+fi
+
 mkdir -p "$OUT/results"
 LOG="$OUT/gpu-check.log"
 exec > >(tee -a "$LOG") 2>&1
-
-# Never use NVLink multicast on the shared machines (KINDS.md): it can take the GPUs down.
-export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-export PYTHONUNBUFFERED=1 CIRCUSLINK_TIMEOUT=${CIRCUSLINK_TIMEOUT:-60}
-PY=${PYTHON:-python3}
 # The device machine's copy of the tree has no .git: the caller passes the commit.
 if [ -z "${CIRCUSLINK_COMMIT:-}" ] && git rev-parse --short=12 HEAD >/dev/null 2>&1; then
   CIRCUSLINK_COMMIT=$(git rev-parse --short=12 HEAD)
 fi
 export CIRCUSLINK_COMMIT=${CIRCUSLINK_COMMIT:-unknown}
+R="$OUT/results"
 
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(all)
-want() { for s in "${stages[@]}"; do [ "$s" = "$1" ] || [ "$s" = all ] && return 0; done; return 1; }
+want() { for s in "${stages[@]}"; do { [ "$s" = "$1" ] || { [ "$s" = all ] && [ "${2:-}" != explicit ]; }; } && return 0; done; return 1; }
 status=0
 step() {  # step NAME CMD...: run, time and record one step; a failure marks the run failed but goes on
   local name=$1; shift
@@ -38,40 +65,58 @@ step() {  # step NAME CMD...: run, time and record one step; a failure marks the
   [ $rc -eq 0 ] || status=1
   echo "$name rc=$rc $((SECONDS - t0))s" >> "$OUT/summary.txt"
 }
+cl() { $PY -m circuslink "$@"; }
 
-echo "=== install (offline)"
-$PY -m pip install -q --no-index --no-deps --no-build-isolation -e . || { echo "install failed"; exit 2; }
 nvidia-smi --query-gpu=index,name,memory.total,clocks.sm,clocks.mem --format=csv || true
+echo "MPS pipe directory: ${CUDA_MPS_PIPE_DIRECTORY:-none}"
 
-want info && step info $PY -m circuslink info
+want info && step info cl info
+want info && step diag cl run -n 2 -- $PY scripts/dev/mps_diag.py
 # Tests get a short device-side time-out so that a hang costs seconds, not the lease.
-want tests && step tests env CIRCUSLINK_TIMEOUT=20 $PY -m pytest -q -m gpu -p no:cacheprovider --timeout 150 \
-  --durations=15 tests
-want probe && step probe $PY -m circuslink probe --json "$OUT/results/probe.json"
-want pingpong && step pingpong $PY -m circuslink bench pingpong --json "$OUT/results/pingpong.json" \
-  --plot "$OUT/results/pingpong.png"
-want allreduce-like && step allreduce-like $PY -m circuslink bench allreduce-like \
-  --json "$OUT/results/allreduce-like.json" --plot "$OUT/results/allreduce-like.png" \
-  --trace "$OUT/results/allreduce-like-trace.json"
-want allreduce && step allreduce $PY -m circuslink bench allreduce --json "$OUT/results/allreduce.json" \
-  --plot "$OUT/results/allreduce.png"
-want rma && step rma $PY -m circuslink bench rma --json "$OUT/results/rma.json" --plot "$OUT/results/rma.png"
+want tests && step tests env CIRCUSLINK_TIMEOUT=20 $PY -m pytest -q -m "gpu and not two_gpus" -p no:cacheprovider \
+  --timeout 300 --durations=15 tests
+want probe && step probe-2 cl probe -n 2 --json "$R/probe-2.json"
+want probe && step probe-4 cl probe -n 4 --quick --json "$R/probe-4.json"
+want pingpong && step pingpong cl bench pingpong --json "$R/pingpong.json" --plot "$R/pingpong.png"
+want allreduce-like && step allreduce-like cl bench allreduce-like --json "$R/allreduce-like.json" \
+  --plot "$R/allreduce-like.png" --trace "$R/allreduce-like-trace.json"
+want allreduce && step allreduce-2 cl bench allreduce -n 2 --json "$R/allreduce-2.json" --plot "$R/allreduce-2.png"
+want allreduce && step allreduce-4 cl bench allreduce -n 4 --quick --json "$R/allreduce-4.json"
+want rma && step rma-2 cl bench rma -n 2 --json "$R/rma-2.json" --plot "$R/rma-2.png"
+want rma && step rma-4 cl bench rma -n 4 --quick --json "$R/rma-4.json"
+want soak && step soak cl run -n 4 -- $PY tests/soak/channels_soak.py --messages 1000000 --channels 72 \
+  --json "$R/soak.json"
 
-# Machines of more than 2 GPUs (issue 6): not part of "all"; run `scripts/gpu-check.sh scale`.
+if want before explicit; then
+  OLD=${OLD_TREE:-.old}
+  step before-rma env PYTHONPATH="$PWD/$OLD/src" CIRCUSLINK_TIMEOUT=15 $PY -m pytest -q -p no:cacheprovider \
+    --timeout 120 tests/test_rma_cuda.py -k late_peer
+  step before-allreduce-like env PYTHONPATH="$PWD/$OLD/src" CIRCUSLINK_TIMEOUT=15 $PY -m pytest -q \
+    -p no:cacheprovider --timeout 120 tests/test_allreduce_like.py -k mps_hang
+fi
+
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
-if printf '%s\n' "${stages[@]}" | grep -qx scale; then
-  step scale-probe $PY -m circuslink probe --json "$OUT/results/probe-${NGPU}gpu.json"
+if want scale explicit; then  # machines of 4 or 8 GPUs, one rank per GPU
+  step scale-probe cl probe --json "$R/probe-${NGPU}gpu.json"
   for k in $(seq 1 $((NGPU - 1))); do  # GPU 0 against each other GPU: rank 0 on GPU 0, rank 1 on GPU k
     step "scale-pingpong-0-$k" env CUDA_VISIBLE_DEVICES=0,$k $PY -m circuslink bench pingpong \
-      --json "$OUT/results/pingpong-0-$k.json" --plot "$OUT/results/pingpong-0-$k.png"
+      --json "$R/pingpong-0-$k.json" --plot "$R/pingpong-0-$k.png"
   done
   for n in 4 8; do
     [ "$n" -le "$NGPU" ] || continue
-    step "scale-allreduce-$n" $PY -m circuslink bench allreduce -n $n --json "$OUT/results/allreduce-${n}gpu.json" \
-      --plot "$OUT/results/allreduce-${n}gpu.png"
-    step "scale-rma-ring-$n" $PY -m circuslink bench rma -n $n --json "$OUT/results/rma-ring${n}.json" \
-      --plot "$OUT/results/rma-ring${n}.png"
+    step "scale-allreduce-$n" cl bench allreduce -n $n --json "$R/allreduce-${n}gpu.json" \
+      --plot "$R/allreduce-${n}gpu.png"
+    step "scale-rma-ring-$n" cl bench rma -n $n --json "$R/rma-ring${n}.json" --plot "$R/rma-ring${n}.png"
   done
+fi
+
+if want x2 explicit; then  # two H200s joined by NVLink, one rank per GPU: the reference figures
+  [ "$NGPU" -ge 2 ] || { echo "x2: needs 2 GPUs, this machine has $NGPU"; exit 2; }
+  step x2-probe cl probe -n 2 --check --json "$R/x2-probe.json"
+  step x2-pingpong cl bench pingpong -n 2 --json "$R/x2-pingpong.json" --plot "$R/x2-pingpong.png"
+  step x2-allreduce cl bench allreduce -n 2 --json "$R/x2-allreduce.json" --plot "$R/x2-allreduce.png"
+  step x2-allreduce-like cl bench allreduce-like --json "$R/x2-allreduce-like.json"
+  step x2-rma cl bench rma -n 2 --json "$R/x2-rma.json" --plot "$R/x2-rma.png"
 fi
 
 tar -czf "$OUT/results.tar.gz" -C "$OUT" results

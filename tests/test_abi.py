@@ -53,22 +53,19 @@ def test_a_drifted_table_fails_to_compile(tmp_path):
     fields = [(n, t, c) for n, t, c in handle.fields]
     fields.insert(3, ("extra", abi.U64, 1))
     drifted = abi.Struct.__new__(abi.Struct)
-    abi.Struct.__init__(drifted, handle.cxx, handle.header, fields)
-    abi._REGISTRY.remove(drifted)
+    abi.Struct.__init__(drifted, handle.cxx, handle.header, fields, register=False)
     proc = _compile(abi.static_asserts([drifted]), tmp_path)
     assert proc.returncode != 0 and "differs from the host table" in proc.stderr
 
 
 def test_c_layout_rules():
     """Offsets, padding and size follow C: natural alignment, tail padding to the largest member."""
-    s = abi.Struct("T", "t.h", [("a", abi.U8), ("b", abi.U32), ("c", abi.U8), ("d", abi.U64), ("e", abi.U16)])
-    abi._REGISTRY.remove(s)
+    s = abi.Struct("T", "t.h", [("a", abi.U8), ("b", abi.U32), ("c", abi.U8), ("d", abi.U64), ("e", abi.U16)],
+                   register=False)
     assert s.offsets == {"a": 0, "b": 4, "c": 8, "d": 16, "e": 24}
     assert (s.size, s.align) == (32, 8)
-    inner = abi.Struct("I", "t.h", [("x", abi.U32), ("y", abi.U8)])
-    outer = abi.Struct("O", "t.h", [("p", abi.U8), ("i", inner, 3), ("q", abi.U64)])
-    abi._REGISTRY.remove(inner)
-    abi._REGISTRY.remove(outer)
+    inner = abi.Struct("I", "t.h", [("x", abi.U32), ("y", abi.U8)], register=False)
+    outer = abi.Struct("O", "t.h", [("p", abi.U8), ("i", inner, 3), ("q", abi.U64)], register=False)
     assert inner.size == 8 and outer.offsets == {"p": 0, "i": 4, "q": 32} and outer.size == 40
     v = s.pack(a=1, d=2**63 + 5, e=7)
     raw = np.frombuffer(v.tobytes(), dtype=np.uint8)

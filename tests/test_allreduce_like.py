@@ -58,6 +58,9 @@ def test_cpu_run_verifies_and_traces(tmp_path):
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
     assert "overlap fraction of B's receiving and sending (32 KiB run): " in proc.stdout
     assert "min latency" in proc.stdout
+    pp = res["meta"]["pingpong"]  # the channel pingpong, measured in the same run, not read from a file
+    assert pp["measured"] == "in this run" and pp["sizes"] == [8, 65536] and pp["min_latency_us"] > 0
+    assert "channel pingpong in this run" in proc.stdout
 
 
 def test_needs_two_ranks(tmp_path):
@@ -80,7 +83,19 @@ def test_kernel_source_compiles(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.two_gpus
+def test_gpu_sizes_around_the_mps_hang(tmp_path):
+    """Under MPS, 2 ranks on one GPU hung at 2 KiB: A's 2G blocks meet in a grid barrier and B's G
+    blocks wait on A, but their kernels were sized for a whole GPU each, so some blocks could never
+    be resident. Grids now fit each rank's SM share (World.sm_budget)."""
+    proc = _bench(tmp_path, "--sizes", "1K,2K,4K,64K,1M", "--iters", "3", "--warmup", "1", "--no-baselines",
+                  backend="cuda", timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads((tmp_path / "res.json").read_text())
+    assert [r["bytes"] for r in res["rows"]] == [1024, 2048, 4096, 65536, 1 << 20]
+    assert all(r.get("verified") for r in res["rows"])
+
+
+@pytest.mark.gpu
 def test_gpu_run_verifies_and_traces(tmp_path):
     proc = _bench(tmp_path, "--sizes", "8,4K,64K,1M,16M", "--iters", "5", "--warmup", "2", "--trace",
                   str(tmp_path / "t.json"), backend="cuda", timeout=300)
@@ -92,22 +107,3 @@ def test_gpu_run_verifies_and_traces(tmp_path):
     assert tr["bytes"] == 32768 and tr["config"] == {"pairs": 8, "chunk_bytes": 512}, tr
     assert tr["overlap_fraction_B"] > 0.5, tr
     assert "overlap fraction of B's receiving and sending (32 KiB run): " in proc.stdout
-
-
-def test_pingpong_reference_reads_the_best_channel_rows(tmp_path):
-    import types
-
-    from circuslink.bench.allreduce_like import _pingpong_reference
-
-    rows = [{"impl": "circuslink", "bytes": 8, "latency_us": 0.7, "throughput_GBps": 0.01},
-            {"impl": "circuslink", "bytes": 1 << 28, "latency_us": 5.0, "throughput_GBps": 350.0},
-            {"impl": "circuslink-ll-depth4", "bytes": 8, "latency_us": 0.1, "throughput_GBps": 999.0},
-            {"impl": "nccl", "bytes": 8, "latency_us": 11.0, "throughput_GBps": 300.0},
-            {"impl": "nvshmem-put-signal", "bytes": 0, "skipped": "no mpirun"}]
-    (tmp_path / "pingpong-dev-2026-11-21.json").write_text(json.dumps({"rows": []}))
-    (tmp_path / "pingpong-dev-2026-11-22.json").write_text(json.dumps({"rows": rows}))
-    fake = types.SimpleNamespace(device="dev", default_path=lambda: tmp_path / "allreduce-like-dev.json")
-    ref = _pingpong_reference(fake)
-    assert ref == {"file": str(tmp_path / "pingpong-dev-2026-11-22.json"), "min_latency_us": 0.7,
-                   "peak_throughput_GBps": 350.0}
-    assert _pingpong_reference(types.SimpleNamespace(device="other", default_path=fake.default_path)) is None

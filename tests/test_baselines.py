@@ -589,7 +589,6 @@ def test_mpi_pingpong_host_staged_gpu(spmd):
 
 @pytest.mark.gpu
 @needs_nvshmem_build
-@pytest.mark.two_gpus
 def test_nvshmem_pingpong_gpu(tmp_path):
     sizes = [8, 64, 4096, 1 << 20, 64 << 20]
     rows = baselines.nvshmem_pingpong(sizes, iters=200, warmup=20, out_dir=tmp_path, timeout=300)

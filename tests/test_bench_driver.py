@@ -180,9 +180,12 @@ def test_results_schema_and_json(tmp_path, monkeypatch):
     assert json.loads(open(default).read())["rows"] == d["rows"]
 
 
-def test_results_default_dir_is_the_checkout():
+def test_results_default_dir_is_where_the_user_is(tmp_path, monkeypatch):
+    """A user's run never writes into the installed package or its checkout."""
+    monkeypatch.chdir(tmp_path)
     res = drv.Results("rma", fake_world())
-    assert res.default_path().parent.parts[-2:] == ("benchmarks", "results")
+    assert res.default_path().parent == tmp_path
+    assert res.write_json() == str(tmp_path / f"rma-{res.device}-{res.date}.json")
 
 
 def test_results_floor_defaults_to_none():

@@ -38,15 +38,17 @@ def test_fig2_pipeline(tmp_path, backend):
     assert f"50000 elements went through read, +1, write on rank 1 and came back exact ({backend})" in proc.stdout
 
 
-@pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.two_gpus])])
-def test_pingpong_bench(tmp_path, backend):
+@pytest.mark.parametrize("backend,nranks", [("cpu", 2), pytest.param("cuda", 2, marks=pytest.mark.gpu),
+                                            pytest.param("cuda", 4, marks=pytest.mark.gpu)])
+def test_pingpong_bench(tmp_path, backend, nranks):
     out = tmp_path / "pp.json"
     plot = tmp_path / "pp.png"
     sizes = "8,64,1K,16K" if backend == "cpu" else "8,64,4K,64K,1M,16M"
-    proc = _run(["bench", "pingpong", "--backend", backend, "--sizes", sizes, "--iters", "4", "--warmup", "1",
-                 "--json", str(out), "--plot", str(plot), "--no-baselines"], backend, tmp_path, timeout=400)
+    proc = _run(["bench", "pingpong", "--backend", backend, "-n", str(nranks), "--sizes", sizes, "--iters", "4",
+                 "--warmup", "1", "--json", str(out), "--plot", str(plot), "--no-baselines"], backend, tmp_path,
+                timeout=400)
     doc = json.loads(out.read_text())
-    assert doc["benchmark"] == "pingpong" and doc["backend"] == backend and doc["nranks"] == 2
+    assert doc["benchmark"] == "pingpong" and doc["backend"] == backend and doc["nranks"] == nranks
     assert doc["floor"] and doc["floor"]["summary"]
     rows = doc["rows"]
     from circuslink.bench.pingpong import _LL_MAX

@@ -1,7 +1,7 @@
 """CIRCUS channels on GPUs: the same properties as tests/test_channels.py, with kernels.
 
-Run on the device machine (2 GPUs). Kernels are compiled with circuslink.compile and receive
-the channel ends by value (``end.device_handle()``).
+Run on the device machine (ranks share its GPU under MPS). Kernels are compiled with
+circuslink.compile and receive the channel ends by value (``end.device_handle()``).
 """
 
 from __future__ import annotations
@@ -87,6 +87,8 @@ for vec in vectors:
         harr = np.array(tx.device_handle(), dtype=P.HANDLE_DTYPE)
         harr["route"] = P.route_of(vec["recv_id"], vec["dst_rank"])
         ch._buf.local[lay.ctrl:lay.ctrl + 8].view(cp.uint64)[0] = 1 << 40  # the reader keeps up
+        state = ch._buf.local[lay.ctrl + P.CTRL_SEND_STATE:lay.ctrl + P.CTRL_SEND_STATE + 16].view(cp.uint64)
+        state[:] = vec["first_seq"]  # SendState: seq and credit_cache
         for data in vec["writes"]:
             raw = np.frombuffer(bytes.fromhex(data), dtype=np.uint8)
             launch(form, tx, cp.asarray(raw), raw.size // vec["element_bytes"], handle=harr[()])
@@ -294,3 +296,129 @@ def test_device_timeouts_name_the_channel(spmd):
         in job.stdout
     assert "channel full_out (id 7, rank 0, sender to rank 1): timed out after 1 s: waited for credits" \
         in job.stdout
+
+
+BLOCK2D = KERNELS + '''
+from circuslink import channels
+from circuslink.spec import Link, element_type
+K2 = r"""
+#include <circuslink/channel.cuh>
+// 16 x 16 threads: warp 0 is threads (0..15, 0) and (0..15, 1), whose threadIdx.x repeat; the warp
+// forms must take their lane from %laneid, not from threadIdx.x & 31.
+extern "C" __global__ void w2d(circuslink::Sender<unsigned int> tx, const unsigned int* src,
+                               unsigned long long n, int* ok) {
+  const unsigned int t = threadIdx.x + blockDim.x * threadIdx.y;
+  if (t < 32 && !tx.write_warp(src, n)) *ok = 0;
+  __syncthreads();
+  if (!tx.write_block(src + n, n)) *ok = 0;
+}
+extern "C" __global__ void r2d(circuslink::Receiver<unsigned int> rx, unsigned int* dst,
+                               unsigned long long n, int* ok) {
+  const unsigned int t = threadIdx.x + blockDim.x * threadIdx.y;
+  if (t < 32 && !rx.read_warp(dst, n)) *ok = 0;
+  __syncthreads();
+  if (!rx.read_block(dst + n, n)) *ok = 0;
+}
+"""
+mod = cl.compile(K2)
+w = cl.init()
+rng = np.random.default_rng(int(__import__("os").environ["CIRCUSLINK_TEST_SEED"]))
+for mode in ("ll", "bw"):
+    link = Link("t2", "r2", 3, 4, 0, 1, element_type("uint"), 256)
+    opts = {"t2": {"mode": mode, "nslots": 4, **({"chunk": 256} if mode == "bw" else {})}}
+    ch = channels.open(w, [link], options=opts, timeout=20)
+    n = 1000
+    data = rng.integers(0, 2**32, 2 * n, dtype=np.uint32)
+    ok = cp.ones(1, dtype=cp.int32)
+    if w.rank == 0:
+        mod.get_function("w2d")((1,), (16, 16), (ch["t2"].device_handle(), cp.asarray(data), np.uint64(n), ok))
+    else:
+        out = cp.zeros(2 * n, dtype=cp.uint32)
+        mod.get_function("r2d")((1,), (16, 16), (ch["r2"].device_handle(), out, np.uint64(n), ok))
+    cp.cuda.runtime.deviceSynchronize()
+    for end in ch.ends():
+        end.check()
+    assert int(ok.get()[0]) == 1, mode
+    if w.rank == 1:
+        assert out.get().tobytes() == data.tobytes(), mode
+    w.barrier()
+    ch.close()
+w.close()
+print("2d ok", w.rank)
+'''
+
+
+def test_warp_and_block_forms_in_a_16x16_block(spmd):
+    job = spmd(2, BLOCK2D, backend="cuda").check()
+    assert job.stdout.count("2d ok") == 2
+
+
+WRAP = KERNELS + '''
+import time
+from circuslink import channels
+from circuslink.channels import protocol as P
+from circuslink.spec import Link, element_type
+w = cl.init()
+rng = np.random.default_rng(int(__import__("os").environ["CIRCUSLINK_TEST_SEED"]))
+for mode in ("ll", "bw"):
+    link = Link("wt", "wr", 9, 10, 0, 1, element_type("uint"), 64)
+    opts = {"wt": {"mode": mode, "nslots": 4, **({"chunk": 256} if mode == "bw" else {})}}
+    ch = channels.open(w, [link], options=opts, timeout=20)
+    lay = ch._plan.entries[0][2]
+    first = (1 << 32) - 1   # the packet whose flag used to be (seq + 1) mod 2^32 = 0, as a zeroed ring holds
+    ctrl = ch._buf.local[lay.ctrl:lay.ctrl + P.CTRL_BYTES]
+    if w.rank == 0:
+        ctrl[:8].view(cp.uint64)[0] = first  # credits: packets consumed so far
+        ctrl[P.CTRL_SEND_STATE:P.CTRL_SEND_STATE + 16].view(cp.uint64)[:] = first
+    else:
+        ctrl[P.CTRL_RECV_STATE:P.CTRL_RECV_STATE + 8].view(cp.uint64)[0] = first
+        ctrl[P.CTRL_RECV_STATE + 16:P.CTRL_RECV_STATE + 24].view(cp.uint64)[0] = first
+    cp.cuda.runtime.deviceSynchronize()
+    w.barrier()
+    data = rng.integers(0, 2**32, 200, dtype=np.uint32)
+    if w.rank == 0:
+        time.sleep(0.3)     # the reader is polling the zeroed ring already
+        ch["wt"].write(data)
+    else:
+        got = ch["wr"].read(200).get()
+        assert got.tobytes() == data.tobytes(), mode
+    w.barrier()
+    ch.close()
+w.close()
+print("wrap ok", w.rank)
+'''
+
+
+def test_reader_ahead_of_the_writer_at_flag_wrap_gpu(spmd):
+    job = spmd(2, WRAP, backend="cuda").check()
+    assert job.stdout.count("wrap ok") == 2
+
+
+DEAD_PEER = KERNELS + '''
+import os, time
+from circuslink import channels
+from circuslink.spec import Link, element_type
+w = cl.init()
+link = Link("dt", "dr", 11, 12, 0, 1, element_type("uint"), 64)
+ch = channels.open(w, [link], timeout=0)   # device waits never give up on their own
+if w.rank == 0:
+    os._exit(0)                            # the writer dies without writing
+t0 = time.monotonic()
+try:
+    ch["dr"].read(16)
+except cl.TimeoutError as exc:
+    print("HOST GAVE UP", round(time.monotonic() - t0), exc, flush=True)
+try:
+    ch["dr"].check()
+except cl.ChannelError as exc:
+    print("DEVICE SAW", exc, flush=True)
+os._exit(0)
+'''
+
+
+def test_device_timeout_zero_and_a_dead_peer_do_not_hang_the_host(spmd):
+    """With device waits that never time out, the host's own bounded wait aborts them (the abort word)."""
+    job = spmd(2, DEAD_PEER, backend="cuda", env={"CIRCUSLINK_TIMEOUT": "3"}, timeout=120).check()
+    assert "HOST GAVE UP" in job.stdout and "channel dr (id 12, rank 1, receiver from rank 0): its read kernel " \
+        "did not finish: timed out after 3 s" in job.stdout, job.output
+    assert "when the host gave up on the kernel" in job.stdout, job.output

@@ -56,7 +56,7 @@ def test_no_shared_memory_left_behind(spmd):
     import os
 
     before = {f for f in os.listdir("/dev/shm") if f.startswith("circuslink-")}
-    spmd(2, """
+    job = spmd(2, """
         import os, signal, circuslink as cl
         w = cl.init()
         b = w.alloc(1 << 16)
@@ -65,5 +65,31 @@ def test_no_shared_memory_left_behind(spmd):
             os.kill(os.getpid(), signal.SIGKILL)
         w.barrier()
     """)
+    assert job.returncode != 0 and "rank 1 was killed by SIGKILL" in job.stderr, job.output
+    after = {f for f in os.listdir("/dev/shm") if f.startswith("circuslink-")}
+    assert after <= before
+
+
+@pytest.mark.parametrize("size", ["1 << 60", "os.statvfs('/dev/shm').f_bavail * os.statvfs('/dev/shm').f_frsize + 4096"])
+def test_impossible_alloc_is_one_line_and_leaves_nothing(spmd, size):
+    import os
+
+    before = {f for f in os.listdir("/dev/shm") if f.startswith("circuslink-")}
+    job = spmd(2, f"""
+        import os, circuslink as cl
+        w = cl.init()
+        try:
+            w.alloc({size})
+        except cl.BackendError as exc:
+            print("ERR", exc)
+        b = w.alloc(4096)   # the world is still usable
+        b.local[:] = w.rank + 1
+        w.barrier()
+        assert int(b.peer(1 - w.rank)[0]) == 2 - w.rank
+        w.close()
+    """).check()
+    errs = [line for line in job.stdout.splitlines() if "ERR" in line]
+    assert len(errs) == 2 and all("alloc of" in e and "bytes failed: rank 0:" in e and "rank 1:" in e for e in errs)
+    assert "Traceback" not in job.output
     after = {f for f in os.listdir("/dev/shm") if f.startswith("circuslink-")}
     assert after <= before

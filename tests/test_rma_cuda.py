@@ -1,4 +1,4 @@
-"""RMA queues on the cuda back-end (run on the device machine: 2 GPUs joined by NVLink).
+"""RMA queues on the cuda back-end (run on the device machine: ranks share its GPU under MPS).
 
 The same ring body as tests/test_rma.py (byte-exact, poisoned windows, fresh data every
 cycle), host-driven with both engines, then device-driven: a user kernel that includes
@@ -138,3 +138,45 @@ world.barrier(timeout=30)
 def test_cuda_wait_times_out_on_the_device(spmd):
     job = spmd(2, TIMEOUT, backend="cuda", timeout=120).check()
     assert "on the device waiting for the writes of origin rank(s) 0" in job.output, job.output
+
+
+LATE_PEER = """
+import time
+import numpy as np
+import circuslink as cl
+from circuslink import rma
+world = cl.init()
+me, peer = world.rank, 1 - world.rank
+chain, size = 16, 512 << 10     # 2,048 work units: the start kernel's widest grid
+win = rma.window_alloc(world, 2 * chain * size)
+q = rma.Queue.alloc(win)
+for i in range(chain):
+    q.push(rma.declare_write(win, chain * size + i * size, win, i * size, size, peer))
+q.add_origin(peer)
+q.commit()
+seed = int(__import__("os").environ["CIRCUSLINK_TEST_SEED"])
+for cycle in range(6):
+    mine = np.random.default_rng([seed, cycle, me]).integers(0, 256, chain * size, dtype=np.uint8)
+    win.local[:chain * size] = world.xp.asarray(mine)
+    if me == 1:
+        time.sleep(0.2)  # rank 0's start kernel is already spinning on the GPU, waiting for this post
+    q.start()
+    q.wait()
+    theirs = np.random.default_rng([seed, cycle, peer]).integers(0, 256, chain * size, dtype=np.uint8)
+    got = win.local[chain * size:].get()
+    assert got.tobytes() == theirs.tobytes(), f"cycle {cycle}: wrong bytes"
+    world.barrier()
+q.free()
+win.free()
+world.close()
+print(f"rank {me} late peer ok")
+"""
+
+
+def test_start_kernel_leaves_a_late_peer_room_to_post(spmd):
+    """The MPS hang of `bench rma` (chain 16 x 512 KiB): every CTA of a start kernel spins until its
+    targets post, and the grid was sized for the whole GPU, so when one rank's start ran first its
+    CTAs could hold every SM and its peer's start kernel, which posts, never ran. Grids now fit the
+    rank's SM share under MPS; here rank 1 always starts 0.2 s late."""
+    job = spmd(2, LATE_PEER, backend="cuda", timeout=240, env={"CIRCUSLINK_TIMEOUT": "20"}).check()
+    assert job.output.count("late peer ok") == 2, job.output

@@ -57,7 +57,7 @@ class Struct:
     (name, Scalar | Struct, count) for a fixed-size array member."""
 
     def __init__(self, cxx: str, header: str, fields: list[tuple], align: int | None = None,
-                 check_offsets: bool = True) -> None:
+                 check_offsets: bool = True, register: bool = True) -> None:
         self.cxx = cxx
         self.header = header
         self.check_offsets = check_offsets  # offsetof needs a standard-layout type
@@ -87,7 +87,8 @@ class Struct:
         # of it to a kernel by value with this layout.
         self.dtype = np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": self.size,
                                "aligned": True})
-        _REGISTRY.append(self)
+        if register:  # circuslink's own tables; a program's private struct (register=False) is its own business
+            _REGISTRY.append(self)
 
     @property
     def numpy(self) -> np.dtype:

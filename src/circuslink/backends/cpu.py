@@ -40,13 +40,16 @@ class CpuBackend:
         self._alloc_count += 1
         alloc_id = self._alloc_count
         mine = self._name(alloc_id, world.rank)
-        fd = os.open(mine, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         maps: dict[int, mmap.mmap] = {}
-        try:
-            os.ftruncate(fd, nbytes)
-            maps[world.rank] = mmap.mmap(fd, nbytes)
-        finally:
-            os.close(fd)
+        failure = self._create(mine, nbytes, maps)
+        # Every rank learns of every rank's failure, so all raise the same error at once instead of
+        # waiting for a peer that gave up; nothing is left in /dev/shm either way.
+        failures = [f for f in world.allgather(failure, timeout) if f]
+        if failures:
+            for m in maps.values():
+                m.close()
+            _unlink(mine)
+            raise BackendError(f"alloc of {nbytes} bytes failed: {'; '.join(failures)}")
         try:
             world.barrier(timeout)  # every file exists
             for r in range(world.size):
@@ -59,10 +62,7 @@ class CpuBackend:
                     os.close(pfd)
             world.barrier(timeout)  # every rank has mapped every file
         finally:
-            try:
-                os.unlink(mine)
-            except FileNotFoundError:
-                pass
+            _unlink(mine)
         arrays = {r: np.frombuffer(m, dtype=np.uint8) for r, m in maps.items()}
         ptrs = [int(arrays[r].ctypes.data) for r in range(world.size)]
 
@@ -84,8 +84,41 @@ class CpuBackend:
 
         return SymmetricBuffer(world, nbytes, ptrs, make_array, release_local, release_all)
 
+    def _create(self, path: str, nbytes: int, maps: dict) -> str | None:
+        """Create and map my file; on failure remove it and say why (None when all went well)."""
+        rank = self.world.rank
+        try:
+            free = os.statvfs(SHM_DIR)
+            room = free.f_bavail * free.f_frsize
+        except OSError:
+            room = None
+        # tmpfs accepts any size and fails later with SIGBUS on the first store past its room: refuse first.
+        if room is not None and nbytes > room:
+            return (f"rank {rank}: {SHM_DIR} has {room} bytes free, fewer than the {nbytes} asked for "
+                    "(every rank of this machine allocates its own copy)")
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        except OSError as exc:
+            return f"rank {rank}: cannot create {path}: {exc.strerror}"
+        try:
+            os.ftruncate(fd, nbytes)
+            maps[rank] = mmap.mmap(fd, nbytes)
+        except (OSError, OverflowError, ValueError) as exc:
+            _unlink(path)
+            return f"rank {rank}: cannot map {nbytes} bytes of {SHM_DIR}: {getattr(exc, 'strerror', None) or exc}"
+        finally:
+            os.close(fd)
+        return None
+
     def synchronize(self) -> None:
         pass
 
     def close(self) -> None:
+        pass
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
         pass

@@ -137,22 +137,31 @@ class CudaBackend:
         cp = self.xp
         rt = cp.cuda.runtime
         world = self.world
+        base, handle, failure = 0, b"", None
         with cp.cuda.Device(self.device):
-            base = rt.malloc(nbytes)
             try:
+                base = rt.malloc(nbytes)
                 rt.memset(base, 0, nbytes)
                 rt.deviceSynchronize()
                 handle = bytes(rt.ipcGetMemHandle(base))
-            except Exception:
-                rt.free(base)
-                raise
+            except Exception as exc:  # CUDA's out-of-memory and friends: say it in one line, on every rank
+                failure = f"rank {world.rank} (GPU {self.device}): {exc}"
+                if base:
+                    rt.free(base)
+                base = 0
         ptrs: list[int] = []
         opened: list[int] = []
+        peers = world.allgather((self.device, handle, failure), timeout)
+        failures = [f for _, _, f in peers if f]
+        if failures:
+            if base:
+                with cp.cuda.Device(self.device):
+                    rt.free(base)
+            raise BackendError(f"alloc of {nbytes} bytes failed: {'; '.join(failures)}")
         try:
-            peers = world.allgather((self.device, handle), timeout)
-            self._check_peer_access([d for d, _ in peers])
+            self._check_peer_access([d for d, _, _ in peers])
             with cp.cuda.Device(self.device):
-                for r, (_, h) in enumerate(peers):
+                for r, (_, h, _) in enumerate(peers):
                     if r == world.rank:
                         ptrs.append(base)
                     else:

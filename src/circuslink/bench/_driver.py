@@ -131,7 +131,7 @@ def add_common_arguments(
     parser.add_argument("--warmup", type=_non_negative_int, default=default_warmup,
                         help=f"untimed iterations before timing (default {default_warmup})")
     parser.add_argument("--json", metavar="FILE", default=None,
-                        help="results file (default benchmarks/results/<benchmark>-<device>-<date>.json)")
+                        help="results file (default ./<benchmark>-<device>-<date>.json in the current directory)")
     parser.add_argument("--plot", metavar="FILE", default=None, help="write the plot(s) as PNG to FILE")
     parser.add_argument("--trace", metavar="FILE", default=None, help="write a Chrome/Perfetto trace to FILE")
     parser.add_argument("--backend", choices=("cpu", "cuda"), default=None,
@@ -239,11 +239,9 @@ def today() -> str:
 
 
 def _results_dir() -> Path:
-    # Inside a source checkout results go to its benchmarks/results; elsewhere to ./benchmarks/results.
-    repo = Path(__file__).resolve().parents[3]
-    if (repo / "benchmarks").is_dir() and (repo / "pyproject.toml").is_file():
-        return repo / "benchmarks" / "results"
-    return Path.cwd() / "benchmarks" / "results"
+    # A user's run writes where the user is, never into the installed package or its checkout:
+    # publishing a result into the repository's benchmarks/results is a deliberate --json.
+    return Path.cwd()
 
 
 def _jsonable(value: Any) -> Any:
@@ -291,6 +289,10 @@ class Results:
             "argv": list(sys.argv),
             "python": sys.version.split()[0],
         }
+        if world.device is not None:
+            from ..mps import status
+
+            self.meta["mps"] = status().active  # ranks sharing a GPU ran concurrently (MPS) or time-sliced
         self._rank = world.rank
 
     def add(self, **row: Any) -> dict:

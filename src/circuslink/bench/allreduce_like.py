@@ -18,8 +18,6 @@ timed with %globaltimer inside A's kernel. cpu: the channels' Python API (the re
 from __future__ import annotations
 
 import argparse
-import glob
-import json
 import os
 import time
 from typing import Any
@@ -99,12 +97,11 @@ def _run(world: Any, args: argparse.Namespace) -> int:
             _trace(world, impl, args, results)
     finally:
         impl.close()
+    pp = _pingpong_same_run(world, sizes, iters, warmup)
     if world.rank == 0:
         results.meta.update(impl.describe())
         results.meta["definitions"] = "latency=(t1-t0)/2, time=(t1-t0)/2+(t2-t1), best of iters (pingpong's)"
-        pp = _pingpong_reference(results)
-        if pp:
-            results.meta["pingpong"] = pp
+        results.meta["pingpong"] = pp
         drv.print_table(results.rows, ["impl", "bytes", "latency_us", "time_us", "throughput_GBps"],
                         f"allreduce-like ({backend}, {results.device})")
         _print_summary(results, pp)
@@ -160,27 +157,27 @@ def _trace(world: Any, impl: Any, args: argparse.Namespace, results: drv.Results
         print(f"tracer overhead at {drv.format_bytes(_TRACE_SIZE)}: {overhead:+.1%} of the untraced time")
 
 
-def _pingpong_reference(results: drv.Results) -> dict | None:
-    """The newest channel pingpong results on this device, if any were written."""
-    pattern = os.path.join(results.default_path().parent, f"pingpong-{results.device}-*.json")
-    files = sorted(glob.glob(pattern))
-    if not files:
-        return None
+def _pingpong_same_run(world: Any, sizes: list[int], iters: int, warmup: int) -> dict | None:
+    """Collective: the channel pingpong's minimum latency and peak throughput, measured now, in this run,
+    with the pingpong benchmark's own code, at the smallest and the largest size of this run (the
+    allreduce-like pipeline is compared with the channel it is built on, side by side)."""
+    from .pingpong import _BW_CONFIGS, _LL_MAX, _parse_bw_configs, _Pingpong
+
+    small, large = min(sizes), max(sizes)
+    drv.progress(f"allreduce-like: channel pingpong at {drv.format_bytes(small)} and {drv.format_bytes(large)} "
+                 "(same run)")
+    bench = _Pingpong(world, [small, large], ("ll", "bw"), _parse_bw_configs(_BW_CONFIGS))
     try:
-        data = json.loads(open(files[-1]).read())
-    except (OSError, ValueError):
+        rows = [bench.measure("ll", small, iters, warmup)] if small <= _LL_MAX else []
+        rows += [bench.measure("bw", n, iters, warmup) for n in sorted({small, large})]
+    finally:
+        bench.close()
+    if world.rank != 0:
         return None
-    rows = [r for r in data.get("rows", []) if "skipped" not in r]
-    # pingpong's "circuslink" rows are its best mode per size; "circuslink-ll/-bw" the modes; the
-    # "...depth4" rows are the tiny-ring runs, not the channel's figures.
-    best = [r for r in rows if r.get("impl") == "circuslink"]
-    rows = best or [r for r in rows if str(r.get("impl", "")).startswith("circuslink")
-                    and not str(r.get("impl")).endswith("depth4")]
-    lat = [r["latency_us"] for r in rows if isinstance(r.get("latency_us"), int | float)]
-    thr = [r["throughput_GBps"] for r in rows if isinstance(r.get("throughput_GBps"), int | float)]
-    if not lat:
-        return None
-    return {"file": files[-1], "min_latency_us": min(lat), "peak_throughput_GBps": max(thr) if thr else None}
+    rows = [r for r in rows if r]
+    return {"measured": "in this run", "sizes": sorted({small, large}),
+            "min_latency_us": min(r["latency_us"] for r in rows),
+            "peak_throughput_GBps": max(r["throughput_GBps"] for r in rows)}
 
 
 def _print_summary(results: drv.Results, pp: dict | None) -> None:
@@ -193,14 +190,12 @@ def _print_summary(results: drv.Results, pp: dict | None) -> None:
     results.meta["peak_throughput_GBps"] = peak
     line = f"allreduce-like: min latency {min_lat:.3f} us, peak throughput {peak:.2f} GB/s"
     if pp:
-        line += (f"; channel pingpong: min latency {pp['min_latency_us']:.3f} us, "
+        line += (f"; channel pingpong in this run: min latency {pp['min_latency_us']:.3f} us, "
                  f"peak {pp['peak_throughput_GBps']:.2f} GB/s")
         if pp.get("peak_throughput_GBps"):
             ratio = peak / pp["peak_throughput_GBps"]
             results.meta["peak_vs_pingpong"] = ratio
             line += f" (peak ratio {ratio:.3f}; target >= 0.95)"
-    else:
-        line += "; no pingpong results for this device yet (run circuslink bench pingpong)"
     print(line)
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BackendError, ChannelError, ConfigError
+from ..errors import ChannelError, ConfigError
 from . import _driver as drv
 
 _KERNEL_FILE = Path(__file__).parent / "kernels" / "pingpong_channels.cu"
@@ -348,12 +348,8 @@ def _baselines(world: Any, results: drv.Results, sizes: list[int], iters: int, w
     fn = getattr(baselines, "nvshmem_pingpong", None)
     if fn is not None and world.backend.name == "cuda":
         if world.rank == 0:
-            from ..backends import cuda_device_count
-
             drv.progress("pingpong: baseline nvshmem_pingpong")
-            try:
-                if cuda_device_count() < 2:  # its 2 PEs take one GPU each
-                    raise BackendError(f"the NVSHMEM baseline needs 2 GPUs, this machine has {cuda_device_count()}")
+            try:  # its 2 PEs share a GPU under MPS where there is one GPU
                 results.extend(fn(sizes, iters, warmup))
             except Exception as exc:  # a baseline that cannot run is reported, not fatal
                 results.add(impl="nvshmem-put-signal", bytes=0, skipped=f"{type(exc).__name__}: {exc}")
