@@ -32,10 +32,11 @@ def _cupy():
 def _sm_budget(sm_count: int) -> int:
     """SMs this rank's kernels may occupy (the forward-progress rule, docs/architecture.md).
 
-    Under MPS with ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (the launcher sets it to the rank's
-    share of its GPU) the client is capped by the hardware; the budget is that share of the SMs,
-    so a rank whose kernels spin on a peer never holds the SMs the peer needs.
-    ``CIRCUSLINK_SM_BUDGET`` overrides it (a number of SMs)."""
+    Under MPS with ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (the launcher sets it to the rank's share of
+    its GPU) the client is capped, and CUDA already reports the capped count as the device's SM count
+    (66 of an H100's 132 at 50%, measured under MPS on 2026-11-23): that count is the budget, so a
+    rank whose kernels spin on a peer never holds the SMs the peer needs. ``CIRCUSLINK_SM_BUDGET``
+    overrides it (a number of SMs)."""
     raw = os.environ.get("CIRCUSLINK_SM_BUDGET")
     if raw not in (None, ""):
         try:
@@ -45,13 +46,6 @@ def _sm_budget(sm_count: int) -> int:
         if value < 1:
             raise ConfigError(f"CIRCUSLINK_SM_BUDGET={raw!r} must be at least 1")
         return min(value, sm_count)
-    pct = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
-    if pct not in (None, ""):
-        try:
-            share = float(pct)
-        except ValueError:
-            raise ConfigError(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={pct!r} is not a number") from None
-        return max(1, min(sm_count, int(sm_count * share / 100.0)))
     return sm_count
 
 

@@ -299,6 +299,7 @@ def open(world: Any, spec_or_links: Any, timeout: float | None = None,  # noqa: 
     Every rank must pass the same spec and options.
     """
     timeout_s = 0.0 if timeout == 0 else resolve_timeout(timeout)
+    timeout = timeout or None  # the host's own waits below are always bounded
     try:
         links, spec = _load_links(spec_or_links, world.size)
     except SpecError:
