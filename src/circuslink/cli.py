@@ -22,6 +22,7 @@ COMMANDS = [
     ("run", "circuslink._run_command", "start N ranks on this machine: circuslink run -n N -- CMD ..."),
     ("probe", "circuslink.probe", "measure the physical floor between every pair of ranks"),
     ("gen", "circuslink.spec.codegen", "generate a CUDA header and host binding from a channel spec (app.xml)"),
+    ("route", "circuslink.topology.command", "routing over a topology: show the tables and paths, check for deadlock"),
 ]
 BENCHMARKS = [
     ("pingpong", "circuslink.bench.pingpong", "channel pingpong against the floor, NCCL, NVSHMEM and MPI"),
