@@ -24,7 +24,6 @@ JSON position (``links[3]``); malformed JSON names its line and column.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -33,6 +32,7 @@ from typing import Any
 from ._model import DEFAULT_LINK_KIND, MAX_LINKS, MAX_RANKS, Link, Topology, TopologyError
 
 MAX_FILE_BYTES = 16 << 20
+MAX_WEIGHT = 1e9  # path sums stay exact enough and finite
 _JSON_KEYS = ("nodes", "links", "directed", "name", "description", "comment")
 _NODE_KEYS = ("name", "group")
 _LINK_KEYS = ("a", "b", "kind", "weight")
@@ -45,12 +45,10 @@ def load(path: str) -> Topology:
     try:
         if os.path.isdir(path):
             raise TopologyError(f"{path}: is a folder, not a topology file")
-        size = os.path.getsize(path)
-        if size > MAX_FILE_BYTES:
-            raise TopologyError(f"{path}: {size} bytes is too large for a topology file "
-                                f"(at most {MAX_FILE_BYTES >> 20} MiB)")
         with open(path, "rb") as f:
-            raw = f.read()
+            raw = f.read(MAX_FILE_BYTES + 1)  # bounded: a device file such as /dev/zero never ends
+        if len(raw) > MAX_FILE_BYTES:
+            raise TopologyError(f"{path}: too large for a topology file (at most {MAX_FILE_BYTES >> 20} MiB)")
     except FileNotFoundError:
         raise TopologyError(f"no such topology file {path!r} (nor a topology string such as torus:4x4)") from None
     except OSError as exc:
@@ -77,6 +75,8 @@ def from_json(text: str, where: str = "<json>") -> Topology:
         raise TopologyError(f"{where}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
     except RecursionError:
         raise TopologyError(f"{where}: not a topology: JSON nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        raise TopologyError(f"{where}: not valid JSON: {str(exc)[:100]}") from None
     if not isinstance(doc, dict):
         raise TopologyError(f"{where}: expected a JSON object {{\"nodes\": [...], \"links\": [...]}}, "
                             f"got a JSON {_json_type(doc)}")
@@ -270,9 +270,9 @@ def _build(nodes: list[str] | int, edges: list[tuple], *, directed: bool, name: 
             arrow = "->" if directed else "-"
             raise TopologyError(f"{at}: duplicate link {names[ra]}{arrow}{names[rb]} (first at {pairs[key]})")
         pairs[key] = at
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight) \
-                or weight <= 0:
-            raise TopologyError(f"{at}: weight must be a positive finite number, got {weight!r}")
+        # compared, not converted: a huge JSON integer must not overflow a float
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight <= MAX_WEIGHT:
+            raise TopologyError(f"{at}: weight must be a positive number up to {MAX_WEIGHT:g}, got {weight!r}"[:200])
         if not isinstance(kind, str) or not kind.strip() or len(kind) > 64 or any(c.isspace() for c in kind):
             raise TopologyError(f"{at}: kind must be a short word such as nvlink or network, got {kind!r}")
         directed_links.append((ra, rb, kind, float(weight)))
