@@ -457,7 +457,7 @@ BAD_FILES = [
     ("args.txt", "a b\na b c\n", r"args\.txt:2: expected 'a b \[kind=K\] \[weight=W\]'"),
     ("opt.txt", "a b colour=red\n", r"opt\.txt:1: unknown option 'colour'"),
     ("weight.txt", "a b weight=x\n", r"weight\.txt:1: weight 'x' is not a number"),
-    ("zero.txt", "a b weight=0\n", r"zero\.txt:1: weight must be a positive finite number"),
+    ("zero.txt", "a b weight=0\n", r"zero\.txt:1: weight must be a positive number up to 1e\+09, got 0\.0"),
     ("late.txt", "a b\ndirected\n", r"late\.txt:2: 'directed' must come before any node or link"),
     ("empty.txt", "# nothing\n", r"empty\.txt: no nodes"),
     ("big.txt", "0 5000\n", r"rank 5000 is too large"),
@@ -473,7 +473,12 @@ BAD_FILES = [
     ("link3.json", '{"nodes": ["a", "b"], "links": [["a", "b", "c"]]}', r"links\[0\]: a link is \[a, b\]"),
     ("linkkey.json", '{"nodes": ["a", "b"], "links": [{"a": "a", "to": "b"}]}', r"links\[0\]: unknown key 'to'"),
     ("kind.json", '{"nodes": ["a", "b"], "links": [{"a": "a", "b": "b", "kind": 3}]}', r"kind must be a short word"),
-    ("neg.json", '{"nodes": ["a", "b"], "links": [{"a": "a", "b": "b", "weight": -1}]}', r"weight must be a positive"),
+    ("neg.json", '{"nodes": ["a", "b"], "links": [{"a": "a", "b": "b", "weight": -1}]}',
+     r"weight must be a positive number up to 1e\+09, got -1"),
+    ("huge.json", '{"nodes": ["a", "b"], "links": [{"a": "a", "b": "b", "weight": 1e400}]}',
+     r"weight must be a positive number up to 1e\+09, got inf"),
+    ("digits.json", '{"nodes": ["a", "b"], "links": [{"a": "a", "b": "b", "weight": ' + "9" * 5000 + "}]}",
+     r"digits\.json: not valid JSON: Exceeds the limit"),
     ("dir.json", '{"nodes": ["a", "b"], "links": [], "directed": "yes"}', r"'directed' must be true or false"),
     ("count.json", '{"nodes": 0, "links": []}', r"a topology has 1\.\.1024 nodes, got 0"),
     ("deep.json", "[" * 100000 + "]" * 100000, r"deep\.json: "),
@@ -490,7 +495,14 @@ def test_bad_topology_files(tmp_path, name, text, message):
     assert "\n" not in str(info.value)
 
 
-def test_unreadable_files(tmp_path):
+def test_unreadable_files(tmp_path, monkeypatch):
+    from circuslink.topology import _files
+
+    monkeypatch.setattr(_files, "MAX_FILE_BYTES", 8)
+    (tmp_path / "long.txt").write_text("a b\nb c\nc d\n")
+    with pytest.raises(TopologyError, match=r"long\.txt: too large for a topology file"):
+        T.parse(str(tmp_path / "long.txt"))
+    monkeypatch.undo()
     (tmp_path / "bin.txt").write_bytes(b"a b\n\x00\x01")
     (tmp_path / "latin.txt").write_bytes(b"a b\nc \xe9\n")
     for name, message in [("bin.txt", r"not a text file"), ("latin.txt", r"latin\.txt:2: not UTF-8 text"),
