@@ -291,6 +291,22 @@ def test_device_tables_hold_the_routes(spec):
     assert (handle["rank"], handle["nranks"], handle["nports"], handle["vcs"]) == (t.size - 1, t.size, t.nports, r.vcs)
 
 
+def test_port_tables_of_graphs_face_back(rng):
+    for directed in (False, True):
+        t = random_graph(rng, 9, 6, directed=directed)
+        ports = t.routing().port_table
+        assert ports.shape == (t.size, max(len(t.neighbours(r)) for r in range(t.size)))
+        for rank in range(t.size):
+            peers = [int(p["peer"]) for p in ports[rank] if p["peer"] != T.NO_RANK]
+            assert peers == t.neighbours(rank)  # a port per neighbour, in rank order
+            for p in ports[rank][:len(peers)]:
+                back = ports[p["peer"], p["peer_port"]]
+                assert back["peer"] == rank and back["out_link"] == p["in_link"] and back["in_link"] == p["out_link"]
+                if p["out_link"] != T.NO_LINK:
+                    k = t.links[int(p["out_link"])]
+                    assert (k.src, k.dst, k.port) == (rank, p["peer"], list(ports[rank]["peer"]).index(p["peer"]))
+
+
 def test_unreachable_entries_in_the_device_table():
     r = T.from_edge_list("a b\nc d\n").routing()
     assert (r.table[0, 2]["next"], r.table[0, 2]["port"]) == (T.NO_RANK, T.PORT_NONE)

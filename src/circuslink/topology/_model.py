@@ -389,6 +389,8 @@ def parse(source: str | os.PathLike | Topology, base_dir: str | os.PathLike | No
     text = source.strip()
     if not text:
         raise TopologyError("empty topology: expected ring:N, line:N, mesh:XxY, torus:XxY or a file")
+    if "\0" in text:
+        raise TopologyError(f"a topology string or file name holds a NUL character: {text[:40]!r}")
     path = _resolve(text, base_dir)
     if os.path.exists(path):
         return load(path)
