@@ -250,7 +250,7 @@ CASES = [
      "2: channel 'a_out': field 'dept': unknown field (known: name, type, id, rank, read-from, write-to, depth, "
      "width)"),
     ("unknown element", "<circus>\n<chanel name='x'/>\n" + sender() + "\n" + receiver() + "\n</circus>", None,
-     "2: <circus>: field 'chanel': unknown element <chanel> (expected channel, endpoint or struct)"),
+     "2: <circus>: field 'chanel': unknown element <chanel> (expected channel, endpoint, struct or topology)"),
     ("field twice",  # the type both as an attribute (line 2) and as a child element (line 3)
      '<circus>\n<channel name="a_out" type="uint" id="0" write-to="1" rank="0">\n<type>int</type>\n</channel>\n'
      + receiver() + "\n</circus>", None,

@@ -23,6 +23,7 @@ COMMANDS = [
     ("mps", "circuslink.mps", "run a command (e.g. mpirun ...) with CUDA MPS arranged for ranks sharing a GPU"),
     ("probe", "circuslink.probe", "measure the physical floor between every pair of ranks"),
     ("gen", "circuslink.spec.codegen", "generate a CUDA header and host binding from a channel spec (app.xml)"),
+    ("route", "circuslink.topology.command", "routing over a topology: show the tables and paths, check for deadlock"),
 ]
 BENCHMARKS = [
     ("pingpong", "circuslink.bench.pingpong", "channel pingpong against the floor, NCCL, NVSHMEM and MPI"),

@@ -25,10 +25,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy
 
 from ..errors import SpecError
+
+if TYPE_CHECKING:
+    from ..topology import Topology
 
 MAX_ELEMENT_BYTES = 64
 MAX_DEPTH = 1 << 24  # elements; a ring of 2**24 x 64 B is 1 GiB, more than any channel needs
@@ -119,9 +123,14 @@ class Spec:
     """A validated set of links, from a file (``path``) or built in code."""
 
     def __init__(self, links: list[Link], path: str | None = None, structs: list[ElementType] | None = None,
-                 lines: dict[str, int] | None = None) -> None:
+                 lines: dict[str, int] | None = None, topology: Topology | None = None,
+                 vcs: int | None = None) -> None:
         self.path = path
         self.links = list(links)
+        # The declared network (None: every rank maps every other rank's memory) and its virtual-channel
+        # count (None: the topology's default). With a topology, channels may join any two connected ranks.
+        self.topology = topology
+        self.vcs = vcs
         # end name -> line of its <channel> in the file (empty for specs built in code), for messages
         self.lines: dict[str, int] = dict(lines or {})
         # User structs in declaration order (a struct may only use structs declared before it, so this
@@ -144,6 +153,26 @@ class Spec:
                 if end_id in ids:
                     raise SpecError(f"{where}: channel ID {end_id} is used by both {ids[end_id]!r} and {end!r}")
                 ids[end_id] = end
+        if topology is not None:
+            self._check_topology(where)
+
+    def _check_topology(self, where: str) -> None:
+        from ..topology import TopologyError
+
+        topo = self.topology
+        try:
+            topo.routing(self.vcs)  # the virtual-channel count must be one the topology can use
+        except TopologyError as exc:
+            raise SpecError(f"{where}: {exc}") from None
+        for link in self.links:
+            for end, rank in ((link.name, link.src_rank), (link.receiver_name, link.dst_rank)):
+                if rank >= topo.size:
+                    raise SpecError(f"{self.where(end)}: channel end {end!r}: field 'rank': {rank} is outside the "
+                                    f"topology {topo.name} (ranks 0..{topo.size - 1})")
+            if not topo.reachable(link.src_rank, link.dst_rank):
+                raise SpecError(f"{self.where(link.receiver_name)}: channel end {link.receiver_name!r}: field "
+                                f"'rank': rank {link.dst_rank} is unreachable from rank {link.src_rank} on "
+                                f"topology {topo.name}")
 
     def where(self, end_name: str) -> str:
         """``FILE:LINE`` of an end's declaration (``FILE`` alone when unknown), for error messages."""
@@ -177,7 +206,11 @@ class Spec:
         return out
 
     def check_nranks(self, nranks: int) -> None:
-        """Raise :class:`SpecError` if an end lives on a rank outside ``0..nranks-1``."""
+        """Raise :class:`SpecError` if an end lives on a rank outside ``0..nranks-1``, or the spec's topology
+        has another number of ranks than ``nranks``."""
+        if self.topology is not None and self.topology.size != nranks:
+            raise SpecError(f"{self.path or '<links>'}: topology {self.topology.name} has {self.topology.size} "
+                            f"ranks, but the job has {nranks}")
         for link in self.links:
             for end, rank in ((link.name, link.src_rank), (link.receiver_name, link.dst_rank)):
                 if rank >= nranks:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.parsers import expat
 
+from .. import topology as _topology
 from ..errors import SpecError
 from .model import (
     MAX_CHANNEL_ID,
@@ -40,6 +41,7 @@ _STRUCT_FIELDS = ("name", "bytes", "align")
 _MEMBER_FIELDS = ("name", "type", "count")
 _GROUP_FIELDS = ("rank",)
 _ROOT_FIELDS = ("name", "version")
+_TOPOLOGY_FIELDS = ("kind", "dims", "file", "vcs")
 _INT_RE = re.compile(r"^[+-]?(0[xX][0-9a-fA-F]+|[0-9]+)$")
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Names are emitted as C++ identifiers (handle aliases, constants), so C++ keywords cannot be used.
@@ -116,13 +118,17 @@ def load(source: str | os.PathLike, nranks: int | None = None, *, name: str | No
     if nranks is not None and nranks < 1:
         raise SpecError(f"nranks must be at least 1, got {nranks}")
     structs = _parse_structs(root, problems)
+    base_dir = os.path.dirname(path) if path else None
+    topology, vcs = _parse_topology(root, problems, nranks, base_dir or None)
     ends = _parse_ends(root, structs, problems, nranks)
     links = _pair(ends, problems)
+    if topology is not None:
+        links = _check_topology(topology, ends, links, problems)
     if not ends and not problems.lines:
         problems.add(root.line, f"<{root.tag}>", None, "declares no <channel> elements")
     problems.raise_if_any()
     lines = {e.name: e.line for e in ends if e.name}
-    return Spec(links, path=path, structs=list(structs.values()), lines=lines)
+    return Spec(links, path=path, structs=list(structs.values()), lines=lines, topology=topology, vcs=vcs)
 
 
 # ---- reading and XML -----------------------------------------------------------------------------
@@ -326,9 +332,9 @@ def _channel_nodes(root: _Node, problems: _Problems):
             for child in node.children:
                 if child.tag == "channel":
                     yield child, (rank, gf["rank"][1]) if rank is not None else ("bad", node.line)
-        elif node.tag != "struct":
+        elif node.tag not in ("struct", "topology"):
             problems.add(node.line, f"<{root.tag}>", node.tag,
-                         f"unknown element <{node.tag}> (expected channel, endpoint or struct)")
+                         f"unknown element <{node.tag}> (expected channel, endpoint, struct or topology)")
     if root.attrs:
         _fields(_Node(root.tag, root.attrs, root.line), _ROOT_FIELDS, f"<{root.tag}>", problems)
 
@@ -492,3 +498,103 @@ def _pair(ends: list[_End], problems: _Problems) -> list[Link]:
                           src_rank=s.rank, dst_rank=r.rank, element=s.element,
                           depth=max(depths) if depths else DEFAULT_DEPTH))
     return links
+
+
+# ---- topology -----------------------------------------------------------------------------------
+
+def _parse_topology(root: _Node, problems: _Problems, nranks: int | None,
+                    base_dir: str | None) -> tuple[_topology.Topology | None, int | None]:
+    """The one ``<topology>`` element: ``<topology>torus:4x4</topology>`` (a kind:dims string or a file),
+    ``<topology kind="torus" dims="4x4"/>`` or ``<topology file="net.json"/>``, each with optional ``vcs``."""
+    nodes = [n for n in root.children if n.tag == "topology"]
+    if not nodes:
+        return None, None
+    for extra in nodes[1:]:
+        problems.add(extra.line, "<topology>", None, f"given twice (also on line {nodes[0].line}); keep one")
+    node = nodes[0]
+    subject = "<topology>"
+    text = node.text.strip()
+    if text and node.children:
+        problems.add(node.line, subject, None, f"text {text[:20]!r} mixed with elements; use one form")
+        return None, None
+    fields = _fields(_Node(node.tag, node.attrs, node.line, node.children), _TOPOLOGY_FIELDS, subject, problems)
+    vcs = _int_field(fields, "vcs", subject, problems, 1, _topology.MAX_VCS, f"1..{_topology.MAX_VCS}")
+    given = [k for k in ("kind", "dims", "file") if k in fields]
+    topo, field_name = None, None
+    try:
+        if text:
+            if given:
+                problems.add(node.line, subject, given[0],
+                             f"the topology is given as text ({text[:30]!r}); drop '{given[0]}' or the text")
+                return None, None
+            topo = _topology.parse(text, base_dir)
+        elif "file" in fields:
+            field_name = "file"
+            if "kind" in fields or "dims" in fields:
+                problems.add(fields["file"][1], subject, "file", "give kind and dims, or file, not both")
+                return None, None
+            if not fields["file"][0]:
+                problems.add(fields["file"][1], subject, "file", "empty file name")
+                return None, None
+            topo = _topology.load(_resolve_path(fields["file"][0], base_dir))
+        elif "kind" in fields or "dims" in fields:
+            for need in ("kind", "dims"):
+                if need not in fields:
+                    problems.add(node.line, subject, need,
+                                 "missing (kind and dims go together, e.g. kind=\"torus\" dims=\"4x4\")")
+                    return None, None
+            kind = fields["kind"][0].lower()
+            if kind not in _topology.KINDS:
+                problems.add(fields["kind"][1], subject, "kind",
+                             f"unknown kind {fields['kind'][0]!r} (known: {', '.join(_topology.KINDS)}; a custom "
+                             "graph is file=\"net.json\")")
+                return None, None
+            field_name = "dims"
+            topo = _topology.parse_spec_string(f"{kind}:{fields['dims'][0]}")
+        else:
+            problems.add(node.line, subject, None, "empty: give kind and dims (kind=\"torus\" dims=\"4x4\"), "
+                         "file (file=\"net.json\") or the topology as text (<topology>torus:4x4</topology>)")
+            return None, None
+    except _topology.TopologyError as exc:
+        line = fields[field_name][1] if field_name in fields else node.line
+        problems.add(line, subject, field_name, str(exc))
+        return None, None
+    if vcs is not None:
+        try:
+            _topology.vc_range(topo)
+            topo.routing(vcs)
+        except _topology.TopologyError as exc:
+            problems.add(fields["vcs"][1], subject, "vcs", str(exc))
+            vcs = None
+    if nranks is not None and nranks != topo.size:
+        problems.add(node.line, subject, None, f"topology {topo.name} has {topo.size} ranks, but nranks is "
+                     f"{nranks}")
+    return topo, vcs
+
+
+def _resolve_path(path: str, base_dir: str | None) -> str:
+    return path if base_dir is None or os.path.isabs(path) else os.path.join(base_dir, path)
+
+
+def _check_topology(topo: _topology.Topology, ends: list[_End], links: list[Link],
+                    problems: _Problems) -> list[Link]:
+    """Every end on a rank of the topology, every receiver reachable from its sender (channels are routed)."""
+    by_name = {e.name: e for e in ends if e.name}
+    outside = set()
+    for e in ends:
+        if e.rank is not None and e.rank >= topo.size:
+            outside.add(e.name)
+            problems.add(e.lines.get("rank", e.line), f"channel '{e.name}'", "rank",
+                         f"{e.rank} is outside the topology {topo.name} (ranks 0..{topo.size - 1})")
+    kept = []
+    for link in links:
+        if link.name in outside or link.receiver_name in outside:
+            continue
+        if not topo.reachable(link.src_rank, link.dst_rank):
+            s, r = by_name[link.name], by_name[link.receiver_name]
+            problems.add(r.lines.get("rank", r.line), f"channel '{r.name}'", "rank",
+                         f"rank {topo.label(link.dst_rank)} is unreachable from sender '{s.name}' (rank "
+                         f"{topo.label(link.src_rank)}, line {s.line}) on topology {topo.name}")
+            continue
+        kept.append(link)
+    return kept

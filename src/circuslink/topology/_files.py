@@ -1,0 +1,301 @@
+"""Custom topologies: the JSON format, the text edge list, and the checks both share.
+
+JSON (``.json``, or any file whose first character is ``{``)::
+
+    {"nodes": ["a", "b", "c"],                  # names (strings or integers), ranks in order; or a count N
+     "links": [["a", "b"], {"a": "b", "b": "c", "kind": "nvlink", "weight": 2}],
+     "directed": false}                          # optional: links are bidirectional by default
+
+A node may also be ``{"name": "a", "group": "host0"}`` (ranks grouped by host, for hierarchical routing).
+
+Edge list (any other file)::
+
+    # comment
+    directed              # optional, before any link: links are one-way
+    a b                   # a link (both ways unless directed)
+    b c kind=network weight=4
+    d                     # a node on its own line (declares it, e.g. to fix rank order)
+
+Ranks follow first appearance, except that when every name is a plain non-negative integer the names are the
+ranks (0..max). Every problem raises :class:`TopologyError` naming the file and the line (edge list) or the
+JSON position (``links[3]``); malformed JSON names its line and column.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ._model import DEFAULT_LINK_KIND, MAX_LINKS, MAX_RANKS, Link, Topology, TopologyError
+
+MAX_FILE_BYTES = 16 << 20
+MAX_WEIGHT = 1e9  # path sums stay exact enough and finite
+_JSON_KEYS = ("nodes", "links", "directed", "name", "description", "comment")
+_NODE_KEYS = ("name", "group")
+_LINK_KEYS = ("a", "b", "kind", "weight")
+_OPTION_KEYS = ("kind", "weight")
+_INT_NAME = re.compile(r"^(0|[1-9][0-9]*)$")
+
+
+def load(path: str) -> Topology:
+    """Read a topology file (JSON or edge list)."""
+    try:
+        if os.path.isdir(path):
+            raise TopologyError(f"{path}: is a folder, not a topology file")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)  # bounded: a device file such as /dev/zero never ends
+        if len(raw) > MAX_FILE_BYTES:
+            raise TopologyError(f"{path}: too large for a topology file (at most {MAX_FILE_BYTES >> 20} MiB)")
+    except FileNotFoundError:
+        raise TopologyError(f"no such topology file {path!r} (nor a topology string such as torus:4x4)") from None
+    except OSError as exc:
+        raise TopologyError(f"{path}: cannot read topology file: {exc.strerror or exc}") from None
+    if b"\0" in raw:
+        raise TopologyError(f"{path}: not a text file (it holds NUL bytes)")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise TopologyError(f"{path}:{line}: not UTF-8 text") from None
+    if path.lower().endswith(".json") or text.lstrip().startswith(("{", "[")):
+        return from_json(text, path)
+    return from_edge_list(text, path)
+
+
+# ---- JSON ---------------------------------------------------------------------------------------
+
+def from_json(text: str, where: str = "<json>") -> Topology:
+    """A topology from the JSON format (``where`` names the source in messages)."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TopologyError(f"{where}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
+    except RecursionError:
+        raise TopologyError(f"{where}: not a topology: JSON nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        raise TopologyError(f"{where}: not valid JSON: {str(exc)[:100]}") from None
+    if not isinstance(doc, dict):
+        raise TopologyError(f"{where}: expected a JSON object {{\"nodes\": [...], \"links\": [...]}}, "
+                            f"got a JSON {_json_type(doc)}")
+    unknown = [k for k in doc if k not in _JSON_KEYS]
+    if unknown:
+        raise TopologyError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(_JSON_KEYS)})")
+    for key in ("nodes", "links"):
+        if key not in doc:
+            raise TopologyError(f"{where}: missing {key!r} (expected {{\"nodes\": [...], \"links\": [...]}})")
+    directed = doc.get("directed", False)
+    if not isinstance(directed, bool):
+        raise TopologyError(f"{where}: 'directed' must be true or false, got {json.dumps(directed)[:40]}")
+    name = doc.get("name", where)
+    if not isinstance(name, str) or not name.strip():
+        raise TopologyError(f"{where}: 'name' must be a non-empty string")
+
+    nodes = doc["nodes"]
+    groups: list[str | None] | None = None
+    if isinstance(nodes, list):
+        names: list[str] = []
+        groups = []
+        for i, entry in enumerate(nodes):
+            group = None
+            if isinstance(entry, dict):
+                bad = [k for k in entry if k not in _NODE_KEYS]
+                if bad:
+                    raise TopologyError(f"{where}: nodes[{i}]: unknown key {bad[0]!r} (known: {', '.join(_NODE_KEYS)})")
+                if "name" not in entry:
+                    raise TopologyError(f"{where}: nodes[{i}]: missing 'name'")
+                group = entry.get("group")
+                if group is not None and (not isinstance(group, str | int) or isinstance(group, bool)):
+                    raise TopologyError(f"{where}: nodes[{i}]: 'group' must be a string, got "
+                                        f"{json.dumps(group)[:40]}")
+                group = None if group is None else str(group)
+                entry = entry["name"]
+            names.append(_node_name(entry, f"{where}: nodes[{i}]"))
+            groups.append(group)
+        if not any(g is not None for g in groups):
+            groups = None
+        node_arg: Any = names
+    elif isinstance(nodes, int) and not isinstance(nodes, bool):
+        node_arg = nodes
+    else:
+        raise TopologyError(f"{where}: 'nodes' must be a list of names or a count, got a JSON {_json_type(nodes)}")
+
+    links = doc["links"]
+    if not isinstance(links, list):
+        raise TopologyError(f"{where}: 'links' must be a list, got a JSON {_json_type(links)}")
+    edges = []
+    for i, item in enumerate(links):
+        at = f"{where}: links[{i}]"
+        if isinstance(item, list):
+            if len(item) != 2:
+                raise TopologyError(f"{at}: a link is [a, b] or {{\"a\": .., \"b\": ..}}, got a list of {len(item)}")
+            edges.append((item[0], item[1], DEFAULT_LINK_KIND, 1.0, at))
+        elif isinstance(item, dict):
+            bad = [k for k in item if k not in _LINK_KEYS]
+            if bad:
+                raise TopologyError(f"{at}: unknown key {bad[0]!r} (known: {', '.join(_LINK_KEYS)})")
+            for end in ("a", "b"):
+                if end not in item:
+                    raise TopologyError(f"{at}: missing {end!r} (a link is {{\"a\": .., \"b\": ..}})")
+            edges.append((item["a"], item["b"], item.get("kind", DEFAULT_LINK_KIND), item.get("weight", 1.0), at))
+        else:
+            raise TopologyError(f"{at}: a link is [a, b] or {{\"a\": .., \"b\": ..}}, got a JSON {_json_type(item)}")
+    return _build(node_arg, edges, directed=directed, name=name, groups=groups, where=where)
+
+
+def _json_type(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number")
+
+
+# ---- edge list ----------------------------------------------------------------------------------
+
+def from_edge_list(text: str, where: str = "<edges>") -> Topology:
+    """A topology from the text edge list (``where`` names the source in messages)."""
+    directed = False
+    order: list[str] = []
+    seen: set[str] = set()
+    edges = []
+    for lineno, raw_line in enumerate(text.splitlines(), 1):
+        at = f"{where}:{lineno}"
+        tokens = raw_line.split("#", 1)[0].split()
+        if not tokens:
+            continue
+        if tokens == ["directed"]:
+            if edges or order:
+                raise TopologyError(f"{at}: 'directed' must come before any node or link")
+            directed = True
+            continue
+        names = [t for t in tokens if "=" not in t]
+        options: dict[str, str] = {}
+        for t in tokens:
+            if "=" in t:
+                key, _, value = t.partition("=")
+                if key not in _OPTION_KEYS:
+                    raise TopologyError(f"{at}: unknown option {key!r} (known: {', '.join(_OPTION_KEYS)})")
+                if key in options:
+                    raise TopologyError(f"{at}: option {key!r} given twice")
+                options[key] = value
+        if len(names) not in (1, 2) or (len(names) == 1 and options):
+            raise TopologyError(f"{at}: expected 'a b [kind=K] [weight=W]' (a link) or 'a' (a node), "
+                                f"got {raw_line.strip()[:60]!r}")
+        for n in names:
+            if n not in seen:
+                seen.add(n)
+                order.append(n)
+        if len(names) == 2:
+            weight: Any = 1.0
+            if "weight" in options:
+                try:
+                    weight = float(options["weight"])
+                except ValueError:
+                    raise TopologyError(f"{at}: weight {options['weight']!r} is not a number") from None
+            kind = options.get("kind", DEFAULT_LINK_KIND)
+            edges.append((names[0], names[1], kind, weight, at))
+    if not order:
+        raise TopologyError(f"{where}: no nodes (expected lines 'a b', one link each)")
+    if all(_INT_NAME.match(n) for n in order):
+        top = max(int(n) for n in order)
+        if top >= MAX_RANKS:
+            raise TopologyError(f"{where}: rank {top} is too large: circuslink routes at most {MAX_RANKS} ranks")
+        nodes: Any = top + 1  # the names are the ranks; unnamed ranks in between are isolated nodes
+    else:
+        nodes = order
+    return _build(nodes, edges, directed=directed, name=where, groups=None, where=where)
+
+
+# ---- shared checks ------------------------------------------------------------------------------
+
+def _node_name(value: Any, at: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise TopologyError(f"{at}: a node name is a string or an integer, got {json.dumps(value)[:40]}")
+    name = str(value).strip()
+    if not name:
+        raise TopologyError(f"{at}: empty node name")
+    return name
+
+
+def build_graph(nodes: Iterable[Any] | int, links: Iterable[Any], *, directed: bool, name: str,
+                groups: Sequence[str | None] | None, where: str) -> Topology:
+    """:func:`circuslink.topology.graph`'s body: Python nodes and links through the checks files get."""
+    edges = []
+    for i, item in enumerate(links):
+        at = f"{where}: links[{i}]"
+        if isinstance(item, dict):
+            bad = [k for k in item if k not in _LINK_KEYS]
+            if bad or "a" not in item or "b" not in item:
+                raise TopologyError(f"{at}: a link is (a, b) or a dict with keys a, b[, kind, weight]")
+            edges.append((item["a"], item["b"], item.get("kind", DEFAULT_LINK_KIND), item.get("weight", 1.0), at))
+        else:
+            try:
+                a, b = item
+            except (TypeError, ValueError):
+                raise TopologyError(f"{at}: a link is (a, b) or a dict with keys a, b[, kind, weight]") from None
+            edges.append((a, b, DEFAULT_LINK_KIND, 1.0, at))
+    if not isinstance(nodes, int):
+        nodes = [_node_name(n, f"{where}: nodes[{i}]") for i, n in enumerate(nodes)]
+    return _build(nodes, edges, directed=directed, name=name, groups=groups, where=where)
+
+
+def _build(nodes: list[str] | int, edges: list[tuple], *, directed: bool, name: str,
+           groups: Sequence[str | None] | None, where: str) -> Topology:
+    if isinstance(nodes, int):
+        if not 1 <= nodes <= MAX_RANKS:
+            raise TopologyError(f"{where}: a topology has 1..{MAX_RANKS} nodes, got {nodes}")
+        names = [str(r) for r in range(nodes)]
+    else:
+        names = list(nodes)
+        if not names:
+            raise TopologyError(f"{where}: no nodes")
+        if len(names) > MAX_RANKS:
+            raise TopologyError(f"{where}: {len(names)} nodes; circuslink routes at most {MAX_RANKS} ranks")
+    rank_of: dict[str, int] = {}
+    for r, n in enumerate(names):
+        if n in rank_of:
+            raise TopologyError(f"{where}: node {n!r} is listed twice (ranks {rank_of[n]} and {r})")
+        rank_of[n] = r
+    if groups is not None and len(groups) != len(names):
+        raise TopologyError(f"{where}: {len(groups)} groups for {len(names)} nodes")
+
+    pairs: dict[tuple[int, int], str] = {}
+    directed_links: list[tuple[int, int, str, float]] = []
+    for a, b, kind, weight, at in edges:
+        ra, rb = (_lookup(rank_of, _node_name(v, at), at, names) for v in (a, b))
+        if ra == rb:
+            raise TopologyError(f"{at}: self-loop: node {names[ra]!r} linked to itself")
+        key = (ra, rb) if directed else (min(ra, rb), max(ra, rb))
+        if key in pairs:
+            arrow = "->" if directed else "-"
+            raise TopologyError(f"{at}: duplicate link {names[ra]}{arrow}{names[rb]} (first at {pairs[key]})")
+        pairs[key] = at
+        # compared, not converted: a huge JSON integer must not overflow a float
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight <= MAX_WEIGHT:
+            raise TopologyError(f"{at}: weight must be a positive number up to {MAX_WEIGHT:g}, got {weight!r}"[:200])
+        if not isinstance(kind, str) or not kind.strip() or len(kind) > 64 or any(c.isspace() for c in kind):
+            raise TopologyError(f"{at}: kind must be a short word such as nvlink or network, got {kind!r}")
+        directed_links.append((ra, rb, kind, float(weight)))
+        if not directed:
+            directed_links.append((rb, ra, kind, float(weight)))
+    if len(directed_links) > MAX_LINKS:
+        raise TopologyError(f"{where}: {len(directed_links)} directed links; at most {MAX_LINKS}")
+    # Ports: one per neighbour (a rank linked to or from this one), numbered by the neighbour's rank, so the
+    # numbering does not depend on file order and a port names both directions of a bidirectional link.
+    neighbours: list[set[int]] = [set() for _ in names]
+    for src, dst, _, _ in directed_links:
+        neighbours[src].add(dst)
+        neighbours[dst].add(src)
+    port_of = [{nb: p for p, nb in enumerate(sorted(nbs))} for nbs in neighbours]
+    directed_links.sort(key=lambda k: (k[0], k[1]))
+    links = [Link(i, src, dst, port_of[src][dst], kind=kind, weight=weight)
+             for i, (src, dst, kind, weight) in enumerate(directed_links)]
+    return Topology("graph", names, links, name=name, directed=directed, groups=groups)
+
+
+def _lookup(rank_of: dict[str, int], node: str, at: str, names: list[str]) -> int:
+    try:
+        return rank_of[node]
+    except KeyError:
+        shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+        raise TopologyError(f"{at}: link to unknown node {node!r} (nodes: {shown})") from None
