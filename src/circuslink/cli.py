@@ -22,6 +22,7 @@ COMMANDS = [
     ("run", "circuslink._run_command", "start N ranks on this machine: circuslink run -n N -- CMD ..."),
     ("probe", "circuslink.probe", "measure the physical floor between every pair of ranks"),
     ("gen", "circuslink.spec.codegen", "generate a CUDA header and host binding from a channel spec (app.xml)"),
+    ("qcd", "circuslink.apps.qcd.cli", "lattice QCD: Wilson-Dirac CG inverter (invert) and operator (apply)"),
 ]
 BENCHMARKS = [
     ("pingpong", "circuslink.bench.pingpong", "channel pingpong against the floor, NCCL, NVSHMEM and MPI"),
