@@ -166,10 +166,13 @@ applied = [qcd.gather(world, lat, op.apply(b_local, dagger), qcd.spinor_shape(DI
 single = qcd.WilsonOperator(world, lat, U_local, KAPPA, "single", halo=HALO)
 res = qcd.solve(op, b_local, tol=1e-10, niter=500, sloppy=single)
 x = qcd.gather(world, lat, res.x, qcd.spinor_shape(DIMS))
+applied_single = qcd.gather(world, lat, single.apply(b_local), qcd.spinor_shape(DIMS))
 if world.rank == 0:
     for dagger, got in zip((False, True), applied):
         err = np.abs(got - qcd.wilson(U, b, KAPPA, dagger)).max()
         assert err < 1e-13, f"apply (dagger={{dagger}}) differs from the reference by {{err}}"
+    err = np.abs(applied_single - qcd.wilson(U, b, KAPPA)).max()
+    assert err < 2e-5, f"single-precision apply differs from the reference by {{err}}"
     true = np.linalg.norm(b - qcd.wilson(U, x, KAPPA)) / np.linalg.norm(b)
     assert res.converged and true <= 1e-10, (res, true)
     if op.halo is not None:
