@@ -29,6 +29,7 @@ BENCHMARKS = [
     ("allreduce-like", "circuslink.bench.allreduce_like", "CIRCUS's allreduce-like pipeline"),
     ("allreduce", "circuslink.bench.allreduce", "channel all-reduce against NCCL"),
     ("rma", "circuslink.bench.rma", "persistent RMA queues against MPI-3 RMA, MPI persistent p2p and NCCL"),
+    ("qcd", "circuslink.bench.qcd", "lattice QCD CG per iteration by halo engine and grid; dslash bandwidth"),
 ]
 
 
