@@ -75,7 +75,7 @@ QCD_HD void load_spinor(const float* f, int vh, int i, Spinor<float>& s) {
   const float4* v = reinterpret_cast<const float4*>(f);
 #pragma unroll
   for (int k = 0; k < 6; ++k) {
-    const float4 q = QCD_LDG(v + (size_t)k * vh + i);
+    const float4 q = QCD_LDG(v + (unsigned long long)k * vh + i);
     s.c[2 * k] = cx(q.x, q.y);
     s.c[2 * k + 1] = cx(q.z, q.w);
   }
@@ -84,7 +84,7 @@ QCD_HD void load_spinor(const double* f, int vh, int i, Spinor<double>& s) {
   const double2* v = reinterpret_cast<const double2*>(f);
 #pragma unroll
   for (int k = 0; k < 12; ++k) {
-    const double2 q = QCD_LDG(v + (size_t)k * vh + i);
+    const double2 q = QCD_LDG(v + (unsigned long long)k * vh + i);
     s.c[k] = cx(q.x, q.y);
   }
 }
@@ -93,7 +93,7 @@ QCD_HD void load_spinor_rw(const float* f, int vh, int i, Spinor<float>& s) {
   const float4* v = reinterpret_cast<const float4*>(f);
 #pragma unroll
   for (int k = 0; k < 6; ++k) {
-    const float4 q = v[(size_t)k * vh + i];
+    const float4 q = v[(unsigned long long)k * vh + i];
     s.c[2 * k] = cx(q.x, q.y);
     s.c[2 * k + 1] = cx(q.z, q.w);
   }
@@ -102,28 +102,39 @@ QCD_HD void load_spinor_rw(const double* f, int vh, int i, Spinor<double>& s) {
   const double2* v = reinterpret_cast<const double2*>(f);
 #pragma unroll
   for (int k = 0; k < 12; ++k) {
-    const double2 q = v[(size_t)k * vh + i];
+    const double2 q = v[(unsigned long long)k * vh + i];
     s.c[k] = cx(q.x, q.y);
   }
 }
 QCD_HD void store_spinor(float* f, int vh, int i, const Spinor<float>& s) {
   float4* v = reinterpret_cast<float4*>(f);
 #pragma unroll
-  for (int k = 0; k < 6; ++k)
-    v[(size_t)k * vh + i] = make_float4(s.c[2 * k].re, s.c[2 * k].im, s.c[2 * k + 1].re, s.c[2 * k + 1].im);
+  for (int k = 0; k < 6; ++k) {
+    float4 q;  // (no make_float4: NVRTC without the runtime headers)
+    q.x = s.c[2 * k].re;
+    q.y = s.c[2 * k].im;
+    q.z = s.c[2 * k + 1].re;
+    q.w = s.c[2 * k + 1].im;
+    v[(unsigned long long)k * vh + i] = q;
+  }
 }
 QCD_HD void store_spinor(double* f, int vh, int i, const Spinor<double>& s) {
   double2* v = reinterpret_cast<double2*>(f);
 #pragma unroll
-  for (int k = 0; k < 12; ++k) v[(size_t)k * vh + i] = make_double2(s.c[k].re, s.c[k].im);
+  for (int k = 0; k < 12; ++k) {
+    double2 q;
+    q.x = s.c[k].re;
+    q.y = s.c[k].im;
+    v[(unsigned long long)k * vh + i] = q;
+  }
 }
 
 template <typename R>
-QCD_HD Cx<R> load_cx(const R* base, size_t index) {
+QCD_HD Cx<R> load_cx(const R* base, unsigned long long index) {
   return cx(QCD_LDG(base + 2 * index), QCD_LDG(base + 2 * index + 1));
 }
 template <typename R>
-QCD_HD void store_cx(R* base, size_t index, Cx<R> v) {
+QCD_HD void store_cx(R* base, unsigned long long index, Cx<R> v) {
   base[2 * index] = v.re;
   base[2 * index + 1] = v.im;
 }
@@ -134,9 +145,9 @@ struct Link {
 };
 template <typename R>
 QCD_HD void load_link(const R* gauge, int vh, int parity, int mu, int site, Link<R>& u) {
-  const size_t base = ((size_t)(parity * 4 + mu) * 9) * vh + site;
+  const unsigned long long base = ((unsigned long long)(parity * 4 + mu) * 9) * vh + site;
 #pragma unroll
-  for (int e = 0; e < 9; ++e) u.m[e] = load_cx(gauge, base + (size_t)e * vh);
+  for (int e = 0; e < 9; ++e) u.m[e] = load_cx(gauge, base + (unsigned long long)e * vh);
 }
 
 // Plain loads: in the device-driven hop the ghosts arrive from peers while the kernel runs.
@@ -144,14 +155,14 @@ template <typename R>
 QCD_HD void load_half(const R* ghost, int faces, int index, R sign, Half<R>& h) {
 #pragma unroll
   for (int k = 0; k < 6; ++k) {
-    const size_t at = (size_t)k * faces + index;
+    const unsigned long long at = (unsigned long long)k * faces + index;
     h.c[k] = sign * cx(ghost[2 * at], ghost[2 * at + 1]);
   }
 }
 template <typename R>
 QCD_HD void store_half(R* send, int faces, int index, const Half<R>& h) {
 #pragma unroll
-  for (int k = 0; k < 6; ++k) store_cx(send, (size_t)k * faces + index, h.c[k]);
+  for (int k = 0; k < 6; ++k) store_cx(send, (unsigned long long)k * faces + index, h.c[k]);
 }
 
 // -- spin projection and reconstruction ----------------------------------------------------------------
