@@ -140,3 +140,16 @@ def test_cli_invert_and_apply_on_gpu(tmp_path, seed, prec):
     assert "back-end cuda" in proc.stdout and "(ok)" in proc.stdout
     x = np.load(tmp_path / "x.npy")
     assert np.linalg.norm(psi - qcd.wilson(U, x, 0.12)) / np.linalg.norm(psi) <= 1e-9
+
+
+def test_same_solution_on_every_grid_gpu(spmd, tmp_path):
+    """The target's decompositions, 8 ranks sharing the GPU for 4x2x1x1 (local 2x2x4x4)."""
+    dims = (8, 4, 4, 4)
+    solutions = {}
+    for grid in [(1, 1, 1, 1), (2, 1, 1, 1), (2, 2, 1, 1), (4, 2, 1, 1)]:
+        code = DECOMPOSED.format(grid=grid, dims=dims, kappa=KAPPA, halo="rma")
+        spmd(int(np.prod(grid)), code, backend="cuda", timeout=600).check()
+        solutions[grid] = np.load(tmp_path / "x.npy")
+    first = solutions[(1, 1, 1, 1)]
+    for grid, x in solutions.items():
+        assert np.linalg.norm(x - first) / np.linalg.norm(first) < 1e-8, grid
