@@ -81,6 +81,7 @@ def test_mpi_halo_engines_on_gpu(spmd, halo):
     assert "ok grid (2, 2, 1, 1)" in job.output
 
 
+@pytest.mark.timeout(600)  # the first call builds the NVSHMEM shared library with nvcc
 def test_nvshmem_halo_engine(spmd):
     code = DECOMPOSED.format(grid=(2, 2, 1, 1), dims=DIMS, kappa=KAPPA, halo="nvshmem")
     job = spmd(4, code, backend="cuda", timeout=600)
@@ -142,6 +143,7 @@ def test_cli_invert_and_apply_on_gpu(tmp_path, seed, prec):
     assert np.linalg.norm(psi - qcd.wilson(U, x, 0.12)) / np.linalg.norm(psi) <= 1e-9
 
 
+@pytest.mark.timeout(600)
 def test_same_solution_on_every_grid_gpu(spmd, tmp_path):
     """The target's decompositions, 8 ranks sharing the GPU for 4x2x1x1 (local 2x2x4x4)."""
     dims = (8, 4, 4, 4)

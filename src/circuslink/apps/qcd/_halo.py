@@ -45,14 +45,14 @@ def check_engine(name: str) -> str:
 def make_halo(name: str, world: Any, lattice: Lattice, dtype: Any) -> Halo | None:
     """Collective: the halo engine ``name`` for fields of ``dtype``; None when no direction is partitioned."""
     check_engine(name)
+    if lattice.face_total == 0:
+        return None  # one rank in every direction: nothing travels, any engine will do
     if name in NEEDS_MPIRUN and world.mpi_comm is None:
         raise ConfigError(f"--halo {name} needs a job started by mpirun (MPI's COMM_WORLD); this one was started "
                           f"by {world.launched_by}: run it with mpirun, or let 'circuslink qcd' start itself")
     if name in NEEDS_GPU and world.device is None:
         raise ConfigError(f"--halo {name} needs the cuda back-end (GPU memory); this job runs on "
                           f"{world.backend.name}")
-    if lattice.face_total == 0:
-        return None
     if name in ("rma", "rma-device"):
         return RmaHalo(world, lattice, dtype, "auto", device_driven=name == "rma-device")
     if name == "mpi-rma":
