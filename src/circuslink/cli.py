@@ -24,12 +24,14 @@ COMMANDS = [
     ("probe", "circuslink.probe", "measure the physical floor between every pair of ranks"),
     ("gen", "circuslink.spec.codegen", "generate a CUDA header and host binding from a channel spec (app.xml)"),
     ("route", "circuslink.topology.command", "routing over a topology: show the tables and paths, check for deadlock"),
+    ("qcd", "circuslink.apps.qcd.cli", "lattice QCD: Wilson-Dirac CG inverter (invert) and operator (apply)"),
 ]
 BENCHMARKS = [
     ("pingpong", "circuslink.bench.pingpong", "channel pingpong against the floor, NCCL, NVSHMEM and MPI"),
     ("allreduce-like", "circuslink.bench.allreduce_like", "CIRCUS's allreduce-like pipeline"),
     ("allreduce", "circuslink.bench.allreduce", "channel all-reduce against NCCL"),
     ("rma", "circuslink.bench.rma", "persistent RMA queues against MPI-3 RMA, MPI persistent p2p and NCCL"),
+    ("qcd", "circuslink.bench.qcd", "lattice QCD CG per iteration by halo engine and grid; dslash bandwidth"),
 ]
 
 

@@ -1,0 +1,218 @@
+"""The cuda engine of the distributed Wilson operator: the kernels of ``dslash.cu`` driven from the host.
+
+Fields live on the GPU in the kernels' layout: one parity of a spinor field is ``(12 / W, Vh, W)`` complex
+with ``W`` complex numbers per 16-byte vector (2 in single, 1 in double), so a thread loads its site with 6
+float4 or 12 double2 loads, coalesced across the warp; the gauge field is ``(parity, mu, 9, Vh)``. Fields are
+converted at the boundary (``from_half`` / ``to_half``); the vector updates of the solver do not care.
+
+A hop with a halo engine is: ``start()`` (the faces the previous kernel wrote leave), the interior kernel on
+the caller's stream (the RMA copy runs on the world's stream meanwhile), ``wait()``, the exterior kernel
+(ghost terms of the boundary sites, then the faces of the result for the next hop). With ``rma-device`` the
+whole hop is one launch whose block 0 starts and waits on the queue itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..._abi import F64, I32, PTR, Struct
+from ..._config import default_timeout
+from ...errors import TimeoutError
+from ._lattice import Lattice
+
+#: The kernels' argument block (include/circuslink/qcd/dslash_types.cuh), passed by value.
+DSLASH_ARGS = Struct("circuslink::qcd::DslashArgs", "circuslink/qcd/dslash_types.cuh", [
+    ("out", PTR), ("in", PTR), ("x", PTR), ("gauge", PTR), ("send", PTR), ("ghost", PTR), ("sites", PTR),
+    ("a", F64), ("b", F64), ("fwd_sign", F64, 4), ("bwd_sign", F64, 4),
+    ("dims", I32, 4), ("face_offset", I32, 8), ("vh", I32), ("faces", I32), ("n_sites", I32), ("parity", I32),
+    ("dagger", I32), ("emit", I32), ("partitioned", I32), ("has_x", I32),
+])
+
+_SOURCE = Path(__file__).with_name("dslash.cu")
+THREADS = 256
+_REDUCE_BLOCKS = 1024  # most blocks of a reduction launch (its partial sums)
+_module = None
+
+
+def kernels():
+    """The compiled dslash module (one per process; NVRTC's cache makes later processes quick)."""
+    global _module
+    if _module is None:
+        from ...device_code import compile as compile_device
+
+        _module = compile_device(_SOURCE.read_text())
+    return _module
+
+
+def _ptr(a: Any) -> int:
+    return 0 if a is None else int(a.data.ptr)
+
+
+class Dslash:
+    """``out = a x + b D_{p <- 1-p} in`` on the GPU, with halos from a halo engine (or none)."""
+
+    def __init__(self, world: Any, lattice: Lattice, gauge: Any, dtype: Any, halo: Any) -> None:
+        import cupy as cp
+
+        self.cp = cp
+        self.world = world
+        self.lat = lattice
+        self.dtype = np.dtype(dtype)
+        self.halo = halo
+        single = self.dtype == np.complex64
+        self.suffix = "f" if single else "d"
+        self.width = 2 if single else 1
+        self.real = np.float32 if single else np.float64
+        module = kernels()
+        get = module.get_function
+        self.k_interior = get(f"qcd_dslash_interior_{self.suffix}")
+        self.k_exterior = get(f"qcd_dslash_exterior_{self.suffix}")
+        self.k_xpay_pack = get(f"qcd_xpay_pack_{self.suffix}")
+        self.k_dot = get(f"qcd_dot_{self.suffix}")
+        self.k_axpy_norm = get(f"qcd_axpy_norm_{self.suffix}")
+        vh = lattice.half
+        links = np.moveaxis(gauge.get() if hasattr(gauge, "get") else np.asarray(gauge), 0, 4)  # (T,Z,Y,X,mu,3,3)
+        halves = lattice.split(np.ascontiguousarray(links))
+        packed = np.stack([h.reshape(vh, 4, 9).transpose(1, 2, 0) for h in halves])  # (parity, mu, 9, Vh)
+        self.gauge = cp.asarray(np.ascontiguousarray(packed, dtype=self.dtype))
+        self.boundary = [cp.asarray(lattice.on_boundary(p)) for p in (0, 1)]
+        offsets = [0] * 8
+        for (mu, d), off in lattice.slot_offset.items():
+            offsets[2 * mu + d] = off
+        self.base = {
+            "gauge": _ptr(self.gauge), "fwd_sign": lattice.forward_sign, "bwd_sign": lattice.backward_sign,
+            "dims": lattice.local, "face_offset": offsets, "vh": vh, "faces": lattice.face_total,
+            "partitioned": sum(1 << mu for mu in range(4) if lattice.partitioned[mu]), "emit": -1,
+        }
+        self.send_ptr = _ptr(halo.send) if halo is not None else 0
+        self._args: dict[tuple, Any] = {}
+        self.partial = cp.zeros(_REDUCE_BLOCKS, dtype=cp.float64)
+        self.done = cp.zeros(1, dtype=cp.uint32)
+        self.fused = None
+        if halo is not None and halo.device_driven:
+            self.fused = get(f"qcd_dslash_device_{self.suffix}")
+            try:
+                resident = int(world.backend.max_blocks(self.fused, THREADS))
+            except (AttributeError, TypeError):
+                resident = int(world.sm_budget or 1)  # one block per SM is always resident
+            self.fused_grid = max(1, min(resident, -(-vh // THREADS)))
+            self.grid_barrier = cp.zeros(2, dtype=cp.uint32)
+            self.status = cp.zeros(1, dtype=cp.int32)
+            self.timeout_ns = np.uint64(int(default_timeout() * 1e9))
+
+    # -- fields -----------------------------------------------------------------------------
+    def new_field(self):
+        return self.cp.zeros((12 // self.width, self.lat.half, self.width), dtype=self.dtype)
+
+    def from_half(self, half: Any):
+        """(Vh, 4, 3) -> the kernels' layout."""
+        cp = self.cp
+        h = cp.asarray(half).reshape(self.lat.half, 12 // self.width, self.width)
+        return cp.ascontiguousarray(h.transpose(1, 0, 2), dtype=self.dtype)
+
+    def to_half(self, field: Any):
+        return field.transpose(1, 0, 2).reshape(self.lat.half, 4, 3)
+
+    # -- launches ---------------------------------------------------------------------------
+    def _pack_args(self, key: tuple, **values: Any):
+        """The argument block for ``values`` (cached: the CG reuses a handful of field combinations)."""
+        args = self._args.get(key)
+        if args is None:
+            args = DSLASH_ARGS.pack(**{**self.base, **values})
+            if len(self._args) > 256:
+                self._args.clear()
+            self._args[key] = args
+        return args
+
+    def _hop_args(self, kind: str, out: Any, inp: Any, parity: int, dagger: bool, a: float, x: Any, b: float,
+                  emit: bool | None, ghost: Any = None):
+        sites = self.boundary[parity]
+        key = (kind, _ptr(out), _ptr(inp), _ptr(x), parity, bool(dagger), a, b, emit, _ptr(ghost))
+        return self._pack_args(key, out=_ptr(out), **{"in": _ptr(inp)}, x=_ptr(x), send=self.send_ptr,
+                               ghost=_ptr(ghost), sites=_ptr(sites), n_sites=int(sites.size), a=a, b=b,
+                               parity=parity, dagger=int(bool(dagger)), has_x=int(x is not None),
+                               emit=-1 if emit is None else int(bool(emit)))
+
+    @staticmethod
+    def _blocks(n: int) -> int:
+        return max(1, -(-n // THREADS))
+
+    def apply(self, out: Any, inp: Any, parity: int, dagger: bool, a: float = 0.0, x: Any = None, b: float = 1.0,
+              emit: bool | None = None) -> None:
+        """``out = a x + b D_{parity <- 1-parity} inp``; see _cpu.Dslash.apply."""
+        halo = self.halo
+        interior = self._hop_args("interior", out, inp, parity, dagger, a, x, b, None)
+        if halo is None:
+            self.k_interior((self._blocks(self.lat.half),), (THREADS,), (interior,))
+            return
+        if self.fused is not None:
+            exterior = self._hop_args("exterior", out, inp, parity, dagger, a, x, b, emit, halo.ghost)
+            self.fused((self.fused_grid,), (THREADS,),
+                       (interior, exterior, np.uint64(halo.device_handle()), self.grid_barrier, self.timeout_ns,
+                        self.status))
+            return
+        halo.start()
+        self.k_interior((self._blocks(self.lat.half),), (THREADS,), (interior,))
+        ghost = halo.wait()
+        exterior = self._hop_args("exterior", out, inp, parity, dagger, a, x, b, emit, ghost)
+        n = int(self.boundary[parity].size)
+        self.k_exterior((self._blocks(n),), (THREADS,), (exterior,))
+
+    def pack(self, field: Any, parity: int, dagger: bool) -> None:
+        """Project the faces of ``field`` (of ``parity``) for a next hop with ``dagger`` into the send array."""
+        if self.halo is None:
+            return
+        sites = self.boundary[parity]
+        args = self._pack_args(("pack", _ptr(field), parity, bool(dagger)), out=_ptr(field), **{"in": _ptr(field)},
+                               send=self.send_ptr, sites=_ptr(sites), n_sites=int(sites.size), parity=parity,
+                               dagger=int(bool(dagger)), has_x=0)
+        self.k_xpay_pack((self._blocks(int(sites.size)),), (THREADS,), (args, np.float64(0.0)))
+
+    def xpay_pack(self, p: Any, r: Any, beta: float, parity: int, dagger: bool) -> None:
+        """``p = r + beta p`` and, in the same kernel, the faces of the new ``p``."""
+        args = self._pack_args(("xpay", _ptr(p), _ptr(r), parity, bool(dagger)), out=_ptr(p), **{"in": _ptr(p)},
+                               x=_ptr(r), send=self.send_ptr if self.halo is not None else 0, sites=0,
+                               n_sites=0, parity=parity, dagger=int(bool(dagger)), has_x=1)
+        self.k_xpay_pack((self._blocks(self.lat.half),), (THREADS,), (args, np.float64(beta)))
+
+    # -- reductions (local parts: a 1-element float64 device array) ---------------------------
+    def _reduce_grid(self, n: int) -> int:
+        return max(1, min(_REDUCE_BLOCKS, -(-n // THREADS)))
+
+    def redot(self, a: Any, b: Any):
+        cp = self.cp
+        result = cp.empty(1, dtype=cp.float64)
+        ra, rb = a.reshape(-1).view(self.real), b.reshape(-1).view(self.real)
+        n = int(ra.size)
+        self.k_dot((self._reduce_grid(n),), (THREADS,), (ra, rb, np.int64(n), self.partial, self.done, result))
+        return result
+
+    def norm2(self, a: Any):
+        return self.redot(a, a)
+
+    def axpy_norm(self, x: Any, r: Any, p: Any, ap: Any, alpha: float):
+        cp = self.cp
+        result = cp.empty(1, dtype=cp.float64)
+        views = [f.reshape(-1).view(self.real) for f in (x, r, p, ap)]
+        n = int(views[0].size)
+        self.k_axpy_norm((self._reduce_grid(n),), (THREADS,),
+                         (*views, np.float64(alpha), np.int64(n), self.partial, self.done, result))
+        return result
+
+    def synchronize(self) -> None:
+        self.cp.cuda.get_current_stream().synchronize()
+        if self.fused is not None:
+            self.halo.check_device()  # a wait that timed out on the device, named by the queue
+            code = int(self.status.get()[0])
+            if code:
+                self.status[...] = 0
+                what = ("the RMA queue's start or wait" if code == 1
+                        else "the grid barrier between interior and exterior")
+                raise TimeoutError(f"qcd device-driven dslash on rank {self.world.rank}: {what} timed out "
+                                   "(CIRCUSLINK_TIMEOUT sets the limit)")
+
+    def close(self) -> None:
+        self._args.clear()

@@ -1,0 +1,576 @@
+// Wilson dslash on the even-odd checkerboard, single and double precision (docs/qcd.md).
+//
+// One thread per output site. A hop out = a x + b D_{p <- 1-p} in is split in two launches when
+// directions are partitioned over ranks:
+//   qcd_dslash_interior_*  every hop whose neighbour is on this rank (launched while the faces travel),
+//   qcd_dslash_exterior_*  the hops across partitioned boundaries, from the ghost half spinors, for the
+//                          boundary sites only; it can write the projected faces of the finished output
+//                          for the next hop (`emit`), so no separate pack kernel runs between hops.
+// qcd_dslash_device_* does both in one launch and drives the RMA queue itself (circuslink::rma_start /
+// rma_wait from block 0, a grid barrier between interior and exterior). qcd_xpay_pack_* is the CG's
+// p = r + beta p fused with the projection of p's faces (or, without x, a plain projection of a field's
+// faces). qcd_dot_* and qcd_axpy_norm_* are the CG's reductions (double accumulation, one launch each:
+// the last block to finish adds the block sums).
+//
+// Conventions: D psi(x) = sum_mu (1 - g_mu) U_mu(x) psi(x + mu) + (1 + g_mu) U_mu(x - mu)^dagger psi(x - mu)
+// (dagger: the signs flip), DeGrand-Rossi gammas g_mu = ((0, A_mu), (A_mu^dagger, 0)) with A_x = i s1,
+// A_y = -i s2, A_z = i s3, A_t = 1. The half spinor of (1 + s g_mu) psi is h = psi_up + s A_mu psi_down
+// (2 spins x 3 colours = 12 reals); the lower half is s A_mu^dagger h.
+#include <circuslink/detail/sync.cuh>
+#include <circuslink/qcd/dslash_types.cuh>
+#include <circuslink/rma.cuh>
+
+// The per-site functions are __host__ __device__ so that a host program can run them over a lattice and
+// compare them with the numpy engine (tests/qcd_dslash_host.cu): the kernels' index arithmetic, layouts and
+// spin algebra are checked on machines without a GPU.
+#ifdef __CUDA_ARCH__
+#define QCD_LDG(p) __ldg(p)
+#else
+#define QCD_LDG(p) (*(p))
+#endif
+#define QCD_HD __host__ __device__ __forceinline__
+
+namespace circuslink {
+namespace qcd {
+namespace {
+
+template <typename R>
+struct Cx {
+  R re, im;
+};
+
+template <typename R>
+QCD_HD Cx<R> cx(R re, R im) {
+  Cx<R> c;
+  c.re = re;
+  c.im = im;
+  return c;
+}
+template <typename R>
+QCD_HD Cx<R> operator+(Cx<R> a, Cx<R> b) { return cx(a.re + b.re, a.im + b.im); }
+template <typename R>
+QCD_HD Cx<R> operator-(Cx<R> a, Cx<R> b) { return cx(a.re - b.re, a.im - b.im); }
+template <typename R>
+QCD_HD Cx<R> operator*(R s, Cx<R> a) { return cx(s * a.re, s * a.im); }
+// a * b and conj(a) * b
+template <typename R>
+QCD_HD Cx<R> mul(Cx<R> a, Cx<R> b) { return cx(a.re * b.re - a.im * b.im, a.re * b.im + a.im * b.re); }
+template <typename R>
+QCD_HD Cx<R> cmul(Cx<R> a, Cx<R> b) { return cx(a.re * b.re + a.im * b.im, a.re * b.im - a.im * b.re); }
+// i * a
+template <typename R>
+QCD_HD Cx<R> times_i(Cx<R> a) { return cx(-a.im, a.re); }
+
+template <typename R>
+struct Spinor {
+  Cx<R> c[12];  // 3 spin + colour
+};
+template <typename R>
+struct Half {
+  Cx<R> c[6];  // 3 spin + colour, spin 0..1
+};
+
+// -- loads and stores in the kernels' layouts ----------------------------------------------------------
+QCD_HD void load_spinor(const float* f, int vh, int i, Spinor<float>& s) {
+  const float4* v = reinterpret_cast<const float4*>(f);
+#pragma unroll
+  for (int k = 0; k < 6; ++k) {
+    const float4 q = QCD_LDG(v + (unsigned long long)k * vh + i);
+    s.c[2 * k] = cx(q.x, q.y);
+    s.c[2 * k + 1] = cx(q.z, q.w);
+  }
+}
+QCD_HD void load_spinor(const double* f, int vh, int i, Spinor<double>& s) {
+  const double2* v = reinterpret_cast<const double2*>(f);
+#pragma unroll
+  for (int k = 0; k < 12; ++k) {
+    const double2 q = QCD_LDG(v + (unsigned long long)k * vh + i);
+    s.c[k] = cx(q.x, q.y);
+  }
+}
+// Without __ldg: a field this kernel (or its launch) also writes.
+QCD_HD void load_spinor_rw(const float* f, int vh, int i, Spinor<float>& s) {
+  const float4* v = reinterpret_cast<const float4*>(f);
+#pragma unroll
+  for (int k = 0; k < 6; ++k) {
+    const float4 q = v[(unsigned long long)k * vh + i];
+    s.c[2 * k] = cx(q.x, q.y);
+    s.c[2 * k + 1] = cx(q.z, q.w);
+  }
+}
+QCD_HD void load_spinor_rw(const double* f, int vh, int i, Spinor<double>& s) {
+  const double2* v = reinterpret_cast<const double2*>(f);
+#pragma unroll
+  for (int k = 0; k < 12; ++k) {
+    const double2 q = v[(unsigned long long)k * vh + i];
+    s.c[k] = cx(q.x, q.y);
+  }
+}
+QCD_HD void store_spinor(float* f, int vh, int i, const Spinor<float>& s) {
+  float4* v = reinterpret_cast<float4*>(f);
+#pragma unroll
+  for (int k = 0; k < 6; ++k) {
+    float4 q;  // (no make_float4: NVRTC without the runtime headers)
+    q.x = s.c[2 * k].re;
+    q.y = s.c[2 * k].im;
+    q.z = s.c[2 * k + 1].re;
+    q.w = s.c[2 * k + 1].im;
+    v[(unsigned long long)k * vh + i] = q;
+  }
+}
+QCD_HD void store_spinor(double* f, int vh, int i, const Spinor<double>& s) {
+  double2* v = reinterpret_cast<double2*>(f);
+#pragma unroll
+  for (int k = 0; k < 12; ++k) {
+    double2 q;
+    q.x = s.c[k].re;
+    q.y = s.c[k].im;
+    v[(unsigned long long)k * vh + i] = q;
+  }
+}
+
+template <typename R>
+QCD_HD Cx<R> load_cx(const R* base, unsigned long long index) {
+  return cx(QCD_LDG(base + 2 * index), QCD_LDG(base + 2 * index + 1));
+}
+template <typename R>
+QCD_HD void store_cx(R* base, unsigned long long index, Cx<R> v) {
+  base[2 * index] = v.re;
+  base[2 * index + 1] = v.im;
+}
+
+template <typename R>
+struct Link {
+  Cx<R> m[9];  // 3 a + b
+};
+template <typename R>
+QCD_HD void load_link(const R* gauge, int vh, int parity, int mu, int site, Link<R>& u) {
+  const unsigned long long base = ((unsigned long long)(parity * 4 + mu) * 9) * vh + site;
+#pragma unroll
+  for (int e = 0; e < 9; ++e) u.m[e] = load_cx(gauge, base + (unsigned long long)e * vh);
+}
+
+// Plain loads: in the device-driven hop the ghosts arrive from peers while the kernel runs.
+template <typename R>
+QCD_HD void load_half(const R* ghost, int faces, int index, R sign, Half<R>& h) {
+#pragma unroll
+  for (int k = 0; k < 6; ++k) {
+    const unsigned long long at = (unsigned long long)k * faces + index;
+    h.c[k] = sign * cx(ghost[2 * at], ghost[2 * at + 1]);
+  }
+}
+template <typename R>
+QCD_HD void store_half(R* send, int faces, int index, const Half<R>& h) {
+#pragma unroll
+  for (int k = 0; k < 6; ++k) store_cx(send, (unsigned long long)k * faces + index, h.c[k]);
+}
+
+// -- spin projection and reconstruction ----------------------------------------------------------------
+// h = psi_up + s A_mu psi_down
+template <typename R>
+QCD_HD void project(int mu, R s, const Spinor<R>& p, Half<R>& h) {
+#pragma unroll
+  for (int c = 0; c < 3; ++c) {
+    const Cx<R> u0 = p.c[c], u1 = p.c[3 + c], d0 = p.c[6 + c], d1 = p.c[9 + c];
+    switch (mu) {
+      case 0:  // A = i s1 = ((0, i), (i, 0))
+        h.c[c] = u0 + s * times_i(d1);
+        h.c[3 + c] = u1 + s * times_i(d0);
+        break;
+      case 1:  // A = -i s2 = ((0, -1), (1, 0))
+        h.c[c] = u0 - s * d1;
+        h.c[3 + c] = u1 + s * d0;
+        break;
+      case 2:  // A = i s3 = ((i, 0), (0, -i))
+        h.c[c] = u0 + s * times_i(d0);
+        h.c[3 + c] = u1 - s * times_i(d1);
+        break;
+      default:  // A = 1
+        h.c[c] = u0 + s * d0;
+        h.c[3 + c] = u1 + s * d1;
+        break;
+    }
+  }
+}
+
+// acc += (h, s A_mu^dagger h)
+template <typename R>
+QCD_HD void accumulate(int mu, R s, const Half<R>& h, Spinor<R>& acc) {
+#pragma unroll
+  for (int c = 0; c < 3; ++c) {
+    const Cx<R> h0 = h.c[c], h1 = h.c[3 + c];
+    acc.c[c] = acc.c[c] + h0;
+    acc.c[3 + c] = acc.c[3 + c] + h1;
+    Cx<R> l0, l1;
+    switch (mu) {
+      case 0:  // A^dagger = ((0, -i), (-i, 0))
+        l0 = (-s) * times_i(h1);
+        l1 = (-s) * times_i(h0);
+        break;
+      case 1:  // A^dagger = ((0, 1), (-1, 0))
+        l0 = s * h1;
+        l1 = (-s) * h0;
+        break;
+      case 2:  // A^dagger = ((-i, 0), (0, i))
+        l0 = (-s) * times_i(h0);
+        l1 = s * times_i(h1);
+        break;
+      default:
+        l0 = s * h0;
+        l1 = s * h1;
+        break;
+    }
+    acc.c[6 + c] = acc.c[6 + c] + l0;
+    acc.c[9 + c] = acc.c[9 + c] + l1;
+  }
+}
+
+// U h and U^dagger h, colour by colour for both spins
+template <typename R>
+QCD_HD void link_times(const Link<R>& u, const Half<R>& h, Half<R>& out) {
+#pragma unroll
+  for (int sp = 0; sp < 2; ++sp)
+#pragma unroll
+    for (int a = 0; a < 3; ++a)
+      out.c[3 * sp + a] = mul(u.m[3 * a], h.c[3 * sp]) + mul(u.m[3 * a + 1], h.c[3 * sp + 1]) +
+                          mul(u.m[3 * a + 2], h.c[3 * sp + 2]);
+}
+template <typename R>
+QCD_HD void link_dagger_times(const Link<R>& u, const Half<R>& h, Half<R>& out) {
+#pragma unroll
+  for (int sp = 0; sp < 2; ++sp)
+#pragma unroll
+    for (int a = 0; a < 3; ++a)
+      out.c[3 * sp + a] = cmul(u.m[a], h.c[3 * sp]) + cmul(u.m[3 + a], h.c[3 * sp + 1]) +
+                          cmul(u.m[6 + a], h.c[3 * sp + 2]);
+}
+
+// -- geometry -------------------------------------------------------------------------------------------
+struct Site {
+  int c[4];
+};
+
+QCD_HD Site site_coords(const DslashArgs& A, int cb, int parity) {
+  Site s;
+  const int lex0 = 2 * cb;
+  const int x0 = lex0 % A.dims[0];
+  int rest = lex0 / A.dims[0];
+  s.c[1] = rest % A.dims[1];
+  rest /= A.dims[1];
+  s.c[2] = rest % A.dims[2];
+  s.c[3] = rest / A.dims[2];
+  s.c[0] = x0 + ((parity + s.c[1] + s.c[2] + s.c[3]) & 1);
+  return s;
+}
+
+QCD_HD int checkerboard_index(const DslashArgs& A, const int c[4]) {
+  return (((c[3] * A.dims[2] + c[2]) * A.dims[1] + c[1]) * A.dims[0] + c[0]) >> 1;
+}
+
+// A site's index within the face of direction mu: its other three coordinates, t slowest, halved.
+QCD_HD int face_index(const DslashArgs& A, const Site& s, int mu) {
+  int idx = 0;
+#pragma unroll
+  for (int nu = 3; nu >= 0; --nu)
+    if (nu != mu) idx = idx * A.dims[nu] + s.c[nu];
+  return idx >> 1;
+}
+
+QCD_HD bool partitioned(const DslashArgs& A, int mu) { return (A.partitioned >> mu) & 1; }
+
+// -- the hop --------------------------------------------------------------------------------------------
+// Every hop of site `cb` whose neighbour lives on this rank (all of them when nothing is partitioned).
+template <typename R>
+QCD_HD void interior_site(const DslashArgs& A, int cb) {
+  const R* in = static_cast<const R*>(A.in);
+  const R* gauge = static_cast<const R*>(A.gauge);
+  const int p = A.parity, q = 1 - p;
+  const R s_up = A.dagger ? R(1) : R(-1);
+  const Site s = site_coords(A, cb, p);
+  Spinor<R> acc;
+#pragma unroll
+  for (int k = 0; k < 12; ++k) acc.c[k] = cx(R(0), R(0));
+#pragma unroll
+  for (int mu = 0; mu < 4; ++mu) {
+    const int L = A.dims[mu];
+    const bool split = partitioned(A, mu);
+    {  // forward: (1 + s_up g) U_mu(x) psi(x + mu)
+      const bool edge = s.c[mu] == L - 1;
+      if (!(edge && split)) {
+        int n[4] = {s.c[0], s.c[1], s.c[2], s.c[3]};
+        n[mu] = edge ? 0 : s.c[mu] + 1;
+        Spinor<R> psi;
+        load_spinor(in, A.vh, checkerboard_index(A, n), psi);
+        Half<R> h, uh;
+        project(mu, s_up, psi, h);
+        if (edge && A.fwd_sign[mu] < 0) {  // crossed the antiperiodic t boundary (the local wrap)
+#pragma unroll
+          for (int k = 0; k < 6; ++k) h.c[k] = R(-1) * h.c[k];
+        }
+        Link<R> u;
+        load_link(gauge, A.vh, p, mu, cb, u);
+        link_times(u, h, uh);
+        accumulate(mu, s_up, uh, acc);
+      }
+    }
+    {  // backward: (1 - s_up g) U_mu(x - mu)^dagger psi(x - mu)
+      const bool edge = s.c[mu] == 0;
+      if (!(edge && split)) {
+        int n[4] = {s.c[0], s.c[1], s.c[2], s.c[3]};
+        n[mu] = edge ? L - 1 : s.c[mu] - 1;
+        const int nb = checkerboard_index(A, n);
+        Spinor<R> psi;
+        load_spinor(in, A.vh, nb, psi);
+        Half<R> h, uh;
+        project(mu, -s_up, psi, h);
+        if (edge && A.bwd_sign[mu] < 0) {
+#pragma unroll
+          for (int k = 0; k < 6; ++k) h.c[k] = R(-1) * h.c[k];
+        }
+        Link<R> u;
+        load_link(gauge, A.vh, q, mu, nb, u);
+        link_dagger_times(u, h, uh);
+        accumulate(mu, -s_up, uh, acc);
+      }
+    }
+  }
+  Spinor<R> out;
+  const R b = R(A.b);
+  if (A.has_x) {
+    Spinor<R> x;
+    load_spinor(static_cast<const R*>(A.x), A.vh, cb, x);
+    const R a = R(A.a);
+#pragma unroll
+    for (int k = 0; k < 12; ++k) out.c[k] = a * x.c[k] + b * acc.c[k];
+  } else {
+#pragma unroll
+    for (int k = 0; k < 12; ++k) out.c[k] = b * acc.c[k];
+  }
+  store_spinor(static_cast<R*>(A.out), A.vh, cb, out);
+}
+
+// The faces of `psi` (site `cb` of parity `parity`) that a next hop with `dagger` needs, into send.
+template <typename R>
+QCD_HD void emit_faces(const DslashArgs& A, const Site& s, int cb, int parity, int dagger,
+                                           const Spinor<R>& psi) {
+  const R s_up = dagger ? R(1) : R(-1);
+  R* send = static_cast<R*>(A.send);
+#pragma unroll
+  for (int mu = 0; mu < 4; ++mu) {
+    if (!partitioned(A, mu)) continue;
+    if (s.c[mu] == 0) {  // feeds the backward neighbour's forward hop
+      Half<R> h;
+      project(mu, s_up, psi, h);
+      store_half(send, A.faces, A.face_offset[2 * mu] + face_index(A, s, mu), h);
+    }
+    if (s.c[mu] == A.dims[mu] - 1) {  // feeds the forward neighbour's backward hop, U^dagger applied here
+      Half<R> h, uh;
+      project(mu, -s_up, psi, h);
+      Link<R> u;
+      load_link(static_cast<const R*>(A.gauge), A.vh, parity, mu, cb, u);
+      link_dagger_times(u, h, uh);
+      store_half(send, A.faces, A.face_offset[2 * mu + 1] + face_index(A, s, mu), uh);
+    }
+  }
+}
+
+// The hops of boundary site `cb` that cross partitioned boundaries, from the ghosts; then its faces.
+template <typename R>
+QCD_HD void exterior_site(const DslashArgs& A, int cb) {
+  const R* gauge = static_cast<const R*>(A.gauge);
+  const R* ghost = static_cast<const R*>(A.ghost);
+  const int p = A.parity;
+  const R s_up = A.dagger ? R(1) : R(-1);
+  const Site s = site_coords(A, cb, p);
+  Spinor<R> acc;
+#pragma unroll
+  for (int k = 0; k < 12; ++k) acc.c[k] = cx(R(0), R(0));
+#pragma unroll
+  for (int mu = 0; mu < 4; ++mu) {
+    if (!partitioned(A, mu)) continue;
+    if (s.c[mu] == A.dims[mu] - 1) {
+      Half<R> h, uh;
+      load_half(ghost, A.faces, A.face_offset[2 * mu] + face_index(A, s, mu), R(A.fwd_sign[mu]), h);
+      Link<R> u;
+      load_link(gauge, A.vh, p, mu, cb, u);
+      link_times(u, h, uh);
+      accumulate(mu, s_up, uh, acc);
+    }
+    if (s.c[mu] == 0) {
+      Half<R> h;
+      load_half(ghost, A.faces, A.face_offset[2 * mu + 1] + face_index(A, s, mu), R(A.bwd_sign[mu]), h);
+      accumulate(mu, -s_up, h, acc);
+    }
+  }
+  R* out = static_cast<R*>(A.out);
+  Spinor<R> o;
+  load_spinor_rw(out, A.vh, cb, o);
+  const R b = R(A.b);
+#pragma unroll
+  for (int k = 0; k < 12; ++k) o.c[k] = o.c[k] + b * acc.c[k];
+  store_spinor(out, A.vh, cb, o);
+  if (A.emit >= 0) emit_faces(A, s, cb, p, A.emit, o);
+}
+
+template <typename R>
+QCD_HD void xpay_pack_site(const DslashArgs& A, int cb, double beta_) {
+  Spinor<R> p;
+  R* out = static_cast<R*>(A.out);
+  if (A.has_x) {  // p = x + beta p
+    Spinor<R> x;
+    load_spinor(static_cast<const R*>(A.x), A.vh, cb, x);
+    load_spinor_rw(out, A.vh, cb, p);
+    const R beta = R(beta_);
+#pragma unroll
+    for (int k = 0; k < 12; ++k) p.c[k] = x.c[k] + beta * p.c[k];
+    store_spinor(out, A.vh, cb, p);
+  } else {
+    load_spinor_rw(static_cast<const R*>(A.in), A.vh, cb, p);
+  }
+  const Site s = site_coords(A, cb, A.parity);
+  bool face = false;
+#pragma unroll
+  for (int mu = 0; mu < 4; ++mu) face |= partitioned(A, mu) && (s.c[mu] == 0 || s.c[mu] == A.dims[mu] - 1);
+  if (face) emit_faces(A, s, cb, A.parity, A.dagger, p);
+}
+
+// -- a grid barrier for the device-driven hop (every block resident: the grid is sized by max_blocks) ----
+__device__ __forceinline__ bool grid_barrier(unsigned int* bar, unsigned long long timeout_ns) {
+  __shared__ int ok;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    ok = 1;
+    unsigned int* count = bar;
+    unsigned int* generation = bar + 1;
+    const unsigned int gen = detail::ld_relaxed(generation);
+    __threadfence();
+    if (atomicAdd(count, 1u) == gridDim.x - 1) {
+      atomicExch(count, 0u);
+      __threadfence();
+      atomicExch(generation, gen + 1);
+    } else {
+      detail::Deadline d = detail::Deadline::after(timeout_ns);
+      ok = detail::spin_until([&] { return detail::ld_relaxed(generation) != gen; }, d) ? 1 : 0;
+    }
+    __threadfence();
+  }
+  __syncthreads();
+  return ok != 0;
+}
+
+template <typename R>
+__device__ __forceinline__ void device_driven(const DslashArgs& I, const DslashArgs& E, const RmaQueue* q,
+                                              unsigned int* bar, unsigned long long timeout_ns, int* status) {
+  __shared__ int started;
+  if (blockIdx.x == 0) {
+    const bool ok = rma_start(q);
+    if (threadIdx.x == 0) started = ok;
+  }
+  for (int cb = blockIdx.x * blockDim.x + threadIdx.x; cb < I.vh; cb += gridDim.x * blockDim.x)
+    interior_site<R>(I, cb);
+  if (blockIdx.x == 0) {
+    __syncthreads();
+    const bool ok = started && rma_wait(q);
+    if (!ok && threadIdx.x == 0) atomicExch(status, 1);
+  }
+  if (!grid_barrier(bar, timeout_ns)) {
+    if (threadIdx.x == 0) atomicExch(status, 2);
+    return;
+  }
+  if (*static_cast<volatile int*>(status) != 0) return;  // halos missing: the host raises the queue's error
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < E.n_sites; j += gridDim.x * blockDim.x)
+    exterior_site<R>(E, E.sites[j]);
+}
+
+// -- reductions: sum over blocks by the last block to finish ------------------------------------------
+constexpr int kReduceThreads = 256;
+
+__device__ __forceinline__ void finish_sum(double v, double* partial, unsigned int* done, double* result) {
+  __shared__ double sums[kReduceThreads / 32];
+  __shared__ bool last;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) sums[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double t = 0;
+    for (int w = 0; w < kReduceThreads / 32; ++w) t += sums[w];
+    partial[blockIdx.x] = t;
+    __threadfence();
+    last = atomicAdd(done, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (last && threadIdx.x == 0) {
+    __threadfence();
+    double t = 0;
+    for (unsigned int b = 0; b < gridDim.x; ++b) t += static_cast<volatile double*>(partial)[b];
+    *result = t;
+    *done = 0;  // ready for the next launch
+  }
+}
+
+template <typename R>
+__device__ __forceinline__ void dot(const R* a, const R* b, long long n, double* partial, unsigned int* done,
+                                    double* result) {
+  double v = 0;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    v += (double)a[i] * (double)b[i];
+  finish_sum(v, partial, done, result);
+}
+
+template <typename R>
+__device__ __forceinline__ void axpy_norm(R* x, R* r, const R* p, const R* ap, double alpha, long long n,
+                                          double* partial, unsigned int* done, double* result) {
+  double v = 0;
+  const R al = R(alpha);
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    x[i] += al * p[i];
+    const R ri = r[i] - al * ap[i];
+    r[i] = ri;
+    v += (double)ri * (double)ri;
+  }
+  finish_sum(v, partial, done, result);
+}
+
+}  // namespace
+}  // namespace qcd
+}  // namespace circuslink
+
+using circuslink::RmaQueue;
+using circuslink::qcd::DslashArgs;
+
+// Registers: 256-thread blocks, at least MIN_BLOCKS of them per SM (double needs the cap to keep 2 blocks).
+#define QCD_KERNELS(SUFFIX, R, MIN_BLOCKS)                                                                       \
+  extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) qcd_dslash_interior_##SUFFIX(DslashArgs A) {    \
+    const int cb = blockIdx.x * blockDim.x + threadIdx.x;                                                     \
+    if (cb < A.vh) circuslink::qcd::interior_site<R>(A, cb);                                                   \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) qcd_dslash_exterior_##SUFFIX(DslashArgs A) {    \
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;                                                      \
+    if (j < A.n_sites) circuslink::qcd::exterior_site<R>(A, A.sites[j]);                                       \
+  }                                                                                                            \
+  extern "C" __global__ void qcd_xpay_pack_##SUFFIX(DslashArgs A, double beta) {                               \
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;                                                      \
+    if (A.sites == nullptr) {                                                                                  \
+      if (j < A.vh) circuslink::qcd::xpay_pack_site<R>(A, j, beta);                                            \
+    } else if (j < A.n_sites) {                                                                                \
+      circuslink::qcd::xpay_pack_site<R>(A, A.sites[j], beta);                                                 \
+    }                                                                                                          \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS)                                                \
+      qcd_dslash_device_##SUFFIX(DslashArgs I, DslashArgs E, const RmaQueue* q,                                \
+                                                        unsigned int* bar, unsigned long long timeout_ns,      \
+                                                        int* status) {                                          \
+    circuslink::qcd::device_driven<R>(I, E, q, bar, timeout_ns, status);                                       \
+  }                                                                                                            \
+  extern "C" __global__ void qcd_dot_##SUFFIX(const R* a, const R* b, long long n, double* partial,             \
+                                              unsigned int* done, double* result) {                            \
+    circuslink::qcd::dot<R>(a, b, n, partial, done, result);                                                   \
+  }                                                                                                            \
+  extern "C" __global__ void qcd_axpy_norm_##SUFFIX(R* x, R* r, const R* p, const R* ap, double alpha,          \
+                                                    long long n, double* partial, unsigned int* done,          \
+                                                    double* result) {                                          \
+    circuslink::qcd::axpy_norm<R>(x, r, p, ap, alpha, n, partial, done, result);                               \
+  }
+
+QCD_KERNELS(f, float, 3)
+QCD_KERNELS(d, double, 2)

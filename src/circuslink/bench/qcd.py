@@ -1,0 +1,337 @@
+"""Lattice QCD CG per iteration by halo engine and grid, and the single-rank dslash bandwidth: ``circuslink bench qcd``.
+
+Rows:
+
+* ``dslash`` (one rank, no halos): one hop ``D_{eo}`` on the ``--bw-dim`` lattice, single and double
+  precision; ``bandwidth_GBps`` by the traffic model of docs/qcd.md (per output site 8 neighbour spinors of
+  24 reals, 8 links of 18 reals, 1 spinor written: 360 reals) and ``copy_ratio`` against the probe's local
+  copy bandwidth of the same run (the floor).
+* one row per halo engine and grid (``--halos`` x ``--grids``, local lattice ``--dim``): the time of one CG
+  iteration on the even-odd normal equations (4 hops, 2 global reductions, the vector updates), median and
+  minimum over ``--samples`` loops of ``--iters`` iterations (the slowest rank's time), the share of it
+  spent waiting on halos (host-side waits; device-side engines show ~0), GFLOP/s by QUDA's count (2,832
+  flops per site per iteration). Each configuration runs as its own job (under mpirun for the MPI
+  engines), so an engine that cannot run here becomes a skipped row with its reason.
+
+Targets (issue 15, one GPU, ranks under MPS): dslash bandwidth >= 0.7 x the local copy; at 8^4 local on a
+2x2 grid, rma <= 0.45 x mpi-rma per iteration and no slower than nvshmem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+
+_HALOS = "rma,rma-device,mpi-p2p,mpi-rma,nvshmem,nccl"
+_GRIDS = "1x1x1x1,2x1x1x1,2x2x1x1"
+_KAPPA = 0.2  # CG needs ~140 iterations to 1e-12 on a hot 8^4 field: loops of 100 stay far from round-off
+_REALS_PER_SITE = 8 * 24 + 8 * 18 + 24
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from . import _driver as drv
+
+    drv.add_common_arguments(parser, default_sizes="8", default_nranks=4, default_iters=100, default_warmup=10)
+    parser.add_argument("--halos", default=_HALOS, help=f"halo engines to compare (default {_HALOS})")
+    parser.add_argument("--grids", default=_GRIDS,
+                        help=f"rank grids PXxPYxPZxPT, comma-separated (default {_GRIDS}; 2x2x1x1 is the headline)")
+    parser.add_argument("--dim", nargs=4, type=int, default=[8, 8, 8, 8], metavar=("X", "Y", "Z", "T"),
+                        help="local lattice per rank (default 8 8 8 8)")
+    parser.add_argument("--prec", default="single", help="single, double or both: single,double (default single)")
+    parser.add_argument("--samples", type=int, default=7, help="timed loops of --iters iterations (default 7)")
+    parser.add_argument("--bw-dim", nargs=4, type=int, default=None, metavar=("X", "Y", "Z", "T"),
+                        help="lattice of the single-rank dslash bandwidth rows (default 32^4 on cuda, 8^4 on cpu)")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # a configuration's job: its JSON file
+
+
+def _grids(text: str) -> list[tuple[int, int, int, int]]:
+    out = []
+    for tok in text.split(","):
+        parts = tok.strip().lower().split("x")
+        if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ConfigError(f"--grids {text!r}: bad grid {tok.strip()!r} (expected PXxPYxPZxPT, e.g. 2x2x1x1)")
+        out.append(tuple(int(p) for p in parts))
+    return out
+
+
+def _list(text: str, allowed: tuple[str, ...], option: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in items if t not in allowed]
+    if bad or not items:
+        what = ", ".join(bad) or "empty list"
+        raise ConfigError(f"{option} {text!r}: unknown {what} (choose from {', '.join(allowed)})")
+    return items
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..apps.qcd._halo import HALO_ENGINES
+    from ..apps.qcd._lattice import check_local
+    from ..apps.qcd._operator import PRECISIONS
+
+    if args.worker:
+        return _worker(args)
+    grids = _grids(args.grids)
+    halos = _list(args.halos, HALO_ENGINES, "--halos")
+    precs = _list(args.prec, tuple(PRECISIONS), "--prec")
+    check_local(args.dim, "--dim")
+    if args.samples < 1:
+        raise ConfigError(f"--samples {args.samples} must be at least 1")
+    return _driver(args, grids, halos, precs)
+
+
+# -- the outer process: floor, bandwidth rows, one job per configuration -------------------------------------
+def _driver(args: argparse.Namespace, grids: list, halos: list[str], precs: list[str]) -> int:
+    import circuslink
+
+    from .. import launcher, probe
+    from ..apps.qcd._halo import NEEDS_GPU
+    from . import _driver as drv
+
+    world = circuslink.init(args.backend)
+    iters, warmup, samples = args.iters, args.warmup, args.samples
+    if args.quick:
+        iters, warmup, samples = min(iters, 20), min(warmup, 2), min(samples, 3)
+    bw_dim = tuple(args.bw_dim) if args.bw_dim else ((32, 32, 32, 32) if world.device is not None else (8, 8, 8, 8))
+    if args.quick and not args.bw_dim:
+        bw_dim = (16, 16, 16, 16) if world.device is not None else (4, 4, 4, 4)
+    results = drv.Results("qcd", world)
+    drv.progress("qcd: measuring the floor (probe, local copy)")
+    results.floor = probe.measure(world, quick=True)
+    copy = float(np.median(results.floor["local_copy_GBps"])) if results.floor.get("local_copy_GBps") else None
+    results.meta.update(dim=list(args.dim), grids=["x".join(map(str, g)) for g in grids], halos=halos, prec=precs,
+                        iters=iters, warmup=warmup, samples=samples, kappa=_KAPPA, bw_dim=list(bw_dim),
+                        reals_per_site_per_hop=_REALS_PER_SITE, flops_per_site_per_iteration=2832)
+    for prec in ("single", "double"):
+        drv.progress(f"qcd: single-rank dslash bandwidth, {prec}, {'x'.join(map(str, bw_dim))}")
+        results.add(**_dslash_bandwidth(world, bw_dim, prec, iters, samples, copy))
+    backend = world.backend.name
+    on_gpu = world.device is not None
+    world.close()
+    for prec in precs:
+        for grid in grids:
+            nranks = int(np.prod(grid))
+            for halo in (halos if nranks > 1 else ["none"]):
+                gtext = "x".join(map(str, grid))
+                if halo in NEEDS_GPU and not on_gpu:
+                    results.add(impl=halo, bytes=0, grid=gtext, prec=prec, nranks=nranks,
+                                skipped=f"--halo {halo} needs the cuda back-end")
+                    continue
+                drv.progress(f"qcd: {halo} on grid {gtext}, {prec}")
+                results.extend(_configuration(args, backend, grid, halo, prec, iters, warmup, samples, launcher))
+    drv.print_table(results.rows, ["impl", "grid", "prec", "time_per_iter_us", "time_us", "min_us", "halo_wait_share",
+                                   "gflops", "bandwidth_GBps", "copy_ratio", "skipped"],
+                    "qcd: CG iteration by halo engine and grid; dslash bandwidth")
+    _summary(results.rows)
+    path = results.write_json(args.json)
+    print(f"results: {path}")
+    if args.plot:
+        rows = [dict(r, series=f"{r['impl']} ({r['prec']})") for r in results.rows
+                if r.get("time_per_iter_us") and r["impl"] != "dslash"]
+        if rows:
+            drv.plot(rows, x="nranks", y="time_per_iter_us", group="series", path=args.plot, logx=False,
+                     title=f"CG iteration, {'x'.join(map(str, args.dim))} local lattice per rank",
+                     xlabel="ranks (grids " + ", ".join(results.meta["grids"]) + ")", ylabel="us per iteration")
+    return 0
+
+
+def _summary(rows: list[dict]) -> None:
+    """The targets' ratios, where the rows exist."""
+    def find(impl: str, grid: str, prec: str) -> float | None:
+        for r in rows:
+            if r.get("impl") == impl and r.get("grid") == grid and r.get("prec") == prec and r.get("time_per_iter_us"):
+                return float(r["time_per_iter_us"])
+        return None
+
+    for prec in ("single", "double"):
+        ours, mpi, nvs = (find(i, "2x2x1x1", prec) for i in ("rma", "mpi-rma", "nvshmem"))
+        if ours and mpi:
+            print(f"2x2 grid, {prec}: rma / mpi-rma per iteration = {ours / mpi:.3f} (target <= 0.45)")
+        if ours and nvs:
+            print(f"2x2 grid, {prec}: rma / nvshmem per iteration = {ours / nvs:.3f} (target <= 1)")
+    for r in rows:
+        if r.get("impl") == "dslash" and r.get("copy_ratio"):
+            print(f"dslash {r['prec']}: {r['bandwidth_GBps']:.1f} GB/s = {r['copy_ratio']:.2f} x the local copy "
+                  "(target >= 0.7)")
+
+
+def _timer(world: Any):
+    """(start, stop) -> seconds, on the GPU's clock where there is one."""
+    if world.device is None:
+        return time.perf_counter, lambda t0: time.perf_counter() - t0
+    import cupy as cp
+
+    def start():
+        e = cp.cuda.Event()
+        e.record()
+        return e
+
+    def stop(e0):
+        e1 = cp.cuda.Event()
+        e1.record()
+        e1.synchronize()
+        return cp.cuda.get_elapsed_time(e0, e1) * 1e-3
+
+    return start, stop
+
+
+def _dslash_bandwidth(world: Any, dims: tuple, prec: str, iters: int, samples: int, copy: float | None) -> dict:
+    from ..apps import qcd
+
+    lat = qcd.Lattice(dims, (1, 1, 1, 1), 0)
+    U = qcd.random_gauge(dims, 1)
+    op = qcd.WilsonOperator(world, lat, U, _KAPPA, prec)
+    inp, _ = op.split(qcd.random_spinor(dims, 2))
+    out = op.zeros()
+    start, stop = _timer(world)
+    for _ in range(3):
+        op.hop(out, inp, 0, False)
+    times = []
+    for _ in range(samples):
+        t0 = start()
+        for _ in range(iters):
+            op.hop(out, inp, 0, False)
+        times.append(stop(t0) / iters)
+    op.close()
+    del U, inp, out
+    if world.device is not None:
+        import cupy as cp
+
+        cp.get_default_memory_pool().free_all_blocks()
+    t = float(np.median(times))
+    real = 4 if prec == "single" else 8
+    nbytes = lat.half * _REALS_PER_SITE * real
+    bw = nbytes / t / 1e9
+    return {"impl": "dslash", "bytes": nbytes, "grid": "1x1x1x1", "prec": prec, "lattice": "x".join(map(str, dims)),
+            "time_us": t * 1e6, "min_us": min(times) * 1e6, "bandwidth_GBps": bw,
+            "gflops": 1320 * lat.half / t / 1e9, "copy_ratio": bw / copy if copy else None,
+            "local_copy_GBps": copy, "nranks": 1}
+
+
+def _configuration(args: argparse.Namespace, backend: str, grid: tuple, halo: str, prec: str, iters: int,
+                   warmup: int, samples: int, launcher: Any) -> list[dict]:
+    from ..apps.qcd._halo import NEEDS_MPIRUN
+
+    nranks = int(np.prod(grid))
+    gtext = "x".join(map(str, grid))
+    base = {"impl": halo, "bytes": 0, "grid": gtext, "prec": prec, "nranks": nranks}
+    fd, out = tempfile.mkstemp(prefix="circuslink-bench-qcd-", suffix=".json")
+    os.close(fd)
+    worker = [sys.executable, "-m", "circuslink", "bench", "qcd", "--worker", out, "--grids", gtext, "--halos",
+              "rma" if halo == "none" else halo, "--prec", prec, "--dim", *map(str, args.dim), "--iters", str(iters),
+              "--warmup", str(warmup), "--samples", str(samples)]
+    env = dict(os.environ, CIRCUSLINK_BACKEND=backend, NCCL_NVLS_ENABLE="0", NVSHMEM_DISABLE_NVLS="1")
+    if halo in NEEDS_MPIRUN:
+        if not launcher.mpirun_available():
+            return [dict(base, skipped="needs mpirun and mpi4py")]
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
+        if cores < 2 * nranks:
+            env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+        os.environ.update({k: env[k] for k in ("CIRCUSLINK_BACKEND", "NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS")})
+        cmd = launcher.mpirun_command(nranks, worker)
+    else:
+        cmd = [sys.executable, "-m", "circuslink", "run", "-n", str(nranks), "--backend", backend, "--", *worker]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        rows = json.load(open(out)) if proc.returncode == 0 and os.path.getsize(out) else None
+    except subprocess.TimeoutExpired:
+        return [dict(base, skipped="did not finish within 900 s")]
+    finally:
+        try:
+            os.unlink(out)
+        except OSError:
+            pass
+    if not rows:
+        lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+        lines = [ln.split("] ", 1)[1] if ln.startswith("[") and "] " in ln else ln for ln in lines]  # rank tags
+        errors = [ln for ln in lines if "error" in ln.lower() or "unavailable" in ln.lower()]
+        why = (errors or lines or [f"exit code {proc.returncode}"])[0][-300:]
+        sys.stderr.write(proc.stderr[-2000:])
+        return [dict(base, skipped=why)]
+    return rows
+
+
+# -- a configuration's job ---------------------------------------------------------------------------------
+def _worker(args: argparse.Namespace) -> int:
+    import circuslink
+
+    from ..apps import qcd
+    from ..apps.qcd._operator import EVEN, ODD
+
+    world = circuslink.init(args.backend)
+    grid = _grids(args.grids)[0]
+    local = tuple(args.dim)
+    halo = args.halos
+    lat = qcd.Lattice(local, grid, world.rank)
+    gdims = lat.global_dims
+    U = qcd.random_gauge(gdims, 1) if world.rank == 0 else None
+    b = qcd.random_spinor(gdims, 2) if world.rank == 0 else None
+    U_local = qcd.scatter(world, lat, U, qcd.gauge_shape(local), lead=1)
+    b_local = qcd.scatter(world, lat, b, qcd.spinor_shape(local))
+    op = qcd.WilsonOperator(world, lat, U_local, _KAPPA, args.prec, halo)
+    d = op.d
+    b_e, b_o = op.split(b_local)
+    rhs = op.zeros()
+    op.pack(b_o, ODD, False)
+    op.hop(rhs, b_o, EVEN, False, a=1.0, x=b_e, b=_KAPPA, emit=True)
+    x, r, p, ap = op.zeros(), op.zeros(), op.zeros(), op.zeros()
+    start, stop = _timer(world)
+
+    def iterations(n: int) -> float:
+        """n CG iterations from a fresh start; returns seconds (this rank)."""
+        x[...] = 0
+        r[...] = rhs
+        p[...] = rhs
+        op.pack(p, EVEN, False)
+        rr = op.norm2(r)
+        op.synchronize()
+        world.barrier()
+        t0 = start()
+        for _ in range(n):
+            op.normal(ap, p)
+            alpha = rr / float(op.allreduce(d.redot(p, ap))[0])
+            rr_new = float(op.allreduce(d.axpy_norm(x, r, p, ap, alpha))[0])
+            d.xpay_pack(p, r, rr_new / rr, EVEN, False)
+            rr = rr_new
+        return stop(t0)
+
+    iterations(max(1, args.warmup))
+    times, waits = [], []
+    for _ in range(args.samples):
+        w0 = op.halo_wait_seconds
+        t = iterations(args.iters)
+        times.append(t / args.iters)
+        waits.append((op.halo_wait_seconds - w0) / t if t > 0 else 0.0)
+    slowest = op.allreduce(world.xp.asarray(np.array(times, dtype=np.float64)), op="max")
+    share = float(np.median(op.allreduce(world.xp.asarray(np.array(waits, dtype=np.float64)), op="max")))
+    t = float(np.median(slowest))
+    volume = int(np.prod(gdims))
+    face_bytes = 6 * op.dtype.itemsize * lat.face_total
+    row = {"impl": halo if lat.face_total else "none", "bytes": face_bytes, "grid": "x".join(map(str, grid)),
+           "prec": args.prec, "nranks": world.size, "local": "x".join(map(str, local)),
+           "lattice": "x".join(map(str, gdims)), "time_per_iter_us": t * 1e6, "min_us": float(slowest.min()) * 1e6,
+           "halo_wait_share": share, "gflops": 2832 * volume / t / 1e9, "iters": args.iters,
+           "samples": args.samples, "launched_by": world.launched_by}
+    op.close()
+    if world.rank == 0:
+        with open(args.worker, "w") as f:
+            json.dump([row], f)
+    world.barrier()
+    if world.mpi_comm is not None:  # rank 0 hosts the store under mpirun: leave together (bench rma does the same)
+        from .rma import _end_of_job
+
+        _end_of_job(world)
+    world.close()
+    return 0

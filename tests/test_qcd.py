@@ -1,0 +1,163 @@
+"""The Wilson-Dirac operator on one rank (numpy): algebra, invariants and an independent site-by-site loop.
+
+Every test draws a fresh gauge field and sources from the test's seed (reported on failure).
+Lattices are 4^4 (4x4x4x8 where antiperiodic t momenta need a longer t), the slow loop 2x2x2x4.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from circuslink.apps import qcd
+
+DIMS = (4, 4, 4, 4)  # X, Y, Z, T
+KAPPA = 0.12
+
+
+def inner(a: np.ndarray, b: np.ndarray) -> complex:
+    return complex(np.vdot(a, b))
+
+
+@pytest.fixture
+def fields(seed):
+    U = qcd.random_gauge(DIMS, seed)
+    a = qcd.random_spinor(DIMS, seed + 1)
+    b = qcd.random_spinor(DIMS, seed + 2)
+    return U, a, b
+
+
+def test_gammas_satisfy_the_clifford_algebra():
+    g = qcd.GAMMA
+    for mu, nu in itertools.product(range(4), repeat=2):
+        anti = g[mu] @ g[nu] + g[nu] @ g[mu]
+        np.testing.assert_allclose(anti, 2 * np.eye(4) * (mu == nu), atol=1e-15)
+    for mu in range(4):
+        np.testing.assert_allclose(g[mu], g[mu].conj().T, atol=1e-15)  # hermitian
+        np.testing.assert_allclose(qcd.GAMMA5 @ g[mu], -g[mu] @ qcd.GAMMA5, atol=1e-15)
+    np.testing.assert_allclose(qcd.GAMMA5, np.diag([-1, -1, 1, 1]), atol=1e-15)  # DeGrand-Rossi
+    np.testing.assert_allclose(qcd.GAMMA[3], np.block([[np.zeros((2, 2)), np.eye(2)], [np.eye(2), np.zeros((2, 2))]]))
+
+
+def test_random_gauge_is_special_unitary(seed):
+    U = qcd.random_gauge(DIMS, seed).reshape(-1, 3, 3)
+    np.testing.assert_allclose(U @ U.conj().transpose(0, 2, 1), np.broadcast_to(np.eye(3), U.shape), atol=1e-12)
+    np.testing.assert_allclose(np.linalg.det(U), 1.0, atol=1e-12)
+    # Haar: the trace averages to 0 with variance 1 (|tr U|^2 has mean 1 on SU(3)).
+    tr = np.trace(U, axis1=1, axis2=2)
+    assert abs(tr.mean()) < 0.15 and abs(np.mean(np.abs(tr) ** 2) - 1) < 0.25
+
+
+def test_same_seed_same_fields_other_seed_other_fields(seed):
+    np.testing.assert_array_equal(qcd.random_gauge(DIMS, seed), qcd.random_gauge(DIMS, seed))
+    assert not np.allclose(qcd.random_spinor(DIMS, seed), qcd.random_spinor(DIMS, seed + 1))
+
+
+def test_kappa_zero_is_identity(fields):
+    U, a, _ = fields
+    np.testing.assert_array_equal(qcd.wilson(U, a, 0.0), a)
+
+
+def test_gamma5_hermiticity(fields):
+    U, a, _ = fields
+    left = qcd.gamma5(qcd.wilson(U, qcd.gamma5(a), KAPPA))
+    np.testing.assert_allclose(left, qcd.wilson(U, a, KAPPA, dagger=True), rtol=0, atol=1e-13)
+
+
+def test_dagger_is_the_adjoint(fields):
+    U, a, b = fields
+    lhs = inner(a, qcd.wilson(U, b, KAPPA))
+    rhs = inner(qcd.wilson(U, a, KAPPA, dagger=True), b)
+    assert abs(lhs - rhs) < 1e-11 * abs(lhs)
+
+
+def test_gauge_covariance(fields, seed):
+    U, a, _ = fields
+    rng = np.random.default_rng(seed + 3)
+    G = qcd.random_su3(rng, int(np.prod(DIMS))).reshape(DIMS[::-1] + (3, 3))  # G[t, z, y, x, a, b]
+    UG = np.empty_like(U)
+    for mu in range(4):
+        G_next = qcd.shift(G, mu, +1, antiperiodic_t=False)  # gauge transformations are periodic
+        UG[mu] = G @ U[mu] @ G_next.conj().swapaxes(-1, -2)
+    rotate = lambda psi: np.matmul(psi, G.swapaxes(-1, -2))  # noqa: E731 - (G psi)[s, a] = G[a, b] psi[s, b]
+    np.testing.assert_allclose(qcd.wilson(UG, rotate(a), KAPPA), rotate(qcd.wilson(U, a, KAPPA)), atol=1e-13)
+
+
+@pytest.mark.parametrize("dagger", [False, True])
+def test_free_field_plane_wave(dagger, seed):
+    dims = (4, 4, 4, 8)
+    rng = np.random.default_rng(seed)
+    n = rng.integers(0, 4, size=3)
+    nt = rng.integers(0, 8)
+    # Periodic in x, y, z: p = 2 pi n / L; antiperiodic in t: p = pi (2 n + 1) / T.
+    p = np.array([2 * np.pi * n[0] / dims[0], 2 * np.pi * n[1] / dims[1], 2 * np.pi * n[2] / dims[2],
+                  np.pi * (2 * nt + 1) / dims[3]])
+    chi = rng.standard_normal((4, 3)) + 1j * rng.standard_normal((4, 3))
+    t, z, y, x = np.meshgrid(*(np.arange(d) for d in dims[::-1]), indexing="ij")
+    phase = np.exp(1j * (p[0] * x + p[1] * y + p[2] * z + p[3] * t))
+    psi = phase[..., None, None] * chi
+    # D e^{ipx} chi = sum_mu [(1 -+ g) e^{ip} + (1 +- g) e^{-ip}] chi = sum_mu (2 cos p_mu -+ 2i sin p_mu g_mu) chi
+    sign = 1 if dagger else -1
+    momentum = sum(2 * np.cos(p[mu]) * np.eye(4) + sign * 2j * np.sin(p[mu]) * qcd.GAMMA[mu] for mu in range(4))
+    want = phase[..., None, None] * ((np.eye(4) - KAPPA * momentum) @ chi)
+    got = qcd.wilson(qcd.unit_gauge(dims), psi, KAPPA, dagger=dagger)
+    np.testing.assert_allclose(got, want, atol=1e-12)
+
+
+def _wilson_site_by_site(U: np.ndarray, psi: np.ndarray, kappa: float) -> np.ndarray:
+    """The operator as written in the issue, one site and one direction at a time."""
+    T, Z, Y, X = psi.shape[:4]
+    L = (X, Y, Z, T)
+    out = np.empty_like(psi)
+    one = np.eye(4)
+    for t, z, y, x in itertools.product(range(T), range(Z), range(Y), range(X)):
+        here = [x, y, z, t]
+        acc = np.zeros((4, 3), dtype=complex)
+        for mu in range(4):
+            up, down = list(here), list(here)
+            up[mu] = (here[mu] + 1) % L[mu]
+            down[mu] = (here[mu] - 1) % L[mu]
+            sign_up = -1.0 if (mu == 3 and here[mu] == T - 1) else 1.0
+            sign_down = -1.0 if (mu == 3 and here[mu] == 0) else 1.0
+            psi_up = sign_up * psi[up[3], up[2], up[1], up[0]]
+            psi_down = sign_down * psi[down[3], down[2], down[1], down[0]]
+            link = U[mu, t, z, y, x]
+            link_down = U[mu, down[3], down[2], down[1], down[0]]
+            for s in range(4):
+                for a in range(3):
+                    for s2 in range(4):
+                        for b in range(3):
+                            acc[s, a] += (one - qcd.GAMMA[mu])[s, s2] * link[a, b] * psi_up[s2, b]
+                            acc[s, a] += (one + qcd.GAMMA[mu])[s, s2] * np.conj(link_down[b, a]) * psi_down[s2, b]
+        out[t, z, y, x] = psi[t, z, y, x] - kappa * acc
+    return out
+
+
+def test_vectorized_operator_matches_site_by_site_loop(seed):
+    dims = (2, 2, 2, 4)
+    U = qcd.random_gauge(dims, seed)
+    psi = qcd.random_spinor(dims, seed + 1)
+    np.testing.assert_allclose(qcd.wilson(U, psi, KAPPA), _wilson_site_by_site(U, psi, KAPPA), atol=1e-13)
+
+
+def test_single_precision_follows_double(fields):
+    U, a, _ = fields
+    single = qcd.wilson(U.astype(np.complex64), a.astype(np.complex64), KAPPA)
+    assert single.dtype == np.complex64
+    np.testing.assert_allclose(single, qcd.wilson(U, a, KAPPA), atol=2e-5)
+
+
+def test_wrong_shapes_are_refused(fields):
+    U, a, _ = fields
+    with pytest.raises(qcd_errors(), match=r"psi must have shape \(T, Z, Y, X, 4, 3\)"):
+        qcd.wilson(U, a[..., :2, :], KAPPA)
+    with pytest.raises(qcd_errors(), match="U must have shape"):
+        qcd.wilson(U[:, :2], a, KAPPA)
+
+
+def qcd_errors():
+    import circuslink
+
+    return circuslink.ConfigError
