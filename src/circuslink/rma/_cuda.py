@@ -29,6 +29,8 @@ import numpy as np
 
 from .._config import default_timeout
 from ..errors import RmaError, TimeoutError
+from ._transpose import _cuda as transposes
+from ._transpose import is_transpose
 
 ENGINES = ("kernel", "graph")
 _KERNELS = Path(__file__).with_name("rma_kernels.cu")
@@ -39,7 +41,7 @@ _DESC = np.dtype([("src", "<u8"), ("dst", "<u8"), ("count", "<u8"), ("block_byte
                   ("units_per_block", "<u4"), ("align", "<u4")])
 _QUEUE_FIELDS = ("descs", "n_descs", "total_units", "signals", "size", "targets", "arrival_at_target",
                  "n_targets", "origins", "post_at_origin", "n_origins", "state", "error", "timeout_ns",
-                 "post_at_wait")
+                 "post_at_wait", "transposes")
 _module = None
 
 
@@ -120,7 +122,12 @@ class CudaQueue:
         self.queue = queue
         self.engine = engine_name()
         me, size = self.world.rank, self.size
-        handles = sorted(queue.handles, key=lambda h: h.dst_rank)
+        handles = sorted((h for h in queue.handles if not is_transpose(h)), key=lambda h: h.dst_rank)
+        # Transposing puts: their own descriptors, run by the same start launch after the copies.
+        self.tchain = transposes.queue_chain(
+            self.world, [h for h in queue.handles if is_transpose(h)],
+            src_ptr=lambda h: h.src_window._impl.buf.ptr(me) + h.src_offset,
+            dst_ptr=lambda h: self.window.buf.ptr(h.dst_rank) + h.dst_offset)
         descs = np.zeros(len(handles), dtype=_DESC)
         units = 0
         for i, h in enumerate(handles):
@@ -155,6 +162,7 @@ class CudaQueue:
             "origins": base_ptr + offsets[3], "post_at_origin": base_ptr + offsets[4], "n_origins": len(origins),
             "state": self.state.data.ptr, "error": self.error_ptr,
             "timeout_ns": int(default_timeout() * 1e9), "post_at_wait": int(post_at == "wait"),
+            "transposes": self.tchain.ptr,
         }
         blob = bytearray(at)
         blob[:header] = np.array([fields[k] for k in _QUEUE_FIELDS], dtype=np.uint64).tobytes()
@@ -171,7 +179,8 @@ class CudaQueue:
         warps = _THREADS // 32
         self.grid = max(1, min(-(-units // warps), 2 * sms))
         kernels = _kernels()
-        self.k_start = kernels.get_function("circuslink_rma_start")
+        self.k_start = kernels.get_function(self.tchain.start_kernel_name("circuslink_rma_start"))
+        self.grid = self.tchain.grid(self.k_start, self.grid)
         self.k_wait = kernels.get_function("circuslink_rma_wait")
         self.k_cycles = kernels.get_function("circuslink_rma_device_cycles")
         cp.cuda.Device(self.world.device).synchronize()
@@ -196,6 +205,7 @@ class CudaQueue:
                 for d in self.descs_host():
                     rt.memcpy2DAsync(int(d["dst"]), int(d["dst_stride"]), int(d["src"]), int(d["src_stride"]),
                                      int(d["block_bytes"]), int(d["count"]), rt.memcpyDefault, capture.ptr)
+                self.tchain.launch()  # the transposing puts: one kernel node
                 kernels.get_function("circuslink_rma_epilogue")((1,), (64,), (handle,))
         finally:
             graph = capture.end_capture()
@@ -246,6 +256,9 @@ class CudaQueue:
         self.error[:] = 0
         self.state[2] = 0  # let the next failure be recorded
         where = self.queue._where()
+        if code == 3:
+            raise RmaError(f"{where}: a device-driven rma_start of epoch {epoch} refused the queue's transposing "
+                           "puts: #include <circuslink/transpose.cuh> before <circuslink/rma.cuh> in that kernel")
         if code == 1:
             what = f"waiting for the post of target rank(s) {rank} (has it started epoch {epoch}?)"
         else:
@@ -274,6 +287,7 @@ class CudaQueue:
         self.stream.synchronize()
         self.handle_mem = None
         self.graph = None
+        self.tchain = None
 
     def free(self, timeout: float | None) -> None:
         self.clear()
