@@ -22,12 +22,15 @@ COMMANDS = [
     ("run", "circuslink._run_command", "start N ranks on this machine: circuslink run -n N -- CMD ..."),
     ("probe", "circuslink.probe", "measure the physical floor between every pair of ranks"),
     ("gen", "circuslink.spec.codegen", "generate a CUDA header and host binding from a channel spec (app.xml)"),
+    ("fft2", "circuslink.apps.fft.cli", "distributed 2-D FFT of a .npy file with transposing puts (or --bench)"),
 ]
 BENCHMARKS = [
     ("pingpong", "circuslink.bench.pingpong", "channel pingpong against the floor, NCCL, NVSHMEM and MPI"),
     ("allreduce-like", "circuslink.bench.allreduce_like", "CIRCUS's allreduce-like pipeline"),
     ("allreduce", "circuslink.bench.allreduce", "channel all-reduce against NCCL"),
     ("rma", "circuslink.bench.rma", "persistent RMA queues against MPI-3 RMA, MPI persistent p2p and NCCL"),
+    ("transpose", "circuslink.bench.transpose", "transposing put against contiguous put and local transpose + put"),
+    ("fft", "circuslink.bench.fft", "distributed 2-D FFT: transposing puts against local transpose + put and fft2"),
 ]
 
 
