@@ -487,3 +487,28 @@ def test_choose_picks_the_best_and_autotunes_when_unsure():
     clear = [(8, 32), (64, 64)]
     assert tm.choose(TRUE, clear, 4, 4096, 4096, measure=lambda t: pytest.fail("measured")) == (64, 64)
     tm.forget_choices()
+
+
+# -- the benchmark (smoke: quick, cpu) ------------------------------------------------------------
+def test_bench_transpose_quick(tmp_path):
+    import json
+    import os
+    import sys
+
+    out = tmp_path / "tr.json"
+    env = dict(os.environ, CIRCUSLINK_TIMEOUT="60")
+    proc = subprocess.run([sys.executable, "-m", "circuslink", "bench", "transpose", "--quick", "--backend", "cpu",
+                           "--dtypes", "float32,complex128", "--json", str(out), "--plot", str(tmp_path / "tr.png")],
+                          capture_output=True, text=True, env=env, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads(out.read_text())
+    impls = {r["impl"] for r in res["rows"]}
+    assert impls == {"transpose-put", "contiguous-put", "local-transpose+put", "model"}
+    for r in res["rows"]:
+        if r["impl"] == "model":
+            assert r["predicted_GBps"] > 0 and r["measured_GBps"] > 0
+        else:
+            assert r["throughput_GBps"] > 0 and r["time_min_us"] <= r["time_us"]
+    assert any(r.get("in_fit") for r in res["rows"]) and any(r.get("in_fit") is False for r in res["rows"])
+    assert set(res["meta"]["models"]) == {"float32", "complex128"}
+    assert res["floor"]["pairs"] and (tmp_path / "tr-model.png").exists()

@@ -92,12 +92,21 @@ def config_from_args(args: argparse.Namespace) -> Config:
                   json=args.json, plot=args.plot, baselines=not getattr(args, "no_baselines", False))
 
 
-def check_sizes(sizes: list[int], nranks: int) -> None:
-    """Refuse, before starting ranks, a size the ranks do not divide."""
-    from ..apps.fft import check_shape
+def check_sizes(sizes: list[int], nranks: int, backend: str | None = None, dtypes: list[str] | None = None) -> None:
+    """Refuse, before starting ranks, a size the ranks do not divide, or (cpu) one the host cannot hold."""
+    from ..apps.fft import _cpu, bytes_per_rank, check_shape
 
     for n in sizes:
         check_shape((n, n), nranks, f"fft2 --size {n}")
+    if backend == "cpu":
+        dtype = "complex128" if "complex128" in (dtypes or []) else "complex64"
+        n = max(sizes)
+        need = nranks * bytes_per_rank(n, n, dtype, nranks, "local-transpose", _cpu.EXTRA_SLABS + 1, False)
+        free, what = _cpu.free_bytes(None)
+        if need > free:
+            raise ConfigError(f"fft2: a {n} x {n} {dtype} problem over {nranks} ranks needs about "
+                              f"{need / (1 << 30):.1f} GiB of {what} (both schemes and the input kept for "
+                              f"checking), but only {free / (1 << 30):.1f} GiB is free: use a smaller --size")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,7 +114,10 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     if not launcher.inside_job():
-        check_sizes(cfg.sizes, args.nranks)
+        from ..backends import default_backend_name
+
+        check_sizes(cfg.sizes, args.nranks, args.backend or os.environ.get("CIRCUSLINK_BACKEND") or
+                    default_backend_name(), cfg.dtypes)
         argv = ["bench", "fft", *sys.argv[sys.argv.index("fft") + 1:]] if "fft" in sys.argv else ["bench", "fft"]
         return launcher.relaunch_self(args.nranks, argv, args.backend)
     import circuslink

@@ -234,7 +234,7 @@ def _bench(args: argparse.Namespace, backend: str) -> int:
                        iters=iters, warmup=warmup, layout=args.layout, inverse=args.inverse, json=args.json,
                        plot=args.plot, baselines=not args.no_baselines, meta={"command": "fft2 --bench"})
     if not launcher.inside_job():
-        bench.check_sizes(cfg.sizes, args.nranks)
+        bench.check_sizes(cfg.sizes, args.nranks, backend, cfg.dtypes)
         return launcher.relaunch_self(args.nranks, _argv(args), backend)
     import circuslink
 

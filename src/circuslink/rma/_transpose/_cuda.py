@@ -282,7 +282,7 @@ def calibrated_model(world: Any, elem: int) -> tm.TileModel:
     tiles = tile_candidates(elem)
     b_ideal = _local_copy_bandwidth(world)
     samples = []
-    for nbytes, picks in ((32 << 20, calibration_tiles(tiles)), (4 << 20, calibration_tiles(tiles)[:2])):
+    for nbytes, picks in ((32 << 20, calibration_tiles(tiles)), (8 << 20, calibration_tiles(tiles)[:2])):
         rows, cols = square_shape(nbytes, elem)
         for tile in picks:
             samples.append(tm.Sample(tile, elem, rows, cols, time_local(world, elem, rows, cols, tile)))
