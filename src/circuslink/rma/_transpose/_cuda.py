@@ -24,7 +24,6 @@ kernel's thread mapping (:func:`bank_conflicts`), smallest conflict-free pitch f
 from __future__ import annotations
 
 import math
-import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,6 +163,9 @@ class DeviceChain:
         cp.cuda.runtime.memcpy(mem.ptr, host.ctypes.data, len(blob), cp.cuda.runtime.memcpyHostToDevice)
         self.mem = mem
         self.ptr = mem.ptr
+        # Compiled and sized now, not at the first launch, which may be inside a graph capture.
+        self._kernel = kernels().get_function(f"circuslink_transpose_chain{self.elem}")
+        self._grid = self.grid(self._kernel)
 
     def start_kernel_name(self, plain: str) -> str:
         """The RMA start kernel for a queue with this chain: ``plain`` when empty, else its specialisation."""
@@ -174,19 +176,17 @@ class DeviceChain:
         under the rank's SM budget (the start launch's blocks wait on peers), at least ``at_least``."""
         if not self.pieces:
             return at_least
-        resident = self.world.backend.max_blocks(types.SimpleNamespace(kernel=kernel), THREADS, 0)
+        resident = self.world.backend.max_blocks(kernel, THREADS, 0)  # a cupy RawKernel
         return max(at_least, min(self.total_tiles, resident))
 
     def launch(self, stream: Any = None) -> None:
         """Turn the chain on ``stream`` (the current stream when None): the graph engine's node and local transposes."""
         if not self.pieces:
             return
-        fn = kernels().get_function(f"circuslink_transpose_chain{self.elem}")
-        grid = self.grid(fn)
         if stream is None:
-            fn((grid,), (THREADS,), (np.uint64(self.ptr),))
+            self._kernel((self._grid,), (THREADS,), (np.uint64(self.ptr),))
         else:
-            fn((grid,), (THREADS,), (np.uint64(self.ptr),), stream=stream)
+            self._kernel((self._grid,), (THREADS,), (np.uint64(self.ptr),), stream=stream)
 
 
 def queue_chain(world: Any, handles: Sequence[TransposeHandle], src_ptr: Callable[[TransposeHandle], int],
