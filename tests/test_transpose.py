@@ -203,14 +203,18 @@ mine[...] = cp.asarray(src_host)
 flag = cp.zeros(1, dtype=cp.uint32)
 world.barrier()
 dst_ptr = buf.ptr(peer) + 77 * 77 * 16
-for block in ((256, 1), (96, 1), (16, 6)):  # several block shapes, 3 blocks sharing the tiles
+origin_src = np.random.default_rng([int(os.environ["CIRCUSLINK_TEST_SEED"]), origin])
+o = origin_src.standard_normal((rows, sld)) + 1j * origin_src.standard_normal((rows, sld))
+# Several block shapes (multiples of the tile sides and not: both code paths), 3 blocks sharing the tiles.
+for block in ((256, 1), (96, 1), (16, 6), (10, 7)):
+    buf.view(cp.complex128)[77 * 77:] = 0          # my destination, cleared before the peer writes it
+    cp.cuda.Device().synchronize()
+    world.barrier()
     mod.get_function("put_c16")((3,), block, (np.uint64(dst_ptr), np.uint64(dld), mine, np.uint64(sld),
                                               np.uint64(rows), np.uint64(cols), flag))
     cp.cuda.Device().synchronize()
     world.barrier()
     got = buf.view(cp.complex128)[77 * 77: 77 * 77 + (cols - 1) * dld + rows].get()
-    origin_src = np.random.default_rng([int(os.environ["CIRCUSLINK_TEST_SEED"]), origin])
-    o = origin_src.standard_normal((rows, sld)) + 1j * origin_src.standard_normal((rows, sld))
     view = np.lib.stride_tricks.as_strided(got, (cols, rows), (dld * 16, 16))
     assert np.array_equal(view, o[:, :cols].T), f"rank {me} block {block}: wrong transpose"
     world.barrier()
@@ -245,7 +249,9 @@ try:
     raise SystemExit("no error for a kernel compiled without transposing puts")
 except cl.RmaError as exc:
     assert "#include <circuslink/transpose.cuh> before <circuslink/rma.cuh>" in str(exc), exc
+world.barrier()
 print(f"rank {me} device ok")
+world.close()
 '''
 
 
@@ -270,6 +276,8 @@ for dtype in ("float32", "float64", "complex64", "complex128"):
         dst = out[10:87, 2:52]
         plan = rma.plan_local_transpose(world, dst, src, tile=tile)
         plan()
+        if hasattr(world.backend, "stream"):  # the plan runs on the world's stream: wait for it
+            world.backend.stream.synchronize()
         got = out.get() if hasattr(out, "get") else out
         want = np.zeros((100, 60), dtype=dtype)
         want[10:87, 2:52] = (big.get() if hasattr(big, "get") else big)[3:53, 5:82].T

@@ -178,8 +178,9 @@ def plan_local_transpose(world: Any, dst: Any, src: Any, tile: tuple[int, int] |
     stride along a row (leading dimensions may exceed the width: views into larger arrays are
     fine), of one element type of :data:`DTYPES`, ``dst.shape == src.shape[::-1]``. On the GPU it
     is the transposing put's own tile kernel with a local destination, launched on the world's
-    stream after the caller's (``backend.after_caller``); it is the local-transpose baseline of
-    the benchmarks and of the FFT. ``tile`` forces the tile shape.
+    stream after the caller's (``backend.after_caller``) and returns without waiting (synchronise
+    ``world.backend.stream``, or queue the next work on it, before reading ``dst``); it is the
+    local-transpose baseline of the benchmarks and of the FFT. ``tile`` forces the tile shape.
     """
     what = "plan_local_transpose"
     if getattr(src, "ndim", None) != 2 or getattr(dst, "ndim", None) != 2:
