@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         backend = args.backend or os.environ.get("CIRCUSLINK_BACKEND") or default_backend_name()
         check_sizes(cfg.sizes, args.nranks, backend, cfg.dtypes)
         argv = ["bench", "fft", *sys.argv[sys.argv.index("fft") + 1:]] if "fft" in sys.argv else ["bench", "fft"]
-        return launcher.relaunch_self(args.nranks, argv, args.backend)
+        return launcher.relaunch_self(args.nranks, argv=argv, backend=args.backend)
     import circuslink
 
     world = circuslink.init(args.backend)

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if not launcher.inside_job():
         argv = ["bench", "transpose", *sys.argv[sys.argv.index("transpose") + 1:]] if "transpose" in sys.argv \
             else ["bench", "transpose"]
-        return launcher.relaunch_self(args.nranks, argv, args.backend)
+        return launcher.relaunch_self(args.nranks, argv=argv, backend=args.backend)
     import circuslink
 
     world = circuslink.init(args.backend)

@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError(f"fft2: a {n1} x {n2} {dtype} problem over {args.nranks} ranks needs about "
                                   f"{need / (1 << 30):.1f} GiB of {what}, but only {free / (1 << 30):.1f} GiB is "
                                   "free: use complex64 or a smaller size")
-        return launcher.relaunch_self(args.nranks, _argv(args), backend)
+        return launcher.relaunch_self(args.nranks, argv=_argv(args), backend=backend)
     import circuslink
 
     world = circuslink.init(args.backend)
@@ -235,7 +235,7 @@ def _bench(args: argparse.Namespace, backend: str) -> int:
                        plot=args.plot, baselines=not args.no_baselines, meta={"command": "fft2 --bench"})
     if not launcher.inside_job():
         bench.check_sizes(cfg.sizes, args.nranks, backend, cfg.dtypes)
-        return launcher.relaunch_self(args.nranks, _argv(args), backend)
+        return launcher.relaunch_self(args.nranks, argv=_argv(args), backend=backend)
     import circuslink
 
     world = circuslink.init(args.backend)
