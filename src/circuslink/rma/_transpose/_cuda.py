@@ -23,6 +23,7 @@ kernel's thread mapping (:func:`bank_conflicts`), smallest conflict-free pitch f
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -88,6 +89,7 @@ def bank_conflicts(m: int, n: int, elem: int, pitch: int, threads: int = THREADS
     return worst
 
 
+@functools.cache
 def pick_pitch(m: int, n: int, elem: int) -> int:
     """The smallest row pitch >= n (elements) with the fewest bank conflicts that fits the tile buffer."""
     best = None
@@ -105,14 +107,15 @@ def pick_pitch(m: int, n: int, elem: int) -> int:
     return best[1]
 
 
-def tile_candidates(elem: int) -> list[tuple[int, int]]:
+@functools.cache
+def tile_candidates(elem: int) -> tuple[tuple[int, int], ...]:
     """Tiles the model chooses among: powers of two 8..128 a side, both bursts >= one 32-byte sector,
     every thread of a block at least one element, the padded tile in the buffer."""
     out = []
     for m, n in tm.candidates(elem, TILE_BUFFER_BYTES, min_elems=THREADS):
         if m * elem >= 32 and n * elem >= 32 and m * pick_pitch(m, n, elem) * elem <= TILE_BUFFER_BYTES:
             out.append((m, n))
-    return out
+    return tuple(out)
 
 
 # -- chains in device memory --------------------------------------------------------------------
