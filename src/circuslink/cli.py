@@ -25,6 +25,7 @@ COMMANDS = [
     ("gen", "circuslink.spec.codegen", "generate a CUDA header and host binding from a channel spec (app.xml)"),
     ("route", "circuslink.topology.command", "routing over a topology: show the tables and paths, check for deadlock"),
     ("qcd", "circuslink.apps.qcd.cli", "lattice QCD: Wilson-Dirac CG inverter (invert) and operator (apply)"),
+    ("fft2", "circuslink.apps.fft.cli", "distributed 2-D FFT of a .npy file with transposing puts (or --bench)"),
 ]
 BENCHMARKS = [
     ("pingpong", "circuslink.bench.pingpong", "channel pingpong against the floor, NCCL, NVSHMEM and MPI"),
@@ -32,6 +33,8 @@ BENCHMARKS = [
     ("allreduce", "circuslink.bench.allreduce", "channel all-reduce against NCCL"),
     ("rma", "circuslink.bench.rma", "persistent RMA queues against MPI-3 RMA, MPI persistent p2p and NCCL"),
     ("qcd", "circuslink.bench.qcd", "lattice QCD CG per iteration by halo engine and grid; dslash bandwidth"),
+    ("transpose", "circuslink.bench.transpose", "transposing put against contiguous put and local transpose + put"),
+    ("fft", "circuslink.bench.fft", "distributed 2-D FFT: transposing puts against local transpose + put and fft2"),
 ]
 
 

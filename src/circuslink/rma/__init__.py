@@ -17,6 +17,9 @@ its writes once, commits them into a queue, and then runs each iteration as one
         q.wait()                                            # mine done and my origins' arrived
         compute(win.local)
 
+Transposing puts (UZURA): ``declare_transpose_write`` moves a rows x cols block into a peer
+transposed, in the same queues (docs/transpose.md).
+
 Back-ends: ``cpu`` (shared memory, the reference), ``cuda`` (CUDA IPC over NVLink: one
 launch per start, and ``circuslink::rma_start`` / ``rma_wait`` in ``<circuslink/rma.cuh>``
 for kernels that drive the queue themselves) and ``mpi`` (MPI-3 RMA, ``MPI_Put`` in
@@ -26,13 +29,17 @@ post/start/complete/wait epochs). docs/rma.md has the semantics.
 from __future__ import annotations
 
 from ._core import MsgHandle, Queue, Window, declare_strided_write, declare_write, queue_alloc, window_alloc
+from ._transpose import TransposeHandle, declare_transpose_write, plan_local_transpose
 
 __all__ = [
     "MsgHandle",
     "Queue",
+    "TransposeHandle",
     "Window",
     "declare_strided_write",
+    "declare_transpose_write",
     "declare_write",
+    "plan_local_transpose",
     "queue_alloc",
     "window_alloc",
 ]

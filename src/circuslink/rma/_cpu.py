@@ -20,6 +20,8 @@ from numpy.lib.stride_tricks import as_strided
 
 from .._config import default_timeout
 from ._core import poll_until
+from ._transpose import _cpu as transposes
+from ._transpose import is_transpose
 
 
 def _view(arr: np.ndarray, offset: int, count: int, block: int, stride: int) -> np.ndarray:
@@ -71,6 +73,10 @@ class CpuQueue:
         self.origins = list(queue.origins)
         by_target: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
         for h in queue.handles:
+            if is_transpose(h):  # (dst, src.T) view pairs, copied by the same loop
+                pairs = transposes.copies(h, h.src_window._impl.local, self.window.peer(h.dst_rank))
+                by_target.setdefault(h.dst_rank, []).extend(pairs)
+                continue
             src = _view(h.src_window._impl.local, h.src_offset, h.count, h.block_bytes, h.src_stride)
             dst = _view(self.window.peer(h.dst_rank), h.dst_offset, h.count, h.block_bytes, h.dst_stride)
             by_target.setdefault(h.dst_rank, []).append((dst, src))

@@ -30,6 +30,8 @@ import numpy as np
 from .._config import default_timeout
 from ..errors import RmaError, TimeoutError
 from ._layout import CHUNK_BYTES, DESCRIPTOR, QUEUE
+from ._transpose import _cuda as transposes
+from ._transpose import is_transpose
 
 ENGINES = ("kernel", "graph")
 _KERNELS = Path(__file__).with_name("rma_kernels.cu")
@@ -114,7 +116,12 @@ class CudaQueue:
         self.queue = queue
         self.engine = engine_name()
         me, size = self.world.rank, self.size
-        handles = sorted(queue.handles, key=lambda h: h.dst_rank)
+        handles = sorted((h for h in queue.handles if not is_transpose(h)), key=lambda h: h.dst_rank)
+        # Transposing puts: their own descriptors, run by the same start launch after the copies.
+        self.tchain = transposes.queue_chain(
+            self.world, [h for h in queue.handles if is_transpose(h)],
+            src_ptr=lambda h: h.src_window._impl.buf.ptr(me) + h.src_offset,
+            dst_ptr=lambda h: self.window.buf.ptr(h.dst_rank) + h.dst_offset)
         descs = DESCRIPTOR.array(len(handles))
         units = 0
         for i, h in enumerate(handles):
@@ -150,6 +157,7 @@ class CudaQueue:
             "state": self.state.data.ptr, "error": self.error_ptr,
             "timeout_ns": int(default_timeout() * 1e9), "post_at_wait": int(post_at == "wait"),
             "abort": self.world.backend.abort_ptr,
+            "transposes": self.tchain.ptr,
         }
         blob = bytearray(at)
         blob[:QUEUE.size] = QUEUE.pack(**fields).tobytes()
@@ -164,10 +172,11 @@ class CudaQueue:
         self.error[:] = 0
         warps = _THREADS // 32
         kernels = _kernels()
-        self.k_start = kernels.get_function("circuslink_rma_start")
+        self.k_start = kernels.get_function(self.tchain.start_kernel_name("circuslink_rma_start"))
         # Every CTA of the start kernel waits for the targets' posts: never more CTAs than this rank's
-        # SM share holds at once, or they could take the SMs a target needs to post (the MPS hang).
+        # SM share holds at once, or they could take the SMs a target needs to post.
         self.grid = max(1, min(-(-units // warps), self.world.backend.max_blocks(self.k_start, _THREADS)))
+        self.grid = self.tchain.grid(self.k_start, self.grid)
         self.k_wait = kernels.get_function("circuslink_rma_wait")
         self.k_cycles = kernels.get_function("circuslink_rma_device_cycles")
         cp.cuda.Device(self.world.device).synchronize()
@@ -192,6 +201,7 @@ class CudaQueue:
                 for d in self.descs_host():
                     rt.memcpy2DAsync(int(d["dst"]), int(d["dst_stride"]), int(d["src"]), int(d["src_stride"]),
                                      int(d["block_bytes"]), int(d["count"]), rt.memcpyDefault, capture.ptr)
+                self.tchain.launch()  # the transposing puts: one kernel node
                 kernels.get_function("circuslink_rma_epilogue")((1,), (64,), (handle,))
         finally:
             graph = capture.end_capture()
@@ -244,6 +254,9 @@ class CudaQueue:
         self.error[:] = 0
         self.state[2] = 0  # let the next failure be recorded
         where = self.queue._where()
+        if code == 3:
+            raise RmaError(f"{where}: a device-driven rma_start of epoch {epoch} refused the queue's transposing "
+                           "puts: #include <circuslink/transpose.cuh> before <circuslink/rma.cuh> in that kernel")
         if code == 1:
             what = f"waiting for the post of target rank(s) {rank} (has it started epoch {epoch}?)"
         else:
@@ -272,6 +285,7 @@ class CudaQueue:
         self.stream.synchronize()
         self.handle_mem = None
         self.graph = None
+        self.tchain = None
 
     def free(self, timeout: float | None) -> None:
         self.clear()

@@ -22,4 +22,4 @@ QUEUE = abi.Struct("circuslink::RmaQueue", HEADER, [
     ("descs", abi.PTR), ("n_descs", abi.U64), ("total_units", abi.U64), ("signals", abi.PTR), ("size", abi.U64),
     ("targets", abi.PTR), ("arrival_at_target", abi.PTR), ("n_targets", abi.U64), ("origins", abi.PTR),
     ("post_at_origin", abi.PTR), ("n_origins", abi.U64), ("state", abi.PTR), ("error", abi.PTR),
-    ("timeout_ns", abi.U64), ("post_at_wait", abi.U64), ("abort", abi.PTR)])
+    ("timeout_ns", abi.U64), ("post_at_wait", abi.U64), ("abort", abi.PTR), ("transposes", abi.PTR)])

@@ -36,6 +36,8 @@ import numpy as np
 from .._config import default_timeout
 from ..errors import RmaError, TimeoutError
 from ._core import poll_until
+from ._transpose import _mpi as transposes
+from ._transpose import is_transpose
 
 
 def _mpi():
@@ -204,6 +206,13 @@ class MpiQueue:
         win = self.window
         for h in queue.handles:
             src = h.src_window._impl
+            if is_transpose(h):  # MPI derived datatypes do the transpose
+                origin, target, types, stage = transposes.put(h, src, MPI)
+                self.types += types
+                self.puts.append((origin, h.dst_rank, target))
+                if win.on_gpu:
+                    self.stage_out.append(stage)
+                continue
             if h.count == 1:
                 origin = [src.host[h.src_offset: h.src_offset + h.block_bytes], h.block_bytes, MPI.BYTE]
                 target = (h.dst_offset, h.block_bytes, MPI.BYTE)

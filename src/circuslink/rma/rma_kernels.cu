@@ -3,15 +3,22 @@
 //   kernel engine: start = one launch of circuslink_rma_start (post, wait for the
 //                  targets' posts, every CTA copies its share of the chain, the last CTA
 //                  raises the arrival counters); wait = one launch of circuslink_rma_wait.
+//                  circuslink_rma_start_transposeN: the same, then the transposing puts' tiles
+//                  (N: their element size, 0 when mixed).
 //   graph engine:  start = one CUDA graph: circuslink_rma_prologue (post, wait for posts),
 //                  a 2-D copy-engine copy per handle, circuslink_rma_epilogue (signal).
 //   device-driven: circuslink_rma_device_cycles runs start + wait `iters` times inside one
 //                  kernel through rma.cuh, as a user kernel would (tests and bench).
 #include <circuslink/rma.cuh>
+#include <circuslink/detail/transpose_impl.cuh>
 
 using circuslink::RmaQueue;
 
-extern "C" __global__ void circuslink_rma_start(const RmaQueue* queue) {
+// The start launch; kTransposes (the element size of the queue's transposing puts, 0 for mixed
+// sizes, -1 for none) adds their tiles after the copies, in kernels of their own: the tiles'
+// shared memory and registers would cost the plain copy its occupancy.
+template <int kTransposes>
+__device__ __forceinline__ void rma_start_launch(const RmaQueue* queue) {
   const RmaQueue& q = *queue;
   const unsigned long long epoch = q.state->epoch + 1;
   if (blockIdx.x == 0 && !q.post_at_wait) circuslink::detail::rma_raise(q.post_at_origin, q.n_origins, epoch);
@@ -20,6 +27,9 @@ extern "C" __global__ void circuslink_rma_start(const RmaQueue* queue) {
   if (ok) {
     circuslink::detail::rma_copy_chain(q, blockIdx.x * warps_per_block + threadIdx.x / 32u,
                                        gridDim.x * warps_per_block);
+    if constexpr (kTransposes >= 0) {
+      circuslink::detail::transpose_chain<kTransposes>(*q.transposes, blockIdx.x, gridDim.x);
+    }
   }
   __syncthreads();
   __shared__ int last;
@@ -40,6 +50,19 @@ extern "C" __global__ void circuslink_rma_start(const RmaQueue* queue) {
     q.state->epoch = epoch;
   }
 }
+
+extern "C" __global__ void circuslink_rma_start(const RmaQueue* queue) { rma_start_launch<-1>(queue); }
+// At most 85 registers (3 blocks of 256 per SM) without spilling; the mixed-size one needs more.
+extern "C" __global__ void __launch_bounds__(256, 3) circuslink_rma_start_transpose4(const RmaQueue* queue) {
+  rma_start_launch<4>(queue);
+}
+extern "C" __global__ void __launch_bounds__(256, 3) circuslink_rma_start_transpose8(const RmaQueue* queue) {
+  rma_start_launch<8>(queue);
+}
+extern "C" __global__ void __launch_bounds__(256, 3) circuslink_rma_start_transpose16(const RmaQueue* queue) {
+  rma_start_launch<16>(queue);
+}
+extern "C" __global__ void circuslink_rma_start_transpose0(const RmaQueue* queue) { rma_start_launch<0>(queue); }
 
 extern "C" __global__ void circuslink_rma_wait(const RmaQueue* queue, unsigned long long timeout_ns) {
   RmaQueue q = *queue;

@@ -17,10 +17,17 @@
 // sync after it, and must have finished reading last epoch's incoming bytes before
 // rma_start (it lets origins overwrite them). A wait that times out (the queue's time-out,
 // CIRCUSLINK_TIMEOUT) records the stalled rank and returns false; the host raises it with
-// queue.check_device().
+// queue.check_device(). A queue with transposing puts (rma.declare_transpose_write) needs
+// #include <circuslink/transpose.cuh> BEFORE this header: rma_start then turns their tiles in the
+// calling block's shared memory (kTransposeTileBytes, 18 KiB of static shared memory and more
+// registers, which kernels without transposing puts do not pay). Compiled without it, rma_start
+// on such a queue returns false and check_device() says so.
 #pragma once
 
 #include "detail/rma_impl.cuh"
+#if defined(CIRCUSLINK_TRANSPOSE_PUTS)
+#include "detail/transpose_impl.cuh"
+#endif
 
 namespace circuslink {
 
@@ -32,10 +39,20 @@ namespace circuslink {
 __device__ __forceinline__ bool rma_start(const RmaQueue* queue) {
   const RmaQueue& q = *queue;
   const unsigned long long epoch = q.state->epoch + 1;
+#if !defined(CIRCUSLINK_TRANSPOSE_PUTS)
+  if (q.transposes != nullptr) {  // compiled without them: refuse rather than skip them silently
+    if (detail::block_thread() == 0) detail::rma_record_error(q, 3ull, 0ull, epoch);
+    __syncthreads();
+    return false;
+  }
+#endif
   if (!q.post_at_wait) detail::rma_raise(q.post_at_origin, q.n_origins, epoch);
   bool ok = detail::rma_wait_counters(q, q.targets, q.size, q.n_targets, epoch, 1ull);
   if (ok) {
     detail::rma_copy_chain(q, detail::block_thread() / 32u, (detail::block_threads() + 31u) / 32u);
+#if defined(CIRCUSLINK_TRANSPOSE_PUTS)
+    if (q.transposes != nullptr) detail::transpose_chain<0>(*q.transposes, 0, 1);
+#endif
     __syncthreads();
     detail::rma_raise(q.arrival_at_target, q.n_targets, epoch);
   }

@@ -6,6 +6,8 @@
 
 namespace circuslink {
 
+struct RmaTransposeChain;  // detail/transpose_types.cuh: the queue's transposing puts
+
 // Work is cut into units of at most this many bytes (one warp copies one unit), so that
 // one large block is copied by many warps and many small blocks by one warp each.
 constexpr unsigned long long kRmaChunkBytes = 4096;
@@ -33,6 +35,7 @@ struct RmaState {
 // The first failure a device-side wait saw; in host-mapped memory so the host reads it
 // without a copy (written with plain stores by the one thread that won RmaState::failed:
 // atomics on host memory would need PCIe atomics). code 0: none, 1: a target did not post, 2: an origin's writes did not arrive.
+// 3: a device-driven rma_start compiled without <circuslink/transpose.cuh> on a queue with transposing puts.
 struct RmaErrorRecord {
   unsigned long long code;
   unsigned long long rank;
@@ -60,6 +63,7 @@ struct RmaQueue {
   unsigned long long timeout_ns;                    // 0: wait forever (the host may still abort)
   unsigned long long post_at_wait;                  // 1: post epoch e+1 at the end of wait(e)
   const volatile unsigned int* abort;               // host-mapped: set by the host to end every wait
+  const RmaTransposeChain* transposes;              // transposing puts (nullptr: none), after the copies
 };
 
 }  // namespace circuslink
