@@ -6,16 +6,20 @@
 #   scripts/gpu-check.sh [STAGE ...]      (default: all)
 #
 #   info            circuslink info (GPUs, MPS) and the per-rank SM budget of the kernels (diag)
-#   tests           the GPU-marked tests (2 and 4 ranks on the one GPU)
+#   tests           the GPU-marked tests (2 and 4 ranks on the one GPU); $TESTS narrows them (pytest ids)
 #   probe           the floor, 2 and 4 ranks
 #   pingpong        channel pingpong against the floor and the baselines
 #   allreduce-like  CIRCUS's pipeline, with its trace
 #   allreduce       channel all-reduce, 2 and 4 ranks
 #   rma             persistent RMA queues against MPI-3 RMA and MPI p2p, 2 and 4 ranks (a ring)
 #   soak            10^6 messages over 72 channels among 4 ranks, both modes, every byte checked
+#   transpose       transposing put against contiguous put and local transpose + put
+#   fft             distributed 2-D FFT at 8192^2 and 16384^2, 2 and 4 ranks, against the local-transpose scheme
+#   qcd             Wilson-Dirac CG: an 8^4-per-rank solve on a 2x2 grid, and per-iteration time by halo engine
 #   all             every stage above
 #   before          the regression tests of the MPS hangs against an older tree ($OLD_TREE, e.g.
 #                   .old/ from `git archive`): they must fail there (not part of "all")
+#   rma-repro       bench rma at chains of 16 x 64 KiB..1 MiB, many cycles, old tree then this one
 #   scale           machines of 4 or 8 GPUs: probe matrix, pingpong 0->k, allreduce and the RMA ring
 #   x2              the two-H200 reference runs (one rank per GPU; not part of "all")
 #
@@ -74,7 +78,7 @@ want info && step info cl info
 want info && step diag cl run -n 2 -- $PY scripts/dev/mps_diag.py
 # Tests get a short device-side time-out so that a hang costs seconds, not the lease.
 want tests && step tests env CIRCUSLINK_TIMEOUT=20 $PY -m pytest -q -m "gpu and not two_gpus" -p no:cacheprovider \
-  --timeout 300 --durations=15 tests
+  --timeout 300 --durations=15 ${TESTS:-tests}
 want probe && step probe-2 cl probe -n 2 --json "$R/probe-2.json"
 want probe && step probe-4 cl probe -n 4 --quick --json "$R/probe-4.json"
 want pingpong && step pingpong cl bench pingpong --json "$R/pingpong.json" --plot "$R/pingpong.png"
@@ -86,6 +90,13 @@ want rma && step rma-2 cl bench rma -n 2 --json "$R/rma-2.json" --plot "$R/rma-2
 want rma && step rma-4 cl bench rma -n 4 --quick --json "$R/rma-4.json"
 want soak && step soak cl run -n 4 -- $PY tests/soak/channels_soak.py --messages 1000000 --channels 72 \
   --json "$R/soak.json"
+want transpose && step transpose cl bench transpose -n 2 --json "$R/transpose.json" --plot "$R/transpose.png"
+if want fft; then for n in 2 4; do
+  step "fft-$n" cl bench fft -n $n --size 8192,16384 --dtype both --json "$R/fft-${n}ranks.json" \
+    --plot "$R/fft-${n}ranks.png"; done; fi
+want qcd && step qcd-invert cl qcd invert --dim 8 8 8 8 --grid 2 2 1 1 --prec single --halo rma --verify \
+  --json "$R/qcd-invert.json"
+want qcd && step qcd cl bench qcd --json "$R/qcd.json" --plot "$R/qcd.png"
 
 if want before explicit; then
   OLD=${OLD_TREE:-.old}
@@ -93,6 +104,14 @@ if want before explicit; then
     --timeout 120 tests/test_rma_cuda.py -k late_peer
   step before-allreduce-like env PYTHONPATH="$PWD/$OLD/src" CIRCUSLINK_TIMEOUT=15 $PY -m pytest -q \
     -p no:cacheprovider --timeout 120 tests/test_allreduce_like.py -k mps_hang
+fi
+
+if want rma-repro explicit; then
+  for tree in "${OLD_TREE:-.old}" .; do
+    step "rma-repro-$tree" env PYTHONPATH="$PWD/$tree/src" CIRCUSLINK_TIMEOUT=15 timeout 150 $PY -m circuslink \
+      bench rma -n 2 --sizes 64K:1M --chains 16 --layouts contiguous --iters 1000 --warmup 20 --no-baselines \
+      --json "$R/rma-repro-$(basename $tree).json"
+  done
 fi
 
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)

@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
     os.close(fd)
     os.environ[_STATUS_ENV] = status_path
     try:
-        code = launcher.relaunch_self(plan["nranks"], _argv(args), args.backend,
+        code = launcher.relaunch_self(plan["nranks"], args.backend, argv=_argv(args),
                                       prefer_mpirun=args.halo in NEEDS_MPIRUN and plan["nranks"] > 1)
         try:
             with open(status_path) as f:
