@@ -8,6 +8,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 
 def _bench(tmp_path, nranks):
     out = tmp_path / "rma.json"
@@ -53,3 +55,20 @@ def test_bench_rma_ring_of_four_cpu(tmp_path):
     assert wanted <= {r["impl"] for r in timed}, data["rows"]
     for r in timed:
         assert r["neighbours"] == 2 and r["total_bytes"] == 2 * r["chain"] * r["bytes"] and r["time_us"] > 0, r
+
+
+@pytest.mark.gpu
+def test_bench_rma_long_chains_under_mps_gpu(tmp_path):
+    """`bench rma` hung under MPS (2 ranks, one GPU) at chains of 16 x 512 KiB: a rank's device wait
+    timed out on its origin's writes in the first cycles of that queue while the origin went on. The
+    code before the fix hangs in this run (gpu-check's rma-repro stage runs both trees); now ranks
+    under MPS each get their share of the SMs and every start grid fits it."""
+    out = tmp_path / "rma.json"
+    cmd = [sys.executable, "-m", "circuslink", "bench", "rma", "-n", "2", "--backend", "cuda", "--sizes",
+           "256K,512K,1M", "--chains", "16", "--layouts", "contiguous", "--iters", "300", "--warmup", "20",
+           "--no-baselines", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+                          env=dict(os.environ, CIRCUSLINK_TIMEOUT="15"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [r for r in json.loads(out.read_text())["rows"] if r["impl"] == "rma-host"]
+    assert sorted(r["bytes"] for r in rows) == [256 << 10, 512 << 10, 1 << 20]

@@ -174,9 +174,8 @@ print(f"rank {me} late peer ok")
 
 
 def test_start_kernel_leaves_a_late_peer_room_to_post(spmd):
-    """The MPS hang of `bench rma` (chain 16 x 512 KiB): every CTA of a start kernel spins until its
-    targets post, and the grid was sized for the whole GPU, so when one rank's start ran first its
-    CTAs could hold every SM and its peer's start kernel, which posts, never ran. Grids now fit the
-    rank's SM share under MPS; here rank 1 always starts 0.2 s late."""
+    """Every CTA of a start kernel spins until its targets post: the peer's start kernel, which posts,
+    must still find SMs. Rank 1 always starts 0.2 s late, so rank 0's whole grid is spinning when it
+    does (grids fit the rank's SM share; the late peer has its own share)."""
     job = spmd(2, LATE_PEER, backend="cuda", timeout=240, env={"CIRCUSLINK_TIMEOUT": "20"}).check()
     assert job.output.count("late peer ok") == 2, job.output
