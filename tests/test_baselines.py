@@ -596,7 +596,7 @@ def test_nvshmem_pingpong_gpu(tmp_path):
     block = [r for r in rows if r["impl"] == "nvshmem-put-signal-block"]
     assert [r["bytes"] for r in thread] == [8, 64, 4096] and [r["bytes"] for r in block] == sizes
     assert all(r["verified"] and r["latency_us"] > 0 for r in rows)
-    assert thread[0]["latency_us"] < 20  # DESIGN.md: 2.16 us on 2 x H200
+    assert thread[0]["latency_us"] < 20  # 2.16 us on 2 x H200, 1.28 us with 2 PEs on one H100 under MPS
     print(rows)
 
 

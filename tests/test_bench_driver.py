@@ -288,3 +288,16 @@ def test_results_json_has_no_nan(tmp_path):
     text = open(res.write_json(tmp_path / "x.json")).read()
     assert "NaN" not in text and "Infinity" not in text
     assert json.loads(text)["rows"][0]["nested"]["w"] == [None, 1]
+
+
+def test_trace_is_offered_only_where_a_trace_is_written(capsys):
+    """--trace used to be accepted by every benchmark and ignored by pingpong and rma."""
+    from circuslink.cli import build_parser
+
+    parser = build_parser()
+    for bench in ("pingpong", "rma"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["bench", bench, "--trace", "t.json"])
+        assert "unrecognized arguments: --trace" in capsys.readouterr().err
+    for bench in ("allreduce-like", "allreduce"):
+        assert parser.parse_args(["bench", bench, "--trace", "t.json"]).trace == "t.json"

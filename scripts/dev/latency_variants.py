@@ -1,4 +1,4 @@
-"""Dev experiment: which store+poll loop reaches the relaxed floor (DESIGN.md: 0.61 us)?
+"""Dev experiment: which store+poll loop reaches the relaxed floor (0.61 us on two H200s)?
 
 Run as 2 ranks: circuslink run -n 2 -- python scripts/dev/latency_variants.py
 """

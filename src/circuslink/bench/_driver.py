@@ -1,7 +1,7 @@
 """The one benchmark driver: sizes, common options, one results format, tables and plots.
 
 Every ``circuslink bench X`` module builds on this file, so all benchmarks read the same
-options, write the same JSON (DESIGN.md section 6) and draw the same plots::
+options, write the same JSON (BENCHMARKS.md, "Results format") and draw the same plots::
 
     from circuslink.bench import _driver as drv
 
@@ -120,6 +120,7 @@ def add_common_arguments(
     *,
     default_iters: int = 100,
     default_warmup: int = 10,
+    trace: bool = False,
 ) -> None:
     """The options every benchmark shares (``args.sizes`` stays a string: call :func:`parse_sizes`)."""
     parse_sizes(default_sizes)  # a bad default is the benchmark author's bug: fail at once
@@ -133,7 +134,9 @@ def add_common_arguments(
     parser.add_argument("--json", metavar="FILE", default=None,
                         help="results file (default ./<benchmark>-<device>-<date>.json in the current directory)")
     parser.add_argument("--plot", metavar="FILE", default=None, help="write the plot(s) as PNG to FILE")
-    parser.add_argument("--trace", metavar="FILE", default=None, help="write a Chrome/Perfetto trace to FILE")
+    if trace:  # only benchmarks that record device events offer it: a flag that writes nothing misleads
+        parser.add_argument("--trace", metavar="FILE", default=None,
+                            help="write a Chrome/Perfetto trace to FILE (and the waveform beside it)")
     parser.add_argument("--backend", choices=("cpu", "cuda"), default=None,
                         help="back-end (default: cuda when a GPU is present, else cpu)")
     parser.add_argument("-n", "--nranks", type=_positive_int, default=default_nranks,

@@ -28,7 +28,8 @@ _TRACE_SIZE = 32 << 10
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    drv.add_common_arguments(parser, default_sizes="8:256M", default_nranks=2, default_iters=20, default_warmup=5)
+    drv.add_common_arguments(parser, default_sizes="8:256M", default_nranks=2, default_iters=20, default_warmup=5,
+                              trace=True)
     parser.add_argument("--rings", type=int, default=None,
                         help="bandwidth rings (one block each) on cuda (default 32)")
 

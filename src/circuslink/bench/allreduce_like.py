@@ -1,4 +1,4 @@
-"""CIRCUS's allreduce-like pipeline (seed 000, section 6.3): ``circuslink bench allreduce-like``.
+"""CIRCUS's allreduce-like pipeline (CIRCUS, Fig. 15-18; docs/papers.md): ``circuslink bench allreduce-like``.
 
 Rank A (0) streams its uint32 vector to rank B (1) through one channel; B adds its own
 vector to the data as it arrives and streams the sum back through a second channel; A
@@ -42,7 +42,8 @@ _TRACE_CHUNK_BYTES = 512
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    drv.add_common_arguments(parser, default_sizes="8:256M", default_nranks=2, default_iters=20, default_warmup=3)
+    drv.add_common_arguments(parser, default_sizes="8:256M", default_nranks=2, default_iters=20, default_warmup=3,
+                              trace=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ For each ordered pair (a, b) of ranks, rank a measures, while every other rank w
 
 Every benchmark calls :func:`measure` in its own run and reports these figures next to
 its own, so ratios are taken side by side. On the reference machine the figures must
-match DESIGN.md section 4 (:data:`REFERENCE_H200_NV18`).
+match the reference machine's (:data:`REFERENCE_H200_NV18`: two H200s joined by 18 NVLinks).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 from .._config import default_timeout
 from ..errors import TimeoutError
 
-# DESIGN.md section 4: 2 x H200 joined by 18 NVLinks, measured 2026-11-22.
+# The reference machine: 2 x H200 joined by 18 NVLinks, measured 2026-11-22 (BENCHMARKS.md).
 REFERENCE_H200_NV18 = {
     "ce_GBps": 395.0,
     "sm_store_GBps": 366.5,  # 364-369
@@ -97,7 +97,7 @@ def _is_reference_machine(floor: dict) -> bool:
 
 
 def check_against_reference(floor: dict) -> list[str]:
-    """Where the floor misses DESIGN.md section 4 (5% on bandwidth, 10% on latency)."""
+    """Where the floor misses the reference machine's (5% on bandwidth, 10% on latency)."""
     misses = []
     summary = floor.get("summary") or {}
     for key, ref in REFERENCE_H200_NV18.items():
@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         elif args.check:
             misses = check_against_reference(floor)
             for m in misses:
-                print(f"circuslink probe: misses DESIGN.md section 4: {m}", file=sys.stderr)
+                print(f"circuslink probe: misses the reference machine's figure: {m}", file=sys.stderr)
             status = 1 if misses else 0
     world.close()
     return status

@@ -1,4 +1,4 @@
-"""Persistent RMA queues: the TCA / QUDA RMA interface (DESIGN.md section 1), on GPUs.
+"""Persistent RMA queues: the TCA / QUDA RMA interface (docs/papers.md: TCA/QUDA, Fig. 4), on GPUs.
 
 An application that repeats the same exchange every iteration (a halo exchange) declares
 its writes once, commits them into a queue, and then runs each iteration as one

@@ -1,6 +1,6 @@
 """NVSHMEM put-with-signal pingpong: build ``nvshmem_pingpong.cu`` with nvcc and run it under mpirun.
 
-Build (DESIGN.md section 5), NV = the ``nvidia/nvshmem`` folder of site-packages (or
+Build (the image's NVSHMEM wheel), NV = the ``nvidia/nvshmem`` folder of site-packages (or
 ``NVSHMEM_HOME``)::
 
     nvcc -std=c++17 -rdc=true -arch=sm_90a -O2 -I$NV/include $(mpicc --showme:compile) \\
