@@ -85,7 +85,7 @@ def test_format_bytes(n, text):
 # -- options --------------------------------------------------------------------------------------
 def test_common_arguments_defaults_and_values():
     parser = argparse.ArgumentParser()
-    drv.add_common_arguments(parser, default_sizes="8:1M", default_nranks=4)
+    drv.add_common_arguments(parser, default_sizes="8:1M", default_nranks=4, trace=True)
     args = parser.parse_args([])
     assert args.sizes == "8:1M" and drv.parse_sizes(args.sizes)[-1] == MiB
     assert args.nranks == 4 and args.iters > 0 and args.warmup >= 0
