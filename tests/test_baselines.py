@@ -326,7 +326,7 @@ def test_nccl_and_staging_code_paths_with_a_fake_gpu(spmd, fake_gpu):
     rows = nccl_pingpong(w, sizes, iters=5, warmup=1)
     assert [r["bytes"] for r in rows] == sizes and all(r["impl"] == "nccl" for r in rows), rows
     assert all(r["latency_us"] > 0 and r["throughput_GBps"] > 0 and "skipped" not in r for r in rows), rows
-    assert w.allgather(rows)[0] == rows
+    assert w.allgather_object(rows)[0] == rows
 
     for dtype in ("float32", "int8", "float16", "uint64"):
         ar = nccl_allreduce(w, [1, 8, 1000, 1 << 16], iters=3, warmup=1, dtype=dtype)
@@ -383,7 +383,7 @@ MPI_JOB = """
         assert 0 < r["latency_us"] < 1e6 and r["time_us"] == r["latency_us"]
         assert abs(r["throughput_GBps"] - r["bytes"] / (r["latency_us"] * 1e3)) < 1e-9 * r["bytes"]
     # every rank gets the same rows
-    all_rows = w.allgather(rows)
+    all_rows = w.allgather_object(rows)
     assert all(x == all_rows[0] for x in all_rows)
     # small messages are faster than 1 MiB ones
     assert rows[0]["latency_us"] < rows[-1]["latency_us"]

@@ -13,13 +13,22 @@ import numpy as np
 import pytest
 
 import circuslink as cl
+from circuslink import results as results_module
 from circuslink.bench import _driver as drv
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 
 def fake_world(backend: str = "cpu", rank: int = 0, size: int = 2, device=None):
-    return types.SimpleNamespace(backend=types.SimpleNamespace(name=backend), rank=rank, size=size, device=device)
+    """A world whose back-end names its device with the real back-end's code (cupy faked by the test)."""
+    from circuslink.backends.cpu import CpuBackend
+    from circuslink.backends.cuda import CudaBackend
+
+    cls = CpuBackend if backend == "cpu" else CudaBackend
+    fake = types.SimpleNamespace(name=backend, device=device)
+    fake.device_label = lambda n: cls.device_label(
+        types.SimpleNamespace(device=device, xp=sys.modules.get("cupy")), n)
+    return types.SimpleNamespace(backend=fake, rank=rank, size=size, device=device)
 
 
 # -- sizes ----------------------------------------------------------------------------------------
@@ -174,7 +183,7 @@ def test_results_schema_and_json(tmp_path, monkeypatch):
     assert loaded == d
     assert [r["latency_us"] for r in loaded["rows"][:3]] == pytest.approx(latencies.astype(np.float32).tolist())
 
-    monkeypatch.setattr(drv, "_results_dir", lambda: tmp_path / "benchmarks" / "results")
+    monkeypatch.setattr(results_module, "_results_dir", lambda: tmp_path / "benchmarks" / "results")
     default = res.write_json()
     assert default == str(tmp_path / "benchmarks" / "results" / f"pingpong-{d['device']}-{d['date']}.json")
     assert json.loads(open(default).read())["rows"] == d["rows"]

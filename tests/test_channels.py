@@ -212,7 +212,7 @@ ORDERING = """
                               t, 300))
     opts = {l.name: {"mode": l.name.split("_")[-2], **({"chunk": 256} if "_bw_" in l.name else {})} for l in links}
     ch = channels.open(w, links, options=opts)
-    seed = w.bcast(int(np.random.SeedSequence().entropy % (1 << 32)))   # fresh each run, same on both ranks
+    seed = w.broadcast_object(int(np.random.SeedSequence().entropy % (1 << 32)))   # fresh each run, same on both ranks
     rng = np.random.default_rng(seed)
     plans = {l.name: [int(x) for x in rng.integers(1, 400, 6)] for l in links}
     datas = {}
@@ -265,7 +265,7 @@ MANY = """
     N = 64
     links = [Link(f"c{i}_out", f"c{i}_in", 2 * i, 2 * i + 1, 0, 1, element_type("uint"), 60) for i in range(N)]
     ch = channels.open(w, links, timeout=30)
-    rng = np.random.default_rng(w.bcast(int(np.random.SeedSequence().entropy % (1 << 32))))
+    rng = np.random.default_rng(w.broadcast_object(int(np.random.SeedSequence().entropy % (1 << 32))))
     data = [rng.integers(0, 2**32, 900, dtype=np.uint32) for _ in range(N)]
     stalled = 17
     cap = ch[links[0].name if w.rank == 0 else links[0].receiver_name].geometry.nslots * 30  # uints per ring
@@ -308,7 +308,7 @@ SLOW_READER = """
     link = Link("tx", "rx", 1, 2, 0, 1, element_type("ulong"), 1)
     opts = {{"tx": {{"mode": mode, "nslots": 4, **({{"chunk": 64}} if mode == "bw" else {{}})}}}}
     ch = channels.open(w, [link], options=opts)
-    rng = np.random.default_rng(w.bcast(int(np.random.SeedSequence().entropy % (1 << 32))))
+    rng = np.random.default_rng(w.broadcast_object(int(np.random.SeedSequence().entropy % (1 << 32))))
     data = rng.integers(0, 2**63, 3000, dtype=np.uint64)
     if w.rank == 0:
         t = time.monotonic()

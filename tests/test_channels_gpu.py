@@ -117,7 +117,7 @@ wforms, rforms = ["w_warp", "w_block", "w_thread"], ["r_warp", "r_block", "r_thr
 links = [Link(f"c{k}_out", f"c{k}_in", 2 * k, 2 * k + 1, 0, 1, t, 64) for k, t in enumerate(types)]
 opts = {l.name: {"mode": MODE, "nslots": 4, **({"chunk": 256} if MODE == "bw" else {})} for l in links}
 ch = channels.open(w, links, options=opts, timeout=30)
-rng = np.random.default_rng(w.bcast(int(np.random.SeedSequence().entropy % (1 << 32))))
+rng = np.random.default_rng(w.broadcast_object(int(np.random.SeedSequence().entropy % (1 << 32))))
 # the read splits come from a rank-local generator: drawing them from `rng` would advance rank 1's
 # shared generator only, so from the second channel on the ranks would disagree on the stream
 read_rng = np.random.default_rng()
@@ -165,25 +165,25 @@ ch = channels.open(w, [link], options={"g_out": {"mode": "bw", "nslots": 8, "chu
 rng = np.random.default_rng()
 for rep in range(3):                     # state carries over from call to call
     n = int(rng.integers(1000, 20000))   # up to 80 packets through 8 slots: per-slot credits at work
-    n = w.bcast(n)
+    n = w.broadcast_object(n)
     if w.rank == 0:
         data = rng.integers(0, 2**32, (n, 4), dtype=np.uint32)
         launch("w_grid", ch["g_out"], cp.asarray(data), n, blocks=16)
-        w.allgather(data.tobytes())
+        w.allgather_object(data.tobytes())
     else:
         out = cp.zeros((n, 4), dtype=cp.uint32)
         launch("r_grid", ch["g_in"], out, n, blocks=12)
-        sent = w.allgather(b"")[0]
+        sent = w.allgather_object(b"")[0]
         assert out.get().tobytes() == sent
     # a grid call followed by an in-order call on the same channel
     if w.rank == 0:
         tail = rng.integers(0, 2**32, (77, 4), dtype=np.uint32)
         ch["g_out"].write(tail)
-        w.allgather(tail.tobytes())
+        w.allgather_object(tail.tobytes())
     else:
         got = ch["g_in"].read(77)   # structured elements come back as numpy
         got = got.get() if hasattr(got, "get") else got
-        assert got.tobytes() == w.allgather(b"")[0]
+        assert got.tobytes() == w.allgather_object(b"")[0]
 ch.close()
 w.close()
 print("grid ok", w.rank)
@@ -203,7 +203,7 @@ w = cl.init()
 N = 64
 links = [Link(f"c{i}_out", f"c{i}_in", 2 * i, 2 * i + 1, 0, 1, element_type("uint"), 30) for i in range(N)]
 ch = channels.open(w, links, timeout=30)
-rng = np.random.default_rng(w.bcast(int(np.random.SeedSequence().entropy % (1 << 32))))
+rng = np.random.default_rng(w.broadcast_object(int(np.random.SeedSequence().entropy % (1 << 32))))
 data = [rng.integers(0, 2**32, 300, dtype=np.uint32) for _ in range(N)]
 stalled = 5
 cap = ch[links[0].name if w.rank == 0 else links[0].receiver_name].geometry.nslots * 30
@@ -244,7 +244,7 @@ w = cl.init()
 link = Link("tx", "rx", 1, 2, 0, 1, element_type("ulong"), 1)
 ch = channels.open(w, [link], options={"tx": {"mode": "{mode}", "nslots": 4,
                    **({"chunk": 64} if "{mode}" == "bw" else {})}}, timeout=30)
-rng = np.random.default_rng(w.bcast(int(np.random.SeedSequence().entropy % (1 << 32))))
+rng = np.random.default_rng(w.broadcast_object(int(np.random.SeedSequence().entropy % (1 << 32))))
 data = rng.integers(0, 2**63, 3000, dtype=np.uint64)
 if w.rank == 0:
     launch("w_block", ch["tx"], cp.asarray(data), data.size)   # one kernel; blocks on credits throughout

@@ -230,9 +230,9 @@ _SPMD_BODY = """
     comm = collectives.Comm(w, depth_bytes=256)   # small: many pieces, flow control exercised
     for dtype in (np.int8, np.uint16, np.int32, np.uint64, np.float32, np.float64):
         for op in ("sum", "max", "min"):
-            count = int(w.bcast(int(rng.integers(1, 700))))
+            count = int(w.broadcast_object(int(rng.integers(1, 700))))
             negative = op != "sum" and dtype not in (np.uint16, np.uint64)
-            seed = int(w.bcast(int(rng.integers(1 << 62))))
+            seed = int(w.broadcast_object(int(rng.integers(1 << 62))))
             per_rank = []
             for k in range(n):   # every rank can rebuild every rank's input from the shared seed
                 g = np.random.default_rng(seed + k)
@@ -254,12 +254,12 @@ _SPMD_BODY = """
                 assert np.all(np.abs(got.astype(np.float64) - want.astype(np.float64)) <= 2 * bound + 1e-30)
             else:
                 assert np.array_equal(got, want), (dtype, op)
-            same = w.allgather(got.tobytes())
+            same = w.allgather_object(got.tobytes())
             assert all(s == same[0] for s in same), "ranks disagree"
     root = n - 1
     src = rng.integers(0, 1 << 30, size=333, dtype=np.int64)
     got = comm.broadcast(src if r == root else np.zeros_like(src), root=root)
-    assert w.allgather(got.tobytes()) == [w.bcast(src.tobytes(), root=root)] * n
+    assert w.allgather_object(got.tobytes()) == [w.broadcast_object(src.tobytes(), root=root)] * n
     collectives.barrier(comm)
     total = collectives.allreduce(w, np.array([r + 1], dtype=np.int64))   # module API on the world
     assert int(total[0]) == n * (n + 1) // 2

@@ -24,7 +24,7 @@ _HOST_BODY = """
         for name in C_TYPES:
             dtype = np.dtype(name)
             for op in ("sum", "max", "min"):
-                seed = int(w.bcast(int(rng.integers(1 << 60))))
+                seed = int(w.broadcast_object(int(rng.integers(1 << 60))))
                 negative = op != "sum" and dtype.kind in "if"
                 xs = []
                 for k in range(n):
@@ -46,12 +46,12 @@ _HOST_BODY = """
                     assert np.all(np.abs(got.astype(np.float64) - want) <= 2 * bound), (name, count)
                 else:
                     assert np.array_equal(got, want), (name, op, count)
-                same = w.allgather(got.tobytes())
+                same = w.allgather_object(got.tobytes())
                 assert all(s == same[0] for s in same), (name, op, count, "ranks disagree")
     src = np.random.default_rng().integers(0, 1 << 62, size=100_003, dtype=np.int64)
     root = n - 1
     got = comm.broadcast(cp.asarray(src if r == root else np.zeros_like(src)), root=root).get()
-    assert got.tobytes() == w.bcast(src.tobytes(), root=root)
+    assert got.tobytes() == w.broadcast_object(src.tobytes(), root=root)
     for _ in range(3):
         comm.barrier()
     comm.close()

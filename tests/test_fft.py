@@ -169,11 +169,11 @@ def world():
 
 
 def test_too_large_is_refused_before_allocating(world):
-    before = len(world._buffers)
+    before = len(world.resources())
     with pytest.raises(cl.ConfigError, match=r"fft2: a 1048576 x 1048576 complex128 problem over 1 ranks needs "
                                              r"about [\d.]+ GiB per rank, .* but only [\d.]+ GiB is free"):
         fft.Plan(world, (1 << 20, 1 << 20), "complex128")
-    assert len(world._buffers) == before
+    assert len(world.resources()) == before
 
 
 @pytest.mark.parametrize("call, message", [

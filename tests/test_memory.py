@@ -13,7 +13,7 @@ SYMMETRIC_CHECK = """
     buf = w.alloc(nbytes)
     mine = rng.integers(0, 256, nbytes, dtype=np.uint8)
     buf.local[:] = xp.asarray(mine)
-    digests = w.allgather(hashlib.sha256(mine.tobytes()).hexdigest())
+    digests = w.allgather_object(hashlib.sha256(mine.tobytes()).hexdigest())
     w.barrier()
     for r in range(w.size):
         seen = buf.peer(r)
@@ -26,14 +26,14 @@ SYMMETRIC_CHECK = """
     buf.peer(target)[:4096] = xp.asarray(stamp)
     if w.backend.name == "cuda":
         w.backend.synchronize()
-    stamps = w.allgather(stamp.tobytes())
+    stamps = w.allgather_object(stamp.tobytes())
     w.barrier()
     got = buf.local[:4096]
     got = got.get() if hasattr(got, "get") else got
     assert got.tobytes() == stamps[(w.rank - 1) % w.size]
     typed = buf.view(np.uint32)
     assert typed.shape == (nbytes // 4,)
-    buf.free()
+    buf.close()
     w.close()
     print("symmetric ok", w.rank)
 """

@@ -11,13 +11,13 @@ def test_single_process_world():
     world = cl.init(backend="cpu")
     try:
         assert (world.rank, world.size) == (0, 1)
-        assert world.allgather(b"x") == [b"x"]
-        assert world.allgather({"a": 1}) == [{"a": 1}]
+        assert world.allgather_object(b"x") == [b"x"]
+        assert world.allgather_object({"a": 1}) == [{"a": 1}]
         world.barrier()
         buf = world.alloc(64)
         buf.local[:] = 7
         assert buf.peer(0)[63] == 7
-        buf.free()
+        buf.close()
     finally:
         world.close()
 
@@ -28,13 +28,13 @@ def test_ranks_see_each_other(spmd, n):
         import os, circuslink as cl
         w = cl.init()
         assert w.backend.name == "cpu"
-        ranks = w.allgather(w.rank)
+        ranks = w.allgather_object(w.rank)
         assert ranks == list(range(w.size)), ranks
-        assert w.allgather(bytes([w.rank]) * 3) == [bytes([r]) * 3 for r in range(w.size)]
-        assert w.bcast(("root", w.rank), root=w.size - 1) == ("root", w.size - 1)
+        assert w.allgather_object(bytes([w.rank]) * 3) == [bytes([r]) * 3 for r in range(w.size)]
+        assert w.broadcast_object(("root", w.rank), root=w.size - 1) == ("root", w.size - 1)
         for _ in range(20):
             w.barrier()
-        pids = w.allgather(os.getpid())
+        pids = w.allgather_object(os.getpid())
         assert len(set(pids)) == w.size
         print("ok", w.rank, w.size)
         w.close()
@@ -102,7 +102,7 @@ def test_bad_inputs_give_clear_errors():
         with pytest.raises(cl.ConfigError, match="nbytes"):
             world.alloc(0)
         with pytest.raises(cl.ConfigError, match="root"):
-            world.bcast(1, root=3)
+            world.broadcast_object(1, root=3)
         with pytest.raises(cl.ConfigError, match="unknown back-end"):
             from circuslink.backends import select_backend
 
@@ -118,7 +118,7 @@ def test_world_under_mpirun(spmd, n):
         import numpy as np, circuslink as cl
         w = cl.init()
         assert w.launched_by == "mpirun" and w.mpi_comm is not None
-        assert w.allgather(w.rank) == list(range(w.size))
+        assert w.allgather_object(w.rank) == list(range(w.size))
         b = w.alloc(4096)
         b.local[:] = w.rank + 1
         w.barrier()

@@ -49,7 +49,7 @@ def main() -> int:
 
 
 def _run_cpu(world, ch, data):
-    n = world.bcast(data.size)
+    n = world.broadcast_object(data.size)
     if world.rank == 1:
         for i in range(0, n, TILE):
             tile = ch["feed_in"].read(min(TILE, n - i))
@@ -74,7 +74,7 @@ def _run_cuda(world, ch, data):
         generate(str(HERE / "app.xml"), gen_dir, stem="pipeline")
         source = (HERE / "kernels.cu").read_text()
         module = cl.compile(source, options=[f"-I{gen_dir}"])
-    n = world.bcast(data.size)
+    n = world.broadcast_object(data.size)
     ok = cp.ones(1, dtype=cp.int32)
     out = None
     if world.rank == 1:

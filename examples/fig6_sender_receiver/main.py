@@ -31,7 +31,7 @@ def main() -> int:
     ch = channels.open(world, app)
     n = args.elements
     # fresh data each run; both ranks know it so the receiver can check every element
-    seed = world.bcast(int(np.random.SeedSequence().entropy % (1 << 32)))
+    seed = world.broadcast_object(int(np.random.SeedSequence().entropy % (1 << 32)))
     data = np.random.default_rng(seed).integers(0, 2**32, n, dtype=np.uint32)
 
     if world.backend.name == "cuda":

@@ -4,7 +4,9 @@ A :class:`SymmetricBuffer` is what :meth:`World.alloc` returns. ``buf.local`` is
 buffer; ``buf.peer(r)`` is rank r's buffer as mapped into my address space (the
 same memory, so a store into it lands in rank r's buffer); ``buf.ptr(r)`` is the raw
 address to hand to a kernel. Arrays are numpy on the cpu back-end and cupy on the
-cuda back-end; both export DLPack (``__dlpack__``) for other frameworks.
+cuda back-end; both export DLPack (``__dlpack__``) for other frameworks. It is a
+:class:`~circuslink._lifecycle.Resource`: ``close()`` (collective) frees it, ``with``
+closes it, and the World closes what is left open.
 """
 
 from __future__ import annotations
@@ -14,46 +16,55 @@ from typing import Any
 
 import numpy as np
 
+from ._lifecycle import Resource
 from .errors import ConfigError
 
 
-class SymmetricBuffer:
-    """A collective allocation. Back-ends construct it; users only read it and free it."""
+class SymmetricBuffer(Resource):
+    """A collective allocation. Back-ends construct it; users read it and close it."""
+
+    _kind = "symmetric buffer"
 
     def __init__(
         self,
-        world: Any,
+        rank: int,
         nbytes: int,
         ptrs: list[int],
         make_array: Callable[[int], Any],
         release_local: Callable[[], None],
         release_all: Callable[[float | None], None],
+        backend_name: str = "",
     ) -> None:
-        self.world = world
+        self.rank = rank
         self.nbytes = nbytes
         self._ptrs = ptrs
         self._make_array = make_array
         self._release_local_fn = release_local
         self._release_all_fn = release_all
+        self._backend_name = backend_name
         self._arrays: dict[int, Any] = {}
-        self.freed = False
+        self.world = None  # the World that owns it (set by World.alloc), which closes it if the user does not
+
+    @property
+    def freed(self) -> bool:
+        return self._closed
 
     def _check(self, rank: int) -> None:
-        if self.freed:
-            raise ConfigError("this symmetric buffer has been freed")
+        if self._closed:
+            raise ConfigError("this symmetric buffer has been closed")
         if not isinstance(rank, int | np.integer) or not 0 <= rank < len(self._ptrs):
             raise ConfigError(f"rank {rank} is out of range for a world of {len(self._ptrs)} ranks")
 
     def ptr(self, rank: int | None = None) -> int:
         """Address of rank ``rank``'s buffer in this process (device pointer on cuda)."""
-        rank = self.world.rank if rank is None else rank
+        rank = self.rank if rank is None else rank
         self._check(rank)
         return self._ptrs[rank]
 
     @property
     def ptrs(self) -> list[int]:
         """Addresses of every rank's buffer, in rank order."""
-        self._check(self.world.rank)
+        self._check(self.rank)
         return list(self._ptrs)
 
     def peer(self, rank: int):
@@ -66,40 +77,24 @@ class SymmetricBuffer:
     @property
     def local(self):
         """My own buffer as a uint8 array."""
-        return self.peer(self.world.rank)
+        return self.peer(self.rank)
 
     def view(self, dtype, rank: int | None = None):
         """Rank ``rank``'s buffer (mine by default) reinterpreted as ``dtype``."""
-        rank = self.world.rank if rank is None else rank
+        rank = self.rank if rank is None else rank
         arr = self.peer(rank)
         itemsize = np.dtype(dtype).itemsize
         return arr[: self.nbytes - self.nbytes % itemsize].view(dtype)
 
     def _release_local(self) -> None:
-        """Drop my mappings without waiting for peers (used on the error path)."""
-        if not self.freed:
-            self.freed = True
-            self._arrays.clear()
-            self._release_local_fn()
-            self.world._forget(self)
-
-    def free(self, timeout: float | None = None) -> None:
-        """Collective: unmap peers, wait for every rank, release my buffer. Idempotent."""
-        if self.freed:
-            return
-        self.freed = True
+        """Drop my mappings without waiting for peers (the error path)."""
         self._arrays.clear()
-        self.world._forget(self)
+        self._release_local_fn()
+
+    def _close(self, timeout: float | None) -> None:
+        """Collective: unmap peers, wait for every rank, release my buffer."""
+        self._arrays.clear()
         self._release_all_fn(timeout)
 
-    def __enter__(self) -> SymmetricBuffer:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.free()
-        else:
-            self._release_local()
-
     def __repr__(self) -> str:
-        return f"SymmetricBuffer(nbytes={self.nbytes}, ranks={len(self._ptrs)}, backend={self.world.backend.name!r})"
+        return f"SymmetricBuffer(nbytes={self.nbytes}, ranks={len(self._ptrs)}, backend={self._backend_name!r})"

@@ -9,24 +9,21 @@
   rank 0 hosts the store and sends its address to the others through mpi4py;
 * a plain single process: a world of one rank.
 
-Every collective waits through one function (:meth:`World._exchange`), so every one of
-them has the same time-out and the same error, naming the ranks that did not arrive.
+Every collective of Python objects waits through one function (``Bootstrap.exchange``), so
+every one of them has the same time-out and the same error, naming the ranks that did not arrive.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import socket
 import sys
-import time
 from typing import Any
 
 from . import _store
+from ._bootstrap import Bootstrap
 from ._config import resolve_timeout
-from .errors import ConfigError, PeerError, TimeoutError
-
-_POLL_SLICE_S = 0.5  # how long one store poll blocks before the client re-checks its deadline
+from .errors import ConfigError
 
 
 def _env_int(env: dict[str, str], *names: str) -> int | None:
@@ -62,16 +59,15 @@ class World:
         self.local_size = local_size
         self.job_id = job_id
         self.launched_by = launched_by
-        self._store = store
+        self._boot = Bootstrap(rank, size, local_rank, local_size, job_id, store)
         self._hosted_store = hosted_store
         self._mpi_comm = mpi_comm
-        self._seq = 0
         self._closed = False
-        self._buffers: list = []  # live SymmetricBuffers, freed by close()
         self._resources: list = []  # live Resources (circuslink._lifecycle), closed newest first by close()
+        self._registries: dict[str, Any] = {}  # per-world state of subsystems (see registry())
         from .backends import select_backend
 
-        self.backend = select_backend(backend_name, self)
+        self.backend = select_backend(backend_name, self._boot)
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -96,17 +92,7 @@ class World:
 
     def engine(self, package: str):
         """The back-end half of a subsystem (``world.engine("circuslink.rma")`` -> ``rma._cuda``)."""
-        from .backends import engine
-
-        return engine(self.backend, package)
-
-    # -- resources (circuslink._lifecycle) -----------------------------------------------------
-    def _own(self, resource) -> None:
-        self._resources.append(resource)
-
-    def _disown(self, resource) -> None:
-        if resource in self._resources:
-            self._resources.remove(resource)
+        return self.backend.engine(package)
 
     @property
     def mpi_comm(self):
@@ -119,83 +105,64 @@ class World:
             f"backend={self.backend.name!r}, device={self.device})"
         )
 
-    # -- collectives --------------------------------------------------------------------------
-    def _exchange(self, what: str, payload: bytes, timeout: float | None) -> list[bytes]:
-        """Post ``payload`` and wait for every rank's; the one wait all collectives share."""
-        self._check_open()
-        self._seq += 1
-        if self.size == 1:
-            return [payload]
-        assert self._store is not None
-        seq = self._seq
-        deadline = time.monotonic() + resolve_timeout(timeout)
-        prefix = f"c/{seq}/"
-        self._store.set(prefix + str(self.rank), payload)
-        wanted = {prefix + str(r): r for r in range(self.size)}
-        values: dict[str, bytes] = {}
-        while True:
-            missing = {k: r for k, r in wanted.items() if k not in values}
-            present, exited = self._store.poll(missing, min(_POLL_SLICE_S, max(0.0, deadline - time.monotonic())))
-            values.update(present)
-            if len(values) == self.size:
-                break
-            if exited:
-                r, how = sorted(exited.items())[0]
-                raise PeerError(f"rank {r} {how} before joining {what} #{seq} (waiting on rank {self.rank})")
-            if time.monotonic() >= deadline:
-                late = sorted(r for k, r in wanted.items() if k not in values)
-                raise TimeoutError(
-                    f"{what} #{seq} timed out on rank {self.rank}: rank(s) {', '.join(map(str, late))} "
-                    f"did not arrive within {resolve_timeout(timeout):g} s (CIRCUSLINK_TIMEOUT sets the limit)"
-                )
-        # Everyone has posted collective seq, so everyone has finished reading seq-1.
-        if seq > 1:
-            self._store.delete(f"c/{seq - 1}/{self.rank}")
-        return [values[prefix + str(r)] for r in range(self.size)]
+    # -- resources (circuslink._lifecycle) -----------------------------------------------------
+    def _own(self, resource) -> None:
+        """Hold ``resource`` (a Resource of this world): close() releases what the user left open."""
+        self._resources.append(resource)
 
+    def _disown(self, resource) -> None:
+        if resource in self._resources:
+            self._resources.remove(resource)
+
+    def resources(self, kind: type | None = None) -> list:
+        """The live resources of this world (of class ``kind``), oldest first."""
+        return [r for r in self._resources if kind is None or isinstance(r, kind)]
+
+    def registry(self, key: str, factory: Any) -> Any:
+        """Per-world state of a subsystem (a counter, a default communicator, a cache), made by ``factory()``
+        on first use. It lives on the World, so it dies with it: no module globals keyed by ``id(world)``."""
+        if key not in self._registries:
+            self._registries[key] = factory()
+        return self._registries[key]
+
+    # -- collectives of Python objects (through the rendezvous store) --------------------------
     def barrier(self, timeout: float | None = None) -> None:
         """Return once every rank has called barrier; raise if one is dead or late."""
-        self._exchange("barrier", b"", timeout)
+        self._check_open()
+        self._boot.barrier(timeout)
 
-    def allgather(self, obj: Any, timeout: float | None = None) -> list[Any]:
-        """Every rank's ``obj``, in rank order. ``bytes`` travel as they are; anything else is pickled."""
-        if isinstance(obj, bytes | bytearray | memoryview):
-            payload = b"B" + bytes(obj)
-        else:
-            payload = b"P" + pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-        out = []
-        for raw in self._exchange("allgather", payload, timeout):
-            out.append(raw[1:] if raw[:1] == b"B" else pickle.loads(raw[1:]))
-        return out
+    def allgather_object(self, obj: Any, timeout: float | None = None) -> list[Any]:
+        """Every rank's Python object ``obj``, in rank order (through the rendezvous store: for setup and
+        small metadata; device data goes through circuslink.collectives). ``bytes`` travel as they are;
+        anything else is pickled."""
+        self._check_open()
+        return self._boot.allgather_object(obj, timeout)
 
-    def bcast(self, obj: Any = None, root: int = 0, timeout: float | None = None) -> Any:
-        """``root``'s ``obj`` on every rank."""
-        if not 0 <= root < self.size:
-            raise ConfigError(f"bcast root={root} is out of range for a world of {self.size} ranks")
-        return self.allgather(obj if self.rank == root else None, timeout)[root]
+    def broadcast_object(self, obj: Any = None, root: int = 0, timeout: float | None = None) -> Any:
+        """``root``'s Python object ``obj`` on every rank (through the store; arrays of device data go
+        through circuslink.collectives.broadcast)."""
+        self._check_open()
+        return self._boot.broadcast_object(obj, root, timeout)
 
     # -- memory -------------------------------------------------------------------------------
     def alloc(self, nbytes: int, timeout: float | None = None):
         """Collective: a :class:`~circuslink.memory.SymmetricBuffer` of ``nbytes`` on every rank.
 
         Each rank gets its own zeroed buffer plus mapped views of every peer's, as arrays
-        and as raw pointers for kernels. Free it with ``buf.free()`` (collective) or let
+        and as raw pointers for kernels. Close it with ``buf.close()`` (collective) or let
         :meth:`close` do it.
         """
         self._check_open()
-        if not isinstance(nbytes, int) or nbytes <= 0:
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
             raise ConfigError(f"alloc: nbytes must be a positive integer, got {nbytes!r}")
-        sizes = self.allgather(nbytes, timeout)
+        sizes = self.allgather_object(nbytes, timeout)
         if len(set(sizes)) != 1:
             detail = ", ".join(f"rank {r}: {n}" for r, n in enumerate(sizes))
             raise ConfigError(f"alloc is collective and needs the same nbytes on every rank ({detail})")
         buf = self.backend.alloc(nbytes, timeout)
-        self._buffers.append(buf)
+        buf.world = self
+        self._own(buf)
         return buf
-
-    def _forget(self, buf) -> None:
-        if buf in self._buffers:
-            self._buffers.remove(buf)
 
     # -- teardown -----------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -203,14 +170,12 @@ class World:
             raise ConfigError("this World is closed")
 
     def close(self, timeout: float | None = None) -> None:
-        """Free every buffer, wait for every rank, and disconnect. Idempotent."""
+        """Close every resource left open (newest first), wait for every rank, and disconnect. Idempotent."""
         if self._closed:
             return
         try:
             for res in reversed(list(self._resources)):
                 res.close(timeout)
-            for buf in list(self._buffers):
-                buf.free(timeout)
             self.barrier(timeout)
             if self._mpi_comm is not None:
                 # Under mpirun rank 0 hosts the store: a peer may still be reading the last
@@ -219,8 +184,7 @@ class World:
         finally:
             self._closed = True
             self.backend.close()
-            if self._store is not None:
-                self._store.close()
+            self._boot.close()
             if self._hosted_store is not None:
                 self._hosted_store.close()
 
@@ -236,8 +200,6 @@ class World:
             self._closed = True
             for res in reversed(list(self._resources)):
                 res.release_local()
-            for buf in list(self._buffers):
-                buf._release_local()
             self.backend.close()
 
 
@@ -245,12 +207,10 @@ _current: World | None = None
 
 
 def _bounded_mpi_barrier(comm, timeout: float, rank: int) -> None:
+    from ._wait import wait_until
+
     request = comm.Ibarrier()
-    deadline = time.monotonic() + timeout
-    while not request.Test():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the closing MPI barrier timed out on rank {rank} after {timeout:g} s")
-        time.sleep(0.0005)
+    wait_until(request.Test, timeout, f"the closing MPI barrier on rank {rank}")
 
 
 _failing = False

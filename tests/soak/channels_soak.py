@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     world = cl.init()
     if world.size < 2:
         raise SystemExit("soak: run it as several ranks, e.g. circuslink run -n 4 -- python channels_soak.py")
-    seed = int(world.bcast(args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2**62)))
+    fresh = int(np.random.SeedSequence().entropy % 2**62)
+    seed = int(world.broadcast_object(args.seed if args.seed is not None else fresh))
     links, options = plan_links(world.size, args.channels, modes)
     counts = split_messages(args.messages, args.channels)
     channels = open_channels(world, links, options=options)
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run(world, channels, links, counts, seed, args.time_limit)
     finally:
         channels.close()
-    everyone = world.allgather(result)
+    everyone = world.allgather_object(result)
     if world.rank == 0:
         ends = [e for r in everyone for e in r["ends"]]
         readers = [e for e in ends if not e["sender"]]

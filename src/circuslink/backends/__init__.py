@@ -1,4 +1,4 @@
-"""Back-ends: where symmetric memory lives and how code runs on it.
+"""Back-ends: where symmetric memory lives and how code runs on it (the interface: ``_base.Backend``).
 
 ``cpu`` keeps buffers in POSIX shared memory mapped by every rank of the machine; it is
 the reference implementation of every protocol. ``cuda`` keeps them in device memory
@@ -8,11 +8,11 @@ picks cuda when a usable GPU is present, else cpu.
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 from typing import Any
 
 from ..errors import BackendError, ConfigError
+from ._base import Backend
 
 BACKENDS = ("cpu", "cuda")
 
@@ -37,11 +37,11 @@ SHARED_GPU_NOTE = ("ranks that share a GPU run in separate CUDA contexts, which 
 
 
 def shared_gpus(world: Any) -> dict[int, list[int]]:
-    """Collective: ``{gpu: [ranks]}`` for each GPU that more than one rank uses (empty off cuda)."""
-    if world.backend.name != "cuda":
+    """Collective: ``{gpu: [ranks]}`` for each GPU that more than one rank uses (empty without GPUs)."""
+    if world.device is None:
         return {}
     groups: dict[int, list[int]] = {}
-    for rank, device in enumerate(world.allgather(world.device)):
+    for rank, device in enumerate(world.allgather_object(world.device)):
         groups.setdefault(int(device), []).append(rank)
     return {d: ranks for d, ranks in groups.items() if len(ranks) > 1}
 
@@ -51,37 +51,28 @@ def describe_shared_gpus(groups: dict[int, list[int]]) -> str:
     return "; ".join(f"ranks {', '.join(map(str, r))} share GPU {d}" for d, r in sorted(groups.items()))
 
 
-def engine(backend: Any, package: str) -> ModuleType:
-    """The engine of subsystem ``package`` for ``backend``: the module ``<package>._<backend name>``.
-
-    This is how every subsystem finds its back-end specific half (``circuslink.rma`` -> ``rma._cuda``)
-    without ever testing the back-end's name: a new back-end adds its file to ``backends/`` and one
-    engine file per subsystem, nothing else."""
-    name = f"{package}._{backend.name}"
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name != name:
-            raise
-        raise BackendError(f"{package} has no engine for the {backend.name} back-end ({name})") from None
+def engine(backend: Backend, package: str) -> ModuleType:
+    """The engine of subsystem ``package`` for ``backend`` (see :meth:`Backend.engine`)."""
+    return backend.engine(package)
 
 
 def default_backend_name() -> str:
     return "cuda" if cuda_device_count() > 0 else "cpu"
 
 
-def select_backend(name: str | None, world: Any):
+def select_backend(name: str | None, boot: Any) -> Backend:
+    """The back-end called ``name`` ("cpu", "cuda", or None / "auto" for the default), for this job."""
     name = (name or "auto").lower()
     if name == "auto":
         name = default_backend_name()
     if name == "cpu":
         from .cpu import CpuBackend
 
-        return CpuBackend(world)
+        return CpuBackend(boot)
     if name == "cuda":
         if cuda_device_count() == 0:
             raise BackendError("the cuda back-end needs CuPy and a visible GPU; none was found (use --backend cpu)")
         from .cuda import CudaBackend
 
-        return CudaBackend(world)
+        return CudaBackend(boot)
     raise ConfigError(f"unknown back-end {name!r}: choose one of {', '.join(BACKENDS)}")

@@ -9,34 +9,35 @@ from __future__ import annotations
 
 import mmap
 import os
+import socket
 from typing import Any
 
 import numpy as np
 
 from ..errors import BackendError
 from ..memory import SymmetricBuffer
+from ._base import Backend
 
 SHM_DIR = "/dev/shm"
 
 
-class CpuBackend:
+class CpuBackend(Backend):
     name = "cpu"
     device = None
     xp = np
-    sm_budget = None  # no SMs: the cpu reference runs on the host
-    abort_ptr = 0  # no device waits to abort
+    runs_kernels = False  # the cpu reference runs on the host
 
-    def __init__(self, world: Any) -> None:
-        self.world = world
+    def __init__(self, boot: Any) -> None:
+        super().__init__(boot)
         self._alloc_count = 0
         if not os.path.isdir(SHM_DIR):
             raise BackendError(f"the cpu back-end needs POSIX shared memory at {SHM_DIR}")
 
     def _name(self, alloc_id: int, rank: int) -> str:
-        return os.path.join(SHM_DIR, f"circuslink-{self.world.job_id}-{alloc_id}-{rank}")
+        return os.path.join(SHM_DIR, f"circuslink-{self.boot.job_id}-{alloc_id}-{rank}")
 
     def alloc(self, nbytes: int, timeout: float | None) -> SymmetricBuffer:
-        world = self.world
+        world = self.boot
         self._alloc_count += 1
         alloc_id = self._alloc_count
         mine = self._name(alloc_id, world.rank)
@@ -44,7 +45,7 @@ class CpuBackend:
         failure = self._create(mine, nbytes, maps)
         # Every rank learns of every rank's failure, so all raise the same error at once instead of
         # waiting for a peer that gave up; nothing is left in /dev/shm either way.
-        failures = [f for f in world.allgather(failure, timeout) if f]
+        failures = [f for f in world.allgather_object(failure, timeout) if f]
         if failures:
             for m in maps.values():
                 m.close()
@@ -82,11 +83,11 @@ class CpuBackend:
             world.barrier(timeout)  # nobody is still writing into my buffer
             release_local()
 
-        return SymmetricBuffer(world, nbytes, ptrs, make_array, release_local, release_all)
+        return SymmetricBuffer(world.rank, nbytes, ptrs, make_array, release_local, release_all, self.name)
 
     def _create(self, path: str, nbytes: int, maps: dict) -> str | None:
         """Create and map my file; on failure remove it and say why (None when all went well)."""
-        rank = self.world.rank
+        rank = self.boot.rank
         try:
             free = os.statvfs(SHM_DIR)
             room = free.f_bavail * free.f_frsize
@@ -110,11 +111,8 @@ class CpuBackend:
             os.close(fd)
         return None
 
-    def synchronize(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+    def device_label(self, nranks: int) -> str:
+        return "cpu-" + _slug(socket.gethostname().split(".")[0])
 
 
 def _unlink(path: str) -> None:
@@ -122,3 +120,9 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def _slug(text: str) -> str:
+    import re
+
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"

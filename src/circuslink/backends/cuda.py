@@ -17,6 +17,7 @@ import numpy as np
 from .._wait import Deadline, wait_until
 from ..errors import BackendError, ConfigError, TimeoutError
 from ..memory import SymmetricBuffer
+from ._base import Backend
 
 _ABORT_GRACE_S = 10.0  # after the abort word is set, device waits notice within microseconds
 
@@ -49,13 +50,15 @@ def _sm_budget(sm_count: int) -> int:
     return sm_count
 
 
-class CudaBackend:
+class CudaBackend(Backend):
     name = "cuda"
+    runs_kernels = True
 
-    def __init__(self, world: Any) -> None:
+    def __init__(self, boot: Any) -> None:
+        super().__init__(boot)
         cp = _cupy()
         self.xp = cp
-        self.world = world
+        world = boot
         count = cp.cuda.runtime.getDeviceCount()
         raw = os.environ.get("CIRCUSLINK_DEVICE")
         if raw not in (None, ""):
@@ -123,14 +126,14 @@ class CudaBackend:
         for r, d in enumerate(devices):
             if d != me and not rt.deviceCanAccessPeer(me, d):
                 raise BackendError(
-                    f"rank {self.world.rank} (GPU {me}) cannot access rank {r}'s GPU {d}: "
+                    f"rank {self.boot.rank} (GPU {me}) cannot access rank {r}'s GPU {d}: "
                     "no peer-to-peer path (NVLink or PCIe P2P) between them"
                 )
 
     def alloc(self, nbytes: int, timeout: float | None) -> SymmetricBuffer:
         cp = self.xp
         rt = cp.cuda.runtime
-        world = self.world
+        world = self.boot
         base, handle, failure = 0, b"", None
         with cp.cuda.Device(self.device):
             try:
@@ -145,7 +148,7 @@ class CudaBackend:
                 base = 0
         ptrs: list[int] = []
         opened: list[int] = []
-        peers = world.allgather((self.device, handle, failure), timeout)
+        peers = world.allgather_object((self.device, handle, failure), timeout)
         failures = [f for _, _, f in peers if f]
         if failures:
             if base:
@@ -191,7 +194,7 @@ class CudaBackend:
             world.barrier(timeout)  # no peer has my buffer mapped any more
             release_local()
 
-        buf = SymmetricBuffer(world, nbytes, ptrs, make_array, release_local, release_all)
+        buf = SymmetricBuffer(world.rank, nbytes, ptrs, make_array, release_local, release_all, self.name)
         return buf
 
     def _close_handles(self, opened: list[int]) -> None:
@@ -205,6 +208,14 @@ class CudaBackend:
 
     def synchronize(self) -> None:
         self.xp.cuda.Device(self.device).synchronize()
+
+    def device_label(self, nranks: int) -> str:
+        import re
+
+        props = self.xp.cuda.runtime.getDeviceProperties(self.device)
+        name = props["name"].decode(errors="replace") if isinstance(props["name"], bytes) else props["name"]
+        count = max(1, min(nranks, self.xp.cuda.runtime.getDeviceCount()))
+        return f"{re.sub(r'[^a-z0-9]+', '-', name.lower()).strip('-')}-x{count}"
 
     def close(self) -> None:
         if self.abort_ptr:

@@ -25,19 +25,17 @@ Nothing here is collective: every function may be called on one rank only.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import re
-import socket
-import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import BackendError, ConfigError
+from ..results import Results, device_label, git_commit, today  # noqa: F401  (the one results format)
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:I?B)?\s*$", re.IGNORECASE)
@@ -187,166 +185,6 @@ def _non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be zero or more")
     return value
-
-
-# -- identity of a run --------------------------------------------------------------------------
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
-
-
-def device_label(world: Any) -> str:
-    """``cpu-<host>`` on the cpu back-end; ``<gpu-name>-x<count>`` (e.g. ``nvidia-h200-x2``) on cuda.
-
-    Not collective: the count is the number of GPUs the job can use, min(ranks, visible GPUs).
-    """
-    if world.backend.name != "cuda":
-        return "cpu-" + _slug(socket.gethostname().split(".")[0])
-    import cupy
-
-    props = cupy.cuda.runtime.getDeviceProperties(world.device)
-    name = props["name"]
-    if isinstance(name, bytes):
-        name = name.decode(errors="replace")
-    count = max(1, min(world.size, cupy.cuda.runtime.getDeviceCount()))
-    return f"{_slug(name)}-x{count}"
-
-
-def git_commit() -> str:
-    """The commit this code runs from (short hash, ``+dirty`` when the tree has changes).
-
-    ``CIRCUSLINK_COMMIT`` overrides it: a copy of the tree without ``.git`` (as on the device
-    machine) has no other way to know. ``unknown`` when neither is available.
-    """
-    override = os.environ.get("CIRCUSLINK_COMMIT")
-    if override:
-        return override
-    here = Path(__file__).resolve().parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True,
-                              text=True, timeout=10)
-        if head.returncode != 0:
-            return "unknown"
-        commit = head.stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                                capture_output=True, text=True, timeout=10)
-        if status.returncode == 0 and status.stdout.strip():
-            commit += "+dirty"
-        return commit
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def today() -> str:
-    """The local date, YYYY-MM-DD."""
-    return time.strftime("%Y-%m-%d")
-
-
-def _results_dir() -> Path:
-    # A user's run writes where the user is, never into the installed package or its checkout:
-    # publishing a result into the repository's benchmarks/results is a deliberate --json.
-    return Path.cwd()
-
-
-def _jsonable(value: Any) -> Any:
-    """Plain JSON types: numpy scalars become numbers, NaN/inf become null, tuples become lists."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if hasattr(value, "item") and callable(value.item):  # numpy / cupy scalar
-        return _jsonable(value.item())
-    if isinstance(value, Path):
-        return str(value)
-    raise ConfigError(f"results: value {value!r} of type {type(value).__name__} cannot be written as JSON")
-
-
-class Results:
-    """The results of one benchmark run: identity, the floor, and one row per measurement.
-
-    Not collective. Rows carry at least ``impl`` and ``bytes``, plus the measured figures
-    (``latency_us``, ``time_us``, ``throughput_GBps``, ...); a baseline that could not run
-    adds a row with ``"skipped": "<reason>"``.
-    """
-
-    def __init__(self, benchmark: str, world: Any) -> None:
-        if not benchmark or not re.fullmatch(r"[A-Za-z0-9_.-]+", benchmark):
-            raise ConfigError(
-                f"Results: benchmark name {benchmark!r} must be letters, digits, '-', '_' or '.'"
-            )
-        self.benchmark = benchmark
-        self.device = device_label(world)
-        self.commit = git_commit()
-        self.date = today()
-        self.backend = world.backend.name
-        self.nranks = world.size
-        self.floor: dict | None = None
-        self.rows: list[dict] = []
-        self.meta: dict = {
-            "host": socket.gethostname(),
-            "argv": list(sys.argv),
-            "python": sys.version.split()[0],
-        }
-        if world.device is not None:
-            from ..mps import status
-
-            self.meta["mps"] = status().active  # ranks sharing a GPU ran concurrently (MPS) or time-sliced
-        self._rank = world.rank
-
-    def add(self, **row: Any) -> dict:
-        """Append one row (``impl`` and ``bytes`` required) and return it."""
-        for key in ("impl", "bytes"):
-            if key not in row:
-                raise ConfigError(
-                    f"Results.add for {self.benchmark!r}: the row has no {key!r} field: {row!r}"
-                )
-        clean = _jsonable(row)
-        self.rows.append(clean)
-        return clean
-
-    def extend(self, rows: Iterable[dict]) -> None:
-        """Append rows made elsewhere (e.g. by a baseline function)."""
-        for row in rows:
-            self.add(**row)
-
-    def to_dict(self) -> dict:
-        return {
-            "benchmark": self.benchmark,
-            "device": self.device,
-            "commit": self.commit,
-            "date": self.date,
-            "backend": self.backend,
-            "nranks": self.nranks,
-            "floor": _jsonable(self.floor),
-            "meta": _jsonable(self.meta),
-            "rows": list(self.rows),
-        }
-
-    def default_path(self) -> Path:
-        return _results_dir() / f"{self.benchmark}-{self.device}-{self.date}.json"
-
-    def write_json(self, path: str | os.PathLike | None = None) -> str:
-        """Write the results; return the path.
-
-        The default path is ``benchmarks/results/<benchmark>-<device>-<date>.json``.
-
-        Writes through a temporary file and a rename, so a reader never sees half a file.
-        """
-        target = Path(path) if path else self.default_path()
-        text = json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n"
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-            tmp.write_text(text)
-            os.replace(tmp, target)
-        except OSError as exc:
-            raise ConfigError(f"cannot write results to {str(target)!r}: {exc.strerror or exc}") from None
-        return str(target)
 
 
 # -- output -------------------------------------------------------------------------------------

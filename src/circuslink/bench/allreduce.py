@@ -82,18 +82,18 @@ def _run(world: Any, args: argparse.Namespace) -> int:
         for nbytes in sizes:
             count = max(1, nbytes // 4)
             drv.progress(f"allreduce {drv.format_bytes(count * 4)} x {n} ranks")
-            seed = world.bcast(int(rng.integers(1 << 60)))
+            seed = world.broadcast_object(int(rng.integers(1 << 60)))
             mine = _contribution(seed, world.rank, count)
             want = sum(_contribution(seed, r, count).astype(np.float64) for r in range(n)).astype(np.float32)
             got = comm.allreduce(xp.asarray(mine), "sum")
             got = got.get() if hasattr(got, "get") else got
             ok = bool(np.array_equal(got, want))
-            oks = world.allgather(ok)
+            oks = world.allgather_object(ok)
             if not all(oks):
                 bad = [r for r, o in enumerate(oks) if not o]
                 raise ChannelError(f"allreduce of {count * 4} B: wrong result on rank(s) {bad}")
             per_op_s = _time(world, comm, xp.asarray(mine), iters, warmup)
-            per_op_s = max(world.allgather(per_op_s))
+            per_op_s = max(world.allgather_object(per_op_s))
             algbw = count * 4 / per_op_s / 1e9
             results.add(impl="channel", op="allreduce", dtype="float32", bytes=count * 4, count=count, nranks=n,
                         latency_us=per_op_s * 1e6, time_us=per_op_s * 1e6, algbw_GBps=algbw,

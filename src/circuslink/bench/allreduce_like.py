@@ -232,7 +232,7 @@ class CpuPipeline:
     def _vectors(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         # Fresh random data every size; both ranks know both vectors from one shared seed, so A
         # can check B's sum without another transfer.
-        seed = self.world.bcast(int(self.rng.integers(1 << 62)))
+        seed = self.world.broadcast_object(int(self.rng.integers(1 << 62)))
         g = np.random.default_rng(seed)
         return g.integers(0, 1 << 32, size=n, dtype=np.uint32), g.integers(0, 1 << 32, size=n, dtype=np.uint32)
 
@@ -518,7 +518,7 @@ class CudaPipeline:
         n = nbytes // 4
         # Fresh random vectors per size from shared seeds: A rebuilds b to check the sums without
         # another transfer (numpy's generator: the same numbers on every rank by definition).
-        seed = w.bcast(int(self.rng.integers(1 << 62)))
+        seed = w.broadcast_object(int(self.rng.integers(1 << 62)))
         b_vec = np.random.default_rng(seed + 1).integers(0, 1 << 32, size=n, dtype=np.uint32)
         if w.rank == 0:
             self.mine[:n].set(np.random.default_rng(seed).integers(0, 1 << 32, size=n, dtype=np.uint32))
@@ -589,7 +589,7 @@ class CudaPipeline:
         backend = self.world.backend
         a = backend.max_blocks(self.module.get_function("ar_like_a"), _THREADS) // 2
         b = backend.max_blocks(self.module.get_function("ar_like_b"), _THREADS)
-        return max(1, min(self.world.allgather(a if self.world.rank == 0 else b)))
+        return max(1, min(self.world.allgather_object(a if self.world.rank == 0 else b)))
 
     def close(self) -> None:
         self.channels.close()

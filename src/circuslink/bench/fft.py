@@ -149,7 +149,7 @@ def run_rank(world: Any, cfg: Config) -> int:
     results.meta.update(iters=cfg.iters, warmup=cfg.warmup, layout=cfg.layout, inverse=cfg.inverse,
                         sm_budget=world.sm_budget, launched_by=world.launched_by, flops="5 N log2 N, N = n*n points",
                         **cfg.meta)
-    seed = int(world.bcast(int(np.random.SeedSequence().entropy % (1 << 31))))
+    seed = int(world.broadcast_object(int(np.random.SeedSequence().entropy % (1 << 31))))
     for n in cfg.sizes:
         for dtype in cfg.dtypes:
             times = {}
@@ -222,9 +222,9 @@ def _measure_scheme(world: Any, engine: Any, fft: Any, n: int, dtype: str, schem
             plan.execute()
             if i >= cfg.warmup:
                 seconds.append(time.perf_counter() - t0)
-        every = world.allgather(seconds)
+        every = world.allgather_object(seconds)
         slowest = [max(col) for col in zip(*every, strict=True)]
-        phases = world.allgather({k: statistics.median(v) for k, v in profile.items()})
+        phases = world.allgather_object({k: statistics.median(v) for k, v in profile.items()})
         phase = {k: max(p[k] for p in phases) for k in profile}
         median = statistics.median(slowest)
         flops = plan.flops
@@ -253,13 +253,13 @@ def _check(world: Any, engine: Any, plan: Any, x0: Any, out: Any) -> float:
         i = np.arange(world.rank * b1, (world.rank + 1) * b1, dtype=np.int64)
         phase = (np.outer(ks, i) % n1) * (2 * np.pi / n1) * sign
         part = engine.to_host(xp.asarray(np.exp(1j * phase)) @ x)  # (len(ks), n2)
-        total = sum(world.allgather(part))
+        total = sum(world.allgather_object(part))
         ref = np.fft.ifft(total, axis=1, norm="forward") if plan.inverse else np.fft.fft(total, axis=1)
     else:
         j = np.arange(n2, dtype=np.int64)
         phase = (np.outer(j, ks) % n2) * (2 * np.pi / n2) * sign
         part = engine.to_host(x @ xp.asarray(np.exp(1j * phase)))  # (b1, len(ks)): my rows of x @ F2[:, ks]
-        u = np.concatenate(world.allgather(part), axis=0)  # (n1, len(ks))
+        u = np.concatenate(world.allgather_object(part), axis=0)  # (n1, len(ks))
         ref = (np.fft.ifft(u, axis=0, norm="forward") if plan.inverse else np.fft.fft(u, axis=0)).T
     if plan.inverse:
         ref = ref / (n1 * n2)
@@ -268,7 +268,7 @@ def _check(world: Any, engine: Any, plan: Any, x0: Any, out: Any) -> float:
     want = ref[mine]
     scale = max(float(np.abs(want).max()), 1e-300)
     err = float(np.abs(got - want).max() / scale)
-    return max(world.allgather(err))
+    return max(world.allgather_object(err))
 
 
 def _one_rank(world: Any, engine: Any, n: int, dtype: str, cfg: Config, seed: int) -> dict:
@@ -280,7 +280,7 @@ def _one_rank(world: Any, engine: Any, n: int, dtype: str, cfg: Config, seed: in
     free, what = engine.free_bytes(world)
     row: dict = dict(impl="fft2-1rank", bytes=n * n * es, n=n, dtype=dtype, ranks=1, layout="natural",
                      inverse=cfg.inverse)
-    fits = world.bcast(need <= free)
+    fits = world.broadcast_object(need <= free)
     if not fits:
         world.barrier()
         return dict(row, skipped=f"needs about {need / (1 << 30):.1f} GiB on {what}; "
@@ -301,7 +301,7 @@ def _one_rank(world: Any, engine: Any, n: int, dtype: str, cfg: Config, seed: in
         row.update(time_ms=median * 1e3, time_min_ms=min(seconds) * 1e3, fft_ms=median * 1e3,
                    gflops=5.0 * n * n * math.log2(n * n) / median / 1e9, samples=len(seconds))
     world.barrier()
-    return world.bcast(row)
+    return world.broadcast_object(row)
 
 
 def plot_breakdown(rows: list[dict], path: str, title: str) -> str:

@@ -184,7 +184,7 @@ class _Pingpong:
             # Rank 0 runs 2G blocks (send + receive), rank 1 G: every block must fit the rank's SM
             # share at once (the forward-progress rule), and both must use the same G.
             most = world.backend.max_blocks(self._kernels["bw"], _BW_THREADS)
-            self.max_bw_blocks = max(1, min(world.allgather(most // 2 if world.rank == 0 else most)))
+            self.max_bw_blocks = max(1, min(world.allgather_object(most // 2 if world.rank == 0 else most)))
 
     def _ends(self, pair: str):
         ch, me = self.channels, self.world.rank
@@ -213,7 +213,7 @@ class _Pingpong:
         world = self.world
         world.barrier()
         if world.rank > 1:
-            world.bcast(None)
+            world.broadcast_object(None)
             return None
         tx, rx = self._ends(pair)
         total = iters + warmup
@@ -221,7 +221,7 @@ class _Pingpong:
             times, ok, extra = self._run_cuda(mode, tx, rx, nbytes, total, warps)
         else:
             times, ok, extra = self._run_cpu(tx, rx, nbytes, total)
-        verdict = world.bcast(ok if world.rank == 0 else None)
+        verdict = world.broadcast_object(ok if world.rank == 0 else None)
         if not verdict:
             raise ChannelError(f"pingpong {mode} {nbytes} B: the returned bytes differ from the bytes sent")
         if world.rank != 0:

@@ -182,7 +182,7 @@ class _Bench:
         self.nbytes = self.src_bytes + 2 * self.slot_bytes
 
     def _max_over_ranks(self, value: float) -> float:
-        return max(self.world.allgather(value))
+        return max(self.world.allgather_object(value))
 
     def _row(self, impl: str, layout: str, chain: int, nbytes: int, seconds: float, **extra: Any) -> None:
         us = seconds * 1e6
@@ -244,7 +244,7 @@ class _Bench:
                 for chain in self.chains:
                     for nbytes in self.sizes:
                         drv.progress(f"rma: {impl} {layout} chain {chain} x {drv.format_bytes(nbytes)}")
-                        seed = int(self.world.bcast(int(np.random.SeedSequence().entropy % (1 << 31))))
+                        seed = int(self.world.broadcast_object(int(np.random.SeedSequence().entropy % (1 << 31))))
                         self._fill(win, seed)
                         q = self._declare(rma, win, layout, chain, nbytes)
                         q.commit()
@@ -370,7 +370,7 @@ class _Bench:
                         cycle()
                     t1 = time.perf_counter()
                 t = self._max_over_ranks((t1 - t0) / self.iters)
-                sent = self.world.allgather(send_host.tobytes())
+                sent = self.world.allgather_object(send_host.tobytes())
                 for j, (origin, region, _) in enumerate(self.incoming):
                     want = sent[origin][region * chain * nbytes: (region + 1) * chain * nbytes]
                     if recv_host[j * chain * nbytes: (j + 1) * chain * nbytes].tobytes() != want:

@@ -195,7 +195,7 @@ class _Bench:
             for _ in range(self.loop):
                 cycle()
             samples.append((time.perf_counter() - t0) / self.loop)
-        slowest = [max(c) for c in zip(*self.world.allgather(samples), strict=True)]
+        slowest = [max(c) for c in zip(*self.world.allgather_object(samples), strict=True)]
         return statistics.median(slowest), min(slowest)
 
     def _verify(self, dtype: str, rows: int, cols: int, transposed: bool, what: str) -> None:

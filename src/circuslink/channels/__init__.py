@@ -235,7 +235,7 @@ class Channels:
             close = getattr(end._impl, "close", None)
             if close:
                 close()
-        self._buf.free(timeout)
+        self._buf.close(timeout)
 
     def __enter__(self) -> Channels:
         return self
@@ -305,7 +305,7 @@ def open(world: Any, spec_or_links: Any, timeout: float | None = None,  # noqa: 
     except SpecError:
         raise
     plan = _Plan(links, options or {})
-    digests = world.allgather(plan.digest(), timeout)
+    digests = world.allgather_object(plan.digest(), timeout)
     if len(set(digests)) != 1:
         groups = ", ".join(f"rank {r}: {d}" for r, d in enumerate(digests))
         raise ConfigError(f"channels.open is collective and needs the same spec and options on every rank ({groups})")
@@ -313,7 +313,7 @@ def open(world: Any, spec_or_links: Any, timeout: float | None = None,  # noqa: 
     try:
         channels = Channels(world, spec, plan, buf, timeout_s)
     except BaseException:
-        buf._release_local()
+        buf.release_local()
         raise
     world.barrier(timeout)
     return channels

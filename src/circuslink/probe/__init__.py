@@ -66,7 +66,7 @@ def measure(world: Any, quick: bool = False, pairs: list[tuple[int, int]] | None
             row = {"a": a, "b": b, "bytes": impl.nbytes}
             row.update(impl.measure_pair(a, b))
             results.append(row)
-        local = world.allgather(impl.local_copy_GBps())
+        local = world.allgather_object(impl.local_copy_GBps())
     finally:
         impl.close()
     floor = {
@@ -89,7 +89,7 @@ def _mps_active(world: Any) -> bool:
     """Collective: whether every rank runs under MPS (rank 0 asks the daemon, everyone learns)."""
     from .. import mps
 
-    return bool(world.bcast(mps.status().active if world.rank == 0 else None))
+    return bool(world.broadcast_object(mps.status().active if world.rank == 0 else None))
 
 
 def _is_reference_machine(floor: dict) -> bool:
@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         print("bandwidths in GB/s (1e9 B/s), latencies one-way in us")
         print(_table(floor))
         if args.json:
-            from ..bench._driver import Results
+            from ..results import Results
 
             res = Results("probe", world)
             res.floor = floor

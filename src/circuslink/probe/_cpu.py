@@ -68,7 +68,7 @@ class CpuProbe:
                 out[f"lat_{mode}_us"] = lat
         if w.rank == a:
             out["sm_store_bidir_GBps"] = out_bidir
-        return w.bcast(out, root=a)
+        return w.broadcast_object(out, root=a)
 
     def _pingpong(self, a: int, b: int, mode: str) -> float:
         me = self.world.rank
@@ -101,4 +101,4 @@ class CpuProbe:
         return 2 * self._best_GBps(lambda: np.copyto(dst, self.data))
 
     def close(self) -> None:
-        self.buf.free()
+        self.buf.close()

@@ -101,10 +101,10 @@ class CudaProbe:
                     best = min(best, ns / (2 * self.iters) / 1e3)
             if w.rank == a:
                 out[f"lat_{mode}_us"] = best
-        bidirs = w.allgather(bidir if w.rank in (a, b) else None)
+        bidirs = w.allgather_object(bidir if w.rank in (a, b) else None)
         if w.rank == a:
             out["sm_store_bidir_GBps"] = min(bidirs[a], bidirs[b])
-        return w.bcast(out, root=a)
+        return w.broadcast_object(out, root=a)
 
     def _pingpong(self, a: int, b: int, kernel: str) -> float:
         cp, w = self.cp, self.world
@@ -135,4 +135,4 @@ class CudaProbe:
 
     def close(self) -> None:
         self.cp.cuda.Device().synchronize()
-        self.buf.free()
+        self.buf.close()

@@ -399,7 +399,7 @@ class Queue:
             "epoch": self._impl.current_epoch(self.epoch),
             "post_at": post_at,
         }
-        everyone = self.world.allgather(mine, timeout)
+        everyone = self.world.allgather_object(mine, timeout)
         modes = {r: d["post_at"] for r, d in enumerate(everyone)}
         if len(set(modes.values())) != 1:
             raise RmaError(f"commit of {self.name}: post_at differs between ranks ({modes})")
@@ -426,7 +426,7 @@ class Queue:
             bad = (f"commit of {self.name}: rank {o1}'s handle #{h1} (offset {off1}) and rank {o2}'s handle "
                    f"#{h2} (offset {off2}) write the same bytes of rank {me}'s window")
         # Everyone learns of a clash found anywhere, so no rank goes on to start alone.
-        verdicts = self.world.allgather(bad, timeout)
+        verdicts = self.world.allgather_object(bad, timeout)
         found = [v for v in verdicts if v]
         if found:
             raise RmaError(found[0])

@@ -47,7 +47,7 @@ class CpuWindow:
         return CpuQueue(self, timeout)
 
     def free(self, timeout: float | None) -> None:
-        self.buf.free(timeout)
+        self.buf.close(timeout)
 
 
 class CpuQueue:
@@ -120,4 +120,4 @@ class CpuQueue:
         self.chain = []
         self.peers = {}
         self.mine = None
-        self.signals.free(timeout)
+        self.signals.close(timeout)

@@ -82,7 +82,7 @@ class CudaWindow:
         return CudaQueue(self, timeout)
 
     def free(self, timeout: float | None) -> None:
-        self.buf.free(timeout)
+        self.buf.close(timeout)
 
 
 class CudaQueue:
@@ -289,7 +289,7 @@ class CudaQueue:
 
     def free(self, timeout: float | None) -> None:
         self.clear()
-        self.signals.free(timeout)
+        self.signals.close(timeout)
         if self.error_ptr:
             self.error = None
             self.cp.cuda.runtime.freeHost(self.error_ptr)

@@ -59,7 +59,7 @@ def _estimate(t1: np.ndarray, t2: np.ndarray, tb: np.ndarray) -> ClockSample:
 
 def _combine(world: Any, mine: Any, now_ns: int) -> list[ClockSample]:
     """Everyone's exchange results -> one ClockSample per rank, on every rank."""
-    gathered = world.allgather(mine)
+    gathered = world.allgather_object(mine)
     ref = gathered[0]
     samples = [ClockSample(local_ns=now_ns if world.rank == 0 else 0, offset_ns=0, residual_ns=0)]
     for r in range(1, world.size):
@@ -123,7 +123,7 @@ class CpuClockSync:
 
     def close(self) -> None:
         if self.buf is not None:
-            self.buf.free()
+            self.buf.close()
             self.buf = None
 
 
@@ -145,7 +145,7 @@ class CudaClockSync:
         self.module = compile_device(_KERNELS.read_text())
         self.stream = world.backend.stream
         bus = cp.cuda.Device(world.device).pci_bus_id
-        buses = world.allgather(bus)
+        buses = world.allgather_object(bus)
         self.same_clock_as_ref = [b == buses[0] for b in buses]
         self.buf = world.alloc(8 * max(world.size, 2)) if world.size > 1 else None
         self.out = cp.zeros(2 * rounds + 1, dtype=cp.uint64)
@@ -197,5 +197,5 @@ class CudaClockSync:
 
     def close(self) -> None:
         if self.buf is not None:
-            self.buf.free()
+            self.buf.close()
             self.buf = None

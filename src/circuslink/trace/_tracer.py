@@ -147,7 +147,7 @@ class Tracer:
         rank 0's time base. Every rank gets the same :class:`Trace` (also kept in ``last``)."""
         self._samples.append(self._clock.sync(timeout))
         raw, attempted = self._local()
-        everyone = self.world.allgather((raw.tobytes(), attempted, self.names), timeout)
+        everyone = self.world.allgather_object((raw.tobytes(), attempted, self.names), timeout)
         per_rank = [np.frombuffer(b, dtype=L.RECORD_DTYPE) for b, _, _ in everyone]
         # Each rank's own view of its offset is what counts; samples[0] is rank 0's list
         # computed identically on every rank, so any rank's copy will do.

@@ -95,7 +95,7 @@ def check_memory(world: Any, engine: Any, n1: int, n2: int, dtype: str, scheme: 
     """
     need = bytes_per_rank(n1, n2, dtype, world.size, scheme, engine.EXTRA_SLABS, staging)
     free, what = engine.free_bytes(world)
-    everyone = world.allgather((world.device, free, what))
+    everyone = world.allgather_object((world.device, free, what))
     groups: dict[Any, list[int]] = {}
     for rank, (device, _, _) in enumerate(everyone):
         groups.setdefault(device, []).append(rank)
@@ -283,7 +283,7 @@ def fft2(world: Any, local_slab: Any, inverse: bool = False, layout: str = "natu
         raise ConfigError(f"fft2: the local slab is {ndim}-D (shape {getattr(local_slab, 'shape', '?')}): "
                           "fft2 takes a 2-D block of rows")
     dtype = check_dtype(local_slab.dtype, "fft2: the local slab")
-    shapes = world.allgather(tuple(int(d) for d in local_slab.shape))
+    shapes = world.allgather_object(tuple(int(d) for d in local_slab.shape))
     if len(set(shapes)) != 1:
         detail = ", ".join(f"rank {r}: {s}" for r, s in enumerate(shapes))
         raise ConfigError(f"fft2: every rank must pass a slab of the same shape ({detail})")

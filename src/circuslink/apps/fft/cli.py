@@ -165,7 +165,7 @@ def transform_file(world: Any, src: str, dst: str, inverse: bool = False, layout
             header = check_input(src, world.size)
         except ConfigError as exc:
             header = str(exc)
-    header = world.bcast(header)
+    header = world.broadcast_object(header)
     if isinstance(header, str):
         raise ConfigError(header)
     (n1, n2), dtype = header
@@ -204,7 +204,7 @@ def transform_file(world: Any, src: str, dst: str, inverse: bool = False, layout
                 os.replace(tmp, dst)
             world.barrier()
         finally:
-            staging.free()
+            staging.close()
     if world.rank == 0:
         what = "ifft2" if inverse else "fft2"
         print(f"circuslink fft2: {what} of {src} ({n1} x {n2} {dtype}) on {world.size} rank(s) "

@@ -69,7 +69,7 @@ class NcclHalo(_Streamed):
         self.nccl = nccl
         cp = self.cp
         uid = nccl.get_unique_id() if world.rank == 0 else None
-        uid = world.bcast(uid)
+        uid = world.broadcast_object(uid)
         self.comm = nccl.NcclCommunicator(world.size, uid, world.rank)
         S = self.faces
         self.send = cp.zeros((6, S), dtype=self.dtype)
@@ -170,7 +170,7 @@ def _library(world: Any) -> Any:
             path = str(build_library())
         except (BackendError, CompileError, OSError, subprocess.SubprocessError) as exc:
             error = str(exc).splitlines()[0]
-    path, error = world.bcast((path, error))
+    path, error = world.broadcast_object((path, error))
     if error:
         raise BackendError(error if error.startswith("--halo") else f"--halo nvshmem is unavailable: {error}")
     for k, v in _MULTICAST_OFF.items():
@@ -187,7 +187,7 @@ def _library(world: Any) -> Any:
     uid = ctypes.create_string_buffer(int(lib.qcd_nvshmem_uid_size()))
     if world.rank == 0 and lib.qcd_nvshmem_get_uid(uid) != 0:
         raise BackendError("--halo nvshmem is unavailable: nvshmemx_get_uniqueid failed")
-    raw = world.bcast(uid.raw)
+    raw = world.broadcast_object(uid.raw)
     uid = ctypes.create_string_buffer(raw, len(raw))
     if lib.qcd_nvshmem_init(uid, world.rank, world.size) != 0:
         raise BackendError(f"--halo nvshmem is unavailable: NVSHMEM init failed on rank {world.rank}")

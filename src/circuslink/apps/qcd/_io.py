@@ -96,7 +96,7 @@ def scatter(world: Any, lattice: Lattice, field: np.ndarray | None, shape: tuple
         mine = mine.get() if hasattr(mine, "get") else np.array(mine)
         return mine.view(dtype).reshape(shape)
     finally:
-        buf.free()
+        buf.close()
 
 
 def gather(world: Any, lattice: Lattice, local: Any, global_shape: tuple[int, ...], lead: int = 0) -> np.ndarray | None:
@@ -119,7 +119,7 @@ def gather(world: Any, lattice: Lattice, local: Any, global_shape: tuple[int, ..
         world.barrier()
         return out
     finally:
-        buf.free()
+        buf.close()
 
 
 def describe(kind: str, dims: tuple[int, int, int, int]) -> str:

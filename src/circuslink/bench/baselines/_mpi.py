@@ -129,7 +129,7 @@ def mpi_pingpong(world: Any, sizes: Iterable[int], iters: int, warmup: int,
     ep = _Endpoint(world, max(sizes), echo=rank == 1) if rank < 2 else None
     rows: list[dict] = []
     for nbytes in sizes:
-        seed = world.bcast(fresh_seed() if rank == 0 else None, timeout=timeout)
+        seed = world.broadcast_object(fresh_seed() if rank == 0 else None, timeout=timeout)
         if rank < 2:
             expected = random_bytes(seed, nbytes)
             ep.prepare(expected)
@@ -163,7 +163,7 @@ def mpi_pingpong(world: Any, sizes: Iterable[int], iters: int, warmup: int,
             if not np.array_equal(got, expected):
                 first = int(np.flatnonzero(got != expected)[0])
                 ok, detail = False, f"rank {rank}: wrong byte from rank {peer} at offset {first} of {nbytes}"
-        reports = world.allgather((ok, detail), timeout)
+        reports = world.allgather_object((ok, detail), timeout)
         bad = [d for fine, d in reports if not fine]
         if bad:
             raise Error(f"mpi_pingpong: data check failed ({'; '.join(bad)})")
@@ -176,4 +176,4 @@ def mpi_pingpong(world: Any, sizes: Iterable[int], iters: int, warmup: int,
             one_way = seconds / (2 * iters)
             rows.append({"impl": impl, "bytes": nbytes, "latency_us": one_way * 1e6, "time_us": one_way * 1e6,
                          "throughput_GBps": gbps(nbytes, one_way), "iters": iters})
-    return world.bcast(rows if rank == 0 else None, timeout=timeout)
+    return world.broadcast_object(rows if rank == 0 else None, timeout=timeout)

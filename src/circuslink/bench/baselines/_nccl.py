@@ -64,7 +64,7 @@ def _unavailable(world: Any, impl: str) -> str | None:
         mine = None
     except BackendError as exc:
         mine = f"rank {world.rank}: {exc}"
-    reasons = [r for r in world.allgather(mine) if r]
+    reasons = [r for r in world.allgather_object(mine) if r]
     if reasons:
         return reasons[0]
     from ...backends import describe_shared_gpus, shared_gpus
@@ -85,7 +85,7 @@ def _communicator(world: Any, timeout: float | None):
     if cached is not None and cached[0]() is world:
         return nccl, cached[1], cached[2]
     uid = nccl.get_unique_id() if world.rank == 0 else None
-    uid = world.bcast(uid, timeout=timeout)
+    uid = world.broadcast_object(uid, timeout=timeout)
     world.barrier(timeout)  # NCCL's init blocks without a time-out: start it only once every rank is here
     try:
         with cupy.cuda.Device(world.device):
@@ -141,7 +141,7 @@ def _timed(world: Any, stream, enqueue, iters: int, warmup: int, timeout: float 
 
 def _verify_all(world: Any, ok: bool, what: str, detail: str, timeout: float | None) -> None:
     """Raise on every rank when any rank's check failed, naming the ranks (collective)."""
-    reports = world.allgather((ok, detail), timeout)
+    reports = world.allgather_object((ok, detail), timeout)
     bad = [f"rank {r}: {d}" if d else f"rank {r}" for r, (fine, d) in enumerate(reports) if not fine]
     if bad:
         raise Error(f"{what}: data check failed ({'; '.join(bad)})")
@@ -177,7 +177,7 @@ def nccl_pingpong(world: Any, sizes: Iterable[int], iters: int, warmup: int,
     rows: list[dict] = []
     try:
         for nbytes in sizes:
-            seed = world.bcast(fresh_seed() if rank == 0 else None, timeout=timeout)
+            seed = world.broadcast_object(fresh_seed() if rank == 0 else None, timeout=timeout)
             expected = random_bytes(seed, nbytes) if rank < 2 else None
             if rank == 0:
                 sendbuf[:nbytes].set(expected)
@@ -218,7 +218,7 @@ def nccl_pingpong(world: Any, sizes: Iterable[int], iters: int, warmup: int,
                              "iters": iters})
     except nccl.NcclError as exc:
         raise BackendError(f"NCCL pingpong failed on rank {rank}: {exc}") from None
-    return world.bcast(rows if rank == 0 else None, timeout=timeout)
+    return world.broadcast_object(rows if rank == 0 else None, timeout=timeout)
 
 
 # -- all-reduce ---------------------------------------------------------------------------------
@@ -254,7 +254,7 @@ def nccl_allreduce(world: Any, sizes: Iterable[int], iters: int, warmup: int, dt
     try:
         for count in counts:
             nbytes = count * itemsize
-            base = world.bcast(fresh_seed() if rank == 0 else None, timeout=timeout)
+            base = world.broadcast_object(fresh_seed() if rank == 0 else None, timeout=timeout)
 
             def contribution(r: int, count=count, base=base):
                 rng = np.random.default_rng(base + r)
@@ -289,7 +289,7 @@ def nccl_allreduce(world: Any, sizes: Iterable[int], iters: int, warmup: int, dt
                 detail = f"element {first} is {got[first]!r}, expected {expected[first]!r}"
             _verify_all(world, ok, "nccl_allreduce", detail, timeout)
             seconds = _timed(world, stream, allreduce, iters, warmup, timeout, describe)
-            per_op = max(world.allgather(seconds, timeout)) / iters
+            per_op = max(world.allgather_object(seconds, timeout)) / iters
             algbw = gbps(nbytes, per_op)
             busbw = algbw * 2 * (n - 1) / n if algbw is not None else None
             rows.append({"impl": "nccl", "op": "allreduce", "dtype": dtype, "bytes": nbytes, "count": count,
@@ -368,7 +368,7 @@ def nccl_grouped_sendrecv(world: Any, peers_per_rank: dict | list, iters: int, w
     rank, size = world.rank, world.size
     mine_raw = peers_per_rank.get(rank, []) if isinstance(peers_per_rank, dict) else peers_per_rank
     mine = _normalise_plan(mine_raw, rank, size)
-    plans = world.allgather(mine, timeout)
+    plans = world.allgather_object(mine, timeout)
     _check_plans(plans)
     total_sent = max(sum(s for _, s, _ in p) for p in plans)
     messages = max(sum(1 for _, s, _ in p if s > 0) for p in plans)
@@ -380,7 +380,7 @@ def nccl_grouped_sendrecv(world: Any, peers_per_rank: dict | list, iters: int, w
     import numpy as np
 
     nccl, comm, stream = _communicator(world, timeout)
-    base = world.bcast(fresh_seed() if rank == 0 else None, timeout=timeout)
+    base = world.broadcast_object(fresh_seed() if rank == 0 else None, timeout=timeout)
     sends, recvs = [], []  # (peer, device array, expected bytes or None)
     sent_count: dict[int, int] = {}
     recv_count: dict[int, int] = {}
@@ -431,6 +431,6 @@ def nccl_grouped_sendrecv(world: Any, peers_per_rank: dict | list, iters: int, w
         seconds = _timed(world, stream, exchange, iters, warmup, timeout, describe)
     except nccl.NcclError as exc:
         raise BackendError(f"NCCL grouped send/recv failed on rank {rank}: {exc}") from None
-    per_exchange = max(world.allgather(seconds, timeout)) / iters
+    per_exchange = max(world.allgather_object(seconds, timeout)) / iters
     return dict(summary, time_us=per_exchange * 1e6, latency_us=per_exchange * 1e6,
                 throughput_GBps=gbps(total_sent, per_exchange), iters=iters)

@@ -1,0 +1,74 @@
+"""The back-end interface: what every back-end provides, and the one way subsystems reach it.
+
+A subsystem never asks which back-end it holds. It calls the methods below, and it finds its own
+back-end specific half with :meth:`Backend.engine` (``world.engine("circuslink.rma")`` imports
+``circuslink.rma._cuda`` on the cuda back-end, ``circuslink.rma._cpu`` on the cpu one). Adding a
+back-end means one file here and one engine file per subsystem, nothing else.
+
+A back-end gets the job's :class:`~circuslink._bootstrap.Bootstrap` (rank, size, the store-based
+collectives), not the World: the World sits above its back-end and the back-end never calls up.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from types import ModuleType
+from typing import Any
+
+from ..errors import BackendError
+
+
+class Backend(ABC):
+    """One back-end instance per World."""
+
+    name: str = "?"  # for labels and messages; never branch on it (use the capabilities below)
+    xp: ModuleType  # the array module of device data: numpy or cupy
+    device: int | None = None  # the GPU this rank uses, None without one
+    runs_kernels: bool = False  # device kernels built with circuslink.compile run on this back-end
+    sm_budget: int | None = None  # SMs this rank's kernels may occupy (the forward-progress rule)
+    abort_ptr: int = 0  # host-mapped word that ends every device wait of the process (0: none)
+
+    def __init__(self, boot: Any) -> None:
+        self.boot = boot
+
+    # -- memory ------------------------------------------------------------------------------
+    @abstractmethod
+    def alloc(self, nbytes: int, timeout: float | None) -> Any:
+        """Collective: a SymmetricBuffer of ``nbytes`` on every rank (zeroed), each mapped by all."""
+
+    # -- ordering and waiting ---------------------------------------------------------------------
+    def after_caller(self) -> None:
+        """Order this back-end's own work after what the caller already issued (no-op without a device)."""
+        return None
+
+    def wait_stream(self, stream: Any, deadline: Any, what: Any) -> None:
+        """Wait, bounded, for device work on ``stream`` (back-ends without streams have nothing to wait for)."""
+        return None
+
+    def max_blocks(self, kernel: Any, threads: int, shared_bytes: int = 0) -> int:
+        """Blocks of ``kernel`` this rank may have resident at once (back-ends that run kernels only)."""
+        raise BackendError(f"the {self.name} back-end runs no device kernels")
+
+    def synchronize(self) -> None:
+        """Wait until this rank's device work is done (no-op without a device)."""
+        return None
+
+    # -- identity ---------------------------------------------------------------------------------
+    @abstractmethod
+    def device_label(self, nranks: int) -> str:
+        """A short name for result files: ``cpu-<host>`` or ``<gpu-name>-x<count>``."""
+
+    def engine(self, package: str) -> ModuleType:
+        """The engine of subsystem ``package`` for this back-end: the module ``<package>._<name>``."""
+        module = f"{package}._{self.name}"
+        try:
+            return importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            raise BackendError(f"{package} has no engine for the {self.name} back-end ({module})") from None
+
+    def close(self) -> None:
+        """Release what the back-end itself holds (its buffers are Resources of the World)."""
+        return None
