@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -60,26 +59,13 @@ def test_cpu_run_verifies_and_traces(tmp_path):
     assert "min latency" in proc.stdout
     pp = res["meta"]["pingpong"]  # the channel pingpong, measured in the same run, not read from a file
     assert pp["measured"] == "in this run" and pp["sizes"] == [8, 65536] and pp["min_latency_us"] > 0
-    assert "channel pingpong in this run" in proc.stdout
+    assert pp["peak_throughput_GBps"] > 0 and "in this run, channel pingpong one-way" in proc.stdout
 
 
 def test_needs_two_ranks(tmp_path):
     proc = _bench(tmp_path, "-n", "3")
     assert proc.returncode == 1
     assert proc.stderr.strip() == "circuslink: error: allreduce-like runs on exactly 2 ranks (A and B), got -n 3"
-
-
-def test_kernel_source_compiles(tmp_path):
-    nvcc = shutil.which("nvcc")
-    if nvcc is None or not (INCLUDE / "circuslink" / "channel.cuh").exists():
-        pytest.skip("needs nvcc and circuslink/channel.cuh")
-    from circuslink.bench.allreduce_like import CUDA_SOURCE
-
-    src = tmp_path / "arl.cu"
-    src.write_text(CUDA_SOURCE)
-    proc = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90a", f"-I{INCLUDE}", "-c", str(src), "-o",
-                           str(tmp_path / "arl.o")], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.gpu

@@ -44,27 +44,47 @@ def test_pingpong_bench(tmp_path, backend, nranks):
     out = tmp_path / "pp.json"
     plot = tmp_path / "pp.png"
     sizes = "8,64,1K,16K" if backend == "cpu" else "8,64,4K,64K,1M,16M"
-    proc = _run(["bench", "pingpong", "--backend", backend, "-n", str(nranks), "--sizes", sizes, "--iters", "4",
+    proc = _run(["bench", "pingpong", "--backend", backend, "-n", str(nranks), "--sizes", sizes, "--iters", "3",
                  "--warmup", "1", "--json", str(out), "--plot", str(plot), "--no-baselines"], backend, tmp_path,
                 timeout=400)
     doc = json.loads(out.read_text())
     assert doc["benchmark"] == "pingpong" and doc["backend"] == backend and doc["nranks"] == nranks
-    assert doc["floor"] and doc["floor"]["summary"]
+    floor = doc["floor"]["pairs"]
+    assert {(p["a"], p["b"]) for p in floor} == {(0, 1), (1, 0)} and all(p["lat_relaxed_us"] > 0 for p in floor)
     rows = doc["rows"]
-    from circuslink.bench.pingpong import _LL_MAX
+    from circuslink.bench.pingpong import WARP_MAX
 
     wanted = sorted(int(s) if s.isdigit() else int(s[:-1]) << (10 if s[-1] == "K" else 20) for s in sizes.split(","))
-    for impl in ("circuslink", "circuslink-ll", "circuslink-bw"):
-        got = sorted(r["bytes"] for r in rows if r["impl"] == impl)
-        # LL is measured only up to _LL_MAX (one warp per side; bandwidth mode wins beyond it).
-        assert got == [s for s in wanted if impl != "circuslink-ll" or s <= _LL_MAX], impl
+    assert sorted(r["bytes"] for r in rows if r["impl"] == "circuslink") == wanted
+    for impl in ("circuslink-ll", "circuslink-bulk"):  # the two packet kinds, for the switch point
+        assert sorted(r["bytes"] for r in rows if r["impl"] == impl) == [s for s in wanted if s <= WARP_MAX], impl
     for r in rows:
         if r["impl"].startswith("circuslink"):
-            assert r["verified"] is True
-            assert 0 < r["latency_us"] <= r["time_us"]
-            assert r["throughput_GBps"] > 0
-    tiny = [r for r in rows if r["impl"].endswith("depth4")]
+            assert r["verified"] is True and r["samples"] == 3 and r["round_trips"] >= 4
+            # the median of the samples is never below the fastest sample
+            assert 0 < r["min_one_way_us"] <= r["one_way_us"]
+            assert r["throughput_GBps"] == pytest.approx(r["bytes"] / (r["one_way_us"] * 1e3))
+    best = {r["bytes"]: r for r in rows if r["impl"] == "circuslink"}
+    for n, r in best.items():  # the circuslink row is the fastest form measured at that size
+        forms = [x["one_way_us"] for x in rows if x["bytes"] == n and x["impl"] in
+                 ("circuslink-warp", "circuslink-grid", "circuslink-host")]
+        assert r["one_way_us"] == min(forms)
+    tiny = [r for r in rows if r["impl"] == "circuslink-depth4"]
     assert tiny and all(r["nslots"] == 4 and r["slowdown"] > 0 for r in tiny)
-    assert "resources" in doc["meta"] and doc["meta"]["resources"]["symmetric_bytes_total"] > 0
+    assert "switch_point_bytes" in doc["meta"] and doc["meta"]["targets"]["lines"]
     assert (tmp_path / "pp-latency.png").stat().st_size > 0 and (tmp_path / "pp-throughput.png").stat().st_size > 0
-    assert "pingpong (" in proc.stdout and "tiny ring (4 packets" in proc.stdout
+    assert "one-way, median of 3 samples" in proc.stdout and "4-slot ring at" in proc.stdout
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_stream_bench(tmp_path, backend):
+    out = tmp_path / "st.json"
+    sizes = "4K,64K" if backend == "cpu" else "4K,64K,1M,16M"
+    _run(["bench", "stream", "--backend", backend, "--sizes", sizes, "--iters", "2", "--warmup", "1", "--json",
+          str(out), "--plot", str(tmp_path / "st.png")], backend, tmp_path, timeout=400)
+    doc = json.loads(out.read_text())
+    best = [r for r in doc["rows"] if r["impl"] == "circuslink"]
+    assert len(best) == len(sizes.split(",")) and all(r["verified"] and r["throughput_GBps"] > 0 for r in best)
+    for r in best:
+        assert r["one_way_us"] == pytest.approx(r["bytes"] / (r["throughput_GBps"] * 1e3))
+    assert (tmp_path / "st.png").stat().st_size > 0

@@ -78,8 +78,7 @@ for vec in vectors:
         t = struct_type(f"e{{vec['element_bytes']}}", nbytes=vec["element_bytes"])
         link = Link("tx", "rx", (vec["recv_id"] + 1) % 65536, vec["recv_id"], 0, 0, t, 1)
         # the vector's dst_rank is in the route; a loopback link has dst 0, so patch the handle's route
-        opts = {{"tx": {{"mode": vec["mode"], "nslots": vec["nslots"],
-                        **({{"chunk": vec["payload"]}} if vec["mode"] == "bw" else {{}})}}}}
+        opts = {{"tx": {{"nslots": vec["nslots"], "chunk": vec["chunk"], "ll_max": vec["ll_max"]}}}}
         ch = channels.open(w, [link], options=opts)
         tx = ch["tx"]
         lay = ch._plan.entries[0][2]
@@ -112,10 +111,10 @@ from circuslink.spec import Link, element_type, struct_type
 w = cl.init()
 types = [element_type("uchar"), element_type("ushort"), element_type("uint"), element_type("ulong"),
          struct_type("s12", nbytes=12, align=4), element_type("uint4"), element_type("uint16")]
-MODE = "{mode}"
+LL_MAX = {"ll": 1 << 30, "bulk": 0, "mixed": 200}["{mode}"]
 wforms, rforms = ["w_warp", "w_block", "w_thread"], ["r_warp", "r_block", "r_thread"]
 links = [Link(f"c{k}_out", f"c{k}_in", 2 * k, 2 * k + 1, 0, 1, t, 64) for k, t in enumerate(types)]
-opts = {l.name: {"mode": MODE, "nslots": 4, **({"chunk": 256} if MODE == "bw" else {})} for l in links}
+opts = {l.name: {"nslots": 4, "chunk": 256, "ll_max": LL_MAX} for l in links}
 ch = channels.open(w, links, options=opts, timeout=30)
 rng = np.random.default_rng(w.broadcast_object(int(np.random.SeedSequence().entropy % (1 << 32))))
 # the read splits come from a rank-local generator: drawing them from `rng` would advance rank 1's
@@ -147,7 +146,7 @@ print("stream ok", w.rank)
 '''
 
 
-@pytest.mark.parametrize("mode", ["ll", "bw"])
+@pytest.mark.parametrize("mode", ["ll", "bulk", "mixed"])
 def test_ordering_exactly_once_gpu(spmd, mode):
     """Every element type, warp / block / scalar forms mixed, rings of 4 packets, reads split at random.
 
@@ -161,7 +160,7 @@ from circuslink import channels
 from circuslink.spec import Link, element_type
 w = cl.init()
 link = Link("g_out", "g_in", 1, 2, 0, 1, element_type("uint4"), 1)
-ch = channels.open(w, [link], options={"g_out": {"mode": "bw", "nslots": 8, "chunk": 4096}}, timeout=30)
+ch = channels.open(w, [link], options={"g_out": {"nslots": 8, "chunk": 4096}}, timeout=30)
 rng = np.random.default_rng()
 for rep in range(3):                     # state carries over from call to call
     n = int(rng.integers(1000, 20000))   # up to 80 packets through 8 slots: per-slot credits at work
@@ -242,8 +241,8 @@ from circuslink import channels
 from circuslink.spec import Link, element_type
 w = cl.init()
 link = Link("tx", "rx", 1, 2, 0, 1, element_type("ulong"), 1)
-ch = channels.open(w, [link], options={"tx": {"mode": "{mode}", "nslots": 4,
-                   **({"chunk": 64} if "{mode}" == "bw" else {})}}, timeout=30)
+ch = channels.open(w, [link], options={"tx": {"nslots": 4, "chunk": 256,
+                   "ll_max": {"ll": 1 << 30, "bulk": 0}["{mode}"]}}, timeout=30)
 rng = np.random.default_rng(w.broadcast_object(int(np.random.SeedSequence().entropy % (1 << 32))))
 data = rng.integers(0, 2**63, 3000, dtype=np.uint64)
 if w.rank == 0:
@@ -260,7 +259,7 @@ print("slow ok", w.rank)
 '''
 
 
-@pytest.mark.parametrize("mode", ["ll", "bw"])
+@pytest.mark.parametrize("mode", ["ll", "bulk"])
 def test_slow_reader_tiny_ring_gpu(spmd, mode):
     job = spmd(2, SLOW.replace("{mode}", mode), backend="cuda").check()
     assert job.stdout.count("slow ok") == 2
@@ -279,7 +278,7 @@ if w.rank == 1:
     except ChannelError as e:
         print("ERR", e)
 else:
-    launch("w_warp", ch["full_out"], cp.arange(60, dtype=cp.uint32), 60)   # fills its 2 slots
+    launch("w_warp", ch["full_out"], cp.arange(120, dtype=cp.uint32), 120)   # 4 packets fill its 4 slots
     try:
         ch["full_out"].write(np.arange(1, dtype=np.uint32))
     except ChannelError as e:
@@ -323,9 +322,9 @@ extern "C" __global__ void r2d(circuslink::Receiver<unsigned int> rx, unsigned i
 mod = cl.compile(K2)
 w = cl.init()
 rng = np.random.default_rng(int(__import__("os").environ["CIRCUSLINK_TEST_SEED"]))
-for mode in ("ll", "bw"):
+for mode, ll_max in (("ll", 1 << 30), ("bulk", 0)):
     link = Link("t2", "r2", 3, 4, 0, 1, element_type("uint"), 256)
-    opts = {"t2": {"mode": mode, "nslots": 4, **({"chunk": 256} if mode == "bw" else {})}}
+    opts = {"t2": {"nslots": 4, "chunk": 256, "ll_max": ll_max}}
     ch = channels.open(w, [link], options=opts, timeout=20)
     n = 1000
     data = rng.integers(0, 2**32, 2 * n, dtype=np.uint32)
@@ -360,9 +359,9 @@ from circuslink.channels import protocol as P
 from circuslink.spec import Link, element_type
 w = cl.init()
 rng = np.random.default_rng(int(__import__("os").environ["CIRCUSLINK_TEST_SEED"]))
-for mode in ("ll", "bw"):
+for mode, ll_max in (("ll", 1 << 30), ("bulk", 0)):
     link = Link("wt", "wr", 9, 10, 0, 1, element_type("uint"), 64)
-    opts = {"wt": {"mode": mode, "nslots": 4, **({"chunk": 256} if mode == "bw" else {})}}
+    opts = {"wt": {"nslots": 4, "chunk": 256, "ll_max": ll_max}}
     ch = channels.open(w, [link], options=opts, timeout=20)
     lay = ch._plan.entries[0][2]
     first = (1 << 32) - 1   # the packet whose flag used to be (seq + 1) mod 2^32 = 0, as a zeroed ring holds

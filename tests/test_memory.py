@@ -70,7 +70,7 @@ def test_no_shared_memory_left_behind(spmd):
     assert after <= before
 
 
-@pytest.mark.parametrize("size", ["1 << 60", "os.statvfs('/dev/shm').f_bavail * os.statvfs('/dev/shm').f_frsize + 1"])
+@pytest.mark.parametrize("size", ["1 << 60", "2 * os.statvfs('/dev/shm').f_blocks * os.statvfs('/dev/shm').f_frsize"])
 def test_impossible_alloc_is_one_line_and_leaves_nothing(spmd, size):
     import os
 

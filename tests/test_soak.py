@@ -28,10 +28,10 @@ def test_sizes_and_bytes_are_pure_functions_of_seed_channel_and_message(seed):
 
 
 def test_channels_cover_every_pair_and_both_modes():
-    links, options = channels_soak.plan_links(4, 72, ["ll", "bw"])
+    links, options = channels_soak.plan_links(4, 72, ["ll", "bulk", "mixed"])
     assert len(links) == 72 and {(lk.src_rank, lk.dst_rank) for lk in links} == {
         (a, b) for a in range(4) for b in range(4) if a != b}
-    assert {o["mode"] for o in options.values()} == {"ll", "bw"}
+    assert {o.get("ll_max") for o in options.values()} == {1 << 20, 0, None}
     assert sum(channels_soak.split_messages(1_000_001, 72)) == 1_000_001
 
 

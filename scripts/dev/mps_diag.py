@@ -12,9 +12,7 @@ src = Path(cl.__file__).parent
 kernels = []
 rma = cl.compile((src / "rma" / "rma_kernels.cu").read_text())
 kernels.append(("rma start (256 thr)", rma.get_function("circuslink_rma_start"), 256))
-from circuslink.bench.allreduce_like import CUDA_SOURCE  # noqa: E402
-
-arl = cl.compile(CUDA_SOURCE)
+arl = cl.compile((src / "bench" / "kernels" / "allreduce_like.cu").read_text())
 kernels += [("allreduce-like A (512)", arl.get_function("ar_like_a"), 512),
             ("allreduce-like B (512)", arl.get_function("ar_like_b"), 512)]
 pp = cl.compile((src / "bench" / "kernels" / "pingpong_channels.cu").read_text())

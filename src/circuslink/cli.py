@@ -29,6 +29,8 @@ COMMANDS = [
 ]
 BENCHMARKS = [
     ("pingpong", "circuslink.bench.pingpong", "channel pingpong against the floor, NCCL, NVSHMEM and MPI"),
+    ("stream", "circuslink.bench.stream", "one-way streaming through a channel against the floor"),
+    ("resources", "circuslink.bench.resources", "registers, shared memory, threads and ring memory channels take"),
     ("allreduce-like", "circuslink.bench.allreduce_like", "CIRCUS's allreduce-like pipeline"),
     ("allreduce", "circuslink.bench.allreduce", "channel all-reduce against NCCL"),
     ("rma", "circuslink.bench.rma", "persistent RMA queues against MPI-3 RMA, MPI persistent p2p and NCCL"),

@@ -2,9 +2,10 @@
 
     circuslink run -n 4 -- python tests/soak/channels_soak.py --messages 1000000 --channels 72 --json soak.json
 
-Channels join every ordered pair of ranks (round robin until ``--channels``), half in low-latency
-mode and half in bandwidth mode (``--modes``), with small rings so that writers run into full
-rings all the time. Message m of channel c has a size (log-uniform, 8 B to 1 MiB) and bytes that
+Channels join every ordered pair of ranks (round robin until ``--channels``); a third carry every
+message as low-latency packets, a third as bulk packets, a third with the default switch between
+them (``--modes``), with small rings so that writers run into full rings all the time. Message m of
+channel c has a size (log-uniform, 8 B to 1 MiB) and bytes that
 are a pure function of (seed, c, m): writers generate them, readers check every byte, and readers
 pause at random between messages. On a GPU each channel end is one block of one kernel per rank
 (tests/soak/soak.cu); on the cpu back-end each end is a thread driving the reference protocol.
@@ -33,6 +34,9 @@ END = abi.Struct("SoakEnd", "soak.cu", [("tx", HANDLE), ("messages", abi.U64), (
                                         ("is_sender", abi.U32)], register=False)
 THREADS = 256
 MAX_BYTES = 1 << 20
+# Which packets carry a channel's messages: every one low-latency, every one bulk, or the default
+# switch (small ones low-latency, large ones bulk).
+LL_MAX = {"ll": 1 << 20, "bulk": 0, "mixed": None}
 M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -71,9 +75,10 @@ def plan_links(nranks: int, nchannels: int, modes: list[str]) -> tuple[list[Link
         mode = modes[c % len(modes)]
         link = Link(f"soak{c}", f"soak{c}.in", 2 * c + 1, 2 * c + 2, a, b, byte, 1)
         links.append(link)
-        # small rings: LL 16 packets (1.9 KiB), BW 8 chunks of 16 KiB: writers wait on credits constantly
-        options[link.name] = {"mode": "ll", "nslots": 16} if mode == "ll" else {"mode": "bw", "nslots": 8,
-                                                                                "chunk": 16 << 10}
+        # small rings (8 slots of 16 KiB): writers wait on credits constantly
+        options[link.name] = {"nslots": 8, "chunk": 16 << 10}
+        if LL_MAX[mode] is not None:
+            options[link.name]["ll_max"] = LL_MAX[mode]
     return links, options
 
 
@@ -173,14 +178,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--messages", type=int, default=1_000_000, help="messages in all (default 1,000,000)")
     p.add_argument("--channels", type=int, default=72, help="channels (default 72)")
-    p.add_argument("--modes", default="ll,bw", help="channel modes, alternated over the channels (default ll,bw)")
+    p.add_argument("--modes", default="ll,bulk,mixed",
+                   help="packets per channel, alternated over the channels: ll (all low-latency), bulk (all bulk), "
+                        "mixed (the default switch); default ll,bulk,mixed")
     p.add_argument("--seed", type=int, default=None, help="seed of every size and byte (default: fresh)")
     p.add_argument("--time-limit", type=float, default=900.0, help="seconds before the run fails (default 900)")
     p.add_argument("--json", help="write the result (with device, date and commit) to this file")
     args = p.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not modes or any(m not in ("ll", "bw") for m in modes):
-        raise SystemExit(f"soak: --modes {args.modes!r}: use ll, bw or ll,bw")
+    if not modes or any(m not in LL_MAX for m in modes):
+        raise SystemExit(f"soak: --modes {args.modes!r}: use ll, bulk, mixed or a list of them")
     world = cl.init()
     if world.size < 2:
         raise SystemExit("soak: run it as several ranks, e.g. circuslink run -n 4 -- python channels_soak.py")
@@ -206,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         res = drv.Results("soak", world)
         res.meta.update(seed=seed, channels=args.channels, modes=modes, messages=args.messages,
                         ranks=world.size, elapsed_s=elapsed, lost=lost, wrong_bytes=wrong, bytes=total_bytes,
-                        options={"ll": {"nslots": 16}, "bw": {"nslots": 8, "chunk": 16 << 10}},
+                        options={"nslots": 8, "chunk": 16 << 10, "ll_max": LL_MAX},
                         sizes="log-uniform 8 B .. 1 MiB", reader_pauses="a quarter of the messages, 0-40 us")
         for e in readers:
             res.add(impl="soak", bytes=sum(message_bytes(seed, e["channel"], m) for m in range(e["messages"]))

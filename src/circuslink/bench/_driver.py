@@ -248,8 +248,11 @@ def plot(
     ylabel: str,
     logx: bool = True,
     logy: bool = True,
+    extra: dict[str, Sequence[tuple[float, float]]] | None = None,
 ) -> str:
-    """Draw ``y`` against ``x``, one line per value of ``group``, into the PNG ``path``; return the path."""
+    """Draw ``y`` against ``x``, one line per value of ``group``, into the PNG ``path``; return the path.
+
+    ``extra`` adds reference lines (name -> points), drawn dashed: a floor envelope, a target."""
     try:
         import matplotlib
 
@@ -274,6 +277,9 @@ def plot(
         for name, points in series.items():
             points.sort()
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=name)
+        for name, points in (extra or {}).items():
+            pts = sorted((float(a), float(b)) for a, b in points if (not logx or a > 0) and (not logy or b > 0))
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle="--", color="black", linewidth=1, label=name)
         if logx:
             ax.set_xscale("log", base=2 if x == "bytes" else 10)
         if logy:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -159,26 +160,34 @@ def _trace(world: Any, impl: Any, args: argparse.Namespace, results: drv.Results
 
 
 def _pingpong_same_run(world: Any, sizes: list[int], iters: int, warmup: int) -> dict | None:
-    """Collective: the channel pingpong's minimum latency and peak throughput, measured now, in this run,
-    with the pingpong benchmark's own code, at the smallest and the largest size of this run (the
-    allreduce-like pipeline is compared with the channel it is built on, side by side)."""
-    from .pingpong import _BW_CONFIGS, _LL_MAX, _parse_bw_configs, _Pingpong
+    """Collective: the channel it is built on, measured now, in this run, with the pingpong and stream
+    benchmarks' own code: the pingpong's smallest one-way time (one warp, low-latency packets, at this
+    run's smallest size) and the one-way streaming peak (at its largest size)."""
+    from .pingpong import GRID_MIN, WARP_MAX, ChannelPair
+    from .stream import _measure as stream_measure
 
     small, large = min(sizes), max(sizes)
-    drv.progress(f"allreduce-like: channel pingpong at {drv.format_bytes(small)} and {drv.format_bytes(large)} "
-                 "(same run)")
-    bench = _Pingpong(world, [small, large], ("ll", "bw"), _parse_bw_configs(_BW_CONFIGS))
+    drv.progress(f"allreduce-like: channel pingpong at {drv.format_bytes(small)} and one-way streaming at "
+                 f"{drv.format_bytes(large)} (same run)")
+    pair = ChannelPair(world, [small, large], stream=True)
     try:
-        rows = [bench.measure("ll", small, iters, warmup)] if small <= _LL_MAX else []
-        rows += [bench.measure("bw", n, iters, warmup) for n in sorted({small, large})]
+        form = "warp" if world.backend.runs_kernels else "host"
+        ping = pair.measure("default", form, min(small, WARP_MAX), max(iters, 5), warmup)
+        streams = []
+        if large <= WARP_MAX or not world.backend.runs_kernels:
+            streams.append(stream_measure(pair, "default", "warp", large, max(3, iters // 4), 1))
+        if world.backend.runs_kernels and large >= GRID_MIN:
+            for config, cfg in pair.configs.items():
+                if config.startswith("grid") and large <= cfg["max"]:
+                    streams.append(stream_measure(pair, config, "grid", large, max(3, iters // 4), 1))
     finally:
-        bench.close()
+        pair.close()
     if world.rank != 0:
         return None
-    rows = [r for r in rows if r]
+    streams = [r for r in streams if r]
     return {"measured": "in this run", "sizes": sorted({small, large}),
-            "min_latency_us": min(r["latency_us"] for r in rows),
-            "peak_throughput_GBps": max(r["throughput_GBps"] for r in rows)}
+            "min_latency_us": ping["one_way_us"], "min_sample_latency_us": ping["min_one_way_us"],
+            "peak_throughput_GBps": max(r["throughput_GBps"] for r in streams)}
 
 
 def _print_summary(results: drv.Results, pp: dict | None) -> None:
@@ -191,12 +200,16 @@ def _print_summary(results: drv.Results, pp: dict | None) -> None:
     results.meta["peak_throughput_GBps"] = peak
     line = f"allreduce-like: min latency {min_lat:.3f} us, peak throughput {peak:.2f} GB/s"
     if pp:
-        line += (f"; channel pingpong in this run: min latency {pp['min_latency_us']:.3f} us, "
-                 f"peak {pp['peak_throughput_GBps']:.2f} GB/s")
+        line += (f"; in this run, channel pingpong one-way {pp['min_latency_us']:.3f} us (median), "
+                 f"one-way streaming peak {pp['peak_throughput_GBps']:.2f} GB/s")
         if pp.get("peak_throughput_GBps"):
             ratio = peak / pp["peak_throughput_GBps"]
             results.meta["peak_vs_pingpong"] = ratio
             line += f" (peak ratio {ratio:.3f}; target >= 0.95)"
+        if pp.get("min_latency_us"):
+            lat_ratio = min_lat / pp["min_latency_us"]
+            results.meta["latency_vs_pingpong"] = lat_ratio
+            line += f"; min latency ratio {lat_ratio:.2f} (target <= 2.5)"
     print(line)
 
 
@@ -319,131 +332,8 @@ class CpuPipeline:
         self.channels.close()
 
 
-# -- cuda: one fused kernel per rank ---------------------------------------------------------------
-# Striped over G channel pairs, one per block: A's blocks [0, G) write slice g of a into channel
-# a->b g, blocks [G, 2G) read the sums of slice g back (and check them); B's block g reads slice g,
-# adds b and writes the sum back, chunk by chunk, so receiving, adding and sending overlap both
-# inside the stream (the rings buffer a chunk while B adds the previous one) and across blocks.
-# Messages up to 1 KiB go over one low-latency pair (flag in every line: the latency floor);
-# larger ones over G bandwidth-mode pairs (chunks + release flag, all blocks at once). Timing is
-# %globaltimer inside A's kernel, `reps` times in one launch (the first `warmup` absorb the two
-# processes' launch skew).
-CUDA_SOURCE = r"""
-#include <circuslink/channel.cuh>
-#include <circuslink/trace.cuh>
-
-namespace tr = circuslink::trace;
-namespace cd = circuslink::detail;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-
-// Slice g of G of an n-element vector: contiguous, 4-element (16-byte) aligned.
-__device__ __forceinline__ void slice_of(u64 n, u32 g, u32 G, u64& lo, u64& hi) {
-  u64 quads = (n + 3) / 4, per = (quads + G - 1) / G;
-  lo = per * 4 * g < n ? per * 4 * g : n;
-  hi = per * 4 * (g + 1) < n ? per * 4 * (g + 1) : n;
-}
-
-// All blocks of the grid meet (they are co-resident: 2G <= the SM count). bar[0] counts
-// arrivals, bar[1] is the generation. False on time-out or when another block failed.
-__device__ bool grid_barrier(u32* bar, u32 nblocks, u64 timeout_ns, volatile int* failed) {
-  __shared__ int ok;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    ok = 1;
-    u32 gen = cd::ld_relaxed(bar + 1);
-    __threadfence();
-    if (atomicAdd(bar, 1u) == nblocks - 1) {
-      atomicExch(bar, 0u);
-      __threadfence();
-      atomicAdd(bar + 1, 1u);
-    } else {
-      cd::Deadline d = cd::Deadline::after(timeout_ns);
-      while (cd::ld_relaxed(bar + 1) == gen) {
-        if (*failed || d.expired()) { ok = 0; *failed = 1; break; }
-      }
-    }
-    __threadfence();
-  }
-  __syncthreads();
-  return ok && !*failed;
-}
-
-__device__ __forceinline__ void fail(volatile int* failed, int code) {
-  if (threadIdx.x == 0) *failed = code;
-}
-
-// times[3 * rep + 0, 1, 2] = t0 (A starts sending), t1 (first element of the sum back), t2 (last back)
-extern "C" __global__ void ar_like_a(const circuslink::Sender<u32>* tx, const circuslink::Receiver<u32>* rx,
-                                     u32 G, const u32* a, const u32* b_check, u32* out, u64 n, u64 chunk,
-                                     u32 reps, u64* times, u64* mismatches, u32* bar, u64 timeout_ns,
-                                     tr::Handle trace, volatile int* failed) {
-  const bool writer = blockIdx.x < G;
-  const u32 g = writer ? blockIdx.x : blockIdx.x - G;
-  u64 lo, hi;
-  slice_of(n, g, G, lo, hi);
-  tr::record_block(trace, tr::KERNEL, tr::PHASE_BEGIN, 0);
-  for (u32 rep = 0; rep < reps; ++rep) {
-    if (!grid_barrier(bar, gridDim.x, timeout_ns, failed)) return;
-    if (blockIdx.x == 0 && threadIdx.x == 0) times[3 * rep] = tr::now_ns();
-    if (writer) {
-      circuslink::Sender<u32> t = tx[g];
-      for (u64 off = lo; off < hi; off += chunk) {
-        u64 c = hi - off < chunk ? hi - off : chunk;
-        if (!t.write_block(a + off, c)) { fail(failed, 2); return; }
-        tr::record_block(trace, tr::SEND, tr::PHASE_INSTANT, g);
-      }
-    } else {
-      circuslink::Receiver<u32> r = rx[g];
-      u64 bad = 0;
-      if (g == 0 && lo < hi && threadIdx.x == 0) {
-        // t1: the first packet of the sum is here (its header valid), before it is copied out. A
-        // rep starts on a packet boundary: B's writes and these reads move the same whole slices.
-        if (cd::peek_packet(r.h, cd::load_recv_state(r.h).seq)) times[3 * rep + 1] = tr::now_ns();
-      }
-      __syncthreads();  // warp 0 reconverges before the (warp-synchronous) LL read
-      for (u64 off = lo; off < hi;) {
-        u64 c = hi - off < chunk ? hi - off : chunk;
-        if (!r.read_block(out + off, c)) { fail(failed, 3); return; }
-        __syncthreads();
-        tr::record_block(trace, tr::RECV, tr::PHASE_INSTANT, g);
-        for (u64 i = off + threadIdx.x; i < off + c; i += blockDim.x) bad += out[i] != a[i] + b_check[i];
-        off += c;
-      }
-      if (bad) atomicAdd(mismatches, bad);
-      __syncthreads();
-      if (threadIdx.x == 0) atomicMax(times + 3 * rep + 2, tr::now_ns());
-    }
-  }
-  tr::record_block(trace, tr::KERNEL, tr::PHASE_END, 0);
-}
-
-extern "C" __global__ void ar_like_b(const circuslink::Receiver<u32>* rx, const circuslink::Sender<u32>* tx,
-                                     u32 G, const u32* b, u32* tmp, u64 n, u64 chunk, u32 reps,
-                                     tr::Handle trace, volatile int* failed) {
-  const u32 g = blockIdx.x;
-  u64 lo, hi;
-  slice_of(n, g, G, lo, hi);
-  circuslink::Receiver<u32> r = rx[g];
-  circuslink::Sender<u32> t = tx[g];
-  tr::record_block(trace, tr::KERNEL, tr::PHASE_BEGIN, 1);
-  for (u32 rep = 0; rep < reps; ++rep) {
-    for (u64 off = lo; off < hi; off += chunk) {
-      u64 c = hi - off < chunk ? hi - off : chunk;
-      if (!r.read_block(tmp + off, c)) { fail(failed, 3); return; }
-      __syncthreads();
-      tr::record_block(trace, tr::RECV, tr::PHASE_INSTANT, g);
-      tr::record_block(trace, tr::COMPUTE, tr::PHASE_BEGIN, g);
-      for (u64 i = off + threadIdx.x; i < off + c; i += blockDim.x) tmp[i] += b[i];
-      __syncthreads();
-      tr::record_block(trace, tr::COMPUTE, tr::PHASE_END, g);
-      if (!t.write_block(tmp + off, c)) { fail(failed, 2); return; }
-      tr::record_block(trace, tr::SEND, tr::PHASE_INSTANT, g);
-    }
-  }
-  tr::record_block(trace, tr::KERNEL, tr::PHASE_END, 1);
-}
-"""
+# -- cuda: one fused kernel per rank (bench/kernels/allreduce_like.cu) ------------------------------
+KERNELS = Path(__file__).parent / "kernels" / "allreduce_like.cu"
 
 _LL_MAX_BYTES = 1 << 10  # up to here one low-latency pair (LL reads poll 240 B per round: slow beyond)
 _LL_DEPTH_BYTES = 16 << 10
@@ -485,7 +375,7 @@ class CudaPipeline:
                 out_names = [f"{name}_ba{g}" for g in range(count)]
                 in_names = [f"{name}_ab{g}.in" for g in range(count)]
             self.handles[name] = (self._handle_array(out_names), self._handle_array(in_names), count)
-        self.module = compile_device(CUDA_SOURCE)
+        self.module = compile_device(KERNELS.read_text())
         self._max_pairs = self._budget_pairs()
         n = max_bytes // 4
         self.mine = cp.zeros(n, dtype=cp.uint32)  # a on A, b on B

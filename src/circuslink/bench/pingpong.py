@@ -1,18 +1,22 @@
-"""Channel pingpong against the floor, NCCL, NVSHMEM and MPI (CIRCUS Fig. 12 and 13).
+"""Channel pingpong against the floor, NCCL, NVSHMEM and MPI (CIRCUS, Fig. 12 and 13).
 
-Rank 0 sends a message through a channel, rank 1 streams it back through another; CIRCUS's
-definitions, timed on the device with %globaltimer inside the kernels (on cpu: the host clock):
+Rank 0 sends a message through a channel, rank 1 passes it straight back from its ring through
+another (no staging copy), rank 0 reads it. Every sample is a loop of many round trips in one
+launch, timed at its two ends (the device's timer ticks every 32 ns or more, so no single round trip
+is timed alone); the one-way time is the loop's time over twice its round trips. Rows give the
+median over the samples (``one_way_us``) and the minimum beside it (``min_one_way_us``).
 
-    latency = (t1 - t0) / 2           t0 first word out, t1 first word of the reply back
-    time    = latency + (t2 - t1)     t2 last word of the reply back
-    throughput = bytes / time         best (minimum) of the timed repetitions
+What is measured, all on one channel format (docs/protocol.md):
 
-Both channel modes are measured: low-latency (``circuslink-ll``: flag in every 16-byte line,
-one warp) and bandwidth (``circuslink-bw``: chunks + release flag, the warps of a grid streaming
-disjoint packets; several chunk sizes and warp counts are tried, the best is reported).
-``circuslink`` is the faster of the two at each size (the auto choice). A tiny-ring run (4
-packets) checks the data and reports the slowdown flow control costs. Every run verifies the
-returned bytes. The floor (``circuslink.probe``) and the baselines are measured in the same run.
+* ``circuslink``: the channel as opened by default (writes up to ``ll_max`` bytes as low-latency
+  packets, larger ones as bulk packets), one warp a side (``form=warp``) up to 64 KiB and every warp
+  of a co-resident grid (``form=grid``) from 4 KiB; the row is the faster form at each size, the others
+  stay in the file;
+* ``circuslink-ll`` / ``circuslink-bulk``: every write as low-latency / as bulk packets (one warp),
+  whose crossing is the switch point ``ll_max`` defaults to (``meta.switch_point_bytes``);
+* ``circuslink-depth4``: a 4-slot ring, same loops: the cost of flow control (``slowdown``: median
+  over median);
+* the floor (``circuslink.probe``) and the baselines (NCCL, NVSHMEM, MPI), measured in the same run.
 """
 
 from __future__ import annotations
@@ -29,34 +33,25 @@ import numpy as np
 from ..errors import ChannelError, ConfigError
 from . import _driver as drv
 
-_KERNEL_FILE = Path(__file__).parent / "kernels" / "pingpong_channels.cu"
-_LL_MAX = 256 << 10  # LL is measured up to this size (one warp: beyond, bandwidth mode wins by far)
-_LL_NSLOTS = 1024  # 120 KiB of payload in flight
-# Bandwidth mode: CHUNK:WARPS pairs tried at every size (the sending warps; rank 0's receiving side
-# takes as many again). Small chunks start the reply streaming sooner, more warps keep more bytes in
-# flight; which wins depends on the size, so the benchmark tries them all and reports the best.
-_BW_CONFIGS = "4K:64,4K:256,16K:256,16K:512"
-_BW_THREADS = 256  # 8 warps a block
-_BW_MAX_RING = 64 << 20
-_TINY = {"ll": {"mode": "ll", "nslots": 4}, "bw": {"mode": "bw", "nslots": 4, "chunk": 4096}}
-_TINY_SIZES = (64, 4096, 64 << 10, 1 << 20)
-_CPU_MAX = 1 << 20
-_ECHO_PIECE = 7680  # LL echo piece on rank 1: 64 packets, fits the kernel's shared buffer
+KERNELS = Path(__file__).parent / "kernels" / "pingpong_channels.cu"
+WARP_MAX = 64 << 10  # one warp a side up to here: beyond, the grid wins by far
+GRID_MIN = 4 << 10
+GRID_CHUNKS = (4 << 10, 16 << 10, 64 << 10)  # bulk packet sizes tried by the grid form (best kept)
+GRID_CHUNK_MAX_MESSAGE = {4 << 10: 16 << 20, 16 << 10: 64 << 20, 64 << 10: 1 << 30}
+GRID_THREADS = 256
+SAMPLE_TARGET_S = 200e-6  # each sample runs round trips for about this long
+CPU_MAX = 1 << 20
+TINY_SIZES = (64, 4096, 64 << 10, 1 << 20)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    drv.add_common_arguments(parser, default_sizes="8:256M", default_iters=20, default_warmup=5)
-    parser.add_argument("--mode", choices=("both", "ll", "bw"), default="both",
-                        help="channel modes to measure (default both; 'circuslink' rows take the faster)")
-    parser.add_argument("--bw-configs", default=_BW_CONFIGS, metavar="CHUNK:WARPS,...",
-                        help=f"bandwidth-mode chunk sizes and sending warps to try (default {_BW_CONFIGS})")
+    drv.add_common_arguments(parser, default_sizes="8:256M", default_iters=15, default_warmup=3)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..launcher import inside_job, relaunch_self
 
     drv.parse_sizes(args.sizes)  # bad options fail here, once, not on every rank
-    bw_configs = _parse_bw_configs(args.bw_configs)
     if not inside_job():
         return relaunch_self(args.nranks, args.backend, prefer_mpirun=True, mps_mode=args.mps)
     import circuslink
@@ -64,354 +59,358 @@ def run(args: argparse.Namespace) -> int:
     world = circuslink.init(args.backend)
     if world.size < 2:
         raise ConfigError("bench pingpong needs at least 2 ranks (ranks 0 and 1 play; others wait)")
-    sizes = drv.parse_sizes("8,64,4K,64K" if args.quick and args.sizes == "8:256M" else args.sizes)
-    iters, warmup = (min(args.iters, 5), min(args.warmup, 2)) if args.quick else (args.iters, args.warmup)
-    if world.backend.name == "cpu":
-        dropped = [s for s in sizes if s > _CPU_MAX]
-        sizes = [s for s in sizes if s <= _CPU_MAX]
+    sizes, samples, warmup = drv.sizes_and_counts(args, quick_sizes="8,64,4K,64K,1M", quick_iters=5, quick_warmup=2)
+    if not world.backend.runs_kernels:
+        dropped = [s for s in sizes if s > CPU_MAX]
+        sizes = [s for s in sizes if s <= CPU_MAX]
         if dropped:
-            drv.progress(f"pingpong: the cpu back-end stops at {drv.format_bytes(_CPU_MAX)}; "
+            drv.progress(f"pingpong: the cpu reference stops at {drv.format_bytes(CPU_MAX)}; "
                          f"skipping {len(dropped)} larger size(s)")
-        iters = min(iters, 20)
-    modes = ("ll", "bw") if args.mode == "both" else (args.mode,)
     results = drv.Results("pingpong", world)
-    results.meta.update(iters=iters, warmup=warmup, modes=list(modes))
+    results.meta.update(samples=samples, warmup=warmup, sample_target_s=SAMPLE_TARGET_S,
+                        definitions="one_way_us: median over samples of (loop time / 2 x round trips); "
+                                    "min_one_way_us: the fastest sample; throughput_GBps: bytes / one_way_us")
+    from .. import probe
 
-    floor = None
+    drv.progress("pingpong: measuring the floor (circuslink.probe)")
+    results.floor = probe.measure(world, quick=args.quick, pairs=[(0, 1), (1, 0)])
+    bench = ChannelPair(world, sizes)
     try:
-        from .. import probe
-
-        drv.progress("pingpong: measuring the floor (circuslink.probe)")
-        floor = probe.measure(world, quick=args.quick)
-    except ImportError as exc:
-        results.meta["floor_missing"] = f"circuslink.probe unavailable: {exc}"
-    results.floor = floor
-
-    bench = _Pingpong(world, sizes, modes, bw_configs)
-    try:
-        for mode in modes:
-            for nbytes in sizes:
-                if mode == "ll" and nbytes > _LL_MAX:
-                    continue
-                drv.progress(f"pingpong {mode} {drv.format_bytes(nbytes)}")
-                row = bench.measure(mode, nbytes, iters, warmup)
-                if row:
-                    results.add(**row)
-        # the auto choice: the faster mode at each size
-        for nbytes in sizes:
-            best = [r for r in results.rows if r["bytes"] == nbytes and r["impl"].startswith("circuslink-")]
-            if best:
-                pick = min(best, key=lambda r: r["time_us"])
-                results.add(**dict(pick, impl="circuslink", mode=pick["mode"]))
-        tiny_sizes = [s for s in sizes if s in _TINY_SIZES] or sizes[::max(1, len(sizes) // 3)]
-        for mode in modes:
-            for nbytes in [s for s in tiny_sizes if mode == "bw" or s <= _LL_MAX]:
-                drv.progress(f"pingpong {mode} with a 4-packet ring, {drv.format_bytes(nbytes)}")
-                row = bench.measure(mode, nbytes, max(3, iters // 4), min(warmup, 2), tiny=True)
-                normal = [r for r in results.rows if r["impl"] == f"circuslink-{mode}" and r["bytes"] == nbytes]
-                if row:
-                    if normal:
-                        row["slowdown"] = row["time_us"] / normal[0]["time_us"]
-                    results.add(**row)
+        bench.measure_all(results, sizes, samples, warmup)
         results.meta["resources"] = bench.resources()
     finally:
         bench.close()
-
     if not args.no_baselines:
-        _baselines(world, results, sizes, iters, warmup)
-
+        _baselines(world, results, sizes, samples, warmup)
     if world.rank == 0:
-        _report(results, args)
+        report(results, args)
     world.close()
     return 0
 
 
-def _parse_bw_configs(text: str) -> list[tuple[int, int]]:
-    out = []
-    for token in text.split(","):
-        chunk_text, sep, warps_text = token.partition(":")
-        try:
-            chunk = drv.parse_sizes(chunk_text)[0]
-            warps = int(warps_text)
-        except (ConfigError, ValueError, IndexError):
-            raise ConfigError(f"--bw-configs {text!r}: bad entry {token!r} "
-                              "(expected CHUNK:WARPS, e.g. 16K:256)") from None
-        if not sep or chunk % 16 or warps < 1:
-            raise ConfigError(f"--bw-configs {text!r}: entry {token!r} needs a chunk that is a multiple of 16 bytes "
-                              "and a positive number of warps")
-        out.append((chunk, warps))
-    return out
+# -- the channels and their kernels ------------------------------------------------------------------
+class ChannelPair:
+    """Ping (0 -> 1) and pong (1 -> 0) channels for every configuration, and the kernels that drive them.
+    Shared with `bench stream`; ranks above 1 take part in the collective calls only."""
 
-
-class _Pingpong:
-    """Channels for every mode (normal and tiny rings) and the kernels that drive them."""
-
-    def __init__(self, world: Any, sizes: list[int], modes: tuple[str, ...], bw_configs: list[tuple[int, int]]) -> None:
+    def __init__(self, world: Any, sizes: list[int], stream: bool = False) -> None:
+        from ..channels import Link, element_type
         from ..channels import open as open_channels
-        from ..spec import Link, element_type
 
         self.world = world
-        self.cuda = world.backend.name == "cuda"
-        byte = element_type("uchar")
+        self.gpu = world.backend.runs_kernels
         top = max(sizes)
-        if self.cuda:
-            pairs = {"ll": {"mode": "ll", "nslots": _LL_NSLOTS}}
-            for chunk in sorted({c for c, _ in bw_configs}):
-                most = max(w for c, w in bw_configs if c == chunk)
-                nslots = 1 << max(6, (2 * most - 1).bit_length())  # two packets in flight per warp
-                while nslots > 2 and nslots * chunk > _BW_MAX_RING:
-                    nslots //= 2
-                pairs[f"bw{chunk}"] = {"mode": "bw", "chunk": chunk, "nslots": nslots}
-            self.bw_configs = bw_configs
-        else:  # the cpu reference: rings that hold the largest message
-            pairs = {"ll": {"mode": "ll"}, "bw4096": {"mode": "bw", "chunk": 4096}}
-            self.bw_configs = [(4096, 1)]
-        pairs.update(tll=_TINY["ll"], tbw=_TINY["bw"])
-        links, options = [], {}
-        for k, (name, opts) in enumerate(pairs.items()):
-            depth = max(top, 4096) if not self.cuda else 1
-            links.append(Link(f"ping_{name}", f"ping_{name}_in", 4 * k, 4 * k + 1, 0, 1, byte, depth))
-            links.append(Link(f"pong_{name}", f"pong_{name}_in", 4 * k + 2, 4 * k + 3, 1, 0, byte, depth))
-            options[f"ping_{name}"] = options[f"pong_{name}"] = opts
-        self.pairs = pairs
+        warp_top = min(top, WARP_MAX)
+        configs: dict[str, dict] = {}
+        # Rings hold the largest message of their configuration: a grid form's warps write the whole
+        # message before they read the reply, so a smaller ring would deadlock the pingpong.
+        configs["default"] = {"ring": max(warp_top, 8192), "options": {}}
+        configs["ll"] = {"ring": max(warp_top, 8192), "options": {"ll_max": 1 << 30, "chunk": 256}}
+        configs["bulk"] = {"ring": max(warp_top, 8192), "options": {"ll_max": 0}}
+        configs["tiny"] = {"ring": 1, "options": {"nslots": 4}}
+        if self.gpu:
+            for chunk in GRID_CHUNKS:
+                most = min(top, GRID_CHUNK_MAX_MESSAGE[chunk])
+                if most >= GRID_MIN and (chunk == GRID_CHUNKS[0] or most > chunk):
+                    configs[f"grid{chunk >> 10}k"] = {"ring": most, "options": {"chunk": chunk, "ll_max": 0},
+                                                      "chunk": chunk, "max": most}
+        else:
+            configs["default"]["ring"] = max(top, 8192)
+        self.configs = configs
+        byte = element_type("uchar")
+        links, options, k = [], {}, 0
+        for name, cfg in configs.items():
+            opts = dict(cfg["options"])
+            if name != "tiny" and "chunk" in cfg:
+                opts["nslots"] = 1 << max(2, (-(-cfg["ring"] // cfg["chunk"]) - 1).bit_length())
+            for direction, (a, b) in (("ping", (0, 1)), ("pong", (1, 0))):
+                links.append(Link(f"{direction}_{name}", f"{direction}_{name}_in", k, k + 1, a, b, byte, cfg["ring"]))
+                options[f"{direction}_{name}"] = opts
+                k += 2
+        if stream:  # the acknowledgement of a streamed run: 4 bytes back
+            links.append(Link("ack", "ack_in", k, k + 1, 1, 0, byte, 64))
         self.channels = open_channels(world, links, options=options)
-        self._kernels = None
-        if self.cuda:
-            from ..device_code import compile
+        self._module = None
+        self.blocks_most = 1
+        if self.gpu:
+            from .. import compile as compile_device
 
-            module = compile(_KERNEL_FILE.read_text())
-            self._kernels = {"ll": module.get_function("pingpong_ll"), "bw": module.get_function("pingpong_bw")}
-            # Rank 0 runs 2G blocks (send + receive), rank 1 G: every block must fit the rank's SM
-            # share at once (the forward-progress rule), and both must use the same G.
-            most = world.backend.max_blocks(self._kernels["bw"], _BW_THREADS)
-            self.max_bw_blocks = max(1, min(world.allgather_object(most // 2 if world.rank == 0 else most)))
+            self._module = compile_device(KERNELS.read_text())
+            fn = self._module.get_function("pingpong_grid")
+            most = world.backend.max_blocks(fn, GRID_THREADS)
+            self.blocks_most = max(1, min(world.allgather_object(most)))
 
-    def _ends(self, pair: str):
+    def ends(self, config: str) -> tuple[Any, Any]:
         ch, me = self.channels, self.world.rank
         if me == 0:
-            return ch[f"ping_{pair}"], ch[f"pong_{pair}_in"]
-        return ch[f"pong_{pair}"], ch[f"ping_{pair}_in"]
+            return ch[f"ping_{config}"], ch[f"pong_{config}_in"]
+        return ch[f"pong_{config}"], ch[f"ping_{config}_in"]
 
-    def measure(self, mode: str, nbytes: int, iters: int, warmup: int, tiny: bool = False) -> dict | None:
-        """One row: the best configuration of ``mode`` at ``nbytes`` (rank 0; None elsewhere)."""
-        if mode == "ll":
-            runs = [("tll" if tiny else "ll", 0)]
-        elif tiny:
-            runs = [("tbw", 32)]
-        else:
-            runs = [(f"bw{chunk}", warps) for chunk, warps in self.bw_configs]
-        rows = [self._measure_one(mode, pair, warps, nbytes, iters, warmup, tiny) for pair, warps in runs]
-        if self.world.rank != 0:
-            return None
-        best = dict(min(rows, key=lambda r: r["time_us"]))
-        if len(rows) > 1:
-            best["configs"] = [{k: r[k] for k in ("chunk", "warps", "time_us", "latency_us")} for r in rows]
-        return best
+    def kernel(self, name: str):
+        return self._module.get_function(name)
 
-    def _measure_one(self, mode: str, pair: str, warps: int, nbytes: int, iters: int, warmup: int,
-                     tiny: bool) -> dict | None:
+    def grid_blocks(self, config: str, nbytes: int) -> int:
+        chunk = self.configs[config]["chunk"]
+        packets = -(-nbytes // chunk)
+        return max(1, min(self.blocks_most, -(-packets // (GRID_THREADS // 32))))
+
+    def measure_all(self, results: drv.Results, sizes: list[int], samples: int, warmup: int) -> None:
+        for nbytes in sizes:
+            drv.progress(f"pingpong {drv.format_bytes(nbytes)}")
+            rows = []
+            if nbytes <= WARP_MAX or not self.gpu:
+                rows.append(self.measure("default", "warp" if self.gpu else "host", nbytes, samples, warmup))
+            if self.gpu and nbytes >= GRID_MIN:
+                for config, cfg in self.configs.items():
+                    if config.startswith("grid") and nbytes <= cfg["max"]:
+                        rows.append(self.measure(config, "grid", nbytes, samples, warmup))
+            if self.world.rank == 0:
+                rows = [r for r in rows if r]
+                for r in rows:
+                    results.add(**dict(r, impl=f"circuslink-{r['form']}"))
+                best = min(rows, key=lambda r: r["one_way_us"])
+                results.add(**dict(best, impl="circuslink"))
+        for nbytes in [s for s in sizes if s <= WARP_MAX]:
+            drv.progress(f"pingpong low-latency vs bulk packets, {drv.format_bytes(nbytes)}")
+            for config in ("ll", "bulk"):
+                row = self.measure(config, "warp" if self.gpu else "host", nbytes, samples, warmup)
+                if row:
+                    results.add(**dict(row, impl=f"circuslink-{config}"))
+        if self.world.rank == 0:
+            results.meta["switch_point_bytes"] = switch_point(results.rows)
+        form = "warp2" if self.gpu else "host"  # separate writing and reading warps: rings < message work
+        for nbytes in [s for s in sizes if s in TINY_SIZES] or sizes[:1]:
+            drv.progress(f"pingpong with a 4-slot ring, {drv.format_bytes(nbytes)}")
+            tiny = self.measure("tiny", form, nbytes, samples, warmup)
+            same = self.measure("default", form, nbytes, samples, warmup) if nbytes <= WARP_MAX or not self.gpu \
+                else None
+            if tiny:
+                if same:
+                    tiny["slowdown"] = tiny["one_way_us"] / same["one_way_us"]
+                    results.add(**dict(same, impl="circuslink-depth-default"))
+                results.add(**dict(tiny, impl="circuslink-depth4"))
+
+    def measure(self, config: str, form: str, nbytes: int, samples: int, warmup: int) -> dict | None:
+        """One configuration at one size: ``samples`` launches of round-trip loops (a row on rank 0)."""
         world = self.world
         world.barrier()
-        if world.rank > 1:
-            world.broadcast_object(None)
+        if world.rank > 1:  # the collective calls of ranks 0 and 1 below: trips, verdict, done
+            for _ in range(3):
+                world.broadcast_object(None)
             return None
-        tx, rx = self._ends(pair)
-        total = iters + warmup
-        if self.cuda:
-            times, ok, extra = self._run_cuda(mode, tx, rx, nbytes, total, warps)
-        else:
-            times, ok, extra = self._run_cpu(tx, rx, nbytes, total)
+        tx, rx = self.ends(config)
+        trips = self._round_trips(config, form, nbytes, warmup)
+        times, ok, extra = [], True, {}
+        for _ in range(samples):
+            t, good, extra = self._sample(config, form, tx, rx, nbytes, trips, warmup)
+            times.append(t)
+            ok = ok and good
         verdict = world.broadcast_object(ok if world.rank == 0 else None)
         if not verdict:
-            raise ChannelError(f"pingpong {mode} {nbytes} B: the returned bytes differ from the bytes sent")
+            raise ChannelError(f"pingpong {config} {drv.format_bytes(nbytes)}: the bytes that came back differ "
+                               "from the bytes sent")
+        world.broadcast_object(None)
         if world.rank != 0:
             return None
-        t = np.asarray(times, dtype=np.float64).reshape(total, 3)[warmup:]
-        lat = (t[:, 1] - t[:, 0]) / 2.0
-        tot = lat + (t[:, 2] - t[:, 1])
+        one_way = [t / (2 * trips) for t in times]
+        med = statistics.median(one_way)
         geo = tx.geometry
-        impl = f"circuslink-{mode}" + ("-depth4" if tiny else "")
-        return dict(impl=impl, mode=mode, bytes=nbytes, latency_us=float(lat.min() / 1e3),
-                    time_us=float(tot.min() / 1e3), throughput_GBps=float(nbytes / tot.min()),
-                    median_time_us=float(statistics.median(tot) / 1e3), iters=iters, verified=True,
-                    nslots=geo.nslots, slot_bytes=geo.slot_bytes, chunk=geo.payload, **extra)
+        return dict(form=form, config=config, bytes=nbytes, one_way_us=med * 1e6, min_one_way_us=min(one_way) * 1e6,
+                    throughput_GBps=nbytes / med / 1e9, samples=samples, round_trips=trips, verified=True,
+                    ll_max=geo.ll_max, chunk=geo.chunk, nslots=geo.nslots, **extra)
 
-    # -- cuda ------------------------------------------------------------------------------------
-    def _run_cuda(self, mode: str, tx: Any, rx: Any, nbytes: int, total: int, warps: int):
+    def _round_trips(self, config: str, form: str, nbytes: int, warmup: int) -> int:
+        """Round trips per sample: enough for SAMPLE_TARGET_S, from one short trial (agreed by both ranks)."""
+        tx, rx = self.ends(config)
+        t, _, _ = self._sample(config, form, tx, rx, nbytes, 4, warmup)
+        guess = int(SAMPLE_TARGET_S / max(t / 4, 1e-9))
+        trips = max(4, min(guess, 2000 if self.gpu else 50))
+        return int(self.world.broadcast_object(trips if self.world.rank == 0 else None))
+
+    def _sample(self, config, form, tx, rx, nbytes, trips, warmup) -> tuple[float, bool, dict]:
+        if not self.gpu:
+            return self._sample_cpu(tx, rx, nbytes, trips)
         import cupy as cp
 
-        world = self.world
-        role = world.rank
+        world, role = self.world, self.world.rank
         stream = world.backend.stream
-        th, rh = tx.device_handle(), rx.device_handle()
-        with stream:  # everything on the world's stream, in order
+        with stream:
             status = cp.ones(1, dtype=cp.int32)
+            times = cp.zeros(2, dtype=cp.uint64)
             src = cp.random.randint(0, 256, nbytes, dtype=cp.uint8) if role == 0 else cp.zeros(1, cp.uint8)
             dst = cp.zeros(nbytes, dtype=cp.uint8) if role == 0 else cp.zeros(1, cp.uint8)
-            times = cp.zeros(3 * total, dtype=cp.uint64)
-            if mode == "ll":
-                piece = min(_ECHO_PIECE, max(tx.geometry.nslots // 2, 1) * tx.geometry.payload)
-                threads = 64 if role == 0 else 32
-                self._kernels["ll"]((1,), (threads,), (th, rh, src, dst, np.uint64(nbytes), np.uint64(piece),
-                                    np.int32(role), np.int32(total), times, status))
-                extra = {"warps": 1, "ctas": 1, "threads": 64, "echo_piece": piece}
-            else:
-                wpb = _BW_THREADS // 32
-                npk = -(-nbytes // tx.geometry.payload)
-                blocks = min(-(-min(warps, npk) // wpb), self.max_bw_blocks)  # no more warps than packets
-                times.reshape(total, 3)[:, :2] = np.iinfo(np.uint64).max
-                echo = cp.zeros(nbytes, dtype=cp.uint8) if role == 1 else cp.zeros(1, cp.uint8)
-                grid = 2 * blocks if role == 0 else blocks
-                for it in range(total):
-                    self._kernels["bw"]((grid,), (_BW_THREADS,), (th, rh, src, dst, echo, np.uint64(nbytes),
-                                        np.int32(role), np.uint32(blocks), times[3 * it:], status))
-                extra = {"warps": blocks * wpb, "ctas": 2 * blocks, "ctas_echo": blocks, "threads": _BW_THREADS}
-        stream.synchronize()
+        # No barrier: the ranks' launches are skewed anyway, and the warm-up round trips absorb it.
+        th, rh = tx.device_handle(), rx.device_handle()
+        args = (th, rh, src, dst, np.uint64(nbytes), np.int32(role), np.int32(warmup), np.int32(trips))
+        if form in ("warp", "warp2"):
+            threads = 64 if form == "warp2" else 32
+            with stream:
+                self.kernel("pingpong_" + form)((1,), (threads,), args + (times, status))
+            extra = {"warps": threads // 32, "blocks": 1}
+        else:
+            blocks = self.grid_blocks(config, nbytes)
+            with stream:
+                bar = cp.zeros(2, dtype=cp.uint32)
+                self.kernel("pingpong_grid")((blocks,), (GRID_THREADS,), args + (
+                    bar, np.uint64(int(tx._channels.host_timeout * 1e9)), times, status))
+            extra = {"warps": blocks * GRID_THREADS // 32, "blocks": blocks}
+        world.backend.wait_stream(stream, tx._channels.host_timeout,
+                                  lambda: f"pingpong {config} {drv.format_bytes(nbytes)} on rank {role}")
         tx.check()
         rx.check()
         if int(status.get()[0]) != 1:
-            raise ChannelError(f"pingpong {mode} {nbytes} B: a channel call failed on rank {role}")
+            raise ChannelError(f"pingpong {config} {drv.format_bytes(nbytes)}: a channel call failed on rank {role}")
         if role != 0:
-            return None, True, extra
-        ok = bool(cp.array_equal(src, dst).get())
-        return times.get().astype(np.float64), ok, extra
+            return 0.0, True, extra
+        t0, t1 = (int(v) for v in times.get())
+        return (t1 - t0) * 1e-9, bool(cp.array_equal(src, dst).get()), extra
 
-    # -- cpu (the reference) -----------------------------------------------------------------------
-    def _run_cpu(self, tx: Any, rx: Any, nbytes: int, total: int):
-        sender, receiver = tx._impl.impl, rx._impl.impl
-        world = self.world
-        if world.rank == 1:
-            piece = max(1, min(nbytes, 2 * sender.geo.payload))
-            for _ in range(total):
-                for off in range(0, nbytes, piece):
-                    k = min(piece, nbytes - off)
-                    sender.write_bytes(receiver.read_bytes(k))
-            return None, True, {"warps": 0, "ctas": 0, "threads": 1}
-        msg = np.random.default_rng().integers(0, 256, nbytes, dtype=np.uint8).tobytes()
-        times = np.zeros((total, 3))
-        ok = True
-        for it in range(total):
-            # a writer thread, so that a ring smaller than the message cannot deadlock the pingpong
-            def send(it=it):
-                times[it, 0] = time.perf_counter_ns()
-                sender.write_bytes(msg)
-
-            writer = threading.Thread(target=send)
+    def _sample_cpu(self, tx: Any, rx: Any, nbytes: int, trips: int) -> tuple[float, bool, dict]:
+        """The cpu reference through the host API: rank 1 echoes what it reads."""
+        if self.world.rank == 1:
+            for _ in range(trips):
+                tx.write(rx.read(nbytes))
+            return 0.0, True, {"warps": 0, "blocks": 0}
+        msg = np.random.default_rng().integers(0, 256, nbytes, dtype=np.uint8)
+        t0 = time.perf_counter()
+        back = None
+        for _ in range(trips):
+            writer = threading.Thread(target=tx.write, args=(msg,))  # a ring smaller than the message must not deadlock
             writer.start()
-            receiver._header(receiver.seq)  # the first word of the reply is here
-            times[it, 1] = time.perf_counter_ns()
-            back = receiver.read_bytes(nbytes)
-            times[it, 2] = time.perf_counter_ns()
+            back = rx.read(nbytes)
             writer.join()
-            ok = ok and back == msg
-        return times.reshape(-1), ok, {"warps": 0, "ctas": 0, "threads": 2}
+        return time.perf_counter() - t0, bool(np.array_equal(back, msg)), {"warps": 0, "blocks": 0}
 
     def resources(self) -> dict:
-        """What the channel machinery takes: CTAs, threads, registers, shared and symmetric memory."""
-        out: dict[str, Any] = {"symmetric_bytes_total": self.channels.nbytes, "channels": {}}
-        for name in self.pairs:
-            end = self._ends(name)[0] if self.world.rank < 2 else None
-            if end is None:
-                continue
-            geo = end.geometry
-            out["channels"][name] = dict(mode=geo.mode_name, nslots=geo.nslots, slot_bytes=geo.slot_bytes,
-                                         ring_bytes=geo.ring_bytes,
-                                         symmetric_bytes=geo.ring_bytes + 256 + 4 * geo.nslots)
-        if self._kernels:
-            for mode, fn in self._kernels.items():
-                out[f"kernel_{mode}"] = dict(registers_per_thread=int(fn.num_regs),
-                                             static_shared_bytes=int(fn.shared_size_bytes),
-                                             local_bytes=int(fn.local_size_bytes))
-            out["kernel_ll"].update(ctas=1, threads_sender=64, threads_echo=32)
-            out["kernel_bw"].update(threads_per_cta=_BW_THREADS,
-                                    ctas="rank 0: 2 x ceil(warps / 8) (send + receive); rank 1: ceil(warps / 8)")
+        """What the channel machinery takes, per kernel of this benchmark (see also bench resources)."""
+        out: dict[str, Any] = {"symmetric_bytes_per_rank": self.channels.nbytes, "channels": {}}
+        for name in self.configs:
+            if self.world.rank > 1:
+                break
+            geo = self.ends(name)[0].geometry
+            out["channels"][name] = dict(nslots=geo.nslots, chunk=geo.chunk, ll_max=geo.ll_max,
+                                         ring_bytes=geo.ring_bytes)
+        if self._module is not None:
+            for kname in ("pingpong_warp", "pingpong_grid"):
+                fn = self.kernel(kname)
+                out[kname] = dict(registers_per_thread=int(fn.num_regs), static_shared_bytes=int(fn.shared_size_bytes),
+                                  local_bytes=int(fn.local_size_bytes))
+            out["grid_blocks_most"] = self.blocks_most
         return out
 
     def close(self) -> None:
         self.channels.close()
 
 
+def switch_point(rows: list[dict]) -> int | None:
+    """The smallest size from which bulk packets beat low-latency packets (medians), or None."""
+    ll = {r["bytes"]: r["one_way_us"] for r in rows if r.get("impl") == "circuslink-ll"}
+    bulk = {r["bytes"]: r["one_way_us"] for r in rows if r.get("impl") == "circuslink-bulk"}
+    common = sorted(set(ll) & set(bulk))
+    for i, n in enumerate(common):
+        if all(bulk[m] <= ll[m] for m in common[i:]):
+            return n
+    return None
+
+
 def _baselines(world: Any, results: drv.Results, sizes: list[int], iters: int, warmup: int) -> None:
-    try:
-        from . import baselines
-    except ImportError as exc:
-        results.meta["baselines_missing"] = str(exc)
-        return
+    from . import baselines
+
     for name in ("nccl_pingpong", "mpi_pingpong"):
         fn = getattr(baselines, name, None)
         if fn is None:
             continue
         drv.progress(f"pingpong: baseline {name}")
-        rows = fn(world, sizes, iters, warmup)
+        rows = fn(world, sizes, max(iters, 20), warmup)
         if world.rank == 0:
             results.extend(rows)
     fn = getattr(baselines, "nvshmem_pingpong", None)
-    if fn is not None and world.backend.name == "cuda":
+    if fn is not None and world.backend.runs_kernels:
         if world.rank == 0:
             drv.progress("pingpong: baseline nvshmem_pingpong")
             try:  # its 2 PEs share a GPU under MPS where there is one GPU
-                results.extend(fn(sizes, iters, warmup))
+                results.extend(fn(sizes, max(iters, 20) * 10, warmup))
             except Exception as exc:  # a baseline that cannot run is reported, not fatal
                 results.add(impl="nvshmem-put-signal", bytes=0, skipped=f"{type(exc).__name__}: {exc}")
         world.barrier(timeout=3600)  # the others wait while rank 0 runs the NVSHMEM program
 
 
-def _report(results: drv.Results, args: argparse.Namespace) -> None:
+# -- the report ----------------------------------------------------------------------------------------
+def floor_pair(results: drv.Results) -> dict:
+    """The probe's figures for the pair 0 -> 1 of this run."""
+    pairs = (results.floor or {}).get("pairs") or []
+    return next((p for p in pairs if (p.get("a"), p.get("b")) == (0, 1)), pairs[0] if pairs else {})
+
+
+def envelope_us(floor: dict, nbytes: int) -> float | None:
+    """The floor's one-way time for ``nbytes``: latency + size / the best raw bandwidth of the run."""
+    lat = floor.get("lat_relaxed_us")
+    bw = max(floor.get("ce_GBps") or 0, floor.get("sm_store_GBps") or 0)
+    if not lat or not bw:
+        return None
+    return lat + nbytes / (bw * 1e3)
+
+
+def targets(results: drv.Results) -> dict:
+    """The issue's targets as ratios to this run's floor."""
+    floor = floor_pair(results)
+    out: dict[str, Any] = {"lines": []}
+    ours = {r["bytes"]: r for r in results.rows if r["impl"] == "circuslink"}
+    small = [ours[n] for n in ours if 8 <= n <= 120]
+    if small and floor.get("lat_relaxed_us"):
+        worst = max(r["one_way_us"] for r in small)
+        ratio = worst / floor["lat_relaxed_us"]
+        out["small_vs_floor"] = ratio
+        out["lines"].append(f"target: 8-120 B one-way {worst:.3f} us (median) = {ratio:.2f} x the relaxed floor "
+                            f"{floor['lat_relaxed_us']:.3f} us (goal <= 1.15)")
+    worst_env, at = 0.0, None
+    for n, r in sorted(ours.items()):
+        env = envelope_us(floor, n)
+        if env:
+            ratio = r["one_way_us"] / env
+            r["vs_envelope"] = ratio
+            if ratio > worst_env:
+                worst_env, at = ratio, n
+    if at is not None:
+        out["worst_vs_envelope"] = worst_env
+        out["lines"].append(f"target: every size within 1.25 x (floor latency + size / best raw bandwidth): worst "
+                            f"{worst_env:.2f} x at {drv.format_bytes(at)}")
+    sp = results.meta.get("switch_point_bytes")
+    out["lines"].append(f"switch point (bulk packets faster than low-latency ones from): "
+                        f"{drv.format_bytes(sp) if sp else 'not reached in these sizes'}")
+    for r in (r for r in results.rows if r["impl"] == "circuslink-depth4" and "slowdown" in r):
+        out["lines"].append(f"4-slot ring at {drv.format_bytes(r['bytes'])}: {r['slowdown']:.2f} x the one-way "
+                            "time of the default ring (medians, same loops), every byte checked")
+    return out
+
+
+def report(results: drv.Results, args: argparse.Namespace) -> None:
     rows = [r for r in results.rows if "skipped" not in r or r.get("bytes")]
     drv.print_table(sorted(rows, key=lambda r: (str(r["impl"]), r["bytes"])),
-                    ["impl", "bytes", "latency_us", "time_us", "throughput_GBps", "slowdown"],
-                    f"pingpong ({results.device}, {results.backend}): best of {results.meta['iters']}")
-    summary = _targets(results)
+                    ["impl", "bytes", "one_way_us", "min_one_way_us", "throughput_GBps", "slowdown"],
+                    f"pingpong ({results.device}, {results.backend}): one-way, median of {results.meta['samples']} "
+                    "samples of many round trips")
+    summary = targets(results)
     results.meta["targets"] = summary
-    for line in summary.get("lines", []):
+    for line in summary["lines"]:
         print(line)
-    res = results.meta.get("resources", {})
-    for key in ("kernel_ll", "kernel_bw"):
-        if key in res:
-            print(f"resources {key}: {res[key]}")
-    print(f"resources: symmetric memory for all pingpong channels {res.get('symmetric_bytes_total', 0)} B per rank")
     path = results.write_json(args.json)
     print(f"wrote {path}")
     if args.plot:
         stem = Path(args.plot)
-        lat = stem.with_name(stem.stem + "-latency.png")
-        thr = stem.with_name(stem.stem + "-throughput.png")
-        good = [r for r in results.rows if "skipped" not in r and not str(r["impl"]).endswith("depth4")]
-        drv.plot(good, x="bytes", y="latency_us", group="impl", path=str(lat), title="pingpong one-way latency",
-                 xlabel="message size (bytes)", ylabel="latency (us)")
-        drv.plot(good, x="bytes", y="throughput_GBps", group="impl", path=str(thr), title="pingpong throughput",
-                 xlabel="message size (bytes)", ylabel="throughput (GB/s)")
+        lat, thr = stem.with_name(stem.stem + "-latency.png"), stem.with_name(stem.stem + "-throughput.png")
+        shown = [r for r in results.rows if "skipped" not in r and r["impl"] in
+                 ("circuslink", "circuslink-ll", "circuslink-bulk", "nccl", "nvshmem-put-signal",
+                  "nvshmem-put-signal-block", "mpi", "mpi-host-staged")]
+        for r in shown:
+            r.setdefault("one_way_us", r.get("latency_us"))
+        floor = floor_pair(results)
+        sizes = sorted({r["bytes"] for r in shown})
+        env = {"floor: latency + size / raw bandwidth": [(n, envelope_us(floor, n)) for n in sizes
+                                                         if envelope_us(floor, n)]}
+        drv.plot(shown, x="bytes", y="one_way_us", group="impl", path=str(lat), title="pingpong one-way time",
+                 xlabel="message size (bytes)", ylabel="one-way time (us, median)", extra=env)
+        envbw = {"floor": [(n, n / (t * 1e3)) for n, t in env["floor: latency + size / raw bandwidth"]]}
+        drv.plot(shown, x="bytes", y="throughput_GBps", group="impl", path=str(thr), title="pingpong throughput",
+                 xlabel="message size (bytes)", ylabel="GB/s", extra=envbw)
         print(f"wrote {lat} and {thr}")
-
-
-def _targets(results: drv.Results) -> dict:
-    """The issue's targets as ratios from this run."""
-    out: dict[str, Any] = {"lines": []}
-    ours = {r["bytes"]: r for r in results.rows if r["impl"] == "circuslink"}
-    small = [ours[b]["latency_us"] for b in ours if b <= 64]
-    floor = (results.floor or {}).get("summary") or {}
-    if small and floor.get("lat_relaxed_us"):
-        ratio = max(small) / floor["lat_relaxed_us"]
-        out["latency_vs_floor"] = ratio
-        out["lines"].append(f"target: 8-64 B latency {max(small):.3f} us = {ratio:.2f} x the relaxed floor "
-                            f"{floor['lat_relaxed_us']:.3f} us (goal <= 1.15)")
-    for impl, key, goal in (("nccl", "latency_vs_nccl", "<= 0.1"),
-                            ("nvshmem-put-signal", "latency_vs_nvshmem", "<= 1")):
-        theirs = [r["latency_us"] for r in results.rows if r["impl"] == impl and r["bytes"] <= 64
-                  and r.get("latency_us")]
-        if small and theirs:
-            ratio = max(small) / min(theirs)
-            out[key] = ratio
-            out["lines"].append(f"target: 8-64 B latency = {ratio:.3f} x {impl} (goal {goal})")
-    big = [ours[b]["throughput_GBps"] for b in ours if b >= 16 << 20]
-    peak = max([floor.get("ce_GBps") or 0, floor.get("sm_store_GBps") or 0])
-    if big and peak:
-        ratio = min(big) / peak
-        out["throughput_vs_floor"] = ratio
-        out["lines"].append(f"target: >= 16 MiB throughput {min(big):.1f} GB/s = {ratio:.3f} x the best raw "
-                            f"peer figure {peak:.1f} GB/s (goal >= 0.95)")
-    tiny = [r for r in results.rows if str(r["impl"]).endswith("depth4") and "slowdown" in r]
-    for r in tiny:
-        out["lines"].append(f"tiny ring ({r['nslots']} packets, {r['mode']}): {drv.format_bytes(r['bytes'])} exact, "
-                            f"slowdown {r['slowdown']:.2f}x")
-    return out

@@ -1,38 +1,42 @@
-"""The channel protocol's numbers and layouts, in one place (docs/protocol.md explains them).
+"""The channel protocol's numbers, layouts and device structs, in one place (docs/protocol.md explains them).
 
-Mirrored by ``include/circuslink/detail/channel_types.cuh``; change both together. The
-pure encoder :func:`encode_packets` writes packets into a ring array exactly as the device
-and the cpu back-end do, and is what the shared test vectors are made from.
+The device side is ``include/circuslink/detail/channel_types.cuh`` and ``channel_impl.cuh``; the cpu
+reference is ``channels/_cpu.py``. The ABI tables below (``HANDLE``, ``SEND_STATE``, ``RECV_STATE``)
+are checked against the header by nvcc (tests/test_abi.py). The wire format itself is written twice,
+once per side (device, cpu reference); the shared test vectors (tests/vectors) come from a third,
+independent encoder written from docs/protocol.md.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from .. import _abi as abi
 from ..errors import ConfigError
 
-MODE_LL = 0
-MODE_BW = 1
-MODES = {"ll": MODE_LL, "bw": MODE_BW}
+# -- the slot ------------------------------------------------------------------------------------
+# [0, 256): the low-latency area, 32 units of 8 bytes {word, flag}; units 0 and 1 are the header
+#           {route, flag} {nbytes | kind, flag}; units 2..31 carry 4 payload bytes each (120 bytes)
+# [256, 256 + chunk): the bulk area (a bulk packet's payload, published by its header)
+UNIT_BYTES = 8
+LL_UNITS = 32
+LL_AREA_BYTES = LL_UNITS * UNIT_BYTES  # 256
+LL_PAYLOAD = (LL_UNITS - 2) * 4  # 120
+KIND_BULK = 0x80000000  # in header word 2, with nbytes
+NBYTES_MASK = 0x7FFFFFFF
+REWRITE_PERIOD = 1 << 31  # the first lap after every multiple rewrites every unit of its slots
 
-LINE_BYTES = 16
-LL_LINES = 16
-LL_SLOT_BYTES = LL_LINES * LINE_BYTES  # 256
-LL_LINE_PAYLOAD = 8
-LL_PAYLOAD = (LL_LINES - 1) * LL_LINE_PAYLOAD  # 120
-BW_HEADER_BYTES = 16
-BW_DEFAULT_CHUNK = 64 << 10
-BW_MIN_CHUNK = 256
-AUTO_LL_MAX_RING = 64 << 10  # payload bytes: rings up to this size default to LL
+MIN_CHUNK = 256
+MAX_CHUNK = 1 << 20
+# Writes of up to this many bytes travel as low-latency packets, larger ones as bulk packets: where
+# the two cost the same one-way time, measured by `circuslink bench pingpong` (its "switch" rows).
+LL_MAX_DEFAULT = 1024
 
 # control block (per channel, 128 bytes, in every rank's copy; each field used on its owner)
 CTRL_BYTES = 128
-CTRL_CREDIT = 0  # u64, sender's copy: packets consumed in order (written by the receiver)
-CTRL_SEND_STATE = 16  # u64 seq, u64 credit_cache, u32 departed, u32 pad
-CTRL_RECV_STATE = 48  # u64 seq, u32 offset, u32 departed, u64 returned
+CTRL_CREDIT = 0  # u64, sender's copy: slots consumed in order (written by the receiver)
+CTRL_SEND_STATE = 16  # SendState
+CTRL_RECV_STATE = 48  # RecvState
 CTRL_SEND_ERROR = 80  # u32 code, u32 channel id, u32 seq lo, u32 seq hi
 CTRL_RECV_ERROR = 96
 
@@ -44,7 +48,8 @@ ERR_ABORTED = 4
 ERROR_TEXT = {
     ERR_DATA_TIMEOUT: "waited for data (packet seq {seq}) from its sender",
     ERR_CREDIT_TIMEOUT: "waited for credits (to write packet seq {seq}): its reader stopped consuming",
-    ERR_MISUSE: "was misused at packet seq {seq} (write_grid must be read by read_grid of the same n)",
+    ERR_MISUSE: "was misused at packet seq {seq} (write_grid must be read by read_grid of the same n, and a "
+                "forward must take whole packets)",
     ERR_ABORTED: "was waiting at packet seq {seq} when the host gave up on the kernel",
 }
 
@@ -54,7 +59,7 @@ FLAG_MASK = 0xFFFFFFFF
 HANDLE = abi.Struct("circuslink::detail::ChannelHandle", "circuslink/detail/channel_types.cuh", [
     ("ring", abi.PTR), ("credit", abi.PTR), ("slot_credit", abi.PTR), ("state", abi.PTR), ("error", abi.PTR),
     ("abort", abi.PTR), ("timeout_ns", abi.U64), ("nslots", abi.U32), ("slot_bytes", abi.U32),
-    ("payload", abi.U32), ("route", abi.U32), ("mode", abi.U32), ("channel_id", abi.U32)])
+    ("chunk", abi.U32), ("route", abi.U32), ("ll_max", abi.U32), ("channel_id", abi.U32)])
 HANDLE_DTYPE = HANDLE.dtype
 SEND_STATE = abi.Struct("circuslink::detail::SendState", "circuslink/detail/channel_types.cuh", [
     ("seq", abi.U64), ("credit_cache", abi.U64), ("departed", abi.U32), ("pad", abi.U32)])
@@ -62,23 +67,15 @@ RECV_STATE = abi.Struct("circuslink::detail::RecvState", "circuslink/detail/chan
     ("seq", abi.U64), ("offset", abi.U32), ("departed", abi.U32), ("returned", abi.U64)])
 
 
-REWRITE_PERIOD = 1 << 31  # LL: the first lap after every multiple of this writes every line of its slots
-
-
 def flag_of(seq: int) -> int:
     """Packet ``seq``'s flag: never 0, and unlike its slot's previous occupants' (docs/protocol.md)."""
     return (seq & FLAG_MASK) | 1
 
 
-def ll_rewrites_all(seq: int, nslots: int) -> bool:
-    """LL packets of the first lap after each multiple of 2^31 write all 15 data lines, so no line
-    survives long enough (2^32 packets) for its flag to come round again."""
+def rewrites_all(seq: int, nslots: int) -> bool:
+    """Packets of the first lap after each multiple of 2^31 write all 30 data units of their slot, so
+    no unit survives long enough (2^32 packets) for its flag to come round again."""
     return seq % REWRITE_PERIOD < nslots
-
-
-def ll_lines(seq: int, nbytes: int, nslots: int) -> int:
-    """Data lines an LL packet writes: those below ``nbytes``, or all of them on a rewrite lap."""
-    return LL_LINES - 1 if ll_rewrites_all(seq, nslots) else -(-nbytes // LL_LINE_PAYLOAD)
 
 
 def route_of(recv_id: int, dst_rank: int) -> int:
@@ -91,51 +88,49 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
 @dataclass(frozen=True)
 class RingGeometry:
     """How one channel's ring is shaped."""
 
-    mode: int
     nslots: int
-    slot_bytes: int
-    payload: int  # payload capacity of one packet
+    chunk: int  # bulk payload capacity of one packet
+    ll_max: int  # writes of at most this many bytes go as low-latency packets
+
+    @property
+    def slot_bytes(self) -> int:
+        return LL_AREA_BYTES + self.chunk
 
     @property
     def ring_bytes(self) -> int:
         return self.nslots * self.slot_bytes
 
-    @property
-    def mode_name(self) -> str:
-        return "ll" if self.mode == MODE_LL else "bw"
+    def describe(self) -> str:
+        return f"{self.nslots} slots, {self.chunk} B bulk packets, low-latency writes up to {self.ll_max} B"
 
 
-def geometry(depth: int, element_bytes: int, mode: str = "auto", nslots: int | None = None,
-             chunk: int | None = None, name: str = "?") -> RingGeometry:
-    """Ring shape for a channel of ``depth`` elements of ``element_bytes`` (see docs/protocol.md, Sizing)."""
-    if mode not in ("auto", "ll", "bw"):
-        raise ConfigError(f"channel {name}: mode {mode!r} must be 'auto', 'll' or 'bw'")
-    ring_payload = depth * element_bytes
-    if mode == "auto":
-        mode = "ll" if ring_payload <= AUTO_LL_MAX_RING else "bw"
-    if mode == "ll":
-        if chunk is not None:
-            raise ConfigError(f"channel {name}: 'chunk' applies to mode 'bw' only")
-        payload, slot_bytes = LL_PAYLOAD, LL_SLOT_BYTES
-    else:
-        if chunk is None:
-            chunk = BW_DEFAULT_CHUNK
-            # keep at least 4 slots so writer and reader overlap
-            while chunk > BW_MIN_CHUNK and ring_payload < 4 * chunk:
-                chunk //= 2
-        if chunk % 16 or chunk < 16:
-            raise ConfigError(f"channel {name}: chunk {chunk} must be a positive multiple of 16 bytes")
-        payload, slot_bytes = chunk, BW_HEADER_BYTES + chunk
+def geometry(depth: int, element_bytes: int, nslots: int | None = None, chunk: int | None = None,
+             ll_max: int | None = None, name: str = "?") -> RingGeometry:
+    """Ring shape for a channel of ``depth`` elements of ``element_bytes`` (docs/protocol.md, Sizing)."""
+    ring_payload = max(1, depth * element_bytes)
+    if chunk is None:
+        # at least 8 packets in flight so writer and reader overlap; small rings use small packets
+        chunk = max(MIN_CHUNK, min(64 << 10, _pow2_floor(ring_payload // 8)))
+    if not isinstance(chunk, int) or chunk % 16 or not MIN_CHUNK <= chunk <= MAX_CHUNK:
+        raise ConfigError(f"channel {name}: chunk {chunk!r} must be a multiple of 16 bytes in "
+                          f"{MIN_CHUNK}..{MAX_CHUNK}")
     if nslots is None:
-        nslots = max(2, _next_pow2(-(-ring_payload // payload)))
-    elif nslots < 2 or nslots & (nslots - 1):
-        # two at least: a reader polls the packet after the one it holds, which needs its own slot
-        raise ConfigError(f"channel {name}: nslots {nslots} must be a power of two, at least 2")
-    return RingGeometry(MODES[mode], nslots, slot_bytes, payload)
+        nslots = max(4, _next_pow2(-(-ring_payload // chunk)))
+    elif not isinstance(nslots, int) or nslots < 2 or nslots & (nslots - 1) or nslots > (1 << 24):
+        raise ConfigError(f"channel {name}: nslots {nslots!r} must be a power of two in 2..2^24")
+    if ll_max is None:
+        ll_max = LL_MAX_DEFAULT
+    if not isinstance(ll_max, int) or not 0 <= ll_max < KIND_BULK:
+        raise ConfigError(f"channel {name}: ll_max {ll_max!r} must be a number of bytes >= 0")
+    return RingGeometry(nslots, chunk, ll_max)
 
 
 def _align(n: int, a: int) -> int:
@@ -159,44 +154,9 @@ def layout(offset: int, geo: RingGeometry) -> ChannelLayout:
     return ChannelLayout(ctrl, slot_credits, ring, ring + geo.ring_bytes)
 
 
-# -- the encoder (reference for test vectors) -----------------------------------------------------
-def packet_image(geo: RingGeometry, seq: int, route: int, payload: bytes) -> list[tuple[int, bytes]]:
-    """The (offset within the slot, bytes) stores that put packet ``seq`` carrying ``payload`` in its slot."""
-    n = len(payload)
-    if not 1 <= n <= geo.payload:
-        raise ConfigError(f"packet payload of {n} bytes is outside 1..{geo.payload}")
-    flag = flag_of(seq)
-    header = np.array([route, flag, n, flag], dtype="<u4").tobytes()
-    if geo.mode == MODE_LL:
-        stores = []
-        nlines = ll_lines(seq, n, geo.nslots)
-        padded = payload + bytes(nlines * LL_LINE_PAYLOAD - n)
-        words = np.frombuffer(padded, dtype="<u4").reshape(nlines, 2)
-        lines = np.empty((nlines, 4), dtype="<u4")
-        lines[:, 0] = words[:, 0]
-        lines[:, 1] = flag
-        lines[:, 2] = words[:, 1]
-        lines[:, 3] = flag
-        stores.append((LINE_BYTES, lines.tobytes()))
-        stores.append((0, header))
-        return stores
-    padded = payload + bytes(_align(n, 16) - n)
-    return [(BW_HEADER_BYTES, padded), (0, header)]
-
-
-def encode_packets(geo: RingGeometry, route: int, ring: np.ndarray, first_seq: int,
-                   pieces: list[bytes]) -> int:
-    """Store packets carrying ``pieces`` (one per packet) from ``first_seq`` into ``ring``; return next seq."""
-    seq = first_seq
-    for piece in pieces:
-        base = (seq % geo.nslots) * geo.slot_bytes
-        for off, data in packet_image(geo, seq, route, piece):
-            ring[base + off: base + off + len(data)] = np.frombuffer(data, dtype=np.uint8)
-        seq += 1
-    return seq
-
-
-def split_write(nbytes: int, capacity: int) -> list[int]:
-    """Payload sizes of the packets one write call of ``nbytes`` produces."""
+def split_write(nbytes: int, geo: RingGeometry) -> tuple[bool, list[int]]:
+    """(bulk?, payload sizes) of the packets one write call of ``nbytes`` produces."""
+    bulk = nbytes > geo.ll_max
+    capacity = geo.chunk if bulk else LL_PAYLOAD
     full, tail = divmod(nbytes, capacity)
-    return [capacity] * full + ([tail] if tail else [])
+    return bulk, [capacity] * full + ([tail] if tail else [])

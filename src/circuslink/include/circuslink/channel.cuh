@@ -16,17 +16,22 @@
 // Every call returns false when a wait timed out or the call was misused; the error is recorded
 // for the host, which raises circuslink.ChannelError naming the channel.
 //
+// One format for every size (docs/protocol.md): writes of up to the channel's `ll_max` bytes go as
+// low-latency packets (120 bytes, a flag in every 8-byte unit: the latency of one store and one
+// poll), larger writes as bulk packets (published with release/acquire); readers read any mix.
+//
 // Which call to use:
-//   write_warp / read_warp    a full converged warp (32 lanes) calls it; latency path in LL mode
-//   write_block / read_block  every thread of the block (blockDim a multiple of 32); in LL mode
-//                             read_block uses warp 0 (LL throughput is bound by polling anyway)
-//   write_grid / read_grid    every thread of a co-resident grid (blockDim a multiple of 32),
-//                             bandwidth mode only: warp w of the grid streams packets w, w + W, ...
-//                             (W warps); must be the only call on the channel in its launch, and
-//                             read_grid must use the writer's n
+//   write_warp / read_warp    a full converged warp (32 lanes) calls it; the latency path
+//   write_block / read_block  every thread of the block (any block shape, a whole number of warps)
+//   write_grid / read_grid    every thread of a co-resident grid (no more blocks than the rank's SM
+//                             budget holds: world.backend.max_blocks), for bandwidth: warp w streams
+//                             bulk packets w, w + W, ...; must be the only call on the end in its
+//                             launch, and read_grid must use the writer's n
 //   write(v) / read()         one thread, one element: simple, not fast
-// Only one group may use one end at a time (calls on an end are sequential). The protocol,
-// layouts and modes (LL: flag-in-line; BW: chunk + release flag) are in docs/protocol.md.
+// Sessions keep an end's state in registers for a kernel that uses it for a whole launch (no state
+// load before the first store, the latency path):
+//   auto s = tx.session();  ...  s.write_warp(src, n); ...  s.close();   // every thread of the group
+// Only one group may use one end at a time (calls on an end are sequential).
 #pragma once
 
 #include "detail/channel_types.cuh"
@@ -38,36 +43,32 @@
 namespace circuslink {
 
 template <typename T>
+struct SendSession;
+template <typename T>
+struct RecvSession;
+
+template <typename T>
 struct Sender {
   detail::ChannelHandle h;
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
   __device__ bool write_warp(const T* src, unsigned long long n) const {
-    const unsigned char* b = reinterpret_cast<const unsigned char*>(src);
-    return h.mode == detail::kModeLL ? detail::ll_write<detail::WarpG>(h, b, n * sizeof(T))
-                                     : detail::bw_write<detail::WarpG>(h, b, n * sizeof(T));
+    return detail::write<detail::WarpG>(h, reinterpret_cast<const unsigned char*>(src), n * sizeof(T));
   }
   __device__ bool write_block(const T* src, unsigned long long n) const {
-    const unsigned char* b = reinterpret_cast<const unsigned char*>(src);
-    return h.mode == detail::kModeLL ? detail::ll_write<detail::BlockG>(h, b, n * sizeof(T))
-                                     : detail::bw_write<detail::BlockG>(h, b, n * sizeof(T));
+    return detail::write<detail::BlockG>(h, reinterpret_cast<const unsigned char*>(src), n * sizeof(T));
   }
   __device__ bool write_grid(const T* src, unsigned long long n) const {
-    if (h.mode != detail::kModeBW) {
-      if (detail::WarpG::rank() == 0) detail::record_error(h, detail::kErrMisuse, 0);
-      return false;
-    }
     return detail::grid_write(h, reinterpret_cast<const unsigned char*>(src), n * sizeof(T));
   }
   __device__ bool write(const T& v) const {
-    const unsigned char* b = reinterpret_cast<const unsigned char*>(&v);
-    return h.mode == detail::kModeLL ? detail::ll_write<detail::ThreadG>(h, b, sizeof(T))
-                                     : detail::bw_write<detail::ThreadG>(h, b, sizeof(T));
+    return detail::write<detail::ThreadG>(h, reinterpret_cast<const unsigned char*>(&v), sizeof(T));
   }
   // Every write publishes all its bytes; flush only reports whether this end is healthy.
   __device__ bool flush() const { return !detail::has_error(h); }
   __device__ bool ok() const { return !detail::has_error(h); }
   __device__ bool failed() const { return detail::has_error(h); }
+  __device__ SendSession<T> session() const;
 #endif
 };
 
@@ -77,28 +78,22 @@ struct Receiver {
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
   __device__ bool read_warp(T* dst, unsigned long long n) const {
-    unsigned char* b = reinterpret_cast<unsigned char*>(dst);
-    return h.mode == detail::kModeLL ? detail::ll_read_warp(h, b, n * sizeof(T))
-                                     : detail::bw_read<detail::WarpG>(h, b, n * sizeof(T));
+    return detail::read<detail::WarpG>(h, reinterpret_cast<unsigned char*>(dst), n * sizeof(T));
   }
   __device__ bool read_block(T* dst, unsigned long long n) const {
-    unsigned char* b = reinterpret_cast<unsigned char*>(dst);
-    if (h.mode == detail::kModeBW) return detail::bw_read<detail::BlockG>(h, b, n * sizeof(T));
-    unsigned long long ok = 1;
-    if (detail::BlockG::rank() < 32) ok = detail::ll_read_warp(h, b, n * sizeof(T)) ? 1 : 0;
-    return detail::BlockG::bcast(ok) != 0;  // warp 0's result (and its copies) for the whole block
+    return detail::read<detail::BlockG>(h, reinterpret_cast<unsigned char*>(dst), n * sizeof(T));
   }
   __device__ bool read_grid(T* dst, unsigned long long n) const {
-    if (h.mode != detail::kModeBW) {
-      if (detail::WarpG::rank() == 0) detail::record_error(h, detail::kErrMisuse, 0);
-      return false;
-    }
     return detail::grid_read(h, reinterpret_cast<unsigned char*>(dst), n * sizeof(T));
   }
+  // Every thread of a co-resident grid passes n elements on to `out` straight from this end's ring
+  // (bulk packets slot to slot, no staging): a write_grid of the same n on the other side, the same
+  // chunk on both channels. The pingpong's echo; the routing agents' hop.
+  __device__ bool forward_grid(const Sender<T>& out, unsigned long long n) const {
+    return detail::grid_forward(h, out.h, n * sizeof(T));
+  }
   __device__ bool read(T* out) const {
-    unsigned char* b = reinterpret_cast<unsigned char*>(out);
-    return h.mode == detail::kModeLL ? detail::ll_read_thread(h, b, sizeof(T))
-                                     : detail::bw_read<detail::ThreadG>(h, b, sizeof(T));
+    return detail::read<detail::ThreadG>(h, reinterpret_cast<unsigned char*>(out), sizeof(T));
   }
   __device__ T read() const {
     T v;
@@ -107,8 +102,71 @@ struct Receiver {
   }
   __device__ bool ok() const { return !detail::has_error(h); }
   __device__ bool failed() const { return detail::has_error(h); }
+  __device__ RecvSession<T> session() const;
 #endif
 };
+
+// A sending end whose state lives in registers until close(). Every thread of the group that uses it
+// holds the same state; close() stores it back (every thread may call it: they store the same values).
+template <typename T>
+struct SendSession {
+  detail::ChannelHandle h;
+  detail::SendState st;
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+  __device__ bool write_warp(const T* src, unsigned long long n) {
+    return detail::write_st<detail::WarpG>(h, st, reinterpret_cast<const unsigned char*>(src), n * sizeof(T));
+  }
+  __device__ bool write_block(const T* src, unsigned long long n) {
+    return detail::write_st<detail::BlockG>(h, st, reinterpret_cast<const unsigned char*>(src), n * sizeof(T));
+  }
+  __device__ bool write(const T& v) {
+    return detail::write_st<detail::ThreadG>(h, st, reinterpret_cast<const unsigned char*>(&v), sizeof(T));
+  }
+  __device__ void close() const { detail::save_send_state(h, st); }
+#endif
+};
+
+template <typename T>
+struct RecvSession {
+  detail::ChannelHandle h;
+  detail::RecvState st;
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+  __device__ bool read_warp(T* dst, unsigned long long n) {
+    return detail::read_st<detail::WarpG>(h, st, reinterpret_cast<unsigned char*>(dst), n * sizeof(T));
+  }
+  __device__ bool read_block(T* dst, unsigned long long n) {
+    return detail::read_st<detail::BlockG>(h, st, reinterpret_cast<unsigned char*>(dst), n * sizeof(T));
+  }
+  __device__ bool read(T* out) {
+    return detail::read_st<detail::ThreadG>(h, st, reinterpret_cast<unsigned char*>(out), sizeof(T));
+  }
+  // Wait until the next packet has arrived, without consuming it (one thread; a benchmark's clock).
+  __device__ bool peek() const { return detail::peek_packet(h, st.seq); }
+  // One warp passes n elements on to `out` straight from this end's ring: no staging copy. The sender
+  // must have written them in calls that this call consumes whole (packets are forwarded as they are).
+  __device__ bool forward_warp(SendSession<T>& out, unsigned long long n) {
+    return detail::forward_warp_st(h, st, out.h, out.st, n * sizeof(T));
+  }
+  // Hands back every credit held, then stores the state (every thread may call it).
+  __device__ void close() {
+    detail::flush_credits(h, st);
+    detail::save_recv_state(h, st);
+  }
+#endif
+};
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+template <typename T>
+__device__ SendSession<T> Sender<T>::session() const {
+  return SendSession<T>{h, detail::load_send_state(h)};
+}
+template <typename T>
+__device__ RecvSession<T> Receiver<T>::session() const {
+  return RecvSession<T>{h, detail::load_recv_state(h)};
+}
+#endif
 
 static_assert(sizeof(Sender<int>) == sizeof(detail::ChannelHandle) &&
               sizeof(Receiver<int>) == sizeof(detail::ChannelHandle), "handles are the bare ChannelHandle");

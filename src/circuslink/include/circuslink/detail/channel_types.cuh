@@ -1,7 +1,8 @@
-// circuslink/detail/channel_types.cuh - channel handle and state layouts (plain structs).
+// circuslink/detail/channel_types.cuh - channel handle, state and packet layouts (plain structs).
 //
-// Mirrored by circuslink/channels/protocol.py (HANDLE_DTYPE, CTRL_*, LL_*); change both
-// together. Visible to host C++ as well as device code (docs/protocol.md explains them).
+// The host's tables of these structs are circuslink.channels.protocol (HANDLE, SEND_STATE,
+// RECV_STATE); tests/test_abi.py checks them against this file with nvcc. docs/protocol.md explains
+// the format. Visible to host C++ as well as device code.
 #pragma once
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
@@ -23,14 +24,20 @@ struct alignas((sizeof(T) * (N == 3 ? 4 : N)) < 16 ? (sizeof(T) * (N == 3 ? 4 : 
 
 namespace detail {
 
-enum : unsigned int { kModeLL = 0, kModeBW = 1 };
+// One ring of slots per channel, in the receiver's memory. A slot holds one packet of either kind:
+//   [0, 256)            the low-latency area: 32 units of 8 bytes, {word, flag} each; units 0 and 1
+//                       are the header {route, flag} {nbytes | kind, flag}, units 2..31 carry 4 payload
+//                       bytes each (a low-latency packet: up to 120 bytes)
+//   [256, 256 + chunk)  the bulk area: a bulk packet's payload (up to `chunk` bytes), published by its
+//                       header (units 0 and 1) stored after a release fence
+// Bulk payload never lands in the low-latency area, so a unit's flag is only ever a flag.
 enum : unsigned int {
-  kLineBytes = 16,
-  kLLLines = 16,
-  kLLSlotBytes = 256,
-  kLLLinePayload = 8,
-  kLLPayload = 120,
-  kBWHeaderBytes = 16,
+  kUnitBytes = 8,
+  kLLUnits = 32,
+  kLLAreaBytes = 256,      // kLLUnits * kUnitBytes
+  kLLPayload = 120,        // (kLLUnits - 2) * 4
+  kKindBulk = 0x80000000u, // in header word 2 with nbytes
+  kNbytesMask = 0x7FFFFFFFu,
 };
 // error codes recorded in an end's error record {code, channel id, seq lo, seq hi}
 enum : unsigned int { kErrNone = 0, kErrDataTimeout = 1, kErrCreditTimeout = 2, kErrMisuse = 3, kErrAborted = 4 };
@@ -39,31 +46,31 @@ enum : unsigned int { kErrNone = 0, kErrDataTimeout = 1, kErrCreditTimeout = 2, 
 // table of this struct is circuslink.channels.protocol.HANDLE (tests/test_abi.py checks both agree).
 struct ChannelHandle {
   unsigned char* ring;               // the receiver's ring (sender: mapped peer memory; receiver: local)
-  unsigned long long* credit;        // packets consumed in order; in the sender's memory
-  unsigned int* slot_credit;         // per-slot credits (bandwidth mode); in the sender's memory
+  unsigned long long* credit;        // slots consumed in order; in the sender's memory
+  unsigned int* slot_credit;         // per-slot credits (grid forms); in the sender's memory
   unsigned long long* state;         // this end's SendState / RecvState, in its own memory
   unsigned int* error;               // this end's error record (4 x u32), in its own memory
   const volatile unsigned int* abort;  // host-mapped: set by the host to end every device wait (sync.cuh)
   unsigned long long timeout_ns;     // device waits give up after this long (0: never; the host still aborts)
-  unsigned int nslots;               // power of two
-  unsigned int slot_bytes;           // 256 (LL) or 16 + chunk (BW)
-  unsigned int payload;              // payload capacity of one packet: 120 (LL) or chunk (BW)
+  unsigned int nslots;               // power of two, at least 2
+  unsigned int slot_bytes;           // kLLAreaBytes + chunk
+  unsigned int chunk;                // bulk payload capacity of one packet (a multiple of 16)
   unsigned int route;                // header word: recv_id | dst_rank << 16
-  unsigned int mode;                 // kModeLL or kModeBW
+  unsigned int ll_max;               // writes of at most this many bytes travel as low-latency packets
   unsigned int channel_id;           // this end's ID, for error records
 };
 
 struct SendState {                   // control block + 16
-  unsigned long long seq;            // packets written so far
+  unsigned long long seq;            // slots (= packets) written so far
   unsigned long long credit_cache;   // last credit counter value read
-  unsigned int departed;             // grid forms: blocks that left the current call
+  unsigned int departed;             // grid forms: warps that left the current call
   unsigned int pad;
 };
 
 struct RecvState {                   // control block + 48
   unsigned long long seq;            // packets fully consumed so far
   unsigned int offset;               // bytes of packet `seq` already consumed
-  unsigned int departed;             // grid forms: blocks that left the current call
+  unsigned int departed;             // grid forms: warps that left the current call
   unsigned long long returned;       // credit counter value last stored into the sender
 };
 

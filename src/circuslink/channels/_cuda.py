@@ -1,13 +1,14 @@
-"""Channel ends on the cuda back-end: device handles, and host write/read through small kernels.
+"""The cuda engine of the channels: device handles, and the host API through one-block kernels.
 
-The host methods launch one block running the same device code users call
-(``write_block`` / ``read_block`` of ``circuslink/channel.cuh``) on the world's stream, wait for
-it, and turn an error the device recorded into :class:`circuslink.ChannelError`.
+``write`` / ``read`` launch one block of ``host_kernels.cu`` (the same device calls users' kernels
+make) on the world's stream, wait for it (bounded, through the back-end), and turn an error the
+device recorded into :class:`circuslink.ChannelError`.
 """
 
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,56 +17,40 @@ from ..errors import ChannelError
 from . import protocol as P
 
 _HOST_THREADS = 256
-
-_HOST_KERNELS = r"""
-#include <circuslink/channel.cuh>
-extern "C" __global__ void circuslink_channel_write(circuslink::Sender<unsigned char> tx, const unsigned char* src,
-                                                    unsigned long long n) {
-  tx.write_block(src, n);
-}
-extern "C" __global__ void circuslink_channel_read(circuslink::Receiver<unsigned char> rx, unsigned char* dst,
-                                                   unsigned long long n) {
-  rx.read_block(dst, n);
-}
-"""
+_KERNELS = Path(__file__).with_name("host_kernels.cu")
 
 
 @functools.lru_cache(maxsize=4)
 def _kernels(device: int):
     from ..device_code import compile
 
-    module = compile(_HOST_KERNELS)
+    module = compile(_KERNELS.read_text())
     return module.get_function("circuslink_channel_write"), module.get_function("circuslink_channel_read")
 
 
 def make_handle(channels: Any, link: Any, geo: P.RingGeometry, lay: P.ChannelLayout, kind: str) -> np.void:
     """The ``circuslink::detail::ChannelHandle`` of one end (a numpy scalar, passed to kernels by value)."""
     buf, me = channels._buf, channels._world.rank
-    h = np.zeros((), dtype=P.HANDLE_DTYPE)
-    h["ring"] = buf.ptr(link.dst_rank) + lay.ring
-    h["credit"] = buf.ptr(link.src_rank) + lay.ctrl + P.CTRL_CREDIT
-    h["slot_credit"] = buf.ptr(link.src_rank) + lay.slot_credits
-    h["state"] = buf.ptr(me) + lay.ctrl + (P.CTRL_SEND_STATE if kind == "send" else P.CTRL_RECV_STATE)
-    h["error"] = buf.ptr(me) + lay.ctrl + (P.CTRL_SEND_ERROR if kind == "send" else P.CTRL_RECV_ERROR)
-    h["abort"] = channels._world.backend.abort_ptr
-    h["timeout_ns"] = int(channels.timeout * 1e9)
-    h["nslots"] = geo.nslots
-    h["slot_bytes"] = geo.slot_bytes
-    h["payload"] = geo.payload
-    h["route"] = P.route_of(link.recv_id, link.dst_rank)
-    h["mode"] = geo.mode
-    h["channel_id"] = link.send_id if kind == "send" else link.recv_id
-    return h[()]
+    return P.HANDLE.pack(
+        ring=buf.ptr(link.dst_rank) + lay.ring,
+        credit=buf.ptr(link.src_rank) + lay.ctrl + P.CTRL_CREDIT,
+        slot_credit=buf.ptr(link.src_rank) + lay.slot_credits,
+        state=buf.ptr(me) + lay.ctrl + (P.CTRL_SEND_STATE if kind == "send" else P.CTRL_RECV_STATE),
+        error=buf.ptr(me) + lay.ctrl + (P.CTRL_SEND_ERROR if kind == "send" else P.CTRL_RECV_ERROR),
+        abort=channels._world.backend.abort_ptr,
+        timeout_ns=int(channels.timeout * 1e9),
+        nslots=geo.nslots, slot_bytes=geo.slot_bytes, chunk=geo.chunk,
+        route=P.route_of(link.recv_id, link.dst_rank), ll_max=geo.ll_max,
+        channel_id=link.send_id if kind == "send" else link.recv_id)
 
 
 class CudaEnd:
-    def __init__(self, channels: Any, link: Any, geo: P.RingGeometry, lay: P.ChannelLayout, kind: str) -> None:
-        from . import _describe
-
+    def __init__(self, channels: Any, link: Any, geo: P.RingGeometry, lay: P.ChannelLayout, kind: str,
+                 describe: str) -> None:
         self.channels = channels
         self.kind = kind
         self.dtype = link.element.numpy_dtype
-        self.describe = _describe(link, kind, channels._world.rank)
+        self.describe = describe
         self.timeout = channels.timeout
         self.handle = make_handle(channels, link, geo, lay, kind)
         off = lay.ctrl + (P.CTRL_SEND_ERROR if kind == "send" else P.CTRL_RECV_ERROR)
@@ -82,7 +67,7 @@ class CudaEnd:
         # can, so the host's limit is a backstop with room to spare.
         device = self.channels.timeout
         limit = 2 * device + 5 if device else self.channels.host_timeout
-        what = ("write" if which == 0 else "read")
+        what = "write" if which == 0 else "read"
         world.backend.wait_stream(stream, limit, lambda: f"{self.describe}: its {what} kernel did not finish")
         self.check()
 
@@ -102,7 +87,9 @@ class CudaEnd:
         out = cp.empty(n * self.dtype.itemsize, dtype=cp.uint8)
         if n:
             self._launch(1, out, out.size)
-        return out.view(self.dtype) if self.dtype.names is None and self.dtype.kind != "V" else _typed(out, self.dtype)
+        if self.dtype.names is None and self.dtype.kind != "V":
+            return out.view(self.dtype)
+        return out.get().view(self.dtype)  # structured / void elements have no cupy dtype: numpy
 
     def check(self) -> None:
         rec = self._error.get().view("<u4")
@@ -114,11 +101,10 @@ class CudaEnd:
                 raise ChannelError(f"{self.describe}: {what}")
             raise ChannelError(f"{self.describe}: timed out after {self.timeout:g} s: {what}")
 
-
-def _typed(raw: Any, dtype: np.dtype) -> Any:
-    """Structured / void elements: cupy has no such dtypes on the device, so hand back a numpy array."""
-    return raw.get().view(dtype)
+    def close(self) -> None:
+        return None
 
 
-def make_end(channels: Any, link: Any, geo: P.RingGeometry, lay: P.ChannelLayout, kind: str) -> CudaEnd:
-    return CudaEnd(channels, link, geo, lay, kind)
+def make_end(channels: Any, link: Any, geo: P.RingGeometry, lay: P.ChannelLayout, kind: str,
+             describe: str) -> CudaEnd:
+    return CudaEnd(channels, link, geo, lay, kind, describe)

@@ -1,0 +1,187 @@
+"""One-way streaming through a channel: ``circuslink bench stream``.
+
+The pingpong's echo measures both directions at once; this measures one. Rank 0 writes ``K``
+messages of n bytes back to back into one channel, rank 1 reads them (checking the last one byte for
+byte) and answers with one 4-byte acknowledgement; the sample's time runs from rank 0's first write to
+the acknowledgement, on rank 0's clock. Throughput = K n / time (K is chosen so that every sample moves
+at least 256 MiB or 1,000 messages, which makes the acknowledgement's one-way time negligible). Forms:
+one warp a side (up to 64 KiB) and every warp of a co-resident grid; the ``circuslink`` row is the
+faster. Median over samples, with the minimum time beside it; the floor from the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from ..errors import ChannelError, ConfigError
+from . import _driver as drv
+from .pingpong import CPU_MAX, GRID_MIN, GRID_THREADS, WARP_MAX, ChannelPair, envelope_us, floor_pair
+
+MIN_BYTES_PER_SAMPLE = 256 << 20
+MAX_MESSAGES = 1000
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    drv.add_common_arguments(parser, default_sizes="4K:256M", default_iters=10, default_warmup=2)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..launcher import inside_job, relaunch_self
+
+    drv.parse_sizes(args.sizes)
+    if not inside_job():
+        return relaunch_self(args.nranks, args.backend, mps_mode=args.mps)
+    import circuslink
+
+    world = circuslink.init(args.backend)
+    if world.size < 2:
+        raise ConfigError("bench stream needs at least 2 ranks (rank 0 writes, rank 1 reads; others wait)")
+    sizes, samples, warmup = drv.sizes_and_counts(args, quick_sizes="4K,1M,16M", quick_iters=3, quick_warmup=1)
+    if not world.backend.runs_kernels:
+        sizes = [s for s in sizes if s <= CPU_MAX] or [min(sizes)]
+    results = drv.Results("stream", world)
+    results.meta.update(samples=samples, definitions="throughput_GBps: K x bytes / (first write .. acknowledgement), "
+                        "median over samples; one_way_us: that time / K")
+    from .. import probe
+
+    drv.progress("stream: measuring the floor (circuslink.probe)")
+    results.floor = probe.measure(world, quick=args.quick, pairs=[(0, 1), (1, 0)])
+    pair = ChannelPair(world, sizes, stream=True)
+    try:
+        for nbytes in sizes:
+            drv.progress(f"stream {drv.format_bytes(nbytes)}")
+            rows = []
+            if nbytes <= WARP_MAX or not world.backend.runs_kernels:
+                rows.append(_measure(pair, "default", "warp", nbytes, samples, warmup))
+            if world.backend.runs_kernels and nbytes >= GRID_MIN:
+                for config, cfg in pair.configs.items():
+                    if config.startswith("grid") and nbytes <= cfg["max"]:
+                        rows.append(_measure(pair, config, "grid", nbytes, samples, warmup))
+            if world.rank == 0:
+                rows = [r for r in rows if r]
+                for r in rows:
+                    results.add(**dict(r, impl=f"circuslink-{r['form']}"))
+                results.add(**dict(max(rows, key=lambda r: r["throughput_GBps"]), impl="circuslink"))
+    finally:
+        pair.close()
+    if world.rank == 0:
+        _report(results, args)
+    world.close()
+    return 0
+
+
+def _measure(pair: ChannelPair, config: str, form: str, nbytes: int, samples: int, warmup: int) -> dict | None:
+    world = pair.world
+    world.barrier()
+    if world.rank > 1:
+        world.allgather_object(True)
+        return None
+    messages = max(4, min(MAX_MESSAGES, -(-MIN_BYTES_PER_SAMPLE // nbytes)))
+    times, ok = [], True
+    for i in range(warmup + samples):
+        t, good = _sample(pair, config, form, nbytes, messages, seed=i)
+        ok = ok and good
+        if i >= warmup:
+            times.append(t)
+    if not all(world.allgather_object(ok)):
+        raise ChannelError(f"stream {config} {drv.format_bytes(nbytes)}: rank 1 received wrong bytes")
+    if world.rank != 0:
+        return None
+    med = statistics.median(times)
+    tx, _ = pair.ends(config)
+    geo = tx.geometry
+    return dict(form=form, config=config, bytes=nbytes, messages=messages,
+                throughput_GBps=messages * nbytes / med / 1e9,
+                max_throughput_GBps=messages * nbytes / min(times) / 1e9, one_way_us=med / messages * 1e6,
+                samples=samples, verified=True, ll_max=geo.ll_max, chunk=geo.chunk, nslots=geo.nslots,
+                blocks=pair.grid_blocks(config, nbytes) if form == "grid" else 1)
+
+
+def _sample(pair: ChannelPair, config: str, form: str, nbytes: int, messages: int, seed: int) -> tuple[float, bool]:
+    world, role = pair.world, pair.world.rank
+    tx, rx = pair.ends(config)
+    ack_tx = pair.channels["ack"] if role == 1 else None
+    ack_rx = pair.channels["ack_in"] if role == 0 else None
+    if not world.backend.runs_kernels:
+        pattern = np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
+        if role == 0:
+            t0 = time.perf_counter()
+            for _ in range(messages):
+                tx.write(pattern)
+            ack_rx.read(4)
+            return time.perf_counter() - t0, True
+        got = None
+        for _ in range(messages):
+            got = rx.read(nbytes)
+        ack_tx.write(np.zeros(4, np.uint8))
+        return 0.0, bool(np.array_equal(got, pattern))
+    import cupy as cp
+
+    stream = world.backend.stream
+    with stream:
+        pattern = cp.random.RandomState(seed).randint(0, 256, nbytes, dtype=cp.uint8)  # the same on both ranks
+        dst = cp.zeros(nbytes if role == 1 else 1, dtype=cp.uint8)
+        times = cp.zeros(2, dtype=cp.uint64)
+        status = cp.ones(1, dtype=cp.int32)
+        bar = cp.zeros(2, dtype=cp.uint32)
+    # rank 0 sends on ping, rank 1 reads it; the acknowledgement comes back on its own small channel
+    send = tx if role == 0 else pair.channels[f"pong_{config}"]
+    recv = rx if role == 1 else pair.channels[f"pong_{config}_in"]
+    ack_s = ack_tx if role == 1 else pair.channels["ack_in"]  # unused on rank 0 (a placeholder handle)
+    ack_r = ack_rx if role == 0 else pair.channels["ack"]
+    args = (send.device_handle(), recv.device_handle(), ack_s.device_handle(), ack_r.device_handle(), pattern, dst,
+            np.uint64(nbytes), np.int32(role), np.int32(messages))
+    with stream:
+        if form == "warp":
+            pair.kernel("stream_warp")((1,), (32,), args + (times, status))
+        else:
+            blocks = pair.grid_blocks(config, nbytes)
+            pair.kernel("stream_grid")((blocks,), (GRID_THREADS,), args + (
+                bar, np.uint64(int(send._channels.host_timeout * 1e9)), times, status))
+    world.backend.wait_stream(stream, send._channels.host_timeout,
+                              lambda: f"stream {config} {drv.format_bytes(nbytes)} on rank {role}")
+    send.check()
+    recv.check()
+    if int(status.get()[0]) != 1:
+        raise ChannelError(f"stream {config} {drv.format_bytes(nbytes)}: a channel call failed on rank {role}")
+    if role == 1:
+        return 0.0, bool(cp.array_equal(dst, pattern).get())
+    t0, t1 = (int(v) for v in times.get())
+    return (t1 - t0) * 1e-9, True
+
+
+def _report(results: drv.Results, args: argparse.Namespace) -> None:
+    drv.print_table(sorted(results.rows, key=lambda r: (r["impl"], r["bytes"])),
+                    ["impl", "bytes", "messages", "throughput_GBps", "max_throughput_GBps", "one_way_us"],
+                    f"one-way streaming ({results.device}, {results.backend}): median of {results.meta['samples']}")
+    floor = floor_pair(results)
+    sm = floor.get("sm_store_GBps")
+    big = [r for r in results.rows if r["impl"] == "circuslink" and r["bytes"] >= 16 << 20]
+    lines = []
+    if big and sm:
+        worst = min(r["throughput_GBps"] for r in big)
+        ratio = worst / sm
+        results.meta["streaming_vs_sm_store"] = ratio
+        lines.append(f"target: >= 16 MiB one-way streaming {worst:.1f} GB/s = {ratio:.2f} x the SM-store figure "
+                     f"{sm:.1f} GB/s of this run (goal >= 0.8)")
+    peak = max((r["throughput_GBps"] for r in results.rows if r["impl"] == "circuslink"), default=None)
+    if peak:
+        results.meta["peak_throughput_GBps"] = peak
+        lines.append(f"peak one-way streaming throughput: {peak:.1f} GB/s")
+    results.meta["targets"] = {"lines": lines}
+    for line in lines:
+        print(line)
+    print(f"wrote {results.write_json(args.json)}")
+    if args.plot:
+        rows = [r for r in results.rows if r["impl"].startswith("circuslink")]
+        sizes = sorted({r["bytes"] for r in rows})
+        env = {"floor": [(n, n / (envelope_us(floor, n) * 1e3)) for n in sizes if envelope_us(floor, n)]}
+        drv.plot(rows, x="bytes", y="throughput_GBps", group="impl", path=args.plot,
+                 title="one-way streaming throughput", xlabel="message size (bytes)", ylabel="GB/s (median)",
+                 extra=env)
+        print(f"wrote {args.plot}")
+
