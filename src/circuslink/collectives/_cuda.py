@@ -46,8 +46,9 @@ def allreduce_kernel(dtype_name: str, op: str) -> str:
 
 
 def kernel_names(dtype_name: str) -> list[str]:
-    """Every kernel one module holds: the dtype's three all-reduces, broadcast and barrier."""
-    return [allreduce_kernel(dtype_name, op) for op in OP_TYPES] + ["cl_broadcast", "cl_barrier"]
+    """The templates one module instantiates: the dtype's three all-reduces. (Broadcast and barrier are
+    extern "C": CuPy finds an unlisted name as it is.)"""
+    return [allreduce_kernel(dtype_name, op) for op in OP_TYPES]
 
 
 class DeviceRings:
