@@ -435,6 +435,31 @@ def test_mpi_pingpong_under_mpirun(spmd, nranks):
     assert job.output.count("ok") == nranks
 
 
+def test_mpi_wait_is_bounded_and_cancels_what_never_completes():
+    from circuslink.bench.baselines import _mpi
+
+    class Request:
+        def __init__(self, completes_after):
+            self.tests, self.completes_after, self.cancelled = 0, completes_after, False
+
+        def Test(self):  # noqa: N802 - mpi4py's name
+            self.tests += 1
+            return self.tests > self.completes_after
+
+        def Cancel(self):  # noqa: N802
+            self.cancelled = True
+
+    soon = Request(completes_after=500)  # past the back-off's spin phase: the wait keeps spinning
+    _mpi._wait(soon, Deadline.after(5.0), lambda: "never named")
+    assert soon.tests == 501 and not soon.cancelled
+    never = Request(completes_after=1 << 62)
+    with pytest.raises(cl.TimeoutError) as info:
+        _mpi._wait(never, Deadline.after(0.1), lambda: "MPI receive of 8 B on rank 0 from rank 1")
+    assert str(info.value) == ("MPI receive of 8 B on rank 0 from rank 1: timed out after 0.1 s "
+                               "(CIRCUSLINK_TIMEOUT sets the limit)")
+    assert never.cancelled
+
+
 @pytest.mark.mpi
 def test_mpi_data_check_catches_corruption(spmd):
     """The pingpong's check can fail: a byte flipped on arrival at rank 1 is reported by both ranks."""
