@@ -1,20 +1,31 @@
-"""Collectives: ring all-reduce / broadcast / barrier at 1..8 ranks with fresh random data.
+"""Collectives: ring all-reduce / broadcast / barrier at 1..8 ranks with seeded random data.
 
-The algorithms are checked twice: in one process over bounded in-memory FIFOs (threads as
-ranks; the buffers are tiny so the flow-control argument is exercised), and as real ranks
-over circuslink channels (spmd).
+The algorithms are checked in one process over bounded in-memory FIFOs (threads as ranks; the
+buffers are tiny so the flow-control argument is exercised); the host API as real ranks over
+circuslink channels, on every back-end (spmd; the cuda ones on the GPU machine); the device API
+in users' kernels (tests/kernels/collectives_user.cu) on the GPU machine, and compiled with nvcc
+here; and the Comm's lifecycle, handle and errors.
 """
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import circuslink as cl
+from circuslink import collectives
 from circuslink.collectives import _algorithms as alg
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src" / "circuslink"
+USER_KERNELS = Path(__file__).with_name("kernels") / "collectives_user.cu"
 
 INT_TYPES = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64]
 FLOAT_TYPES = [np.float16, np.float32, np.float64]
@@ -115,8 +126,7 @@ def _check_float(got, inputs, op):
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8])
-def test_ring_allreduce_threads(n):
-    rng = np.random.default_rng()
+def test_ring_allreduce_threads(n, rng):
     cases = [(dt, op) for dt in INT_TYPES + FLOAT_TYPES for op in ("sum", "max", "min")]
     for dtype, op in cases:
         count = int(rng.integers(0, 300))
@@ -133,8 +143,7 @@ def test_ring_allreduce_threads(n):
         assert got[0].dtype == np.dtype(dtype) and got[0].shape == (count,)
 
 
-def test_segments_cover_everything_in_aligned_units():
-    rng = np.random.default_rng()
+def test_segments_cover_everything_in_aligned_units(rng):
     for _ in range(300):
         n, item, parts = int(rng.integers(0, 5000)), int(rng.choice([1, 2, 4, 8])), int(rng.integers(1, 9))
         seg = alg.segments(n, item, parts)
@@ -145,9 +154,8 @@ def test_segments_cover_everything_in_aligned_units():
         assert not sizes or max(sizes) - min(sizes) <= 16 // item
 
 
-def test_all_negative_max_min_is_not_zero():
+def test_all_negative_max_min_is_not_zero(rng):
     # A max that started from 0 instead of the first operand would return zeros here.
-    rng = np.random.default_rng()
     for dtype in (np.int32, np.int64, np.float32, np.float64):
         inputs = [_random(rng, dtype, (97,), negative=True) for _ in range(3)]
         for op in ("max", "min"):
@@ -157,8 +165,7 @@ def test_all_negative_max_min_is_not_zero():
             assert np.all(got[0] < 0)
 
 
-def test_shape_is_kept_and_input_untouched():
-    rng = np.random.default_rng()
+def test_shape_is_kept_and_input_untouched(rng):
     inputs = [_random(rng, np.int32, (5, 7)) for _ in range(4)]
     before = [x.copy() for x in inputs]
     got = _run_ranks(4, lambda r, right, left: alg.ring_allreduce(r, 4, right, left, inputs[r], "sum", 12), 24)
@@ -168,8 +175,7 @@ def test_shape_is_kept_and_input_untouched():
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
-def test_ring_broadcast_and_barrier_threads(n):
-    rng = np.random.default_rng()
+def test_ring_broadcast_and_barrier_threads(n, rng):
     for root in {0, n - 1, int(rng.integers(0, n))}:
         src = _random(rng, np.float64, (int(rng.integers(1, 200)),))
         got = _run_ranks(n, lambda r, right, left, src=src, root=root: alg.ring_broadcast(
@@ -209,74 +215,105 @@ def test_disagreeing_ranks_are_named():
         alg.check_array(np.array([True]), "allreduce")
 
 
-def _have_channels() -> bool:
-    try:
-        from circuslink.channels import open  # noqa: F401
-    except ImportError:
-        return False
-    return True
+# -- the code's shape: engines by capability, kernels in .cu files ----------------------------------
+_KERNEL_KEYWORD = "__" + "global__"  # spelt in two so that this file does not match its own check
+_AREA = ["collectives", "trace", "bench/allreduce.py", "bench/baselines"]
+_AREA_TESTS = ["test_collectives.py", "test_trace.py", "test_baselines.py"]
 
 
-needs_channels = pytest.mark.skipif(not _have_channels(), reason="circuslink.channels is not there yet")
+def test_no_backend_name_tests_and_no_kernels_in_python_files():
+    files = [p for a in _AREA for p in ([SRC / a] if a.endswith(".py") else sorted((SRC / a).rglob("*.py")))]
+    files += [Path(__file__).with_name(t) for t in _AREA_TESTS]
+    assert len(files) > 15
+    name_test = re.compile(r"backend\.name\s*[!=]=|[!=]=\s*[\w.]*backend\.name|backend\s*==\s*[\"']")
+    for path in files:
+        text = path.read_text()
+        assert not name_test.search(text), f"{path}: tests the back-end by name"
+        assert _KERNEL_KEYWORD not in text, f"{path}: device code in a Python file"
 
-_SPMD_BODY = """
+
+# -- the host API as real ranks, on every back-end ------------------------------------------------
+_HOST_BODY = """
+    import os
     import numpy as np
     import circuslink as cl
     from circuslink import collectives
 
     w = cl.init()
-    rng = np.random.default_rng()
-    n, r = w.size, w.rank
-    comm = collectives.Comm(w, depth_bytes=256)   # small: many pieces, flow control exercised
-    for dtype in (np.int8, np.uint16, np.int32, np.uint64, np.float32, np.float64):
-        for op in ("sum", "max", "min"):
-            count = int(w.broadcast_object(int(rng.integers(1, 700))))
-            negative = op != "sum" and dtype not in (np.uint16, np.uint64)
-            seed = int(w.broadcast_object(int(rng.integers(1 << 62))))
-            per_rank = []
-            for k in range(n):   # every rank can rebuild every rank's input from the shared seed
-                g = np.random.default_rng(seed + k)
-                if np.dtype(dtype).kind == "f":
-                    x = (g.standard_normal(count) * 100).astype(dtype)
-                    x = -np.abs(x) - 1 if negative else x
+    xp, n, r = w.xp, w.size, w.rank
+    rng = np.random.default_rng(int(os.environ["CIRCUSLINK_TEST_SEED"]))  # every rank draws the same inputs
+    host = lambda a: a.get() if hasattr(a, "get") else a
+    # Small channels where the host drives the ring (many pieces: flow control exercised); 8 rings where
+    # kernels drive them (several slices per call).
+    comm = collectives.Comm(w, depth_bytes=256, rings=8)
+    for count in COUNTS or [int(rng.integers(1, 700)) for _ in range(2)]:
+        for dtype in map(np.dtype, DTYPES):
+            for op in ("sum", "max", "min"):
+                negative = op != "sum" and dtype.kind in "if"
+                xs = []
+                for k in range(n):
+                    if dtype.kind == "f":
+                        x = rng.standard_normal(count) * 100
+                        x = -np.abs(x) - 1 if negative else x
+                    else:
+                        info = np.iinfo(dtype)
+                        x = rng.integers(info.min, 0 if negative else info.max, size=count, dtype=dtype)
+                    xs.append(x.astype(dtype))
+                mine = xp.asarray(xs[r])
+                got = host(comm.allreduce(mine, op))
+                fn = {"sum": np.add, "max": np.maximum, "min": np.minimum}[op]
+                want = xs[0].copy()
+                for x in xs[1:]:
+                    want = fn(want, x)  # integers wrap modulo 2**bits exactly as the ring does
+                assert got.dtype == dtype and got.shape == (count,), (got.dtype, got.shape)
+                if dtype.kind == "f" and op == "sum":
+                    # ring order differs from a serial sum only by rounding: (n - 1) eps sum|x_i| per element
+                    bound = (n - 1) * np.finfo(dtype).eps * np.sum(np.abs(np.array(xs, np.float64)), axis=0)
+                    assert np.all(np.abs(got.astype(np.float64) - want.astype(np.float64)) <= 2 * bound
+                                  + np.finfo(dtype).tiny), (dtype, op, count)
                 else:
-                    info = np.iinfo(dtype)
-                    hi = 0 if negative else info.max
-                    x = g.integers(info.min, hi, size=count, dtype=dtype)
-                per_rank.append(x)
-            got = comm.allreduce(per_rank[r], op)
-            fn = {"sum": np.add, "max": np.maximum, "min": np.minimum}[op]
-            want = per_rank[0].copy()
-            for x in per_rank[1:]:
-                want = fn(want, x)
-            if np.dtype(dtype).kind == "f" and op == "sum":
-                bound = (n - 1) * np.finfo(dtype).eps * np.sum(np.abs(np.array(per_rank, np.float64)), axis=0)
-                assert np.all(np.abs(got.astype(np.float64) - want.astype(np.float64)) <= 2 * bound + 1e-30)
-            else:
-                assert np.array_equal(got, want), (dtype, op)
-            same = w.allgather_object(got.tobytes())
-            assert all(s == same[0] for s in same), "ranks disagree"
+                    assert np.array_equal(got, want), (dtype, op, count)
+                assert np.array_equal(host(mine), xs[r]), "the input was modified"
+                same = w.allgather_object(got.tobytes())
+                assert all(s == same[0] for s in same), (dtype, op, count, "ranks disagree")
     root = n - 1
-    src = rng.integers(0, 1 << 30, size=333, dtype=np.int64)
-    got = comm.broadcast(src if r == root else np.zeros_like(src), root=root)
-    assert w.allgather_object(got.tobytes()) == [w.broadcast_object(src.tobytes(), root=root)] * n
-    collectives.barrier(comm)
-    total = collectives.allreduce(w, np.array([r + 1], dtype=np.int64))   # module API on the world
+    src = rng.integers(0, 1 << 62, size=BCAST, dtype=np.int64).reshape(-1, 1)
+    got = host(comm.broadcast(xp.asarray(src if r == root else np.zeros_like(src)), root=root))
+    assert got.shape == src.shape and got.tobytes() == src.tobytes()
+    for _ in range(3):
+        comm.barrier()
+    collectives.barrier(w)                                    # the module API on the world's default Comm
+    total = host(collectives.allreduce(w, xp.asarray(np.array([r + 1], dtype=np.int64))))
     assert int(total[0]) == n * (n + 1) // 2
+    if w.backend.runs_kernels:
+        try:
+            comm.allreduce(xp.zeros(4, dtype=xp.float16))
+        except cl.ConfigError as exc:
+            assert "dtype float16 is not supported" in str(exc), exc
+        else:
+            raise AssertionError("float16 was accepted by the device collectives")
     comm.close()
     print("ok", r)
     w.close()
 """
+_CPU_DTYPES = ("int8", "uint16", "int32", "uint64", "float16", "float32", "float64")
+_CUDA_DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float32", "float64")
+_HOST_CASES = [pytest.param("cpu", n, None, _CPU_DTYPES, 333, id=f"cpu-{n}") for n in range(1, 9)] + [
+    # one GPU shared under MPS; 1..7 elements take the LL ring, 16385+ every slice of the 8 BW rings
+    pytest.param("cuda", 2, [1, 2, 7, 1000, 16_385, 300_001], _CUDA_DTYPES, 100_003, marks=pytest.mark.gpu,
+                 id="cuda-2"),
+    pytest.param("cuda", 4, [3, 1000, 70_001], _CUDA_DTYPES, 100_003, marks=pytest.mark.gpu, id="cuda-4"),
+]
 
 
-@needs_channels
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8])
-def test_collectives_over_channels(spmd, n):
-    job = spmd(n, _SPMD_BODY, job_timeout=170).check()
+@pytest.mark.parametrize("backend, n, counts, dtypes, bcast", _HOST_CASES)
+def test_host_api(spmd, backend, n, counts, dtypes, bcast):
+    body = (_HOST_BODY.replace("COUNTS", repr(counts)).replace("DTYPES", repr(dtypes))
+            .replace("BCAST", str(bcast)))
+    job = spmd(n, body, backend=backend, job_timeout=170 if counts is None else 600).check()
     assert job.stdout.count("ok") == n
 
 
-@needs_channels
 def test_mismatched_call_fails_with_names(spmd):
     job = spmd(2, """
         import numpy as np, circuslink as cl
@@ -288,40 +325,179 @@ def test_mismatched_call_fails_with_names(spmd):
             print("error:", exc)
         w.close()
     """).check()
-    assert "does not match rank" in job.stdout
+    assert ("error: allreduce on rank 0 does not match rank 1's call: rank 0 has allreduce(8 x int32, op=sum, "
+            "root=0), rank 1 has allreduce(8 x float32, op=sum, root=0)") in job.stdout
+    assert "error: allreduce on rank 1 does not match rank 0's call" in job.stdout
 
 
-def test_device_collectives_compile_and_match_the_ring_layout(tmp_path):
-    import shutil
-    import subprocess
+# -- the Comm: a Resource of its World, its engine, its errors -------------------------------------
+def test_comm_lifecycle(spmd, seed):
+    job = spmd(2, """
+        import os
+        import numpy as np, circuslink as cl
+        from circuslink import collectives
+        w = cl.init()
+        rng = np.random.default_rng(int(os.environ["CIRCUSLINK_TEST_SEED"]))
+        xs = [rng.integers(-1000, 1000, size=37, dtype=np.int32) for _ in range(w.size)]
+        comm = collectives.Comm(w, depth_bytes=64)
+        assert w.resources(collectives.Comm) == [comm]
+        assert np.array_equal(comm.allreduce(xs[w.rank]), xs[0] + xs[1])
+        comm.close()
+        comm.close()  # idempotent
+        assert comm.closed and w.resources(collectives.Comm) == []
+        try:
+            comm.allreduce(xs[w.rank])
+        except cl.ConfigError as exc:
+            assert str(exc) == "allreduce: this collectives communicator is closed", exc
+        else:
+            raise AssertionError("a closed Comm reduced")
+        with collectives.Comm(w) as scoped:
+            scoped.barrier()
+        assert scoped.closed
+        # The default communicator lives on the World (its registry) and is reopened after a close.
+        first = collectives.default_comm(w)
+        assert collectives.default_comm(w) is first
+        assert collectives.broadcast(w, xs[w.rank], root=1).tolist() == xs[1].tolist()
+        first.close()
+        second = collectives.default_comm(w)
+        assert second is not first and not second.closed
+        left_open = collectives.Comm(w)
+        w.close()  # closes what the program left open, newest first
+        assert left_open.closed and second.closed
+        print("ok", w.rank)
+    """).check()
+    assert job.stdout.count("ok") == 2
 
+
+def test_engine_handle_and_bad_calls_on_one_rank():
+    from circuslink.collectives import _cpu
+
+    w = cl.init(backend="cpu")
+    try:
+        assert w.engine("circuslink.collectives") is _cpu
+        for kwargs, message in [({"rings": 0}, "collectives: rings=0 must be an integer in 1..128"),
+                                ({"rings": True}, "collectives: rings=True must be an integer in 1..128"),
+                                ({"depth_bytes": 8}, "collectives: depth_bytes must be an integer >= 32, got 8")]:
+            with pytest.raises(cl.ConfigError) as info:
+                collectives.Comm(w, **kwargs)
+            assert str(info.value) == message
+        assert w.resources(collectives.Comm) == []  # refused before anything was opened
+        comm = collectives.Comm(w)
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        assert comm.allreduce(x, "max").tolist() == x.tolist()  # one rank: a copy
+        for call, message in [
+            (lambda: comm.allreduce(x, "avg"), "op='avg' is not one of sum, max, min"),
+            (lambda: comm.allreduce(np.array([True]), "sum"),
+             "allreduce: dtype bool is not an integer or floating type"),
+            (lambda: comm.allreduce([1, 2], "sum"), "allreduce: expected a numpy or cupy array, got list"),
+            (lambda: comm.broadcast(x, root=1), "broadcast root=1 is out of range for a world of 1 ranks"),
+            (lambda: comm.broadcast(x, root=True), "broadcast root=True is out of range for a world of 1 ranks"),
+            (lambda: comm.device_handle(-1), "device_handle: nbytes=-1 must be a non-negative integer or None"),
+            (lambda: comm.device_handle(), "device_handle() is for kernels, and the cpu back-end runs none: "
+                                           "call comm.allreduce / broadcast / barrier"),
+            (lambda: comm.wait(None), "wait() is for kernels, and the cpu back-end runs none"),
+        ]:
+            with pytest.raises(cl.ConfigError) as info:
+                call()
+            assert str(info.value) == message
+        comm.check()  # no channel failed
+    finally:
+        w.close()
+    assert comm.closed
+
+
+def test_rings_handle_layout():
+    """The by-value handle: {const Ring* rings; u32 count; u32 pad} (nvcc checks it in test_abi.py)."""
+    from circuslink.collectives._layout import RING, RINGS
+
+    assert (RINGS.size, RINGS.align, RINGS.offsets) == (16, 8, {"rings": 0, "count": 8, "pad": 12})
+    h = RINGS.pack(rings=0x7F0012345600, count=8)
+    raw = np.frombuffer(h.tobytes(), dtype=np.uint8)
+    assert int.from_bytes(raw[:8].tobytes(), "little") == 0x7F0012345600 and raw[8] == 8 and h.dtype.isalignedstruct
+    assert RING.size == 2 * 80 + 24  # right, left (channel handles), scratch, piece, rank, size
+
+
+# -- the device API: compiled here, run on the GPU machine -----------------------------------------
+def test_kernels_compile_with_the_host_names(tmp_path):
+    """nvcc compiles the host API's kernels instantiated under the name expressions the engine hands
+    NVRTC, the benchmark's timed loop and the users' kernels of the GPU tests below."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("needs nvcc")
-    from circuslink.collectives._device import kernel_source, ring_dtype
+    from circuslink.bench.allreduce import _LOOP_TYPES
+    from circuslink.collectives._cuda import C_TYPES, OP_TYPES, allreduce_kernel
 
-    rd = ring_dtype()
-    checks = "\n".join([
-        "#include <cstddef>",
-        f"static_assert(sizeof(cc::Ring) == {rd.itemsize}, \"Ring size\");",
-        *(f"static_assert(offsetof(cc::Ring, {f}) == {rd.fields[f][1]}, \"{f}\");" for f in rd.names),
-    ])
-    src = tmp_path / "coll.cu"
+    lines = [f'#include "{USER_KERNELS.with_name("instantiate.cu")}"']
     # Two of the ten dtypes (the rest differ only in the C++ type name): nvcc takes ~5 s per dtype.
-    src.write_text(kernel_source(types=("int8", "float64")) + checks + "\n")
+    for name in ("int8", "float64"):
+        lines += [f"CL_INSTANTIATE_ALLREDUCE({C_TYPES[name]}, {allreduce_kernel(name, op)})" for op in OP_TYPES]
+    lines += [f"CL_INSTANTIATE_LOOP({t})" for t in _LOOP_TYPES.values()]
+    src = tmp_path / "kernels.cu"
+    src.write_text("\n".join(lines) + "\n")
     proc = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90a", f"-I{cl.include_dir()}", "-c", str(src), "-o",
-                           str(tmp_path / "coll.o")], capture_output=True, text=True)
+                           str(tmp_path / "kernels.o")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+@pytest.mark.gpu
+def test_device_api_in_users_kernels(spmd):
+    """The block form in a fused kernel (one block per ring, a 2-D block), and the grid forms with a grid
+    smaller than the rings, a 3-D block, a broadcast and a barrier: x sums, y is root's."""
+    job = spmd(2, f"""
+        import os
+        import numpy as np, cupy as cp
+        import circuslink as cl
+        from circuslink import collectives
+        w = cl.init()
+        rng = np.random.default_rng(int(os.environ["CIRCUSLINK_TEST_SEED"]))
+        comm = collectives.Comm(w, rings=8)
+        mod = cl.compile(open({str(USER_KERNELS)!r}).read(),
+                         name_expressions=["fused<float>", "grid_calls<unsigned int>"])
+        stream = cp.cuda.Stream(non_blocking=True)
+        status = cp.zeros(1, dtype=cp.int32)
+
+        # block form: block b reduces its part over rings[b]
+        n = 50_000
+        x = cp.zeros(n, dtype=cp.float32)
+        cp.cuda.get_current_stream().synchronize()
+        handle = comm.device_handle()
+        assert handle.dtype.itemsize == 16 and int(handle["count"]) == 8
+        mod.get_function("fused<float>")((int(handle["count"]),), (32, 4), (handle, np.int32(w.rank), x,
+                                         np.uint64(n), status), stream=stream)
+        comm.wait(stream, "fused")
+        assert int(status.get()[0]) == 0
+        i = np.arange(n)
+        assert np.array_equal(x.get(), 2 * sum(r + 1 for r in range(w.size)) * (i % 1000).astype(np.float32))
+
+        # grid forms: 3 blocks of 16 x 4 x 2 over 8 bandwidth rings, then 2 blocks over the 1 LL ring
+        fn = mod.get_function("grid_calls<unsigned int>")
+        for count, m, grid in [(300_001, 70_003, 3), (40, 17, 2)]:
+            xs = [rng.integers(0, 1 << 32, size=count, dtype=np.uint32) for _ in range(w.size)]
+            ys = [rng.integers(0, 1 << 32, size=m, dtype=np.uint32) for _ in range(w.size)]
+            root = w.size - 1
+            x, y = cp.asarray(xs[w.rank]), cp.asarray(ys[w.rank])
+            cp.cuda.get_current_stream().synchronize()
+            handle = comm.device_handle(x.nbytes)
+            assert grid <= w.backend.max_blocks(fn, 128)
+            fn((grid,), (16, 4, 2), (handle, x, np.uint64(count), y, np.uint64(m), np.uint32(root), status),
+               stream=stream)
+            comm.wait(stream, "grid_calls")
+            assert int(status.get()[0]) == 0
+            assert np.array_equal(x.get(), sum(xs[1:], xs[0])), count
+            assert np.array_equal(y.get(), ys[root]), m
+        comm.close()
+        print("ok", w.rank)
+        w.close()
+    """, backend="cuda", job_timeout=300).check()
+    assert job.stdout.count("ok") == 2
+
+
+# -- circuslink bench allreduce ---------------------------------------------------------------------
 def test_bench_allreduce_cpu(tmp_path):
     import json
     import os
-    import subprocess
     import sys
 
-    if not _have_channels():
-        pytest.skip("circuslink.channels is not there yet")
     env = dict(os.environ, CIRCUSLINK_TIMEOUT="60")
     proc = subprocess.run([sys.executable, "-m", "circuslink", "bench", "allreduce", "--backend", "cpu", "-n", "3",
                            "--sizes", "8,4K", "--iters", "2", "--warmup", "1", "--json", str(tmp_path / "r.json"),
@@ -329,15 +505,41 @@ def test_bench_allreduce_cpu(tmp_path):
                           cwd=str(tmp_path), env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads((tmp_path / "r.json").read_text())
-    assert res["nranks"] == 3 and [r["bytes"] for r in res["rows"]] == [8, 4096]
-    for r in res["rows"]:
-        assert r["verified"] and r["time_us"] > 0
-        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 4 / 3)
+    assert res["nranks"] == 3 and res["backend"] == "cpu" and [r["bytes"] for r in res["rows"]] == [8, 4096]
+    assert all(r["verified"] and r["impl"] == "channel" and r["iters"] == 2 for r in res["rows"])
     trace = json.loads((tmp_path / "t.json").read_text())
-    assert {e["pid"] for e in trace["traceEvents"]} == {0, 1, 2}
+    spans = [e for e in trace["traceEvents"] if e.get("name") == "allreduce" and e["ph"] == "X"]
+    assert sorted({e["pid"] for e in spans}) == [0, 1, 2] and len(spans) == 3 * 5  # 5 traced operations per rank
     assert (tmp_path / "t.png").exists()
 
 
+def test_bench_allreduce_refuses_a_wrong_result(monkeypatch, tmp_path):
+    """The benchmark's exact check can fail: an all-reduce that is off by one in one element is reported."""
+    import argparse
+
+    from circuslink.bench import allreduce as bench
+
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--backend", "cpu", "--sizes", "64", "--iters", "1", "--warmup", "0",
+                              "--json", str(tmp_path / "r.json")])
+    real = collectives.Comm.allreduce
+
+    def off_by_one(self, array, op="sum"):
+        out = real(self, array, op)
+        out[-1] += 1
+        return out
+
+    monkeypatch.setattr(collectives.Comm, "allreduce", off_by_one)
+    w = cl.init(backend="cpu")
+    try:
+        with pytest.raises(cl.ChannelError, match=r"allreduce of 64 B: wrong result on rank\(s\) \[0\]"):
+            bench._run(w, args)
+    finally:
+        w.close()
+
+
+# -- the cuda engine's ordering, on fake streams (runs here) ---------------------------------------
 class _FakeStream:
     """Just enough of a cupy Stream to log which stream each operation was issued on."""
 
@@ -405,17 +607,17 @@ class _FakeStatus:
         return np.zeros(1, np.int32)
 
 
-def test_cuda_collectives_order_their_stream_after_the_callers():
+def test_cuda_collectives_order_their_stream_after_the_callers(rng):
     """uint64 max came out wrong at 4 ranks on 2 GPUs: the input copy and the status reset ran on
     CuPy's null stream, the kernel on the world's non-blocking stream, with nothing ordering them,
     so a kernel could reduce a buffer that had not been written yet. Every operation of a call must
     run on the collective stream, after the caller's stream."""
     import types
 
-    from circuslink.collectives._device import CudaCollectives
+    from circuslink.collectives._cuda import Engine
 
     cp = _FakeCupy()
-    coll = object.__new__(CudaCollectives)
+    coll = object.__new__(Engine)
     coll.cp = cp
     coll.stream = _FakeStream(cp, 7)
     from circuslink.backends.cuda import CudaBackend
@@ -423,18 +625,17 @@ def test_cuda_collectives_order_their_stream_after_the_callers():
     backend = object.__new__(CudaBackend)  # the real after_caller() on the fake streams
     backend.xp, backend.stream, backend._caller_done = cp, coll.stream, _FakeEvent(cp)
     backend.max_blocks = lambda kernel, threads, shared=0: 1
-    coll._host_limit = 5.0
+    coll.host_limit = 5.0
     coll.world = types.SimpleNamespace(size=4, rank=0, backend=backend)
     coll.status = _FakeStatus(cp)
     coll.ll_ring = coll.bw_ring = types.SimpleNamespace(channels=None)
-    rings = types.SimpleNamespace(ptr=1, count=1)
+    rings = types.SimpleNamespace(handle=np.zeros((), np.uint64)[()], count=1)
     coll.ll = coll.bw = rings
 
     def launch(grid, block, args, stream):
         cp.log.append(("launch", stream.ptr))
 
     coll._module = lambda name: types.SimpleNamespace(get_function=lambda fn: launch)
-    rng = np.random.default_rng()
     x = rng.integers(0, np.iinfo(np.uint64).max, size=1000, dtype=np.uint64, endpoint=True)
     for call in (lambda: coll.allreduce(x, "max"), lambda: coll.broadcast(x, 1), coll.barrier):
         cp.log.clear()

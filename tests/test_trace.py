@@ -1,15 +1,18 @@
-"""The tracer: record layout, merge on one time base, Chrome JSON, overlap, waveform, clock sync."""
+"""The tracer: record layout, merge on one time base, Chrome JSON, overlap, waveform, clock sync,
+and the Tracer's lifecycle. Kernels of the GPU tests are in tests/kernels/trace_user.cu."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import circuslink as cl
+from circuslink import trace as cl_trace
 from circuslink.trace import (
     COMPUTE,
     CREDITS,
@@ -26,6 +29,7 @@ from circuslink.trace import (
 from circuslink.trace import _layout as L
 
 B, E, I = L.PHASE_BEGIN, L.PHASE_END, L.PHASE_INSTANT
+USER_KERNELS = Path(__file__).with_name("kernels") / "trace_user.cu"
 
 
 def _recs(rows):
@@ -98,8 +102,7 @@ def test_synthetic_stream_gives_the_expected_chrome_json(tmp_path):
     assert got == expected
 
 
-def test_merge_applies_known_offsets_and_drift():
-    rng = np.random.default_rng()
+def test_merge_applies_known_offsets_and_drift(rng):
     true = np.sort(rng.integers(1_000_000, 9_000_000, size=(3, 40)), axis=1)  # reference-clock times
     # rank 1 a little behind or ahead (local times stay >= 0), rank 2 far ahead
     offsets = [0, int(rng.integers(-900_000, 5_000_000)), int(rng.integers(10**12, 2 * 10**12))]
@@ -167,9 +170,8 @@ def test_unknown_event_name_is_a_clear_error():
     assert trace.intervals(1, "halo").tolist() == []  # a lone instant is no activity
 
 
-def test_waveform_png_is_written(tmp_path):
+def test_waveform_png_is_written(tmp_path, rng):
     pytest.importorskip("matplotlib")
-    rng = np.random.default_rng()
     rows0, rows1 = [], []
     t = 0
     for _ in range(20):
@@ -187,7 +189,9 @@ def test_waveform_png_is_written(tmp_path):
 def test_cpu_tracer_single_rank_drops_and_counts(tmp_path):
     world = cl.init(backend="cpu")
     try:
+        assert world.engine("circuslink.trace") is cl_trace._cpu
         tr = Tracer(world, capacity=16, names={USER + 2: "fft"})
+        assert world.resources(Tracer) == [tr]
         assert tr.dropped == 0
         with tr.span(USER + 2, 5):
             for k in range(20):
@@ -209,34 +213,68 @@ def test_cpu_tracer_single_rank_drops_and_counts(tmp_path):
         assert tr.dropped == 0
         tr.export_chrome(str(tmp_path / "one.json"))
         tr.close()
+        tr.close()  # idempotent
+        assert tr.closed and world.resources(Tracer) == []
+        for call, name in [(tr.collect, "collect"), (lambda: tr.instant(SEND), "record"), (tr.reset, "reset")]:
+            with pytest.raises(cl.ConfigError) as info:
+                call()
+            assert str(info.value) == f"{name}: this tracer is closed"
+        assert tr.export_chrome(str(tmp_path / "kept.json"))  # the last trace outlives the tracer
+        with Tracer(world) as scoped:
+            scoped.instant(USER, 1)
+            assert scoped.collect().events["arg"].tolist() == [1]
+        assert scoped.closed
+        left_open = Tracer(world)
     finally:
         world.close()
+    assert left_open.closed  # world.close() closes what the program left open
 
 
-def test_layout_matches_the_header(tmp_path):
+def test_event_ids_match_the_header_and_the_kernels_compile(tmp_path):
+    """The event and phase numbers agree with trace_types.cuh (the layouts are checked in test_abi.py), and
+    the GPU tests' kernels compile with nvcc."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("needs nvcc")
-    src = tmp_path / "layout.cu"
+    src = tmp_path / "ids.cu"
     src.write_text(f"""
-        #include <circuslink/trace.cuh>
-        #include <cstddef>
-        using namespace circuslink::trace;
-        static_assert(sizeof(Record) == {L.RECORD_DTYPE.itemsize}, "record size");
-        static_assert(offsetof(Record, event) == {L.RECORD_DTYPE.fields['event'][1]}, "event");
-        static_assert(offsetof(Record, block) == {L.RECORD_DTYPE.fields['block'][1]}, "block");
-        static_assert(offsetof(Record, arg) == {L.RECORD_DTYPE.fields['arg'][1]}, "arg");
-        static_assert(sizeof(Handle) == {L.HANDLE_DTYPE.itemsize}, "handle size");
-        static_assert(offsetof(Handle, capacity) == {L.HANDLE_DTYPE.fields['capacity'][1]}, "capacity");
-        static_assert(offsetof(Handle, rank) == {L.HANDLE_DTYPE.fields['rank'][1]}, "rank");
-        static_assert(SEND == {SEND} && RECV == {RECV} && CREDITS == {CREDITS} && KERNEL == {KERNEL}, "ids");
-        static_assert(COMPUTE == {COMPUTE} && USER == {USER} && PHASE_SHIFT == {L.PHASE_SHIFT}, "ids");
-        extern "C" __global__ void k(Handle h) {{ kernel_begin(h); record_warp(h, USER + 1, PHASE_INSTANT, 3);
-                                                   kernel_end(h); }}
+        #include "{USER_KERNELS}"
+        static_assert(tr::SEND == {SEND} && tr::RECV == {RECV} && tr::CREDITS == {CREDITS}, "ids");
+        static_assert(tr::KERNEL == {KERNEL} && tr::COMPUTE == {COMPUTE} && tr::USER == {USER}, "ids");
+        static_assert(tr::MAX_EVENT == {L.MAX_EVENT} && tr::PHASE_SHIFT == {L.PHASE_SHIFT}, "ids");
+        static_assert(tr::PHASE_INSTANT == {I} && tr::PHASE_BEGIN == {B} && tr::PHASE_END == {E}, "phases");
     """)
     proc = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90a", f"-I{cl.include_dir()}", "-c", str(src),
-                           "-o", str(tmp_path / "layout.o")], capture_output=True, text=True)
+                           "-o", str(tmp_path / "ids.o")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_null_handle_is_the_handle_layout_zeroed():
+    h = Tracer.null_handle()
+    assert h.dtype == L.HANDLE.dtype and h.dtype.itemsize == 24 and h.tobytes() == bytes(24)
+
+
+def test_clock_sync_times_out_naming_the_silent_rank(spmd):
+    """One Deadline bounds the whole sync: a peer that never answers ends it with its name."""
+    job = spmd(2, """
+        import circuslink as cl
+        from circuslink._wait import Deadline
+        from circuslink.trace._cpu import ClockSync
+        w = cl.init()
+        sync = ClockSync(w, lambda: 0)
+        if w.rank == 0:
+            try:
+                sync.sync(Deadline.after(0.5))
+            except cl.TimeoutError as exc:
+                print("error:", exc)
+        else:
+            w.barrier()  # the first pair's barrier, then silence: rank 0's ping is never answered
+        w.barrier()
+        sync.close(None)
+        w.close()
+    """).check()
+    assert ("error: trace clock sync: rank 1 did not answer rank 0's ping 0: timed out after 0.5 s "
+            "(CIRCUSLINK_TIMEOUT sets the limit)") in job.stdout
 
 
 def test_clock_sync_and_merge_across_ranks(spmd, tmp_path):
@@ -291,34 +329,19 @@ def test_clock_sync_and_merge_across_ranks(spmd, tmp_path):
     assert "residuals" in job.stdout
 
 
-TRACE_KERNEL = r"""
-#include <circuslink/trace.cuh>
-namespace tr = circuslink::trace;
-extern "C" __global__ void traced(tr::Handle h, unsigned int steps, float* x) {
-  if (threadIdx.x == 0) tr::kernel_begin(h);
-  for (unsigned int s = 0; s < steps; ++s) {
-    tr::record_warp(h, tr::COMPUTE, tr::PHASE_BEGIN, s);
-    for (int i = 0; i < 64; ++i) x[blockIdx.x * blockDim.x + threadIdx.x] += 1.0f;
-    tr::record_warp(h, tr::COMPUTE, tr::PHASE_END, s);
-  }
-  if (threadIdx.x == 0) tr::kernel_end(h);
-}
-"""
-
-
 @pytest.mark.gpu
 def test_gpu_kernel_records_and_ranks_merge(spmd, tmp_path):
     out = tmp_path / "gpu"
     spmd(2, f"""
         import numpy as np, cupy as cp
         import circuslink as cl
-        from circuslink.trace import Tracer, COMPUTE, KERNEL
-        from circuslink.trace._layout import HANDLE_DTYPE
+        from circuslink.trace import Tracer, COMPUTE, CREDITS, KERNEL, USER
         w = cl.init()
-        mod = cl.compile({TRACE_KERNEL!r})
+        mod = cl.compile(open({str(USER_KERNELS)!r}).read())
         k = mod.get_function("traced")
         x = cp.zeros(4 * 64, dtype=cp.float32)
         tr = Tracer(w, capacity=1000)
+        assert w.resources(Tracer) == [tr]
         k((4,), (64,), (tr.device_handle(), np.uint32(10), x), stream=w.backend.stream)
         trace = tr.collect()
         ev = trace.events
@@ -332,16 +355,23 @@ def test_gpu_kernel_records_and_ranks_merge(spmd, tmp_path):
         assert sorted(s.block for s in kern) == [0, 1, 2, 3]
         print("residual", w.rank, trace.meta.residual_ns(1))
         # drop-and-count: a ring of 10 keeps 10 and counts the rest
-        small = Tracer(w, capacity=10)
-        k((4,), (64,), (small.device_handle(), np.uint32(10), x), stream=w.backend.stream)
-        t2 = small.collect()
+        with Tracer(w, capacity=10) as small:
+            k((4,), (64,), (small.device_handle(), np.uint32(10), x), stream=w.backend.stream)
+            t2 = small.collect()
         assert t2.meta.dropped[w.rank] == 168 - 10 and int((t2.events["rank"] == w.rank).sum()) == 10
         k((1,), (32,), (Tracer.null_handle(), np.uint32(3), x), stream=w.backend.stream)  # untraced
-        w.backend.synchronize()
-        assert np.dtype(HANDLE_DTYPE).itemsize == 24
+        # 2-D blocks: record_block records once per block, begin / end / instant from one thread
+        tr.reset()
+        mod.get_function("every_call")((3,), (8, 4), (tr.device_handle(),), stream=w.backend.stream)
+        t3 = tr.collect()
+        e3 = t3.events[t3.events["rank"] == w.rank]
+        assert sorted(e3["block"][e3["event"] == USER + 2].tolist()) == [0, 1, 2]
+        assert sorted(e3["block"][e3["event"] == CREDITS].tolist()) == [0, 1, 2]
+        assert len([s for s in t3.spans(w.rank) if s.event == USER + 3]) == 3 and t3.meta.unmatched == 0
         if w.rank == 0:
             trace.export_chrome("{out}.json")
-        small.close(); tr.close(); w.close()
+        w.close()  # closes tr
+        assert tr.closed
     """, backend="cuda").check()
 
 
@@ -367,10 +397,9 @@ def _quantised_b_stream(rng, pipelined: bool, tick: int = 128, blocks: int = 8, 
     return [(tm // tick * tick, *rest) for tm, *rest in rows]
 
 
-def test_overlap_survives_a_coarse_timer():
+def test_overlap_survives_a_coarse_timer(rng):
     """The GPU trace of the 32 KiB allreduce-like run gave B's overlap 0.0: with a 128 ns timer the
     median step between instants was 0, so the burst gap was 0 and every burst vanished."""
-    rng = np.random.default_rng()
     a = _recs([(0, KERNEL, I, 0)])
     # 48 blocks (the bench's pairs) stamp ~400 instants per repetition into ~60 ticks
     piped = Trace.from_records([a, _recs(_quantised_b_stream(rng, pipelined=True, blocks=48))])

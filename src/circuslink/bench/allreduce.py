@@ -1,11 +1,12 @@
 """Channel all-reduce against NCCL's, in the same run: ``circuslink bench allreduce``.
 
 For each size (bytes per rank, float32 sum): the result is first checked exactly (small
-random integers, whose float sums are exact), then timed. cuda: ``iters`` all-reduces back to
-back inside one kernel launch (the device API, as a user's kernel would call it), time per
-operation = (last block's end - first block's start) / iters, slowest rank; NCCL: its API
-called directly, back to back on a stream, event-timed (bench.baselines.nccl_allreduce).
-cpu: the host API, timed per call. Bus bandwidth = bytes / time x 2 (n - 1) / n, as nccl-tests.
+random integers, whose float sums are exact), then timed. On a back-end that runs kernels (cuda):
+``iters`` all-reduces back to back inside one kernel launch (kernels/allreduce_loop.cu: the public
+device API, as a user's kernel would call it), time per operation = (last block's end - first
+block's start) / iters, slowest rank; NCCL: its API called directly, back to back on a stream,
+event-timed (bench.baselines.nccl_allreduce). Otherwise (cpu): the host API, timed per call.
+Bus bandwidth = bytes / time x 2 (n - 1) / n, as nccl-tests.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,9 +24,12 @@ from ..errors import ChannelError, ConfigError
 from . import _driver as drv
 
 BENCHMARK = "allreduce"
-_CPU_MAX_BYTES = 1 << 20  # the cpu reference reduces in Python: keep default runs short
+_HOST_MAX_BYTES = 1 << 20  # a host-driven all-reduce (cpu) reduces in Python: keep default runs short
 _MAX_RANKS = 8
 _TRACE_SIZE = 32 << 10
+_LOOP_KERNEL = Path(__file__).with_name("kernels") / "allreduce_loop.cu"
+_LOOP_TYPES = {"float32": "float", "int32": "int"}  # dtypes the timed loop is instantiated for
+_LOOP_THREADS = 512
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,12 +55,12 @@ def run(args: argparse.Namespace) -> int:
         world.close()
 
 
-def _sizes(args: argparse.Namespace, backend: str) -> list[int]:
+def _sizes(args: argparse.Namespace, on_device: bool) -> list[int]:
     sizes = drv.parse_sizes(args.sizes)
     if args.quick:
         sizes = [s for s in sizes if s <= (1 << 20)][:: max(1, len(sizes) // 6)] or sizes[:1]
-    if backend == "cpu" and args.sizes == "8:256M":
-        sizes = [s for s in sizes if s <= _CPU_MAX_BYTES]
+    if not on_device and args.sizes == "8:256M":
+        sizes = [s for s in sizes if s <= _HOST_MAX_BYTES]
     return sizes
 
 
@@ -67,15 +72,17 @@ def _contribution(seed: int, rank: int, count: int) -> np.ndarray:
 def _run(world: Any, args: argparse.Namespace) -> int:
     from .. import collectives, probe
 
-    backend = world.backend.name
-    sizes = _sizes(args, backend)
+    backend = world.backend.name  # for labels only
+    on_device = world.backend.runs_kernels
+    sizes = _sizes(args, on_device)
     iters = 3 if args.quick else args.iters
     warmup = 1 if args.quick else args.warmup
     n = world.size
     results = drv.Results(BENCHMARK, world)
     drv.progress("probe: the floor")
-    results.floor = probe.measure(world, quick=bool(args.quick or backend == "cpu")) if n > 1 else None
+    results.floor = probe.measure(world, quick=bool(args.quick or not on_device)) if n > 1 else None
     comm = collectives.Comm(world, rings=args.rings)
+    loop = _DeviceLoop(world, comm) if on_device else None
     xp = world.xp
     rng = np.random.default_rng()
     try:
@@ -92,7 +99,7 @@ def _run(world: Any, args: argparse.Namespace) -> int:
             if not all(oks):
                 bad = [r for r, o in enumerate(oks) if not o]
                 raise ChannelError(f"allreduce of {count * 4} B: wrong result on rank(s) {bad}")
-            per_op_s = _time(world, comm, xp.asarray(mine), iters, warmup)
+            per_op_s = _time(world, comm, loop, xp.asarray(mine), iters, warmup)
             per_op_s = max(world.allgather_object(per_op_s))
             algbw = count * 4 / per_op_s / 1e9
             results.add(impl="channel", op="allreduce", dtype="float32", bytes=count * 4, count=count, nranks=n,
@@ -100,8 +107,8 @@ def _run(world: Any, args: argparse.Namespace) -> int:
                         busbw_GBps=algbw * 2 * (n - 1) / n if n > 1 else None, throughput_GBps=algbw,
                         iters=iters, verified=True)
         if args.trace:
-            _trace(world, comm, args)
-        if backend == "cuda" and n > 1 and not args.no_baselines:
+            _trace(world, comm, loop, args)
+        if on_device and n > 1 and not args.no_baselines:
             drv.progress("NCCL all-reduce")
             try:
                 from .baselines import nccl_allreduce
@@ -129,13 +136,56 @@ def _run(world: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def _time(world: Any, comm: Any, data: Any, iters: int, warmup: int) -> float:
+class _DeviceLoop:
+    """kernels/allreduce_loop.cu over a Comm's device handle: ``iters`` all-reduces in one launch."""
+
+    def __init__(self, world: Any, comm: Any) -> None:
+        import circuslink as cl
+
+        cp = world.xp
+        self.world, self.comm, self.cp = world, comm, cp
+        self.module = cl.compile(_LOOP_KERNEL.read_text(),
+                                 name_expressions=[f"allreduce_loop<{t}>" for t in _LOOP_TYPES.values()])
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.t = cp.zeros(2, dtype=cp.uint64)
+        self.failed = cp.zeros(1, dtype=cp.int32)
+
+    def run(self, data: Any, iters: int, trace: Any = None) -> float:
+        """Nanoseconds per operation on this rank (first block's start to last block's end)."""
+        from ..trace import Tracer
+
+        cp = self.cp
+        name = np.dtype(data.dtype).name
+        if name not in _LOOP_TYPES:
+            raise ConfigError(f"allreduce: dtype {name} has no timed loop ({', '.join(_LOOP_TYPES)} do)")
+        handle = self.comm.device_handle(data.nbytes)
+        fn = self.module.get_function(f"allreduce_loop<{_LOOP_TYPES[name]}>")
+        # The forward-progress rule: the blocks wait on peers, so all of them must be resident at once
+        # within this rank's SM share; allreduce_grid covers every ring's slice with fewer blocks.
+        grid = min(int(handle["count"]), self.world.backend.max_blocks(fn, _LOOP_THREADS))
+        ready = cp.cuda.Event(disable_timing=True)
+        ready.record(cp.cuda.get_current_stream())  # the caller's writes of `data` come first
+        self.stream.wait_event(ready)
+        with self.stream:
+            self.t.set(np.array([np.iinfo(np.uint64).max, 0], dtype=np.uint64))
+            self.failed.fill(0)
+        fn((grid,), (_LOOP_THREADS,), (handle, data, np.uint64(data.size), np.uint32(iters), self.t,
+                                       trace if trace is not None else Tracer.null_handle(), self.failed),
+           stream=self.stream)
+        self.comm.wait(self.stream, "allreduce loop")  # bounded; raises the error of a ring that stalled
+        if int(self.failed.get()[0]):
+            raise ChannelError(f"allreduce loop on rank {self.world.rank} failed in device code")
+        t0, t1 = (int(v) for v in self.t.get())
+        return (t1 - t0) / iters
+
+
+def _time(world: Any, comm: Any, loop: _DeviceLoop | None, data: Any, iters: int, warmup: int) -> float:
     """Seconds per operation on this rank."""
-    if world.backend.name == "cuda":
+    if loop is not None:
         if warmup:
-            comm._cuda.allreduce_loop(data, warmup)
+            loop.run(data, warmup)
         world.barrier()
-        return comm._cuda.allreduce_loop(data, iters) / 1e9
+        return loop.run(data, iters) / 1e9
     for _ in range(warmup):
         comm.allreduce(data, "sum")
     world.barrier()
@@ -145,21 +195,20 @@ def _time(world: Any, comm: Any, data: Any, iters: int, warmup: int) -> float:
     return (time.perf_counter() - t0) / iters
 
 
-def _trace(world: Any, comm: Any, args: argparse.Namespace) -> None:
+def _trace(world: Any, comm: Any, loop: _DeviceLoop | None, args: argparse.Namespace) -> None:
     """Trace a few 32 KiB all-reduces: one USER span ("allreduce") per operation and rank."""
     from ..trace import USER, Tracer
 
-    tracer = Tracer(world, names={USER: "allreduce"})
     data = world.xp.asarray(np.ones(_TRACE_SIZE // 4, dtype=np.float32))
-    world.barrier()
-    if world.backend.name == "cuda":
-        comm._cuda.allreduce_loop(data, 5, trace=tracer.device_handle())
-    else:
-        for i in range(5):
-            with tracer.span(USER, i):
-                comm.allreduce(data, "sum")
-    trace = tracer.collect()
-    tracer.close()
+    with Tracer(world, names={USER: "allreduce"}) as tracer:
+        world.barrier()
+        if loop is not None:
+            loop.run(data, 5, trace=tracer.device_handle())
+        else:
+            for i in range(5):
+                with tracer.span(USER, i):
+                    comm.allreduce(data, "sum")
+        trace = tracer.collect()
     if world.rank == 0:
         base, _ = os.path.splitext(args.trace)
         print(f"trace: {trace.export_chrome(args.trace)}, waveform: {trace.plot_waveform(base + '.png')}")

@@ -1,4 +1,4 @@
-"""Collectives on channels: all-reduce, broadcast and barrier.
+"""Collectives on channels: all-reduce, broadcast and barrier of arrays, from the host or inside kernels.
 
 Host API (every rank calls the same collectives in the same order, as with MPI)::
 
@@ -7,124 +7,121 @@ Host API (every rank calls the same collectives in the same order, as with MPI):
     x = collectives.broadcast(world, x, root=0)
     collectives.barrier(world)
 
-The first call on a world opens a ring of channels (rank r -> rank r+1) that later calls
-reuse; ``Comm(world, depth_bytes=...)`` makes one explicitly, and ``comm.close()`` (also
-collective) frees it. Any number of ranks from 1 up; integer and floating dtypes.
+The module functions use the world's default communicator, opened on first use and kept on the
+World (``world.registry``); ``Comm(world, ...)`` opens one explicitly. A Comm is a collective
+resource: ``comm.close()`` (collective) frees it, ``with`` closes it, and ``world.close()`` closes
+what is left open. Any number of ranks from 1 up; integer and floating dtypes.
 
-Algorithms: ring reduce-scatter + all-gather for all-reduce (each segment is reduced
-once, so every rank gets bitwise the same result; floating sums differ from a serial sum
-only by rounding, in ring order), a pipelined chain for broadcast, two trips of a token
-for barrier. Before each all-reduce and broadcast a 16-byte header goes around the ring,
-so ranks that disagree on the call (count, dtype, op, root) fail with a message naming
-both ranks instead of exchanging garbage.
+Device API (``#include <circuslink/collectives.cuh>``): ``comm.device_handle(nbytes)`` is the
+by-value ``circuslink::collectives::Rings`` a kernel passes to ``allreduce_grid`` and friends;
+``comm.wait(stream)`` waits, bounded, for such a kernel and raises the channel error of a ring
+that stalled. docs/collectives.md has both APIs, the algorithms and the SM-budget rule.
 
-On the cuda back-end each call is one launch of the device collectives; there the ranks are
-trusted to agree (a mismatch ends in a channel time-out naming the channel, not a header check).
-float16 is reduced on the cpu back-end only.
-
-Device API: ``#include <circuslink/collectives.cuh>``; ``comm.device_rings()`` gives the
-``circuslink::collectives::Ring`` array a kernel passes to ``allreduce_grid`` and friends.
+Each back-end has its engine (``world.engine("circuslink.collectives")``): ``_cpu`` runs the ring
+algorithms from Python (a header goes around the ring first, so ranks that disagree on a call fail
+naming both), ``_cuda`` launches one kernel per call (there the ranks are trusted to agree: a
+mismatch ends in a channel time-out naming the channel). float16 is reduced on the cpu back-end only.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from .._lifecycle import Resource
 from ..errors import ConfigError
 from . import _algorithms as alg
-from ._ring import DEFAULT_DEPTH_BYTES, ChannelRing
+from ._ring import DEFAULT_DEPTH_BYTES
 
 OPS = tuple(alg.OPS)
+_DEFAULT = "circuslink.collectives.default"  # the world's registry key of its default communicator
 
 
-class Comm:
-    """Rings of channels over a world, for collectives. Collective to create and close.
+class Comm(Resource):
+    """Rings of channels over a world, for collectives. Collective to create and to close.
 
-    cpu: one ring of byte channels of ``depth_bytes``, driven from Python. cuda: one
-    low-latency ring and ``rings`` bandwidth rings (one block each), driven by one kernel
-    launch per call; :meth:`device_rings` hands the same rings to users' kernels.
+    ``depth_bytes``: buffer of each ring channel where the host drives the rings (cpu); ``rings``:
+    bandwidth rings (one block each) where kernels drive them (cuda, default 64); ``timeout``
+    (seconds, default CIRCUSLINK_TIMEOUT; 0 = device waits never give up) bounds every wait of
+    every call on this communicator.
     """
+
+    _kind = "collectives communicator"
 
     def __init__(self, world: Any, depth_bytes: int = DEFAULT_DEPTH_BYTES, timeout: float | None = None,
                  rings: int | None = None) -> None:
+        if rings is not None and (isinstance(rings, bool) or not isinstance(rings, int) or not 1 <= rings <= 128):
+            raise ConfigError(f"collectives: rings={rings!r} must be an integer in 1..128")
         self.world = world
         self.rank = world.rank
         self.size = world.size
-        self._cuda = None
-        if rings is not None and (not isinstance(rings, int) or not 1 <= rings <= 128):
-            raise ConfigError(f"collectives: rings={rings!r} must be an integer in 1..128")
-        if world.backend.name == "cuda":
-            from ._device import DEFAULT_RINGS, CudaCollectives
+        self._engine = world.engine("circuslink.collectives").Engine(world, depth_bytes, rings, timeout)
+        self._register(world)
 
-            self._cuda = CudaCollectives(world, rings or DEFAULT_RINGS, timeout)
-            self._ring = self._cuda.ll_ring
-        else:
-            self._ring = ChannelRing(world, depth_bytes, timeout)
-
-    def device_rings(self, nbytes: int | None = None) -> tuple[int, int]:
-        """``(pointer, count)`` of an array of ``circuslink::collectives::Ring`` for a kernel
-        (cuda): the bandwidth rings, or the low-latency ring when ``nbytes`` is small. Use the
-        same rings on every rank, with ``*_grid`` calls of ``count`` blocks or more."""
-        if self._cuda is None:
-            raise ConfigError("device_rings() is for kernels on the cuda back-end")
-        rings = self._cuda.rings_for(nbytes) if nbytes is not None else self._cuda.bw
-        return rings.ptr, rings.count
-
-    def _ports(self) -> tuple[Any, Any, int]:
-        if self.size > 1 and self._ring.channels is None:
-            raise ConfigError("this collectives Comm is closed")
-        return self._ring.right, self._ring.left, self._ring.piece
-
+    # -- host API --------------------------------------------------------------------------------
     def allreduce(self, array: Any, op: str = "sum") -> Any:
         """The element-wise reduction of every rank's ``array`` (a new array, same shape)."""
+        self._check_open("allreduce")
         alg.check_op(op)
         alg.check_array(array, "allreduce")
-        if self._cuda is not None:
-            return self._cuda.allreduce(array, op)
-        right, left, piece = self._ports()
-        alg.check_agreement(self.rank, self.size, right, left, "allreduce", array, op=op)
-        return alg.ring_allreduce(self.rank, self.size, right, left, array, op, piece)
+        return self._engine.allreduce(array, op)
 
     def broadcast(self, array: Any, root: int = 0) -> Any:
         """``root``'s ``array`` on every rank (each passes an array of the same shape and dtype)."""
-        if not isinstance(root, int) or not 0 <= root < self.size:
+        self._check_open("broadcast")
+        if isinstance(root, bool) or not isinstance(root, int | np.integer) or not 0 <= root < self.size:
             raise ConfigError(f"broadcast root={root!r} is out of range for a world of {self.size} ranks")
         alg.check_array(array, "broadcast")
-        if self._cuda is not None:
-            return self._cuda.broadcast(array, root)
-        right, left, piece = self._ports()
-        alg.check_agreement(self.rank, self.size, right, left, "broadcast", array, root=root)
-        return alg.ring_broadcast(self.rank, self.size, right, left, array, root, piece)
+        return self._engine.broadcast(array, int(root))
 
     def barrier(self) -> None:
         """Return once every rank has entered the barrier."""
-        if self._cuda is not None:
-            self._cuda.barrier()
-            return
-        right, left, _ = self._ports()
-        alg.ring_barrier(self.rank, self.size, right, left)
+        self._check_open("barrier")
+        self._engine.barrier()
 
-    def close(self) -> None:
-        """Collective: free the rings."""
-        if self._cuda is not None:
-            self._cuda.close()
-        else:
-            self._ring.close()
-        if _COMMS.get(id(self.world)) is self:
-            del _COMMS[id(self.world)]
+    # -- device API ------------------------------------------------------------------------------
+    def device_handle(self, nbytes: int | None = None) -> np.void:
+        """The ``circuslink::collectives::Rings`` handle for a kernel (a 16-byte numpy struct CuPy passes
+        by value): the bandwidth rings, or the low-latency ring when ``nbytes`` (the message a call moves)
+        is small. Every rank passes the same handle kind to the same calls; see docs/collectives.md."""
+        self._check_open("device_handle")
+        if nbytes is not None and (isinstance(nbytes, bool) or not isinstance(nbytes, int | np.integer)
+                                   or nbytes < 0):
+            raise ConfigError(f"device_handle: nbytes={nbytes!r} must be a non-negative integer or None")
+        return self._engine.device_handle(None if nbytes is None else int(nbytes))
+
+    def wait(self, stream: Any, what: str = "a kernel using the collectives") -> None:
+        """Wait, bounded, until ``stream``'s work (a kernel that called the device API) is done, then
+        :meth:`check`. On time-out every device wait of this process is aborted and
+        :class:`~circuslink.TimeoutError` names ``what`` and the rank."""
+        self._check_open("wait")
+        self._engine.wait(stream, what)
+
+    def check(self) -> None:
+        """Raise :class:`~circuslink.ChannelError` naming a ring channel whose device code timed out."""
+        self._check_open("check")
+        self._engine.check()
+
+    # -- lifecycle (circuslink._lifecycle) ---------------------------------------------------------
+    def _close(self, timeout: float | None) -> None:
+        self._engine.close(timeout)
+
+    def _release_local(self) -> None:
+        self._engine.release_local()
 
 
-_COMMS: dict[int, Comm] = {}
+def default_comm(world: Any) -> Comm:
+    """The world's default communicator (opened, collectively, on first use; kept on the World)."""
+    slot = world.registry(_DEFAULT, dict)
+    comm = slot.get("comm")
+    if comm is None or comm.closed:
+        comm = slot["comm"] = Comm(world)
+    return comm
 
 
 def _comm(world_or_comm: Any) -> Comm:
-    if isinstance(world_or_comm, Comm):
-        return world_or_comm
-    comm = _COMMS.get(id(world_or_comm))
-    if comm is None or comm.world is not world_or_comm or getattr(world_or_comm, "_closed", False):
-        comm = Comm(world_or_comm)
-        _COMMS[id(world_or_comm)] = comm
-    return comm
+    return world_or_comm if isinstance(world_or_comm, Comm) else default_comm(world_or_comm)
 
 
 def allreduce(world_or_comm: Any, array: Any, op: str = "sum") -> Any:
@@ -142,4 +139,4 @@ def barrier(world_or_comm: Any) -> None:
     _comm(world_or_comm).barrier()
 
 
-__all__ = ["OPS", "Comm", "allreduce", "barrier", "broadcast"]
+__all__ = ["OPS", "Comm", "allreduce", "barrier", "broadcast", "default_comm"]

@@ -53,6 +53,9 @@ def check_op(op: str) -> np.ufunc:
 
 
 def check_array(array: np.ndarray, what: str) -> None:
+    dtype = getattr(array, "dtype", None)
+    if dtype is None or not hasattr(array, "shape"):
+        raise ConfigError(f"{what}: expected a numpy or cupy array, got {type(array).__name__}")
     if array.dtype.kind not in _KINDS:
         raise ConfigError(f"{what}: dtype {array.dtype} is not an integer or floating type")
 

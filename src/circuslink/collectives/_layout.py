@@ -1,4 +1,4 @@
-"""The ABI table of ``circuslink::collectives::Ring`` (include/circuslink/detail/collectives_types.cuh)."""
+"""The ABI tables of ``circuslink::collectives::Ring`` and ``Rings`` (detail/collectives_types.cuh)."""
 
 from __future__ import annotations
 
@@ -9,3 +9,7 @@ from ..channels.protocol import HANDLE
 RING = abi.Struct("circuslink::collectives::Ring", "circuslink/detail/collectives_types.cuh", [
     ("right", HANDLE), ("left", HANDLE), ("scratch", abi.PTR), ("piece", abi.U64), ("rank", abi.U32),
     ("size", abi.U32)])
+
+# The device handle: a pointer to ``count`` Ring records in device memory, passed by value.
+RINGS = abi.Struct("circuslink::collectives::Rings", "circuslink/detail/collectives_types.cuh", [
+    ("rings", abi.PTR), ("count", abi.U32), ("pad", abi.U32)])

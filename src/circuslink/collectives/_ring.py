@@ -59,7 +59,20 @@ class ChannelRing:
             self.lefts.append(self.channels[f"collectives{tag}.ring{i}.{(world.rank - 1) % n}.in"])
         self.right, self.left = self.rights[0], self.lefts[0]
 
-    def close(self) -> None:
+    def check(self) -> None:
+        """Raise :class:`~circuslink.ChannelError` naming a ring channel whose device code recorded an error."""
         if self.channels is not None:
-            self.channels.close()
-            self.channels = None
+            self.channels.check()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Collective: free the rings' channels."""
+        channels, self.channels = self.channels, None
+        if channels is not None:
+            channels.close(timeout)
+
+    def release_local(self) -> None:
+        """Drop this rank's channels without waiting for peers (the error path)."""
+        channels, self.channels = self.channels, None
+        release = getattr(channels, "release_local", None)  # channels that hold memory release it here;
+        if release is not None:  # otherwise the World releases their buffer with its other resources
+            release()

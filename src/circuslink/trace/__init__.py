@@ -1,25 +1,19 @@
 """The tracer: timestamps of chosen events on every rank, merged on one time base.
 
-Device side (``#include <circuslink/trace.cuh>``)::
-
-    extern "C" __global__ void step(circuslink::trace::Handle h, ...) {
-      namespace tr = circuslink::trace;
-      if (threadIdx.x == 0) tr::begin(h, tr::RECV, channel_id);
-      ...
-    }
-
 Host side::
 
-    tracer = circuslink.trace.Tracer(world)          # collective
-    kernel(grid, block, (tracer.device_handle(), ...))
-    trace = tracer.collect()                          # collective: every rank's events, one clock
+    with circuslink.trace.Tracer(world) as tracer:    # collective (a Resource: with / close())
+        kernel(grid, block, (tracer.device_handle(), ...))   # the kernel records (trace.cuh)
+        trace = tracer.collect()                      # collective: every rank's events, one clock
     if world.rank == 0:
         trace.export_chrome("run.json")               # ui.perfetto.dev / chrome://tracing
         trace.plot_waveform("run.png")                # send / receive activity per rank
         print(trace.overlap_fraction(1, "recv", "send"))
 
-On the cpu back-end the same events are recorded from Python: ``tracer.begin(RECV, ch)``,
-``tracer.end(RECV, ch)``, ``tracer.instant(...)``, ``with tracer.span(...)``.
+Device side: ``#include <circuslink/trace.cuh>``; a kernel takes a ``circuslink::trace::Handle``
+by value and calls ``tr::begin(h, tr::RECV, channel_id)`` and friends from one lane
+(``include/circuslink/trace.cuh``). On the cpu back-end the same events are recorded from Python:
+``tracer.begin(RECV, ch)``, ``tracer.end(RECV, ch)``, ``tracer.instant(...)``, ``with tracer.span(...)``.
 See docs/trace.md for the record format, the clock alignment and its residual.
 """
 

@@ -1,8 +1,8 @@
 """Record and handle layouts shared with ``include/circuslink/detail/trace_types.cuh``.
 
-The device writes :data:`RECORD_DTYPE` records; kernels receive a :data:`HANDLE_DTYPE`
-value. Both must match the C++ structs byte for byte (tests/test_trace.py checks the
-sizes against the header).
+The device writes :data:`RECORD` records; kernels receive a :data:`HANDLE` value (a numpy
+scalar CuPy passes by value). Both are :class:`circuslink._abi.Struct` tables, which
+tests/test_abi.py checks against the C++ structs with nvcc.
 """
 
 from __future__ import annotations

@@ -1,33 +1,40 @@
 """The host object of the tracer: owns each rank's ring, hands kernels their handle,
-synchronises clocks and collects everything into one :class:`~circuslink.trace.Trace`."""
+synchronises clocks and collects everything into one :class:`~circuslink.trace.Trace`.
+
+What differs by back-end (where the ring lives, who records, how clocks are exchanged) is the
+engine's: ``world.engine("circuslink.trace")`` gives ``trace/_cpu.py`` or ``trace/_cuda.py``."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
+from .._lifecycle import Resource
+from .._wait import Deadline
 from ..errors import ConfigError
 from . import _layout as L
-from ._clock import CpuClockSync, CudaClockSync
 from ._model import Trace, TraceMeta, merge, timer_tick
 
 DEFAULT_CAPACITY = 1 << 16  # records per rank: 1 MiB
 
 
-class Tracer:
-    """Per-rank event rings plus the clock model that merges them. Collective to create.
+class Tracer(Resource):
+    """Per-rank event rings plus the clock model that merges them. Collective to create and to close.
 
-    On the cuda back-end kernels record through :meth:`device_handle` (see
+    Where kernels run (cuda) they record through :meth:`device_handle` (see
     ``circuslink/trace.cuh``); on the cpu back-end Python code records with
     :meth:`instant`, :meth:`begin` / :meth:`end` or :meth:`span`, with the same event ids
     and the same record layout. :meth:`collect` (collective) returns the merged trace.
+    ``close()`` (collective) frees the ring and the clock-sync buffer; ``with`` closes it.
 
-    ``names`` names user events: ``{circuslink.trace.USER + 0: "stencil", ...}``.
+    ``names`` names user events: ``{circuslink.trace.USER + 0: "stencil", ...}``. ``timeout`` bounds
+    the clock sync made here (seconds; default CIRCUSLINK_TIMEOUT).
     """
+
+    _kind = "tracer"
 
     def __init__(
         self,
@@ -37,7 +44,7 @@ class Tracer:
         timeout: float | None = None,
         _clock_ns: Callable[[], int] | None = None,  # tests skew the cpu clock through this
     ) -> None:
-        if not isinstance(capacity, int | np.integer) or not 1 <= capacity <= 1 << 31:
+        if isinstance(capacity, bool) or not isinstance(capacity, int | np.integer) or not 1 <= capacity <= 1 << 31:
             raise ConfigError(f"Tracer capacity must be an integer in 1..2**31 records, got {capacity!r}")
         for eid, nm in (names or {}).items():
             if not isinstance(eid, int) or not 0 < eid <= L.MAX_EVENT or not isinstance(nm, str) or not nm:
@@ -47,55 +54,36 @@ class Tracer:
         self.world = world
         self.capacity = int(capacity)
         self.names = dict(names or {})
-        self.backend = world.backend.name
         self.last: Trace | None = None
-        if self.backend == "cuda":
-            import cupy as cp
-
-            self._records = cp.zeros(self.capacity * 2, dtype=cp.uint64)  # 16 B each, 16-B aligned
-            self._cursor = cp.zeros(1, dtype=cp.uint64)
-            self._clock = CudaClockSync(world)
-        else:
-            self._records = np.zeros(self.capacity, dtype=L.RECORD_DTYPE)
-            self._cursor = 0
-            self._clock_ns = _clock_ns or time.perf_counter_ns
-            self._clock = CpuClockSync(world, self._clock_ns)
-        self._samples = [self._clock.sync(timeout)]
+        self._engine = world.engine("circuslink.trace").Recorder(world, self.capacity, _clock_ns)
+        try:
+            self._samples = [self._engine.sync(Deadline.after(timeout))]
+        except BaseException:
+            self._engine.release_local()
+            raise
+        self._register(world)
 
     # -- device side ------------------------------------------------------------------------
     def device_handle(self) -> np.void:
         """The ``circuslink::trace::Handle`` to pass to a kernel (a 24-byte numpy struct,
-        which cupy passes by value)."""
-        if self.backend != "cuda":
-            raise ConfigError(
-                "device_handle() is for kernels on the cuda back-end; on cpu record with instant/begin/end"
-            )
-        h = np.zeros((), dtype=L.HANDLE_DTYPE)
-        h["records"] = self._records.data.ptr
-        h["cursor"] = self._cursor.data.ptr
-        h["capacity"] = self.capacity
-        h["rank"] = self.world.rank
-        return h[()]
+        which CuPy passes by value)."""
+        self._check_open("device_handle")
+        return self._engine.device_handle()
 
     @staticmethod
     def null_handle() -> np.void:
         """A handle that records nothing (kernels that take a handle run untraced)."""
-        return np.zeros((), dtype=L.HANDLE_DTYPE)[()]
+        return L.HANDLE.pack()
 
     # -- host side (cpu back-end) -----------------------------------------------------------
     def record(self, event: int, phase: int = L.PHASE_INSTANT, arg: int = 0, block: int = 0) -> None:
         """Record one event now (cpu back-end); drops and counts when the ring is full."""
-        if self.backend == "cuda":
-            raise ConfigError("on the cuda back-end events are recorded by kernels through device_handle()")
+        self._check_open("record")
         if not 0 < event <= L.MAX_EVENT or phase not in (L.PHASE_INSTANT, L.PHASE_BEGIN, L.PHASE_END):
             raise ConfigError(
                 f"trace event {event} / phase {phase} out of range (event 1..{L.MAX_EVENT}, phase 0..2)"
             )
-        t = self._clock_ns()
-        slot = self._cursor
-        self._cursor += 1
-        if slot < self.capacity:
-            self._records[slot] = (t, event | (phase << L.PHASE_SHIFT), min(block, 0xFFFF), arg & 0xFFFFFFFF)
+        self._engine.record(event, phase, arg, block)
 
     def instant(self, event: int, arg: int = 0, block: int = 0) -> None:
         self.record(event, L.PHASE_INSTANT, arg, block)
@@ -116,38 +104,27 @@ class Tracer:
             self.end(event, arg, block)
 
     # -- both ---------------------------------------------------------------------------------
-    def _local(self) -> tuple[np.ndarray, int]:
-        """This rank's kept records (ring order) and how many were attempted."""
-        if self.backend == "cuda":
-            self.world.backend.synchronize()
-            attempted = int(self._cursor.get()[0])
-            kept = min(attempted, self.capacity)
-            raw = self._records[: 2 * kept].get().view(L.RECORD_DTYPE)
-            return raw.copy(), attempted
-        kept = min(self._cursor, self.capacity)
-        return self._records[:kept].copy(), self._cursor
-
     @property
     def dropped(self) -> int:
         """Events of this rank that did not fit in the ring so far."""
-        return max(0, self._local()[1] - self.capacity)
+        self._check_open("dropped")
+        return max(0, self._engine.local()[1] - self.capacity)
 
     def reset(self) -> None:
-        """Forget this rank's recorded events (not collective). On cuda, call it between
-        kernels, not while one that records is running."""
-        if self.backend == "cuda":
-            self.world.backend.synchronize()
-            self._cursor.fill(0)
-            self.world.backend.synchronize()
-        else:
-            self._cursor = 0
+        """Forget this rank's recorded events (not collective). Where kernels record, call it
+        between kernels, not while one that records is running."""
+        self._check_open("reset")
+        self._engine.reset()
 
     def collect(self, timeout: float | None = None) -> Trace:
         """Collective: re-synchronise clocks, gather every rank's events and merge them on
-        rank 0's time base. Every rank gets the same :class:`Trace` (also kept in ``last``)."""
-        self._samples.append(self._clock.sync(timeout))
-        raw, attempted = self._local()
-        everyone = self.world.allgather_object((raw.tobytes(), attempted, self.names), timeout)
+        rank 0's time base. Every rank gets the same :class:`Trace` (also kept in ``last``).
+        ``timeout`` bounds every wait of the call together."""
+        self._check_open("collect")
+        deadline = Deadline.after(timeout)
+        self._samples.append(self._engine.sync(deadline))
+        raw, attempted = self._engine.local()
+        everyone = self.world.allgather_object((raw.tobytes(), attempted, self.names), deadline)
         per_rank = [np.frombuffer(b, dtype=L.RECORD_DTYPE) for b, _, _ in everyone]
         # Each rank's own view of its offset is what counts; samples[0] is rank 0's list
         # computed identically on every rank, so any rank's copy will do.
@@ -185,6 +162,9 @@ class Tracer:
         """:meth:`Trace.overlap_fraction` of the last collected trace."""
         return self._need_trace().overlap_fraction(rank, a_events, b_events, gap_ns)
 
-    def close(self) -> None:
-        """Collective: free the clock-sync buffer."""
-        self._clock.close()
+    # -- lifecycle (circuslink._lifecycle) ---------------------------------------------------------
+    def _close(self, timeout: float | None) -> None:
+        self._engine.close(timeout)
+
+    def _release_local(self) -> None:
+        self._engine.release_local()

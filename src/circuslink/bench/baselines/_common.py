@@ -1,27 +1,33 @@
-"""What every baseline shares: multicast off, fresh random data, bounded waits, skipped rows."""
+"""What every baseline shares: multicast off, fresh random data, argument checks, skipped rows.
+
+Every wait of a baseline goes through :func:`circuslink._wait.wait_until` with a
+:class:`~circuslink._wait.Deadline` passed down: ``timeout`` bounds each size's measurement (its
+barriers, its data check and its timed loop together), so a dead peer ends the benchmark with an
+error naming what stalled instead of a hang."""
 
 from __future__ import annotations
 
 import os
 import secrets
-import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..._config import resolve_timeout
-from ...errors import ConfigError, TimeoutError
+from ...errors import ConfigError
 
 # NVLink multicast (NVLS) stays off in every baseline: the device machines must run with it
 # off, and our channels do not use it, so the comparison stays like for like.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1"}
 
-_SPIN_S = 0.002  # poll without sleeping this long: short waits stay precise
-_NAP_S = 0.0002  # then nap between polls, so a long wait does not take a CPU core
-
 
 def disable_multicast() -> None:
     """Set NCCL_NVLS_ENABLE=0 and NVSHMEM_DISABLE_NVLS=1 before NCCL / NVSHMEM initialise."""
     os.environ.update(MULTICAST_OFF)
+
+
+def on_gpu(world: Any) -> bool:
+    """Whether the world's data lives on a GPU: a back-end that runs kernels, with a device (never
+    decided by the back-end's name)."""
+    return bool(world.backend.runs_kernels) and world.device is not None
 
 
 def fresh_seed() -> int:
@@ -56,21 +62,6 @@ def check_counts(iters: int, warmup: int, what: str) -> None:
 def skipped_rows(impl: str, sizes: Sequence[int], reason: str, **extra: Any) -> list[dict]:
     """One row per size saying why ``impl`` did not run (callers print the reason, never drop it)."""
     return [dict(impl=impl, bytes=int(s), skipped=reason, **extra) for s in sizes]
-
-
-def wait_until(done, timeout: float | None, describe) -> None:
-    """Poll ``done()`` until true; after ``timeout`` s raise TimeoutError with ``describe()`` in it.
-
-    Spins briefly first (most waits are short and the figure must stay precise), then naps.
-    """
-    limit = resolve_timeout(timeout)
-    start = time.monotonic()
-    while not done():
-        elapsed = time.monotonic() - start
-        if elapsed > limit:
-            raise TimeoutError(f"{describe()} did not complete within {limit:g} s (CIRCUSLINK_TIMEOUT sets the limit)")
-        if elapsed > _SPIN_S:
-            time.sleep(_NAP_S)
 
 
 def gbps(nbytes: float, seconds: float) -> float | None:

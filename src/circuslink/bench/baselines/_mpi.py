@@ -5,39 +5,35 @@ that MPI would write: device -> pinned host buffer (cudaMemcpy), MPI send, MPI r
 pinned host buffer, host -> device. The copies are part of every one-way trip. On the cpu
 back-end the numpy buffers go to MPI directly (impl ``mpi``).
 
-Each MPI wait is a ``Test`` loop with a time-out naming the peer, so a dead peer ends the
-benchmark with an error instead of a hang.
+Each MPI wait polls ``Test`` through the one host wait (:func:`circuslink._wait.wait_until`: it
+spins first, so latency stays honest) within the size's deadline, naming the peer, so a dead peer
+ends the benchmark with an error instead of a hang.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..._config import resolve_timeout
+from ..._wait import Deadline, wait_until
 from ...errors import Error, TimeoutError
 from .._driver import progress
-from ._common import check_counts, check_sizes, fresh_seed, gbps, random_bytes
+from ._common import check_counts, check_sizes, fresh_seed, gbps, on_gpu, random_bytes
 
 _TAG = 0x5C1C  # one tag of our own, so the pingpong never matches a user's pending message
-_SPIN_S = 0.002
-_NAP_S = 0.0002
 
 
-def _wait(request, limit: float, what: str) -> None:
-    """MPI ``Wait`` with a time-out: spin on ``Test`` (latency stays honest), then nap."""
-    start = time.monotonic()
-    while not request.Test():
-        elapsed = time.monotonic() - start
-        if elapsed > limit:
-            try:
-                request.Cancel()
-            except Exception:
-                pass
-            raise TimeoutError(f"{what} did not complete within {limit:g} s (CIRCUSLINK_TIMEOUT sets the limit)")
-        if elapsed > _SPIN_S:
-            time.sleep(_NAP_S)
+def _wait(request, deadline: Deadline, what: Callable[[], str]) -> None:
+    """MPI ``Wait`` within ``deadline``; a request that never completes is cancelled, then the error raised.
+    The waits sit inside the host-timed loop, so they poll without sleeping (as MPI's own Wait does)."""
+    try:
+        wait_until(request.Test, deadline, what, spin_s=deadline.remaining())
+    except TimeoutError:
+        try:
+            request.Cancel()
+        except Exception:
+            pass
+        raise
 
 
 class _Endpoint:
@@ -48,7 +44,7 @@ class _Endpoint:
     """
 
     def __init__(self, world: Any, max_bytes: int, echo: bool) -> None:
-        self.cuda = world.backend.name == "cuda"
+        self.cuda = on_gpu(world)  # device data, staged through pinned host memory
         self.echo = echo
         if self.cuda:
             import cupy
@@ -122,26 +118,26 @@ def mpi_pingpong(world: Any, sizes: Iterable[int], iters: int, warmup: int,
         return []
     from mpi4py import MPI
 
-    impl = "mpi-host-staged" if world.backend.name == "cuda" else "mpi"
+    impl = "mpi-host-staged" if on_gpu(world) else "mpi"
     rank = world.rank
     peer = 1 - rank if rank < 2 else None
-    limit = resolve_timeout(timeout)
     ep = _Endpoint(world, max(sizes), echo=rank == 1) if rank < 2 else None
     rows: list[dict] = []
     for nbytes in sizes:
-        seed = world.broadcast_object(fresh_seed() if rank == 0 else None, timeout=timeout)
+        deadline = Deadline.after(timeout)  # bounds every wait of this size's measurement
+        seed = world.broadcast_object(fresh_seed() if rank == 0 else None, timeout=deadline)
         if rank < 2:
             expected = random_bytes(seed, nbytes)
             ep.prepare(expected)
 
-        def send(n: int = nbytes) -> None:
+        def send(n: int = nbytes, deadline: Deadline = deadline) -> None:
             buf = ep.stage_out(n)
-            _wait(comm.Isend([buf, MPI.BYTE], dest=peer, tag=_TAG), limit,
-                  f"MPI send of {n} B from rank {rank} to rank {peer}")
+            _wait(comm.Isend([buf, MPI.BYTE], dest=peer, tag=_TAG), deadline,
+                  lambda: f"MPI send of {n} B from rank {rank} to rank {peer}")
 
-        def recv(n: int = nbytes) -> None:
-            _wait(comm.Irecv([ep.host_recv[:n], MPI.BYTE], source=peer, tag=_TAG), limit,
-                  f"MPI receive of {n} B on rank {rank} from rank {peer}")
+        def recv(n: int = nbytes, deadline: Deadline = deadline) -> None:
+            _wait(comm.Irecv([ep.host_recv[:n], MPI.BYTE], source=peer, tag=_TAG), deadline,
+                  lambda: f"MPI receive of {n} B on rank {rank} from rank {peer}")
             ep.stage_in(n)
 
         def round_trips(count: int) -> None:
@@ -153,7 +149,7 @@ def mpi_pingpong(world: Any, sizes: Iterable[int], iters: int, warmup: int,
                     recv()
                     send()
 
-        world.barrier(timeout)
+        world.barrier(deadline)
         round_trips(1)
         ok, detail = True, ""
         if rank < 2:
@@ -163,12 +159,12 @@ def mpi_pingpong(world: Any, sizes: Iterable[int], iters: int, warmup: int,
             if not np.array_equal(got, expected):
                 first = int(np.flatnonzero(got != expected)[0])
                 ok, detail = False, f"rank {rank}: wrong byte from rank {peer} at offset {first} of {nbytes}"
-        reports = world.allgather_object((ok, detail), timeout)
+        reports = world.allgather_object((ok, detail), deadline)
         bad = [d for fine, d in reports if not fine]
         if bad:
             raise Error(f"mpi_pingpong: data check failed ({'; '.join(bad)})")
         round_trips(warmup)
-        world.barrier(timeout)
+        world.barrier(deadline)
         t0 = MPI.Wtime()
         round_trips(iters)
         seconds = MPI.Wtime() - t0

@@ -3,15 +3,18 @@
 As nccl-tests does: operations are enqueued back to back on one stream and timed with CUDA
 events around ``iters`` of them, after ``warmup`` untimed ones. Data is verified once per
 size with fresh random bytes before timing. One communicator per world is created on first
-use (``ncclCommInitRank`` with a unique id from rank 0) and kept for later calls.
+use (``ncclCommInitRank`` with a unique id from rank 0), kept on the World (``world.registry``)
+for later calls, and destroyed by ``world.close()`` (a :class:`~circuslink._lifecycle.Resource`).
+``timeout`` bounds each size's measurement: every wait under it shares one deadline.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ..._lifecycle import Resource
+from ..._wait import Deadline, wait_until
 from ...errors import BackendError, ConfigError, Error, TimeoutError
 from ._common import (
     check_counts,
@@ -19,9 +22,9 @@ from ._common import (
     disable_multicast,
     fresh_seed,
     gbps,
+    on_gpu,
     random_bytes,
     skipped_rows,
-    wait_until,
 )
 
 # dtype name -> (CuPy NCCL constant name, item size, exclusive bound of the random integers).
@@ -39,7 +42,7 @@ _DTYPES = {
     "uint8": ("NCCL_UINT8", 1, 1 << 5),
 }
 
-_comms: dict[tuple[int, str], tuple[Any, Any, Any]] = {}  # (id(world), job) -> (weakref(world), comm, stream)
+_REGISTRY_KEY = "circuslink.bench.baselines.nccl"  # the world's registry slot of its NCCL communicator
 
 
 def _load_nccl():
@@ -57,8 +60,8 @@ def _load_nccl():
 
 def _unavailable(world: Any, impl: str) -> str | None:
     """Why NCCL cannot run in this world (agreed by every rank), or None. Collective."""
-    if world.backend.name != "cuda":
-        return f"{impl} needs the cuda back-end (this run uses {world.backend.name})"
+    if not on_gpu(world):
+        return f"{impl} needs a back-end with a GPU (this run uses {world.backend.name})"
     try:
         _load_nccl()
         mine = None
@@ -75,48 +78,64 @@ def _unavailable(world: Any, impl: str) -> str | None:
     return None
 
 
-def _communicator(world: Any, timeout: float | None):
+class NcclComm(Resource):
+    """NCCL's communicator over every rank of a world, and the stream its operations run on.
+    ``close()`` destroys it (every rank does, in ``world.close()``); after an error or a time-out
+    it is aborted instead (it may be wedged)."""
+
+    _kind = "NCCL communicator"
+
+    def __init__(self, world: Any, nccl: Any, timeout: Deadline | float | None) -> None:
+        import cupy
+
+        self.world = world
+        uid = nccl.get_unique_id() if world.rank == 0 else None
+        uid = world.broadcast_object(uid, timeout=timeout)
+        world.barrier(timeout)  # NCCL's init blocks without a time-out: start it only once every rank is here
+        try:
+            with cupy.cuda.Device(world.device):
+                self.comm = nccl.NcclCommunicator(world.size, uid, world.rank)
+                self.stream = cupy.cuda.Stream(non_blocking=True)
+        except Exception as exc:
+            raise BackendError(f"NCCL communicator init failed on rank {world.rank}: {exc}") from None
+        self._register(world)
+
+    def _close(self, timeout: float | None) -> None:
+        self.comm.destroy()
+
+    def _release_local(self) -> None:
+        try:
+            self.comm.abort()
+        except Exception:
+            pass  # already torn down: nothing left to release
+
+
+def _communicator(world: Any, timeout: Deadline | float | None):
     """(nccl module, communicator over all ranks, stream) for ``world``, created once. Collective."""
     nccl = _load_nccl()
-    import cupy
-
-    key = (id(world), str(getattr(world, "job_id", "")))
-    cached = _comms.get(key)
-    if cached is not None and cached[0]() is world:
-        return nccl, cached[1], cached[2]
-    uid = nccl.get_unique_id() if world.rank == 0 else None
-    uid = world.broadcast_object(uid, timeout=timeout)
-    world.barrier(timeout)  # NCCL's init blocks without a time-out: start it only once every rank is here
-    try:
-        with cupy.cuda.Device(world.device):
-            comm = nccl.NcclCommunicator(world.size, uid, world.rank)
-            stream = cupy.cuda.Stream(non_blocking=True)
-    except Exception as exc:
-        raise BackendError(f"NCCL communicator init failed on rank {world.rank}: {exc}") from None
-    _comms[key] = (weakref.ref(world), comm, stream)
-    return nccl, comm, stream
+    slot = world.registry(_REGISTRY_KEY, dict)
+    held = slot.get("comm")
+    if held is None or held.closed:
+        held = slot["comm"] = NcclComm(world, nccl, timeout)
+    return nccl, held.comm, held.stream
 
 
 def _drop_communicator(world: Any) -> None:
     """Abort and forget the world's communicator (after a time-out it may be wedged)."""
-    key = (id(world), str(getattr(world, "job_id", "")))
-    cached = _comms.pop(key, None)
-    if cached is not None:
-        try:
-            cached[1].abort()
-        except Exception:
-            pass
+    held = world.registry(_REGISTRY_KEY, dict).pop("comm", None)
+    if held is not None:
+        held.release_local()
 
 
-def _wait_event(world: Any, event, timeout: float | None, describe) -> None:
+def _wait_event(world: Any, event, deadline: Deadline, describe) -> None:
     try:
-        wait_until(lambda: event.done, timeout, describe)
+        wait_until(lambda: event.done, deadline, describe)
     except TimeoutError:
         _drop_communicator(world)
         raise
 
 
-def _timed(world: Any, stream, enqueue, iters: int, warmup: int, timeout: float | None, describe) -> float:
+def _timed(world: Any, stream, enqueue, iters: int, warmup: int, deadline: Deadline, describe) -> float:
     """Seconds for ``iters`` calls of ``enqueue()`` back to back on ``stream``, event-timed on this rank."""
     import cupy
 
@@ -125,8 +144,8 @@ def _timed(world: Any, stream, enqueue, iters: int, warmup: int, timeout: float 
             enqueue()
         ev = cupy.cuda.Event(disable_timing=True)
         ev.record(stream)
-        _wait_event(world, ev, timeout, describe)
-    world.barrier(timeout)  # start together, as nccl-tests does
+        _wait_event(world, ev, deadline, describe)
+    world.barrier(deadline)  # start together, as nccl-tests does
     # One more untimed operation before the start event: it cannot finish before every peer has
     # enqueued its side, so the host-side skew of leaving the barrier stays out of the timing.
     enqueue()
@@ -135,11 +154,11 @@ def _timed(world: Any, stream, enqueue, iters: int, warmup: int, timeout: float 
     for _ in range(iters):
         enqueue()
     end.record(stream)
-    _wait_event(world, end, timeout, describe)
+    _wait_event(world, end, deadline, describe)
     return cupy.cuda.get_elapsed_time(start, end) / 1e3
 
 
-def _verify_all(world: Any, ok: bool, what: str, detail: str, timeout: float | None) -> None:
+def _verify_all(world: Any, ok: bool, what: str, detail: str, timeout: Deadline | float | None) -> None:
     """Raise on every rank when any rank's check failed, naming the ranks (collective)."""
     reports = world.allgather_object((ok, detail), timeout)
     bad = [f"rank {r}: {d}" if d else f"rank {r}" for r, (fine, d) in enumerate(reports) if not fine]
@@ -177,7 +196,8 @@ def nccl_pingpong(world: Any, sizes: Iterable[int], iters: int, warmup: int,
     rows: list[dict] = []
     try:
         for nbytes in sizes:
-            seed = world.broadcast_object(fresh_seed() if rank == 0 else None, timeout=timeout)
+            deadline = Deadline.after(timeout)  # bounds every wait of this size's measurement
+            seed = world.broadcast_object(fresh_seed() if rank == 0 else None, timeout=deadline)
             expected = random_bytes(seed, nbytes) if rank < 2 else None
             if rank == 0:
                 sendbuf[:nbytes].set(expected)
@@ -196,12 +216,12 @@ def nccl_pingpong(world: Any, sizes: Iterable[int], iters: int, warmup: int,
                 return f"NCCL pingpong of {nbytes} B on rank {rank} (waiting on rank {peer})"
 
             cupy.cuda.Device(world.device).synchronize()  # the poisoned buffers are in place
-            world.barrier(timeout)
+            world.barrier(deadline)
             # Verify once: after one round trip rank 1 holds rank 0's bytes and rank 0 its own back.
             round_trip()
             ev = cupy.cuda.Event(disable_timing=True)
             ev.record(stream)
-            _wait_event(world, ev, timeout, describe)
+            _wait_event(world, ev, deadline, describe)
             ok, detail = True, ""
             if rank < 2:
                 got = recvbuf[:nbytes].get()
@@ -209,8 +229,8 @@ def nccl_pingpong(world: Any, sizes: Iterable[int], iters: int, warmup: int,
                 if not ok:
                     first = int(np.flatnonzero(got != expected)[0])
                     detail = f"got wrong bytes from rank {peer} at offset {first} of {nbytes}"
-            _verify_all(world, ok, "nccl_pingpong", detail, timeout)
-            seconds = _timed(world, stream, round_trip, iters, warmup, timeout, describe)
+            _verify_all(world, ok, "nccl_pingpong", detail, deadline)
+            seconds = _timed(world, stream, round_trip, iters, warmup, deadline, describe)
             one_way = seconds / (2 * iters)
             if rank == 0:
                 rows.append({"impl": "nccl", "bytes": nbytes, "latency_us": one_way * 1e6,
@@ -254,7 +274,8 @@ def nccl_allreduce(world: Any, sizes: Iterable[int], iters: int, warmup: int, dt
     try:
         for count in counts:
             nbytes = count * itemsize
-            base = world.broadcast_object(fresh_seed() if rank == 0 else None, timeout=timeout)
+            deadline = Deadline.after(timeout)  # bounds every wait of this size's measurement
+            base = world.broadcast_object(fresh_seed() if rank == 0 else None, timeout=deadline)
 
             def contribution(r: int, count=count, base=base):
                 rng = np.random.default_rng(base + r)
@@ -276,20 +297,20 @@ def nccl_allreduce(world: Any, sizes: Iterable[int], iters: int, warmup: int, dt
                 return f"NCCL all-reduce of {nbytes} B on rank {rank} (waiting on the other {n - 1} rank(s))"
 
             cupy.cuda.Device(world.device).synchronize()
-            world.barrier(timeout)
+            world.barrier(deadline)
             allreduce()
             ev = cupy.cuda.Event(disable_timing=True)
             ev.record(stream)
-            _wait_event(world, ev, timeout, describe)
+            _wait_event(world, ev, deadline, describe)
             got = recvbuf[:count].get()
             ok = bool(np.array_equal(got.view(np.uint8), expected.view(np.uint8)))
             detail = ""
             if not ok:
                 first = int(np.flatnonzero(got != expected)[0])
                 detail = f"element {first} is {got[first]!r}, expected {expected[first]!r}"
-            _verify_all(world, ok, "nccl_allreduce", detail, timeout)
-            seconds = _timed(world, stream, allreduce, iters, warmup, timeout, describe)
-            per_op = max(world.allgather_object(seconds, timeout)) / iters
+            _verify_all(world, ok, "nccl_allreduce", detail, deadline)
+            seconds = _timed(world, stream, allreduce, iters, warmup, deadline, describe)
+            per_op = max(world.allgather_object(seconds, deadline)) / iters
             algbw = gbps(nbytes, per_op)
             busbw = algbw * 2 * (n - 1) / n if algbw is not None else None
             rows.append({"impl": "nccl", "op": "allreduce", "dtype": dtype, "bytes": nbytes, "count": count,
@@ -414,12 +435,13 @@ def nccl_grouped_sendrecv(world: Any, peers_per_rank: dict | list, iters: int, w
     def describe() -> str:
         return f"NCCL grouped send/recv on rank {rank} (waiting on rank(s) {', '.join(map(str, peers)) or '-'})"
 
+    deadline = Deadline.after(timeout)  # bounds every wait of the measurement
     try:
-        world.barrier(timeout)
+        world.barrier(deadline)
         exchange()
         ev = cupy.cuda.Event(disable_timing=True)
         ev.record(stream)
-        _wait_event(world, ev, timeout, describe)
+        _wait_event(world, ev, deadline, describe)
         ok, detail = True, ""
         for peer, buf, expected in recvs:
             got = buf.get()
@@ -427,10 +449,10 @@ def nccl_grouped_sendrecv(world: Any, peers_per_rank: dict | list, iters: int, w
                 first = int(np.flatnonzero(got != expected)[0])
                 ok, detail = False, f"message from rank {peer} differs at offset {first}"
                 break
-        _verify_all(world, ok, "nccl_grouped_sendrecv", detail, timeout)
-        seconds = _timed(world, stream, exchange, iters, warmup, timeout, describe)
+        _verify_all(world, ok, "nccl_grouped_sendrecv", detail, deadline)
+        seconds = _timed(world, stream, exchange, iters, warmup, deadline, describe)
     except nccl.NcclError as exc:
         raise BackendError(f"NCCL grouped send/recv failed on rank {rank}: {exc}") from None
-    per_exchange = max(world.allgather_object(seconds, timeout)) / iters
+    per_exchange = max(world.allgather_object(seconds, deadline)) / iters
     return dict(summary, time_us=per_exchange * 1e6, latency_us=per_exchange * 1e6,
                 throughput_GBps=gbps(total_sent, per_exchange), iters=iters)

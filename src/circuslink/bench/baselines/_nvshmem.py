@@ -29,7 +29,7 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from ..._config import resolve_timeout
+from ..._wait import Deadline
 from ...errors import BackendError, CompileError, ConfigError, TimeoutError
 from ._common import MULTICAST_OFF, check_counts, check_sizes, fresh_seed
 
@@ -261,18 +261,19 @@ def nvshmem_pingpong(
     args = [f"sizes={','.join(map(str, sizes))}", f"iters={iters}", f"warmup={warmup}",
             f"seed={fresh_seed()}", f"thread_max={thread_max}", f"modes={','.join(modes)}"]
     cmd = mpirun_command(binary, args, env)
-    limit = resolve_timeout(timeout)
+    deadline = Deadline.after(timeout)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     try:
-        stdout, stderr = proc.communicate(timeout=limit)
+        # Not a poll: communicate() drains both pipes while it waits (a full pipe would stall the child).
+        stdout, stderr = proc.communicate(timeout=deadline.remaining())
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         stdout, stderr = proc.communicate()
         _, done = parse_output(stdout or "")
         last = f"{done[-1]['impl']} {done[-1]['bytes']} B" if done else "nothing"
         raise TimeoutError(
-            f"nvshmem_pingpong (2 PEs under mpirun) did not finish within {limit:g} s; last finished: {last}"
+            f"nvshmem_pingpong (2 PEs under mpirun) did not finish within {deadline.limit:g} s; last finished: {last}"
             f"{_tail(stderr)}"
         ) from None
     _save_log(binary.parent, cmd, stdout, stderr)

@@ -1,30 +1,36 @@
 // circuslink/collectives.cuh - all-reduce, broadcast and barrier inside users' kernels, over channels.
 //
-// A circuslink::collectives::Ring is one rank's place in a ring of byte channels: a Sender to
-// rank + 1 and a Receiver from rank - 1 (mod size), plus a scratch buffer. The host makes them:
-// circuslink.collectives.Comm(world).device_rings() gives an array of Rings (one per block
-// that takes part); pass its pointer to your kernel. Every rank must call the same collectives
-// in the same order on the same rings (as with MPI).
+// A kernel receives a circuslink::collectives::Rings handle by value: on the host,
+// circuslink.collectives.Comm(world).device_handle(nbytes) (a 16-byte struct CuPy passes as it is).
+// It names `count` rings of byte channels; each Ring is one rank's place in one ring (a Sender to
+// rank + 1, a Receiver from rank - 1, mod size, plus scratch). Every rank must call the same
+// collectives in the same order on the same handle (as with MPI).
 //
 //   namespace cc = circuslink::collectives;
-//   extern "C" __global__ void step(const cc::Ring* rings, unsigned int nrings, float* x, unsigned long long n) {
+//   template <class T>
+//   __global__ void step(cc::Rings rings, T* x, unsigned long long n, int* failed) {
 //     ... compute x ...
-//     cc::allreduce_grid(rings, nrings, x, n, cc::Sum());   // every thread of the grid; in place
+//     if (!cc::allreduce_grid(rings, x, n, cc::Sum())) *failed = 1;   // every thread of the grid; in place
 //     ... use x ...
 //   }
 //
-// Forms: *_block (all threads of ONE block, one Ring) and *_grid (slice s of the data travels over
-// rings[s]; block b takes slices b, b + gridDim.x, ...: any grid size covers every slice, and a grid
-// no larger than the rank's SM budget allows, world.backend.max_blocks(...), never stalls a peer).
-// Every call returns
-// false if a channel wait timed out (the channel recorded an error the host raises).
+// Forms:
+//   *_block(const Ring&, ...)   every thread of ONE block, over one ring
+//   *_grid(const Rings&, ...)   every thread of the grid: slice s of the data travels over rings[s];
+//                               block b takes slices b, b + G, ... (G blocks), so any grid size covers
+//                               every slice. A grid whose blocks wait on peers must fit at once in the
+//                               rank's SM budget: size it with world.backend.max_blocks(kernel, threads).
+//   barrier_block(const Rings&) every thread of one block, over rings[0]
+// Blocks of any shape (1-D, 2-D or 3-D) of at least 32 threads: threads are numbered linearly.
+// Every call returns false, on every thread of the group, if a channel wait timed out (the channel
+// recorded an error that the host raises as circuslink.ChannelError naming it: comm.check()).
 //
 // Algorithms: ring reduce-scatter + all-gather (2 (size - 1) hops; every segment is reduced
 // once, so every rank gets bitwise the same result); for 2 ranks and data that fits one piece,
 // a direct exchange (1 hop; op(a, b) == op(b, a) bitwise for sum / max / min, so both ranks
 // still agree). Broadcast is a pipelined chain from the root; barrier two trips of a token.
 // Data flows in pieces of at most half a channel's ring, alternating one write to the right
-// and one read from the left, which cannot deadlock (see circuslink/collectives/_algorithms.py).
+// and one read from the left, which cannot deadlock (docs/collectives.md explains why).
 #pragma once
 
 #include "detail/collectives_types.cuh"

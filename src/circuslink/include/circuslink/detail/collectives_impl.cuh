@@ -11,6 +11,12 @@ typedef unsigned long long u64;
 
 __device__ __forceinline__ u64 min_u64(u64 a, u64 b) { return a < b ? a : b; }
 
+// This block's linear index in the grid and the grid's block count (1-D, 2-D or 3-D grids).
+__device__ __forceinline__ unsigned int grid_block() {
+  return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+}
+__device__ __forceinline__ unsigned int grid_blocks() { return gridDim.x * gridDim.y * gridDim.z; }
+
 // [lo, hi) of segment i of `count` elements of `elem` bytes split in `parts`: whole 16-byte units
 // (so every segment starts 16-byte aligned and the channel copies whole vectors), the first
 // (units % parts) one unit longer, and the last also taking the elements past the last whole unit.
@@ -50,10 +56,12 @@ __device__ bool exchange(const Ring& ring, const unsigned char* src, u64 send_by
   return true;
 }
 
+// Every thread of the block, whatever its shape (1-D, 2-D or 3-D): dst[i] = op(dst[i], from[i]).
 template <class T, class Op>
 __device__ void combine(T* dst, const unsigned char* from, u64 bytes, Op op) {
   const T* src = reinterpret_cast<const T*>(from);
-  for (u64 i = threadIdx.x; i < bytes / sizeof(T); i += blockDim.x) dst[i] = op(dst[i], src[i]);
+  const u64 step = circuslink::detail::block_threads();
+  for (u64 i = circuslink::detail::block_thread(); i < bytes / sizeof(T); i += step) dst[i] = op(dst[i], src[i]);
 }
 
 }  // namespace detail
@@ -95,14 +103,15 @@ __device__ bool allreduce_block(const Ring& ring, T* data, unsigned long long n,
   return true;
 }
 
-// Every thread of the grid: slice s of data is reduced over rings[s], s = 0 .. nrings - 1; block b
-// takes slices b, b + gridDim.x, ... in that order (every rank in the same order, so a grid smaller
-// than nrings - as the SM budget may force - still covers every slice and cannot deadlock).
+// Every thread of the grid: slice s of data is reduced over rings[s], s = 0 .. rings.count - 1; block b
+// takes slices b, b + G, b + 2G, ... (G = blocks in the grid) in that order, on every rank, so any grid
+// size covers every slice - also one smaller than rings.count, as the SM budget may force - and the
+// ranks cannot deadlock: the lowest unfinished slice always has every rank's owning block at it.
 template <class T, class Op>
-__device__ bool allreduce_grid(const Ring* rings, unsigned int nrings, T* data, unsigned long long n, Op op) {
-  for (unsigned int s = blockIdx.x; s < nrings; s += gridDim.x) {
+__device__ bool allreduce_grid(const Rings& rings, T* data, unsigned long long n, Op op) {
+  for (unsigned int s = detail::grid_block(); s < rings.count; s += detail::grid_blocks()) {
     detail::u64 lo, hi;
-    detail::segment(n, sizeof(T), nrings, s, lo, hi);
+    detail::segment(n, sizeof(T), rings.count, s, lo, hi);
     if (!allreduce_block(rings[s], data + lo, hi - lo, op)) return false;
     __syncthreads();
   }
@@ -131,11 +140,10 @@ __device__ bool broadcast_block(const Ring& ring, T* data, unsigned long long n,
 
 // Slices as allreduce_grid: every slice is covered whatever the grid size.
 template <class T>
-__device__ bool broadcast_grid(const Ring* rings, unsigned int nrings, T* data, unsigned long long n,
-                               unsigned int root) {
-  for (unsigned int s = blockIdx.x; s < nrings; s += gridDim.x) {
+__device__ bool broadcast_grid(const Rings& rings, T* data, unsigned long long n, unsigned int root) {
+  for (unsigned int s = detail::grid_block(); s < rings.count; s += detail::grid_blocks()) {
     detail::u64 lo, hi;
-    detail::segment(n, sizeof(T), nrings, s, lo, hi);
+    detail::segment(n, sizeof(T), rings.count, s, lo, hi);
     if (!broadcast_block(rings[s], data + lo, hi - lo, root)) return false;
     __syncthreads();
   }
@@ -148,7 +156,7 @@ __device__ inline bool barrier_block(const Ring& ring) {
   Sender<unsigned char> right = ring.right;
   Receiver<unsigned char> left = ring.left;
   __shared__ unsigned char token[16];
-  if (threadIdx.x == 0) token[0] = 0xB7;
+  if (circuslink::detail::block_thread() == 0) token[0] = 0xB7;
   __syncthreads();
   for (int trip = 0; trip < 2; ++trip) {
     if (ring.rank == 0) {
@@ -163,6 +171,9 @@ __device__ inline bool barrier_block(const Ring& ring) {
   __syncthreads();
   return true;
 }
+
+// All threads of one block: the barrier over the first ring of a handle (comm.device_handle()).
+__device__ inline bool barrier_block(const Rings& rings) { return barrier_block(rings[0]); }
 
 }  // namespace collectives
 }  // namespace circuslink

@@ -1,7 +1,7 @@
 // circuslink/detail/trace_types.cuh - the trace record and handle layouts.
 //
-// These layouts are mirrored by circuslink/trace/_layout.py (RECORD_DTYPE, HANDLE_DTYPE);
-// change both together. Plain structs: visible to host C++ as well as device code.
+// The host's ABI tables of Record and Handle are circuslink/trace/_layout.py (RECORD, HANDLE);
+// tests/test_abi.py checks that both sides agree. Plain structs: visible to host C++ as well.
 #pragma once
 
 namespace circuslink {

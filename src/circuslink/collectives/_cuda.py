@@ -1,0 +1,194 @@
+"""The collectives' engine on back-ends that run kernels (cuda): collectives.cuh launched from the host,
+and the ``circuslink::collectives::Rings`` handle users' kernels receive.
+
+Two sets of rings per communicator: one low-latency ring (LL channels, one block) for messages up
+to :data:`LL_MAX_BYTES`, and ``rings`` bandwidth-mode rings (1 MiB BW channels, one block each, each
+reducing its own slice of the data) for larger ones. Each host call is one launch of
+``collectives_kernels.cu`` on the world's stream, after the caller's stream.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._config import default_timeout
+from .._wait import Deadline
+from ..errors import ChannelError, ConfigError
+from ._layout import RING, RINGS
+from ._ring import ChannelRing
+
+# LL reads are done by one warp, two 120-byte packets per poll round: unbeatable for a few
+# packets, slow beyond (~0.5 GB/s). So LL only up to 1 KiB (9 packets); above, every block of
+# the grid moves its own slice in bandwidth mode (one 16-byte-vector packet per piece).
+LL_MAX_BYTES = 1 << 10
+LL_DEPTH_BYTES = 16 << 10  # auto mode makes these LL channels (payload <= 64 KiB)
+BW_DEPTH_BYTES = 1 << 20  # and these BW channels (16 slots of 64 KiB)
+DEFAULT_RINGS = 64  # blocks per all-reduce: each alternates writing and reading, so it takes
+# about twice the ~16 CTAs that saturate NVLink with stores alone, plus margin (tune with --rings)
+THREADS = 512
+
+# C++ types of the dtypes the device collectives reduce (float16 only on the cpu back-end).
+C_TYPES = {
+    "int8": "signed char", "uint8": "unsigned char", "int16": "short", "uint16": "unsigned short",
+    "int32": "int", "uint32": "unsigned int", "int64": "long long", "uint64": "unsigned long long",
+    "float32": "float", "float64": "double",
+}
+OP_TYPES = {"sum": "Sum", "max": "Max", "min": "Min"}
+KERNELS = Path(__file__).with_name("collectives_kernels.cu")
+
+
+def allreduce_kernel(dtype_name: str, op: str) -> str:
+    """The name expression of the all-reduce kernel for a dtype and op: ``cl_allreduce<float, ...::Sum>``."""
+    return f"cl_allreduce<{C_TYPES[dtype_name]}, circuslink::collectives::{OP_TYPES[op]}>"
+
+
+def kernel_names(dtype_name: str) -> list[str]:
+    """The templates one module instantiates: the dtype's three all-reduces. (Broadcast and barrier are
+    extern "C": CuPy finds an unlisted name as it is.)"""
+    return [allreduce_kernel(dtype_name, op) for op in OP_TYPES]
+
+
+class DeviceRings:
+    """One ChannelRing's rings as an array of Ring records in device memory, with scratch, and the
+    by-value ``Rings`` handle that points at them."""
+
+    def __init__(self, world: Any, ring: ChannelRing) -> None:
+        cp = world.xp
+        self.count = ring.count
+        self.piece = ring.piece
+        self.scratch = cp.zeros(max(1, ring.count * ring.piece), dtype=cp.uint8)
+        rec = RING.array(ring.count)
+        for i in range(ring.count):
+            if world.size > 1:
+                rec["right"][i] = ring.rights[i].device_handle()
+                rec["left"][i] = ring.lefts[i].device_handle()
+            rec["scratch"][i] = self.scratch.data.ptr + i * ring.piece
+            rec["piece"][i] = ring.piece
+            rec["rank"][i] = world.rank
+            rec["size"][i] = world.size
+        self.array = cp.asarray(rec.view(np.uint8))
+        self.handle = RINGS.pack(rings=self.array.data.ptr, count=ring.count)
+
+    def release(self) -> None:
+        self.array = self.scratch = None
+
+
+class Engine:
+    """The device collectives driven from the host (one kernel launch per call)."""
+
+    def __init__(self, world: Any, depth_bytes: int, rings: int | None, timeout: float | None) -> None:
+        from ..device_code import compile as compile_device
+
+        self.cp = world.xp
+        self.world = world
+        self.stream = world.backend.stream
+        n = world.size
+        self.ll_ring = self.bw_ring = None
+        self.ll = self.bw = None
+        try:
+            self.ll_ring = ChannelRing(world, LL_DEPTH_BYTES, timeout, count=1, tag=".ll", id_base=0x8000)
+            self.bw_ring = ChannelRing(world, BW_DEPTH_BYTES, timeout, count=rings or DEFAULT_RINGS, tag=".bw",
+                                       id_base=0x8000 + 2 * n)
+            self.ll = DeviceRings(world, self.ll_ring)
+            self.bw = DeviceRings(world, self.bw_ring)
+        except BaseException:
+            self.release_local()
+            raise
+        self._compile = compile_device
+        self._modules: dict[str, Any] = {}
+        self.status = self.cp.zeros(1, dtype=self.cp.int32)
+        device = self.bw_ring.timeout
+        # A backstop: the channels' device waits give up first (with timeout 0 they never do, and
+        # the host's own limit applies).
+        self.host_limit = 2 * device + 5 if device else default_timeout()
+
+    def _module(self, dtype_name: str) -> Any:
+        # One module per dtype, compiled on first use: all ten at once take NVRTC ~a minute, and
+        # CuPy caches each on disk after that.
+        if dtype_name not in self._modules:
+            self._modules[dtype_name] = self._compile(KERNELS.read_text(), name_expressions=kernel_names(dtype_name))
+        return self._modules[dtype_name]
+
+    def rings_for(self, nbytes: int | None) -> DeviceRings:
+        return self.ll if nbytes is not None and nbytes <= LL_MAX_BYTES else self.bw
+
+    def device_handle(self, nbytes: int | None) -> np.void:
+        return self.rings_for(nbytes).handle
+
+    def check(self) -> None:
+        for ring in (self.ll_ring, self.bw_ring):
+            if ring is not None and ring.channels is not None:
+                ring.channels.check()  # raises ChannelError naming the channel that stalled
+
+    def wait(self, stream: Any, what: str) -> None:
+        self.world.backend.wait_stream(stream, Deadline.after(self.host_limit),
+                                       lambda: f"{what} on rank {self.world.rank}: its kernel did not finish")
+        self.check()
+
+    def _launch(self, name: str, grid: int, args: tuple, what: str, dtype_name: str = "uint8") -> None:
+        with self.stream:  # the status reset must precede the kernel on the same stream
+            self.status.fill(0)
+        fn = self._module(dtype_name).get_function(name)
+        # The forward-progress rule: never more resident blocks than this rank's SM share holds
+        # (the *_grid forms cover every ring's slice with fewer blocks).
+        grid = min(grid, self.world.backend.max_blocks(fn, THREADS))
+        fn((grid,), (THREADS,), args + (self.status,), stream=self.stream)
+        self.wait(self.stream, what)
+        if int(self.status.get()[0]):
+            raise ChannelError(f"{what} on rank {self.world.rank} failed in device code")
+
+    def allreduce(self, array: Any, op: str) -> Any:
+        cp = self.cp
+        name = np.dtype(array.dtype).name
+        if name not in C_TYPES:
+            raise ConfigError(f"allreduce: dtype {name} is not supported on the {self.world.backend.name} back-end "
+                              f"(supported: {', '.join(C_TYPES)})")
+        self.world.backend.after_caller()
+        with self.stream:  # the copy must land before the kernel that reads it
+            out = cp.array(array, copy=True, order="C")
+        if self.world.size == 1 or out.size == 0:
+            self.stream.synchronize()
+            return out
+        rings = self.rings_for(out.nbytes)
+        self._launch(allreduce_kernel(name, op), rings.count, (rings.handle, out, np.uint64(out.size)),
+                     "allreduce", name)
+        return out
+
+    def broadcast(self, array: Any, root: int) -> Any:
+        cp = self.cp
+        self.world.backend.after_caller()
+        with self.stream:
+            out = cp.array(array, copy=True, order="C")
+        if self.world.size == 1 or out.size == 0:
+            self.stream.synchronize()
+            return out
+        raw = out.reshape(-1).view(cp.uint8)
+        rings = self.rings_for(raw.nbytes)
+        self._launch("cl_broadcast", rings.count, (rings.handle, raw, np.uint64(raw.size), np.uint32(root)),
+                     "broadcast")
+        return out
+
+    def barrier(self) -> None:
+        if self.world.size > 1:
+            self.world.backend.after_caller()  # a barrier also orders the caller's earlier work
+            self._launch("cl_barrier", 1, (self.ll.handle,), "barrier")
+
+    def close(self, timeout: float | None) -> None:
+        for ring in (self.ll_ring, self.bw_ring):
+            if ring is not None:
+                ring.close(timeout)
+        self._drop_device_memory()
+
+    def release_local(self) -> None:
+        for ring in (self.ll_ring, self.bw_ring):
+            if ring is not None:
+                ring.release_local()
+        self._drop_device_memory()
+
+    def _drop_device_memory(self) -> None:
+        for rings in (self.ll, self.bw):
+            if rings is not None:
+                rings.release()

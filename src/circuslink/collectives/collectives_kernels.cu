@@ -1,0 +1,28 @@
+// The host API's collectives on the cuda back-end (circuslink/collectives/_cuda.py): one launch per
+// call over the rings of a Comm. Compiled at run time with circuslink.compile; the all-reduce is a
+// template instantiated by name (cl_allreduce<float, circuslink::collectives::Sum>, ...), one
+// module per element type.
+#include <circuslink/collectives.cuh>
+
+namespace {
+
+// The first block that fails says so; the host then asks the channels which one stalled.
+__device__ __forceinline__ void cl_fail(int* status) {
+  if (circuslink::detail::block_thread() == 0) atomicExch(status, 1);
+}
+
+}  // namespace
+
+template <class T, class Op>
+__global__ void cl_allreduce(circuslink::collectives::Rings rings, T* data, unsigned long long n, int* status) {
+  if (!circuslink::collectives::allreduce_grid(rings, data, n, Op())) cl_fail(status);
+}
+
+extern "C" __global__ void cl_broadcast(circuslink::collectives::Rings rings, unsigned char* data,
+                                        unsigned long long n, unsigned int root, int* status) {
+  if (!circuslink::collectives::broadcast_grid(rings, data, n, root)) cl_fail(status);
+}
+
+extern "C" __global__ void cl_barrier(circuslink::collectives::Rings rings, int* status) {
+  if (!circuslink::collectives::barrier_block(rings)) cl_fail(status);
+}

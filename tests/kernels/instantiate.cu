@@ -1,0 +1,17 @@
+// nvcc's check of the run-time kernels (tests/test_collectives.py): NVRTC instantiates the templates by
+// name when a rank first needs them; here they are instantiated explicitly, so nvcc compiles their
+// bodies in CI. The test appends CL_INSTANTIATE_* lines built from the host's own name expressions.
+#include "../../src/circuslink/collectives/collectives_kernels.cu"
+#include "../../src/circuslink/bench/kernels/allreduce_loop.cu"
+#include "collectives_user.cu"
+
+// T first: the name expression (the rest) has a comma of its own.
+#define CL_INSTANTIATE_ALLREDUCE(T, ...) \
+  template __global__ void __VA_ARGS__(circuslink::collectives::Rings, T*, unsigned long long, int*);
+#define CL_INSTANTIATE_LOOP(T)                                                                        \
+  template __global__ void allreduce_loop<T>(cc::Rings, T*, unsigned long long, unsigned int, \
+                                             unsigned long long*, tr::Handle, int*);
+
+template __global__ void fused<float>(cc::Rings, int, float*, unsigned long long, int*);
+template __global__ void grid_calls<unsigned int>(cc::Rings, unsigned int*, unsigned long long, unsigned int*,
+                                                  unsigned long long, unsigned int, int*);
