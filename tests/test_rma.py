@@ -269,7 +269,10 @@ def test_state_machine_errors(win):
         q.clear()
     with pytest.raises(cl.RmaError, match=r"free on rma queue \d+ of window \d+ on rank 0 while epoch 1 is in flight"):
         q.free()
-    assert not q.closed  # refused: nothing happened
+    with pytest.raises(cl.RmaError, match=r"free on window \d+: rma queue \d+ of window \d+ on rank 0 has epoch 1 "
+                                          r"in flight: call wait\(\) first"):
+        win.free()
+    assert not q.closed and not win.closed  # refused: nothing happened
     q.wait()
     q.clear()  # back to open: a new chain, counters keep counting
     q.push(rma.declare_write(win, 64, win, 512, 8, 0))

@@ -90,6 +90,15 @@ class Window(Resource):
         """Collective: free the window and every queue allocated on it (``close()``). Idempotent."""
         self.close(timeout)
 
+    def close(self, timeout: float | Deadline | None = None) -> None:
+        """Collective: free the window and its queues (see :meth:`free`). Refused while a queue has an epoch
+        in flight (nothing is released then)."""
+        busy = [q for q in self._queues if q._state == _STARTED]
+        if not self._closed and busy:
+            raise RmaError(f"free on window {self.index}: {busy[0]._where()} has epoch {busy[0].epoch} in flight: "
+                           "call wait() first")
+        super().close(timeout)
+
     def _close(self, timeout: float | Deadline | None) -> None:
         deadline = Deadline.after(timeout)  # one limit for the whole free: queues and window together
         for q in reversed(list(self._queues)):
