@@ -459,7 +459,10 @@ class Queue(Resource):
         try:
             self._impl.commit(self, base, post_at, incoming_specs, deadline)
         except BaseException:
-            self._impl.clear(None)  # nothing half-built stays behind: the queue is open, as before
+            try:
+                self._impl.clear(None)  # nothing half-built stays behind: the queue is open, as before
+            except Exception:  # noqa: S110 - the commit's own error is the one to report
+                pass
             raise
         self.epoch = base
         self.post_at = post_at
