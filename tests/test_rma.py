@@ -1,14 +1,24 @@
-"""RMA queues on the cpu back-end (the reference) and the mpi back-end (MPI-3 RMA under mpirun).
+"""RMA queues: the same bodies on every back-end (cpu here; cuda on the device machine) and the mpi engine.
 
 The exchange tests run one body at 2 and 4 ranks: a ring where every rank writes
 contiguous and block-stride pieces to both neighbours, with fresh random data every
-cycle. After each wait() every rank rebuilds, from the seeds alone, what its whole window
-must hold (the poison it started with, its own new source bytes, its neighbours' writes)
-and compares byte for byte, so a write that lands wrong, short, twice or outside its
-blocks fails.
+cycle (seeded by CIRCUSLINK_TEST_SEED). After each wait() every rank rebuilds, from the
+seeds alone, what its whole window must hold (the poison it started with, its own new
+source bytes, its neighbours' writes) and compares byte for byte, so a write that lands
+wrong, short, twice or outside its blocks fails.
+
+Then: validation (one-line errors), time-outs (which limit reaches which wait, and what the
+error names), the lifecycle (close, ``with``, release on error, nothing left after a failing
+commit or free), the public hooks (describe, stream/block on engines without streams) and the
+device handle's ABI table.
 """
 
 from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,14 +26,21 @@ import pytest
 import circuslink as cl
 from circuslink import rma
 
+BACKENDS = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+# (world back-end, CIRCUSLINK_RMA_ENGINE): the cuda engine's two launch methods
+LAUNCHES = [("cpu", None), pytest.param("cuda", "kernel", marks=pytest.mark.gpu),
+            pytest.param("cuda", "graph", marks=pytest.mark.gpu)]
+
 # The ring body. WINDOW layout per rank: [0, 4096) my sources, [4096, 8192) what my
 # neighbours write into me; everything else keeps its poison.
 RING = """
+import os
 import numpy as np
 import circuslink as cl
 from circuslink import rma
 
-BACKEND, CYCLES, POST_AT = {backend!r}, {cycles}, {post_at!r}
+ENGINE, CYCLES, POST_AT = {engine!r}, {cycles}, {post_at!r}
+SEED = int(os.environ["CIRCUSLINK_TEST_SEED"])
 world = cl.init()
 me, n = world.rank, world.size
 right, left = (me + 1) % n, (me - 1) % n
@@ -38,15 +55,15 @@ PIECES = [
 ]
 
 def poison(rank):
-    return np.random.default_rng([7, rank]).integers(0, 256, NBYTES, dtype=np.uint8)
+    return np.random.default_rng([SEED, 7, rank]).integers(0, 256, NBYTES, dtype=np.uint8)
 
 def sources(rank, cycle):
-    return np.random.default_rng([11, rank, cycle]).integers(0, 256, 4096, dtype=np.uint8)
+    return np.random.default_rng([SEED, 11, rank, cycle]).integers(0, 256, 4096, dtype=np.uint8)
 
 def blocks(off, count, block, stride):
     return np.concatenate([np.arange(off + i * stride, off + i * stride + block) for i in range(count)])
 
-win = rma.window_alloc(world, NBYTES, backend=BACKEND)
+win = rma.window_alloc(world, NBYTES, engine=ENGINE)
 win.local[:] = world.xp.asarray(poison(me))
 world.barrier()
 q = rma.Queue.alloc(win)
@@ -80,55 +97,66 @@ for cycle in range(CYCLES):
         world.barrier()  # post_at=wait lets origins write the next epoch once my wait returns
 q.free()
 win.free()
+left = [r for r in world.resources() if isinstance(r, cl.SymmetricBuffer | rma.Window | rma.Queue)]
+assert not left, left   # the queue's counters and the window's buffer went too
 world.close()
 print(f"rank {{me}} ok {{CYCLES}} cycles")
 """
 
 
-def _ring(spmd, n, cycles, backend="cpu", post_at="start", launcher="circuslink", world_backend="cpu", env=None):
-    code = RING.format(backend=backend, cycles=cycles, post_at=post_at)
-    job = spmd(n, code, backend=world_backend, launcher=launcher, timeout=120, env=env).check()
+def _ring(spmd, n, cycles, engine="auto", post_at="start", launcher="circuslink", world_backend="cpu", launch=None,
+          env=None):
+    code = RING.format(engine=engine, cycles=cycles, post_at=post_at)
+    env = dict(env or {})
+    if launch:
+        env["CIRCUSLINK_RMA_ENGINE"] = launch
+    job = spmd(n, code, backend=world_backend, launcher=launcher, timeout=300, env=env).check()
     assert job.output.count(f"ok {cycles} cycles") == n, job.output
 
 
+@pytest.mark.parametrize("backend, launch", LAUNCHES)
 @pytest.mark.parametrize("n", [2, 4])
-def test_ring_exchange_is_byte_exact(spmd, n):
-    _ring(spmd, n, cycles=20)
+def test_ring_exchange_is_byte_exact(spmd, backend, launch, n):
+    _ring(spmd, n, cycles=20, world_backend=backend, launch=launch)
 
 
+@pytest.mark.parametrize("backend, launch", LAUNCHES)
 @pytest.mark.parametrize("n", [2, 4])
-def test_thousand_cycles_with_changing_data(spmd, n):
-    _ring(spmd, n, cycles=1000)
+def test_thousand_cycles_with_changing_data(spmd, backend, launch, n):
+    _ring(spmd, n, cycles=1000, world_backend=backend, launch=launch)
 
 
-def test_post_at_wait(spmd):
-    _ring(spmd, 2, cycles=50, post_at="wait")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_post_at_wait(spmd, backend):
+    _ring(spmd, 2, cycles=50, post_at="wait", world_backend=backend)
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("n", [2, 4])
-def test_mpi_ring_exchange_is_byte_exact(spmd, n):
-    _ring(spmd, n, cycles=20, backend="mpi", launcher="mpirun")
+def test_mpi_ring_exchange_is_byte_exact(spmd, backend, n):
+    """The mpi engine; on a cuda world it stages through host memory."""
+    _ring(spmd, n, cycles=20, engine="mpi", launcher="mpirun", world_backend=backend)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [2, 4])
 def test_mpi_thousand_cycles(spmd, n):
-    _ring(spmd, n, cycles=1000, backend="mpi", launcher="mpirun")
+    _ring(spmd, n, cycles=1000, engine="mpi", launcher="mpirun")
 
 
 @pytest.mark.mpi
 def test_mpi_ring_without_single_copy_transport(spmd):
     """The device machines' Open MPI runs with btl_vader_single_copy_mechanism=none, where
     MPI_Win_create over a user buffer fails (MPI_ERR_WIN); our windows must still work."""
-    _ring(spmd, 2, cycles=20, backend="mpi", launcher="mpirun",
+    _ring(spmd, 2, cycles=20, engine="mpi", launcher="mpirun",
           env={"OMPI_MCA_btl_vader_single_copy_mechanism": "none"})
 
 
 @pytest.mark.mpi
 def test_cpu_queue_under_mpirun(spmd):
     """The cpu engine does not care who launched the ranks."""
-    _ring(spmd, 2, cycles=20, backend="cpu", launcher="mpirun")
+    _ring(spmd, 2, cycles=20, launcher="mpirun")
 
 
 # -- validation, in this process (a world of one rank may write to itself) ---------------------
@@ -145,8 +173,7 @@ def win(world):
     w.free()
 
 
-def test_self_write_in_one_rank_world(world, win):
-    rng = np.random.default_rng()
+def test_self_write_in_one_rank_world(world, win, rng):
     win.local[:] = rng.integers(0, 256, 1024, dtype=np.uint8)
     before = win.local.copy()
     q = rma.Queue.alloc(win)
@@ -240,6 +267,12 @@ def test_state_machine_errors(win):
         q.start()
     with pytest.raises(cl.RmaError, match="while epoch 1 is in flight"):
         q.clear()
+    with pytest.raises(cl.RmaError, match=r"free on rma queue \d+ of window \d+ on rank 0 while epoch 1 is in flight"):
+        q.free()
+    with pytest.raises(cl.RmaError, match=r"free on window \d+: rma queue \d+ of window \d+ on rank 0 has epoch 1 "
+                                          r"in flight: call wait\(\) first"):
+        win.free()
+    assert not q.closed and not win.closed  # refused: nothing happened
     q.wait()
     q.clear()  # back to open: a new chain, counters keep counting
     q.push(rma.declare_write(win, 64, win, 512, 8, 0))
@@ -249,10 +282,13 @@ def test_state_machine_errors(win):
     q.wait()
     assert q.epoch == 2
     q.free()
-    for op in (q.start, q.wait, q.clear, q.commit, lambda: q.push(None), lambda: q.add_origin(0)):
+    assert q.closed
+    for op in (q.start, q.wait, q.clear, q.commit, lambda: q.push(None), lambda: q.add_origin(0), q.device_handle,
+               q.check_device):
         with pytest.raises(cl.RmaError, match="has been freed"):
             op()
     q.free()  # idempotent
+    q.close()
 
 
 def test_push_checks_the_window(world, win):
@@ -268,20 +304,248 @@ def test_push_checks_the_window(world, win):
 
 
 def test_window_alloc_errors(world):
+    before = world.resources()
     with pytest.raises(cl.RmaError, match="nbytes must be a positive integer"):
         rma.window_alloc(world, 0)
-    with pytest.raises(cl.RmaError, match="unknown backend 'tcp'"):
-        rma.window_alloc(world, 64, backend="tcp")
-    with pytest.raises(cl.RmaError, match="backend 'cuda' needs a world of that back-end"):
-        rma.window_alloc(world, 64, backend="cuda")
-    with pytest.raises(cl.RmaError, match="needs a job started by mpirun"):
-        rma.window_alloc(world, 64, backend="mpi")
+    with pytest.raises(cl.RmaError, match="unknown engine 'tcp': choose auto or mpi"):
+        rma.window_alloc(world, 64, engine="tcp")
+    # The world's own engine is "auto": naming a back-end is not how one chooses it.
+    with pytest.raises(cl.RmaError, match="unknown engine 'cuda'"):
+        rma.window_alloc(world, 64, engine="cuda")
+    with pytest.raises(cl.RmaError, match=r"window_alloc\(engine='mpi'\) needs a job started by mpirun"):
+        rma.window_alloc(world, 64, engine="mpi")
+    assert world.resources() == before  # refused before anything was allocated
 
 
 def test_commit_option_checked(win):
     q = rma.Queue.alloc(win)
     with pytest.raises(cl.RmaError, match="post_at='soon' must be one of start, wait"):
         q.commit(post_at="soon")
+
+
+# -- public hooks: describe, streams ---------------------------------------------------------------
+def test_describe_reports_the_committed_plan(win):
+    q = rma.Queue.alloc(win)
+    plain = rma.declare_strided_write(win, 512, win, 0, 4, 16, 32, 48, 0)
+    forced = rma.declare_transpose_write(win, 700, 8, win, 256, 8, 4, 8, "float32", 0, tile=(2, 4))
+    whole = rma.declare_transpose_write(win, 960, 2, win, 400, 4, 2, 4, "float32", 0)
+    for h in (plain, forced, whole):
+        q.push(h)
+    q.add_origin(0)
+    d = q.describe()
+    assert d["state"] == "open" and d["timeout_s"] is None and d["engine"] == "cpu"
+    assert d["handles"] == [plain.describe(), forced.describe(), whole.describe()]
+    assert "copies" not in d  # no plan before commit
+    q.commit(timeout=7.5)
+    d = q.describe()
+    assert (d["state"], d["timeout_s"], d["targets"], d["origins"], d["post_at"]) == ("committed", 7.5, [0], [0],
+                                                                                        "start")
+    assert d["queue"] == q.name and d["rank"] == 0 and d["epoch"] == q.epoch
+    # The cpu engine copies a forced tile's pieces one by one, else the whole block at once.
+    assert d["transposes"] == [
+        {"handle": forced.id, "dtype": "float32", "rows": 4, "cols": 8, "dst_rank": 0, "tile": (2, 4)},
+        {"handle": whole.id, "dtype": "float32", "rows": 2, "cols": 4, "dst_rank": 0, "tile": None}]
+    assert d["copies"] == 1 + (4 // 2) * (8 // 4) + 1
+    q.start()
+    assert q.describe()["state"] == "started"
+    q.wait()
+    q.free()
+    assert q.describe()["state"] == "freed"
+
+
+def test_streams_need_a_device_engine(win):
+    q = rma.Queue.alloc(win)
+    q.push(rma.declare_write(win, 0, win, 512, 8, 0))
+    q.add_origin(0)
+    q.commit()
+    with pytest.raises(cl.RmaError, match=r"start\(stream=\) on rma queue .*: the cpu engine runs on the host and "
+                                          r"has no streams"):
+        q.start(stream=object())
+    assert q.describe()["state"] == "committed"  # refused before anything moved
+    q.start()
+    with pytest.raises(cl.RmaError, match=r"wait\(block=False\) on .*the cpu engine runs on the host"):
+        q.wait(block=False)
+    q.wait()
+    with pytest.raises(cl.RmaError, match="device_handle: .* uses the cpu engine, which runs no kernels"):
+        q.device_handle()
+    q.check_device()  # nothing recorded, nothing to raise
+    q.free()
+
+
+# -- the device handle's ABI ------------------------------------------------------------------------
+INCLUDE = Path(__file__).resolve().parents[1] / "src" / "circuslink" / "include"
+
+
+def test_device_handle_table():
+    from circuslink import _abi
+    from circuslink.rma import _layout
+
+    assert _layout.HANDLE in _abi.registered()
+    assert (_layout.HANDLE.cxx, _layout.HANDLE.size, _layout.HANDLE.align) == ("circuslink::RmaHandle", 8, 8)
+    h = _layout.HANDLE.pack(queue=0xDEADBEEF000)
+    assert isinstance(h, np.void) and h.dtype.isalignedstruct and int(h["queue"]) == 0xDEADBEEF000
+    assert np.frombuffer(h.tobytes(), dtype="<u8")[0] == 0xDEADBEEF000
+
+
+def _nvcc(source: str, tmp_path) -> subprocess.CompletedProcess:
+    path = tmp_path / "abi.cu"
+    path.write_text(source)
+    return subprocess.run([shutil.which("nvcc"), "-std=c++17", "-arch=sm_90a", f"-I{INCLUDE}", "-c", str(path), "-o",
+                           str(tmp_path / "abi.o")], capture_output=True, text=True)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_rma_tables_match_the_header_and_drift_fails(tmp_path):
+    from circuslink import _abi
+    from circuslink.rma import _layout
+
+    tables = [_layout.HANDLE, _layout.QUEUE, _layout.DESCRIPTOR, _layout.STATE, _layout.ERROR_RECORD]
+    proc = _nvcc(_abi.static_asserts(tables), tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    drifted = _abi.Struct("circuslink::RmaHandle", _layout.HEADER, [("queue", _abi.PTR), ("timeout_ns", _abi.U64)],
+                          register=False)
+    proc = _nvcc(_abi.static_asserts([drifted]), tmp_path)
+    assert proc.returncode != 0 and "circuslink::RmaHandle: size differs from the host table" in proc.stderr
+
+
+# -- lifecycle ------------------------------------------------------------------------------------
+def _rma_resources(world):
+    return [r for r in world.resources() if isinstance(r, rma.Window | rma.Queue | cl.SymmetricBuffer)]
+
+
+def test_windows_and_queues_are_resources(world):
+    before = _rma_resources(world)
+    with rma.window_alloc(world, 256) as w:
+        q = rma.Queue.alloc(w)
+        assert w in world.resources(rma.Window) and q in world.resources(rma.Queue)
+        assert w.queues == (q,)
+        q2 = rma.Queue.alloc(w)
+        q2.close()  # closing a queue leaves the window and its other queues
+        assert w.queues == (q,) and q2.closed and not w.closed
+    assert w.closed and w.freed and q.closed  # the window closed its queue
+    assert _rma_resources(world) == before
+    with pytest.raises(cl.RmaError, match=r"window \d+ has been freed"):
+        w.local  # noqa: B018
+    w.free()  # idempotent
+
+
+def test_window_numbers_live_on_the_world(world):
+    a = rma.window_alloc(world, 64)
+    b = rma.window_alloc(world, 64)
+    assert b.index == a.index + 1
+    assert "circuslink.rma.windows" in world._registries  # per-world state, no module global
+    a.free()
+    b.free()
+
+
+def test_error_inside_with_releases_without_waiting(world):
+    before = _rma_resources(world)
+    with pytest.raises(ValueError, match="user error"):
+        with rma.window_alloc(world, 256) as w:
+            q = rma.Queue.alloc(w)
+            raise ValueError("user error")
+    assert w.closed and q.closed
+    assert _rma_resources(world) == before
+
+
+def test_failing_engine_commit_leaves_nothing_behind(world, win, monkeypatch, rng):
+    """If the engine fails half-way through commit, what it built is dropped and the queue is open again."""
+    from circuslink.rma import _cpu
+
+    real = _cpu.CpuQueue.commit
+
+    def half_then_fail(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        assert self.chain  # it had built something
+        raise cl.BackendError("engine failed half-way")
+
+    q = rma.Queue.alloc(win)
+    q.push(rma.declare_write(win, 512, win, 0, 64, 0))
+    q.add_origin(0)
+    before = _rma_resources(world)
+    monkeypatch.setattr(_cpu.CpuQueue, "commit", half_then_fail)
+    with pytest.raises(cl.BackendError, match="half-way"):
+        q.commit()
+    monkeypatch.undo()
+    assert q._impl.chain == [] and q._impl.origins == []
+    assert q.describe()["state"] == "open" and _rma_resources(world) == before
+    q.commit()  # the same declarations commit now, and move the right bytes
+    win.local[:64] = rng.integers(0, 256, 64, dtype=np.uint8)
+    q.start()
+    q.wait()
+    assert np.array_equal(win.local[512:576], win.local[:64])
+    q.free()
+
+
+LIFECYCLE = """
+import time
+import circuslink as cl
+from circuslink import rma
+world = cl.init()
+me = world.rank
+
+def mine():
+    return [r for r in world.resources() if isinstance(r, rma.Window | rma.Queue | cl.SymmetricBuffer)]
+
+# 1. A commit that fails (rank 1 forgot add_origin) leaves every rank's queue open and allocates nothing.
+win = rma.window_alloc(world, 256)
+q = rma.Queue.alloc(win)
+if me == 0:
+    q.push(rma.declare_write(win, 0, win, 128, 8, 1))
+held = mine()
+try:
+    q.commit()
+except cl.RmaError as exc:
+    print("ERR", exc)
+assert mine() == held and q.describe()["state"] == "open", (mine(), held)
+q.clear()
+if me == 0:
+    q.push(rma.declare_write(win, 0, win, 128, 8, 1))
+else:
+    q.add_origin(0)
+q.commit()
+q.start()
+q.wait()
+world.barrier()
+
+# 2. A free that fails (rank 1 does not join) still releases what rank 0 holds.
+if me == 0:
+    try:
+        win.free(timeout=0.5)
+    except cl.TimeoutError as exc:
+        print("FREE", exc)
+    assert win.closed and q.closed and not mine(), mine()
+    print("rank 0 released")
+else:
+    time.sleep(2.0)   # not in rank 0's free; then take the place of the barrier it gave up on (exchanges are numbered)
+    world.barrier()
+    win.release_local()
+    assert not mine(), mine()
+world.barrier(timeout=30)
+
+# 3. An error inside `with` on one rank: local release, no collective wait for the others.
+w3 = rma.window_alloc(world, 128)
+rma.Queue.alloc(w3)
+if me == 0:
+    try:
+        with w3:
+            raise KeyError("boom")
+    except KeyError:
+        assert w3.closed and not mine(), mine()
+        print("rank 0 left the with block")
+else:
+    w3.release_local()  # the peers' part of an error path (a launcher would end the job)
+world.close()
+print(f"rank {me} lifecycle ok")
+"""
+
+
+def test_lifecycle_on_errors_across_ranks(spmd):
+    job = spmd(2, LIFECYCLE, timeout=120).check()
+    assert job.output.count("rank 0 writes to rank 1 but rank 1 did not add_origin(0)") == 2, job.output
+    assert "FREE " in job.output and "timed out after 0.5 s" in job.output, job.output
+    assert "rank 0 released" in job.output and "rank 0 left the with block" in job.output, job.output
+    assert job.output.count("lifecycle ok") == 2, job.output
 
 
 # -- multi-rank errors --------------------------------------------------------------------------
@@ -345,78 +609,146 @@ def test_commit_finds_two_origins_writing_the_same_bytes(spmd):
         in job.output, job.output
 
 
-def test_wait_times_out_naming_the_silent_origin(spmd):
-    code = """
-    import time
-    import circuslink as cl
-    from circuslink import rma
-    world = cl.init()
-    win = rma.window_alloc(world, 256)
-    q = rma.Queue.alloc(win)
-    if world.rank == 0:
-        q.push(rma.declare_write(win, 0, win, 128, 8, 1))
-    else:
-        q.add_origin(0)
-    q.commit()
-    if world.rank == 1:
-        q.start()
-        try:
-            q.wait(timeout=0.5)
-        except cl.TimeoutError as exc:
-            print("ERR", exc)
-    world.barrier()
-    """
-    job = spmd(2, code).check()
-    assert "waiting for the writes of origin rank(s) 0" in job.output, job.output
-    assert "rma queue 1 of window 1 on rank 1: epoch 1 timed out after 0.5 s" in job.output, job.output
+WAIT_TIMEOUT = """
+import circuslink as cl
+from circuslink import rma
+world = cl.init()
+win = rma.window_alloc(world, 256)
+q = rma.Queue.alloc(win)
+if world.rank == 0:
+    q.push(rma.declare_write(win, 0, win, 128, 8, 1))
+else:
+    q.add_origin(0)
+q.commit(timeout=0.7)                  # the queue's time-out: CIRCUSLINK_TIMEOUT is 60 in this job
+if world.rank == 1:
+    q.start()
+    try:
+        q.wait()                       # the queue's 0.7 s
+    except cl.TimeoutError as exc:
+        print("ERR1", exc)
+    q.start()
+    try:
+        q.wait(timeout=0.5)            # overridden for this call
+    except cl.TimeoutError as exc:
+        print("ERR2", exc)
+world.barrier()
+"""
 
 
-def test_start_times_out_naming_the_target_that_never_posts(spmd):
-    code = """
-    import circuslink as cl
-    from circuslink import rma
-    world = cl.init()
-    win = rma.window_alloc(world, 256)
-    q = rma.Queue.alloc(win)
-    if world.rank == 0:
-        q.push(rma.declare_write(win, 0, win, 128, 8, 1))
-    else:
-        q.add_origin(0)
-    q.commit()
-    if world.rank == 0:
-        try:
-            q.start()
-        except cl.TimeoutError as exc:
-            print("ERR", exc)
-    world.barrier(timeout=30)
-    """
-    job = spmd(2, code, env={"CIRCUSLINK_TIMEOUT": "1"}).check()
-    assert "in start() waiting for the post of target rank(s) 1" in job.output, job.output
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_wait_times_out_naming_the_silent_origin(spmd, backend):
+    job = spmd(2, WAIT_TIMEOUT, backend=backend, env={"CIRCUSLINK_TIMEOUT": "60"}).check()
+    lines = {m.group(1): m.group(0) for m in re.finditer(r"(ERR\d) .*", job.output)}
+    assert set(lines) == {"ERR1", "ERR2"}, job.output
+    for tag, epoch, limit in (("ERR1", 1, "0.7"), ("ERR2", 2, "0.5")):
+        line = lines[tag]
+        assert f"rma queue 1 of window 1 on rank 1: epoch {epoch} " in line, line
+        assert "waiting for the writes of origin rank(s) 0" in line, line
+        assert f"timed out after {limit} s" in line, line
+    if backend == "cuda":
+        assert "on the device waiting for the writes of origin rank(s) 0" in lines["ERR1"], job.output
+
+
+START_TIMEOUT = """
+import circuslink as cl
+from circuslink import rma
+world = cl.init()
+win = rma.window_alloc(world, 256)
+q = rma.Queue.alloc(win)
+if world.rank == 0:
+    q.push(rma.declare_write(win, 0, win, 128, 8, 1))
+else:
+    q.add_origin(0)
+q.commit(timeout=COMMIT_TIMEOUT)
+if world.rank == 0:
+    try:
+        q.start()                      # cpu: waits here for the post; cuda: the start kernel does
+        q.wait()
+    except cl.TimeoutError as exc:
+        print("ERR", exc)
+world.barrier(timeout=60)
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("via", ["env", "commit"])
+def test_start_times_out_naming_the_target_that_never_posts(spmd, backend, via):
+    """The start-side wait (for a target's post) has the queue's time-out: commit's, else CIRCUSLINK_TIMEOUT."""
+    # Via the environment every wait of the job has the limit, so it leaves room for start-up skew.
+    env = {"CIRCUSLINK_TIMEOUT": "3"} if via == "env" else {"CIRCUSLINK_TIMEOUT": "60"}
+    code = START_TIMEOUT.replace("COMMIT_TIMEOUT", "None" if via == "env" else "1.0")
+    job = spmd(2, code, backend=backend, env=env).check()
+    assert "rma queue 1 of window 1 on rank 0: epoch 1 " in job.output, job.output
+    assert "waiting for the post of target rank(s) 1" in job.output, job.output
+    assert f"timed out after {3 if via == 'env' else 1} s" in job.output, job.output
 
 
 @pytest.mark.mpi
-def test_mpi_origin_stall_is_bounded_and_named(spmd):
-    """MPI cannot bound MPI_Win_start/complete: the watchdog ends the stalled origin, naming queue and target."""
+@pytest.mark.parametrize("via", ["env", "commit"])
+def test_mpi_origin_stall_is_bounded_and_named(spmd, via):
+    """MPI cannot bound MPI_Win_start/complete: the watchdog ends the stalled origin at the queue's time-out,
+    naming queue and target."""
     job = spmd(2, """
         import time
         import circuslink as cl
         from circuslink import rma
 
         world = cl.init()
-        win = rma.window_alloc(world, 64, backend="mpi")
+        win = rma.window_alloc(world, 64, engine="mpi")
         peer = 1 - world.rank
         q = rma.Queue.alloc(win)
         q.push(rma.declare_write(win, 32, win, 0, 8, peer))
         q.add_origin(peer)
-        q.commit()
+        q.commit(timeout=COMMIT_TIMEOUT)
         if world.rank == 1:
             time.sleep(30)  # never posts within rank 0's limit
         t0 = time.monotonic()
         q.start()
-        q.wait(timeout=2.0)
+        q.wait()
         print("returned after", time.monotonic() - t0)
-    """, launcher="mpirun", env={"CIRCUSLINK_TIMEOUT": "2"}, job_timeout=25)
+    """.replace("COMMIT_TIMEOUT", "None" if via == "env" else "2.0"), launcher="mpirun",
+        env={"CIRCUSLINK_TIMEOUT": "2" if via == "env" else "60"}, job_timeout=25)
     assert job.returncode != 0, job.output
-    assert "rma queue 1 of window 1 on rank 0: epoch 1 timed out after 2 s" in job.output, job.output
+    assert "rma queue 1 of window 1 on rank 0: epoch 1 " in job.output, job.output
     assert "waiting for the post of target rank(s) 1" in job.output, job.output
+    assert "timed out after 2 s" in job.output, job.output
     assert "returned after" not in job.output
+
+
+@pytest.mark.mpi
+def test_mpi_refuses_post_at_wait_and_stays_usable(spmd):
+    """The refused commit builds nothing (no datatype or group left behind) and the queue commits afterwards."""
+    job = spmd(2, """
+        import os
+        import numpy as np
+        import circuslink as cl
+        from circuslink import rma
+
+        world = cl.init()
+        me, peer = world.rank, 1 - world.rank
+        win = rma.window_alloc(world, 256, engine="mpi")
+        q = rma.Queue.alloc(win)
+        q.push(rma.declare_strided_write(win, 128, win, 0, 4, 8, 16, 24, peer))
+        q.add_origin(peer)
+        try:
+            q.commit(post_at="wait")
+        except cl.RmaError as exc:
+            print("ERR", exc)
+        assert q._impl.types == [] and q._impl.puts == [] and q._impl.origin_group is None
+        assert q.describe()["state"] == "open"
+        q.commit()
+        assert q.describe()["datatypes"] == 2 and q.describe()["puts"] == 1
+        seed = int(os.environ["CIRCUSLINK_TEST_SEED"])
+        win.local[:64] = np.random.default_rng([seed, me]).integers(0, 256, 64, dtype=np.uint8)
+        q.start()
+        q.wait()
+        theirs = np.random.default_rng([seed, peer]).integers(0, 256, 64, dtype=np.uint8)
+        for i in range(4):
+            assert (win.local[128 + 24 * i: 136 + 24 * i] == theirs[16 * i: 16 * i + 8]).all()
+        q.free()
+        win.free()
+        print("rank", me, "ok")
+    """, launcher="mpirun")
+    job.check()
+    assert job.output.count("post_at='wait' is not supported by the mpi engine") == 2, job.output
+    assert job.output.count(" ok") == 2, job.output

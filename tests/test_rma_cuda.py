@@ -1,38 +1,18 @@
-"""RMA queues on the cuda back-end (run on the device machine: ranks share its GPU under MPS).
+"""RMA queues on the cuda back-end only (run on the device machine: ranks share its GPU under MPS).
 
-The same ring body as tests/test_rma.py (byte-exact, poisoned windows, fresh data every
-cycle), host-driven with both engines, then device-driven: a user kernel that includes
-<circuslink/rma.cuh> fills its sources, starts, waits and checks what arrived, 1,000
-times without returning to the host. Also the mpi back-end on a cuda world (host staging).
+The bodies every back-end runs (rings, time-outs, mpi staging) are parametrized in tests/test_rma.py.
+Here: device-driven queues (a user kernel that includes <circuslink/rma.cuh>, takes the queue's
+``circuslink::RmaHandle`` by value, fills its sources, starts, waits and checks what arrived, 1,000
+times without returning to the host, in several block shapes), the stream hooks (cycles enqueued
+into a CUDA graph with ``start(stream=)`` / ``wait(stream=, block=False)``), a device-driven
+time-out with the queue's time-out, and a late peer under MPS.
 """
 
 from __future__ import annotations
 
 import pytest
-from test_rma import RING
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.mark.parametrize("engine", ["kernel", "graph"])
-@pytest.mark.parametrize("cycles", [20, 1000])
-def test_cuda_ring_host_driven(spmd, engine, cycles):
-    code = RING.format(backend="cuda", cycles=cycles, post_at="start")
-    job = spmd(2, code, backend="cuda", env={"CIRCUSLINK_RMA_ENGINE": engine}, timeout=300).check()
-    assert job.output.count(f"ok {cycles} cycles") == 2, job.output
-
-
-def test_cuda_ring_post_at_wait(spmd):
-    code = RING.format(backend="cuda", cycles=50, post_at="wait")
-    job = spmd(2, code, backend="cuda", timeout=300).check()
-    assert job.output.count("ok 50 cycles") == 2, job.output
-
-
-@pytest.mark.mpi
-def test_mpi_backend_on_cuda_world_stages_through_host(spmd):
-    code = RING.format(backend="mpi", cycles=50, post_at="start")
-    job = spmd(2, code, backend="cuda", launcher="mpirun", timeout=300).check()
-    assert job.output.count("ok 50 cycles") == 2, job.output
 
 
 DEVICE_DRIVEN = r'''
@@ -40,6 +20,7 @@ import numpy as np
 import cupy as cp
 import circuslink as cl
 from circuslink import rma
+from circuslink.rma._layout import HANDLE
 
 USER_KERNEL = r"""
 #include <circuslink/rma.cuh>
@@ -49,22 +30,25 @@ __device__ unsigned char value(unsigned long long rank, unsigned long long cycle
   return (unsigned char)(x >> 24);
 }
 // Sources: [0, 1024) contiguous to the right neighbour's [4096, 5120); 16 blocks of 24 B
-// at stride 32 from 1024 to the right neighbour's 6144 at stride 40.
-extern "C" __global__ void user_cycles(const circuslink::RmaQueue* q, unsigned char* win, unsigned long long me,
-                                       unsigned long long left, unsigned long long cycles, unsigned long long* out) {
+// at stride 32 from 1024 to the right neighbour's 6144 at stride 40. Any block shape.
+extern "C" __global__ void user_cycles(circuslink::RmaHandle q, unsigned char* win, unsigned long long me,
+                                       unsigned long long left, unsigned long long first,
+                                       unsigned long long cycles, unsigned long long* out) {
+  const unsigned int t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const unsigned int nt = blockDim.x * blockDim.y * blockDim.z;
   unsigned long long bad = 0, done = 0;
-  for (unsigned long long c = 0; c < cycles; ++c) {
-    for (unsigned int i = threadIdx.x; i < 2048; i += blockDim.x) win[i] = value(me, c, i);
+  for (unsigned long long c = first; c < first + cycles; ++c) {
+    for (unsigned int i = t; i < 2048; i += nt) win[i] = value(me, c, i);
     __syncthreads();
     if (!circuslink::rma_start(q)) break;
     if (!circuslink::rma_wait(q)) break;
-    for (unsigned int i = threadIdx.x; i < 1024; i += blockDim.x) bad += win[4096 + i] != value(left, c, i);
-    for (unsigned int i = threadIdx.x; i < 16 * 24; i += blockDim.x) {
+    for (unsigned int i = t; i < 1024; i += nt) bad += win[4096 + i] != value(left, c, i);
+    for (unsigned int i = t; i < 16 * 24; i += nt) {
       unsigned int b = i / 24, k = i % 24;
       bad += win[6144 + b * 40 + k] != value(left, c, 1024 + b * 32 + k);
     }
     // Untouched bytes between the strided blocks keep their poison (0xA5).
-    for (unsigned int i = threadIdx.x; i < 15 * 16; i += blockDim.x) {
+    for (unsigned int i = t; i < 15 * 16; i += nt) {
       unsigned int b = i / 16, k = i % 16;
       bad += win[6144 + b * 40 + 24 + k] != 0xA5;
     }
@@ -72,7 +56,7 @@ extern "C" __global__ void user_cycles(const circuslink::RmaQueue* q, unsigned c
     ++done;
   }
   atomicAdd(&out[0], bad);
-  if (threadIdx.x == 0) out[1] = done;
+  if (t == 0) out[1] = done;
 }
 """
 
@@ -86,37 +70,117 @@ q.push(rma.declare_write(win, 4096, win, 0, 1024, right))
 q.push(rma.declare_strided_write(win, 6144, win, 1024, 16, 24, 32, 40, right))
 q.add_origin(left)
 q.commit()
+handle = q.device_handle()
+assert isinstance(handle, np.void) and handle.dtype == HANDLE.dtype
 kernel = cl.compile(USER_KERNEL).get_function("user_cycles")
-out = cp.zeros(2, dtype=cp.uint64)
-CYCLES = 1000
-with world.backend.stream:
-    kernel((1,), (256,), (np.uint64(q.device_handle()), win.local, np.uint64(me), np.uint64(left),
-                          np.uint64(CYCLES), out))
-q.check_device()
-bad, done = (int(x) for x in out.get())
-assert done == CYCLES and bad == 0, (done, bad)
-# Host-driven cycles continue from the device's epoch without a reset.
-for _ in range(3):
-    q.start()
-    q.wait()
-done, ns = q._impl.device_cycles(100)
-assert done == 100, done
-world.barrier()
+first = 0
+# 1-D, a partial last warp, 2-D and 3-D blocks: the device API uses the linear thread index.
+for block, cycles in (((256, 1, 1), 1000), ((48, 1, 1), 100), ((16, 6, 1), 100), ((8, 4, 3), 100)):
+    out = cp.zeros(2, dtype=cp.uint64)
+    cp.cuda.Device().synchronize()
+    kernel((1,), block, (handle, win.local, np.uint64(me), np.uint64(left), np.uint64(first), np.uint64(cycles), out))
+    cp.cuda.Device().synchronize()
+    q.check_device()
+    bad, done = (int(x) for x in out.get())
+    assert done == cycles and bad == 0, (block, done, bad)
+    first += cycles
+    # Host-driven cycles continue from the device's epoch without a reset.
+    for _ in range(3):
+        q.start()
+        q.wait()
+    world.barrier()
 q.free()
 win.free()
 world.close()
-print(f"rank {me} device-driven ok, {ns / 1e3:.2f} us a cycle")
+print(f"rank {me} device-driven ok")
 '''
 
 
-def test_cuda_device_driven_user_kernel(spmd):
+def test_cuda_device_driven_user_kernel_any_block_shape(spmd):
     job = spmd(2, DEVICE_DRIVEN, backend="cuda", timeout=300).check()
     assert job.output.count("device-driven ok") == 2, job.output
 
 
-TIMEOUT = """
+HOOKS = """
+import os
+import numpy as np
+import cupy as cp
 import circuslink as cl
 from circuslink import rma
+
+world = cl.init()
+me, peer = world.rank, 1 - world.rank
+seed = int(os.environ["CIRCUSLINK_TEST_SEED"])
+win = rma.window_alloc(world, 1 << 16)
+q = rma.Queue.alloc(win)
+q.push(rma.declare_strided_write(win, 32768, win, 0, 64, 100, 128, 140, peer))
+q.add_origin(peer)
+q.commit(timeout=30)
+plan = q.describe()
+assert plan["launch"] == "kernel" and plan["threads"] == 256 and plan["timeout_s"] == 30, plan
+assert 1 <= plan["grid"] and plan["work_units"] == 64, plan
+
+def fill(cycle):
+    data = np.random.default_rng([seed, me, cycle]).integers(0, 256, 8192, dtype=np.uint8)
+    win.local[:8192] = cp.asarray(data)
+
+def check(cycle):
+    theirs = np.random.default_rng([seed, peer, cycle]).integers(0, 256, 8192, dtype=np.uint8)
+    got = win.local.get()
+    for i in range(64):
+        assert np.array_equal(got[32768 + 140 * i: 32768 + 140 * i + 100], theirs[128 * i: 128 * i + 100]), (cycle, i)
+
+# 1. Cycles captured into one CUDA graph through the public hooks, replayed.
+fill(0)
+cp.cuda.Device().synchronize()
+world.barrier()
+capture = cp.cuda.Stream(non_blocking=True)
+capture.begin_capture()
+for _ in range(5):
+    q.start(stream=capture)
+    q.wait(stream=capture, block=False)
+graph = capture.end_capture()
+graph.launch(world.backend.stream)
+q.check_device()
+check(0)
+world.barrier()
+# 2. A wait enqueued on the world's stream without blocking the host, then work queued behind it.
+fill(1)
+q.start()
+q.wait(block=False)
+with world.backend.stream:
+    first = win.local[32768:32868].copy()       # runs after the epoch is complete
+q.check_device()
+theirs = np.random.default_rng([seed, peer, 1]).integers(0, 256, 8192, dtype=np.uint8)
+assert np.array_equal(first.get(stream=world.backend.stream), theirs[:100])
+check(1)
+world.barrier()
+q.free()
+win.free()
+world.close()
+print(f"rank {me} hooks ok")
+"""
+
+
+def test_cuda_stream_hooks_in_a_graph_and_without_blocking(spmd):
+    job = spmd(2, HOOKS, backend="cuda", timeout=300).check()
+    assert job.output.count("hooks ok") == 2, job.output
+
+
+DEVICE_TIMEOUT = r'''
+import numpy as np
+import cupy as cp
+import circuslink as cl
+from circuslink import rma
+
+SOURCE = r"""
+#include <circuslink/rma.cuh>
+extern "C" __global__ void one(circuslink::RmaHandle q, int* ok) {
+  const bool a = circuslink::rma_start(q);
+  const bool b = circuslink::rma_wait(q);
+  if (threadIdx.x == 0) ok[0] = a && b;
+}
+"""
 world = cl.init()
 win = rma.window_alloc(world, 4096)
 q = rma.Queue.alloc(win)
@@ -124,20 +188,24 @@ if world.rank == 0:
     q.push(rma.declare_write(win, 0, win, 1024, 64, 1))
 else:
     q.add_origin(0)
-q.commit()
-if world.rank == 1:
-    q.start()
+q.commit(timeout=0.8)                      # CIRCUSLINK_TIMEOUT is 60 in this job
+if world.rank == 1:                        # rank 0 never starts: rank 1's device wait gives up at 0.8 s
+    ok = cp.ones(1, dtype=cp.int32)
+    cl.compile(SOURCE).get_function("one")((1,), (64,), (q.device_handle(), ok))
+    cp.cuda.Device().synchronize()
+    assert int(ok.get()[0]) == 0
     try:
-        q.wait(timeout=0.5)
+        q.check_device()
     except cl.TimeoutError as exc:
         print("ERR", exc)
 world.barrier(timeout=30)
-"""
+'''
 
 
-def test_cuda_wait_times_out_on_the_device(spmd):
-    job = spmd(2, TIMEOUT, backend="cuda", timeout=120).check()
-    assert "on the device waiting for the writes of origin rank(s) 0" in job.output, job.output
+def test_cuda_device_driven_wait_has_the_queues_timeout(spmd):
+    job = spmd(2, DEVICE_TIMEOUT, backend="cuda", timeout=120, env={"CIRCUSLINK_TIMEOUT": "60"}).check()
+    assert "rma queue 1 of window 1 on rank 1: epoch 1 in a device-driven call on the device waiting for the " \
+           "writes of origin rank(s) 0: timed out after 0.8 s" in job.output, job.output
 
 
 LATE_PEER = """

@@ -27,7 +27,7 @@ import numpy as np
 import circuslink as cl
 from circuslink import rma
 
-BACKEND, CYCLES = {backend!r}, {cycles}
+ENGINE, CYCLES = {engine!r}, {cycles}
 SEED = int(os.environ["CIRCUSLINK_TEST_SEED"])
 world = cl.init()
 me, n = world.rank, world.size
@@ -83,7 +83,7 @@ def matrix(buf, off, rows, cols, ld, elem):
     words = buf[off: off + extent(rows, cols, ld, elem)].view(WORD[elem])
     return np.lib.stride_tricks.as_strided(words, (rows, cols), (ld * elem, elem), writeable=True)
 
-win = rma.window_alloc(world, NBYTES, backend=BACKEND)
+win = rma.window_alloc(world, NBYTES, engine=ENGINE)
 win.local[:] = world.xp.asarray(poison(me))
 world.barrier()
 q = rma.Queue.alloc(win)
@@ -124,33 +124,27 @@ world.close()
 """
 
 
-def _exchange(spmd, n: int, backend: str = "cpu", world_backend: str = "cpu", cycles: int = 3, **kw) -> None:
-    job = spmd(n, EXCHANGE.format(backend=backend, cycles=cycles), backend=world_backend, **kw).check()
+def _exchange(spmd, n: int, engine: str = "auto", world_backend: str = "cpu", cycles: int = 3, **kw) -> None:
+    job = spmd(n, EXCHANGE.format(engine=engine, cycles=cycles), backend=world_backend, **kw).check()
     assert job.output.count(f"ok {cycles} cycles") == n, job.output
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_transposing_puts_beside_other_writes_are_byte_exact(spmd, n):
-    _exchange(spmd, n)
+# (world back-end, CIRCUSLINK_RMA_ENGINE, ranks, cycles)
+EXCHANGES = [("cpu", None, 2, 3), ("cpu", None, 3, 3)] + [
+    pytest.param("cuda", launch, n, 20, marks=pytest.mark.gpu) for launch in ("kernel", "graph") for n in (2, 4)]
+
+
+@pytest.mark.parametrize("backend, launch, n, cycles", EXCHANGES)
+def test_transposing_puts_beside_other_writes_are_byte_exact(spmd, backend, launch, n, cycles):
+    env = {"CIRCUSLINK_RMA_ENGINE": launch} if launch else None
+    _exchange(spmd, n, world_backend=backend, cycles=cycles, env=env, timeout=300)
 
 
 @pytest.mark.mpi
-def test_mpi_engine_transposes_with_derived_datatypes(spmd):
-    _exchange(spmd, 2, backend="mpi", launcher="mpirun")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("engine", ["kernel", "graph"])
-@pytest.mark.parametrize("n", [2, 4])
-def test_cuda_transposing_puts_are_byte_exact(spmd, engine, n):
-    _exchange(spmd, n, backend="cuda", world_backend="cuda", cycles=20, env={"CIRCUSLINK_RMA_ENGINE": engine},
-              timeout=300)
-
-
-@pytest.mark.gpu
-@pytest.mark.mpi
-def test_mpi_engine_on_cuda_world_stages_transposes(spmd):
-    _exchange(spmd, 2, backend="mpi", world_backend="cuda", launcher="mpirun", timeout=300)
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_mpi_engine_transposes_with_derived_datatypes(spmd, backend):
+    """MPI derived datatypes do the transpose; on a cuda world the source rows are staged through the host."""
+    _exchange(spmd, 2, engine="mpi", world_backend=backend, launcher="mpirun", timeout=300)
 
 
 # -- the device call and device-driven queues (GPU) --------------------------------------------
@@ -173,19 +167,20 @@ extern "C" __global__ void put_c16(double2* peer, unsigned long long dst_ld, con
   __threadfence_system();
   if (threadIdx.x == 0 && threadIdx.y == 0) atomicAdd(flag, 1u);
 }
-extern "C" __global__ void driven(const circuslink::RmaQueue* q, unsigned long long cycles, unsigned long long* out) {
+// Any block shape drives the queue (the copies and the tiles use the linear thread index).
+extern "C" __global__ void driven(circuslink::RmaHandle q, unsigned long long cycles, unsigned long long* out) {
   unsigned long long done = 0;
   for (unsigned long long c = 0; c < cycles; ++c) {
     if (!circuslink::rma_start(q)) break;
     if (!circuslink::rma_wait(q)) break;
     ++done;
   }
-  if (threadIdx.x == 0) out[0] = done;
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) out[0] = done;
 }
 """
 UNAWARE = r"""
 #include <circuslink/rma.cuh>
-extern "C" __global__ void unaware(const circuslink::RmaQueue* q, unsigned long long* out) {
+extern "C" __global__ void unaware(circuslink::RmaHandle q, unsigned long long* out) {
   out[0] = circuslink::rma_start(q) ? 1 : 0;
 }
 """
@@ -219,30 +214,43 @@ for block in ((256, 1), (96, 1), (16, 6), (10, 7)):
     assert np.array_equal(view, o[:, :cols].T), f"rank {me} block {block}: wrong transpose"
     world.barrier()
 
-# Device-driven queue with a transposing put: rma_start turns its tiles when transpose.cuh came first.
+# Device-driven queue with a transposing put and a strided write of odd sizes (byte copies): rma_start
+# turns the tiles when transpose.cuh came first, and any block shape copies everything (partial warps too).
+seed = int(os.environ["CIRCUSLINK_TEST_SEED"])
 win = rma.window_alloc(world, 1 << 16)
-win.local[:] = cp.asarray(np.random.default_rng([int(os.environ["CIRCUSLINK_TEST_SEED"]), 5, me]).integers(
-    0, 256, 1 << 16, dtype=np.uint8))
+win.local[:32768] = cp.asarray(np.random.default_rng([seed, 5, me]).integers(0, 256, 32768, dtype=np.uint8))
 q = rma.Queue.alloc(win)
 q.push(rma.declare_transpose_write(win, 32768, 40, win, 0, 33, 37, 31, "float32", peer))
+q.push(rma.declare_strided_write(win, 40001, win, 20003, 9, 37, 61, 53, peer))
 q.add_origin(origin)
 q.commit()
-out = cp.zeros(1, dtype=cp.uint64)
-world.barrier()
-mod.get_function("driven")((1,), (256,), (np.uint64(q.device_handle()), np.uint64(10), out))
-cp.cuda.Device().synchronize()
-q.check_device()
-assert int(out.get()[0]) == 10
-world.barrier()
-got = win.local.get()
-o_src = np.random.default_rng([int(os.environ["CIRCUSLINK_TEST_SEED"]), 5, origin]).integers(
-    0, 256, 1 << 16, dtype=np.uint8)
+handle = q.device_handle()
+from circuslink.rma._layout import HANDLE
+assert handle.dtype == HANDLE.dtype and int(handle["queue"]) != 0
+o_src = np.random.default_rng([seed, 5, origin]).integers(0, 256, 32768, dtype=np.uint8)
 s = np.lib.stride_tricks.as_strided(o_src.view("<u4"), (37, 31), (33 * 4, 4))
-d = np.lib.stride_tricks.as_strided(got[32768:].view("<u4"), (31, 37), (40 * 4, 4))
-assert np.array_equal(d, s.T), f"rank {me}: device-driven transposing put wrong"
+out = cp.zeros(1, dtype=cp.uint64)
+for block in ((256, 1, 1), (40, 1, 1), (16, 6, 1), (10, 7, 1), (8, 4, 3)):
+    win.local[32768:] = 0                          # what the peer writes, cleared first
+    cp.cuda.Device().synchronize()
+    world.barrier()
+    mod.get_function("driven")((1,), block, (handle, np.uint64(10), out))
+    cp.cuda.Device().synchronize()
+    q.check_device()
+    assert int(out.get()[0]) == 10, block
+    world.barrier()
+    got = win.local.get()
+    d = np.lib.stride_tricks.as_strided(got[32768:].view("<u4"), (31, 37), (40 * 4, 4))
+    assert np.array_equal(d, s.T), f"rank {me} block {block}: device-driven transposing put wrong"
+    for i in range(9):
+        want = o_src[20003 + 61 * i: 20003 + 61 * i + 37]
+        assert np.array_equal(got[40001 + 53 * i: 40001 + 53 * i + 37], want), f"rank {me} block {block}: write {i}"
+        if i < 8:
+            assert not got[40001 + 53 * i + 37: 40001 + 53 * (i + 1)].any(), f"rank {me} block {block}: gap {i}"
+    world.barrier()
 # Compiled without transpose.cuh: rma_start refuses the queue and check_device says why.
 world.barrier()
-cl.compile(UNAWARE).get_function("unaware")((1,), (64,), (np.uint64(q.device_handle()), out))
+cl.compile(UNAWARE).get_function("unaware")((1,), (64,), (q.device_handle(), out))
 cp.cuda.Device().synchronize()
 try:
     q.check_device()
@@ -262,12 +270,13 @@ def test_device_call_and_device_driven_transposing_queue(spmd):
 
 
 LOCAL = """
+import os
 import numpy as np
 import circuslink as cl
 from circuslink import rma
 world = cl.init()
 xp = world.xp
-rng = np.random.default_rng(3)
+rng = np.random.default_rng(int(os.environ["CIRCUSLINK_TEST_SEED"]))
 for dtype in ("float32", "float64", "complex64", "complex128"):
     for tile in (None, (8, 32), (32, 8)):
         big = xp.asarray(rng.standard_normal((70, 90)).astype(dtype))
@@ -276,8 +285,7 @@ for dtype in ("float32", "float64", "complex64", "complex128"):
         dst = out[10:87, 2:52]
         plan = rma.plan_local_transpose(world, dst, src, tile=tile)
         plan()
-        if hasattr(world.backend, "stream"):  # the plan runs on the world's stream: wait for it
-            world.backend.stream.synchronize()
+        world.backend.synchronize()  # the plan runs on the world's stream without waiting: wait for it
         got = out.get() if hasattr(out, "get") else out
         want = np.zeros((100, 60), dtype=dtype)
         want[10:87, 2:52] = (big.get() if hasattr(big, "get") else big)[3:53, 5:82].T
@@ -386,6 +394,19 @@ def test_abi_tables_match_the_header(tmp_path):
     proc = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90a", f"-I{include_dir()}", "-c", str(src), "-o",
                            str(tmp_path / "abi.o")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_transpose_tiles_are_the_engines_candidates(world):
+    tiles = rma.transpose_tiles(world, "complex64")
+    assert tiles and all(m & (m - 1) == 0 and n & (n - 1) == 0 for m, n in tiles)
+    assert all(m * (n + 1) * 8 <= 18432 for m, n in tiles)  # every one is a tile= the declaration accepts
+    assert (256, 16) in rma.transpose_tiles(world, "float32")  # the cpu engine's larger candidates
+    with pytest.raises(cl.RmaError, match="transpose_tiles: dtype 'int8' is not supported"):
+        rma.transpose_tiles(world, "int8")
+    picks = tm.calibration_tiles(tiles)
+    assert set(picks) <= set(tiles) and len(picks) == len(set(picks)) >= 3
+    aspects = [m / n for m, n in picks]
+    assert min(aspects) == min(m / n for m, n in tiles) and max(aspects) == max(m / n for m, n in tiles)
 
 
 def test_shared_memory_pitch_avoids_bank_conflicts():
@@ -498,7 +519,29 @@ def test_choose_picks_the_best_and_autotunes_when_unsure():
 
 
 # -- the benchmark (smoke: quick, cpu) ------------------------------------------------------------
-def test_bench_transpose_quick(tmp_path):
+def test_bench_transpose_verification_catches_wrong_bytes(world, rng):
+    """Every case checks the bytes that arrived: one wrong element fails the run."""
+    from circuslink.bench.transpose import _Bench
+
+    results = type("R", (), {"add": lambda self, **kw: kw, "rows": []})()
+    bench = _Bench(world, 64 << 10, 1, 0, 1, results)
+    try:
+        for dtype, rows, cols in (("float32", 64, 32), ("complex128", 16, 8)):
+            bench._fill(rows * cols * np.dtype(dtype).itemsize)
+            q = bench._transpose_queue(dtype, rows, cols)
+            q.start()
+            q.wait()
+            bench._verify(dtype, rows, cols, True, "transposing put")
+            with pytest.raises(cl.RmaError, match=rf"received wrong bytes from rank 0 \(plain, {rows} x {cols} "):
+                bench._verify(dtype, rows, cols, False, "plain")  # the untransposed layout is not what arrived
+            at = bench.dst + int(rng.integers(rows * cols * np.dtype(dtype).itemsize))
+            bench.win.local[at] ^= np.uint8(1 + rng.integers(255))
+            with pytest.raises(cl.RmaError, match=rf"\(transposing put, {rows} x {cols} {dtype}\)"):
+                bench._verify(dtype, rows, cols, True, "transposing put")
+            q.free()
+    finally:
+        bench.close()
+def test_bench_transpose_quick(tmp_path, world):
     import json
     import os
     import sys
@@ -512,11 +555,12 @@ def test_bench_transpose_quick(tmp_path):
     res = json.loads(out.read_text())
     impls = {r["impl"] for r in res["rows"]}
     assert impls == {"transpose-put", "contiguous-put", "local-transpose+put", "model"}
-    for r in res["rows"]:
-        if r["impl"] == "model":
-            assert r["predicted_GBps"] > 0 and r["measured_GBps"] > 0
-        else:
-            assert r["throughput_GBps"] > 0 and r["time_min_us"] <= r["time_us"]
+    # The cpu engine moves an unforced put whole (the tile the queue's describe() reports).
+    assert {r["tile"] for r in res["rows"] if r["impl"] == "transpose-put"} == {"whole"}
+    for dtype in ("float32", "complex128"):
+        model = [r for r in res["rows"] if r["impl"] == "model" and r["dtype"] == dtype]
+        assert sum(bool(r["pick"]) for r in model) == 1, model
+        assert {r["tile"] for r in model} >= {f"{m}x{n}" for m, n in rma.transpose_tiles(world, dtype)}
     assert any(r.get("in_fit") for r in res["rows"]) and any(r.get("in_fit") is False for r in res["rows"])
     assert set(res["meta"]["models"]) == {"float32", "complex128"}
     assert res["floor"]["pairs"] and (tmp_path / "tr-model.png").exists()

@@ -8,13 +8,15 @@ destination stride 3, no packing). One row per impl x layout x chain x size; ``t
 the start-to-wait time of one cycle (mean over --iters, the slowest rank),
 ``throughput_GBps`` the bytes one rank writes per cycle (``total_bytes``) over that time.
 
-impls: ``rma-host`` (start(); wait() from Python), ``rma-host-graphed`` (cuda: the same
-start and wait launches, --iters of them captured in one CUDA graph and event-timed: what
-a host-driven start costs on the GPU without Python), ``rma-device`` (cuda: start and
-wait inside one kernel through rma.cuh), ``mpi3-rma`` (the mpi back-end: MPI_Put in PSCW
-epochs, host-staged on cuda), ``mpi-persistent-p2p`` (Send_init/Recv_init, Startall,
-Waitall, host-staged), ``nccl-grouped-sendrecv`` (contiguous only), and the floor from
-``circuslink probe``. Set CIRCUSLINK_RMA_ENGINE=graph to measure the CUDA-graph engine.
+impls: ``rma-host`` (start(); wait() from Python), ``rma-host-graphed`` (back-ends that run
+kernels, kernel launch: ``q.start(stream=)`` and ``q.wait(stream=, block=False)`` enqueued --iters
+times inside one CUDA graph capture, event-timed: what a host-driven cycle costs on the GPU
+without Python), ``rma-device`` (start and wait inside one kernel, ``kernels/rma_cycles.cu``,
+through the public ``<circuslink/rma.cuh>`` and ``q.device_handle()``), ``mpi3-rma`` (the mpi
+engine: MPI_Put in PSCW epochs, host-staged with a GPU), ``mpi-persistent-p2p``
+(Send_init/Recv_init, Startall, Waitall, host-staged), ``nccl-grouped-sendrecv`` (contiguous
+only), and the floor from ``circuslink probe``. Set CIRCUSLINK_RMA_ENGINE=graph to measure the
+CUDA-graph launch.
 """
 
 from __future__ import annotations
@@ -22,15 +24,17 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .._config import default_timeout
+from .._wait import Deadline
 from ..errors import ConfigError, RmaError
 
 _CHAINS = "1,4,8,16"
 _STRIDED_BLOCK = 512
+_KERNEL_FILE = Path(__file__).parent / "kernels" / "rma_cycles.cu"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,8 +102,8 @@ def _end_of_job(world: Any) -> None:
     from ..rma._mpi import poll_request
 
     poll_request(comm.Ibarrier(), None,
-                  lambda limit: f"bench rma: the end-of-job barrier on rank {world.rank} timed out after {limit:g} s: "
-                                f"rank(s) of {world.size} did not arrive (CIRCUSLINK_TIMEOUT sets the limit)")
+                 lambda: f"bench rma: the end-of-job barrier on rank {world.rank}: rank(s) of {world.size} did not "
+                         "arrive")
 
 
 def _run_rank(args: argparse.Namespace) -> int:
@@ -121,7 +125,7 @@ def _run_rank(args: argparse.Namespace) -> int:
         sizes = sizes[:: max(1, len(sizes) // 3)][:3] if len(sizes) > 3 else sizes
         chains = [c for c in chains if c in (1, 8)] or chains[:1]
         iters, warmup = min(iters, 20), min(warmup, 3)
-    if world.backend.name == "cpu":
+    if not world.backend.runs_kernels:  # host copies: the large sizes would only make the job long
         sizes = [s for s in sizes if s <= (1 << 20)] or [8]
 
     results = drv.Results("rma", world)
@@ -234,11 +238,11 @@ class _Bench:
             q.wait()
         return time.perf_counter() - t0
 
-    def _run_queue_rows(self, backend: str, impl: str, layouts: list[str], extra_impls: bool) -> None:
+    def _run_queue_rows(self, engine: str, impl: str, layouts: list[str], extra_impls: bool) -> None:
         from .. import rma
         from . import _driver as drv
 
-        win = rma.window_alloc(self.world, self.nbytes, backend=backend)
+        win = rma.window_alloc(self.world, self.nbytes, engine=engine)
         try:
             for layout in layouts:
                 for chain in self.chains:
@@ -253,49 +257,62 @@ class _Bench:
                         t = self._max_over_ranks(self._cycles(q, self.iters) / self.iters)
                         self._verify(win, layout, chain, nbytes, seed)
                         self._row(impl, layout, chain, nbytes, t)
-                        if extra_impls and self.world.backend.name == "cuda":
-                            self._cuda_rows(q, layout, chain, nbytes)
+                        if extra_impls and self.world.backend.runs_kernels:
+                            self._device_rows(q, layout, chain, nbytes)
                         self.world.barrier()
                         q.free()
         finally:
             win.free()
 
-    def _cuda_rows(self, q: Any, layout: str, chain: int, nbytes: int) -> None:
+    def _device_rows(self, q: Any, layout: str, chain: int, nbytes: int) -> None:
+        """rma-host-graphed and rma-device, through the queue's public hooks."""
         import cupy as cp
 
-        impl = q._impl
-        if impl.graph is None:  # kernel engine: capture --iters cycles of the two launches in one graph
+        stream = self.world.backend.stream
+        if q.describe()["launch"] == "kernel":  # a graph launch is not captured into another graph
             capture = cp.cuda.Stream(non_blocking=True)
-            stream = impl.stream
-            impl.stream = capture
             capture.begin_capture()
             try:
                 for _ in range(self.iters):
-                    impl.enqueue_start()
-                    impl.enqueue_wait(60.0)
+                    q.start(stream=capture)
+                    q.wait(stream=capture, block=False)  # each captured wait keeps the queue's time-out
             finally:
                 graph = capture.end_capture()
-                impl.stream = stream
             self.world.barrier()
             start, end = cp.cuda.Event(), cp.cuda.Event()
             start.record(stream)
             graph.launch(stream)
             end.record(stream)
-            end.synchronize()
-            q.check_device()
+            q.check_device()  # waits for the world's stream (bounded), raises a recorded time-out
             t = self._max_over_ranks(cp.cuda.get_elapsed_time(start, end) * 1e-3 / self.iters)
             self._row("rma-host-graphed", layout, chain, nbytes, t)
         self.world.barrier()
-        impl.device_cycles(self.warmup)
+        self._device_cycles(q, self.warmup)
         self.world.barrier()
-        done, ns = impl.device_cycles(self.iters)
-        q.check_device()
+        done, seconds = self._device_cycles(q, self.iters)
         if done != self.iters:
             raise RmaError(f"bench rma: device-driven cycles stopped after {done} of {self.iters}")
-        self._row("rma-device", layout, chain, nbytes, self._max_over_ranks(ns * 1e-9))
+        self._row("rma-device", layout, chain, nbytes, self._max_over_ranks(seconds / done))
+
+    def _device_cycles(self, q: Any, iters: int) -> tuple[int, float]:
+        """``iters`` start+wait cycles inside one kernel (one block): (cycles done, seconds for all)."""
+        import cupy as cp
+
+        if getattr(self, "_k_cycles", None) is None:
+            from ..device_code import compile as compile_device
+
+            self._k_cycles = compile_device(_KERNEL_FILE.read_text()).get_function("bench_rma_device_cycles")
+        out = cp.zeros(2, dtype=cp.uint64)
+        backend = self.world.backend
+        backend.after_caller()  # `out` was zeroed on the caller's stream
+        with backend.stream:
+            self._k_cycles((1,), (256,), (q.device_handle(), np.uint64(iters), out))
+        q.check_device()
+        done, ns = (int(x) for x in out.get(stream=backend.stream))
+        return done, ns * 1e-9
 
     def ours(self, layouts: list[str]) -> None:
-        self._run_queue_rows(self.world.backend.name, "rma-host", layouts, extra_impls=True)
+        self._run_queue_rows("auto", "rma-host", layouts, extra_impls=True)
 
     def _skip(self, impl: str, reason: str, layouts: list[str]) -> None:
         for layout in layouts:
@@ -322,7 +339,7 @@ class _Bench:
         from ..rma._mpi import bounded
 
         xp = self.world.xp
-        on_gpu = self.world.backend.name == "cuda"
+        on_gpu = self.world.device is not None  # the data lives on the GPU: stage it as a user of MPI would
         for chain in self.chains:
             for nbytes in self.sizes:
                 drv.progress(f"rma: {impl} chain {chain} x {drv.format_bytes(nbytes)}")
@@ -341,12 +358,9 @@ class _Bench:
                         reqs.append(comm.Recv_init(recv_host[part], origin, tag=my_slot * chain + i))
                         reqs.append(comm.Send_init(send_host[part], target, tag=slot * chain + i))
 
-                limit = default_timeout()
-
-                def stalled(chain=chain, nbytes=nbytes, limit=limit) -> str:
+                def stalled(chain=chain, nbytes=nbytes) -> str:
                     return (f"bench rma: {impl} (chain {chain} x {nbytes} B) on rank {self.world.rank}: MPI_Waitall "
-                            f"did not finish within {limit:g} s waiting for neighbour rank(s) "
-                            f"{', '.join(map(str, self.origins))} (CIRCUSLINK_TIMEOUT sets the limit)")
+                            f"waiting for neighbour rank(s) {', '.join(map(str, self.origins))}")
 
                 def cycle(reqs=reqs, send_dev=send_dev, send_host=send_host, recv_dev=recv_dev,
                           recv_host=recv_host) -> None:
@@ -360,11 +374,11 @@ class _Bench:
 
                 # Waitall itself (not a Test loop) is what a user of MPI measures; the watchdog bounds
                 # each loop of cycles (arming it per cycle would add ~1 us to a ~3 us exchange).
-                with bounded(limit, stalled):
+                with bounded(Deadline.after(None), stalled):
                     for _ in range(self.warmup):
                         cycle()
                 self.world.barrier()
-                with bounded(limit, stalled):
+                with bounded(Deadline.after(None), stalled):
                     t0 = time.perf_counter()
                     for _ in range(self.iters):
                         cycle()
@@ -383,8 +397,8 @@ class _Bench:
     def nccl(self) -> None:
         from . import _driver as drv
 
-        if self.world.backend.name != "cuda":
-            self._skip("nccl-grouped-sendrecv", "needs the cuda back-end", ["contiguous"])
+        if self.world.device is None:
+            self._skip("nccl-grouped-sendrecv", "needs GPUs (the cuda back-end)", ["contiguous"])
             return
         from .baselines import nccl_grouped_sendrecv
 

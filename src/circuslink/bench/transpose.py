@@ -97,7 +97,7 @@ def _run_rank(world: Any, args: argparse.Namespace) -> int:
     if world.size < 2:
         raise ConfigError(f"bench transpose needs at least 2 ranks, this job has {world.size} (-n 2 or more)")
     sizes, iters, warmup = drv.sizes_and_counts(args, quick_sizes="64K,1M", quick_iters=20, quick_warmup=2)
-    cpu = world.backend.name == "cpu"
+    cpu = not world.backend.runs_kernels  # host copies: smaller sizes keep the job short
     if cpu:
         sizes = [s for s in sizes if s <= _CPU_MAX] or [64 << 10]
     dtypes = _parse_dtypes(args.dtypes)
@@ -224,11 +224,9 @@ class _Bench:
 
     @staticmethod
     def _chosen_tile(q: Any) -> str:
-        chain = getattr(q._impl, "tchain", None)
-        if chain is not None and chain.pieces:
-            m, n = chain.pieces[0].tile
-            return f"{m}x{n}"
-        return "whole"
+        """The tile the engine committed for the queue's one transposing put ("whole": one copy, no tiles)."""
+        tile = q.describe()["transposes"][0]["tile"]
+        return "whole" if tile is None else f"{tile[0]}x{tile[1]}"
 
     @staticmethod
     def _cycle(q: Any, before=None):
@@ -279,14 +277,8 @@ class _Bench:
         from . import _driver as drv
 
         es = np.dtype(dtype).itemsize
-        from ..rma._transpose import TILE_BUFFER_BYTES
-        from ..rma._transpose import _cuda as tcuda  # the tile lists are plain Python: no GPU needed
-
-        if self.world.backend.name == "cuda":
-            tiles = tcuda.tile_candidates(es)
-        else:  # the cpu engine copies tile by tile: larger tiles, same buffer rule
-            tiles = tm.candidates(es, TILE_BUFFER_BYTES, sides=(16, 32, 64, 128, 256))
-        fit_tiles = tcuda.calibration_tiles(tiles)
+        tiles = self.rma.transpose_tiles(self.world, dtype)  # the engine's candidates (cpu: larger, one copy each)
+        fit_tiles = tm.calibration_tiles(tiles)
         samples: dict[tuple, tm.Sample] = {}
         for size in (nbytes, max(es * 64, nbytes // 4)):  # a second size pins t0; both with many tiles
             rows, cols = self._shape(dtype, size)

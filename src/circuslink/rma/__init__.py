@@ -20,16 +20,18 @@ its writes once, commits them into a queue, and then runs each iteration as one
 Transposing puts (UZURA): ``declare_transpose_write`` moves a rows x cols block into a peer
 transposed, in the same queues (docs/transpose.md).
 
-Back-ends: ``cpu`` (shared memory, the reference), ``cuda`` (CUDA IPC over NVLink: one
-launch per start, and ``circuslink::rma_start`` / ``rma_wait`` in ``<circuslink/rma.cuh>``
-for kernels that drive the queue themselves) and ``mpi`` (MPI-3 RMA, ``MPI_Put`` in
-post/start/complete/wait epochs). docs/rma.md has the semantics.
+Engines: the world's own (``cpu``: shared memory, the reference; ``cuda``: CUDA IPC over NVLink,
+one launch per start, ``q.start(stream=)`` / ``q.wait(stream=, block=False)`` to enqueue cycles on a
+stream, and ``circuslink::rma_start`` / ``rma_wait`` in ``<circuslink/rma.cuh>`` for kernels that drive
+the queue themselves with ``q.device_handle()``), or ``window_alloc(..., engine="mpi")`` (MPI-3 RMA,
+``MPI_Put`` in post/start/complete/wait epochs). Windows and queues are resources (``close()`` /
+``free()``, ``with``); ``q.describe()`` shows the committed plan. docs/rma.md has the semantics.
 """
 
 from __future__ import annotations
 
 from ._core import MsgHandle, Queue, Window, declare_strided_write, declare_write, queue_alloc, window_alloc
-from ._transpose import TransposeHandle, declare_transpose_write, plan_local_transpose
+from ._transpose import TransposeHandle, declare_transpose_write, plan_local_transpose, transpose_tiles
 
 __all__ = [
     "MsgHandle",
@@ -41,5 +43,6 @@ __all__ = [
     "declare_write",
     "plan_local_transpose",
     "queue_alloc",
+    "transpose_tiles",
     "window_alloc",
 ]

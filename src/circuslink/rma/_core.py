@@ -1,47 +1,65 @@
 """Windows, declared writes and persistent queues: the back-end independent half of circuslink.rma.
 
-Everything a user can get wrong is checked here, once, for every back-end; the engines
-(``_cpu.py``, ``_cuda.py``, ``_mpi.py``) only move bytes and flip counters.
+Everything a user can get wrong is checked here, once, for every engine; the engines
+(``_cpu.py``, ``_cuda.py``: the world's own, found with ``world.engine("circuslink.rma")``;
+``_mpi.py``: MPI-3 RMA, on request) only move bytes and flip counters.
 
 Epochs. Every queue counts its start/wait cycles (epoch 1, 2, ...). A target *posts*
 epoch e (tells its origins "you may write into me now") and an origin writes its data,
 then raises the target's per-origin *arrival* counter to e. Counters only grow, so
 repeated cycles need no reset; the target's wait(e) is "arrival[o] >= e for every
 declared origin o".
+
+Time-outs. A queue's time-out is the one given to ``commit(timeout=)`` (else
+``CIRCUSLINK_TIMEOUT``): every start() and wait() makes one :class:`~circuslink._wait.Deadline`
+of it and passes it down to every wait under the call, host or device (the descriptor's
+``timeout_ns``); ``wait(timeout=)`` overrides it for that call.
+
+Lifecycle. Windows and queues are :class:`~circuslink._lifecycle.Resource` s registered on
+their World: ``close()`` (``free()``, the QUDA interface's name), ``with``, and on an error
+they release what they hold on this rank without waiting for peers.
 """
 
 from __future__ import annotations
 
+import importlib
 import itertools
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .._config import resolve_timeout
-from ..errors import RmaError, TimeoutError
+from .._lifecycle import Resource
+from .._wait import Deadline
+from ..errors import RmaError
 
-BACKENDS = ("cpu", "cuda", "mpi")
+ENGINES = ("auto", "mpi")
 POST_AT = ("start", "wait")
 _handle_ids = itertools.count(1)
+_WINDOW_COUNTER = "circuslink.rma.windows"  # World.registry key: window numbers, per world
+
+
+def _engine_module(world: Any, engine: str):
+    """The engine module: the world's own (``rma._cpu`` / ``rma._cuda``) or ``rma._mpi``."""
+    if engine == "mpi":
+        return importlib.import_module(f"{__package__}._mpi")
+    return world.engine(__package__)
 
 
 # -- windows ------------------------------------------------------------------------------------
-class Window:
+class Window(Resource):
     """A region of every rank's memory that remote writes may target. Create with :func:`window_alloc`."""
 
-    def __init__(self, world: Any, nbytes: int, backend: str, impl: Any, index: int) -> None:
+    def __init__(self, world: Any, nbytes: int, engine: str, impl: Any, index: int) -> None:
         self.world = world
         self.nbytes = nbytes
-        self.backend = backend
+        self.engine = engine  # "mpi", or the world's back-end name (a label: code asks the engine, not the name)
         self.index = index
+        self._kind = f"rma window {index}"
         self._impl = impl
         self._queues: list[Queue] = []
-        self._active_queue: Queue | None = None  # mpi: one PSCW epoch per window at a time
+        self._active_queue: Queue | None = None  # engines with one access epoch per window (MPI)
         self._queue_count = 0
-        self.freed = False
 
     @property
     def local(self):
@@ -55,64 +73,68 @@ class Window:
         itemsize = np.dtype(dtype).itemsize
         return arr[: self.nbytes - self.nbytes % itemsize].view(dtype)
 
+    @property
+    def freed(self) -> bool:
+        return self._closed
+
+    @property
+    def queues(self) -> tuple[Queue, ...]:
+        """The open queues allocated on this window, oldest first."""
+        return tuple(self._queues)
+
     def _check(self) -> None:
-        if self.freed:
+        if self._closed:
             raise RmaError(f"window {self.index} has been freed")
 
     def free(self, timeout: float | None = None) -> None:
-        """Collective: free the window and every queue allocated on it. Idempotent."""
-        if self.freed:
-            return
-        for q in list(self._queues):
-            q.free(timeout)
-        self.freed = True
-        self._impl.free(timeout)
+        """Collective: free the window and every queue allocated on it (``close()``). Idempotent."""
+        self.close(timeout)
 
-    def __enter__(self) -> Window:
-        return self
+    def close(self, timeout: float | Deadline | None = None) -> None:
+        """Collective: free the window and its queues (see :meth:`free`). Refused while a queue has an epoch
+        in flight (nothing is released then)."""
+        busy = [q for q in self._queues if q._state == _STARTED]
+        if not self._closed and busy:
+            raise RmaError(f"free on window {self.index}: {busy[0]._where()} has epoch {busy[0].epoch} in flight: "
+                           "call wait() first")
+        super().close(timeout)
 
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.free()
+    def _close(self, timeout: float | Deadline | None) -> None:
+        deadline = Deadline.after(timeout)  # one limit for the whole free: queues and window together
+        for q in reversed(list(self._queues)):
+            q.close(deadline)
+        self._impl.close(deadline)
+
+    def _release_local(self) -> None:
+        for q in reversed(list(self._queues)):
+            q.release_local()
+        self._impl.release_local()
 
     def __repr__(self) -> str:
-        return f"Window(index={self.index}, nbytes={self.nbytes}, backend={self.backend!r}, rank={self.world.rank})"
+        return f"Window(index={self.index}, nbytes={self.nbytes}, engine={self.engine!r}, rank={self.world.rank})"
 
 
-_window_counts: dict[int, int] = {}
-
-
-def window_alloc(world: Any, nbytes: int, backend: str = "auto", timeout: float | None = None) -> Window:
+def window_alloc(world: Any, nbytes: int, engine: str = "auto", timeout: float | None = None) -> Window:
     """Collective: a window of ``nbytes`` (zeroed) on every rank.
 
-    ``backend``: "auto" (the world's: cpu or cuda), "cpu", "cuda" (both need the world of
-    that back-end) or "mpi" (MPI-3 RMA; needs a job started by mpirun; on a cuda world
-    the data lives on the GPU and is staged through host memory).
+    ``engine``: "auto" (the world's own: shared memory on cpu, CUDA IPC on cuda) or "mpi"
+    (MPI-3 RMA; needs a job started by mpirun; on a world with a GPU the data lives on the
+    GPU and is staged through host memory). ``timeout`` bounds the collective allocation.
     """
     if not isinstance(nbytes, int | np.integer) or isinstance(nbytes, bool) or nbytes <= 0:
         raise RmaError(f"window_alloc: nbytes must be a positive integer, got {nbytes!r}")
     nbytes = int(nbytes)
-    name = (backend or "auto").lower()
-    if name == "auto":
-        name = world.backend.name
-    if name not in BACKENDS:
-        raise RmaError(f"window_alloc: unknown backend {backend!r}: choose auto, {', '.join(BACKENDS)}")
-    if name in ("cpu", "cuda") and name != world.backend.name:
-        raise RmaError(
-            f"window_alloc: backend {name!r} needs a world of that back-end, but this world is "
-            f"{world.backend.name!r} (circuslink.init(backend={name!r}))"
-        )
-    key = id(world)
-    index = _window_counts.get(key, 0) + 1
-    _window_counts[key] = index
-    if name == "cpu":
-        from ._cpu import CpuWindow as Impl
-    elif name == "cuda":
-        from ._cuda import CudaWindow as Impl
-    else:
-        from ._mpi import MpiWindow as Impl
-    impl = Impl(world, nbytes, timeout)
-    return Window(world, nbytes, name, impl, index)
+    name = engine.lower() if isinstance(engine, str) else engine
+    if name not in ENGINES:
+        raise RmaError(f"window_alloc: unknown engine {engine!r}: choose {' or '.join(ENGINES)}")
+    module = _engine_module(world, name)
+    deadline = Deadline.after(timeout)
+    impl = module.open_window(world, nbytes, deadline)
+    # The same order of allocation on every rank, so the same number names the same window everywhere.
+    index = next(world.registry(_WINDOW_COUNTER, lambda: itertools.count(1)))
+    win = Window(world, nbytes, "mpi" if name == "mpi" else world.backend.name, impl, index)
+    win._register(world)
+    return win
 
 
 # -- declared writes ----------------------------------------------------------------------------
@@ -196,10 +218,10 @@ def declare_strided_write(
         if not isinstance(w, Window):
             raise RmaError(f"declare_write: {role} must be a Window from rma.window_alloc, got {type(w).__name__}")
         w._check()
-    if src_window.world is not dst_window.world or src_window.backend != dst_window.backend:
+    if src_window.world is not dst_window.world or src_window.engine != dst_window.engine:
         raise RmaError(
-            f"declare_write: src_window {src_window.index} ({src_window.backend}) and dst_window "
-            f"{dst_window.index} ({dst_window.backend}) must belong to the same world and back-end"
+            f"declare_write: src_window {src_window.index} ({src_window.engine}) and dst_window "
+            f"{dst_window.index} ({dst_window.engine}) must belong to the same world and back-end"
         )
     dst_offset = _int_arg("dst_offset", dst_offset, 0)
     src_offset = _int_arg("src_offset", src_offset, 0)
@@ -258,28 +280,11 @@ def _first_overlap(a: list[tuple[np.ndarray, np.ndarray, Any]]) -> tuple[Any, An
     return a[labels[owner]][2], a[labels[j]][2]
 
 
-# -- waiting ------------------------------------------------------------------------------------
-def poll_until(done: Callable[[], bool], deadline: float) -> bool:
-    """Poll ``done`` until it holds (True) or ``deadline`` (monotonic) passes (False).
-
-    Backs off from yielding to sleeping up to 1 ms: ranks share few CPU cores, and a
-    spinning rank would starve the peer it waits for.
-    """
-    polls = 0
-    while True:
-        if done():
-            return True
-        if time.monotonic() >= deadline:
-            return done()
-        polls += 1
-        time.sleep(0 if polls < 20 else min(1e-3, 1e-5 * (polls - 19)))
-
-
 # -- queues -------------------------------------------------------------------------------------
-_OPEN, _COMMITTED, _STARTED, _FREED = "open", "committed", "started", "freed"
+_OPEN, _COMMITTED, _STARTED = "open", "committed", "started"
 
 
-class Queue:
+class Queue(Resource):
     """A persistent chain of declared writes into ``window``, started and waited on repeatedly.
 
     ``Queue.alloc(window)`` is collective (every rank allocates its queues on a window in
@@ -292,12 +297,14 @@ class Queue:
         self.window = window
         self.world = window.world
         self.index = index
+        self._kind = f"rma queue {index} of window {window.index}"
         self._impl = impl
         self._handles: list[MsgHandle] = []
         self._origins: list[int] = []
         self._state = _OPEN
         self.epoch = 0  # the last epoch started (host-driven); counters agree on it at commit
         self.post_at = "start"
+        self.timeout: float | None = None  # seconds: the queue's time-out, fixed at commit
 
     # construction ------------------------------------------------------------------------
     @classmethod
@@ -309,9 +316,10 @@ class Queue:
         # Same order of allocation on every rank, so the same index names the same queue everywhere.
         window._queue_count += 1
         index = window._queue_count
-        impl = window._impl.new_queue(index, timeout)
+        impl = window._impl.new_queue(Deadline.after(timeout))
         q = cls(window, index, impl)
         window._queues.append(q)
+        q._register(window.world)
         return q
 
     @property
@@ -321,8 +329,13 @@ class Queue:
     def _where(self) -> str:
         return f"{self.name} on rank {self.world.rank}"
 
+    def _stall(self, what: str, ranks: Any, epoch: int | None = None) -> str:
+        """What a time-out of this queue names: queue, rank, epoch, and the ranks it waited for."""
+        return (f"{self._where()}: epoch {self.epoch if epoch is None else epoch} {what} rank(s) "
+                f"{', '.join(map(str, sorted(ranks)))}")
+
     def _check_not_freed(self, op: str) -> None:
-        if self._state == _FREED:
+        if self._closed:
             raise RmaError(f"{op}: {self._where()} has been freed")
 
     @property
@@ -336,6 +349,11 @@ class Queue:
     @property
     def targets(self) -> tuple[int, ...]:
         return tuple(sorted({h.dst_rank for h in self._handles}))
+
+    @property
+    def committed(self) -> bool:
+        """True between commit() and clear() / free()."""
+        return self._state != _OPEN and not self._closed
 
     def push(self, handle: MsgHandle) -> None:
         """Add a declared write to the chain (before commit)."""
@@ -384,6 +402,11 @@ class Queue:
         between wait() and start()) or "wait" (at the end of my wait(): lower latency, but I
         must not touch the incoming bytes after wait() returns, since origins may already be
         writing the next epoch). Every rank must pass the same value.
+
+        ``timeout`` (seconds, default ``CIRCUSLINK_TIMEOUT``) bounds commit itself and becomes the
+        queue's time-out: every wait under a later start() or wait(), on the host or on the
+        device, gives up after it (``wait(timeout=)`` overrides it for one call). If commit fails,
+        whatever it built is released and the queue is open again, as before the call.
         """
         self._check_not_freed("commit")
         if self._state == _STARTED:
@@ -392,14 +415,15 @@ class Queue:
             raise RmaError(f"commit on {self._where()}: already committed (call clear() to rebuild)")
         if post_at not in POST_AT:
             raise RmaError(f"commit: post_at={post_at!r} must be one of {', '.join(POST_AT)}")
+        deadline = Deadline.after(timeout)
         me = self.world.rank
         mine = {
             "targets": {t: [h._spec() for h in self._handles if h.dst_rank == t] for t in self.targets},
             "origins": list(self._origins),
-            "epoch": self._impl.current_epoch(self.epoch),
+            "epoch": self._impl.current_epoch(self.epoch, deadline),
             "post_at": post_at,
         }
-        everyone = self.world.allgather_object(mine, timeout)
+        everyone = self.world.allgather_object(mine, deadline)
         modes = {r: d["post_at"] for r, d in enumerate(everyone)}
         if len(set(modes.values())) != 1:
             raise RmaError(f"commit of {self.name}: post_at differs between ranks ({modes})")
@@ -426,99 +450,161 @@ class Queue:
             bad = (f"commit of {self.name}: rank {o1}'s handle #{h1} (offset {off1}) and rank {o2}'s handle "
                    f"#{h2} (offset {off2}) write the same bytes of rank {me}'s window")
         # Everyone learns of a clash found anywhere, so no rank goes on to start alone.
-        verdicts = self.world.allgather_object(bad, timeout)
+        verdicts = self.world.allgather_object(bad, deadline)
         found = [v for v in verdicts if v]
         if found:
             raise RmaError(found[0])
         base = max(d["epoch"] for d in everyone)
         incoming_specs = {o: everyone[o]["targets"][me] for o in self._origins}
-        self._impl.commit(self, base, post_at, incoming_specs, timeout)
+        try:
+            self._impl.commit(self, base, post_at, incoming_specs, deadline)
+        except BaseException:
+            try:
+                self._impl.clear(None)  # nothing half-built stays behind: the queue is open, as before
+            except Exception:  # noqa: S110 - the commit's own error is the one to report
+                pass
+            raise
         self.epoch = base
         self.post_at = post_at
+        self.timeout = deadline.limit
         self._state = _COMMITTED
 
     # cycles ------------------------------------------------------------------------------
-    def start(self) -> None:
-        """Post my window to my origins and run my writes (host-driven)."""
+    def start(self, stream: Any = None) -> None:
+        """Post my window to my origins and run my writes (host-driven).
+
+        ``stream`` (engines that run on a device only): enqueue the start on this stream, ordered
+        after the work already on it and returning at once, e.g. inside a CUDA graph capture; by
+        default it runs on the world's stream, after the caller's current stream.
+        """
         self._check_not_freed("start")
         if self._state == _OPEN:
             raise RmaError(f"start before commit on {self._where()}")
         if self._state == _STARTED:
             raise RmaError(f"start on {self._where()}: epoch {self.epoch} was started and not waited for")
+        self._check_stream("start", stream)
         active = self.window._active_queue
-        if active is not None and active is not self and self.window.backend == "mpi":
+        if active is not None and active is not self and self.window._impl.one_epoch_per_window:
             raise RmaError(
-                f"start on {self._where()}: {active.name} has an epoch in flight on the same mpi window; "
-                "wait() for it first (MPI allows one access epoch per window)"
+                f"start on {self._where()}: {active.name} has an epoch in flight on the same {self.window.engine} "
+                "window; wait() for it first (MPI allows one access epoch per window)"
             )
         self.epoch += 1
         self._state = _STARTED
         self.window._active_queue = self
-        self._impl.start(self.epoch)
+        self._impl.start(self.epoch, Deadline.after(self.timeout), stream)
 
-    def wait(self, timeout: float | None = None) -> None:
-        """Return once my writes are complete and every origin's writes for this epoch have arrived."""
+    def wait(self, timeout: float | None = None, stream: Any = None, block: bool = True) -> None:
+        """Return once my writes are complete and every origin's writes for this epoch have arrived.
+
+        ``timeout`` overrides the queue's time-out for this call. ``stream`` (device engines):
+        enqueue the wait on this stream instead of the world's. ``block=False`` (device engines)
+        enqueues the wait and returns at once: work queued after it on the same stream runs once
+        the epoch is complete; a time-out it records is raised by :meth:`check_device` (or the
+        next blocking wait). The queue may be started again right away.
+        """
         self._check_not_freed("wait")
         if self._state != _STARTED:
             raise RmaError(f"wait without start on {self._where()}")
-        limit = resolve_timeout(timeout)
+        self._check_stream("wait", stream, block)
+        deadline = Deadline.after(self.timeout if timeout is None else timeout)
         try:
-            self._impl.wait(self.epoch, limit)
+            self._impl.wait(self.epoch, deadline, stream, block)
         finally:
             self._state = _COMMITTED
             if self.window._active_queue is self:
                 self.window._active_queue = None
 
-    def _timeout(self, limit: float, what: str, ranks: list[int]) -> TimeoutError:
-        """The one time-out error of a queue, naming the ranks that stalled."""
-        return TimeoutError(
-            f"{self._where()}: epoch {self.epoch} timed out after {limit:g} s {what} rank(s) "
-            f"{', '.join(map(str, sorted(ranks)))} (CIRCUSLINK_TIMEOUT sets the limit)"
-        )
+    def _check_stream(self, op: str, stream: Any, block: bool = True) -> None:
+        if (stream is not None or not block) and not self.window._impl.runs_on_streams:
+            what = "stream=" if stream is not None else "block=False"
+            raise RmaError(f"{op}({what}) on {self._where()}: the {self.window.engine} engine runs on the host "
+                           "and has no streams; leave stream=None and block=True")
 
     def clear(self) -> None:
         """Forget the chain and the origins (counters keep counting); push, add_origin and commit again."""
         self._check_not_freed("clear")
         if self._state == _STARTED:
             raise RmaError(f"clear on {self._where()} while epoch {self.epoch} is in flight: call wait() first")
-        self._impl.clear()
+        self._impl.clear(Deadline.after(self.timeout))
         self._handles.clear()
         self._origins.clear()
         self._state = _OPEN
 
     def free(self, timeout: float | None = None) -> None:
-        """Collective: release the queue's counters and descriptors. Idempotent."""
-        if self._state == _FREED:
-            return
-        if self._state == _STARTED:
+        """Collective: release the queue's counters and descriptors (``close()``). Idempotent."""
+        self.close(timeout)
+
+    def close(self, timeout: float | Deadline | None = None) -> None:
+        """Collective: release the queue (see :meth:`free`). Refused while an epoch is in flight."""
+        if not self._closed and self._state == _STARTED:
             raise RmaError(f"free on {self._where()} while epoch {self.epoch} is in flight: call wait() first")
-        self._state = _FREED
+        super().close(timeout)
+
+    def _close(self, timeout: float | Deadline | None) -> None:
+        self._forget_window()
+        self._impl.close(Deadline.after(timeout))
+
+    def _release_local(self) -> None:
+        self._forget_window()
+        self._impl.release_local()
+
+    def _forget_window(self) -> None:
         if self in self.window._queues:
             self.window._queues.remove(self)
-        self._impl.free(timeout)
+        if self.window._active_queue is self:
+            self.window._active_queue = None
 
-    # device-driven -----------------------------------------------------------------------
-    def device_handle(self) -> int:
-        """Address of the queue's device descriptor (cuda): pass it to a kernel as ``const circuslink::RmaQueue*``."""
+    # plan and device-driven ----------------------------------------------------------------
+    def describe(self) -> dict:
+        """The queue and, once committed, the plan the engine built: a dict for logs and benchmarks.
+
+        Keys: ``queue``, ``rank``, ``engine``, ``state``, ``epoch``, ``post_at``, ``timeout_s``,
+        ``targets``, ``origins``, ``handles`` (their descriptions), ``transposes`` (one entry per
+        transposing put: handle id, dtype, rows, cols and ``tile``, the (m, n) the engine uses, None
+        where it moves the block whole); once committed, the engine's own (cuda: ``launch``
+        "kernel" or "graph", ``grid``, ``threads``, ``work_units``).
+        """
+        from ._transpose import is_transpose
+
+        state = "freed" if self._closed else self._state
+        plan = self._impl.describe() if self._state != _OPEN and not self._closed else {}
+        tiles = plan.pop("tiles", {})
+        transposes = [{"handle": h.id, "dtype": h.dtype, "rows": h.rows, "cols": h.cols, "dst_rank": h.dst_rank,
+                       "tile": tiles.get(h.id, h.tile)} for h in self._handles if is_transpose(h)]
+        return {"queue": self.name, "rank": self.world.rank, "engine": self.window.engine, "state": state,
+                "epoch": self.epoch, "post_at": self.post_at, "timeout_s": self.timeout,
+                "targets": list(self.targets), "origins": list(self._origins),
+                "handles": [h.describe() for h in self._handles], "transposes": transposes, **plan}
+
+    def device_handle(self) -> np.void:
+        """The queue's device handle: a numpy scalar of ``circuslink::RmaHandle``, passed to a kernel by value.
+
+        ``kernel(grid, block, (q.device_handle(), ...))`` with ``__global__ void k(circuslink::RmaHandle q, ...)``
+        calling ``circuslink::rma_start(q)`` / ``rma_wait(q)`` (``<circuslink/rma.cuh>``)."""
         self._check_not_freed("device_handle")
         if self._state == _OPEN:
             raise RmaError(f"device_handle before commit on {self._where()}")
         if not hasattr(self._impl, "device_handle"):
-            raise RmaError(f"device_handle: {self.name} uses the {self.window.backend} back-end; only cuda has one")
+            raise RmaError(f"device_handle: {self.name} uses the {self.window.engine} engine, which runs no "
+                           "kernels; device-driven queues need a world whose back-end runs kernels")
         return self._impl.device_handle()
 
     def check_device(self) -> None:
-        """Raise the error a device-side start/wait recorded (call after the kernel finished), then clear it."""
+        """Raise the error a device-side start/wait recorded, then clear it.
+
+        Call it after the kernel that drove the queue finished; it waits (bounded by the queue's
+        time-out) for the work on the world's stream first; synchronise streams of your own yourself."""
         self._check_not_freed("check_device")
         if hasattr(self._impl, "check_device"):
-            self._impl.check_device(self)
+            self._impl.check_device(Deadline.after(self.timeout))
 
     def __repr__(self) -> str:
+        state = "freed" if self._closed else self._state
         return (f"Queue({self.name}, rank={self.world.rank}, handles={len(self._handles)}, "
-                f"origins={self._origins}, state={self._state})")
+                f"origins={self._origins}, state={state})")
 
 
 def queue_alloc(window: Window, timeout: float | None = None) -> Queue:
     """Collective: ``Queue.alloc(window)``."""
     return Queue.alloc(window, timeout)
-

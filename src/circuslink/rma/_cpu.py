@@ -7,19 +7,18 @@ is raised by target t when I may write epoch e into it). Writes are numpy copies
 between views built once at commit (strided views for block-stride writes: no packing).
 
 Ordering: numpy stores the data before the counter store, and x86 (TSO) keeps stores in
-order, so a peer that sees the counter sees the data.
+order, so a peer that sees the counter sees the data. Waits go through
+:func:`circuslink._wait.wait_until` with the deadline the queue passes down.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .._config import default_timeout
-from ._core import poll_until
+from .._wait import Deadline, wait_until
 from ._transpose import _cpu as transposes
 from ._transpose import is_transpose
 
@@ -31,10 +30,18 @@ def _view(arr: np.ndarray, offset: int, count: int, block: int, stride: int) -> 
     return as_strided(base, shape=(count, block), strides=(stride, 1), writeable=True)
 
 
+def open_window(world: Any, nbytes: int, deadline: Deadline) -> CpuWindow:
+    """The engine's half of ``rma.window_alloc`` (collective)."""
+    return CpuWindow(world, nbytes, deadline)
+
+
 class CpuWindow:
-    def __init__(self, world: Any, nbytes: int, timeout: float | None) -> None:
+    runs_on_streams = False  # start(stream=) / wait(block=False) need a device engine
+    one_epoch_per_window = False
+
+    def __init__(self, world: Any, nbytes: int, deadline: Deadline) -> None:
         self.world = world
-        self.buf = world.alloc(nbytes, timeout)
+        self.buf = world.alloc(nbytes, deadline)
 
     @property
     def local(self) -> np.ndarray:
@@ -43,31 +50,35 @@ class CpuWindow:
     def peer(self, rank: int) -> np.ndarray:
         return self.buf.peer(rank)
 
-    def new_queue(self, index: int, timeout: float | None) -> CpuQueue:
-        return CpuQueue(self, timeout)
+    def new_queue(self, deadline: Deadline) -> CpuQueue:
+        return CpuQueue(self, deadline)
 
-    def free(self, timeout: float | None) -> None:
-        self.buf.close(timeout)
+    def close(self, deadline: Deadline) -> None:
+        self.buf.close(deadline)
+
+    def release_local(self) -> None:
+        self.buf.release_local()
 
 
 class CpuQueue:
-    def __init__(self, window: CpuWindow, timeout: float | None) -> None:
+    def __init__(self, window: CpuWindow, deadline: Deadline) -> None:
         self.world = window.world
         self.window = window
         size = self.world.size
         self.size = size
-        self.signals = self.world.alloc(2 * size * 8, timeout)
+        self.signals = self.world.alloc(2 * size * 8, deadline)
         self.mine = self.signals.view(np.uint64)
         self.peers = {r: self.signals.view(np.uint64, r) for r in range(size)}
         self.queue: Any = None
         self.chain: list[tuple[int, list[tuple[np.ndarray, np.ndarray]]]] = []
+        self.tiles: dict[int, tuple[int, int] | None] = {}
         self.origins: list[int] = []
         self.post_at = "start"
 
-    def current_epoch(self, host_epoch: int) -> int:
+    def current_epoch(self, host_epoch: int, deadline: Deadline) -> int:
         return host_epoch
 
-    def commit(self, queue: Any, base: int, post_at: str, incoming: dict, timeout: float | None) -> None:
+    def commit(self, queue: Any, base: int, post_at: str, incoming: dict, deadline: Deadline) -> None:
         self.queue = queue
         self.post_at = post_at
         self.origins = list(queue.origins)
@@ -76,6 +87,7 @@ class CpuQueue:
             if is_transpose(h):  # (dst, src.T) view pairs, copied by the same loop
                 pairs = transposes.copies(h, h.src_window._impl.local, self.window.peer(h.dst_rank))
                 by_target.setdefault(h.dst_rank, []).extend(pairs)
+                self.tiles[h.id] = h.tile  # None: one copy of the whole block
                 continue
             src = _view(h.src_window._impl.local, h.src_offset, h.count, h.block_bytes, h.src_stride)
             dst = _view(self.window.peer(h.dst_rank), h.dst_offset, h.count, h.block_bytes, h.dst_stride)
@@ -84,40 +96,48 @@ class CpuQueue:
         if post_at == "wait":
             self._post(base + 1)  # the first epoch is open from the start
 
+    def describe(self) -> dict:
+        return {"copies": sum(len(c) for _, c in self.chain), "tiles": dict(self.tiles)}
+
     def _post(self, epoch: int) -> None:
         me = self.world.rank
         for o in self.origins:
             self.peers[o][self.size + me] = epoch
 
-    def start(self, epoch: int) -> None:
+    def start(self, epoch: int, deadline: Deadline, stream: Any) -> None:
         queue = self.queue
         if self.post_at == "start":
             self._post(epoch)
-        me = self.world.rank
-        deadline = time.monotonic() + default_timeout()
+        me, mine = self.world.rank, self.mine
         for t, copies in self.chain:
             slot = self.size + t
-            if not poll_until(lambda slot=slot: int(self.mine[slot]) >= epoch, deadline):
-                raise queue._timeout(default_timeout(), "in start() waiting for the post of target", [t])
+            wait_until(lambda slot=slot: int(mine[slot]) >= epoch, deadline,
+                       lambda t=t: queue._stall("in start() waiting for the post of target", [t], epoch))
             for dst, src in copies:
                 dst[...] = src
             self.peers[t][me] = epoch  # after the data: a peer that sees it sees the bytes
 
-    def wait(self, epoch: int, limit: float) -> None:
-        deadline = time.monotonic() + limit
-        mine = self.mine
-        if not poll_until(lambda: all(int(mine[o]) >= epoch for o in self.origins), deadline):
-            late = [o for o in self.origins if int(mine[o]) < epoch]
-            raise self.queue._timeout(limit, "waiting for the writes of origin", late)
+    def wait(self, epoch: int, deadline: Deadline, stream: Any, block: bool) -> None:
+        mine, origins = self.mine, self.origins
+        wait_until(lambda: all(int(mine[o]) >= epoch for o in origins), deadline,
+                   lambda: self.queue._stall("waiting for the writes of origin",
+                                             [o for o in origins if int(mine[o]) < epoch], epoch))
         if self.post_at == "wait":
             self._post(epoch + 1)
 
-    def clear(self) -> None:
+    def clear(self, deadline: Deadline | None) -> None:
         self.chain = []
+        self.tiles = {}
         self.origins = []
 
-    def free(self, timeout: float | None) -> None:
-        self.chain = []
+    def close(self, deadline: Deadline) -> None:
+        self.clear(deadline)
         self.peers = {}
         self.mine = None
-        self.signals.close(timeout)
+        self.signals.close(deadline)
+
+    def release_local(self) -> None:
+        self.clear(None)
+        self.peers = {}
+        self.mine = None
+        self.signals.release_local()

@@ -1,21 +1,23 @@
 """The cuda engine: RMA queues inside a node, over CUDA IPC peer memory (NVLink).
 
-commit() packs the chain once into device memory (an ``RmaQueue`` handle followed by its
+commit() packs the chain once into device memory (an ``RmaQueue`` followed by its
 descriptors and counter addresses, byte for byte as ``include/circuslink/detail/rma_types.cuh``
-lays them out). Then every cycle is cheap:
+lays them out, from the ABI tables of ``_layout.py``). Then every cycle is cheap:
 
-* engine "kernel" (default): start() is one launch of a copy kernel that posts, waits
+* launch "kernel" (default): start() is one launch of a copy kernel that posts, waits
   for the targets' posts, copies the chain (strided blocks directly, no packing) and
   raises the targets' arrival counters; wait() is one launch of a one-block wait kernel
-  and a stream synchronize.
-* engine "graph": start() launches one CUDA graph built at commit: a post kernel, one
+  and a bounded wait for the stream.
+* launch "graph": start() launches one CUDA graph built at commit: a post kernel, one
   copy-engine 2-D copy (cudaMemcpy2DAsync, peer) per handle, a signal kernel.
 
 Choose with ``CIRCUSLINK_RMA_ENGINE=kernel|graph`` (read at commit) so the two can be
-measured against each other without code changes. Kernels drive a queue themselves
-through ``circuslink::rma_start`` / ``rma_wait`` and ``Queue.device_handle()``.
-Device-side waits time out (the queue's time-out) and record the stalled rank in
-host-mapped memory; the host raises it.
+measured against each other without code changes. Every kernel takes the queue's device
+handle (``circuslink::RmaHandle``, :data:`~._layout.HANDLE`) by value; kernels of users drive a
+queue themselves through ``circuslink::rma_start`` / ``rma_wait`` and ``Queue.device_handle()``.
+Device-side waits time out (the queue's time-out, or the one given to wait()) and record the
+stalled rank in host-mapped memory; the host raises it. Host waits for the stream are bounded
+(``backend.wait_stream``).
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from .._config import default_timeout
-from ..errors import RmaError, TimeoutError
-from ._layout import CHUNK_BYTES, DESCRIPTOR, QUEUE
+from .._wait import Deadline, timeout_error
+from ..errors import RmaError
+from ._layout import CHUNK_BYTES, DESCRIPTOR, HANDLE, QUEUE
 from ._transpose import _cuda as transposes
 from ._transpose import is_transpose
 
@@ -69,59 +71,88 @@ def engine_name() -> str:
     return name
 
 
+def open_window(world: Any, nbytes: int, deadline: Deadline) -> CudaWindow:
+    """The engine's half of ``rma.window_alloc`` (collective)."""
+    return CudaWindow(world, nbytes, deadline)
+
+
 class CudaWindow:
-    def __init__(self, world: Any, nbytes: int, timeout: float | None) -> None:
+    runs_on_streams = True
+    one_epoch_per_window = False
+
+    def __init__(self, world: Any, nbytes: int, deadline: Deadline) -> None:
         self.world = world
-        self.buf = world.alloc(nbytes, timeout)
+        self.buf = world.alloc(nbytes, deadline)
 
     @property
     def local(self):
         return self.buf.local
 
-    def new_queue(self, index: int, timeout: float | None) -> CudaQueue:
-        return CudaQueue(self, timeout)
+    def new_queue(self, deadline: Deadline) -> CudaQueue:
+        return CudaQueue(self, deadline)
 
-    def free(self, timeout: float | None) -> None:
-        self.buf.close(timeout)
+    def close(self, deadline: Deadline) -> None:
+        self.buf.close(deadline)
+
+    def release_local(self) -> None:
+        self.buf.release_local()
 
 
 class CudaQueue:
-    def __init__(self, window: CudaWindow, timeout: float | None) -> None:
+    def __init__(self, window: CudaWindow, deadline: Deadline) -> None:
         cp = _cp()
         self.cp = cp
         self.world = window.world
         self.window = window
         self.size = self.world.size
         self.stream = self.world.backend.stream
-        self.signals = self.world.alloc(2 * self.size * 8, timeout)
-        self.state = cp.zeros(3, dtype=cp.uint64)  # RmaState: epoch, done_ctas, failed
-        # Host-mapped error record: the host reads it after a wait without a device copy.
-        self.error_ptr = cp.cuda.runtime.hostAlloc(24, cp.cuda.runtime.hostAllocMapped)
+        self.signals = self.world.alloc(2 * self.size * 8, deadline)
+        self.error_ptr = 0
+        try:
+            with self.stream:  # the kernels that use it run on this stream: no race with the null stream
+                self.state = cp.zeros(3, dtype=cp.uint64)  # RmaState: epoch, done_ctas, failed
+            # Host-mapped error record: the host reads it after a wait without a device copy.
+            self.error_ptr = cp.cuda.runtime.hostAlloc(24, cp.cuda.runtime.hostAllocMapped)
+        except BaseException:
+            self.signals.release_local()
+            raise
         self.error = np.frombuffer((ctypes.c_uint64 * 3).from_address(self.error_ptr), dtype=np.uint64)
         self.error[:] = 0
         self.handle_mem = None
+        self.handle: np.void | None = None
         self.graph = None
+        self.tchain = None
         self.queue: Any = None
+        self.handles: list = []
         self.n_origins = 0
         self.grid = 1
+        self.units = 0
+        self.tiles: dict[int, tuple[int, int]] = {}
+        self.engine = "kernel"
+
+    def _stream_wait(self, stream: Any, deadline: Deadline, what: str) -> None:
+        self.world.backend.wait_stream(stream, deadline, lambda: f"{self.queue._where() if self.queue else 'rma'}: "
+                                                                 f"{what}")
 
     # commit --------------------------------------------------------------------------------
-    def current_epoch(self, host_epoch: int) -> int:
+    def current_epoch(self, host_epoch: int, deadline: Deadline) -> int:
         # Device-driven cycles advance the device's counter without the host: it is the truth.
-        self.stream.synchronize()
-        return int(self.state[0].get())
+        self._stream_wait(self.stream, deadline, "the queue's last cycle did not finish before commit")
+        return int(self.state[0].get(stream=self.stream))
 
-    def commit(self, queue: Any, base: int, post_at: str, incoming: dict, timeout: float | None) -> None:
+    def commit(self, queue: Any, base: int, post_at: str, incoming: dict, deadline: Deadline) -> None:
         cp = self.cp
         self.queue = queue
         self.engine = engine_name()
         me, size = self.world.rank, self.size
         handles = sorted((h for h in queue.handles if not is_transpose(h)), key=lambda h: h.dst_rank)
         # Transposing puts: their own descriptors, run by the same start launch after the copies.
+        tputs = [h for h in queue.handles if is_transpose(h)]
         self.tchain = transposes.queue_chain(
-            self.world, [h for h in queue.handles if is_transpose(h)],
+            self.world, tputs,
             src_ptr=lambda h: h.src_window._impl.buf.ptr(me) + h.src_offset,
-            dst_ptr=lambda h: self.window.buf.ptr(h.dst_rank) + h.dst_offset)
+            dst_ptr=lambda h: self.window.buf.ptr(h.dst_rank) + h.dst_offset, deadline=deadline)
+        self.tiles = {h.id: p.tile for h, p in zip(tputs, self.tchain.pieces, strict=True)}
         descs = DESCRIPTOR.array(len(handles))
         units = 0
         for i, h in enumerate(handles):
@@ -155,7 +186,8 @@ class CudaQueue:
             "targets": base_ptr + offsets[1], "arrival_at_target": base_ptr + offsets[2], "n_targets": len(targets),
             "origins": base_ptr + offsets[3], "post_at_origin": base_ptr + offsets[4], "n_origins": len(origins),
             "state": self.state.data.ptr, "error": self.error_ptr,
-            "timeout_ns": int(default_timeout() * 1e9), "post_at_wait": int(post_at == "wait"),
+            # The queue's time-out (commit's), for every device wait of a start and of device-driven waits.
+            "timeout_ns": max(1, int(deadline.limit * 1e9)), "post_at_wait": int(post_at == "wait"),
             "abort": self.world.backend.abort_ptr,
             "transposes": self.tchain.ptr,
         }
@@ -166,9 +198,12 @@ class CudaQueue:
         host = np.frombuffer(bytes(blob), dtype=np.uint8)
         cp.cuda.runtime.memcpy(base_ptr, host.ctypes.data, len(blob), cp.cuda.runtime.memcpyHostToDevice)
         self.handle_mem = mem
+        self.handle = HANDLE.pack(queue=base_ptr)
         self.handles = handles
         self.n_origins = len(origins)
-        self.state[:] = cp.array([base, 0, 0], dtype=cp.uint64)
+        self.units = units
+        with self.stream:
+            self.state[:] = cp.array([base, 0, 0], dtype=cp.uint64)
         self.error[:] = 0
         warps = _THREADS // 32
         kernels = _kernels()
@@ -178,8 +213,7 @@ class CudaQueue:
         self.grid = max(1, min(-(-units // warps), self.world.backend.max_blocks(self.k_start, _THREADS)))
         self.grid = self.tchain.grid(self.k_start, self.grid)
         self.k_wait = kernels.get_function("circuslink_rma_wait")
-        self.k_cycles = kernels.get_function("circuslink_rma_device_cycles")
-        cp.cuda.Device(self.world.device).synchronize()
+        self._stream_wait(self.stream, deadline, "setting up the queue's state on the device")
         if post_at == "wait":
             # The first epoch is open from the start: post it into every origin.
             one = np.array([base + 1], dtype=np.uint64)
@@ -193,22 +227,21 @@ class CudaQueue:
         cp = self.cp
         rt = cp.cuda.runtime
         capture = cp.cuda.Stream(non_blocking=True)
-        handle = np.uint64(self.handle_mem.ptr)
         capture.begin_capture()
         try:
             with capture:
-                kernels.get_function("circuslink_rma_prologue")((1,), (64,), (handle,))
-                for d in self.descs_host():
+                kernels.get_function("circuslink_rma_prologue")((1,), (64,), (self.handle,))
+                for d in self._descs_host():
                     rt.memcpy2DAsync(int(d["dst"]), int(d["dst_stride"]), int(d["src"]), int(d["src_stride"]),
                                      int(d["block_bytes"]), int(d["count"]), rt.memcpyDefault, capture.ptr)
                 self.tchain.launch()  # the transposing puts: one kernel node
-                kernels.get_function("circuslink_rma_epilogue")((1,), (64,), (handle,))
+                kernels.get_function("circuslink_rma_epilogue")((1,), (64,), (self.handle,))
         finally:
             graph = capture.end_capture()
         graph.upload(self.stream)
         return graph
 
-    def descs_host(self) -> list:
+    def _descs_host(self) -> list:
         out = []
         me = self.world.rank
         for h in self.handles:
@@ -219,77 +252,85 @@ class CudaQueue:
                         "dst_stride": h.dst_stride if h.count > 1 else h.block_bytes})
         return out
 
+    def describe(self) -> dict:
+        return {"launch": self.engine, "grid": self.grid, "threads": _THREADS, "work_units": self.units,
+                "tiles": dict(self.tiles)}
+
     # cycles --------------------------------------------------------------------------------
-    def enqueue_start(self) -> None:
-        """Start on the stream without waiting for anything (the bench enqueues back to back)."""
+    def start(self, epoch: int, deadline: Deadline, stream: Any) -> None:
+        if stream is None:
+            # The caller has just written the sources on its own stream (CuPy's null stream by
+            # default): the copy must not read them before they land.
+            self.world.backend.after_caller()
+            stream = self.stream
         if self.graph is not None:
-            self.graph.launch(self.stream)
+            self.graph.launch(stream)
         else:
-            with self.stream:
-                self.k_start((self.grid,), (_THREADS,), (np.uint64(self.handle_mem.ptr),))
+            with stream:
+                self.k_start((self.grid,), (_THREADS,), (self.handle,))
 
-    def enqueue_wait(self, limit: float) -> None:
+    def wait(self, epoch: int, deadline: Deadline, stream: Any, block: bool) -> None:
+        stream = self.stream if stream is None else stream
         if self.n_origins:
-            with self.stream:
-                self.k_wait((1,), (max(32, min(_THREADS, self.n_origins)),),
-                            (np.uint64(self.handle_mem.ptr), np.uint64(int(limit * 1e9))))
+            timeout_ns = max(1, int(deadline.remaining() * 1e9))
+            with stream:
+                self.k_wait((1,), (max(32, min(_THREADS, self.n_origins)),), (self.handle, np.uint64(timeout_ns)))
+        if not block:
+            return
+        # The wait kernel gives up at the deadline on its own and records who stalled; the host's bound is
+        # the backstop (the same limit again, plus slack), after which the abort word ends it.
+        backstop = Deadline(deadline.at + deadline.limit + 5.0, 2 * deadline.limit + 5.0)
+        self._stream_wait(stream, backstop, f"epoch {epoch}'s wait kernel did not finish")
+        self._raise_recorded(deadline, "")
 
-    def start(self, epoch: int) -> None:
-        # The caller has just written the sources on its own stream (CuPy's null stream by
-        # default): the copy must not read them before they land.
-        self.world.backend.after_caller()
-        self.enqueue_start()
-
-    def wait(self, epoch: int, limit: float) -> None:
-        self.enqueue_wait(limit)
-        # The wait kernel gives up after `limit` on its own; the host's bound is the backstop.
-        self.world.backend.wait_stream(self.stream, 2 * limit + 5,
-                                       lambda: f"{self.queue._where()}: epoch {epoch}'s wait kernel did not finish")
-        self._raise_recorded(limit, "")
-
-    def _raise_recorded(self, limit: float, how: str) -> None:
+    def _raise_recorded(self, deadline: Deadline, how: str) -> None:
         code, rank, epoch = (int(x) for x in self.error)
         if code == 0:
             return
         self.error[:] = 0
-        self.state[2] = 0  # let the next failure be recorded
-        where = self.queue._where()
-        if code == 3:
-            raise RmaError(f"{where}: a device-driven rma_start of epoch {epoch} refused the queue's transposing "
-                           "puts: #include <circuslink/transpose.cuh> before <circuslink/rma.cuh> in that kernel")
-        if code == 1:
-            what = f"waiting for the post of target rank(s) {rank} (has it started epoch {epoch}?)"
-        else:
-            what = f"waiting for the writes of origin rank(s) {rank}"
-        raise TimeoutError(f"{where}: {how}epoch {epoch} timed out after {limit:g} s on the device {what} "
-                           "(CIRCUSLINK_TIMEOUT sets the limit)")
-
-    def device_handle(self) -> int:
-        return int(self.handle_mem.ptr)
-
-    def check_device(self, queue: Any) -> None:
-        self.stream.synchronize()
-        self._raise_recorded(default_timeout(), "device-driven ")
-
-    def device_cycles(self, iters: int) -> tuple[int, float]:
-        """Run ``iters`` device-driven start+wait cycles in one kernel: (cycles done, ns each)."""
-        cp = self.cp
-        out = cp.zeros(2, dtype=cp.uint64)
         with self.stream:
-            self.k_cycles((1,), (_THREADS,), (np.uint64(self.handle_mem.ptr), np.uint64(iters), out))
-        self.stream.synchronize()
-        done, ns = (int(x) for x in out.get())
-        return done, ns / max(1, done)
+            self.state[2] = 0  # let the next failure be recorded
+        queue = self.queue
+        if code == 3:
+            raise RmaError(f"{queue._where()}: a device-driven rma_start of epoch {epoch} refused the queue's "
+                           "transposing puts: #include <circuslink/transpose.cuh> before <circuslink/rma.cuh> in "
+                           "that kernel")
+        if code == 1:
+            what = f"{how}on the device waiting for the post of target"
+            tail = f" (has it started epoch {epoch}?)"
+        else:
+            what = f"{how}on the device waiting for the writes of origin"
+            tail = ""
+        raise timeout_error(queue._stall(what, [rank], epoch) + tail, deadline)
 
-    def clear(self) -> None:
-        self.stream.synchronize()
+    def device_handle(self) -> np.void:
+        return self.handle
+
+    def check_device(self, deadline: Deadline) -> None:
+        self._stream_wait(self.stream, deadline, "device work on the world's stream did not finish")
+        self._raise_recorded(deadline, "in a device-driven call ")
+
+    def clear(self, deadline: Deadline | None) -> None:
+        if self.queue is not None:
+            self._stream_wait(self.stream, Deadline.after(deadline), "the queue's last cycle did not finish")
         self.handle_mem = None
+        self.handle = None
         self.graph = None
         self.tchain = None
+        self.tiles = {}
 
-    def free(self, timeout: float | None) -> None:
-        self.clear()
-        self.signals.close(timeout)
+    def close(self, deadline: Deadline) -> None:
+        self.clear(deadline)
+        self.signals.close(deadline)
+        self._free_error_record()
+
+    def release_local(self) -> None:
+        self.handle_mem = self.handle = self.graph = self.tchain = None
+        self.signals.release_local()
+        if self.stream.done:  # a kernel still running may write the error record: leave it then
+            self._free_error_record()
+
+    def _free_error_record(self) -> None:
         if self.error_ptr:
             self.error = None
             self.cp.cuda.runtime.freeHost(self.error_ptr)

@@ -1,4 +1,5 @@
-"""The ABI tables of a committed RMA queue (include/circuslink/detail/rma_types.cuh), in one place.
+"""The ABI tables of RMA queues (include/circuslink/detail/rma_types.cuh), in one place: the committed
+queue in device memory and its by-value device handle.
 
 commit() packs these into device memory byte for byte; tests/test_abi.py checks them against the
 header with nvcc.
@@ -23,3 +24,5 @@ QUEUE = abi.Struct("circuslink::RmaQueue", HEADER, [
     ("targets", abi.PTR), ("arrival_at_target", abi.PTR), ("n_targets", abi.U64), ("origins", abi.PTR),
     ("post_at_origin", abi.PTR), ("n_origins", abi.U64), ("state", abi.PTR), ("error", abi.PTR),
     ("timeout_ns", abi.U64), ("post_at_wait", abi.U64), ("abort", abi.PTR), ("transposes", abi.PTR)])
+# The device handle: what Queue.device_handle() returns and kernels take by value (rma_start / rma_wait).
+HANDLE = abi.Struct("circuslink::RmaHandle", HEADER, [("queue", abi.PTR)])

@@ -14,12 +14,13 @@ my source blocks device -> host, wait() copies the incoming blocks host -> devic
 Open MPI is not CUDA-aware, so a user of it would stage the same way). Block-stride
 staging uses 2-D copies so bytes between blocks are never touched.
 
-The target side (the usual stall) polls MPI_Win_test with the queue's time-out. MPI gives
-no way to bound MPI_Win_complete (an origin whose target never posts blocks there), nor
-the collective MPI_Win_allocate / MPI_Win_free: those run under :func:`bounded`, a
-watchdog thread that, past the time-out, prints a one-line TimeoutError naming the
-queue and the peers and ends the process (MPI cannot cancel the call; mpirun then ends
-the job). mpi4py releases the GIL inside these calls, so the watchdog can run.
+The target side (the usual stall) polls MPI_Win_test through :func:`circuslink._wait.wait_until`
+with the deadline the queue passes down (the queue's time-out, or wait()'s). MPI gives no way
+to bound MPI_Win_complete (an origin whose target never posts blocks there), nor the
+collective MPI_Win_allocate / MPI_Win_free: those run under :func:`bounded`, a watchdog
+thread that, at the same deadline, prints the one time-out error naming the queue and the
+peers and ends the process (MPI cannot cancel the call; mpirun then ends the job). mpi4py
+releases the GIL inside these calls, so the watchdog can run.
 """
 
 from __future__ import annotations
@@ -33,17 +34,22 @@ from typing import Any
 
 import numpy as np
 
-from .._config import default_timeout
-from ..errors import RmaError, TimeoutError
-from ._core import poll_until
+from .._wait import Deadline, timeout_error, wait_until
+from ..errors import RmaError
 from ._transpose import _mpi as transposes
 from ._transpose import is_transpose
+
+What = str | Callable[[], str]
 
 
 def _mpi():
     from mpi4py import MPI
 
     return MPI
+
+
+def _text(what: What) -> str:
+    return what() if callable(what) else what
 
 
 class _Watchdog:
@@ -55,18 +61,18 @@ class _Watchdog:
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
-        self._deadline: float | None = None
-        self._what: Callable[[], str] | None = None
+        self._deadline: Deadline | None = None
+        self._what: What | None = None
         self._wake_at = float("inf")  # when the thread next looks: arm() notifies only if sooner
         self._thread: threading.Thread | None = None
 
-    def arm(self, deadline: float, what: Callable[[], str]) -> None:
+    def arm(self, deadline: Deadline, what: What) -> None:
         with self._cond:
             self._deadline, self._what = deadline, what
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="circuslink-mpi-watchdog", daemon=True)
                 self._thread.start()
-            elif deadline < self._wake_at:
+            elif deadline.at < self._wake_at:
                 self._cond.notify()
 
     def disarm(self) -> None:
@@ -79,15 +85,15 @@ class _Watchdog:
                 now = time.monotonic()
                 if self._deadline is None:
                     self._wake_at = now + 1.0
-                elif now >= self._deadline:
-                    self._fire(self._what)
+                elif now >= self._deadline.at:
+                    self._fire(self._what, self._deadline)
                 else:
-                    self._wake_at = self._deadline
+                    self._wake_at = self._deadline.at
                 self._cond.wait(self._wake_at - now)
 
     @staticmethod
-    def _fire(what: Callable[[], str] | None) -> None:
-        msg = what() if what is not None else "an MPI call timed out"
+    def _fire(what: What | None, deadline: Deadline) -> None:
+        msg = str(timeout_error(_text(what) if what is not None else "an MPI call", deadline))
         # The main thread is stuck inside MPI, which cannot cancel the call: say what stalled and
         # leave without MPI_Finalize (it would wait for the stalled peer too); mpirun ends the job.
         sys.stderr.write(f"circuslink: TimeoutError: {msg}; MPI cannot cancel the call, so this rank exits\n")
@@ -98,17 +104,19 @@ class _Watchdog:
 _watchdog = _Watchdog()
 
 
-class bounded:  # noqa: N801 - used like a function: ``with bounded(limit, what): comm.Call()``
-    """Run a blocking MPI call that MPI cannot bound; past ``limit`` s end the process naming ``what()``.
+class bounded:  # noqa: N801 - used like a function: ``with bounded(deadline, what): comm.Call()``
+    """Run a blocking MPI call that MPI cannot bound; past ``deadline`` end the process with the one
+    time-out error naming ``what`` (a string, or a function called only on a time-out).
 
-    ``what`` is called only on a time-out and returns the error text (queue, epoch, peers).
-    One bounded call at a time per process (circuslink drives MPI from one thread).
+    ``deadline`` is a :class:`~circuslink._wait.Deadline` passed down by the caller (or seconds, or
+    None for ``CIRCUSLINK_TIMEOUT``). One bounded call at a time per process (circuslink drives MPI
+    from one thread).
     """
 
     __slots__ = ("_deadline", "_what")
 
-    def __init__(self, limit: float | None, what: Callable[[], str]) -> None:
-        self._deadline = time.monotonic() + (default_timeout() if limit is None else limit)
+    def __init__(self, deadline: Deadline | float | None, what: What) -> None:
+        self._deadline = Deadline.after(deadline)
         self._what = what
 
     def __enter__(self) -> None:
@@ -118,36 +126,41 @@ class bounded:  # noqa: N801 - used like a function: ``with bounded(limit, what)
         _watchdog.disarm()
 
 
-def poll_request(request: Any, limit: float | None, what: Callable[[float], str]) -> None:
-    """Complete a non-blocking MPI request by polling ``Test`` (backing off), or raise TimeoutError(what(limit))."""
-    limit = default_timeout() if limit is None else limit
-    if not poll_until(request.Test, time.monotonic() + limit):
-        raise TimeoutError(what(limit))
+def poll_request(request: Any, deadline: Deadline | float | None, what: What) -> None:
+    """Complete a non-blocking MPI request by polling ``Test`` (the one host wait), or raise the one
+    :class:`~circuslink.TimeoutError` naming ``what`` at ``deadline``."""
+    wait_until(request.Test, deadline, what)
 
 
-def _collective_stall(where: str, call: str, world: Any, limit: float) -> str:
-    return str(TimeoutError(
-        f"{where} on rank {world.rank}: {call} (collective) did not return within {limit:g} s: some rank of "
-        f"{world.size} did not join (CIRCUSLINK_TIMEOUT sets the limit)"))
+def _collective_stall(where: str, call: str, world: Any) -> str:
+    return (f"{where} on rank {world.rank}: {call} (collective) did not return: some rank of {world.size} "
+            "did not join")
+
+
+def open_window(world: Any, nbytes: int, deadline: Deadline) -> MpiWindow:
+    """The engine's half of ``rma.window_alloc(engine="mpi")`` (collective)."""
+    return MpiWindow(world, nbytes, deadline)
 
 
 class MpiWindow:
-    def __init__(self, world: Any, nbytes: int, timeout: float | None) -> None:
+    runs_on_streams = False  # host-driven: MPI calls, staging waited for on the host
+    one_epoch_per_window = True  # MPI allows one access epoch per window
+
+    def __init__(self, world: Any, nbytes: int, deadline: Deadline) -> None:
         comm = world.mpi_comm
         if comm is None:
-            raise RmaError("window_alloc(backend='mpi') needs a job started by mpirun (world.mpi_comm is None)")
+            raise RmaError("window_alloc(engine='mpi') needs a job started by mpirun (world.mpi_comm is None)")
         MPI = _mpi()
         self.world = world
         self.comm = comm
         self.nbytes = nbytes
-        self.on_gpu = world.backend.name == "cuda"
-        if self.on_gpu:
-            import cupy as cp
-
-            self.device = cp.zeros(nbytes, dtype=cp.uint8)
-        limit = default_timeout() if timeout is None else timeout
+        # With a GPU the user's data lives there and MPI (not CUDA-aware here) works on a host mirror.
+        self.on_gpu = world.device is not None
+        self.device = world.xp.zeros(nbytes, dtype=np.uint8) if self.on_gpu else None
+        self.win = None
+        self.group = None
         calls = "MPI_Win_allocate + MPI_Barrier"
-        with bounded(limit, lambda: _collective_stall("window_alloc(backend='mpi')", calls, world, limit)):
+        with bounded(deadline, lambda: _collective_stall("window_alloc(engine='mpi')", calls, world)):
             self.win = MPI.Win.Allocate(nbytes, disp_unit=1, comm=comm)
             self.host = np.frombuffer(self.win.tomemory(), dtype=np.uint8, count=nbytes)
             self.host[:] = 0
@@ -158,20 +171,25 @@ class MpiWindow:
     def local(self):
         return self.device if self.on_gpu else self.host
 
-    def new_queue(self, index: int, timeout: float | None) -> MpiQueue:
+    def new_queue(self, deadline: Deadline) -> MpiQueue:
         return MpiQueue(self)
 
-    def free(self, timeout: float | None) -> None:
+    def close(self, deadline: Deadline) -> None:
         if self.win is not None:
-            limit = default_timeout() if timeout is None else timeout
             world = self.world
-            with bounded(limit, lambda: _collective_stall("window free (backend='mpi')", "MPI_Win_free", world, limit)):
+            with bounded(deadline, lambda: _collective_stall("window free (engine='mpi')", "MPI_Win_free", world)):
                 self.host = None  # a view of MPI's memory, which Free releases
                 self.win.Free()  # collective
-            self.group.Free()
             self.win = None
-            if self.on_gpu:
-                self.device = None
+        self.release_local()
+
+    def release_local(self) -> None:
+        # MPI_Win_free is collective: on the error path the window is left to MPI_Finalize (or the
+        # job's end); what is ours alone goes now.
+        if self.group is not None:
+            self.group.Free()
+            self.group = None
+        self.device = None
 
 
 def _copy_blocks(dst_ptr: int, src_ptr: int, count: int, block: int, dst_stride: int, src_stride: int,
@@ -196,10 +214,14 @@ class MpiQueue:
         self.post_at = "start"
         self.posted = False
 
-    def current_epoch(self, host_epoch: int) -> int:
+    def current_epoch(self, host_epoch: int, deadline: Deadline) -> int:
         return host_epoch
 
-    def commit(self, queue: Any, base: int, post_at: str, incoming: dict, timeout: float | None) -> None:
+    def commit(self, queue: Any, base: int, post_at: str, incoming: dict, deadline: Deadline) -> None:
+        if post_at == "wait":
+            # An exposure epoch left open by wait() could only be closed by every origin
+            # running an empty access epoch; MPI's PSCW has no cheaper way, so we refuse.
+            raise RmaError(f"commit of {queue.name}: post_at='wait' is not supported by the mpi engine")
         MPI = _mpi()
         self.queue = queue
         self.post_at = post_at
@@ -218,8 +240,9 @@ class MpiQueue:
                 target = (h.dst_offset, h.block_bytes, MPI.BYTE)
             else:
                 otype = MPI.BYTE.Create_vector(h.count, h.block_bytes, h.src_stride).Commit()
+                self.types.append(otype)
                 ttype = MPI.BYTE.Create_vector(h.count, h.block_bytes, h.dst_stride).Commit()
-                self.types += [otype, ttype]
+                self.types.append(ttype)
                 origin = [src.host[h.src_offset: h.src_offset + h.src_extent], 1, otype]
                 target = (h.dst_offset, 1, ttype)
             self.puts.append((origin, h.dst_rank, target))
@@ -231,68 +254,67 @@ class MpiQueue:
         group = win.group
         self.origin_group = group.Incl(sorted(queue.origins)) if queue.origins else None
         self.target_group = group.Incl(list(queue.targets)) if queue.targets else None
-        if post_at == "wait":
-            # An exposure epoch left open by wait() could only be closed by every origin
-            # running an empty access epoch; MPI's PSCW has no cheaper way, so we refuse.
-            raise RmaError(f"commit of {queue.name}: post_at='wait' is not supported by the mpi back-end")
+
+    def describe(self) -> dict:
+        return {"puts": len(self.puts), "datatypes": len(self.types), "staged": self.window.on_gpu,
+                "tiles": {}}
 
     def _post(self) -> None:
         if self.origin_group is not None and not self.posted:
             self.window.win.Post(self.origin_group)
             self.posted = True
 
-    def start(self, epoch: int) -> None:
-        win = self.window
-        if win.on_gpu and self.stage_out:
-            import cupy as cp
+    def _stage(self, copies: list, to_device: bool, deadline: Deadline, what: str) -> None:
+        """Host <-> device staging of ``copies`` on the world's stream, waited for (bounded)."""
+        import cupy as cp
 
-            stream = self.world.backend.stream
-            self.world.backend.after_caller()  # the sources were written on the caller's stream
+        win, backend = self.window, self.world.backend
+        stream = backend.stream
+        backend.after_caller()  # after what the caller queued on its stream (sources, or reads of the window)
+        if to_device:
+            h2d = cp.cuda.runtime.memcpyHostToDevice
+            for off, count, block, stride in copies:
+                _copy_blocks(win.device.data.ptr + off, win.host.ctypes.data + off, count, block, stride, stride,
+                             h2d, stream)
+        else:
             d2h = cp.cuda.runtime.memcpyDeviceToHost
-            for src, off, count, block, stride in self.stage_out:
+            for src, off, count, block, stride in copies:
                 _copy_blocks(src.host.ctypes.data + off, src.device.data.ptr + off, count, block, stride, stride,
                              d2h, stream)
-            stream.synchronize()
+        backend.wait_stream(stream, deadline, lambda: f"{self.queue._where()}: {what}")
+
+    def start(self, epoch: int, deadline: Deadline, stream: Any) -> None:
+        win = self.window
+        if win.on_gpu and self.stage_out:
+            self._stage(self.stage_out, False, deadline, f"epoch {epoch}'s sources staged to the host")
         if self.post_at == "start":
             self._post()
         if self.target_group is not None:
-            limit = default_timeout()
-            with bounded(limit, lambda: self._stalled(limit, "in start() (MPI_Win_start / MPI_Put) waiting for "
-                                                      "the post of target")):
+            targets = list(self.queue.targets)
+            with bounded(deadline, lambda: self.queue._stall(
+                    "in start() (MPI_Win_start / MPI_Put) waiting for the post of target", targets, epoch)):
                 win.win.Start(self.target_group)
                 for origin, rank, target in self.puts:
                     win.win.Put(origin, rank, target)
 
-    def _stalled(self, limit: float, what: str) -> str:
-        return str(self.queue._timeout(limit, what, list(self.queue.targets)))
-
-    def wait(self, epoch: int, limit: float) -> None:
-        win = self.window
+    def wait(self, epoch: int, deadline: Deadline, stream: Any, block: bool) -> None:
+        win, queue = self.window, self.queue
         if self.target_group is not None:
             # Where an origin waits for its targets' posts depends on the osc component (osc/sm:
             # MPI_Win_start; osc/rdma and pt2pt: MPI_Win_complete); neither can be bounded but by the watchdog.
-            with bounded(limit, lambda: self._stalled(limit, "in wait() (MPI_Win_complete) waiting for the post "
-                                                      "of target")):
+            targets = list(queue.targets)
+            with bounded(deadline, lambda: queue._stall(
+                    "in wait() (MPI_Win_complete) waiting for the post of target", targets, epoch)):
                 win.win.Complete()
         if self.origin_group is not None:
-            deadline = time.monotonic() + limit
-            if not poll_until(win.win.Test, deadline):
-                # Leave the exposure epoch open: MPI cannot cancel it. The job must end.
-                raise self.queue._timeout(limit, "waiting for the writes of origin",
-                                          list(self.queue.origins))
+            # On a time-out the exposure epoch stays open: MPI cannot cancel it. The job must end.
+            origins = list(queue.origins)
+            wait_until(win.win.Test, deadline, lambda: queue._stall("waiting for the writes of origin", origins, epoch))
             self.posted = False
             if win.on_gpu and self.stage_in:
-                import cupy as cp
+                self._stage(self.stage_in, True, deadline, f"epoch {epoch}'s incoming bytes staged to the device")
 
-                stream = self.world.backend.stream
-                self.world.backend.after_caller()  # land after whatever the caller queued on the window
-                h2d = cp.cuda.runtime.memcpyHostToDevice
-                for off, count, block, stride in self.stage_in:
-                    _copy_blocks(win.device.data.ptr + off, win.host.ctypes.data + off, count, block, stride,
-                                 stride, h2d, stream)
-                stream.synchronize()
-
-    def clear(self) -> None:
+    def clear(self, deadline: Deadline | None) -> None:
         for t in self.types:
             t.Free()
         self.types = []
@@ -304,6 +326,9 @@ class MpiQueue:
                 g.Free()
         self.origin_group = self.target_group = None
 
-    def free(self, timeout: float | None) -> None:
-        self.clear()
-        self.world.barrier(timeout)
+    def close(self, deadline: Deadline) -> None:
+        self.clear(deadline)
+        self.world.barrier(deadline)
+
+    def release_local(self) -> None:
+        self.clear(None)

@@ -235,3 +235,12 @@ def forget_choices() -> None:
 def with_floor(model: TileModel, b_ideal: float) -> TileModel:
     """The same fitted overheads under another floor (the probe of this run)."""
     return replace(model, b_ideal=b_ideal)
+
+
+def calibration_tiles(tiles: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """A few tiles that vary both sides: the extremes of the aspect ratio, the largest and the smallest
+    (what :func:`fit` needs to separate X_r, X_w and k)."""
+    by_aspect = sorted(tiles, key=lambda t: (t[0] / t[1], t[0] * t[1]))
+    by_area = sorted(tiles, key=lambda t: (t[0] * t[1], abs(math.log2(t[0] / t[1]))))
+    picks = [by_aspect[0], by_aspect[-1], by_area[-1], by_area[0], by_aspect[len(by_aspect) // 2]]
+    return list(dict.fromkeys(picks))

@@ -151,7 +151,7 @@ class Dslash:
         if self.fused is not None:
             exterior = self._hop_args("exterior", out, inp, parity, dagger, a, x, b, emit, halo.ghost)
             self.fused((self.fused_grid,), (THREADS,),
-                       (interior, exterior, np.uint64(halo.device_handle()), self.grid_barrier, self.timeout_ns,
+                       (interior, exterior, halo.device_handle(), self.grid_barrier, self.timeout_ns,
                         self.status))
             halo.exchanges += 1  # the exchange happened inside the kernel: no host wait to count it
             return

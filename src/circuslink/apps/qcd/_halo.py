@@ -12,7 +12,7 @@ returns ``ghost`` once every neighbour's faces have arrived. The operator does n
                ``rma_wait``): no host call per hop (cuda)
 ``mpi-p2p``    MPI persistent point-to-point (``Send_init`` / ``Recv_init`` with vector datatypes,
                ``Startall`` / ``Waitall``), host-staged on the GPU (needs mpirun)
-``mpi-rma``    the same RMA queue on ``window_alloc(..., backend="mpi")``: MPI-3 ``MPI_Put`` in PSCW epochs
+``mpi-rma``    the same RMA queue on ``window_alloc(..., engine="mpi")``: MPI-3 ``MPI_Put`` in PSCW epochs
                (needs mpirun)
 ``nvshmem``    NVSHMEM puts with a signal per face, from a small shared library built with nvcc at first use
                (cuda; see ``_nvshmem_halo``)
@@ -116,19 +116,19 @@ class RmaHalo(Halo):
 
     The window holds ``[send (6, S) | ghost (6, S)]``. Face (mu, d) of the send array is 6 blocks (one per
     spin-colour component) of ``n`` complex numbers, ``S`` apart; it lands in the same slot of the
-    neighbour's ghost array, also ``S`` apart: one ``declare_strided_write``, no packing. ``backend="mpi"``
+    neighbour's ghost array, also ``S`` apart: one ``declare_strided_write``, no packing. ``engine="mpi"``
     makes it MPI-3 RMA (the mpi-rma engine)."""
 
-    def __init__(self, world: Any, lattice: Lattice, dtype: Any, backend: str, device_driven: bool = False) -> None:
+    def __init__(self, world: Any, lattice: Lattice, dtype: Any, engine: str, device_driven: bool = False) -> None:
         super().__init__(world, lattice, dtype)
         from ... import rma
 
-        self.name = "mpi-rma" if backend == "mpi" else ("rma-device" if device_driven else "rma")
+        self.name = "mpi-rma" if engine == "mpi" else ("rma-device" if device_driven else "rma")
         self.device_driven = device_driven
         item = self.dtype.itemsize
         S = self.faces
         region = 6 * S * item
-        self.window = rma.window_alloc(world, 2 * region, backend=backend)
+        self.window = rma.window_alloc(world, 2 * region, engine=engine)
         fields = self.window.view(self.dtype)
         self.send = fields[: 6 * S].reshape(6, S)
         self.ghost = fields[6 * S: 12 * S].reshape(6, S)
@@ -149,7 +149,8 @@ class RmaHalo(Halo):
         self._timed_wait(self.queue.wait)
         return self.ghost
 
-    def device_handle(self) -> int:
+    def device_handle(self) -> Any:
+        """The queue's ``circuslink::RmaHandle`` (a numpy scalar the dslash kernel takes by value)."""
         return self.queue.device_handle()
 
     def check_device(self) -> None:
@@ -206,15 +207,16 @@ class MpiP2PHalo(Halo):
         self._started = True
 
     def wait(self):
+        from ..._wait import Deadline
         from ...rma._mpi import poll_request
 
         def finish() -> None:
             lat = self.lat
+            deadline = Deadline.after(None)  # one limit for the whole exchange
             for r in self.requests:
-                poll_request(r, None, lambda limit: (
-                    f"qcd halo mpi-p2p on rank {lat.rank}: MPI_Wait did not finish within {limit:g} s waiting for "
-                    f"neighbour rank(s) {', '.join(map(str, sorted({t[3] for t in transfers(lat)})))} "
-                    "(CIRCUSLINK_TIMEOUT sets the limit)"))
+                poll_request(r, deadline, lambda: (
+                    f"qcd halo mpi-p2p on rank {lat.rank}: MPI_Wait waiting for neighbour rank(s) "
+                    f"{', '.join(map(str, sorted({t[3] for t in transfers(lat)})))}"))
 
         self._timed_wait(finish)
         self._started = False

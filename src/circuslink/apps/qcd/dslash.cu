@@ -459,7 +459,7 @@ __device__ __forceinline__ bool grid_barrier(unsigned int* bar, unsigned long lo
 }
 
 template <typename R>
-__device__ __forceinline__ void device_driven(const DslashArgs& I, const DslashArgs& E, const RmaQueue* q,
+__device__ __forceinline__ void device_driven(const DslashArgs& I, const DslashArgs& E, RmaHandle q,
                                               unsigned int* bar, unsigned long long timeout_ns, int* status) {
   __shared__ int started;
   if (blockIdx.x == 0) {
@@ -535,7 +535,7 @@ __device__ __forceinline__ void axpy_norm(R* x, R* r, const R* p, const R* ap, d
 }  // namespace qcd
 }  // namespace circuslink
 
-using circuslink::RmaQueue;
+using circuslink::RmaHandle;
 using circuslink::qcd::DslashArgs;
 
 // Registers: 256-thread blocks, at least MIN_BLOCKS of them per SM (double needs the cap to keep 2 blocks).
@@ -557,7 +557,7 @@ using circuslink::qcd::DslashArgs;
     }                                                                                                          \
   }                                                                                                            \
   extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS)                                                \
-      qcd_dslash_device_##SUFFIX(DslashArgs I, DslashArgs E, const RmaQueue* q,                                \
+      qcd_dslash_device_##SUFFIX(DslashArgs I, DslashArgs E, RmaHandle q,                                      \
                                                         unsigned int* bar, unsigned long long timeout_ns,      \
                                                         int* status) {                                          \
     circuslink::qcd::device_driven<R>(I, E, q, bar, timeout_ns, status);                                       \

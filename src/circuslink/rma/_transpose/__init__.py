@@ -122,10 +122,10 @@ def declare_transpose_write(
         if not isinstance(w, Window):
             raise RmaError(f"{_WHAT}: {role} must be a Window from rma.window_alloc, got {type(w).__name__}")
         w._check()
-    if src_window.world is not dst_window.world or src_window.backend != dst_window.backend:
+    if src_window.world is not dst_window.world or src_window.engine != dst_window.engine:
         raise RmaError(
-            f"{_WHAT}: src_window {src_window.index} ({src_window.backend}) and dst_window "
-            f"{dst_window.index} ({dst_window.backend}) must belong to the same world and back-end"
+            f"{_WHAT}: src_window {src_window.index} ({src_window.engine}) and dst_window "
+            f"{dst_window.index} ({dst_window.engine}) must belong to the same world and back-end"
         )
     name = dtype_name(dtype)
     if name is None:
@@ -198,3 +198,13 @@ def plan_local_transpose(world: Any, dst: Any, src: Any, tile: tuple[int, int] |
     if tile is not None:
         tile = check_tile(tile, DTYPES[name], what)
     return world.engine("circuslink.rma._transpose").plan_local_transpose(world, dst, src, tile)
+
+
+def transpose_tiles(world: Any, dtype: Any) -> list[tuple[int, int]]:
+    """The tile shapes (m source rows, n source columns) that the world's engine chooses among for a
+    transposing put of ``dtype`` elements (what ``tile=`` may force; the benchmark times each)."""
+    name = dtype_name(dtype)
+    if name is None:
+        raise RmaError(f"transpose_tiles: dtype {dtype!r} is not supported: use float32, float64, complex64 or "
+                       "complex128")
+    return list(world.engine("circuslink.rma._transpose").tile_candidates(DTYPES[name]))

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from . import TransposeHandle
+from .. import _tile_model as tm
+from . import TILE_BUFFER_BYTES, TransposeHandle
 
 _WORDS = {4: np.dtype("<u4"), 8: np.dtype("<u8"), 16: np.dtype("V16")}
 
@@ -54,3 +55,9 @@ def plan_local_transpose(world: Any, dst: np.ndarray, src: np.ndarray, tile: tup
             np.copyto(a, b)
 
     return run
+
+
+def tile_candidates(elem: int) -> tuple[tuple[int, int], ...]:
+    """Tiles a forced ``tile`` cuts a put into on the cpu (one numpy copy each): larger than the GPU's,
+    under the same buffer rule, so that the benchmark's tile rows measure something on the cpu too."""
+    return tuple(tm.candidates(elem, TILE_BUFFER_BYTES, sides=(16, 32, 64, 128, 256)))

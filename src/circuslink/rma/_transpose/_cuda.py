@@ -9,7 +9,8 @@ specialised on the element size when all puts share one (half the registers of t
 
 Tile shapes: a handle's forced ``tile``, else :func:`choose_tile`: the tile model
 (``rma/_tile_model.py``) calibrated once per process and element size on local transposes
-(B_ideal from a local device copy, the overheads fitted from a few tile shapes), and where its
+(B_ideal from a local device copy, the overheads fitted from a few tile shapes; the fit is kept
+on the World), and where its
 top candidates are within 10% of each other, those candidates timed on a local transpose of the
 put's shape (capped at 64 MiB); the choice is cached per (dtype, rows, cols). The calibration
 writes only this rank's own scratch memory: a put's true destination is a peer's window, which
@@ -33,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..._abi import PTR, U32, U64, Struct
+from ..._wait import Deadline, wait_until
 from ...errors import RmaError
 from .. import _tile_model as tm
 from . import DTYPES, TILE_BUFFER_BYTES, TransposeHandle
@@ -193,11 +195,12 @@ class DeviceChain:
 
 
 def queue_chain(world: Any, handles: Sequence[TransposeHandle], src_ptr: Callable[[TransposeHandle], int],
-                dst_ptr: Callable[[TransposeHandle], int]) -> DeviceChain:
-    """The chain of a queue's transposing puts (addresses from the engine, tiles from the model)."""
+                dst_ptr: Callable[[TransposeHandle], int], deadline: Deadline | None = None) -> DeviceChain:
+    """The chain of a queue's transposing puts (addresses from the engine, tiles from the model; the
+    calibration's waits bounded by ``deadline``, the commit's)."""
     pieces = []
     for h in handles:
-        tile = h.tile or choose_tile(world, h.dtype, h.rows, h.cols)
+        tile = h.tile or choose_tile(world, h.dtype, h.rows, h.cols, deadline)
         pieces.append(Piece(src_ptr(h), dst_ptr(h), h.rows, h.cols, h.src_ld, h.dst_ld, h.elem_bytes, tile))
     return DeviceChain(world, pieces)
 
@@ -220,9 +223,10 @@ def plan_local_transpose(world: Any, dst: Any, src: Any, tile: tuple[int, int] |
 
 
 def time_local(world: Any, elem: int, rows: int, cols: int, tile: tuple[int, int], reps: int = 3,
-               loops: int = 3) -> float:
+               loops: int = 3, deadline: Deadline | None = None) -> float:
     """Seconds one local transpose of a rows x cols block takes with ``tile`` (best of ``reps``
-    event-timed loops of ``loops``, after a warm-up), in scratch memory of this rank."""
+    event-timed loops of ``loops``, after a warm-up), in scratch memory of this rank; each wait for
+    the GPU bounded by ``deadline``."""
     cp = _cp()
     nbytes = rows * cols * elem
     src = cp.cuda.alloc(nbytes)
@@ -237,12 +241,12 @@ def time_local(world: Any, elem: int, rows: int, cols: int, tile: tuple[int, int
         for _ in range(loops):
             chain.launch(stream)
         end.record(stream)
-        end.synchronize()
+        wait_until(lambda: end.done, deadline, f"rank {world.rank}: a local transpose timing the tile {tile}")
         best = min(best, cp.cuda.get_elapsed_time(start, end) * 1e-3 / loops)
     return best
 
 
-def _local_copy_bandwidth(world: Any, nbytes: int = 64 << 20) -> float:
+def _local_copy_bandwidth(world: Any, nbytes: int = 64 << 20, deadline: Deadline | None = None) -> float:
     """Bytes/s of a device-to-device copy on this rank (what a put of contiguous bytes can reach)."""
     cp = _cp()
     src, dst = cp.cuda.alloc(nbytes), cp.cuda.alloc(nbytes)
@@ -254,18 +258,10 @@ def _local_copy_bandwidth(world: Any, nbytes: int = 64 << 20) -> float:
         start.record(stream)
         rt.memcpyAsync(dst.ptr, src.ptr, nbytes, rt.memcpyDeviceToDevice, stream.ptr)
         end.record(stream)
-        end.synchronize()
+        wait_until(lambda: end.done, deadline, f"rank {world.rank}: a local device copy (tile model calibration)")
         if i:
             best = min(best, cp.cuda.get_elapsed_time(start, end) * 1e-3)
     return nbytes / best
-
-
-def calibration_tiles(tiles: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
-    """A few tiles that vary both sides: the extremes of the aspect ratio, the largest and the smallest."""
-    by_aspect = sorted(tiles, key=lambda t: (t[0] / t[1], t[0] * t[1]))
-    by_area = sorted(tiles, key=lambda t: (t[0] * t[1], abs(math.log2(t[0] / t[1]))))
-    picks = [by_aspect[0], by_aspect[-1], by_area[-1], by_area[0], by_aspect[len(by_aspect) // 2]]
-    return list(dict.fromkeys(picks))
 
 
 def square_shape(nbytes: int, elem: int) -> tuple[int, int]:
@@ -275,34 +271,39 @@ def square_shape(nbytes: int, elem: int) -> tuple[int, int]:
     return rows, side
 
 
-_models: dict[int, tm.TileModel] = {}
+_MODELS = "circuslink.rma.tile_models"  # World.registry key: {elem: TileModel}, fitted once per world
 
 
-def calibrated_model(world: Any, elem: int) -> tm.TileModel:
-    """The tile model for ``elem``-byte elements on this rank's GPU, fitted once per process."""
-    if elem in _models:
-        return _models[elem]
+def calibrated_model(world: Any, elem: int, deadline: Deadline | None = None) -> tm.TileModel:
+    """The tile model for ``elem``-byte elements on this rank's GPU, fitted once per world."""
+    models = world.registry(_MODELS, dict)
+    if elem in models:
+        return models[elem]
+    deadline = Deadline.after(deadline)
     tiles = tile_candidates(elem)
-    b_ideal = _local_copy_bandwidth(world)
+    b_ideal = _local_copy_bandwidth(world, deadline=deadline)
     samples = []
-    for nbytes, picks in ((32 << 20, calibration_tiles(tiles)), (8 << 20, calibration_tiles(tiles)[:2])):
+    picks = tm.calibration_tiles(tiles)
+    for nbytes, chosen in ((32 << 20, picks), (8 << 20, picks[:2])):
         rows, cols = square_shape(nbytes, elem)
-        for tile in picks:
-            samples.append(tm.Sample(tile, elem, rows, cols, time_local(world, elem, rows, cols, tile)))
+        for tile in chosen:
+            samples.append(tm.Sample(tile, elem, rows, cols,
+                                     time_local(world, elem, rows, cols, tile, deadline=deadline)))
     model = tm.fit(samples, b_ideal)
-    _models[elem] = model
+    models[elem] = model
     return model
 
 
 _MEASURE_CAP = 64 << 20  # autotuning times at most this many bytes per candidate
 
 
-def choose_tile(world: Any, dtype: str, rows: int, cols: int) -> tuple[int, int]:
+def choose_tile(world: Any, dtype: str, rows: int, cols: int, deadline: Deadline | None = None) -> tuple[int, int]:
     """The tile a put of a rows x cols ``dtype`` block uses (see the module docstring)."""
     elem = DTYPES[dtype]
-    model = calibrated_model(world, elem)
+    deadline = Deadline.after(deadline)
+    model = calibrated_model(world, elem, deadline)
     nbytes = rows * cols * elem
     scale = math.sqrt(_MEASURE_CAP / nbytes) if nbytes > _MEASURE_CAP else 1.0
     r, c = max(1, int(rows * scale)), max(1, int(cols * scale))
     return tm.choose(model, tile_candidates(elem), elem, rows, cols, key=("cuda", dtype, rows, cols),
-                     measure=lambda tile: time_local(world, elem, r, c, tile))
+                     measure=lambda tile: time_local(world, elem, r, c, tile, deadline=deadline))

@@ -1,4 +1,7 @@
-// circuslink/detail/rma_impl.cuh: the inline code behind circuslink/rma.cuh.
+// circuslink/detail/rma_impl.cuh: the inline code behind circuslink/rma.cuh and the cuda engine's
+// kernels (circuslink/rma/rma_kernels.cu). Every block-cooperative function here is correct for any
+// block shape: threads are numbered by their linear index in the block (block_thread()), and warps
+// are cut from it, the last one possibly partial.
 #pragma once
 
 #include "rma_types.cuh"
@@ -22,17 +25,19 @@ __device__ __forceinline__ void rma_record_error(const RmaQueue& q, unsigned lon
   }
 }
 
-// Threads of one block wait, in parallel, until counters[i] >= epoch for i in [0, n).
-// Polls are relaxed (the cheap loop); once satisfied one acquire load orders what follows
-// after the writer's release. Returns false (and records `code`) on time-out.
+// Threads of one block wait, in parallel, until counters[i] >= epoch for i in [0, n), each for at
+// most timeout_ns (0: no limit but the host's abort word). Polls are relaxed (the cheap loop); once
+// satisfied one acquire load orders what follows after the writer's release. Returns false (and
+// records `code`) on time-out. Block-cooperative (it ends with a block-wide vote).
 __device__ __forceinline__ bool rma_wait_counters(const RmaQueue& q, const unsigned long long* ranks,
                                                   unsigned long long slot_base, unsigned long long n,
-                                                  unsigned long long epoch, unsigned long long code) {
+                                                  unsigned long long epoch, unsigned long long code,
+                                                  unsigned long long timeout_ns) {
   bool ok = true;
   for (unsigned long long i = block_thread(); i < n; i += block_threads()) {
     const unsigned long long rank = ranks[i];
     const unsigned long long* counter = q.signals + slot_base + rank;
-    Deadline deadline = Deadline::after(q.timeout_ns, q.abort);
+    Deadline deadline = Deadline::after(timeout_ns, q.abort);
     if (!spin_until([&] { return ld_relaxed_u64(counter) >= epoch; }, deadline)) {
       rma_record_error(q, code, rank, epoch);
       ok = false;
@@ -43,37 +48,50 @@ __device__ __forceinline__ bool rma_wait_counters(const RmaQueue& q, const unsig
   return __syncthreads_and(ok ? 1 : 0) != 0;
 }
 
-// Raise each remote counter to `epoch` (release: everything this block wrote or saw before
-// is visible to whoever acquires the value).
+// Raise each remote counter to `epoch` (release: everything this thread wrote or saw before is
+// visible to whoever acquires the value). Threads of one block share the counters.
 __device__ __forceinline__ void rma_raise(unsigned long long* const* remote, unsigned long long n,
                                           unsigned long long epoch) {
   for (unsigned long long i = block_thread(); i < n; i += block_threads()) st_release_sys_u64(remote[i], epoch);
 }
 
+// One warp copies `nbytes`: lane `lane` of `kLanes` takes words lane, lane + kLanes, ...
+template <typename T, unsigned int kLanes>
+__device__ __forceinline__ void rma_copy_span_full(T* d, const T* s, unsigned long long n, unsigned int lane) {
+  // Four loads in flight per lane before the stores: peer stores are latency-bound.
+  unsigned long long i = lane;
+  for (; i + 3 * kLanes < n; i += 4 * kLanes) {
+    T a = s[i], b = s[i + kLanes], c = s[i + 2 * kLanes], e = s[i + 3 * kLanes];
+    d[i] = a;
+    d[i + kLanes] = b;
+    d[i + 2 * kLanes] = c;
+    d[i + 3 * kLanes] = e;
+  }
+  for (; i < n; i += kLanes) d[i] = s[i];
+}
+
+// `lanes` threads (a full warp, or the partial last warp of a block whose size is not a multiple of
+// 32) copy `nbytes` from src to dst in words of T.
 template <typename T>
 __device__ __forceinline__ void rma_copy_span(char* dst, const char* src, unsigned long long nbytes,
-                                              unsigned int lane) {
+                                              unsigned int lane, unsigned int lanes) {
   T* d = reinterpret_cast<T*>(dst);
   const T* s = reinterpret_cast<const T*>(src);
   const unsigned long long n = nbytes / sizeof(T);
-  // Four loads in flight per lane before the stores: peer stores are latency-bound.
-  unsigned long long i = lane;
-  for (; i + 96 < n; i += 128) {
-    T a = s[i], b = s[i + 32], c = s[i + 64], e = s[i + 96];
-    d[i] = a;
-    d[i + 32] = b;
-    d[i + 64] = c;
-    d[i + 96] = e;
+  if (lanes == 32u) {
+    rma_copy_span_full<T, 32u>(d, s, n, lane);
+    return;
   }
-  for (; i < n; i += 32) d[i] = s[i];
+  for (unsigned long long i = lane; i < n; i += lanes) d[i] = s[i];
 }
 
 struct alignas(16) RmaVec16 {
   unsigned long long x, y;
 };
 
-// One warp copies work unit `unit` of the chain.
-__device__ __forceinline__ void rma_copy_unit(const RmaQueue& q, unsigned long long unit, unsigned int lane) {
+// One warp (`lanes` threads) copies work unit `unit` of the chain.
+__device__ __forceinline__ void rma_copy_unit(const RmaQueue& q, unsigned long long unit, unsigned int lane,
+                                              unsigned int lanes) {
   // The descriptor holding `unit`: the last one whose unit_begin <= unit.
   unsigned long long lo = 0, hi = q.n_descs;
   while (hi - lo > 1) {
@@ -89,19 +107,39 @@ __device__ __forceinline__ void rma_copy_unit(const RmaQueue& q, unsigned long l
   char* dst = reinterpret_cast<char*>(d.dst + block * d.dst_stride + offset);
   const char* src = reinterpret_cast<const char*>(d.src + block * d.src_stride + offset);
   switch (d.align) {
-    case 16: rma_copy_span<RmaVec16>(dst, src, len, lane); break;
-    case 8: rma_copy_span<unsigned long long>(dst, src, len, lane); break;
-    case 4: rma_copy_span<unsigned int>(dst, src, len, lane); break;
-    case 2: rma_copy_span<unsigned short>(dst, src, len, lane); break;
-    default: rma_copy_span<unsigned char>(dst, src, len, lane); break;
+    case 16: rma_copy_span<RmaVec16>(dst, src, len, lane, lanes); break;
+    case 8: rma_copy_span<unsigned long long>(dst, src, len, lane, lanes); break;
+    case 4: rma_copy_span<unsigned int>(dst, src, len, lane, lanes); break;
+    case 2: rma_copy_span<unsigned short>(dst, src, len, lane, lanes); break;
+    default: rma_copy_span<unsigned char>(dst, src, len, lane, lanes); break;
   }
 }
 
-// Warps [first_warp, first_warp + n_warps) of the caller share the chain's units.
+// The chain's units shared by `n_warps` warps; the caller is lane `lane` of `lanes` in warp `warp`.
 __device__ __forceinline__ void rma_copy_chain(const RmaQueue& q, unsigned long long warp,
-                                               unsigned long long n_warps) {
-  const unsigned int lane = lane_id();
-  for (unsigned long long unit = warp; unit < q.total_units; unit += n_warps) rma_copy_unit(q, unit, lane);
+                                               unsigned long long n_warps, unsigned int lane, unsigned int lanes) {
+  for (unsigned long long unit = warp; unit < q.total_units; unit += n_warps) rma_copy_unit(q, unit, lane, lanes);
+}
+
+// The chain copied by the calling block alone, any block shape: warps are cut from the linear thread
+// index (as the hardware cuts them), the last one may be partial.
+__device__ __forceinline__ void rma_copy_chain_block(const RmaQueue& q) {
+  const unsigned int t = block_thread(), threads = block_threads();
+  const unsigned int warp = t / 32u;
+  const unsigned int rest = threads - warp * 32u;
+  rma_copy_chain(q, warp, (threads + 31u) / 32u, t % 32u, rest < 32u ? rest : 32u);
+}
+
+// Wait until every origin's writes of the current epoch have arrived (at most timeout_ns each), then,
+// for a queue that posts at wait, post the next epoch. Block-cooperative.
+__device__ __forceinline__ bool rma_wait_queue(const RmaQueue& q, unsigned long long timeout_ns) {
+  const unsigned long long epoch = q.state->epoch;
+  const bool ok = rma_wait_counters(q, q.origins, 0ull, q.n_origins, epoch, 2ull, timeout_ns);
+  if (q.post_at_wait) {
+    rma_raise(q.post_at_origin, q.n_origins, epoch + 1);
+    __syncthreads();
+  }
+  return ok;
 }
 
 #endif  // __CUDACC__ || __CUDACC_RTC__

@@ -1,7 +1,8 @@
 // circuslink/detail/rma_types.cuh: the device-side layout of a committed RMA queue.
-// The host (circuslink/rma/_cuda.py) writes these structs byte for byte into device
-// memory at commit; every field is 8 bytes wide so the Python side packs them with one
-// numpy dtype and no padding rules. Change them together.
+// The host declares every struct here once, as a circuslink._abi table (circuslink/rma/_layout.py),
+// packs it with the numpy dtype computed from that table and writes it byte for byte into device
+// memory at commit (RmaHandle travels by value); tests/test_abi.py checks sizes and offsets with
+// static_assert. Change both together.
 #pragma once
 
 namespace circuslink {
@@ -42,7 +43,7 @@ struct RmaErrorRecord {
   unsigned long long epoch;
 };
 
-// The device handle of a committed queue: what rma_start / rma_wait receive.
+// A committed queue in device memory (RmaHandle::queue points at it).
 // Counters (uint64, in each rank's `signals`): [0, size) arrivals, slot o raised by origin o
 // once its writes of an epoch are visible; [size, 2 size) posts, slot t raised by target t
 // when I may write epoch e into it.
@@ -60,10 +61,16 @@ struct RmaQueue {
   unsigned long long n_origins;
   RmaState* state;
   RmaErrorRecord* error;
-  unsigned long long timeout_ns;                    // 0: wait forever (the host may still abort)
+  unsigned long long timeout_ns;                    // the queue's time-out (commit); 0: never (the host may abort)
   unsigned long long post_at_wait;                  // 1: post epoch e+1 at the end of wait(e)
   const volatile unsigned int* abort;               // host-mapped: set by the host to end every wait
   const RmaTransposeChain* transposes;              // transposing puts (nullptr: none), after the copies
+};
+
+// The device handle of a committed queue: what Queue.device_handle() returns (a numpy scalar of this
+// struct) and rma_start / rma_wait receive, by value, like every circuslink device handle.
+struct RmaHandle {
+  const RmaQueue* queue;
 };
 
 }  // namespace circuslink

@@ -1,5 +1,7 @@
 // circuslink/detail/transpose_impl.cuh: the inline code behind circuslink/transpose.cuh and the
 // transposing puts of RMA queues (circuslink/rma.cuh, rma_kernels.cu, transpose_kernels.cu).
+// Block-cooperative calls number threads by their linear index (detail::block_thread()), so any
+// block shape works.
 //
 // One tile at a time, a whole block: read an m x n tile of the source row by row (consecutive
 // threads take consecutive elements: coalesced), store it in shared memory at a padded pitch,
@@ -9,6 +11,7 @@
 // the 32 banks; the device call's fixed tiles use n + 1 with n even).
 #pragma once
 
+#include "sync.cuh"
 #include "transpose_types.cuh"
 
 namespace circuslink {
@@ -35,12 +38,6 @@ template <>
 struct TransposeWord<16> {
   using type = TransposeVec16;
 };
-
-// Linear index and count of the threads of this block, whatever its shape.
-__device__ __forceinline__ unsigned int block_thread_index() {
-  return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-}
-__device__ __forceinline__ unsigned int block_thread_count() { return blockDim.x * blockDim.y * blockDim.z; }
 
 // The block's tile buffer: one per block, whichever function of the kernel uses it.
 __device__ __forceinline__ unsigned char* transpose_tile_buffer() {
@@ -139,7 +136,7 @@ __device__ __forceinline__ void transpose_block_tile(unsigned long long dst_addr
   const W* src = reinterpret_cast<const W*>(src_addr) + r0 * src_ld + c0;
   W* dst = reinterpret_cast<W*>(dst_addr) + c0 * dst_ld + r0;
   transpose_tile<W>(dst, dst_ld, src, src_ld, rows_here, cols_here, m_log2, n_log2, pitch,
-                    reinterpret_cast<W*>(transpose_tile_buffer()), block_thread_index(), block_thread_count());
+                    reinterpret_cast<W*>(transpose_tile_buffer()), block_thread(), block_threads());
 }
 
 __device__ __forceinline__ void transpose_descriptor_tile(const RmaTransposeDescriptor& d, unsigned long long k) {
