@@ -30,7 +30,26 @@ from .world import World, init
 
 __version__ = "0.1.0"
 
+# The areas, reachable as cl.channels, cl.rma, ... and imported on first use (cupy, mpi4py and the
+# device compiler stay unloaded for programs that never touch them).
+AREAS = ("channels", "rma", "collectives", "trace", "spec", "topology", "apps", "probe", "mps")
+
+
+def __getattr__(name: str):
+    if name in AREAS:
+        import importlib
+
+        module = importlib.import_module(f"{__name__}.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'circuslink' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(AREAS))
+
 __all__ = [
+    "AREAS",
     "BackendError",
     "ChannelError",
     "CompileError",

@@ -25,7 +25,7 @@ COMMANDS = [
     ("gen", "circuslink.spec.codegen", "generate a CUDA header and host binding from a channel spec (app.xml)"),
     ("route", "circuslink.topology.command", "routing over a topology: show the tables and paths, check for deadlock"),
     ("qcd", "circuslink.apps.qcd.cli", "lattice QCD: Wilson-Dirac CG inverter (invert) and operator (apply)"),
-    ("fft2", "circuslink.apps.fft.cli", "distributed 2-D FFT of a .npy file with transposing puts (or --bench)"),
+    ("fft2", "circuslink.apps.fft.cli", "distributed 2-D FFT of a .npy file with transposing puts"),
 ]
 BENCHMARKS = [
     ("pingpong", "circuslink.bench.pingpong", "channel pingpong against the floor, NCCL, NVSHMEM and MPI"),

@@ -3,7 +3,7 @@
 ``Results`` is what ``circuslink probe`` and every ``circuslink bench X`` write: benchmark, device,
 commit, date, back-end, ranks, the floor measured in the same run (the probe's figures), free-form
 meta, and one row per measurement. It sits below the probe and the benchmarks (both import it; it
-imports neither), and nothing here is collective.
+imports neither), and nothing here is collective. ``progress`` is the one line long runs print to show they live.
 """
 
 from __future__ import annotations
@@ -171,3 +171,22 @@ class Results:
         return str(target)
 
 
+_START = time.monotonic()
+
+
+def _env_rank() -> int:
+    for name in ("CIRCUSLINK_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"):
+        raw = os.environ.get(name)
+        if raw:
+            try:
+                return int(raw)
+            except ValueError:
+                return 0
+    return 0
+
+
+def progress(msg: str) -> None:
+    """One line on stderr, from rank 0 only, with the seconds since start (long runs show they live)."""
+    if _env_rank() != 0:
+        return
+    print(f"[{time.monotonic() - _START:7.1f} s] {msg}", file=sys.stderr, flush=True)

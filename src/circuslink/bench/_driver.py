@@ -29,18 +29,16 @@ import math
 import os
 import re
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import BackendError, ConfigError
-from ..results import Results, device_label, git_commit, today  # noqa: F401  (the one results format)
+from ..results import Results, device_label, git_commit, progress, today  # noqa: F401  (the one results format)
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:I?B)?\s*$", re.IGNORECASE)
 _MAX_SIZES = 4096  # a range longer than this is a typo, not a benchmark
-_START = time.monotonic()
 _RESULT_KEYS = ("benchmark", "device", "commit", "date", "backend", "nranks", "floor", "meta", "rows")
 
 
@@ -309,19 +307,3 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _env_rank() -> int:
-    for name in ("CIRCUSLINK_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"):
-        raw = os.environ.get(name)
-        if raw:
-            try:
-                return int(raw)
-            except ValueError:
-                return 0
-    return 0
-
-
-def progress(msg: str) -> None:
-    """One line on stderr, from rank 0 only, with the seconds since start (long runs show they live)."""
-    if _env_rank() != 0:
-        return
-    print(f"[{time.monotonic() - _START:7.1f} s] {msg}", file=sys.stderr, flush=True)

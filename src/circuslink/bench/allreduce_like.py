@@ -122,10 +122,10 @@ def _trace(world: Any, impl: Any, args: argparse.Namespace, results: drv.Results
 
     tracer = Tracer(world, capacity=1 << 16)
     # cpu: one traced pass, so the waveform shows one pass of the pipeline (the untraced row of
-    # the same size already warmed everything up). cuda: the two processes' kernels start at
+    # the same size already warmed everything up). kernels (cuda): the two processes' kernels start at
     # different times, so as for the untraced rows a few repetitions run in one launch and the
     # best counts; the waveform then shows all of them.
-    cuda = world.backend.name == "cuda"
+    cuda = world.backend.runs_kernels
     iters, warmup = (3, 2) if cuda else (1, 0)
     config = {"pairs": _TRACE_PAIRS, "chunk_bytes": _TRACE_CHUNK_BYTES} if cuda else {}
     # The overhead compares like with like: the same config untraced, then traced.

@@ -1,4 +1,4 @@
-"""The distributed 2-D FFT against its baselines: ``circuslink bench fft`` (and ``circuslink fft2 --bench``).
+"""The distributed 2-D FFT against its baselines: ``circuslink bench fft``.
 
 For each size N (an N x N complex array on R ranks) and element type, in one run:
 
@@ -38,7 +38,7 @@ _TOLERANCE = {"complex64": 1e-4, "complex128": 1e-10}
 
 @dataclass
 class Config:
-    """What one benchmark run measures (from ``bench fft`` or ``fft2 --bench``)."""
+    """What one benchmark run measures (``bench fft``)."""
 
     sizes: list[int]
     dtypes: list[str]
@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_fft_arguments(parser: argparse.ArgumentParser, with_size: bool = True) -> None:
-    """The options ``bench fft`` and ``fft2 --bench`` share beyond the driver's."""
+    """The options of ``bench fft`` beyond the driver's."""
     if with_size:
         parser.add_argument("--size", default=None,
                             help="points per side N (an N x N problem), or a list 8192,16384; overrides --sizes, "
@@ -102,14 +102,14 @@ def check_sizes(sizes: list[int], nranks: int, backend: str | None = None, dtype
     from ..apps.fft import _cpu, bytes_per_rank, check_shape
 
     for n in sizes:
-        check_shape((n, n), nranks, f"fft2 --size {n}")
+        check_shape((n, n), nranks, f"bench fft: --size {n}")
     if backend == "cpu":
         dtype = "complex128" if "complex128" in (dtypes or []) else "complex64"
         n = max(sizes)
         need = nranks * bytes_per_rank(n, n, dtype, nranks, "local-transpose", _cpu.EXTRA_SLABS + 1, False)
         free, what = _cpu.free_bytes(None)
         if need > free:
-            raise ConfigError(f"fft2: a {n} x {n} {dtype} problem over {nranks} ranks needs about "
+            raise ConfigError(f"bench fft: a {n} x {n} {dtype} problem over {nranks} ranks needs about "
                               f"{need / (1 << 30):.1f} GiB of {what} (both schemes and the input kept for "
                               f"checking), but only {free / (1 << 30):.1f} GiB is free: use a smaller --size")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from .._config import resolve_timeout
+from ..channels import Link, element_type
+from ..channels import open as open_channels
 from ..errors import ConfigError
 
 # Bytes of buffer per ring channel. Pieces are half of it (see _algorithms), so 64 KiB
@@ -38,11 +40,6 @@ class ChannelRing:
         n = world.size
         if n == 1:
             return
-        try:
-            from ..channels import open as open_channels
-            from ..spec.model import Link, element_type
-        except ImportError as exc:
-            raise ConfigError(f"collectives need circuslink.channels, which is not available: {exc}") from None
         byte = element_type("uchar")
         if id_base + 2 * n * count > 0xFFFF:
             raise ConfigError(f"collectives: {count} rings x {n} ranks need more channel IDs than 16 bits hold")

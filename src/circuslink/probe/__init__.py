@@ -41,10 +41,7 @@ _LATENCY_TOLERANCE = 0.10
 
 def measure(world: Any, quick: bool = False, pairs: list[tuple[int, int]] | None = None) -> dict:
     """Collective: the floor between every ordered pair of ranks (or ``pairs``)."""
-    if world.backend.name == "cuda":
-        from ._cuda import CudaProbe as Impl
-    else:
-        from ._cpu import CpuProbe as Impl
+    Impl = world.engine("circuslink.probe").Probe
     if pairs is None:
         pairs = [(a, b) for a in range(world.size) for b in range(world.size) if a != b]
     from ..backends import SHARED_GPU_NOTE, describe_shared_gpus, shared_gpus

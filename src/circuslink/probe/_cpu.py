@@ -17,7 +17,7 @@ from .._config import default_timeout
 from . import _stall
 
 
-class CpuProbe:
+class Probe:
     def __init__(self, world: Any, quick: bool) -> None:
         self.world = world
         self.nbytes = (8 << 20) if quick else (64 << 20)

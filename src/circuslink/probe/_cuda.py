@@ -16,7 +16,7 @@ _THREADS = 512
 _CTA_SWEEP = (16, 66, 132, 264, 528)
 
 
-class CudaProbe:
+class Probe:
     def __init__(self, world: Any, quick: bool) -> None:
         import cupy as cp
 

@@ -580,7 +580,7 @@ class Queue(Resource):
     def device_handle(self) -> np.void:
         """The queue's device handle: a numpy scalar of ``circuslink::RmaHandle``, passed to a kernel by value.
 
-        ``kernel(grid, block, (q.device_handle(), ...))`` with ``__global__ void k(circuslink::RmaHandle q, ...)``
+        ``kernel(grid, block, (q.device_handle(), ...))`` with a kernel taking ``circuslink::RmaHandle q`` by value
         calling ``circuslink::rma_start(q)`` / ``rma_wait(q)`` (``<circuslink/rma.cuh>``)."""
         self._check_not_freed("device_handle")
         if self._state == _OPEN:

@@ -2,7 +2,6 @@
 
     circuslink fft2 --input X.npy --output Y.npy -n R [--backend cpu|cuda] [--inverse]
                     [--layout natural|transposed] [--scheme transpose-put|local-transpose]
-    circuslink fft2 --bench [--size N[,N...]] [--dtype complex64|complex128|both] -n R ...
 
 X must be a 2-D complex64 or complex128 array whose two dimensions R divides. Rank 0 reads it
 and hands every rank its rows (through symmetric memory), the ranks transform, and rank 0
@@ -10,8 +9,7 @@ gathers and writes Y (same dtype): numpy.fft.fft2(X) (ifft2 with --inverse); wit
 ``--layout transposed`` Y is the transpose, fft2(X).T, as the ranks hold it without the last
 global transpose. Bad input (missing file, not .npy, not 2-D, not complex, a size R does not
 divide, a problem too large for memory) is refused with one line before any rank starts where
-possible. ``--bench`` generates random data instead and times the transform against the
-local-transpose scheme and a one-rank fft2 (``circuslink bench fft``).
+possible. ``circuslink bench fft`` times the transform on random data against its baselines.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import ConfigError
-from . import DTYPES, LAYOUTS, SCHEMES, Plan, bytes_per_rank, check_dtype, check_shape
+from . import LAYOUTS, SCHEMES, Plan, bytes_per_rank, check_dtype, check_shape
 
 
 def _positive_int(text: str) -> int:
@@ -49,36 +47,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="natural (default): Y = fft2(X); transposed: Y = fft2(X).T, one global transpose less")
     p.add_argument("--scheme", choices=SCHEMES, default="transpose-put",
                    help="global transpose by transposing puts (default) or local transpose + contiguous puts")
-    b = p.add_argument_group("benchmark mode (--bench)")
-    b.add_argument("--bench", action="store_true",
-                   help="time random N x N transforms against the baselines instead of transforming a file")
-    b.add_argument("--size", default=None,
-                   help="points per side N, or a list 8192,16384 (default 8192,16384 on cuda, 512,1024 on cpu)")
-    b.add_argument("--dtype", choices=(*DTYPES, "both"), default="complex64", help="element type (default complex64)")
-    b.add_argument("--iters", type=_positive_int, default=20, help="timed transforms per case (default 20)")
-    b.add_argument("--warmup", type=int, default=3, help="untimed transforms before timing (default 3)")
-    b.add_argument("--json", metavar="FILE", default=None,
-                   help="results file (default benchmarks/results/fft-<device>-<date>.json)")
-    b.add_argument("--plot", metavar="FILE", default=None,
-                   help="GFLOP/s plot as PNG (and FILE-breakdown.png: time in FFT, transpose, communication)")
-    b.add_argument("--quick", action="store_true", help="a 256 x 256 problem and 3 iterations (smoke runs)")
-    b.add_argument("--no-baselines", dest="no_baselines", action="store_true",
-                   help="skip the one-rank fft2 baseline")
 
 
 def _argv(args: argparse.Namespace) -> list[str]:
     """This command line again, for the ranks it starts."""
     argv = ["fft2", "-n", str(args.nranks), "--layout", args.layout, "--scheme", args.scheme]
-    for flag, on in (("--inverse", args.inverse), ("--bench", args.bench), ("--quick", args.quick),
-                     ("--no-baselines", args.no_baselines)):
-        if on:
-            argv.append(flag)
-    for flag, value in (("--input", args.input), ("--output", args.output), ("--size", args.size),
-                        ("--json", args.json), ("--plot", args.plot)):
-        if value is not None:
-            argv += [flag, value]
-    argv += ["--dtype", args.dtype, "--iters", str(args.iters), "--warmup", str(args.warmup)]
-    return argv
+    if args.inverse:
+        argv.append("--inverse")
+    return argv + ["--input", args.input, "--output", args.output]
 
 
 def read_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
@@ -129,10 +105,8 @@ def run(args: argparse.Namespace) -> int:
     from ...backends import default_backend_name
 
     backend = args.backend or os.environ.get("CIRCUSLINK_BACKEND") or default_backend_name()
-    if args.bench:
-        return _bench(args, backend)
     if not args.input or not args.output:
-        raise ConfigError("fft2: give --input X.npy and --output Y.npy (or --bench to time random data)")
+        raise ConfigError("fft2: give --input X.npy and --output Y.npy (circuslink bench fft times random data)")
     if not launcher.inside_job():
         (n1, n2), dtype = check_input(args.input, args.nranks)
         _check_output(args.output)
@@ -219,27 +193,3 @@ def _put(dst: Any, host: np.ndarray) -> None:
         dst.set(host)
     else:
         dst[...] = host
-
-
-def _bench(args: argparse.Namespace, backend: str) -> int:
-    from ... import launcher
-    from ...bench import fft as bench
-
-    if args.input or args.output:
-        raise ConfigError("fft2: --bench generates its own data; drop --input/--output")
-    default = "8192,16384" if backend == "cuda" else "512,1024"
-    sizes = bench.parse_points(args.size or ("256" if args.quick else default))
-    iters, warmup = (min(args.iters, 3), min(args.warmup, 1)) if args.quick else (args.iters, args.warmup)
-    cfg = bench.Config(sizes=sizes, dtypes=["complex64", "complex128"] if args.dtype == "both" else [args.dtype],
-                       iters=iters, warmup=warmup, layout=args.layout, inverse=args.inverse, json=args.json,
-                       plot=args.plot, baselines=not args.no_baselines, meta={"command": "fft2 --bench"})
-    if not launcher.inside_job():
-        bench.check_sizes(cfg.sizes, args.nranks, backend, cfg.dtypes)
-        return launcher.relaunch_self(args.nranks, argv=_argv(args), backend=backend)
-    import circuslink
-
-    world = circuslink.init(args.backend)
-    try:
-        return bench.run_rank(world, cfg)
-    finally:
-        world.close()

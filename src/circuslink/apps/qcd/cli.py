@@ -270,7 +270,7 @@ def _apply(world: Any, args: argparse.Namespace, plan: dict) -> None:
 
 
 def _invert(world: Any, args: argparse.Namespace, plan: dict) -> str | None:
-    from ...bench import _driver as drv
+    from ... import results
     from . import _io
     from ._lattice import Lattice
     from ._operator import WilsonOperator
@@ -287,7 +287,7 @@ def _invert(world: Any, args: argparse.Namespace, plan: dict) -> str | None:
         if op is not None:
             op.apply(np.zeros(spinor_shape(plan["local"]), dtype=complex))
     res = solve(precise, world.xp.asarray(b_local), args.tol, args.niter, sloppy=sloppy,
-                progress=drv.progress if world.rank == 0 else None)
+                progress=results.progress if world.rank == 0 else None)
     x = _io.gather(world, lattice, res.x, spinor_shape(plan["global"]))
     volume = int(np.prod(plan["global"]))
     per_iter = res.seconds / res.iterations if res.iterations else 0.0
@@ -313,16 +313,16 @@ def _invert(world: Any, args: argparse.Namespace, plan: dict) -> str | None:
             _io.save(args.output, x.astype(np.complex128))
             print(f"wrote {args.output}")
         if args.json:
-            results = drv.Results("qcd-invert", world)
+            results_file = results.Results("qcd-invert", world)
             face_bytes = 6 * np.dtype(PRECISIONS[args.prec]).itemsize * lattice.face_total  # 12 reals a site
-            results.add(impl=args.halo if lattice.face_total else "none", bytes=int(face_bytes),
+            results_file.add(impl=args.halo if lattice.face_total else "none", bytes=int(face_bytes),
                         grid=fmt(plan["grid"]), local=fmt(plan["local"]), lattice=fmt(plan["global"]),
                         prec=args.prec, kappa=args.kappa, tol=args.tol, iterations=res.iterations,
                         iterated_residual=res.iterated_residual, true_residual=res.true_residual,
                         converged=res.converged, seconds=res.seconds, time_per_iter_us=per_iter * 1e6,
                         gflops=res.gflops(volume), halo_wait_share=share, passes=res.passes,
                         flops_per_site_per_iteration=FLOPS_PER_SITE_CG)
-            print(f"results: {results.write_json(args.json)}")
+            print(f"results: {results_file.write_json(args.json)}")
         if not res.converged:
             verdict = (f"qcd invert: no convergence within --niter {args.niter}: true relative residual "
                        f"{res.true_residual:.3e} > --tol {args.tol:g} after {res.iterations} iterations")

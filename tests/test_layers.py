@@ -1,0 +1,118 @@
+"""The shape of the code, checked: layers only point down, no subsystem tests the back-end's name,
+device code lives in .cu/.cuh files only. docs/architecture.md draws the layers this test enforces.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "src" / "circuslink"
+
+# docs/architecture.md, "Layers": a module may import its own layer and the layers below it, never above
+# (function-local imports included: a lower layer that imports a higher one lazily still depends on it).
+LAYERS = [
+    ("base", ["errors", "_config", "_abi", "_wait", "_lifecycle", "_store", "_bootstrap", "_guard"]),
+    ("backends", ["backends", "memory", "device_code"]),
+    ("world", ["world", "launcher", "_run_command", "mps"]),
+    ("topology", ["topology"]),
+    ("primitives", ["channels", "rma", "collectives", "trace"]),
+    ("front ends", ["spec", "results"]),
+    ("measurement of the floor", ["probe"]),
+    ("applications", ["apps"]),
+    ("benchmarks", ["bench"]),
+    ("command line", ["cli", "info", "__main__", "__init__"]),
+]
+LEVEL = {name: level for level, (_, names) in enumerate(LAYERS) for name in names}
+
+
+def _area(module: str, importing: bool = False) -> str:
+    """``circuslink.rma._cuda`` -> ``rma``. The package root is the command-line layer as a file, but
+    importing it gives ``init``, ``World`` and the errors only (its areas load lazily, as attributes the
+    importer chooses), so as an import it counts as the world layer."""
+    parts = module.split(".")
+    if len(parts) > 1:
+        return parts[1]
+    return "world" if importing else "__init__"
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1] if len(parts) > 1 else parts
+    return ".".join(parts)
+
+
+def _imports(path: Path, module: str | None = None) -> list[tuple[int, str]]:
+    """(line, absolute module) for every circuslink import in the file (``module``: its dotted name)."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = module or _module_name(path)
+    if path.name != "__init__.py":
+        package = package.rsplit(".", 1)[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "circuslink"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+                names = [target] if node.module else [f"{target}.{a.name}" for a in node.names]
+                out += [(node.lineno, n) for n in names]
+            elif node.module and node.module.split(".")[0] == "circuslink":
+                out.append((node.lineno, node.module))
+    return out
+
+
+def _sources() -> list[Path]:
+    return sorted(p for p in PKG.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_every_area_has_a_layer():
+    areas = {_area(_module_name(p)) for p in _sources()}
+    assert areas <= set(LEVEL), f"areas without a layer (add them to LAYERS and docs/architecture.md): " \
+                                f"{sorted(areas - set(LEVEL))}"
+
+
+def test_layers_only_point_down():
+    wrong = []
+    for path in _sources():
+        me = _area(_module_name(path))
+        for line, target in _imports(path):
+            them = _area(target, importing=True)
+            if them in LEVEL and LEVEL[them] > LEVEL[me]:
+                wrong.append(f"{path.relative_to(PKG)}:{line}: {me} ({LAYERS[LEVEL[me]][0]}) imports {target} "
+                             f"({LAYERS[LEVEL[them]][0]})")
+    assert not wrong, "imports that point up:\n" + "\n".join(wrong)
+
+
+def test_the_check_can_fail(tmp_path):
+    """The import parser sees relative, absolute and function-local imports."""
+    fake = tmp_path / "_probe.py"
+    fake.write_text("def f():\n    from ..bench import _driver\n    import circuslink.apps.qcd\n"
+                    "from . import _plan\n")
+    targets = [t for _, t in _imports(fake, "circuslink.channels._probe")]
+    assert sorted(targets) == ["circuslink.apps.qcd", "circuslink.bench", "circuslink.channels._plan"]
+    assert [_area(t, importing=True) for t in sorted(targets)] == ["apps", "bench", "channels"]
+
+
+BACKEND_NAME_TEST = re.compile(r"backend\.name\s*(==|!=)|name\s*(==|!=)\s*[\"'](cuda|cpu)[\"']")
+
+
+@pytest.mark.parametrize("path", [p for p in _sources() if "backends" not in p.parts],
+                         ids=lambda p: str(p.relative_to(PKG)))
+def test_no_subsystem_tests_the_backend_by_name(path):
+    hits = [f"{i}: {line.strip()}" for i, line in enumerate(path.read_text().splitlines(), 1)
+            if BACKEND_NAME_TEST.search(line)]
+    assert not hits, f"{path.relative_to(PKG)} tests the back-end's name (use its capabilities or " \
+                     f"world.engine(...)): {hits}"
+
+
+def test_no_device_code_in_python_files():
+    hits = [str(p.relative_to(PKG)) for p in _sources() if "__global__" in p.read_text()]
+    assert not hits, f"device code belongs in .cu / .cuh files: {hits}"
