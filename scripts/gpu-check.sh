@@ -9,6 +9,8 @@
 #   tests           the GPU-marked tests (2 and 4 ranks on the one GPU); $TESTS narrows them (pytest ids)
 #   probe           the floor, 2 and 4 ranks
 #   pingpong        channel pingpong against the floor and the baselines
+#   stream          one-way streaming through a channel against the floor
+#   resources       registers, shared memory and threads the channel machinery takes
 #   allreduce-like  CIRCUS's pipeline, with its trace
 #   allreduce       channel all-reduce, 2 and 4 ranks
 #   rma             persistent RMA queues against MPI-3 RMA and MPI p2p, 2 and 4 ranks (a ring)
@@ -82,6 +84,8 @@ want tests && step tests env CIRCUSLINK_TIMEOUT=20 $PY -m pytest -q -m "gpu and 
 want probe && step probe-2 cl probe -n 2 --json "$R/probe-2.json"
 want probe && step probe-4 cl probe -n 4 --quick --json "$R/probe-4.json"
 want pingpong && step pingpong cl bench pingpong --json "$R/pingpong.json" --plot "$R/pingpong.png"
+want stream && step stream cl bench stream --json "$R/stream.json" --plot "$R/stream.png"
+want resources && step resources cl bench resources --json "$R/resources.json"
 want allreduce-like && step allreduce-like cl bench allreduce-like --json "$R/allreduce-like.json" \
   --plot "$R/allreduce-like.png" --trace "$R/allreduce-like-trace.json"
 want allreduce && step allreduce-2 cl bench allreduce -n 2 --json "$R/allreduce-2.json" --plot "$R/allreduce-2.png"
