@@ -23,7 +23,7 @@ import pytest
 import circuslink
 from circuslink import spec as cspec
 from circuslink.spec import Link, Spec, codegen, element_type, struct_type
-from circuslink.spec.model import MAX_CHANNEL_ID, MAX_DEPTH, builtin_type_names
+from circuslink.spec.model import MAX_CHANNEL_ID, MAX_DEPTH, MAX_RING_BYTES, builtin_type_names
 
 REPO = Path(__file__).resolve().parents[1]
 SPECS = REPO / "tests" / "specs"
@@ -111,7 +111,8 @@ def test_random_valid_spec_round_trips(tmp_path):
     ids = rng.sample(range(MAX_CHANNEL_ID + 1), 2 * 20)
     want, rows = [], []
     for k in range(20):
-        t, depth = rng.choice(types), rng.randint(1, MAX_DEPTH)
+        t = rng.choice(types)
+        depth = rng.randint(1, min(MAX_DEPTH, MAX_RING_BYTES // element_type(t).nbytes))
         src, dst = rng.randrange(8), rng.randrange(8)
         want.append(Link(f"s{k}", f"r{k}", ids[2 * k], ids[2 * k + 1], src, dst, element_type(t), depth))
         rows.append(sender(f"s{k}", ids[2 * k], ids[2 * k + 1], src, t, f' depth="{depth}"'))
@@ -183,8 +184,10 @@ def test_programmatic_links_without_xml():
         Spec([link, Link("tx", "rx2", 7, 8, 0, 1, element_type("uint"), 64)])
     with pytest.raises(circuslink.SpecError, match="channel ID 6 is used by both 'rx' and 'tx2'"):
         Spec([link, Link("tx2", "rx2", 6, 8, 0, 1, element_type("uint"), 64)])
-    with pytest.raises(circuslink.SpecError, match=r"depth 0 is outside 1\.\.16777216"):
+    with pytest.raises(circuslink.SpecError, match=r"depth 0 is outside 1\.\.1073741824"):
         Link("tx", "rx", 5, 6, 0, 1, element_type("uint"), 0)
+    with pytest.raises(circuslink.SpecError, match=r"depth 268435457 x 4 bytes is more than 1 GiB of ring"):
+        Link("tx", "rx", 5, 6, 0, 1, element_type("uint"), (1 << 28) + 1)
 
 
 # ---- validation: each case names file:line and the field ----------------------------------------
@@ -217,9 +220,11 @@ CASES = [
     ("width mismatch", doc(sender(type="uint16", extra=' width="256"'), receiver(type="uint16")), None,
      "2: channel 'a_out': field 'width': 256 bits does not match type uint16 (512 bits)"),
     ("depth zero", doc(sender(extra=' depth="0"'), receiver()), None,
-     "2: channel 'a_out': field 'depth': 0 is outside 1..16777216 (2**24) elements"),
+     "2: channel 'a_out': field 'depth': 0 is outside 1..1073741824 (2**30) elements"),
     ("depth too big", doc(sender(), receiver(extra=f' depth="{MAX_DEPTH + 1}"')), None,
-     "3: channel 'a_in': field 'depth': 16777217 is outside 1..16777216 (2**24) elements"),
+     "3: channel 'a_in': field 'depth': 1073741825 is outside 1..1073741824 (2**30) elements"),
+    ("ring too big", doc(sender(type="uint2"), receiver(type="uint2", extra=' depth="134217729"')), None,
+     "3: channel 'a_in': field 'depth': 134217729 x 8 bytes is more than 1 GiB of ring"),
     ("rank out of range", doc(sender(), receiver(rank=2)), 2,
      "3: channel 'a_in': field 'rank': 2 is outside 0..1 (2 ranks)"),
     ("negative rank", doc(sender(rank=-1), receiver()), None,

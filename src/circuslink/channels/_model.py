@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from ..topology import Topology
 
 MAX_ELEMENT_BYTES = 64
-MAX_DEPTH = 1 << 24  # elements; a ring of 2**24 x 64 B is 1 GiB, more than any channel needs
+MAX_DEPTH = 1 << 30  # elements
+MAX_RING_BYTES = 1 << 30  # depth x element size: a 1 GiB ring holds any message a benchmark sends in one go
 MAX_CHANNEL_ID = (1 << 16) - 1  # IDs travel in a packet header; 16 bits is CIRCUS's budget and ours
 VECTOR_LENGTHS = (2, 3, 4, 8, 16)
 
@@ -102,6 +103,9 @@ class Link:
         # Programmatic links get the same range checks as parsed ones.
         if not 1 <= self.depth <= MAX_DEPTH:
             raise SpecError(f"channel {self.name}: depth {self.depth} is outside 1..{MAX_DEPTH}")
+        if self.depth * self.element.nbytes > MAX_RING_BYTES:
+            raise SpecError(f"channel {self.name}: depth {self.depth} x {self.element.nbytes} bytes is more than "
+                            f"{MAX_RING_BYTES >> 30} GiB of ring")
         for what, value in (("send_id", self.send_id), ("recv_id", self.recv_id)):
             if not 0 <= value <= MAX_CHANNEL_ID:
                 raise SpecError(f"channel {self.name}: {what} {value} is outside 0..{MAX_CHANNEL_ID}")

@@ -11,6 +11,7 @@ from ..channels._model import (  # noqa: F401
     MAX_CHANNEL_ID,
     MAX_DEPTH,
     MAX_ELEMENT_BYTES,
+    MAX_RING_BYTES,
     VECTOR_LENGTHS,
     ElementType,
     Link,

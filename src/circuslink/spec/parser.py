@@ -26,6 +26,7 @@ from ..errors import SpecError
 from .model import (
     MAX_CHANNEL_ID,
     MAX_DEPTH,
+    MAX_RING_BYTES,
     ElementType,
     Link,
     Spec,
@@ -392,7 +393,7 @@ def _parse_ends(root: _Node, structs: dict[str, ElementType], problems: _Problem
             problems.add(node.line, subject, "rank", "missing (the rank this end lives on; or put the channel "
                          "inside <endpoint rank=\"N\">)")
 
-        end.depth = _int_field(fields, "depth", subject, problems, 1, MAX_DEPTH, f"1..{MAX_DEPTH} (2**24) elements")
+        end.depth = _int_field(fields, "depth", subject, problems, 1, MAX_DEPTH, f"1..{MAX_DEPTH} (2**30) elements")
         end.write_to = _int_field(fields, "write-to", subject, problems, 0, MAX_CHANNEL_ID, f"0..{MAX_CHANNEL_ID}")
         end.read_from = _int_field(fields, "read-from", subject, problems, 0, MAX_CHANNEL_ID, f"0..{MAX_CHANNEL_ID}")
         if "write-to" in fields and "read-from" in fields:
@@ -494,9 +495,15 @@ def _pair(ends: list[_End], problems: _Problems) -> list[Link]:
                 (s.depth is None and "depth" in s.lines) or (r.depth is None and "depth" in r.lines):
             continue  # a problem on one of the ends was reported already; no link
         depths = [d for d in (s.depth, r.depth) if d is not None]
+        depth = max(depths) if depths else DEFAULT_DEPTH
+        if depth * s.element.nbytes > MAX_RING_BYTES:
+            deepest = s if s.depth == depth else r
+            problems.add(deepest.lines.get("depth", deepest.line), f"channel '{deepest.name}'", "depth",
+                         f"{depth} x {s.element.nbytes} bytes is more than {MAX_RING_BYTES >> 30} GiB of ring")
+            continue
         links.append(Link(name=s.name, receiver_name=r.name, send_id=s.end_id, recv_id=r.end_id,
                           src_rank=s.rank, dst_rank=r.rank, element=s.element,
-                          depth=max(depths) if depths else DEFAULT_DEPTH))
+                          depth=depth))
     return links
 
 
