@@ -19,6 +19,7 @@
 #   fft             distributed 2-D FFT at 8192^2 and 16384^2, 2 and 4 ranks, against the local-transpose scheme
 #   qcd             Wilson-Dirac CG: an 8^4-per-rank solve on a 2x2 grid, and per-iteration time by halo engine
 #   all             every stage above
+#   smoke           every benchmark in its --quick form, each bounded to 90 s (errors show at once; not in "all")
 #   before          the regression tests of the MPS hangs against an older tree ($OLD_TREE, e.g.
 #                   .old/ from `git archive`): they must fail there (not part of "all")
 #   rma-repro       bench rma at chains of 16 x 64 KiB..1 MiB, many cycles, old tree then this one
@@ -79,8 +80,15 @@ echo "MPS pipe directory: ${CUDA_MPS_PIPE_DIRECTORY:-none}"
 want info && step info cl info
 want info && step diag cl run -n 2 -- $PY scripts/dev/mps_diag.py
 # Tests get a short device-side time-out so that a hang costs seconds, not the lease.
-want tests && step tests env CIRCUSLINK_TIMEOUT=20 $PY -m pytest -q -m "gpu and not two_gpus" -p no:cacheprovider \
-  --timeout 300 --durations=15 ${TESTS:-tests}
+# SIGINT at the end of the tests' budget makes pytest print what failed so far instead of dying silently.
+want tests && step tests env CIRCUSLINK_TIMEOUT=20 timeout -s INT ${TESTS_BUDGET_S:-540} $PY -m pytest -q -rfE \
+  --tb=short -m "gpu and not two_gpus" -p no:cacheprovider --timeout 150 --durations=15 ${TESTS:-tests}
+if want smoke explicit; then
+  for b in pingpong stream allreduce-like allreduce rma transpose; do
+    step "smoke-$b" env CIRCUSLINK_TIMEOUT=20 timeout ${SMOKE_S:-90} $PY -m circuslink bench $b --quick --no-baselines \
+      --json "$R/smoke-$b.json"
+  done
+fi
 want probe && step probe-2 cl probe -n 2 --json "$R/probe-2.json"
 want probe && step probe-4 cl probe -n 4 --quick --json "$R/probe-4.json"
 want pingpong && step pingpong cl bench pingpong --json "$R/pingpong.json" --plot "$R/pingpong.png"
