@@ -37,3 +37,32 @@ def test_header_compiles_alone(header, tmp_path):
 @pytest.mark.parametrize("kernel", KERNELS, ids=lambda p: p.relative_to(PKG).as_posix())
 def test_kernel_compiles(kernel, tmp_path):
     _nvcc(kernel, tmp_path)
+
+
+# Kernels the library launches with 512 threads a block: at 512 threads an SM's 65,536 registers
+# allow 128 a thread, and a kernel over that fails at launch (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, seen
+# on the H100 with allreduce_loop at 142). __launch_bounds__(512) makes the compiler keep under it.
+WIDE_KERNELS = [
+    ("bench/kernels/allreduce_loop.cu",
+     "template __global__ void allreduce_loop<double>(cc::Rings, double*, unsigned long long, unsigned int, "
+     "unsigned long long*, tr::Handle, int*);"),
+    ("collectives/collectives_kernels.cu",
+     "template __global__ void cl_allreduce<double, circuslink::collectives::Sum>(circuslink::collectives::Rings, "
+     "double*, unsigned long long, int*);"),
+    ("bench/kernels/allreduce_like.cu", ""),
+]
+
+
+@pytest.mark.parametrize("source, instantiate", WIDE_KERNELS, ids=[k for k, _ in WIDE_KERNELS])
+def test_512_thread_kernels_fit_an_sm(source, instantiate, tmp_path):
+    import re
+
+    src = tmp_path / "inst.cu"
+    src.write_text(f'#include "{PKG / source}"\n{instantiate}\n')
+    cmd = [NVCC, "-std=c++17", "-arch=sm_90a", f"-I{INCLUDE}", "-Xptxas", "-v", "-c", str(src), "-o",
+           str(tmp_path / "out.o")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    regs = [int(m) for m in re.findall(r"Used (\d+) registers", proc.stderr)]
+    assert regs, proc.stderr
+    assert max(regs) * 512 <= 65536, f"{source}: {max(regs)} registers a thread x 512 threads > 65536\n{proc.stderr}"

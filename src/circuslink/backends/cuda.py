@@ -78,6 +78,9 @@ class CudaBackend(Backend):
         self._caller_done = cp.cuda.Event(disable_timing=True)
         self.sm_count = int(cp.cuda.Device(device).attributes["MultiProcessorCount"])
         self.sm_budget = _sm_budget(self.sm_count)
+        # Ranks of this machine on this GPU (ranks take GPUs round-robin by local rank).
+        self.ranks_on_gpu = max(1, len([r for r in range(world.local_size) if r % count == device])) \
+            if raw in (None, "") else 1
         # The abort word (detail/sync.cuh): host-mapped, so the host can end every device wait of
         # this process when its own bounded wait for a kernel gives up. With unified addressing the
         # host pointer of mapped memory is also its device pointer.
@@ -104,11 +107,19 @@ class CudaBackend(Backend):
                 self._abort[0] = 0
             raise
     def max_blocks(self, kernel: Any, threads: int, shared_bytes: int = 0) -> int:
-        """Blocks of ``kernel`` (a cupy RawKernel) this rank may have resident at once: its SM budget
-        times the blocks that fit on one SM. A kernel that spins on a peer must launch no more."""
-        per_sm = self.xp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
-            kernel.kernel.ptr, int(threads), int(shared_bytes))
-        return max(1, self.sm_budget * max(1, int(per_sm)))
+        """Blocks of ``kernel`` (a cupy RawKernel) this rank may have resident at once, whatever the other
+        ranks on its GPU run: its SM budget times its share of the blocks that fit on one SM. MPS caps
+        how many SMs a client uses, not which: with k ranks on a GPU, all k may land on the same SMs,
+        so each takes at most 1/k of an SM's blocks (at least one); then every rank's blocks are
+        resident at once and a kernel that spins on a peer always makes progress."""
+        per_sm = int(self.xp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+            kernel.kernel.ptr, int(threads), int(shared_bytes)))
+        if per_sm < 1:  # the launch would fail with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: say why instead
+            regs = getattr(kernel, "num_regs", "?")
+            raise BackendError(f"kernel {getattr(kernel, 'name', '?')} does not fit an SM at {threads} threads a block "
+                               f"({regs} registers a thread, {shared_bytes} bytes of dynamic shared memory): "
+                               "give it __launch_bounds__ or launch fewer threads")
+        return max(1, self.sm_budget * max(1, per_sm // self.ranks_on_gpu))
 
     def after_caller(self) -> None:
         """Order the world's stream after the caller's current stream (CuPy's null stream by

@@ -385,7 +385,7 @@ class CudaPipeline:
         self.mismatches = cp.zeros(1, dtype=cp.uint64)
         self.bar = cp.zeros(2, dtype=cp.uint32)
         self.failed = cp.zeros(1, dtype=cp.int32)
-        self.timeout_ns = np.uint64(int(_timeout() * 1e9))
+        self.timeout_ns = np.uint64(self.channels.device_timeout_ns)
         self.rng = np.random.default_rng()
 
     def _handle_array(self, names: list[str]):
@@ -439,7 +439,7 @@ class CudaPipeline:
         # rank's SM share at once (the forward-progress rule), or the pipeline stalls (the MPS hang).
         pairs = min(pairs, self.max_pairs())
         trace = tracer.device_handle() if tracer is not None else Tracer.null_handle()
-        cp.cuda.Device().synchronize()
+        w.backend.after_caller()  # the inputs were set on the caller's stream
         w.barrier()
         if w.rank == 0:
             fn = self.module.get_function("ar_like_a")
@@ -450,8 +450,8 @@ class CudaPipeline:
             fn = self.module.get_function("ar_like_b")
             fn((pairs,), (_THREADS,), (in_h, out_h, np.uint32(pairs), self.mine, self.scratch, np.uint64(n), chunk,
                np.uint32(reps), trace, self.failed), stream=self.stream)
-        self.stream.synchronize()
-        self.channels.check()  # raises ChannelError naming the channel if a device wait timed out
+        # Bounded; a channel whose device wait timed out is named by the ChannelError this raises.
+        self.channels.wait_kernel(self.stream, lambda: f"allreduce-like {nbytes} B on rank {w.rank}")
         failed = int(self.failed.get()[0])
         if failed:
             raise ChannelError(f"allreduce-like {nbytes} B: rank {w.rank}'s kernel failed (code {failed}: "
@@ -484,8 +484,3 @@ class CudaPipeline:
     def close(self) -> None:
         self.channels.close()
 
-
-def _timeout() -> float:
-    from .._config import default_timeout
-
-    return default_timeout()

@@ -252,12 +252,9 @@ class ChannelPair:
             with stream:
                 bar = cp.zeros(2, dtype=cp.uint32)
                 self.kernel("pingpong_grid")((blocks,), (GRID_THREADS,), args + (
-                    bar, np.uint64(int(tx._channels.host_timeout * 1e9)), times, status))
+                    bar, np.uint64(self.channels.device_timeout_ns), times, status))
             extra = {"warps": blocks * GRID_THREADS // 32, "blocks": blocks}
-        world.backend.wait_stream(stream, tx._channels.host_timeout,
-                                  lambda: f"pingpong {config} {drv.format_bytes(nbytes)} on rank {role}")
-        tx.check()
-        rx.check()
+        self.channels.wait_kernel(stream, lambda: f"pingpong {config} {drv.format_bytes(nbytes)} on rank {role}")
         if int(status.get()[0]) != 1:
             raise ChannelError(f"pingpong {config} {drv.format_bytes(nbytes)}: a channel call failed on rank {role}")
         if role != 0:

@@ -141,11 +141,8 @@ def _sample(pair: ChannelPair, config: str, form: str, nbytes: int, messages: in
         else:
             blocks = pair.grid_blocks(config, nbytes)
             pair.kernel("stream_grid")((blocks,), (GRID_THREADS,), args + (
-                bar, np.uint64(int(send._channels.host_timeout * 1e9)), times, status))
-    world.backend.wait_stream(stream, send._channels.host_timeout,
-                              lambda: f"stream {config} {drv.format_bytes(nbytes)} on rank {role}")
-    send.check()
-    recv.check()
+                bar, np.uint64(pair.channels.device_timeout_ns), times, status))
+    pair.channels.wait_kernel(stream, lambda: f"stream {config} {drv.format_bytes(nbytes)} on rank {role}")
     if int(status.get()[0]) != 1:
         raise ChannelError(f"stream {config} {drv.format_bytes(nbytes)}: a channel call failed on rank {role}")
     if role == 1:

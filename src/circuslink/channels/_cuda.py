@@ -63,12 +63,9 @@ class CudaEnd:
         world.backend.after_caller()  # the argument arrays were made on the caller's stream
         with stream:
             kernel((1,), (_HOST_THREADS,), (self.handle, ptr_arg, np.uint64(nbytes)))
-        # Bounded even when the device waits are not (timeout 0): the device gives up first when it
-        # can, so the host's limit is a backstop with room to spare.
-        device = self.channels.timeout
-        limit = 2 * device + 5 if device else self.channels.host_timeout
         what = "write" if which == 0 else "read"
-        world.backend.wait_stream(stream, limit, lambda: f"{self.describe}: its {what} kernel did not finish")
+        world.backend.wait_stream(stream, self.channels.kernel_wait_s,
+                                  lambda: f"{self.describe}: its {what} kernel did not finish")
         self.check()
 
     def write(self, arr: Any) -> None:

@@ -151,6 +151,27 @@ class Channels(Resource):
         for end in self._ends.values():
             end.check()
 
+    @property
+    def kernel_wait_s(self) -> float:
+        """How long the host waits for a kernel that uses these channels. Longer than the device's own
+        waits, so that a stalled channel ends the kernel with an error that names it before the host
+        gives up; bounded even when the device waits are not (``timeout=0``)."""
+        return 2 * self.timeout + 5 if self.timeout else self.host_timeout
+
+    @property
+    def device_timeout_ns(self) -> int:
+        """The device waits' limit in nanoseconds (0: none), for a kernel's own waits (``grid_sync``)."""
+        return int(self.timeout * 1e9)
+
+    def wait_kernel(self, stream: Any, what: Any) -> None:
+        """Wait, bounded by :attr:`kernel_wait_s`, for ``stream``'s kernels that use these channels, then
+        raise the first error device code recorded on this rank's ends (it names the channel and the
+        wait). ``what`` (a string or a function) names the kernel if the host's limit runs out first."""
+        try:
+            self._world.backend.wait_stream(stream, self.kernel_wait_s, what)
+        finally:
+            self.check()
+
     def _check_open(self, op: str = "use") -> None:
         if self._closed:
             raise ChannelError(f"{op}: these channels are closed")

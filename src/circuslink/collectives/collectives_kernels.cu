@@ -14,15 +14,15 @@ __device__ __forceinline__ void cl_fail(int* status) {
 }  // namespace
 
 template <class T, class Op>
-__global__ void cl_allreduce(circuslink::collectives::Rings rings, T* data, unsigned long long n, int* status) {
+__global__ void __launch_bounds__(512) cl_allreduce(circuslink::collectives::Rings rings, T* data, unsigned long long n, int* status) {
   if (!circuslink::collectives::allreduce_grid(rings, data, n, Op())) cl_fail(status);
 }
 
-extern "C" __global__ void cl_broadcast(circuslink::collectives::Rings rings, unsigned char* data,
+extern "C" __global__ void __launch_bounds__(512) cl_broadcast(circuslink::collectives::Rings rings, unsigned char* data,
                                         unsigned long long n, unsigned int root, int* status) {
   if (!circuslink::collectives::broadcast_grid(rings, data, n, root)) cl_fail(status);
 }
 
-extern "C" __global__ void cl_barrier(circuslink::collectives::Rings rings, int* status) {
+extern "C" __global__ void __launch_bounds__(512) cl_barrier(circuslink::collectives::Rings rings, int* status) {
   if (!circuslink::collectives::barrier_block(rings)) cl_fail(status);
 }

@@ -11,7 +11,7 @@ namespace tr = circuslink::trace;
 // Each block records a USER span per operation (nothing with the null trace handle). failed: set
 // to 1 when a call returns false (a channel wait timed out; the host raises the channel's error).
 template <class T>
-__global__ void allreduce_loop(cc::Rings rings, T* data, unsigned long long n, unsigned int iters,
+__global__ void __launch_bounds__(512) allreduce_loop(cc::Rings rings, T* data, unsigned long long n, unsigned int iters,
                                unsigned long long* t, tr::Handle trace, int* failed) {
   const bool leader = threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0;
   if (blockIdx.x >= rings.count) return;  // a block without a slice would time nothing
