@@ -215,6 +215,24 @@ def test_writer_never_overwrites_unread(rng):
     assert rx.read_bytes(240) == data  # nothing was overwritten
 
 
+@pytest.mark.parametrize("ll_max", [None, 0, 1 << 30])
+def test_a_write_of_depth_elements_fits_without_a_reader(rng, ll_max):
+    """``depth`` is a promise whichever packets carry the bytes: a write of a whole depth completes
+    before the reader starts (a one-warp pingpong relies on it; with 120-byte low-latency packets
+    in a ring sized for bulk ones it stalled on the GPU)."""
+    for _ in range(20):
+        elem = int(rng.choice([1, 4, 8, 16]))
+        depth = int(rng.integers(1, 3000))
+        opts = {} if ll_max is None else {"ll_max": ll_max}
+        if rng.random() < 0.5:
+            opts["chunk"] = 256
+        geo = P.geometry(depth, elem, **opts)
+        tx, rx, _, _ = _pair(geo, timeout=0.3)
+        data = rng.integers(0, 256, depth * elem, dtype=np.uint8).tobytes()
+        tx.write_bytes(data)  # no reader yet: must not wait for credits
+        assert rx.read_bytes(len(data)) == data, (depth, elem, opts)
+
+
 def test_geometry_errors():
     with pytest.raises(ConfigError, match="power of two"):
         P.geometry(8, 8, nslots=3, name="c")

@@ -122,14 +122,18 @@ def geometry(depth: int, element_bytes: int, nslots: int | None = None, chunk: i
     if not isinstance(chunk, int) or chunk % 16 or not MIN_CHUNK <= chunk <= MAX_CHUNK:
         raise ConfigError(f"channel {name}: chunk {chunk!r} must be a multiple of 16 bytes in "
                           f"{MIN_CHUNK}..{MAX_CHUNK}")
-    if nslots is None:
-        nslots = max(4, _next_pow2(-(-ring_payload // chunk)))
-    elif not isinstance(nslots, int) or nslots < 2 or nslots & (nslots - 1) or nslots > (1 << 24):
-        raise ConfigError(f"channel {name}: nslots {nslots!r} must be a power of two in 2..2^24")
     if ll_max is None:
         ll_max = LL_MAX_DEFAULT
     if not isinstance(ll_max, int) or not 0 <= ll_max < KIND_BULK:
         raise ConfigError(f"channel {name}: ll_max {ll_max!r} must be a number of bytes >= 0")
+    if nslots is None:
+        # The ring holds `depth` elements whichever packets carry them: bulk packets carry `chunk`
+        # bytes a slot, low-latency ones 120. (A pingpong whose message outgrew the ring in
+        # low-latency packets stalled on the H100: each side's writer waited for the other's reader.)
+        ll_bytes = min(ring_payload, ll_max)
+        nslots = max(4, _next_pow2(-(-ring_payload // chunk)), _next_pow2(-(-ll_bytes // LL_PAYLOAD)))
+    elif not isinstance(nslots, int) or nslots < 2 or nslots & (nslots - 1) or nslots > (1 << 24):
+        raise ConfigError(f"channel {name}: nslots {nslots!r} must be a power of two in 2..2^24")
     return RingGeometry(nslots, chunk, ll_max)
 
 
