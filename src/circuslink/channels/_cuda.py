@@ -48,6 +48,8 @@ class CudaEnd:
     def __init__(self, channels: Any, link: Any, geo: P.RingGeometry, lay: P.ChannelLayout, kind: str,
                  describe: str) -> None:
         self.channels = channels
+        self.link = link
+        self.layout = lay
         self.kind = kind
         self.dtype = link.element.numpy_dtype
         self.describe = describe
@@ -96,7 +98,20 @@ class CudaEnd:
             what = P.ERROR_TEXT.get(code, "failed (error code {code})").format(seq=seq, code=code)
             if code in (P.ERR_MISUSE, P.ERR_ABORTED):
                 raise ChannelError(f"{self.describe}: {what}")
-            raise ChannelError(f"{self.describe}: timed out after {self.timeout:g} s: {what}")
+            raise ChannelError(f"{self.describe}: timed out after {self.timeout:g} s: {what}"
+                               f"{self._peer_position(code)}")
+
+    def _peer_position(self, code: int) -> str:
+        """What the other end's control block says (its calls' last saved position), to tell a peer
+        that stopped early from one that never came; empty where its memory is not mapped here."""
+        link, lay = self.link, self.layout
+        peer, off, did = ((link.src_rank, P.CTRL_SEND_STATE, "written") if code == P.ERR_DATA_TIMEOUT
+                          else (link.dst_rank, P.CTRL_RECV_STATE, "consumed"))
+        try:
+            seq = int(self.channels._buf.peer(peer)[lay.ctrl + off:lay.ctrl + off + 8].get().view("<u8")[0])
+        except Exception:  # noqa: BLE001 - a diagnostic only
+            return ""
+        return f" (rank {peer}'s end had {did} {seq} packets as of its last finished call)"
 
     def close(self) -> None:
         return None
