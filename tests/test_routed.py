@@ -175,7 +175,8 @@ def test_unsafe_ring_deadlocks_and_the_chain_names_the_cycle(rng):
             ids = [((e - 1) >> 4) * plan.vcs + ((e - 1) & 15) for e in cycle]
             _, edges = plan.dependencies()
             edge_set = {tuple(e) for e in edges.tolist()}
-            assert all((a, b) in edge_set for a, b in zip(ids, ids[1:] + ids[:1])), "not a cycle of the routing"
+            pairs = zip(ids, ids[1:] + ids[:1], strict=True)
+            assert all((a, b) in edge_set for a, b in pairs), "not a cycle of the routing"
             assert {T.parse("ring:8").links[i // plan.vcs].sign for i in ids} in ({1}, {-1})
             texts.append(R.describe_chain(chain, plan, r, r.path.first))
     assert texts and all("wait on each other in a cycle" in t and "(back to " in t for t in texts)

@@ -61,6 +61,12 @@ ROLE_LAST = 2  # writes the channel's delivery ring and reads its board
 NO_CHANNEL = 0xFFFF
 
 
+def report_after(timeout_s: float) -> float:
+    """How long an input's head waits before its agent publishes what it waits on: well inside the time-out
+    of the ends that wait behind it, so their errors can name it."""
+    return max(0.01, min(1.0, timeout_s / 8))
+
+
 def entry_of_link(link_id: int, vc: int) -> int:
     """A chain entry naming the link ring ``(link, vc)``."""
     return (link_id << 4 | vc) + 1

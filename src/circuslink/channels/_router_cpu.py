@@ -344,7 +344,7 @@ class CpuRouter:
             return buf.peer(rank)[offset:offset + nbytes]
 
         timeout = channels.timeout or channels.host_timeout
-        self.agent = Agent(plan.agent(channels.world.rank), view, channels.timeout, _report_after(timeout))
+        self.agent = Agent(plan.agent(channels.world.rank), view, channels.timeout, R.report_after(timeout))
         self.rank = channels.world.rank
         self.error: str | None = None
         self._stop = threading.Event()
@@ -374,8 +374,3 @@ class CpuRouter:
         self._stop.set()
         self._thread.join(timeout)
 
-
-def _report_after(timeout_s: float) -> float:
-    """How long an input's head waits before its agent publishes what it waits on: well inside the time-out
-    of the ends that wait behind it, so their errors can name it."""
-    return max(0.01, min(1.0, timeout_s / 8))
