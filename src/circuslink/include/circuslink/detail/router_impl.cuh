@@ -240,6 +240,8 @@ __device__ u32 decide(const Agent& a, Ctx& c, u32 i, Move& mv) {
   mv.route = route;
   s.seq = q + 1;
   unblock(a, i, s);
+  // acquire: the block's payload loads (after the job's barrier) follow this header, as a reader's do
+  if (bulk) fence_acq_rel_sys();
   return bulk ? kActBulk : kActLL;
 }
 
