@@ -176,10 +176,14 @@ ROUTER_CHANNEL = abi.Struct("circuslink::router::Channel", _ROUTER, [
     ("role", abi.U32), ("first", abi.U32), ("pad", abi.U32)])
 ROUTER_STATE = abi.Struct("circuslink::router::ChannelState", _ROUTER, [
     ("delivered", abi.U64), ("consumed", abi.U64), ("reported", abi.U64), ("gate", abi.U64)])
+ROUTER_INPUT_STATE = abi.Struct("circuslink::router::InputState", _ROUTER, [
+    ("seq", abi.U64), ("since", abi.U64), ("blocked", abi.U32), ("published", abi.U32)])
+ROUTER_OUTPUT_STATE = abi.Struct("circuslink::router::OutputState", _ROUTER, [("seq", abi.U64), ("cache", abi.U64)])
 ROUTER_AGENT = abi.Struct("circuslink::router::Agent", _ROUTER, [
-    ("inputs", abi.PTR), ("outputs", abi.PTR), ("channels", abi.PTR), ("state", abi.PTR), ("entries", abi.PTR),
-    ("channel_of_id", abi.PTR), ("reporters", abi.PTR), ("control", abi.PTR), ("abort", abi.PTR),
-    ("timeout_ns", abi.U64), ("report_after_ns", abi.U64), ("ninputs", abi.U32), ("noutputs", abi.U32),
+    ("inputs", abi.PTR), ("outputs", abi.PTR), ("channels", abi.PTR), ("state", abi.PTR), ("input_state", abi.PTR),
+    ("output_state", abi.PTR), ("entries", abi.PTR), ("channel_of_id", abi.PTR), ("reporters", abi.PTR),
+    ("control", abi.PTR), ("abort", abi.PTR), ("timeout_ns", abi.U64), ("report_after_ns", abi.U64),
+    ("slice_ns", abi.U64), ("ninputs", abi.U32), ("noutputs", abi.U32),
     ("nchannels", abi.U32), ("nids", abi.U32), ("rank", abi.U32), ("nranks", abi.U32), ("vcs", abi.U32),
     ("nreporters", abi.U32)])
 # the agent's dynamic shared memory per input, per output and per rank (router_impl.cuh: InS, OutS, Entry)

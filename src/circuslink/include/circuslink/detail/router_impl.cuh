@@ -1,6 +1,8 @@
 // circuslink/detail/router_impl.cuh - the forwarding agent (docs/routing.md, "Forwarding").
 //
-// One persistent block per rank. Warp 0 is the router: pass after pass its lanes poll the head of every
+// One block per rank, relaunched back to back in slices (the state it keeps between launches is in device
+// memory: InputState, OutputState, ChannelState), so that it behaves as a persistent kernel while a
+// device-wide synchronization elsewhere in the process still returns. Warp 0 is the router: pass after pass its lanes poll the head of every
 // input ring (lane i: inputs i, i + 32, ...; one 16-byte load each, local memory), and for each ready input it
 // moves up to kBurst packets, never waiting on an output: a head whose next buffer is full, or whose channel's
 // receiver has not freed room (end-to-end credits), is left for the next pass, so one blocked head never holds
@@ -503,11 +505,12 @@ __device__ void run(const Agent& a, unsigned char* smem) {
     }
     return;
   }
-  for (u32 i = lane; i < a.ninputs; i += 32) {
+  for (u32 i = lane; i < a.ninputs; i += 32) {  // the state the previous slice left
     const Input& in = a.inputs[i];
-    c.in[i] = InS{in.ring, 0ull, 0ull, in.nslots - 1u, in.slot_bytes, 0u, 0u};
+    const InputState& p = a.input_state[i];
+    c.in[i] = InS{in.ring, p.seq, p.since, in.nslots - 1u, in.slot_bytes, p.blocked, p.published};
   }
-  for (u32 o = lane; o < a.noutputs; o += 32) c.out[o] = OutS{0ull, 0ull};
+  for (u32 o = lane; o < a.noutputs; o += 32) c.out[o] = OutS{a.output_state[o].seq, a.output_state[o].cache};
   for (u32 r = lane; r < a.nranks; r += 32) c.entries[r] = a.entries[r];
   if (lane == 0) {
     job.n = 0;
@@ -515,6 +518,7 @@ __device__ void run(const Agent& a, unsigned char* smem) {
     st_relaxed(a.control + kCtlState, 1u);
   }
   __syncwarp();
+  const u64 slice_end = globaltimer_ns() + a.slice_ns;
   u32 pass = 0;
   bool stop = false;
   while (!stop) {
@@ -555,7 +559,7 @@ __device__ void run(const Agent& a, unsigned char* smem) {
     if (pass % kControlEvery == 0) {
       u32 quit = 0;
       if (lane == 0) {
-        if (ld_relaxed(a.control + kCtlStop) != 0u) quit = 1;
+        if (ld_relaxed(a.control + kCtlStop) != 0u || globaltimer_ns() > slice_end) quit = 1;
         if (a.abort != nullptr && *a.abort != 0u) {
           fail(a, kErrAborted, 0xFFFFFFFFu, 0, 0);
           quit = 1;
@@ -567,6 +571,11 @@ __device__ void run(const Agent& a, unsigned char* smem) {
   if (lane == 0) job.stop = 1;
   __syncwarp();
   named_barrier(1, blockDim.x);  // release the copying warps
+  for (u32 i = lane; i < a.ninputs; i += 32) {  // for the next slice
+    const InS& s = c.in[i];
+    a.input_state[i] = InputState{s.seq, s.since, s.blocked, s.published};
+  }
+  for (u32 o = lane; o < a.noutputs; o += 32) a.output_state[o] = OutputState{c.out[o].seq, c.out[o].cache};
   if (lane == 0) {
     __threadfence_system();
     st_relaxed(a.control + kCtlState, 2u);

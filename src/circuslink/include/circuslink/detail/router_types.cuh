@@ -95,12 +95,28 @@ struct ChannelState {
   unsigned long long gate;        // kRoleFirst: the receiver's consumed count as known here
 };
 
-// What the agent kernel receives, by value (120 bytes).
+// What an agent keeps of each input and output from one launch to the next (device memory, zeroed by the
+// host): the agent runs in slices of slice_ns, launched back to back on its own stream, so that a
+// device-wide synchronization elsewhere in the process (cudaDeviceSynchronize, cudaFree) returns.
+struct InputState {
+  unsigned long long seq;         // next packet to take
+  unsigned long long since;       // %globaltimer when its head last became blocked
+  unsigned int blocked;           // what it waits for (router_impl.cuh: kBlk*), 0: nothing
+  unsigned int published;         // its chain record is published
+};
+struct OutputState {
+  unsigned long long seq;         // next slot to write
+  unsigned long long cache;       // the downstream consumed count last read
+};
+
+// What the agent kernel receives, by value (144 bytes).
 struct Agent {
   const Input* inputs;
   const Output* outputs;          // nports * vcs
   const Channel* channels;
   ChannelState* state;
+  InputState* input_state;        // ninputs
+  OutputState* output_state;      // noutputs
   const route::Entry* entries;    // this rank's row of the routing table (nranks)
   const unsigned short* channel_of_id;  // recv_id -> routed channel index (kNoChannel: none)
   const unsigned int* reporters;  // the channels this rank delivers whose gate is elsewhere (credit reports)
@@ -108,6 +124,7 @@ struct Agent {
   const volatile unsigned int* abort;   // the back-end's abort word (host-mapped)
   unsigned long long timeout_ns;  // a low-latency packet's data may lag its header this long
   unsigned long long report_after_ns;  // a head blocked this long gets its chain published
+  unsigned long long slice_ns;    // one launch runs this long, then stores its state and exits
   unsigned int ninputs;
   unsigned int noutputs;
   unsigned int nchannels;
