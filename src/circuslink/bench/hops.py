@@ -42,7 +42,7 @@ from .stream import MAX_MESSAGES, MIN_BYTES_PER_SAMPLE, cpu_stream, device_strea
 
 CPU_MAX = 256 << 10  # the cpu reference's largest streamed message (its agents are Python threads)
 GPU_CHUNK = 64 << 10  # bulk packets of the streaming channels on a GPU
-GPU_STREAM_SLOTS = 16  # their rings: 1 MiB, the end-to-end window a 7-hop route needs to stay busy
+GPU_STREAM_SLOTS = 32  # their rings: 2 MiB, the end-to-end window a 7-hop route needs to stay busy
 CPU_CHUNK = 4 << 10
 CPU_STREAM_SLOTS = 8
 LATENCY_RING = 8192
