@@ -85,9 +85,6 @@ struct Move {
 __device__ __forceinline__ void named_barrier(u32 id, u32 count) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
-__device__ __forceinline__ void ld_header(const unsigned char* p, u64& u0, u64& u1) {
-  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(u0), "=l"(u1) : "l"(p) : "memory");
-}
 __device__ __forceinline__ u64 shfl64(u64 v) { return __shfl_sync(0xffffffffu, v, 0); }
 __device__ __forceinline__ u32 shfl32(u32 v) { return __shfl_sync(0xffffffffu, v, 0); }
 
@@ -135,17 +132,16 @@ __device__ __forceinline__ bool out_room(const Output& o, OutS& s) {
   return s.seq < s.cache + o.nslots;
 }
 
-// Lane 0: what to do with input i's head. Fills mv and advances the states it claims (the output slot,
-// the delivery slot, the input's seq). kActStop: nothing to take now (not arrived, or blocked).
-__device__ u32 decide(const Agent& a, Ctx& c, u32 i, Move& mv) {
+// Lane 0: what to do with input i's head, whose units 0 and 1 (the header) the warp loaded. Fills mv and
+// advances the states it claims (the output slot, the delivery slot, the input's seq). kActStop: nothing to
+// take now (not arrived, or blocked).
+__device__ u32 decide(const Agent& a, Ctx& c, u32 i, Move& mv, u64 u0, u64 u1) {
   using namespace circuslink::detail;
   InS& s = c.in[i];
   const Input& in = a.inputs[i];
   const u64 q = s.seq;
   unsigned char* slot = s.ring + ((u32)q & s.mask) * s.slot_bytes;
   const u32 flag = flag_of(q);
-  u64 u0, u1;
-  ld_header(slot, u0, u1);
   if ((u32)(u0 >> 32) != flag || (u32)(u1 >> 32) != flag) return kActStop;
   const u32 route = (u32)u0, word = (u32)u1;
   const bool bulk = (word & kKindBulk) != 0, ctrl = (word & kCtrl) != 0;
@@ -247,7 +243,7 @@ __device__ u32 decide(const Agent& a, Ctx& c, u32 i, Move& mv) {
   return bulk ? kActBulk : kActLL;
 }
 
-// Every thread of the block: copy the job's bulk payloads (16-byte vectors, zero padding included, four
+// Every thread of the block: copy the job's bulk payloads (16-byte vectors, zero padding included, eight
 // loads in flight) and, on a rewrite lap, the low-latency units of their slots.
 __device__ void copy_job(const Job& job) {
   using namespace circuslink::detail;
@@ -257,13 +253,19 @@ __device__ void copy_job(const Job& job) {
     unsigned char* dst = job.dst[k] + kLLAreaBytes;
     const u32 nvec = (job.nb[k] + 15u) / 16u;
     u32 v = t;
+    for (; v + 7 * T < nvec; v += 8 * T) {  // one SM copies: eight loads in flight per thread keep it busy
+      U4 w[8];
+#pragma unroll
+      for (u32 j = 0; j < 8; ++j) w[j] = ld_cg_v4(src + 16ull * (v + j * T));
+#pragma unroll
+      for (u32 j = 0; j < 8; ++j) st_v4(dst + 16ull * (v + j * T), w[j]);
+    }
     for (; v + 3 * T < nvec; v += 4 * T) {
-      const U4 w0 = ld_cg_v4(src + 16ull * v), w1 = ld_cg_v4(src + 16ull * (v + T));
-      const U4 w2 = ld_cg_v4(src + 16ull * (v + 2 * T)), w3 = ld_cg_v4(src + 16ull * (v + 3 * T));
-      st_v4(dst + 16ull * v, w0);
-      st_v4(dst + 16ull * (v + T), w1);
-      st_v4(dst + 16ull * (v + 2 * T), w2);
-      st_v4(dst + 16ull * (v + 3 * T), w3);
+      U4 w[4];
+#pragma unroll
+      for (u32 j = 0; j < 4; ++j) w[j] = ld_cg_v4(src + 16ull * (v + j * T));
+#pragma unroll
+      for (u32 j = 0; j < 4; ++j) st_v4(dst + 16ull * (v + j * T), w[j]);
     }
     for (; v < nvec; v += T) st_v4(dst + 16ull * v, ld_cg_v4(src + 16ull * v));
     if (job.rewrite[k])
@@ -288,17 +290,15 @@ __device__ void flush(Ctx& c) {
   __syncwarp();
 }
 
-// Warp 0: re-flag one low-latency packet into its output slot (lane u: unit u), waiting (bounded) for data
-// units that lag their header.
-__device__ bool ll_move(const Agent& a, u32 i, u64 q, const Move& mv) {
+// Warp 0: re-flag one low-latency packet into its output slot (lane u: unit u, already loaded as `v` with
+// the header), waiting (bounded) for data units that lag their header.
+__device__ bool ll_move(const Agent& a, u32 i, u64 q, const Move& mv, u64 v) {
   using namespace circuslink::detail;
   const u32 lane = lane_id();
   const u32 want = flag_of(q);
   const bool mine = lane >= 2 && (lane - 2) * 4 < mv.nb;
-  u64 v = 0;
   bool ok = true;
   if (mine) {
-    v = ld_unit(mv.src + lane * kUnitBytes);
     if ((u32)(v >> 32) != want) {
       Deadline d = Deadline::after(a.timeout_ns, a.abort);
       while (true) {
@@ -385,10 +385,16 @@ __device__ u32 serve(const Agent& a, Ctx& c, u32 i) {
   while (done < kBurst) {
     Move mv{};
     u32 act = kActStop;
-    u64 q = 0;
+    // One load round for the head slot's 32 units: the header for lane 0's decision and, for a low-latency
+    // packet, every lane's unit to re-flag (the poll saw unit 1 arrive, so the rest is on its way or there).
+    __syncwarp();
+    const InS& s = c.in[i];
+    const u64 q = shfl64(lane == 0 ? s.seq : 0ull);  // lane 0 owns the state; the others take its view
+    const u64 unit = circuslink::detail::ld_unit(s.ring + ((u32)q & s.mask) * s.slot_bytes +
+                                                 lane * circuslink::detail::kUnitBytes);
+    const u64 u0 = __shfl_sync(0xffffffffu, unit, 0), u1 = __shfl_sync(0xffffffffu, unit, 1);
     if (lane == 0) {
-      q = c.in[i].seq;
-      act = decide(a, c, i, mv);
+      act = decide(a, c, i, mv, u0, u1);
       if (act == kActBulk) {  // queue it: the block copies a batch, one fence publishes them all
         Job& job = *c.job;
         const u32 k = job.n;
@@ -419,8 +425,7 @@ __device__ u32 serve(const Agent& a, Ctx& c, u32 i) {
       mv.word = shfl32(mv.word);
       mv.flag = shfl32(mv.flag);
       mv.rewrite = shfl32(mv.rewrite);
-      q = shfl64(q);
-      if (!ll_move(a, i, q, mv)) {
+      if (!ll_move(a, i, q, mv, unit)) {
         error = true;
         break;
       }
