@@ -1,15 +1,15 @@
 // circuslink/detail/router_impl.cuh - the forwarding agent (docs/routing.md, "Forwarding").
 //
-// One block per rank, relaunched back to back in slices (the state it keeps between launches is in device
-// memory: InputState, OutputState, ChannelState), so that it behaves as a persistent kernel while a
-// device-wide synchronization elsewhere in the process still returns. Warp 0 is the router: pass after pass its lanes poll the head of every
-// input ring (lane i: inputs i, i + 32, ...; one 16-byte load each, local memory), and for each ready input it
-// moves up to kBurst packets, never waiting on an output: a head whose next buffer is full, or whose channel's
-// receiver has not freed room (end-to-end credits), is left for the next pass, so one blocked head never holds
-// up another input. Low-latency packets are re-flagged unit by unit by warp 0 (one store per lane); bulk
-// packets are copied by the whole block (the other warps wait at a named barrier for a job), then warp 0
-// publishes their headers after one release fence. The cpu reference is channels/_router_cpu.py: the same
-// decisions in the same order.
+// One block per rank, relaunched back to back in slices (what it keeps between launches is in device memory:
+// InputState, OutputState, ChannelState), so that it behaves as a persistent kernel while a device-wide
+// synchronization elsewhere in the process still returns. Warp 0 is the router: pass after pass its lanes
+// poll the head of every input ring (lane i: inputs i, i + 32, ...; one 8-byte load of the header's unit 1
+// each, local memory), and for each ready input it moves up to kBurst packets, never waiting on an output: a
+// head whose next buffer is full, or whose channel's receiver has not freed room (end-to-end credits), is
+// left for the next pass, so one blocked head never holds up another input. Low-latency packets are
+// re-flagged unit by unit by warp 0 (one store per lane); bulk packets are copied by the whole block (the
+// other warps wait at a named barrier for a job), then warp 0 publishes their headers after one release
+// fence. The cpu reference is channels/_router_cpu.py: the same decisions in the same order.
 //
 // Waits: the agent itself never waits for a peer except for a low-latency packet's data units that lag their
 // header (bounded by timeout_ns); the host stops it through a host-mapped word, and the back-end's abort word
