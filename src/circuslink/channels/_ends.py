@@ -277,5 +277,7 @@ class _Explained:
             return False
         extra = self.channels._diagnose(self.end)
         if extra:
-            raise ChannelError(f"{exc}; {extra}") from None
+            # on a routed channel credits come from the route's first agent, not straight from the reader
+            text = str(exc).replace(": its reader stopped consuming", "")
+            raise ChannelError(f"{text}; {extra}") from None
         return False
