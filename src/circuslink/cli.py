@@ -37,6 +37,7 @@ BENCHMARKS = [
     ("qcd", "circuslink.bench.qcd", "lattice QCD CG per iteration by halo engine and grid; dslash bandwidth"),
     ("transpose", "circuslink.bench.transpose", "transposing put against contiguous put and local transpose + put"),
     ("fft", "circuslink.bench.fft", "distributed 2-D FFT: transposing puts against local transpose + put and fft2"),
+    ("hops", "circuslink.bench.hops", "latency and throughput by hop count over a topology (routed channels)"),
 ]
 
 

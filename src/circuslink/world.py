@@ -145,24 +145,38 @@ class World:
         return self._boot.broadcast_object(obj, root, timeout)
 
     # -- memory -------------------------------------------------------------------------------
-    def alloc(self, nbytes: int, timeout: float | None = None):
+    def alloc(self, nbytes: int, timeout: float | None = None, peers: Any = None):
         """Collective: a :class:`~circuslink.memory.SymmetricBuffer` of ``nbytes`` on every rank.
 
         Each rank gets its own zeroed buffer plus mapped views of every peer's, as arrays
-        and as raw pointers for kernels. Close it with ``buf.close()`` (collective) or let
-        :meth:`close` do it.
+        and as raw pointers for kernels. ``peers`` (an iterable of ranks; None: every rank)
+        limits what this rank maps to those ranks' buffers (a direct network: a rank maps its
+        neighbours only); each rank passes its own list, and ``buf.peer(r)`` of another rank
+        raises. Close it with ``buf.close()`` (collective) or let :meth:`close` do it.
         """
         self._check_open()
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
             raise ConfigError(f"alloc: nbytes must be a positive integer, got {nbytes!r}")
+        wanted = None if peers is None else self._peer_set(peers)
         sizes = self.allgather_object(nbytes, timeout)
         if len(set(sizes)) != 1:
             detail = ", ".join(f"rank {r}: {n}" for r, n in enumerate(sizes))
             raise ConfigError(f"alloc is collective and needs the same nbytes on every rank ({detail})")
-        buf = self.backend.alloc(nbytes, timeout)
+        buf = self.backend.alloc(nbytes, timeout, wanted)
         buf.world = self
         self._own(buf)
         return buf
+
+    def _peer_set(self, peers: Any) -> frozenset[int]:
+        """``peers`` checked: ranks of this world (this rank may be named; it is always mapped)."""
+        try:
+            ranks = list(peers)
+        except TypeError:
+            raise ConfigError(f"alloc: peers must be an iterable of ranks or None, got {peers!r}") from None
+        for r in ranks:
+            if isinstance(r, bool) or not isinstance(r, int) or not 0 <= int(r) < self.size:
+                raise ConfigError(f"alloc: peers holds {r!r}, which is not a rank of this world (0..{self.size - 1})")
+        return frozenset(int(r) for r in ranks) | {self.rank}
 
     # -- teardown -----------------------------------------------------------------------------
     def _check_open(self) -> None:

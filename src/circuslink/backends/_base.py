@@ -34,8 +34,9 @@ class Backend(ABC):
 
     # -- memory ------------------------------------------------------------------------------
     @abstractmethod
-    def alloc(self, nbytes: int, timeout: float | None) -> Any:
-        """Collective: a SymmetricBuffer of ``nbytes`` on every rank (zeroed), each mapped by all."""
+    def alloc(self, nbytes: int, timeout: float | None, peers: frozenset[int] | None = None) -> Any:
+        """Collective: a SymmetricBuffer of ``nbytes`` on every rank (zeroed), each mapped by all, or by this
+        rank only where ``peers`` (this rank's own set, itself included) names it."""
 
     # -- ordering and waiting ---------------------------------------------------------------------
     def after_caller(self) -> None:

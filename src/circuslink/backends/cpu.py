@@ -36,7 +36,7 @@ class CpuBackend(Backend):
     def _name(self, alloc_id: int, rank: int) -> str:
         return os.path.join(SHM_DIR, f"circuslink-{self.boot.job_id}-{alloc_id}-{rank}")
 
-    def alloc(self, nbytes: int, timeout: float | None) -> SymmetricBuffer:
+    def alloc(self, nbytes: int, timeout: float | None, peers: frozenset[int] | None = None) -> SymmetricBuffer:
         world = self.boot
         self._alloc_count += 1
         alloc_id = self._alloc_count
@@ -54,7 +54,7 @@ class CpuBackend(Backend):
         try:
             world.barrier(timeout)  # every file exists
             for r in range(world.size):
-                if r == world.rank:
+                if r == world.rank or (peers is not None and r not in peers):
                     continue
                 pfd = os.open(self._name(alloc_id, r), os.O_RDWR)
                 try:
@@ -65,7 +65,7 @@ class CpuBackend(Backend):
         finally:
             _unlink(mine)
         arrays = {r: np.frombuffer(m, dtype=np.uint8) for r, m in maps.items()}
-        ptrs = [int(arrays[r].ctypes.data) for r in range(world.size)]
+        ptrs = [int(arrays[r].ctypes.data) if r in arrays else 0 for r in range(world.size)]
 
         def make_array(rank: int):
             return arrays[rank]
@@ -83,7 +83,8 @@ class CpuBackend(Backend):
             world.barrier(timeout)  # nobody is still writing into my buffer
             release_local()
 
-        return SymmetricBuffer(world.rank, nbytes, ptrs, make_array, release_local, release_all, self.name)
+        return SymmetricBuffer(world.rank, nbytes, ptrs, make_array, release_local, release_all, self.name,
+                               mapped=peers)
 
     def _create(self, path: str, nbytes: int, maps: dict) -> str | None:
         """Create and map my file; on failure remove it and say why (None when all went well)."""

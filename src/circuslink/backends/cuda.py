@@ -141,10 +141,11 @@ class CudaBackend(Backend):
                     "no peer-to-peer path (NVLink or PCIe P2P) between them"
                 )
 
-    def alloc(self, nbytes: int, timeout: float | None) -> SymmetricBuffer:
+    def alloc(self, nbytes: int, timeout: float | None, peers: frozenset[int] | None = None) -> SymmetricBuffer:
         cp = self.xp
         rt = cp.cuda.runtime
         world = self.boot
+        mapping = peers  # `peers` below is every rank's (device, handle, failure)
         base, handle, failure = 0, b"", None
         with cp.cuda.Device(self.device):
             try:
@@ -167,11 +168,15 @@ class CudaBackend(Backend):
                     rt.free(base)
             raise BackendError(f"alloc of {nbytes} bytes failed: {'; '.join(failures)}")
         try:
-            self._check_peer_access([d for d, _, _ in peers])
+            # with `mapping` (a direct network) this rank opens only its neighbours' handles
+            self._check_peer_access([d if mapping is None or r in mapping else self.device
+                                     for r, (d, _, _) in enumerate(peers)])
             with cp.cuda.Device(self.device):
                 for r, (_, h, _) in enumerate(peers):
                     if r == world.rank:
                         ptrs.append(base)
+                    elif mapping is not None and r not in mapping:
+                        ptrs.append(0)
                     else:
                         p = rt.ipcOpenMemHandle(h, _IPC_LAZY_ENABLE_PEER_ACCESS)
                         opened.append(p)
@@ -205,7 +210,8 @@ class CudaBackend(Backend):
             world.barrier(timeout)  # no peer has my buffer mapped any more
             release_local()
 
-        buf = SymmetricBuffer(world.rank, nbytes, ptrs, make_array, release_local, release_all, self.name)
+        buf = SymmetricBuffer(world.rank, nbytes, ptrs, make_array, release_local, release_all, self.name,
+                              mapped=mapping)
         return buf
 
     def _close_handles(self, opened: list[int]) -> None:

@@ -228,55 +228,15 @@ class ChannelPair:
         return int(self.world.broadcast_object(trips if self.world.rank == 0 else None))
 
     def _sample(self, config, form, tx, rx, nbytes, trips, warmup) -> tuple[float, bool, dict]:
+        role = self.world.rank
         if not self.gpu:
-            return self._sample_cpu(tx, rx, nbytes, trips)
-        import cupy as cp
-
-        world, role = self.world, self.world.rank
-        stream = world.backend.stream
-        with stream:
-            status = cp.ones(1, dtype=cp.int32)
-            times = cp.zeros(2, dtype=cp.uint64)
-            src = cp.random.randint(0, 256, nbytes, dtype=cp.uint8) if role == 0 else cp.zeros(1, cp.uint8)
-            dst = cp.zeros(nbytes, dtype=cp.uint8) if role == 0 else cp.zeros(1, cp.uint8)
-        # No barrier: the ranks' launches are skewed anyway, and the warm-up round trips absorb it.
-        th, rh = tx.device_handle(), rx.device_handle()
-        args = (th, rh, src, dst, np.uint64(nbytes), np.int32(role), np.int32(warmup), np.int32(trips))
-        if form in ("warp", "warp2"):
-            threads = 64 if form == "warp2" else 32
-            with stream:
-                self.kernel("pingpong_" + form)((1,), (threads,), args + (times, status))
-            extra = {"warps": threads // 32, "blocks": 1}
-        else:
-            blocks = self.grid_blocks(config, nbytes)
-            with stream:
-                bar = cp.zeros(2, dtype=cp.uint32)
-                self.kernel("pingpong_grid")((blocks,), (GRID_THREADS,), args + (
-                    bar, np.uint64(self.channels.device_timeout_ns), times, status))
-            extra = {"warps": blocks * GRID_THREADS // 32, "blocks": blocks}
-        self.channels.wait_kernel(stream, lambda: f"pingpong {config} {drv.format_bytes(nbytes)} on rank {role}")
-        if int(status.get()[0]) != 1:
-            raise ChannelError(f"pingpong {config} {drv.format_bytes(nbytes)}: a channel call failed on rank {role}")
-        if role != 0:
-            return 0.0, True, extra
-        t0, t1 = (int(v) for v in times.get())
-        return (t1 - t0) * 1e-9, bool(cp.array_equal(src, dst).get()), extra
-
-    def _sample_cpu(self, tx: Any, rx: Any, nbytes: int, trips: int) -> tuple[float, bool, dict]:
-        """The cpu reference through the host API: rank 1 echoes what it reads."""
-        if self.world.rank == 1:
-            for _ in range(trips):
-                tx.write(rx.read(nbytes))
-            return 0.0, True, {"warps": 0, "blocks": 0}
-        msg = np.random.default_rng().integers(0, 256, nbytes, dtype=np.uint8)
-        t0 = time.perf_counter()
-        back = None
-        for _ in range(trips):
-            writer = threading.Thread(target=tx.write, args=(msg,))  # a ring smaller than the message must not deadlock
-            writer.start()
-            back = rx.read(nbytes)
-            writer.join()
-        return time.perf_counter() - t0, bool(np.array_equal(back, msg)), {"warps": 0, "blocks": 0}
+            t, ok = cpu_round_trips(tx, rx, nbytes, trips, echo=role == 1)
+            return t, ok, {"warps": 0, "blocks": 0}
+        blocks = self.grid_blocks(config, nbytes) if form == "grid" else 1
+        t, ok = device_round_trips(self.world, self._module, form, tx, rx, nbytes, role, warmup, trips, blocks,
+                                   f"pingpong {config} {drv.format_bytes(nbytes)}")
+        warps = blocks * GRID_THREADS // 32 if form == "grid" else (2 if form == "warp2" else 1)
+        return t, ok, {"warps": warps, "blocks": blocks}
 
     def resources(self) -> dict:
         """What the channel machinery takes, per kernel of this benchmark (see also bench resources)."""
@@ -297,6 +257,59 @@ class ChannelPair:
 
     def close(self) -> None:
         self.channels.close()
+
+
+def device_round_trips(world: Any, module: Any, form: str, tx: Any, rx: Any, nbytes: int, role: int, warmup: int,
+                       trips: int, blocks: int = 1, label: str = "pingpong") -> tuple[float, bool]:
+    """One sample of the pingpong kernels (``pingpong_warp``, ``pingpong_warp2`` or ``pingpong_grid`` of
+    ``kernels/pingpong_channels.cu``, by ``form``) between this rank and its partner: role 0 writes ``nbytes``
+    and reads them back ``warmup + trips`` times, role 1 passes them straight back. Returns (seconds of the
+    timed round trips on role 0, whether the bytes came back equal); also used by ``bench hops``."""
+    import cupy as cp
+
+    stream = world.backend.stream
+    with stream:
+        status = cp.ones(1, dtype=cp.int32)
+        times = cp.zeros(2, dtype=cp.uint64)
+        src = cp.random.randint(0, 256, nbytes, dtype=cp.uint8) if role == 0 else cp.zeros(1, cp.uint8)
+        dst = cp.zeros(nbytes, dtype=cp.uint8) if role == 0 else cp.zeros(1, cp.uint8)
+    # No barrier: the ranks' launches are skewed anyway, and the warm-up round trips absorb it.
+    th, rh = tx.device_handle(), rx.device_handle()
+    args = (th, rh, src, dst, np.uint64(nbytes), np.int32(role), np.int32(warmup), np.int32(trips))
+    if form in ("warp", "warp2"):
+        with stream:
+            module.get_function("pingpong_" + form)((1,), (64 if form == "warp2" else 32,), args + (times, status))
+    else:
+        with stream:
+            bar = cp.zeros(2, dtype=cp.uint32)
+            module.get_function("pingpong_grid")((blocks,), (GRID_THREADS,), args + (
+                bar, np.uint64(tx.channels.device_timeout_ns), times, status))
+    tx.channels.wait_kernel(stream, lambda: f"{label} on rank {world.rank}")
+    rx.check()
+    if int(status.get()[0]) != 1:
+        raise ChannelError(f"{label}: a channel call failed on rank {world.rank}")
+    if role != 0:
+        return 0.0, True
+    t0, t1 = (int(v) for v in times.get())
+    return (t1 - t0) * 1e-9, bool(cp.array_equal(src, dst).get())
+
+
+def cpu_round_trips(tx: Any, rx: Any, nbytes: int, trips: int, echo: bool) -> tuple[float, bool]:
+    """The cpu reference of a sample through the host API: the echo passes back what it reads; the other side
+    writes (from a thread: a ring smaller than the message must not deadlock) and reads back."""
+    if echo:
+        for _ in range(trips):
+            tx.write(rx.read(nbytes))
+        return 0.0, True
+    msg = np.random.default_rng().integers(0, 256, nbytes, dtype=np.uint8)
+    t0 = time.perf_counter()
+    back = None
+    for _ in range(trips):
+        writer = threading.Thread(target=tx.write, args=(msg,))
+        writer.start()
+        back = rx.read(nbytes)
+        writer.join()
+    return time.perf_counter() - t0, bool(np.array_equal(back, msg))
 
 
 def switch_point(rows: list[dict]) -> int | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 
@@ -104,21 +105,45 @@ def _measure(pair: ChannelPair, config: str, form: str, nbytes: int, samples: in
 def _sample(pair: ChannelPair, config: str, form: str, nbytes: int, messages: int, seed: int) -> tuple[float, bool]:
     world, role = pair.world, pair.world.rank
     tx, rx = pair.ends(config)
-    ack_tx = pair.channels["ack"] if role == 1 else None
-    ack_rx = pair.channels["ack_in"] if role == 0 else None
+    label = f"stream {config} {drv.format_bytes(nbytes)}"
     if not world.backend.runs_kernels:
-        pattern = np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
         if role == 0:
-            t0 = time.perf_counter()
-            for _ in range(messages):
-                tx.write(pattern)
-            ack_rx.read(4)
-            return time.perf_counter() - t0, True
-        got = None
+            return cpu_stream(tx, pair.channels["ack_in"], nbytes, messages, seed, sender=True)
+        return cpu_stream(rx, pair.channels["ack"], nbytes, messages, seed, sender=False)
+    # rank 0 sends on ping, rank 1 reads it; the acknowledgement comes back on its own small channel
+    send = tx if role == 0 else pair.channels[f"pong_{config}"]
+    recv = rx if role == 1 else pair.channels[f"pong_{config}_in"]
+    ack_s = pair.channels["ack"] if role == 1 else pair.channels["ack_in"]  # unused on rank 0 (a placeholder)
+    ack_r = pair.channels["ack_in"] if role == 0 else pair.channels["ack"]
+    blocks = pair.grid_blocks(config, nbytes) if form == "grid" else 1
+    return device_stream(world, pair._module, form, send, recv, ack_s, ack_r, nbytes, role, messages, seed, blocks,
+                         label)
+
+
+def cpu_stream(end: Any, ack: Any, nbytes: int, messages: int, seed: int, sender: bool) -> tuple[float, bool]:
+    """The cpu reference of one sample through the host API: the sender writes ``messages`` copies of a seeded
+    pattern and waits for the 4-byte acknowledgement; the receiver reads them (checking the last) and
+    acknowledges. Returns (seconds on the sender, bytes right on the receiver); also used by ``bench hops``."""
+    pattern = np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
+    if sender:
+        t0 = time.perf_counter()
         for _ in range(messages):
-            got = rx.read(nbytes)
-        ack_tx.write(np.zeros(4, np.uint8))
-        return 0.0, bool(np.array_equal(got, pattern))
+            end.write(pattern)
+        ack.read(4)
+        return time.perf_counter() - t0, True
+    got = None
+    for _ in range(messages):
+        got = end.read(nbytes)
+    ack.write(np.zeros(4, np.uint8))
+    return 0.0, bool(np.array_equal(got, pattern))
+
+
+def device_stream(world: Any, module: Any, form: str, send: Any, recv: Any, ack_s: Any, ack_r: Any, nbytes: int,
+                  role: int, messages: int, seed: int, blocks: int = 1, label: str = "stream") -> tuple[float, bool]:
+    """One sample of ``stream_warp`` / ``stream_grid`` (``kernels/pingpong_channels.cu``): role 0 writes
+    ``messages`` messages of a seeded pattern on ``send`` and waits for the acknowledgement on ``ack_r``; role 1
+    reads them on ``recv`` and acknowledges on ``ack_s`` (the ends a role does not use are placeholders of the
+    right kind). Returns (seconds on role 0, bytes right on role 1); also used by ``bench hops``."""
     import cupy as cp
 
     stream = world.backend.stream
@@ -128,23 +153,18 @@ def _sample(pair: ChannelPair, config: str, form: str, nbytes: int, messages: in
         times = cp.zeros(2, dtype=cp.uint64)
         status = cp.ones(1, dtype=cp.int32)
         bar = cp.zeros(2, dtype=cp.uint32)
-    # rank 0 sends on ping, rank 1 reads it; the acknowledgement comes back on its own small channel
-    send = tx if role == 0 else pair.channels[f"pong_{config}"]
-    recv = rx if role == 1 else pair.channels[f"pong_{config}_in"]
-    ack_s = ack_tx if role == 1 else pair.channels["ack_in"]  # unused on rank 0 (a placeholder handle)
-    ack_r = ack_rx if role == 0 else pair.channels["ack"]
     args = (send.device_handle(), recv.device_handle(), ack_s.device_handle(), ack_r.device_handle(), pattern, dst,
             np.uint64(nbytes), np.int32(role), np.int32(messages))
     with stream:
         if form == "warp":
-            pair.kernel("stream_warp")((1,), (32,), args + (times, status))
+            module.get_function("stream_warp")((1,), (32,), args + (times, status))
         else:
-            blocks = pair.grid_blocks(config, nbytes)
-            pair.kernel("stream_grid")((blocks,), (GRID_THREADS,), args + (
-                bar, np.uint64(pair.channels.device_timeout_ns), times, status))
-    pair.channels.wait_kernel(stream, lambda: f"stream {config} {drv.format_bytes(nbytes)} on rank {role}")
+            module.get_function("stream_grid")((blocks,), (GRID_THREADS,), args + (
+                bar, np.uint64(send.channels.device_timeout_ns), times, status))
+    send.channels.wait_kernel(stream, lambda: f"{label} on rank {role}")
+    recv.check()
     if int(status.get()[0]) != 1:
-        raise ChannelError(f"stream {config} {drv.format_bytes(nbytes)}: a channel call failed on rank {role}")
+        raise ChannelError(f"{label}: a channel call failed on rank {role}")
     if role == 1:
         return 0.0, bool(cp.array_equal(dst, pattern).get())
     t0, t1 = (int(v) for v in times.get())

@@ -18,6 +18,7 @@ import numpy as np
 from .._wait import Deadline, wait_until
 from ..errors import ChannelError, TimeoutError
 from . import protocol as P
+from ._routed import placement
 
 
 class _End:
@@ -202,14 +203,14 @@ class CpuEnd:
         return None
 
 
-def make_end(channels: Any, link: Any, geo: P.RingGeometry, lay: P.ChannelLayout, kind: str,
-             describe: str) -> CpuEnd:
+def make_end(channels: Any, link: Any, geo: P.RingGeometry, lay: Any, kind: str, describe: str) -> CpuEnd:
     buf = channels._buf
-    src, dst = buf.peer(link.src_rank), buf.peer(link.dst_rank)
+    where = placement(link, lay, kind, channels._plan.routed_of(link))
     me = buf.local
-    ring = dst[lay.ring:lay.ring + geo.ring_bytes]
-    credit = src[lay.ctrl + P.CTRL_CREDIT:lay.ctrl + P.CTRL_CREDIT + 8].view("<u8")
-    slot_credits = src[lay.slot_credits:lay.slot_credits + 4 * geo.nslots].view("<u4")
+    ring = buf.peer(where.ring[0])[where.ring[1]:where.ring[1] + geo.ring_bytes]
+    credit = buf.peer(where.credit[0])[where.credit[1]:where.credit[1] + 8].view("<u8")
+    slots = where.slot_credits
+    slot_credits = buf.peer(slots[0])[slots[1]:slots[1] + 4 * geo.nslots].view("<u4")
     err_off = lay.ctrl + (P.CTRL_SEND_ERROR if kind == "send" else P.CTRL_RECV_ERROR)
     error = me[err_off:err_off + 16].view("<u4")
     args = (link.name if kind == "send" else link.receiver_name, describe,
@@ -217,3 +218,10 @@ def make_end(channels: Any, link: Any, geo: P.RingGeometry, lay: P.ChannelLayout
             channels.host_timeout, P.route_of(link.recv_id, link.dst_rank))
     impl = CpuSender(*args) if kind == "send" else CpuReceiver(*args)
     return CpuEnd(impl, link.element.numpy_dtype)
+
+
+def make_router(channels: Any) -> Any:
+    """The forwarding agent of this rank (a thread) for the routed channels of ``channels``."""
+    from ._router_cpu import CpuRouter
+
+    return CpuRouter(channels)

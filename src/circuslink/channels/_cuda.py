@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import ChannelError
 from . import protocol as P
+from ._routed import placement
 
 _HOST_THREADS = 256
 _KERNELS = Path(__file__).with_name("host_kernels.cu")
@@ -28,13 +29,16 @@ def _kernels(device: int):
     return module.get_function("circuslink_channel_write"), module.get_function("circuslink_channel_read")
 
 
-def make_handle(channels: Any, link: Any, geo: P.RingGeometry, lay: P.ChannelLayout, kind: str) -> np.void:
-    """The ``circuslink::detail::ChannelHandle`` of one end (a numpy scalar, passed to kernels by value)."""
+def make_handle(channels: Any, link: Any, geo: P.RingGeometry, lay: Any, kind: str) -> np.void:
+    """The ``circuslink::detail::ChannelHandle`` of one end (a numpy scalar, passed to kernels by value). A
+    routed channel's ends look like any other: the sender's ring is the injection ring at the route's first
+    rank, the receiver's credits go onto the board at its last (docs/routing.md)."""
     buf, me = channels._buf, channels._world.rank
+    where = placement(link, lay, kind, channels._plan.routed_of(link))
     return P.HANDLE.pack(
-        ring=buf.ptr(link.dst_rank) + lay.ring,
-        credit=buf.ptr(link.src_rank) + lay.ctrl + P.CTRL_CREDIT,
-        slot_credit=buf.ptr(link.src_rank) + lay.slot_credits,
+        ring=buf.ptr(where.ring[0]) + where.ring[1],
+        credit=buf.ptr(where.credit[0]) + where.credit[1],
+        slot_credit=buf.ptr(where.slot_credits[0]) + where.slot_credits[1],
         state=buf.ptr(me) + lay.ctrl + (P.CTRL_SEND_STATE if kind == "send" else P.CTRL_RECV_STATE),
         error=buf.ptr(me) + lay.ctrl + (P.CTRL_SEND_ERROR if kind == "send" else P.CTRL_RECV_ERROR),
         abort=channels._world.backend.abort_ptr,
@@ -45,7 +49,7 @@ def make_handle(channels: Any, link: Any, geo: P.RingGeometry, lay: P.ChannelLay
 
 
 class CudaEnd:
-    def __init__(self, channels: Any, link: Any, geo: P.RingGeometry, lay: P.ChannelLayout, kind: str,
+    def __init__(self, channels: Any, link: Any, geo: P.RingGeometry, lay: Any, kind: str,
                  describe: str) -> None:
         self.channels = channels
         self.link = link
@@ -117,6 +121,12 @@ class CudaEnd:
         return None
 
 
-def make_end(channels: Any, link: Any, geo: P.RingGeometry, lay: P.ChannelLayout, kind: str,
-             describe: str) -> CudaEnd:
+def make_end(channels: Any, link: Any, geo: P.RingGeometry, lay: Any, kind: str, describe: str) -> CudaEnd:
     return CudaEnd(channels, link, geo, lay, kind, describe)
+
+
+def make_router(channels: Any) -> Any:
+    """The forwarding agent of this rank (a persistent one-block kernel) for the routed channels of ``channels``."""
+    from ._router_cuda import CudaRouter
+
+    return CudaRouter(channels)

@@ -8,14 +8,16 @@ import numpy as np
 
 from .._lifecycle import Resource
 from ..errors import ChannelError
+from . import _routed as R
 from . import protocol as P
 
 
-def describe_end(link: Any, kind: str, rank: int) -> str:
-    """How messages name one end: "channel X (id 7, rank 0, sender to rank 1)"."""
+def describe_end(link: Any, kind: str, rank: int, routed: Any = None) -> str:
+    """How messages name one end: "channel X (id 7, rank 0, sender to rank 1)", and its route when routed."""
+    via = f", routed {R.route_text(routed)}" if routed is not None else ""
     if kind == "send":
-        return f"channel {link.name} (id {link.send_id}, rank {rank}, sender to rank {link.dst_rank})"
-    return f"channel {link.receiver_name} (id {link.recv_id}, rank {rank}, receiver from rank {link.src_rank})"
+        return f"channel {link.name} (id {link.send_id}, rank {rank}, sender to rank {link.dst_rank}{via})"
+    return f"channel {link.receiver_name} (id {link.recv_id}, rank {rank}, receiver from rank {link.src_rank}{via})"
 
 
 class _End:
@@ -26,6 +28,11 @@ class _End:
         self.geometry = geo
         self._layout = lay
         self._impl = impl
+
+    @property
+    def channels(self) -> Channels:
+        """The set of channels this end was opened with (its time-outs, :meth:`Channels.wait_kernel`)."""
+        return self._channels
 
     @property
     def element(self):
@@ -41,8 +48,15 @@ class _End:
         return self._impl.handle
 
     def check(self) -> None:
-        """Raise :class:`ChannelError` if device code recorded an error on this end."""
-        self._impl.check()
+        """Raise :class:`ChannelError` if device code recorded an error on this end (on a routed channel the
+        message also says where its packets wait)."""
+        with self._channels._explained(self):
+            self._impl.check()
+
+    @property
+    def routed(self) -> bool:
+        """Whether this channel is routed (its ends are not neighbours on the channels' topology)."""
+        return self._channels._plan.routed_of(self.link) is not None
 
 
 class Sender(_End):
@@ -57,7 +71,9 @@ class Sender(_End):
 
         Returns when the data is in the receiver's ring; blocks (with a time-out) while the ring is full.
         """
-        self._impl.write(self._as_elements(data))
+        arr = self._as_elements(data)
+        with self._channels._explained(self):
+            self._impl.write(arr)
 
     def flush(self) -> None:
         """Every write publishes all its bytes (docs/protocol.md), so nothing is ever held back; kept for
@@ -93,7 +109,8 @@ class Receiver(_End):
         self._channels._check_open("read")
         if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
             raise ChannelError(f"channel {self.name}: read(n) needs a non-negative integer, got {n!r}")
-        return self._impl.read(int(n))
+        with self._channels._explained(self):
+            return self._impl.read(int(n))
 
 
 class Channels(Resource):
@@ -111,6 +128,7 @@ class Channels(Resource):
         self.host_timeout = host_timeout_s  # host waits: always bounded
         self._ends: dict[str, _End] = {}
         self._where: dict[str, int] = {}
+        self._router = None
         engine = world.engine("circuslink.channels")
         for link, geo, lay in plan.entries:
             self._where[link.name] = link.src_rank
@@ -119,9 +137,14 @@ class Channels(Resource):
                 rank = link.src_rank if kind == "send" else link.dst_rank
                 if rank != world.rank:
                     continue
-                impl = engine.make_end(self, link, geo, lay, kind, describe_end(link, kind, world.rank))
+                describe = describe_end(link, kind, world.rank, plan.routed_of(link))
+                impl = engine.make_end(self, link, geo, lay, kind, describe)
                 end = (Sender if kind == "send" else Receiver)(self, link, geo, lay, impl)
                 self._ends[end.name] = end
+        if plan.router is not None:
+            # The forwarding agent of this rank: it only reads this rank's memory and writes its neighbours',
+            # which every rank has allocated (zeroed) by now.
+            self._router = engine.make_router(self)
         self._register(world)
 
     @property
@@ -147,9 +170,77 @@ class Channels(Resource):
         return list(self._ends.values())
 
     def check(self) -> None:
-        """Raise :class:`ChannelError` naming the first end of this rank whose device code recorded an error."""
+        """Raise :class:`ChannelError` naming the first end of this rank whose device code recorded an error,
+        or this rank's forwarding agent if it stopped on an error."""
         for end in self._ends.values():
             end.check()
+        self._check_router()
+
+    @property
+    def topology(self) -> Any:
+        """The topology the channels were opened on (None: every rank maps every other)."""
+        return self._plan.topology
+
+    @property
+    def router(self) -> Any:
+        """The routed channels' plan (``_routed.RouterPlan``: link rings, routes), None without routed channels."""
+        return self._plan.router
+
+    def route(self, name: str) -> list[int] | None:
+        """The ranks a channel's packets pass, sender to receiver, when it is routed (None: a direct channel)."""
+        link = self.spec.link(name)
+        routed = self._plan.routed_of(link)
+        return list(routed.path.ranks) if routed is not None else None
+
+    def max_blocks(self, kernel: Any, threads: int, shared_bytes: int = 0) -> int:
+        """Blocks of ``kernel`` this rank may have resident beside its forwarding agent: the back-end's bound
+        (``world.backend.max_blocks``) less the agent's SM while routed channels are open."""
+        backend = self._world.backend
+        most = backend.max_blocks(kernel, threads, shared_bytes)
+        if self._router is None or not backend.sm_budget or backend.sm_budget < 2:
+            return most
+        per_sm = max(1, most // backend.sm_budget)
+        return max(1, (backend.sm_budget - 1) * per_sm)
+
+    def _check_router(self) -> None:
+        if self._router is not None:
+            err = self._router.check()
+            if err:
+                raise ChannelError(f"the forwarding agent stopped: {err}")
+
+    def _explained(self, end: _End):
+        """A context that adds, to a ChannelError of a routed end, where its packets wait."""
+        return _Explained(self, end)
+
+    def _diagnose(self, end: _End) -> str:
+        """Where a routed end's packets wait, from the chain records the agents publish (docs/routing.md)."""
+        routed = self._plan.routed_of(end.link)
+        if routed is None:
+            return ""
+        parts = []
+        err = self._router.check() if self._router is not None else None
+        if err:
+            parts.append(f"the forwarding agent of rank {self._world.rank} stopped: {err}")
+        plan = self._plan.router
+        lay = routed.lay
+        if isinstance(end, Sender):
+            at, offset = routed.path.first, lay.chain
+        elif routed.path.first == routed.path.last:
+            at, offset = routed.path.last, lay.chain
+        else:  # the link ring the channel arrives on at its last agent
+            hop = routed.path.hops[-2]
+            port = self._plan.topology.ports[hop.dst]
+            p = next(i for i, pt in enumerate(port) if pt.in_link == hop.link.id)
+            at, offset = routed.path.last, plan.link_chain(p, hop.vc)
+        try:
+            words = self._buf.peer(at)[offset:offset + R.CHAIN_BYTES]
+            words = words.get() if hasattr(words, "get") else words
+            text = R.describe_chain(R.decode_chain(np.asarray(words).view("<u4")), plan, routed, at)
+        except Exception as exc:  # the diagnosis must never hide the error it explains
+            text = f"(where its packets wait is unknown: {type(exc).__name__}: {exc})"
+        if text:
+            parts.append(text)
+        return "; ".join(parts)
 
     @property
     def kernel_wait_s(self) -> float:
@@ -177,10 +268,42 @@ class Channels(Resource):
             raise ChannelError(f"{op}: these channels are closed")
 
     def _close(self, timeout: float | None) -> None:
-        """Collective: free the channels' memory."""
+        """Collective: stop this rank's forwarding agent once every rank is done, then free the channels' memory."""
         for end in self._ends.values():
             end._impl.close()
+        if self._router is not None:
+            self._world.barrier(timeout if timeout is not None else self.host_timeout)  # no rank still sends
+            router, self._router = self._router, None
+            router.stop(self.host_timeout)
+            err = router.check()
+            if err:
+                self._buf.close(timeout)
+                raise ChannelError(f"the forwarding agent had stopped: {err}")
         self._buf.close(timeout)
 
     def _release_local(self) -> None:
+        if self._router is not None:
+            router, self._router = self._router, None
+            router.stop(0)
         self._buf.release_local()
+
+
+class _Explained:
+    def __init__(self, channels: Channels, end: _End) -> None:
+        self.channels = channels
+        self.end = end
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None or not issubclass(exc_type, ChannelError):
+            return False
+        if self.channels._plan.routed_of(self.end.link) is None:
+            return False
+        extra = self.channels._diagnose(self.end)
+        if extra:
+            # on a routed channel credits come from the route's first agent, not straight from the reader
+            text = str(exc).replace(": its reader stopped consuming", "")
+            raise ChannelError(f"{text}; {extra}") from None
+        return False

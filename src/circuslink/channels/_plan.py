@@ -7,20 +7,28 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ConfigError
+from . import _routed as R
 from . import protocol as P
 
 OPTIONS = ("nslots", "chunk", "ll_max")
 
 
 class Plan:
-    """Every channel's ring geometry and byte offsets; identical on every rank (checked by digest)."""
+    """Every channel's ring geometry and byte offsets; identical on every rank (checked by digest).
 
-    def __init__(self, links: list, options: Mapping[str, Mapping[str, Any]]) -> None:
+    With a ``topology``, channels whose ends are not neighbours are routed (``_routed``): ``routed`` maps
+    their sender's name to their route and ``router`` holds the link rings the forwarding agents share."""
+
+    def __init__(self, links: list, options: Mapping[str, Mapping[str, Any]], topology: Any = None,
+                 vcs: int | None = None, allow_cycles: bool = False, link_slots: int | None = None) -> None:
         known = {n for link in links for n in (link.name, link.receiver_name)}
         for name in options:
             if name not in known:
                 raise ConfigError(f"channels.open: options name channel {name!r}, which the spec does not declare")
-        self.entries: list[tuple[Any, P.RingGeometry, P.ChannelLayout]] = []
+        routing, to_route = (None, set()) if topology is None else R.plan_routes(links, topology, vcs)
+        self.topology = topology
+        self.entries: list[tuple[Any, P.RingGeometry, Any]] = []
+        self.routed: dict[str, R.Routed] = {}
         offset = 0
         for link in links:
             opts = dict(options.get(link.name, {}))
@@ -30,14 +38,39 @@ class Plan:
                 raise ConfigError(f"channel {link.name}: unknown option(s) {', '.join(sorted(bad))} "
                                   f"(expected {', '.join(OPTIONS)})")
             geo = P.geometry(link.depth, link.element.nbytes, name=link.name, **opts)
-            lay = P.layout(offset, geo)
+            if link.name in to_route:
+                lay = R.routed_layout(offset, geo)
+                self.routed[link.name] = R.make_routed(len(self.routed), link, geo, lay, routing)
+            else:
+                lay = P.layout(offset, geo)
             offset = lay.end
             self.entries.append((link, geo, lay))
+        self.router: R.RouterPlan | None = None
+        if self.routed:
+            slots = R.LINK_SLOTS_DEFAULT if link_slots is None else link_slots
+            if isinstance(slots, bool) or not isinstance(slots, int) or slots < 2 or slots & (slots - 1) \
+                    or slots > 1 << 16:
+                raise ConfigError(f"channels.open: link_slots {link_slots!r} must be a power of two in 2..65536")
+            self.router = R.RouterPlan(topology, routing, list(self.routed.values()), offset, slots)
+            offset = self.router.end
+            if not allow_cycles:
+                cycle = self.router.cycle()
+                if cycle:
+                    raise ConfigError(
+                        f"channels.open: the routed channels on {topology.name} with {routing.vcs} virtual channel(s) "
+                        f"can deadlock: these (link, vc) buffers can wait on each other in a cycle: "
+                        f"{self.router.cycle_text(cycle)}; use the default virtual channels (dateline), or "
+                        "allow_cycles=True to run it anyway (a deadlock then ends in time-outs naming the cycle)")
         self.nbytes = max(256, offset)
+
+    def routed_of(self, link: Any) -> R.Routed | None:
+        return self.routed.get(link.name)
 
     def digest(self) -> str:
         h = hashlib.sha256()
         for link, geo, lay in self.entries:
             h.update(repr((link.name, link.receiver_name, link.send_id, link.recv_id, link.src_rank,
                            link.dst_rank, link.element.nbytes, geo, lay)).encode())
+        if self.router is not None:
+            h.update(repr(self.router.digest_items()).encode())
         return h.hexdigest()[:16]

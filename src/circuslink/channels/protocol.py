@@ -164,3 +164,33 @@ def split_write(nbytes: int, geo: RingGeometry) -> tuple[bool, list[int]]:
     capacity = geo.chunk if bulk else LL_PAYLOAD
     full, tail = divmod(nbytes, capacity)
     return bulk, [capacity] * full + ([tail] if tail else [])
+
+
+# -- routed channels: what a forwarding agent serves (detail/router_types.cuh; channels/_routed.py) ---------
+_ROUTER = "circuslink/detail/router_types.cuh"
+ROUTER_INPUT = abi.Struct("circuslink::router::Input", _ROUTER, [
+    ("ring", abi.PTR), ("credit", abi.PTR), ("slot_credit", abi.PTR), ("chain", abi.PTR), ("nslots", abi.U32),
+    ("slot_bytes", abi.U32), ("chunk", abi.U32), ("kind", abi.U32), ("channel", abi.U32), ("entry", abi.U32),
+    ("pad0", abi.U32), ("pad1", abi.U32)])
+ROUTER_OUTPUT = abi.Struct("circuslink::router::Output", _ROUTER, [
+    ("ring", abi.PTR), ("credit", abi.PTR), ("down_chain", abi.PTR), ("nslots", abi.U32), ("slot_bytes", abi.U32),
+    ("entry", abi.U32), ("pad", abi.U32)])
+ROUTER_CHANNEL = abi.Struct("circuslink::router::Channel", _ROUTER, [
+    ("ring", abi.PTR), ("board", abi.PTR), ("nslots", abi.U32), ("slot_bytes", abi.U32), ("route", abi.U32),
+    ("role", abi.U32), ("first", abi.U32), ("pad", abi.U32)])
+ROUTER_STATE = abi.Struct("circuslink::router::ChannelState", _ROUTER, [
+    ("delivered", abi.U64), ("consumed", abi.U64), ("reported", abi.U64), ("gate", abi.U64)])
+ROUTER_INPUT_STATE = abi.Struct("circuslink::router::InputState", _ROUTER, [
+    ("seq", abi.U64), ("since", abi.U64), ("blocked", abi.U32), ("published", abi.U32)])
+ROUTER_OUTPUT_STATE = abi.Struct("circuslink::router::OutputState", _ROUTER, [("seq", abi.U64), ("cache", abi.U64)])
+ROUTER_AGENT = abi.Struct("circuslink::router::Agent", _ROUTER, [
+    ("inputs", abi.PTR), ("outputs", abi.PTR), ("channels", abi.PTR), ("state", abi.PTR), ("input_state", abi.PTR),
+    ("output_state", abi.PTR), ("entries", abi.PTR), ("channel_of_id", abi.PTR), ("reporters", abi.PTR),
+    ("control", abi.PTR), ("abort", abi.PTR), ("timeout_ns", abi.U64), ("report_after_ns", abi.U64),
+    ("slice_ns", abi.U64), ("ninputs", abi.U32), ("noutputs", abi.U32),
+    ("nchannels", abi.U32), ("nids", abi.U32), ("rank", abi.U32), ("nranks", abi.U32), ("vcs", abi.U32),
+    ("nreporters", abi.U32)])
+# the agent's dynamic shared memory per input, per output and per rank (router_impl.cuh: InS, OutS, Entry)
+ROUTER_SHARED_PER_INPUT = 40
+ROUTER_SHARED_PER_OUTPUT = 16
+ROUTER_SHARED_PER_RANK = 4

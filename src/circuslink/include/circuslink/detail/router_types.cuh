@@ -1,0 +1,139 @@
+// circuslink/detail/router_types.cuh - what a forwarding agent serves (plain structs; docs/routing.md, "Forwarding").
+//
+// The host's tables of these structs are circuslink.channels.protocol (ROUTER_INPUT, ROUTER_OUTPUT,
+// ROUTER_CHANNEL, ROUTER_STATE, ROUTER_AGENT); tests/test_abi.py checks them against this file with nvcc.
+// The host builds them per rank (channels/_routed.py: RouterPlan.agent) from the routing tables; the agent
+// (detail/router_impl.cuh) and its cpu reference (channels/_router_cpu.py) follow the same rules.
+#pragma once
+
+#include "route_types.cuh"
+
+namespace circuslink {
+namespace router {
+
+enum : unsigned int {
+  // the routed header: nbytes word = nbytes | kind (bit 31) | ctrl (bit 28) | vc << 24 (docs/routing.md)
+  kVcShift = 24,
+  kVcMask = 0x0F000000u,
+  kCtrl = 0x10000000u,        // a credit packet (agents' own), payload: the consumed count (u64)
+  kNbytesMask = 0x00FFFFFFu,
+  kCreditBytes = 8,
+  // inputs and channels
+  kInLink = 0,                // a link ring (link, vc), fed by the neighbour behind a port
+  kInInject = 1,              // a routed channel's injection ring, fed by its sender
+  kRoleFirst = 1,             // this rank drains the channel's injection ring and holds its gate
+  kRoleLast = 2,              // this rank writes the channel's delivery ring and reads its board
+  kNoChannel = 0xFFFFu,
+  // chain records (what an input's head waits on): 64 words
+  kChainWords = 64,
+  kChainHead = 4,             // count, flags, detail (packet seq), cycle start + 1
+  kChainEntries = 60,
+  kChainBlocked = 1,
+  kChainGate = 2,
+  kChainDelivery = 4,
+  kEntryChannel = 0x80000000u,  // an entry naming a channel's injection ring
+  // control words (host-mapped): stop (host writes), state (agent: 1 running, 2 exited), error record
+  kCtlStop = 0,
+  kCtlState = 1,
+  kCtlError = 2,              // code
+  kCtlInput = 3,              // the input it concerns
+  kCtlSeq = 4,                // packet seq (low 32 bits)
+  kCtlWord = 5,               // the header word, or the channel id
+  kCtlWords = 8,
+  // error codes
+  kErrNone = 0,
+  kErrHeader = 1,             // a corrupt header
+  kErrChannel = 2,            // a packet for a channel this rank does not deliver / gate
+  kErrNoLink = 3,             // no link out toward the destination
+  kErrUnits = 4,              // a low-latency packet's header arrived, its data did not (time-out)
+  kErrAborted = 5,            // the host's abort word was set
+};
+
+// One input ring of this rank's agent (64 bytes).
+struct Input {
+  unsigned char* ring;            // in this rank's memory
+  unsigned long long* credit;     // the writer's in-order credit counter (a neighbour's memory)
+  unsigned int* slot_credit;      // injection rings: the sender's slot credits; link rings: null
+  unsigned int* chain;            // this input's chain record (this rank's memory)
+  unsigned int nslots;            // power of two
+  unsigned int slot_bytes;        // 256 + chunk
+  unsigned int chunk;
+  unsigned int kind;              // kInLink / kInInject
+  unsigned int channel;           // kInInject: routed channel index; kInLink: kNoChannel
+  unsigned int entry;             // the chain entry naming this input
+  unsigned int pad0, pad1;
+};
+
+// One output link ring, index port * vcs + vc (48 bytes); ring null where the port has no link out.
+struct Output {
+  unsigned char* ring;            // the link ring at the neighbour
+  unsigned long long* credit;     // this rank's memory: consumed count, written by the downstream agent
+  const unsigned int* down_chain; // the downstream agent's chain record of that ring (the neighbour's memory)
+  unsigned int nslots;
+  unsigned int slot_bytes;
+  unsigned int entry;             // the chain entry naming this ring
+  unsigned int pad;
+};
+
+// A routed channel as this rank's agent sees it (40 bytes); role 0 where this rank has none.
+struct Channel {
+  unsigned char* ring;            // kRoleLast: the delivery ring, in the receiver's memory
+  const unsigned int* board;      // kRoleLast: the receiver's slot credits, in this rank's memory
+  unsigned int nslots;
+  unsigned int slot_bytes;
+  unsigned int route;             // recv_id | dst << 16
+  unsigned int role;              // kRoleFirst | kRoleLast
+  unsigned int first;             // the rank holding its gate (credit packets go there)
+  unsigned int pad;
+};
+
+// The agent's state per routed channel (device memory, zeroed by the host).
+struct ChannelState {
+  unsigned long long delivered;   // kRoleLast: packets written into the delivery ring
+  unsigned long long consumed;    // kRoleLast: the receiver's in-order consumed count, scanned from the board
+  unsigned long long reported;    // kRoleLast (first elsewhere): the count last sent to first
+  unsigned long long gate;        // kRoleFirst: the receiver's consumed count as known here
+};
+
+// What an agent keeps of each input and output from one launch to the next (device memory, zeroed by the
+// host): the agent runs in slices of slice_ns, launched back to back on its own stream, so that a
+// device-wide synchronization elsewhere in the process (cudaDeviceSynchronize, cudaFree) returns.
+struct InputState {
+  unsigned long long seq;         // next packet to take
+  unsigned long long since;       // %globaltimer when its head last became blocked
+  unsigned int blocked;           // what it waits for (router_impl.cuh: kBlk*), 0: nothing
+  unsigned int published;         // its chain record is published
+};
+struct OutputState {
+  unsigned long long seq;         // next slot to write
+  unsigned long long cache;       // the downstream consumed count last read
+};
+
+// What the agent kernel receives, by value (144 bytes).
+struct Agent {
+  const Input* inputs;
+  const Output* outputs;          // nports * vcs
+  const Channel* channels;
+  ChannelState* state;
+  InputState* input_state;        // ninputs
+  OutputState* output_state;      // noutputs
+  const route::Entry* entries;    // this rank's row of the routing table (nranks)
+  const unsigned short* channel_of_id;  // recv_id -> routed channel index (kNoChannel: none)
+  const unsigned int* reporters;  // the channels this rank delivers whose gate is elsewhere (credit reports)
+  unsigned int* control;          // host-mapped control words (kCtl*)
+  const volatile unsigned int* abort;   // the back-end's abort word (host-mapped)
+  unsigned long long timeout_ns;  // a low-latency packet's data may lag its header this long
+  unsigned long long report_after_ns;  // a head blocked this long gets its chain published
+  unsigned long long slice_ns;    // one launch runs this long, then stores its state and exits
+  unsigned int ninputs;
+  unsigned int noutputs;
+  unsigned int nchannels;
+  unsigned int nids;              // entries of channel_of_id
+  unsigned int rank;
+  unsigned int nranks;
+  unsigned int vcs;
+  unsigned int nreporters;
+};
+
+}  // namespace router
+}  // namespace circuslink
