@@ -375,6 +375,15 @@ def _note_failure(exc_type, exc, tb, _previous=None) -> None:
     global _failing
     _failing = True  # an unhandled error: exit now, do not wait in close() for peers
     (_previous or sys.__excepthook__)(exc_type, exc, tb)
+    world = _current
+    if world is not None and world._mpi_comm is not None and world.size > 1:
+        # Under mpirun a rank that leaves with an error would wait in MPI_Finalize for peers that wait for
+        # it: abort the job instead, now, naming the rank (mpirun names it too).
+        where = f" (node {world.node})" if len(world._nodes) > 1 else ""
+        sys.stderr.write(f"circuslink: rank {world.rank}{where} failed ({exc_type.__name__}: {exc}); aborting the "
+                         "MPI job\n")
+        sys.stderr.flush()
+        world._mpi_comm.Abort(1)
 
 
 def _close_at_exit() -> None:
