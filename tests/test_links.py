@@ -341,3 +341,66 @@ def test_engine_links_need_mpirun(spmd):
     """, env=NODES_2X2).check()
     assert ("REFUSED engine links need MPI between the nodes: start the job with mpirun (this job was started by "
             "circuslink run, whose ranks share no MPI communicator)") in job.stdout
+
+
+# ---- on the GPU (run on the device machine: ranks share its GPU under MPS) ------------------------
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+def test_packets_cross_on_pinned_rings_gpu(spmd):
+    """The cuda engine: rings in pinned, mapped host memory; host agents, every byte checked."""
+    code = CROSS.replace("NSLOTS", "8").replace("BATCH", "2").replace("COUNT", "200")
+    job = spmd(4, code, backend="cuda", launcher="mpirun", env=NODES_2X2, timeout=240).check()
+    assert "crossed 0 1" in job.stdout and "crossed 2 1" in job.stdout
+
+
+DEVICE_AGENTS = """
+import os, numpy as np, cupy as cp, circuslink as cl
+from circuslink import links
+from circuslink.bench.pingpong import GRID_THREADS, KERNELS
+from circuslink.channels import protocol as P
+def say(*a): os.write(1, (" ".join(map(str, a)) + chr(10)).encode())
+w = cl.init()
+eng = links.open_engine(w, [(0, 2)], nslots=16, chunk=64 << 10, timeout=20)
+if w.rank in (0, 2):
+    role, link = (0, eng[2]) if w.rank == 0 else (1, eng[0])
+    mod = cl.compile(KERNELS.read_text())
+    most = w.backend.max_blocks(mod.get_function("pingpong_grid"), GRID_THREADS)
+    tx, rx = link.sender_handle(P.route_of(0, 2 - w.rank)), link.receiver_handle()
+    stream = w.backend.stream
+    for n, form in [(8, "warp"), (120, "warp"), (4096, "warp"), (1 << 20, "warp"), (3 << 20, "warp2"),
+                    (1 << 20, "grid")]:
+        with stream:
+            status = cp.ones(1, dtype=cp.int32)
+            times = cp.zeros(2, dtype=cp.uint64)
+            src = cp.random.RandomState(n).randint(0, 256, n, dtype=cp.uint8)
+            dst = cp.zeros(n, dtype=cp.uint8)
+            args = (tx, rx, src, dst, np.uint64(n), np.int32(role), np.int32(2), np.int32(20))
+            if form == "grid":
+                blocks = max(1, min(most, 4))
+                mod.get_function("pingpong_grid")((blocks,), (GRID_THREADS,), args + (
+                    cp.zeros(2, dtype=cp.uint32), np.uint64(20 * 10**9), times, status))
+            else:
+                mod.get_function("pingpong_" + form)((1,), (64 if form == "warp2" else 32,), args + (times, status))
+        w.backend.wait_stream(stream, 60, lambda: f"device agents {form} {n} on rank {w.rank}")
+        link.device_error()
+        assert int(status.get()[0]) == 1, (form, n)
+        if role == 0:
+            assert bool(cp.array_equal(src, dst).get()), (form, n)
+            t0, t1 = (int(v) for v in times.get())
+            say("OK", form, n, f"{(t1 - t0) / 40 / 1e3:.2f} us one-way")
+w.barrier()
+eng.close()
+w.close()
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+def test_device_agents_pingpong_through_the_engine_gpu(spmd):
+    """Kernels on the two gateways use the rings' channel handles as any channel end (one warp; separate
+    writing and reading warps for a message larger than a ring; a co-resident grid); every byte checked."""
+    job = spmd(4, DEVICE_AGENTS, backend="cuda", launcher="mpirun", env=NODES_2X2, timeout=300).check()
+    for form, n in [("warp", 8), ("warp", 120), ("warp", 4096), ("warp", 1 << 20), ("warp2", 3 << 20),
+                    ("grid", 1 << 20)]:
+        assert f"OK {form} {n} " in job.stdout, job.output

@@ -37,6 +37,7 @@ BENCHMARKS = [
     ("qcd", "circuslink.bench.qcd", "lattice QCD CG per iteration by halo engine and grid; dslash bandwidth"),
     ("transpose", "circuslink.bench.transpose", "transposing put against contiguous put and local transpose + put"),
     ("fft", "circuslink.bench.fft", "distributed 2-D FFT: transposing puts against local transpose + put and fft2"),
+    ("nodes", "circuslink.bench.nodes", "pingpong inside a node, over the engine link between nodes, and MPI alone"),
 ]
 
 
