@@ -263,8 +263,8 @@ class _Pipe:
                 threads = 64 if form == "warp2" else 32
                 self._module.get_function("pingpong_" + form)((1,), (threads,), args + (times, status))
             else:
-                chunk = self.engine.geometry.chunk
-                blocks = max(1, min(self.blocks_most, -(-(-(-nbytes // chunk)) // (GRID_THREADS // 32))))
+                packets = -(-nbytes // self.engine.geometry.chunk)
+                blocks = max(1, min(self.blocks_most, -(-packets // (GRID_THREADS // 32))))
                 bar = cp.zeros(2, dtype=cp.uint32)
                 self._module.get_function("pingpong_grid")((blocks,), (GRID_THREADS,), args + (
                     bar, np.uint64(int(self.engine.timeout * 1e9)), times, status))
