@@ -315,3 +315,34 @@ def test_tables_for_a_big_machine_are_fast_and_consistent():
         node = np.array([t.node_of(x) for x in range(n)])
         cross = node[:, None] != node[None, :]
         assert (r.hops[cross] >= 1).all() and (r.hops[cross] <= 3).all() and (r.hops[~cross] <= 1).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", ["nodes:2x4", "nodes:3x(ring:3),gw=spread"])
+def test_device_agents_see_engine_hops_gpu(spec):
+    """A kernel reads its rank's row of the table and the port table: engine hops are exactly the hops whose
+    link kind is engine (route::crosses_engine), deliveries exactly the diagonal."""
+    from pathlib import Path
+
+    import cupy as cp
+
+    import circuslink as cl
+
+    t = T.parse(spec)
+    r = t.routing()
+    module = cl.compile((Path(__file__).with_name("kernels") / "route_kinds.cu").read_text())
+    entries = cp.asarray(r.table.view(np.uint8))
+    ports = cp.asarray(r.port_table.view(np.uint8))
+    row_bytes, port_row = r.table.dtype.itemsize * t.size, r.port_table.dtype.itemsize * r.port_table.shape[1]
+    for rank in range(t.size):
+        action = cp.full(t.size, -1, dtype=cp.int32)
+        nxt = cp.full(t.size, -1, dtype=cp.int32)
+        handle = r.device_handle(rank, entries.data.ptr + rank * row_bytes, ports.data.ptr + rank * port_row)
+        module.get_function("route_kinds")((1,), (128,), (handle, action, nxt))
+        got, want_next = action.get(), nxt.get()
+        for dst in range(t.size):
+            if dst == rank:
+                assert got[dst] == 2
+                continue
+            hop = r.route(rank, dst)[0]
+            assert got[dst] == int(hop.link.engine) and want_next[dst] == hop.dst, (rank, dst)

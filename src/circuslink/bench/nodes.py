@@ -35,7 +35,7 @@ from ..errors import ChannelError, ConfigError
 from . import _driver as drv
 
 CPU_MAX = 16 << 20  # the cpu reference's host agents stop here
-TARGET_LATENCY_RATIO = 1.3  # issue 13: routed latency <= 1.3 x (engine + one intra-node hop)
+TARGET_LATENCY_RATIO = 1.3  # routed latency <= 1.3 x (engine + one intra-node hop)
 TARGET_THROUGHPUT_RATIO = 0.9  # ... and throughput >= 0.9 x the engine's at >= 16 MiB
 BIG = 16 << 20
 ROUTED_PENDING = "gateway-routed channels need the forwarding agents (routed channels): measured once they land"
