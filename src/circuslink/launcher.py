@@ -99,11 +99,11 @@ def launch(
     _check_runnable(command[0])
     # Nodes are checked here, before any rank or daemon exists: every rank would refuse them alike.
     if ranks_per_node is not None:
-        nodes, node_names, node_how = node_layout(nranks, None, ranks_per_node, f"--ranks-per-node {ranks_per_node}")
+        per_node: int | None = ranks_per_node
+        nodes, node_names, node_how = node_layout(nranks, None, per_node, f"--ranks-per-node {per_node}")
     else:
         per_node = ranks_per_node_from_env(dict(os.environ, **(extra_env or {}))) if nranks > 1 else None
         nodes, node_names, node_how = node_layout(nranks, None, per_node)
-    per_node = ranks_per_node if ranks_per_node is not None else per_node
     node_of = {r: i for i, ranks in enumerate(nodes) for r in ranks}
     if per_node is not None:
         print(f"circuslink run: {nranks} ranks in {describe_nodes(nodes, node_names, node_how)}", file=sys.stderr)
