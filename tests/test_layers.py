@@ -19,7 +19,7 @@ LAYERS = [
     ("backends", ["backends", "memory", "device_code"]),
     ("world", ["world", "launcher", "_run_command", "mps"]),
     ("topology", ["topology"]),
-    ("primitives", ["channels", "rma", "collectives", "trace"]),
+    ("primitives", ["channels", "rma", "collectives", "trace", "links"]),
     ("front ends", ["spec", "results"]),
     ("measurement of the floor", ["probe"]),
     ("applications", ["apps"]),

@@ -179,7 +179,7 @@ def test_constructors_and_strings_agree():
 
 
 def test_custom_graph_from_json_and_edge_list_agree(tmp_path):
-    doc = {"nodes": [{"name": "a", "group": "host0"}, {"name": "b", "group": "host0"}, "c", {"name": "d"}],
+    doc = {"nodes": [{"name": "a"}, "b", "c", {"name": "d"}],
            "links": [["a", "b"], {"a": "b", "b": "c", "kind": "network", "weight": 2}, ["c", "d"], ["d", "a"]]}
     (tmp_path / "net.json").write_text(json.dumps(doc))
     (tmp_path / "net.txt").write_text("# the same network\na b\nb c kind=network weight=2  # slow\n\nc d\nd a\n")
@@ -190,8 +190,7 @@ def test_custom_graph_from_json_and_edge_list_agree(tmp_path):
             (0, 1, 0, "direct", 1), (0, 3, 1, "direct", 1), (1, 0, 0, "direct", 1), (1, 2, 1, "network", 2),
             (2, 1, 0, "network", 2), (2, 3, 1, "direct", 1), (3, 0, 0, "direct", 1), (3, 2, 1, "direct", 1)]
         assert t.neighbours(0) == [1, 3] and t.rank_of("c") == 2 and t.rank_of(2) == 2
-    assert j.groups() == {"host0": [0, 1]} and j.group(0) == "host0" and j.group(2) is None
-    assert e.groups() == {}
+    assert j.groups() == e.groups() == {} and j.group(2) is None and not j.has_nodes  # see test_nodes_topology.py
     # a count of nodes, and integer names in an edge list are the ranks themselves
     assert T.from_json('{"nodes": 3, "links": [[0, 1], [1, 2]]}').names == ["0", "1", "2"]
     t = T.from_edge_list("2 1\n1 0\n")
@@ -266,13 +265,16 @@ def test_weights_steer_around_a_slow_link():
     assert [h.dst for h in t.route(0, 2)] == [2]
 
 
-@pytest.mark.parametrize("spec", ["torus:4x4", "mesh:3x2", "ring:5", "line:3"])
+@pytest.mark.parametrize("spec", ["torus:4x4", "mesh:3x2", "ring:5", "line:3", "nodes:2x4",
+                                  "nodes:3x(ring:3),gw=spread"])
 def test_device_tables_hold_the_routes(spec):
     t = T.parse(spec)
     r = t.routing()
     table, ports = r.table, r.port_table
     assert table.dtype == T.ENTRY.dtype and table.dtype.itemsize == 4 and table.shape == (t.size, t.size)
-    assert ports.dtype == T.PORT.dtype and ports.dtype.itemsize == 12 and ports.shape == (t.size, t.nports)
+    # Port is 16 bytes: kind (u8, at 12) was appended after the 12 bytes of issue 12's layout
+    assert ports.dtype == T.PORT.dtype and ports.dtype.itemsize == 16 and ports.shape == (t.size, t.nports)
+    assert [T.PORT.offsets[f] for f in ("out_link", "in_link", "peer", "peer_port", "kind")] == [0, 4, 8, 10, 12]
     for s, d in itertools.product(range(t.size), repeat=2):
         e = table[s, d]
         if s == d:
@@ -282,6 +284,7 @@ def test_device_tables_hold_the_routes(spec):
         assert (e["next"], e["port"], e["vc"]) == (hop.dst, hop.port, hop.vc)
         p = ports[s, e["port"]]
         assert (p["peer"], p["out_link"]) == (hop.dst, hop.link.id)
+        assert p["kind"] == (T.LINK_ENGINE if hop.link.kind == "engine" else T.LINK_MAPPED)
         back = ports[hop.dst, p["peer_port"]]
         assert back["peer"] == s and back["out_link"] == p["in_link"]  # the port at the peer faces back
         assert t.links[int(p["in_link"])].src == hop.dst and t.links[int(p["in_link"])].dst == s

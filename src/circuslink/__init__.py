@@ -19,6 +19,7 @@ from .errors import (
     ChannelError,
     CompileError,
     ConfigError,
+    EngineError,
     Error,
     PeerError,
     RmaError,
@@ -32,7 +33,7 @@ __version__ = "0.1.0"
 
 # The areas, reachable as cl.channels, cl.rma, ... and imported on first use (cupy, mpi4py and the
 # device compiler stay unloaded for programs that never touch them).
-AREAS = ("channels", "rma", "collectives", "trace", "spec", "topology", "apps", "probe", "mps")
+AREAS = ("channels", "rma", "collectives", "trace", "links", "spec", "topology", "apps", "probe", "mps")
 
 
 def __getattr__(name: str):
@@ -54,6 +55,7 @@ __all__ = [
     "ChannelError",
     "CompileError",
     "ConfigError",
+    "EngineError",
     "Error",
     "PeerError",
     "RmaError",

@@ -14,6 +14,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mps", choices=("auto", "on", "off"), default="auto",
                    help="ranks that share a GPU run under CUDA MPS: auto (default: reuse a running daemon or "
                         "start one for the job, else warn and time-slice), on (fail without MPS), off")
+    p.add_argument("--ranks-per-node", type=int, default=None, metavar="K",
+                   help="declare nodes of K consecutive ranks on this machine (node 0 = ranks 0..K-1, ...): memory "
+                        "is mapped only inside a node, traffic between nodes takes the engine (MPI) through "
+                        "gateway ranks; K must divide N (default: one node per host; sets "
+                        "CIRCUSLINK_RANKS_PER_NODE, the variable to use under mpirun)")
     p.add_argument("--tag-output", choices=("all", "others", "none"), default="all",
                    help="prefix output lines with [rank] (default: all)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the program each rank runs")
@@ -23,4 +28,5 @@ def run(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
-    return launch(args.nranks, command, backend=args.backend, tag_output=args.tag_output, mps_mode=args.mps)
+    return launch(args.nranks, command, backend=args.backend, tag_output=args.tag_output, mps_mode=args.mps,
+                  ranks_per_node=args.ranks_per_node)

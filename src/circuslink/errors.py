@@ -46,3 +46,8 @@ class ChannelError(Error):
 
 class RmaError(Error):
     """An RMA queue was declared or used wrongly."""
+
+
+class EngineError(Error):
+    """The engine between nodes (MPI through the engine links' proxies) failed or timed out. The message names
+    the engine and both ranks of the link."""

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import platform
 import shutil
+import socket
 import sys
 
 from . import __version__
@@ -56,7 +58,21 @@ def _nvlink_counts(n: int) -> list[list[int]] | None:
             pass
 
 
-def gather() -> dict:
+def _nodes(nranks: int | None, ranks_per_node: int | None) -> dict:
+    """This host, the node variable, and (for ``-n``) how that many ranks would group into nodes."""
+    from .world import ENV_RANKS_PER_NODE, describe_nodes, node_layout, ranks_per_node_from_env
+
+    out: dict = {"host": socket.gethostname(), ENV_RANKS_PER_NODE: os.environ.get(ENV_RANKS_PER_NODE) or None}
+    if nranks is not None:
+        if ranks_per_node is not None:
+            layout = node_layout(nranks, None, ranks_per_node, f"--ranks-per-node {ranks_per_node}")
+        else:
+            layout = node_layout(nranks, None, ranks_per_node_from_env() if nranks > 1 else None)
+        out.update(nranks=nranks, nodes=layout[0], names=layout[1], how=layout[2], text=describe_nodes(*layout))
+    return out
+
+
+def gather(nranks: int | None = None, ranks_per_node: int | None = None) -> dict:
     info: dict = {
         "circuslink": __version__,
         "python": platform.python_version(),
@@ -65,6 +81,7 @@ def gather() -> dict:
         "tools": {t: shutil.which(t) for t in ("nvcc", "mpirun")},
         "backends": {"cpu": True, "cuda": cuda_device_count() > 0},
         "default_backend": default_backend_name(),
+        "nodes": _nodes(nranks, ranks_per_node),
         "gpus": [],
     }
     n = cuda_device_count()
@@ -97,10 +114,19 @@ def gather() -> dict:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("-n", "--nranks", type=int, default=None, metavar="N",
+                   help="also show how a job of N ranks on this machine groups into nodes")
+    p.add_argument("--ranks-per-node", type=int, default=None, metavar="K",
+                   help="with -n: nodes declared as circuslink run --ranks-per-node K would declare them "
+                        "(default: CIRCUSLINK_RANKS_PER_NODE, else one node per host)")
 
 
 def run(args: argparse.Namespace) -> int:
-    info = gather()
+    if args.ranks_per_node is not None and args.nranks is None:
+        from .errors import ConfigError
+
+        raise ConfigError("info: --ranks-per-node shows a node layout for -n N ranks; give -n too")
+    info = gather(args.nranks, args.ranks_per_node)
     if args.json:
         json.dump(info, sys.stdout, indent=2)
         print()
@@ -110,6 +136,13 @@ def run(args: argparse.Namespace) -> int:
     print("tools:    " + ", ".join(f"{k} {'found' if v else 'missing'}" for k, v in info["tools"].items()))
     avail = [k for k, v in info["backends"].items() if v]
     print(f"back-ends: {', '.join(avail)} (default: {info['default_backend']})")
+    nodes = info["nodes"]
+    declared = nodes["CIRCUSLINK_RANKS_PER_NODE"]
+    print(f"nodes: host {nodes['host']}; " + (f"CIRCUSLINK_RANKS_PER_NODE={declared} declares nodes of {declared} ranks"
+          if declared else "one node per host (declare nodes on one machine: circuslink run --ranks-per-node K, "
+          "or CIRCUSLINK_RANKS_PER_NODE=K under mpirun)"))
+    if "text" in nodes:
+        print(f"  {nodes['nranks']} ranks here: {nodes['text']}")
     if not info["gpus"]:
         print("GPUs: none visible")
         return 0

@@ -75,14 +75,18 @@ def launch(
     tag_output: str = "all",
     extra_env: dict[str, str] | None = None,
     mps_mode: str = "auto",
+    ranks_per_node: int | None = None,
 ) -> int:
     """Run ``command`` as ``nranks`` ranks; return the job's exit code (0 when every rank succeeded).
 
     ``tag_output``: "all" prefixes every line with ``[rank]``; "others" leaves rank 0's
     lines bare (used when a circuslink command launches itself and rank 0 prints the report).
     ``mps_mode``: "auto" | "on" | "off", how ranks that share a GPU get CUDA MPS (circuslink.mps).
+    ``ranks_per_node``: declare nodes of that many consecutive ranks on this machine (sets
+    ``CIRCUSLINK_RANKS_PER_NODE`` for the ranks; None keeps the variable's value, if any).
     """
     from . import _guard, mps
+    from .world import ENV_RANKS_PER_NODE, describe_nodes, node_layout, ranks_per_node_from_env
 
     if not isinstance(nranks, int) or nranks < 1:
         raise ConfigError(f"-n must be a positive number of ranks, got {nranks!r}")
@@ -93,6 +97,16 @@ def launch(
     if command[0].endswith(".py"):
         command = [sys.executable, *command]
     _check_runnable(command[0])
+    # Nodes are checked here, before any rank or daemon exists: every rank would refuse them alike.
+    if ranks_per_node is not None:
+        per_node: int | None = ranks_per_node
+        nodes, node_names, node_how = node_layout(nranks, None, per_node, f"--ranks-per-node {per_node}")
+    else:
+        per_node = ranks_per_node_from_env(dict(os.environ, **(extra_env or {}))) if nranks > 1 else None
+        nodes, node_names, node_how = node_layout(nranks, None, per_node)
+    node_of = {r: i for i, ranks in enumerate(nodes) for r in ranks}
+    if per_node is not None:
+        print(f"circuslink run: {nranks} ranks in {describe_nodes(nodes, node_names, node_how)}", file=sys.stderr)
 
     devices: list[int] = []
     if backend == "cuda":
@@ -117,6 +131,8 @@ def launch(
         PYTHONUNBUFFERED="1",
     )
     base_env.update(_NO_MULTICAST)
+    if ranks_per_node is not None:
+        base_env[ENV_RANKS_PER_NODE] = str(ranks_per_node)
     lock = threading.Lock()
     ranks: list[_Rank] = []
     interrupted = {"signal": None}
@@ -183,7 +199,8 @@ def launch(
     if r < 0:
         print(f"circuslink run: interrupted by {signal.Signals(-code).name}; ended all ranks", file=sys.stderr)
         return 130
-    print(f"circuslink run: rank {r} {_describe_exit(code)}; ended the other ranks", file=sys.stderr)
+    where = f" (node {node_of[r]})" if len(nodes) > 1 else ""
+    print(f"circuslink run: rank {r}{where} {_describe_exit(code)}; ended the other ranks", file=sys.stderr)
     return code if code > 0 else 128 - code
 
 
@@ -273,21 +290,27 @@ def set_invocation(argv: Sequence[str]) -> None:
 
 
 def relaunch_self(nranks: int, backend: str | None, prefer_mpirun: bool = False, mps_mode: str = "auto",
-                  argv: Sequence[str] | None = None) -> int:
+                  argv: Sequence[str] | None = None, ranks_per_node: int | None = None) -> int:
     """Run this ``circuslink`` command again as ``nranks`` ranks (multi-rank CLI commands call this
     when they are not inside a job yet); the one way a command relaunches itself.
 
     The ranks get the same arguments (``argv``, default: those of this invocation). With
     ``prefer_mpirun`` (benchmarks whose baselines need MPI) they are started by mpirun when it and
     mpi4py are there, with MPS arranged around it as ``circuslink mps`` does; otherwise by
-    :func:`launch`. Either way ranks that share a GPU run under MPS (``mps_mode``).
+    :func:`launch`. Either way ranks that share a GPU run under MPS (``mps_mode``). ``ranks_per_node``
+    declares nodes on this machine (``CIRCUSLINK_RANKS_PER_NODE``, which mpirun forwards).
     """
     from . import _guard, mps
+    from .world import ENV_RANKS_PER_NODE, node_layout
 
     args = list(argv) if argv is not None else list(_invocation if _invocation is not None else sys.argv[1:])
     command = [sys.executable, "-m", "circuslink", *args]
     backend = resolve_backend(backend)
+    if ranks_per_node is not None:
+        node_layout(nranks, None, ranks_per_node, f"--ranks-per-node {ranks_per_node}")  # refused before any rank
     if prefer_mpirun and mpirun_available():
+        if ranks_per_node is not None:
+            os.environ[ENV_RANKS_PER_NODE] = str(ranks_per_node)
         os.environ["CIRCUSLINK_BACKEND"] = backend
         for key, value in _NO_MULTICAST.items():
             os.environ.setdefault(key, value)
@@ -315,4 +338,5 @@ def relaunch_self(nranks: int, backend: str | None, prefer_mpirun: bool = False,
                     os.environ[k] = v
             session.stop()
             guard.close()
-    return launch(nranks, command, backend=backend, tag_output="others", mps_mode=mps_mode)
+    return launch(nranks, command, backend=backend, tag_output="others", mps_mode=mps_mode,
+                  ranks_per_node=ranks_per_node)

@@ -9,6 +9,11 @@
   rank 0 hosts the store and sends its address to the others through mpi4py;
 * a plain single process: a world of one rank.
 
+Ranks are grouped into **nodes** (:func:`node_layout`): by host name, or in blocks of K consecutive ranks
+when ``CIRCUSLINK_RANKS_PER_NODE=K`` is set (``circuslink run --ranks-per-node K`` sets it), which
+declares node boundaries on one machine. Memory is mapped only inside a node; traffic between nodes
+goes through gateway ranks over an engine (MPI; ``circuslink.links``, docs/scale.md).
+
 Every collective of Python objects waits through one function (``Bootstrap.exchange``), so
 every one of them has the same time-out and the same error, naming the ranks that did not arrive.
 """
@@ -18,12 +23,16 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from . import _store
 from ._bootstrap import Bootstrap
 from ._config import resolve_timeout
 from .errors import ConfigError
+
+ENV_RANKS_PER_NODE = "CIRCUSLINK_RANKS_PER_NODE"
 
 
 def _env_int(env: dict[str, str], *names: str) -> int | None:
@@ -35,6 +44,79 @@ def _env_int(env: dict[str, str], *names: str) -> int | None:
             except ValueError:
                 raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from None
     return None
+
+
+def ranks_per_node_from_env(env: dict[str, str] | None = None) -> int | None:
+    """``CIRCUSLINK_RANKS_PER_NODE`` as a positive integer, or None when unset (empty counts as unset)."""
+    env = os.environ if env is None else env
+    k = _env_int(env, ENV_RANKS_PER_NODE)
+    if k is not None and k < 1:
+        raise ConfigError(f"environment variable {ENV_RANKS_PER_NODE}={k} must be a positive number of ranks")
+    return k
+
+
+def node_layout(size: int, hosts: Sequence[str] | None = None, ranks_per_node: int | None = None,
+                source: str | None = None) -> tuple[list[list[int]], list[str], str]:
+    """How ``size`` ranks group into nodes: ``(nodes, names, how)``.
+
+    ``nodes[i]`` lists node i's ranks (ascending); ``names[i]`` names it; ``how`` says where the grouping
+    came from, for messages. With ``ranks_per_node`` K, node i holds ranks iK .. iK+K-1 (K must divide
+    ``size``, and a declared node may not span two hosts); otherwise ranks sharing a host name form a node,
+    nodes numbered in order of their lowest rank. ``hosts[r]`` is rank r's host name (None: one host).
+    ``source`` names where K came from in messages (default ``CIRCUSLINK_RANKS_PER_NODE=K``).
+    """
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"node layout: the job needs at least 1 rank, got {size!r}")
+    if hosts is not None and len(hosts) != size:
+        raise ConfigError(f"node layout: {len(hosts)} host names for {size} ranks")
+    if ranks_per_node is not None:
+        k = ranks_per_node
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ConfigError(f"{source or 'ranks per node'}: must be a positive number of ranks, got {k!r}")
+        source = source or f"{ENV_RANKS_PER_NODE}={k}"
+        if size % k:
+            raise ConfigError(f"{source} does not divide the job's {size} ranks into whole nodes "
+                              f"(use a K that divides {size})")
+        nodes = [list(range(i, i + k)) for i in range(0, size, k)]
+        for i, ranks in enumerate(nodes):
+            seen = {hosts[r] for r in ranks} if hosts is not None else set()
+            if len(seen) > 1:
+                a = ranks[0]
+                b = next(r for r in ranks if hosts[r] != hosts[a])
+                raise ConfigError(f"{source} puts rank {a} (host {hosts[a]}) and rank {b} (host "
+                                  f"{hosts[b]}) in node {i}: a declared node cannot span two hosts")
+        return nodes, [f"node{i}" for i in range(len(nodes))], f"declared by {source}"
+    if hosts is None:
+        return [list(range(size))], [socket.gethostname()], "one host"
+    by_host: dict[str, list[int]] = {}
+    for r, h in enumerate(hosts):
+        by_host.setdefault(h, []).append(r)
+    return list(by_host.values()), list(by_host), "by host name"
+
+
+def _job_layout(size: int, hosts: Sequence[str] | None) -> tuple[list[list[int]], list[str], str]:
+    """This job's nodes, from the environment. A world of one rank is one node whatever the environment
+    says (a plain ``python app.py`` with the variable exported keeps working)."""
+    return node_layout(size, hosts, ranks_per_node_from_env() if size > 1 else None)
+
+
+def _span(ranks: Sequence[int]) -> str:
+    """``0-3`` for a run of consecutive ranks, else ``0,2,5``."""
+    if len(ranks) > 1 and list(ranks) == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks))
+
+
+def describe_nodes(nodes: Sequence[Sequence[int]], names: Sequence[str], how: str) -> str:
+    """One line: ``2 nodes of 2 ranks (declared by ...): node 0 = ranks 0-1, node 1 = ranks 2-3``."""
+    sizes = {len(n) for n in nodes}
+    shape = f"{len(nodes)} node{'s' * (len(nodes) != 1)}" + (f" of {len(nodes[0])} rank{'s' * (len(nodes[0]) != 1)}"
+                                                           if len(sizes) == 1 else "")
+    parts = []
+    for i, (ranks, name) in enumerate(zip(nodes, names, strict=True)):
+        label = f"node {i}" if name == f"node{i}" else f"node {i} ({name})"
+        parts.append(f"{label} = rank{'s' * (len(ranks) != 1)} {_span(ranks)}")
+    return f"{shape} ({how}): " + ", ".join(parts)
 
 
 class World:
@@ -52,6 +134,7 @@ class World:
         launched_by: str,
         hosted_store: _store.StoreServer | None = None,
         mpi_comm: Any = None,
+        layout: tuple[list[list[int]], list[str], str] | None = None,
     ) -> None:
         self.rank = rank
         self.size = size
@@ -62,9 +145,18 @@ class World:
         self._boot = Bootstrap(rank, size, local_rank, local_size, job_id, store)
         self._hosted_store = hosted_store
         self._mpi_comm = mpi_comm
+        # Held around every MPI call circuslink makes from a thread other than the main one (the engine
+        # links' proxy) and around the main thread's calls that may overlap it: MPI runs SERIALIZED.
+        self.mpi_lock = threading.RLock()
         self._closed = False
         self._resources: list = []  # live Resources (circuslink._lifecycle), closed newest first by close()
         self._registries: dict[str, Any] = {}  # per-world state of subsystems (see registry())
+        self._nodes, self._node_names, self._node_how = layout or _job_layout(size, None)
+        self._node_index = [0] * size
+        for i, ranks in enumerate(self._nodes):
+            for r in ranks:
+                self._node_index[r] = i
+        self._declared_nodes = self._node_how.startswith("declared")
         from .backends import select_backend
 
         self.backend = select_backend(backend_name, self._boot)
@@ -101,9 +193,63 @@ class World:
 
     def __repr__(self) -> str:
         return (
-            f"World(rank={self.rank}, size={self.size}, local_rank={self.local_rank}, "
+            f"World(rank={self.rank}, size={self.size}, local_rank={self.local_rank}, node={self.node}, "
             f"backend={self.backend.name!r}, device={self.device})"
         )
+
+    # -- nodes --------------------------------------------------------------------------------
+    @property
+    def node(self) -> int:
+        """This rank's node index (nodes numbered by their lowest rank)."""
+        return self._node_index[self.rank]
+
+    @property
+    def nodes(self) -> list[list[int]]:
+        """Every node's ranks, ascending: ``world.nodes[world.node]`` holds this rank."""
+        return [list(ranks) for ranks in self._nodes]
+
+    @property
+    def node_names(self) -> list[str]:
+        """The nodes' names: host names, or ``node0``, ``node1``... for declared nodes."""
+        return list(self._node_names)
+
+    @property
+    def node_rank(self) -> int:
+        """This rank's index inside its node."""
+        return self._nodes[self.node].index(self.rank)
+
+    @property
+    def nodes_declared(self) -> bool:
+        """True when node boundaries come from ``CIRCUSLINK_RANKS_PER_NODE`` (``--ranks-per-node``), not hosts."""
+        return self._declared_nodes
+
+    def node_of(self, rank: int) -> int:
+        """The node index of ``rank``."""
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.size:
+            raise ConfigError(f"node_of: rank {rank!r} is out of range for a world of {self.size} ranks")
+        return self._node_index[rank]
+
+    def describe_nodes(self) -> str:
+        """One line naming the nodes and their ranks (what ``circuslink run`` and ``info`` print)."""
+        return describe_nodes(self._nodes, self._node_names, self._node_how)
+
+    def check_mappable(self, peers: Iterable[int] | None = None, what: str = "alloc") -> list[int]:
+        """The ranks whose memory this rank may map: ``peers`` (None: every rank of this rank's node),
+        sorted. Memory is mapped only inside a node, so a peer in another node raises one line naming it,
+        its node and how the nodes were formed (``what`` names the caller: ``alloc``, ``peer view``...)."""
+        if peers is None:
+            return list(self._nodes[self.node])
+        out = set()
+        for p in peers:
+            if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < self.size:
+                raise ConfigError(f"{what}: peer {p!r} is not a rank of this world of {self.size} ranks")
+            if self._node_index[p] != self.node:
+                raise ConfigError(
+                    f"{what}: rank {self.rank} (node {self.node}) cannot map the memory of rank {p}, which is on "
+                    f"node {self._node_index[p]} (nodes {self._node_how}): memory is mapped only inside a node; "
+                    "traffic between nodes goes through gateway ranks over the engine (MPI), docs/scale.md")
+            out.add(int(p))
+        return sorted(out)
 
     # -- resources (circuslink._lifecycle) -----------------------------------------------------
     def _own(self, resource) -> None:
@@ -162,6 +308,10 @@ class World:
         if len(set(sizes)) != 1:
             detail = ", ".join(f"rank {r}: {n}" for r, n in enumerate(sizes))
             raise ConfigError(f"alloc is collective and needs the same nbytes on every rank ({detail})")
+        if len(self._nodes) > 1 and not self._declared_nodes:
+            # Ranks on other hosts cannot be mapped at all: say so before the back-end tries. (Declared
+            # nodes on one machine still map; the routed channels map only their neighbours.)
+            self.check_mappable(range(self.size) if wanted is None else wanted, "alloc")
         buf = self.backend.alloc(nbytes, timeout, wanted)
         buf.world = self
         self._own(buf)
@@ -194,7 +344,7 @@ class World:
             if self._mpi_comm is not None:
                 # Under mpirun rank 0 hosts the store: a peer may still be reading the last
                 # barrier's reply when rank 0 would close it, so wait on MPI, bounded, first.
-                _bounded_mpi_barrier(self._mpi_comm, resolve_timeout(timeout), self.rank)
+                _bounded_mpi_barrier(self._mpi_comm, resolve_timeout(timeout), self.rank, self.mpi_lock)
         finally:
             self._closed = True
             self.backend.close()
@@ -220,11 +370,16 @@ class World:
 _current: World | None = None
 
 
-def _bounded_mpi_barrier(comm, timeout: float, rank: int) -> None:
+def _bounded_mpi_barrier(comm, timeout: float, rank: int, lock) -> None:
     from ._wait import wait_until
 
-    request = comm.Ibarrier()
-    wait_until(request.Test, timeout, f"the closing MPI barrier on rank {rank}")
+    def test() -> bool:
+        with lock:
+            return request.Test()
+
+    with lock:
+        request = comm.Ibarrier()
+    wait_until(test, timeout, f"the closing MPI barrier on rank {rank}")
 
 
 _failing = False
@@ -234,6 +389,15 @@ def _note_failure(exc_type, exc, tb, _previous=None) -> None:
     global _failing
     _failing = True  # an unhandled error: exit now, do not wait in close() for peers
     (_previous or sys.__excepthook__)(exc_type, exc, tb)
+    world = _current
+    if world is not None and world._mpi_comm is not None and world.size > 1:
+        # Under mpirun a rank that leaves with an error would wait in MPI_Finalize for peers that wait for
+        # it: abort the job instead, now, naming the rank (mpirun names it too).
+        where = f" (node {world.node})" if len(world._nodes) > 1 else ""
+        sys.stderr.write(f"circuslink: rank {world.rank}{where} failed ({exc_type.__name__}: {exc}); aborting the "
+                         "MPI job\n")
+        sys.stderr.flush()
+        world._mpi_comm.Abort(1)
 
 
 def _close_at_exit() -> None:
@@ -269,10 +433,11 @@ def init(backend: str | None = None, timeout: float | None = None) -> World:
             )
         local_rank = _env_int(env, "CIRCUSLINK_LOCAL_RANK")
         local_size = _env_int(env, "CIRCUSLINK_LOCAL_SIZE")
+        layout = _job_layout(size, None)  # the launcher starts every rank on its own host
         store = _store.StoreClient(env["CIRCUSLINK_STORE"], env["CIRCUSLINK_STORE_TOKEN"], connect_timeout)
         world = World(
             rank, size, rank if local_rank is None else local_rank, size if local_size is None else local_size,
-            env.get("CIRCUSLINK_JOB_ID", "job"), store, backend, "circuslink run",
+            env.get("CIRCUSLINK_JOB_ID", "job"), store, backend, "circuslink run", layout=layout,
         )
     else:
         mpi_rank = _env_int(env, "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
@@ -302,9 +467,10 @@ def _init_from_mpi(env: dict[str, str], backend: str | None, connect_timeout: fl
     try:
         import mpi4py
 
-        # One thread talks to MPI (the store's thread never does). THREAD_MULTIPLE, mpi4py's
-        # default, makes Open MPI 4.1 refuse one-sided windows on some builds (MPI_ERR_WIN).
-        mpi4py.rc.thread_level = "funneled"
+        # One thread at a time talks to MPI: the main thread, and the engine links' proxy thread
+        # (circuslink.links) under world.mpi_lock. THREAD_MULTIPLE, mpi4py's default, makes Open MPI
+        # 4.1 refuse one-sided windows on some builds (MPI_ERR_WIN); SERIALIZED takes no locks either.
+        mpi4py.rc.thread_level = "serialized"
         from mpi4py import MPI
     except ImportError:
         raise ConfigError(
@@ -313,6 +479,8 @@ def _init_from_mpi(env: dict[str, str], backend: str | None, connect_timeout: fl
         ) from None
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
+    # Nodes are hosts unless CIRCUSLINK_RANKS_PER_NODE declares them; a bad value fails here, on every rank alike.
+    layout = _job_layout(size, comm.allgather(socket.gethostname()))
     local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     local_rank, local_size = local.Get_rank(), local.Get_size()
     local.Free()
@@ -330,4 +498,4 @@ def _init_from_mpi(env: dict[str, str], backend: str | None, connect_timeout: fl
     previous = sys.excepthook
     sys.excepthook = lambda t, e, tb: _note_failure(t, e, tb, previous)
     store = _store.StoreClient(address, token, connect_timeout)
-    return World(rank, size, local_rank, local_size, job_id, store, backend, "mpirun", hosted, comm)
+    return World(rank, size, local_rank, local_size, job_id, store, backend, "mpirun", hosted, comm, layout)

@@ -1,7 +1,10 @@
 """Topologies, routing tables, virtual channels and the deadlock check (docs/routing.md).
 
     from circuslink import topology
-    t = topology.parse("torus:4x4")           # or ring:8, line:4, mesh:4x4, a JSON or edge-list file
+    t = topology.parse("torus:4x4")           # or ring:8, line:4, mesh:4x4, full:8, a JSON or edge-list file
+    n = topology.parse("nodes:2x4")           # 2 nodes of 4 (all-to-all inside), engine links between gateways
+    n.nodes, n.gateway(0, 1)                  # [[0, 1, 2, 3], [4, 5, 6, 7]], (0, 4)
+    topology.nodes(world.nodes, "ring:2")     # the job's own nodes (world.nodes), a ring inside each
     t.neighbours(5)                           # the ranks whose memory rank 5 maps
     r = t.routing()                           # dimension order, 2 dateline virtual channels on tori
     r.entry(0, 10)                            # Entry(next=1, port=0, vc=0): table[rank][dst]
@@ -19,12 +22,18 @@ from ._deadlock import check as _check
 from ._files import from_edge_list, from_json
 from ._files import load as load
 from ._model import (
+    ENGINE_KIND,
     KINDS,
+    LINK_ENGINE,
+    LINK_KIND_NAMES,
+    LINK_MAPPED,
     MAX_RANKS,
+    STRING_KINDS,
     Link,
     Port,
     Topology,
     TopologyError,
+    full,
     graph,
     line,
     mesh,
@@ -33,6 +42,7 @@ from ._model import (
     ring,
     torus,
 )
+from ._nodes import NodeInfo, nodes
 from ._routing import (
     ENTRY,
     MAX_VCS,
@@ -63,8 +73,12 @@ def check(topology: Topology | str | Routing, vcs: int | None = None) -> CheckRe
 
 
 __all__ = [
+    "ENGINE_KIND",
     "ENTRY",
     "KINDS",
+    "LINK_ENGINE",
+    "LINK_KIND_NAMES",
+    "LINK_MAPPED",
     "MAX_RANKS",
     "MAX_VCS",
     "NO_LINK",
@@ -72,11 +86,13 @@ __all__ = [
     "PORT",
     "PORT_LOCAL",
     "PORT_NONE",
+    "STRING_KINDS",
     "TABLE",
     "CheckResult",
     "Entry",
     "Hop",
     "Link",
+    "NodeInfo",
     "Port",
     "Routing",
     "SimResult",
@@ -87,10 +103,12 @@ __all__ = [
     "find_cycle",
     "from_edge_list",
     "from_json",
+    "full",
     "graph",
     "line",
     "load",
     "mesh",
+    "nodes",
     "parse",
     "parse_spec_string",
     "ring",

@@ -59,6 +59,14 @@ class CheckResult:
 
 def _hint(r: Routing) -> str:
     t = r.topology
+    if t.has_nodes:
+        from ._routing import vc_range
+
+        lo, hi, _ = vc_range(t)
+        if r.vcs == lo:
+            return (f"--vcs {hi} (two classes: hops toward a gateway and hops inside the destination's node on "
+                    "separate virtual channels)")
+        return "the routing inside a node has a cycle of its own: check the topology inside the nodes"
     if t.is_grid:
         return "use 2 virtual channels (the default on rings and tori): the dateline breaks every ring's cycle"
     most = r.max_hops

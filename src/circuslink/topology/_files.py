@@ -6,7 +6,9 @@ JSON (``.json``, or any file whose first character is ``{``)::
      "links": [["a", "b"], {"a": "b", "b": "c", "kind": "nvlink", "weight": 2}],
      "directed": false}                          # optional: links are bidirectional by default
 
-A node may also be ``{"name": "a", "group": "host0"}`` (ranks grouped by host, for hierarchical routing).
+A node may also be ``{"name": "a", "node": "host0"}`` (``"group"`` is the older name): the ranks of a
+topology of nodes, with mapped links inside a node and ``kind=engine`` links between nodes (their ends
+are the gateways; see ``_nodes``).
 
 Edge list (any other file)::
 
@@ -15,6 +17,7 @@ Edge list (any other file)::
     a b                   # a link (both ways unless directed)
     b c kind=network weight=4
     d                     # a node on its own line (declares it, e.g. to fix rank order)
+    d node=host1          # ... and the node (host) it belongs to
 
 Ranks follow first appearance, except that when every name is a plain non-negative integer the names are the
 ranks (0..max). Every problem raises :class:`TopologyError` naming the file and the line (edge list) or the
@@ -29,14 +32,15 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ._model import DEFAULT_LINK_KIND, MAX_LINKS, MAX_RANKS, Link, Topology, TopologyError
+from ._model import DEFAULT_LINK_KIND, ENGINE_KIND, MAX_LINKS, MAX_RANKS, Link, Topology, TopologyError
 
 MAX_FILE_BYTES = 16 << 20
 MAX_WEIGHT = 1e9  # path sums stay exact enough and finite
 _JSON_KEYS = ("nodes", "links", "directed", "name", "description", "comment")
-_NODE_KEYS = ("name", "group")
+_NODE_KEYS = ("name", "node", "group")
 _LINK_KEYS = ("a", "b", "kind", "weight")
 _OPTION_KEYS = ("kind", "weight")
+_NODE_OPTION_KEYS = ("node",)
 _INT_NAME = re.compile(r"^(0|[1-9][0-9]*)$")
 
 
@@ -106,9 +110,13 @@ def from_json(text: str, where: str = "<json>") -> Topology:
                     raise TopologyError(f"{where}: nodes[{i}]: unknown key {bad[0]!r} (known: {', '.join(_NODE_KEYS)})")
                 if "name" not in entry:
                     raise TopologyError(f"{where}: nodes[{i}]: missing 'name'")
-                group = entry.get("group")
-                if group is not None and (not isinstance(group, str | int) or isinstance(group, bool)):
-                    raise TopologyError(f"{where}: nodes[{i}]: 'group' must be a string, got "
+                if "node" in entry and "group" in entry:
+                    raise TopologyError(f"{where}: nodes[{i}]: give 'node' or 'group' (its older name), not both")
+                key = "node" if "node" in entry else "group"
+                group = entry.get(key)
+                if group is not None and (not isinstance(group, str | int) or isinstance(group, bool)
+                                          or not str(group).strip()):
+                    raise TopologyError(f"{where}: nodes[{i}]: '{key}' must be a name, got "
                                         f"{json.dumps(group)[:40]}")
                 group = None if group is None else str(group)
                 entry = entry["name"]
@@ -158,6 +166,7 @@ def from_edge_list(text: str, where: str = "<edges>") -> Topology:
     order: list[str] = []
     seen: set[str] = set()
     edges = []
+    node_of: dict[str, tuple[str, str]] = {}  # name -> (its node, where it was said)
     for lineno, raw_line in enumerate(text.splitlines(), 1):
         at = f"{where}:{lineno}"
         tokens = raw_line.split("#", 1)[0].split()
@@ -170,17 +179,28 @@ def from_edge_list(text: str, where: str = "<edges>") -> Topology:
             continue
         names = [t for t in tokens if "=" not in t]
         options: dict[str, str] = {}
+        known = _NODE_OPTION_KEYS if len(names) == 1 else _OPTION_KEYS
         for t in tokens:
             if "=" in t:
                 key, _, value = t.partition("=")
-                if key not in _OPTION_KEYS:
-                    raise TopologyError(f"{at}: unknown option {key!r} (known: {', '.join(_OPTION_KEYS)})")
+                if key not in known:
+                    if len(names) == 2 and key in _NODE_OPTION_KEYS:
+                        raise TopologyError(f"{at}: 'node=' goes on a line of its own: 'a node=host0'")
+                    raise TopologyError(f"{at}: unknown option {key!r} (known: {', '.join(known)})")
                 if key in options:
                     raise TopologyError(f"{at}: option {key!r} given twice")
                 options[key] = value
-        if len(names) not in (1, 2) or (len(names) == 1 and options):
-            raise TopologyError(f"{at}: expected 'a b [kind=K] [weight=W]' (a link) or 'a' (a node), "
+        if len(names) not in (1, 2):
+            raise TopologyError(f"{at}: expected 'a b [kind=K] [weight=W]' (a link) or 'a [node=N]' (a node), "
                                 f"got {raw_line.strip()[:60]!r}")
+        if "node" in options:
+            value = options["node"]
+            if not value:
+                raise TopologyError(f"{at}: node= needs a name, e.g. 'a node=host0'")
+            first = node_of.get(names[0])
+            if first is not None and first[0] != value:
+                raise TopologyError(f"{at}: node {names[0]!r} is in two nodes: {first[0]} ({first[1]}) and {value}")
+            node_of[names[0]] = (value, at)
         for n in names:
             if n not in seen:
                 seen.add(n)
@@ -201,9 +221,12 @@ def from_edge_list(text: str, where: str = "<edges>") -> Topology:
         if top >= MAX_RANKS:
             raise TopologyError(f"{where}: rank {top} is too large: circuslink routes at most {MAX_RANKS} ranks")
         nodes: Any = top + 1  # the names are the ranks; unnamed ranks in between are isolated nodes
+        rank_names = [str(r) for r in range(top + 1)]
     else:
         nodes = order
-    return _build(nodes, edges, directed=directed, name=where, groups=None, where=where)
+        rank_names = order
+    groups = [node_of[n][0] if n in node_of else None for n in rank_names] if node_of else None
+    return _build(nodes, edges, directed=directed, name=where, groups=groups, where=where)
 
 
 # ---- shared checks ------------------------------------------------------------------------------
@@ -258,6 +281,14 @@ def _build(nodes: list[str] | int, edges: list[tuple], *, directed: bool, name: 
         rank_of[n] = r
     if groups is not None and len(groups) != len(names):
         raise TopologyError(f"{where}: {len(groups)} groups for {len(names)} nodes")
+    if groups is not None and all(g is None for g in groups):
+        groups = None
+    if groups is not None:
+        groups = [None if g is None else str(g) for g in groups]
+        missing = next((r for r, g in enumerate(groups) if g is None), None)
+        if missing is not None:
+            raise TopologyError(f"{where}: {names[missing]!r} (rank {missing}) has no node while others have one: "
+                                "give every rank its node")
 
     pairs: dict[tuple[int, int], str] = {}
     directed_links: list[tuple[int, int, str, float]] = []
@@ -274,7 +305,8 @@ def _build(nodes: list[str] | int, edges: list[tuple], *, directed: bool, name: 
         if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight <= MAX_WEIGHT:
             raise TopologyError(f"{at}: weight must be a positive number up to {MAX_WEIGHT:g}, got {weight!r}"[:200])
         if not isinstance(kind, str) or not kind.strip() or len(kind) > 64 or any(c.isspace() for c in kind):
-            raise TopologyError(f"{at}: kind must be a short word such as nvlink or network, got {kind!r}")
+            raise TopologyError(f"{at}: kind must be a short word such as nvlink or engine, got {kind!r}")
+        _check_kind(kind, ra, rb, names, groups, at)
         directed_links.append((ra, rb, kind, float(weight)))
         if not directed:
             directed_links.append((rb, ra, kind, float(weight)))
@@ -290,7 +322,30 @@ def _build(nodes: list[str] | int, edges: list[tuple], *, directed: bool, name: 
     directed_links.sort(key=lambda k: (k[0], k[1]))
     links = [Link(i, src, dst, port_of[src][dst], kind=kind, weight=weight)
              for i, (src, dst, kind, weight) in enumerate(directed_links)]
-    return Topology("graph", names, links, name=name, directed=directed, groups=groups)
+    topology = Topology("graph", names, links, name=name, directed=directed, groups=groups)
+    if groups is None:
+        return topology
+    from ._nodes import from_file_nodes
+
+    return from_file_nodes(topology, list(groups), where)
+
+
+def _check_kind(kind: str, a: int, b: int, names: list[str], groups: Sequence[str | None] | None, at: str) -> None:
+    """Engine links join nodes, mapped links stay inside one: one line naming the link and its nodes."""
+    engine = kind == ENGINE_KIND
+    if groups is None:
+        if engine:
+            raise TopologyError(f"{at}: link {names[a]}-{names[b]} has kind=engine, which joins nodes, but no rank "
+                                "names its node (give every rank its node: 'a node=host0', {\"name\": .., "
+                                "\"node\": ..})")
+        return
+    ga, gb = groups[a], groups[b]
+    if engine and ga == gb:
+        raise TopologyError(f"{at}: link {names[a]}-{names[b]} has kind=engine but both ranks are in node {ga}: "
+                            "inside a node links are mapped memory (engine links join nodes)")
+    if not engine and ga != gb:
+        raise TopologyError(f"{at}: link {names[a]}-{names[b]} joins node {ga} and node {gb} but has kind={kind}: "
+                            "the engine carries links between nodes (write kind=engine)")
 
 
 def _lookup(rank_of: dict[str, int], node: str, at: str, names: list[str]) -> int:

@@ -1,8 +1,14 @@
-"""Topologies as data: ranks (nodes), directed links with ports and kinds, and their constructors.
+"""Topologies as data: ranks, directed links with ports and kinds, and their constructors.
 
 A :class:`Topology` is plain data. Built-in kinds are grids: ``line:N`` and ``mesh:XxY`` (no wrap-around),
-``ring:N`` and ``torus:XxY`` (wrap-around in every dimension of 3 or more ranks). Custom graphs come from
+``ring:N`` and ``torus:XxY`` (wrap-around in every dimension of 3 or more ranks); ``full:N`` (every rank
+linked to every other); and ``nodes:NxK`` / ``nodes:Nx(INNER)`` (ranks grouped into nodes, joined between
+nodes by engine links through gateway ranks: :mod:`circuslink.topology._nodes`). Custom graphs come from
 :func:`graph` (Python) or a file (:mod:`circuslink.topology._files`). Routing lives in ``_routing``.
+
+Every link has a kind: the word ``engine`` marks a link between nodes that an engine (MPI) carries; every
+other word (``direct``, the default; ``mapped``, ``nvlink``, ``pcie``... as labels) is a link through
+mapped memory. Ports carry the code (:data:`LINK_MAPPED`, :data:`LINK_ENGINE`) for the device.
 """
 
 from __future__ import annotations
@@ -19,10 +25,15 @@ import numpy as np
 
 from ..errors import ConfigError
 
-KINDS = ("ring", "line", "mesh", "torus")
+KINDS = ("ring", "line", "mesh", "torus")  # the grids (spec files name them as kind="..." dims="...")
+STRING_KINDS = (*KINDS, "full", "nodes")  # every kind:dims string
 MAX_RANKS = 1024  # the host computes full ranks x ranks tables; the header's dst_rank field has 16 bits
 MAX_LINKS = 1 << 16
 DEFAULT_LINK_KIND = "direct"
+ENGINE_KIND = "engine"  # the link kind carried by the engine between nodes (MPI)
+LINK_MAPPED = 0  # Port.kind: the peer's memory is mapped (loads and stores)
+LINK_ENGINE = 1  # Port.kind: packets cross through the engine (a proxy on each gateway, MPI between them)
+LINK_KIND_NAMES = {LINK_MAPPED: "mapped", LINK_ENGINE: ENGINE_KIND}
 DIM_NAMES = "xyzw"
 _SPEC_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_-]*)\s*:(.*)$")
 _DIMS_RE = re.compile(r"^[0-9]+(x[0-9]+)*$")
@@ -51,14 +62,26 @@ class Link:
     sign: int = 0
     dateline: bool = False
 
+    @property
+    def engine(self) -> bool:
+        """True when the engine (MPI) carries this link: it joins two nodes and maps no memory."""
+        return self.kind == ENGINE_KIND
+
+    @property
+    def kind_code(self) -> int:
+        """:data:`LINK_ENGINE` or :data:`LINK_MAPPED` (what the device's port table holds)."""
+        return LINK_ENGINE if self.engine else LINK_MAPPED
+
 
 class Port(NamedTuple):
-    """One port of a rank: the neighbour behind it and the link ids each way (-1: none)."""
+    """One port of a rank: the neighbour behind it, the link ids each way (-1: none) and the links' kind
+    (:data:`LINK_MAPPED` or :data:`LINK_ENGINE`)."""
 
     peer: int
     out_link: int
     in_link: int
     peer_port: int
+    kind: int = LINK_MAPPED
 
 
 class Topology:
@@ -67,13 +90,16 @@ class Topology:
 
     def __init__(self, kind: str, names: Sequence[str], links: Sequence[Link], *, name: str,
                  dims: tuple[int, ...] = (), directed: bool = False,
-                 groups: Sequence[str | None] | None = None) -> None:
+                 groups: Sequence[str | None] | None = None, node_info: Any = None) -> None:
         self.kind = kind
         self.name = name
         self.dims = tuple(dims)
         self.directed = directed
         self.names = list(names)
         self.links = list(links)
+        self.node_info = node_info  # _nodes.NodeInfo for kind "nodes": ranks per node, inner topologies, hops
+        if node_info is not None:
+            groups = [node_info.names[node_info.node_of[r]] for r in range(len(self.names))]
         self._groups = list(groups) if groups is not None else [None] * len(self.names)
         self._rank_by_name = {n: r for r, n in enumerate(self.names)}
         self._out: list[list[Link]] = [[] for _ in self.names]
@@ -118,10 +144,13 @@ class Topology:
                     back = next(i for i in self._in[rank] if i.src == k.dst and i.port == k.port ^ 1)
                     ports[k.port] = Port(k.dst, k.id, back.id, k.port ^ 1)
             else:
-                out_to = {k.dst: k.id for k in self._out[rank]}
-                in_from = {k.src: k.id for k in self._in[rank]}
-                ports = [Port(peer, out_to.get(peer, -1), in_from.get(peer, -1), port_at[peer][rank])
-                         for peer in peers_of[rank]]
+                out_to = {k.dst: k for k in self._out[rank]}
+                in_from = {k.src: k for k in self._in[rank]}
+                ports = []
+                for peer in peers_of[rank]:
+                    fwd, back = out_to.get(peer), in_from.get(peer)
+                    ports.append(Port(peer, fwd.id if fwd else -1, back.id if back else -1, port_at[peer][rank],
+                                      (fwd or back).kind_code))
             out.append(ports)
         return out
 
@@ -141,12 +170,15 @@ class Topology:
         return f"Topology({self.name!r}, {self.size} ranks, {len(self.links)} links)"
 
     def describe(self) -> str:
-        """One line: name, ranks, links and kinds."""
+        """One line: name, ranks, links and kinds (and, with nodes, the nodes and their gateways)."""
         kinds = sorted({link.kind for link in self.links})
         pairs = len(self.links) if self.directed else len({frozenset((k.src, k.dst)) for k in self.links})
         what = "directed links" if self.directed else "bidirectional links"
         kind_text = f" ({', '.join(kinds)})" if kinds and kinds != [DEFAULT_LINK_KIND] else ""
-        return f"{self.name}: {self.size} ranks, {pairs} {what}{kind_text}"
+        text = f"{self.name}: {self.size} ranks, {pairs} {what}{kind_text}"
+        if self.node_info is not None:
+            text += "; " + self.node_info.describe()
+        return text
 
     # ---- ranks and names --------------------------------------------------------------------------
 
@@ -189,16 +221,77 @@ class Topology:
         return tuple(out)
 
     def group(self, rank: int) -> str | None:
-        """The group (host, node) a rank belongs to, from a file's ``"group"``; None when not given."""
+        """The name of the node a rank belongs to (a file's ``"node"``, ``node0``... for ``nodes:``); None
+        when the topology has no nodes."""
         return self._groups[self.check_rank(rank)]
 
     def groups(self) -> dict[str, list[int]]:
-        """Group name -> its ranks, for files that group nodes (hierarchical routing hook)."""
+        """Node name -> its ranks (empty when the topology has no nodes)."""
         out: dict[str, list[int]] = {}
         for rank, g in enumerate(self._groups):
             if g is not None:
                 out.setdefault(g, []).append(rank)
         return out
+
+    # ---- nodes ------------------------------------------------------------------------------------
+
+    @property
+    def has_nodes(self) -> bool:
+        """True for a topology of nodes (``nodes:...`` or a file giving each rank a ``node``)."""
+        return self.node_info is not None
+
+    @property
+    def nodes(self) -> list[list[int]]:
+        """Every node's ranks, ascending (one node of every rank when the topology has no nodes)."""
+        if self.node_info is None:
+            return [list(range(self.size))]
+        return [list(r) for r in self.node_info.ranks]
+
+    @property
+    def node_names(self) -> list[str]:
+        return list(self.node_info.names) if self.node_info is not None else ["node0"]
+
+    def node_of(self, rank: int) -> int:
+        """The node index of ``rank`` (0 when the topology has no nodes)."""
+        rank = self.check_rank(rank)
+        return self.node_info.node_of[rank] if self.node_info is not None else 0
+
+    def gateway(self, src_node: int, dst_node: int) -> tuple[int, int]:
+        """``(a, b)``: packets from node ``src_node`` to node ``dst_node`` leave from gateway rank ``a`` over
+        the engine link ``a -> b`` and land on rank ``b`` (a gateway of ``dst_node``)."""
+        info = self.node_info
+        n = len(info.ranks) if info is not None else 1
+        for what, node in (("source node", src_node), ("destination node", dst_node)):
+            if isinstance(node, bool) or not isinstance(node, int | np.integer) or not 0 <= node < n:
+                raise TopologyError(f"{self.name}: {what} {node!r} is outside 0..{n - 1} ({n} nodes)")
+        if src_node == dst_node or info is None:
+            raise TopologyError(f"{self.name}: a route inside node {src_node} takes no gateway")
+        return info.hop[src_node][dst_node]
+
+    def gateways(self, node: int | None = None) -> list[int]:
+        """The gateway ranks (ranks with an engine link) of ``node``, or of every node, sorted."""
+        ranks = {k.src for k in self.links if k.engine} | {k.dst for k in self.links if k.engine}
+        if node is not None:
+            ranks &= set(self.nodes[node])
+        return sorted(ranks)
+
+    def check_nodes(self, nodes: Sequence[Sequence[int]], how: str = "") -> None:
+        """Raise :class:`TopologyError` unless ``nodes`` (a job's nodes, e.g. ``world.nodes``) group the ranks
+        as this topology does (``how`` says where the job's nodes come from, for the message)."""
+        self.check_nranks(sum(len(n) for n in nodes))
+        mine = [sorted(n) for n in self.nodes]
+        theirs = [sorted(int(r) for r in n) for n in nodes]
+        if sorted(mine) == sorted(theirs):
+            return
+        job_of = {r: i for i, n in enumerate(theirs) for r in n}
+        for i, ranks in enumerate(mine):
+            if sorted(theirs[job_of[ranks[0]]]) != ranks:
+                other = theirs[job_of[ranks[0]]]
+                raise TopologyError(
+                    f"topology {self.name} puts ranks {_span(ranks)} in node {i}, but the job's node of rank "
+                    f"{ranks[0]} holds ranks {_span(other)}{f' ({how})' if how else ''}: declare the same nodes "
+                    "(circuslink run --ranks-per-node K, CIRCUSLINK_RANKS_PER_NODE=K) or use a topology of the "
+                    "job's nodes")
 
     # ---- links ------------------------------------------------------------------------------------
 
@@ -245,6 +338,10 @@ class Topology:
         """Boolean ``reach[src, dst]``: some path of links leads from src to dst."""
         if self.is_grid:
             return np.ones((self.size, self.size), dtype=bool)  # grids are connected by construction
+        if self.node_info is not None:  # routes between nodes take exactly one engine hop: follow the tables
+            from ._routing import _paths
+
+            return _paths(self).next >= 0
         from ._routing import shortest_distances
 
         return np.isfinite(shortest_distances(self))
@@ -278,6 +375,13 @@ class Topology:
     def route(self, src: int, dst: int, vcs: int | None = None) -> list:
         """The hops from ``src`` to ``dst`` (see :meth:`Routing.route`)."""
         return self.routing(vcs).route(src, dst)
+
+
+def _span(ranks: Sequence[int]) -> str:
+    ranks = list(ranks)
+    if len(ranks) > 1 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks))
 
 
 def _dim_name(d: int) -> str:
@@ -339,20 +443,40 @@ def torus(*dims: int) -> Topology:
     return _grid("torus", dims, wrap=True)
 
 
+def full(n: int) -> Topology:
+    """``full:N``: every rank linked both ways to every other (one NVSwitch machine). Ports number a rank's
+    neighbours in rank order, as on graphs."""
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or not 1 <= n <= MAX_RANKS:
+        raise TopologyError(f"full:{n}: a full topology has 1..{MAX_RANKS} ranks, got {n!r}")
+    n = int(n)
+    links = []
+    for src in range(n):
+        for dst in range(n):
+            if dst != src:
+                links.append(Link(len(links), src, dst, dst - (dst > src)))
+    return Topology("full", [str(r) for r in range(n)], links, name=f"full:{n}")
+
+
 _BUILDERS = {"ring": ring, "line": line, "mesh": mesh, "torus": torus}
-_EXAMPLES = {"ring": "ring:8", "line": "line:4", "mesh": "mesh:4x4", "torus": "torus:4x4"}
+_EXAMPLES = {"ring": "ring:8", "line": "line:4", "mesh": "mesh:4x4", "torus": "torus:4x4", "full": "full:8"}
 
 
 def parse_spec_string(text: str) -> Topology:
-    """A ``kind:dims`` string (``ring:8``, ``line:4``, ``mesh:4x4``, ``torus:4x4``, ``torus:4x4x2``)."""
+    """A ``kind:dims`` string (``ring:8``, ``line:4``, ``mesh:4x4``, ``torus:4x4``, ``torus:4x4x2``, ``full:8``,
+    ``nodes:2x4``, ``nodes:2x(ring:4)``, ``nodes:8x8,gw=spread``)."""
     m = _SPEC_RE.match(text)
     if not m:
-        raise TopologyError(f"malformed topology {text!r}: expected ring:N, line:N, mesh:XxY, torus:XxY or a file")
+        raise TopologyError(f"malformed topology {text!r}: expected ring:N, line:N, mesh:XxY, torus:XxY, full:N, "
+                            "nodes:NxK or a file")
     kind, dims_text = m.group(1).lower(), m.group(2).strip().lower()
-    if kind not in KINDS:
-        raise TopologyError(f"unknown topology kind {m.group(1)!r} in {text.strip()!r} (known: {', '.join(KINDS)}; "
-                            "no file of that name either)")
-    one_d = kind in ("ring", "line")
+    if kind == "nodes":
+        from ._nodes import parse_nodes
+
+        return parse_nodes(text.strip())
+    if kind not in (*KINDS, "full"):
+        raise TopologyError(f"unknown topology kind {m.group(1)!r} in {text.strip()!r} (known: "
+                            f"{', '.join(STRING_KINDS)}; no file of that name either)")
+    one_d = kind in ("ring", "line", "full")
     if not _DIMS_RE.match(dims_text) or (one_d and "x" in dims_text):
         form = f"{kind}:N" if one_d else f"{kind}:XxY"
         raise TopologyError(f"malformed topology {text.strip()!r}: expected {form} with positive integers, "
@@ -367,8 +491,10 @@ def parse_spec_string(text: str) -> Topology:
                             f"{'line' if kind == 'mesh' else 'ring'}:{dims[0]})")
     for d in dims:
         if d < 1:
-            what = "a ring" if kind == "ring" else "a line" if kind == "line" else "every dimension"
+            what = {"ring": "a ring", "line": "a line", "full": "a full topology"}.get(kind, "every dimension")
             raise TopologyError(f"{kind}:{dims_text}: {what} needs at least 1 rank, got {d}")
+    if kind == "full":
+        return full(dims[0])
     return _BUILDERS[kind](*dims)
 
 

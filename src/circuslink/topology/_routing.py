@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .._abi import PTR, U8, U16, U32, Struct
-from ._model import Link, Topology, TopologyError, _dim_name
+from ._model import LINK_KIND_NAMES, Link, Topology, TopologyError, _dim_name
 
 MAX_VCS = 16  # 4 bits of the routed header (docs/routing.md, "Header")
 NO_RANK = 0xFFFF  # Entry.next / Port.peer: none
@@ -24,7 +24,7 @@ PORT_NONE = 0xFF  # Entry.port when dst is unreachable
 _HEADER = "circuslink/detail/route_types.cuh"
 ENTRY = Struct("circuslink::route::Entry", _HEADER, [("next", U16), ("port", U8), ("vc", U8)], align=4)
 PORT = Struct("circuslink::route::Port", _HEADER,
-              [("out_link", U32), ("in_link", U32), ("peer", U16), ("peer_port", U16)])
+              [("out_link", U32), ("in_link", U32), ("peer", U16), ("peer_port", U16), ("kind", U8)])
 TABLE = Struct("circuslink::route::Table", _HEADER,
                [("entries", PTR), ("ports", PTR), ("rank", U32), ("nranks", U32), ("nports", U32), ("vcs", U32)])
 
@@ -51,7 +51,11 @@ class Hop(NamedTuple):
 # ---- virtual-channel counts -----------------------------------------------------------------------
 
 def vc_range(topology: Topology) -> tuple[int, int, int]:
-    """(fewest, most, default) virtual channels ``topology`` can use."""
+    """(fewest, most, default) virtual channels ``topology`` can use. On a topology of nodes the count is
+    the inner topology's times 1 or 2 classes (docs/routing.md, "Nodes"), so only those two values."""
+    if topology.has_nodes:
+        inner = _inner_vcs(topology)
+        return inner, 2 * inner, inner * _default_classes(topology)
     if topology.is_grid:
         return (1, 2, 2) if topology.has_datelines else (1, 1, 1)
     most = max(1, min(MAX_VCS, int(_paths(topology).hops.max(initial=0))))
@@ -68,6 +72,11 @@ def resolve_vcs(topology: Topology, vcs: int | None) -> int:
     vcs = int(vcs)
     if vcs < 1:
         raise TopologyError(f"{topology.name}: a route needs at least 1 virtual channel, got {vcs}")
+    if topology.has_nodes and vcs not in (lo, hi):
+        inner = topology.node_info.inner_label()
+        raise TopologyError(f"{topology.name}: {vcs} virtual channels: a topology of nodes uses {lo} (one class: "
+                            f"{inner}'s {lo} inside every node) or {hi} (two classes: hops toward a gateway and hops "
+                            "inside the destination's node apart)")
     if vcs > hi:
         if topology.is_grid and topology.has_datelines:
             why = "it uses 1 (unsafe where a ring has 4 or more ranks) or 2 (dateline)"
@@ -93,9 +102,90 @@ class _Paths(NamedTuple):
 def _paths(topology: Topology) -> _Paths:
     cached = getattr(topology, "_paths_cache", None)
     if cached is None:
-        cached = _grid_paths(topology) if topology.is_grid else _graph_paths(topology)
+        if topology.has_nodes:
+            cached = _node_paths(topology)
+        else:
+            cached = _grid_paths(topology) if topology.is_grid else _graph_paths(topology)
         topology._paths_cache = cached
     return cached
+
+
+# ---- topologies of nodes: inner routes, gateways, one engine hop ----------------------------------
+
+def _inner_vcs(topology: Topology) -> int:
+    """The virtual channels every node's inner topology routes with (its default)."""
+    return max(vc_range(t)[2] for t in topology.node_info.inner)
+
+
+def _default_classes(topology: Topology) -> int:
+    """1 class when every node is all-to-all inside and reaches every other node through one gateway (a link
+    into the gateway then only leads out of the node and a link out of it only delivers), else 2."""
+    info = topology.node_info
+    return 1 if info.all_to_all and info.one_gateway_per_node else 2
+
+
+def _node_tables(topology: Topology) -> tuple[_Paths, np.ndarray]:
+    """(paths, inner VC of every hop) of a topology of nodes (module docstring of ``_nodes``); cached.
+
+    Same node: the inner topology's route. Other node: the inner route to this node's gateway toward the
+    destination's node, the engine link, then the inner route from the landing rank. The VC array holds
+    the inner VC of each hop (0 on engine hops); :class:`Routing` adds the class."""
+    cached = getattr(topology, "_node_cache", None)
+    if cached is not None:
+        return cached
+    info = topology.node_info
+    n = topology.size
+    link_id = {(k.src, k.dst): k.id for k in topology.links}
+    # The inner routes, node by node, in global rank numbers (valid for pairs inside one node).
+    inext = np.full((n, n), -1, dtype=np.int64)
+    ilink = np.full((n, n), -1, dtype=np.int64)
+    ihops = np.full((n, n), -1, dtype=np.int64)
+    ivc = np.zeros((n, n), dtype=np.int64)
+    for ranks, inner in zip(info.ranks, info.inner, strict=True):
+        ra = np.asarray(ranks, dtype=np.int64)
+        r = inner.routing()
+        to_global = np.array([link_id[(ranks[k.src], ranks[k.dst])] for k in inner.links] + [-1], dtype=np.int64)
+        block = np.ix_(ra, ra)
+        inext[block] = np.where(r.next >= 0, ra[np.maximum(r.next, 0)], -1)
+        ilink[block] = to_global[r.link]  # -1 indexes the trailing -1
+        ihops[block] = r.hops
+        ivc[block] = r.vc
+    node = np.asarray(info.node_of, dtype=np.int64)
+    nn = len(info.ranks)
+    gw_src = np.full((nn, nn), -1, dtype=np.int64)
+    gw_dst = np.full((nn, nn), -1, dtype=np.int64)
+    gw_link = np.full((nn, nn), -1, dtype=np.int64)
+    for a in range(nn):
+        for b in range(nn):
+            if a != b:
+                src, dst = info.hop[a][b]
+                gw_src[a, b], gw_dst[a, b], gw_link[a, b] = src, dst, link_id[(src, dst)]
+    x = np.arange(n)[:, None]
+    d = np.arange(n)[None, :]
+    na, nb = node[:, None], node[None, :]
+    same = na == nb
+    ga, gb, gl = gw_src[na, nb], gw_dst[na, nb], gw_link[na, nb]  # -1 on same-node pairs
+    at_gw = ga == x
+    ga0, gb0 = np.maximum(ga, 0), np.maximum(gb, 0)
+    nxt = np.where(same, inext, np.where(at_gw, gb, inext[x, ga0]))
+    link = np.where(same, ilink, np.where(at_gw, gl, ilink[x, ga0]))
+    to_gw, from_gw = ihops[x, ga0], ihops[gb0, d]
+    cross_hops = np.where((to_gw >= 0) & (from_gw >= 0), to_gw + 1 + from_gw, -1)
+    hops = np.where(same, ihops, cross_hops)
+    vc = np.where(same, ivc, np.where(at_gw, 0, ivc[x, ga0]))
+    nxt = np.where(hops >= 0, nxt, -1)
+    link = np.where(hops >= 0, link, -1)
+    port_of_link = np.array([k.port for k in topology.links] + [-1], dtype=np.int64)
+    port = np.where(link >= 0, port_of_link[link], -1)
+    diag = np.arange(n)
+    nxt[diag, diag], link[diag, diag], port[diag, diag], hops[diag, diag], vc[diag, diag] = diag, -1, -1, 0, 0
+    paths = _Paths(nxt.astype(np.int32), port.astype(np.int16), link.astype(np.int32), hops.astype(np.int32))
+    topology._node_cache = (paths, vc.astype(np.int8))
+    return topology._node_cache
+
+
+def _node_paths(topology: Topology) -> _Paths:
+    return _node_tables(topology)[0]
 
 
 def _link_at(topology: Topology) -> np.ndarray:
@@ -218,14 +308,30 @@ class Routing:
         self.vcs = vcs
         paths = _paths(topology)
         self.next, self.port, self.link, self.hops = paths
-        if topology.is_grid:
+        if topology.has_nodes:
+            inner_algorithms = {t.routing().algorithm for t in topology.node_info.inner if t.size > 1}
+            inside = inner_algorithms.pop() if len(inner_algorithms) == 1 else "each node's own routing"
+            self.algorithm = f"through gateways (to the gateway, one engine hop, on; inside nodes: {inside})"
+        elif topology.is_grid:
             order = ", then ".join(_dim_name(k) for k in range(len(topology.dims)))
             self.algorithm = f"dimension order ({order})" if len(topology.dims) > 1 else "shortest way"
         else:
             self.algorithm = "shortest path"
         n = topology.size
         ranks = np.arange(n)
-        if vcs == 1:
+        if topology.has_nodes:
+            inner_vcs = _inner_vcs(topology)
+            classes = vcs // inner_vcs
+            schemes = {t.routing().scheme for t in topology.node_info.inner if t.size > 1} or {"none"}
+            inside = schemes.pop() if len(schemes) == 1 else "mixed"
+            self.scheme = f"{classes} class{'es' * (classes > 1)} x {inside} inside nodes"
+            _, inner_vc = _node_tables(topology)
+            vc = inner_vc.astype(np.int8)
+            if classes == 2:
+                node = np.asarray(topology.node_info.node_of)
+                same = (node[:, None] == node[None, :]) & (self.link >= 0)
+                vc = np.where(same, vc + inner_vcs, vc).astype(np.int8)  # hops inside the destination's node
+        elif vcs == 1:
             self.scheme = "none"
             vc = np.zeros((n, n), dtype=np.int8)
         elif topology.is_grid:
@@ -295,8 +401,8 @@ class Routing:
 
     @property
     def port_table(self) -> np.ndarray:
-        """``(nranks, nports)`` array of :data:`PORT` (12 bytes: out_link, in_link u32; peer, peer_port u16),
-        NO_LINK / NO_RANK where a port is absent."""
+        """``(nranks, nports)`` array of :data:`PORT` (16 bytes: out_link, in_link u32; peer, peer_port u16;
+        kind u8: LINK_MAPPED or LINK_ENGINE), NO_LINK / NO_RANK where a port is absent."""
         t = self.topology
         out = PORT.array(t.size * max(t.nports, 1)).reshape(t.size, max(t.nports, 1))
         out["out_link"] = out["in_link"] = NO_LINK
@@ -306,7 +412,7 @@ class Routing:
                 if port.peer < 0:
                     continue
                 out[rank, p] = (NO_LINK if port.out_link < 0 else port.out_link,
-                                NO_LINK if port.in_link < 0 else port.in_link, port.peer, port.peer_port)
+                                NO_LINK if port.in_link < 0 else port.in_link, port.peer, port.peer_port, port.kind)
         return out
 
     def device_handle(self, rank: int, entries_ptr: int, ports_ptr: int) -> np.void:
@@ -319,17 +425,24 @@ class Routing:
     def to_dict(self) -> dict:
         """The tables as plain lists (for ``--json``)."""
         t = self.topology
-        return {"topology": t.name, "kind": t.kind, "ranks": t.size, "dims": list(t.dims),
-                "names": t.names, "directed": t.directed, "vcs": self.vcs, "vc_scheme": self.scheme,
-                "algorithm": self.algorithm, "nports": t.nports,
-                "links": [_link_dict(t, k) for k in t.links],
-                "next": self.next.tolist(), "port": self.port.tolist(), "vc": self.vc.tolist(),
-                "hops": self.hops.tolist()}
+        out = {"topology": t.name, "kind": t.kind, "ranks": t.size, "dims": list(t.dims),
+               "names": t.names, "directed": t.directed, "vcs": self.vcs, "vc_scheme": self.scheme,
+               "algorithm": self.algorithm, "nports": t.nports,
+               "links": [_link_dict(t, k) for k in t.links],
+               "next": self.next.tolist(), "port": self.port.tolist(), "vc": self.vc.tolist(),
+               "hops": self.hops.tolist()}
+        if t.has_nodes:
+            info = t.node_info
+            out["nodes"] = [{"name": name, "ranks": ranks, "gateways": t.gateways(i)}
+                            for i, (name, ranks) in enumerate(zip(info.names, info.ranks, strict=True))]
+            out["engine_hops"] = [{"from_node": a, "to_node": b, "src": info.hop[a][b][0], "dst": info.hop[a][b][1]}
+                                  for a in range(len(info.ranks)) for b in range(len(info.ranks)) if a != b]
+        return out
 
 
 def _link_dict(t: Topology, k: Link) -> dict:
-    out = {"id": k.id, "src": k.src, "dst": k.dst, "port": k.port, "kind": k.kind, "weight": k.weight,
-           "label": t.link_label(k)}
+    out = {"id": k.id, "src": k.src, "dst": k.dst, "port": k.port, "kind": k.kind,
+           "carrier": LINK_KIND_NAMES[k.kind_code], "weight": k.weight, "label": t.link_label(k)}
     if t.is_grid:
         out.update(dim=k.dim, sign=k.sign, dateline=k.dateline)
     return out

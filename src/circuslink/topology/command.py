@@ -3,7 +3,9 @@
 ``route show TOPOLOGY`` prints every rank's table (``--rank R``: one rank's), ``--from A --to B`` the path
 between two ranks with its links and virtual channels. ``route check TOPOLOGY`` builds the channel
 dependency graph of all routes and prints ``acyclic: ...`` or one cycle. ``TOPOLOGY`` is ``ring:N``,
-``line:N``, ``mesh:XxY``, ``torus:XxY`` or a file (JSON or edge list, docs/routing.md).
+``line:N``, ``mesh:XxY``, ``torus:XxY``, ``full:N``, ``nodes:NxK``, ``nodes:Nx(INNER)[,gw=G|spread]`` or a file
+(JSON or edge list, docs/routing.md). On topologies of nodes the tables say each hop's link kind (``mapped``
+or ``engine``) and the headings each rank's node and the nodes it is a gateway to.
 
 Exit codes: 0 fine (acyclic), 1 a cycle was found, 2 bad input (one line naming the problem),
 3 an internal error (a bug: please report it with the input).
@@ -18,8 +20,8 @@ import sys
 from collections.abc import Callable
 
 from ..errors import Error
+from . import LINK_ENGINE, LINK_KIND_NAMES, parse
 from . import check as check_routing
-from . import parse
 
 EXIT_OK, EXIT_CYCLE, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -35,10 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                        "next) and print 'acyclic: ...' (exit 0) or one cycle (exit 1).")
     for p in (show, check):
         p.add_argument("topology", metavar="TOPOLOGY",
-                       help="ring:N, line:N, mesh:XxY, torus:XxY, or a topology file (JSON or edge list)")
+                       help="ring:N, line:N, mesh:XxY, torus:XxY, full:N, nodes:NxK, nodes:Nx(INNER)[,gw=G|spread], "
+                            "or a topology file (JSON or edge list)")
         p.add_argument("--vcs", type=int, default=None, metavar="N",
                        help="virtual channels: 1 or 2 on rings and tori (default 2, dateline), 1 on lines and "
-                            "meshes, 1..max hops on graphs (default 1; more: hop classes)")
+                            "meshes, 1..max hops on graphs (default 1; more: hop classes); on nodes the inner "
+                            "topology's count times 1 or 2 classes")
         p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                        help="write the result as JSON to FILE (alone: print JSON instead of text)")
     show.add_argument("--from", dest="src", default=None, metavar="A", help="path from node A (a name or rank)")
@@ -116,27 +120,33 @@ def _show(args: argparse.Namespace) -> int:
                  f"({r.algorithm}; {r.vcs} virtual channel{'s' * (r.vcs > 1)}, {r.scheme})"]
         for i, h in enumerate(hops, 1):
             lines.append(f"  hop {i}: {t.label(h.src)} -> {t.label(h.dst)}  link {h.link.id} "
-                         f"{t.link_label(h.link)}  port {t.port_label(h.src, h.port)}  vc {h.vc}")
+                         f"{t.link_label(h.link)}  port {t.port_label(h.src, h.port)}  vc {h.vc}  "
+                         f"{_carrier(h.link)}" + (f"  node {t.node_of(h.src)}" if t.has_nodes else ""))
         data = {"topology": t.name, "vcs": r.vcs, "vc_scheme": r.scheme, "src": src, "dst": dst,
                 "hops": [{"src": h.src, "dst": h.dst, "link": h.link.id, "port": h.port, "vc": h.vc,
-                          "kind": h.link.kind, "label": t.link_label(h.link)} for h in hops]}
+                          "kind": h.link.kind, "carrier": _carrier(h.link), "label": t.link_label(h.link)}
+                         for h in hops]}
         _emit(args, "\n".join(lines), lambda: data)
         return EXIT_OK
     ranks = [t.rank_of(args.rank)] if args.rank is not None else list(range(t.size))
+    kinds = t.has_nodes or any(k.engine for k in t.links)
     lines = [t.describe(), f"routing: {r.describe().split(': ', 1)[1]}; table[rank][dst] = next rank, out port, "
-             "virtual channel, hops to go"]
+             "virtual channel, hops to go" + (", link kind (mapped memory or the engine)" if kinds else "")]
     named = any(name != str(i) for i, name in enumerate(t.names))
     for rank in ranks:
         lines.append("")
         lines.append(_rank_heading(t, rank))
-        rows = [("dst", "next", "port", "vc", "hops")]
+        rows = [("dst", "next", "port", "vc", "hops") + (("kind",) if kinds else ())]
         for dst in range(t.size):
             if dst == rank:
                 continue
-            rows.append((t.names[dst] if named else str(dst), t.names[int(r.next[rank, dst])] if named
-                         else str(int(r.next[rank, dst])), t.port_label(rank, int(r.port[rank, dst])),
-                         str(int(r.vc[rank, dst])), str(int(r.hops[rank, dst]))))
-        widths = [max(len(row[i]) for row in rows) for i in range(5)]
+            row = (t.names[dst] if named else str(dst), t.names[int(r.next[rank, dst])] if named
+                   else str(int(r.next[rank, dst])), t.port_label(rank, int(r.port[rank, dst])),
+                   str(int(r.vc[rank, dst])), str(int(r.hops[rank, dst])))
+            if kinds:
+                row += (_carrier(t.links[int(r.link[rank, dst])]) if r.link[rank, dst] >= 0 else "-",)
+            rows.append(row)
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         lines += ["  " + "  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
     def data() -> dict:
         out = r.to_dict()
@@ -156,13 +166,24 @@ def _rank_heading(t, rank: int) -> str:
         where = " (" + ", ".join(f"{_dim_name(k)}={c}" for k, c in enumerate(t.coords(rank))) + ")"
     elif t.names[rank] != str(rank):
         where = f" ({t.names[rank]})"
-    group = t.group(rank)
-    if group is not None:
-        where += f" [group {group}]"
+    if t.has_nodes:
+        node = t.node_of(rank)
+        name = t.node_names[node]
+        where += f" [node {node}" + (f" ({name})" if name != f"node{node}" else "")
+        to = [b for b in range(len(t.nodes)) if b != node and t.gateway(node, b)[0] == rank]
+        if to:
+            where += f", gateway to node{'s' * (len(to) > 1)} {', '.join(map(str, to))}"
+        where += "]"
     nbs = []
     for p, port in enumerate(t.ports[rank]):
         if port.peer < 0:
             continue
         arrows = ("" if port.out_link >= 0 else " in only") if port.in_link >= 0 else " out only"
-        nbs.append(f"{t.names[port.peer]} ({t.port_label(rank, p)}{arrows})")
+        engine = ", engine" if port.kind == LINK_ENGINE else ""
+        nbs.append(f"{t.names[port.peer]} ({t.port_label(rank, p)}{engine}{arrows})")
     return f"rank {rank}{where}: neighbours {', '.join(nbs) if nbs else 'none'}"
+
+
+def _carrier(link) -> str:
+    """``mapped`` or ``engine``: how a hop's packets cross its link."""
+    return LINK_KIND_NAMES[link.kind_code]

@@ -99,8 +99,9 @@ class _Endpoint:
 
 
 def mpi_pingpong(world: Any, sizes: Iterable[int], iters: int, warmup: int,
-                 timeout: float | None = None) -> list[dict]:
-    """MPI Send/Recv pingpong between ranks 0 and 1 (collective over the world; others wait).
+                 timeout: float | None = None, pair: tuple[int, int] = (0, 1)) -> list[dict]:
+    """MPI Send/Recv pingpong between ranks ``pair`` (default 0 and 1; the first sends, the second echoes),
+    collective over the world (others wait).
 
     Needs ``world.mpi_comm`` (a job started by mpirun); otherwise returns ``[]`` and says why
     on stderr. Timed with ``MPI.Wtime`` over ``iters`` round trips on rank 0; one-way latency
@@ -120,13 +121,17 @@ def mpi_pingpong(world: Any, sizes: Iterable[int], iters: int, warmup: int,
 
     impl = "mpi-host-staged" if on_gpu(world) else "mpi"
     rank = world.rank
-    peer = 1 - rank if rank < 2 else None
-    ep = _Endpoint(world, max(sizes), echo=rank == 1) if rank < 2 else None
+    ping, pong = pair
+    if not (0 <= ping < world.size and 0 <= pong < world.size and ping != pong):
+        raise Error(f"mpi_pingpong: pair {pair!r} is not two ranks of this world of {world.size}")
+    plays = rank in pair
+    peer = pong if rank == ping else ping if rank == pong else None
+    ep = _Endpoint(world, max(sizes), echo=rank == pong) if plays else None
     rows: list[dict] = []
     for nbytes in sizes:
         deadline = Deadline.after(timeout)  # bounds every wait of this size's measurement
-        seed = world.broadcast_object(fresh_seed() if rank == 0 else None, timeout=deadline)
-        if rank < 2:
+        seed = world.broadcast_object(fresh_seed() if rank == ping else None, root=ping, timeout=deadline)
+        if plays:
             expected = random_bytes(seed, nbytes)
             ep.prepare(expected)
 
@@ -142,17 +147,17 @@ def mpi_pingpong(world: Any, sizes: Iterable[int], iters: int, warmup: int,
 
         def round_trips(count: int) -> None:
             for _ in range(count):
-                if rank == 0:
+                if rank == ping:
                     send()
                     recv()
-                elif rank == 1:
+                elif rank == pong:
                     recv()
                     send()
 
         world.barrier(deadline)
         round_trips(1)
         ok, detail = True, ""
-        if rank < 2:
+        if plays:
             import numpy as np
 
             got = ep.received(nbytes)
@@ -168,8 +173,8 @@ def mpi_pingpong(world: Any, sizes: Iterable[int], iters: int, warmup: int,
         t0 = MPI.Wtime()
         round_trips(iters)
         seconds = MPI.Wtime() - t0
-        if rank == 0:
+        if rank == ping:
             one_way = seconds / (2 * iters)
             rows.append({"impl": impl, "bytes": nbytes, "latency_us": one_way * 1e6, "time_us": one_way * 1e6,
                          "throughput_GBps": gbps(nbytes, one_way), "iters": iters})
-    return world.broadcast_object(rows if rank == 0 else None, timeout=timeout)
+    return world.broadcast_object(rows if rank == ping else None, root=ping, timeout=timeout)

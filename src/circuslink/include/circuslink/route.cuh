@@ -1,7 +1,9 @@
 // circuslink/route.cuh - routing table look-ups for forwarding agents (the tables: docs/routing.md).
 //
 //   circuslink::route::Entry e = circuslink::route::next_hop(table, dst);
-//   if (e.port == circuslink::route::PORT_LOCAL) { /* deliver */ } else { /* forward to e.next on e.vc */ }
+//   if (e.port == circuslink::route::PORT_LOCAL) { /* deliver */ }
+//   else if (circuslink::route::crosses_engine(table, e)) { /* into this gateway's engine out ring */ }
+//   else { /* into e.next's ring (ports[e.port].peer_port, e.vc) */ }
 #pragma once
 
 #include "detail/route_types.cuh"
@@ -18,6 +20,13 @@ __device__ __forceinline__ Entry next_hop(const Table& t, unsigned int dst) {
 // The port behind an entry (nullptr for PORT_LOCAL / PORT_NONE).
 __device__ __forceinline__ const Port* port_of(const Table& t, const Entry& e) {
   return e.port < t.nports ? &t.ports[e.port] : nullptr;
+}
+
+// Whether the hop of an entry crosses to another node through the engine (the gateway's engine link
+// carries it) rather than into a mapped neighbour's ring.
+__device__ __forceinline__ bool crosses_engine(const Table& t, const Entry& e) {
+  const Port* p = port_of(t, e);
+  return p != nullptr && p->kind == LINK_ENGINE;
 }
 
 }  // namespace route

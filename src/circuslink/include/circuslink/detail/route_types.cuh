@@ -16,6 +16,13 @@ enum : unsigned int {
   MAX_VCS = 16u              // virtual channels fit the routed header's 4-bit field
 };
 
+// Port::kind: how packets cross the link behind a port (docs/routing.md, "Nodes").
+enum : unsigned char {
+  LINK_MAPPED = 0u,  // the peer's memory is mapped: store packets into its ring, as on every link
+  LINK_ENGINE = 1u   // the link joins two nodes: hand packets to this gateway's engine link (its out ring;
+                     // a host proxy carries them over MPI into the peer gateway's in ring)
+};
+
 // table[rank][dst]: where a packet at `rank` bound for `dst` goes next. 4 bytes: one 32-bit load.
 struct alignas(4) Entry {
   unsigned short next;  // the next rank (rank itself when dst == rank)
@@ -30,6 +37,7 @@ struct Port {
   unsigned int in_link;      // link id peer -> rank
   unsigned short peer;       // the neighbour's rank (NO_RANK: the port is unused)
   unsigned short peer_port;  // the port at the peer that faces this rank
+  unsigned char kind;        // LINK_MAPPED or LINK_ENGINE (appended: the fields above keep their offsets)
 };
 
 // What a kernel receives by value: this rank's row of the table and its ports, in device memory.
