@@ -18,6 +18,8 @@
 #   transpose       transposing put against contiguous put and local transpose + put
 #   fft             distributed 2-D FFT at 8192^2 and 16384^2, 2 and 4 ranks, against the local-transpose scheme
 #   qcd             Wilson-Dirac CG: an 8^4-per-rank solve on a 2x2 grid, and per-iteration time by halo engine
+#   hops            routed channels: latency and throughput by hop count on line:8 (8 ranks) and torus:4x4 (16)
+#   nodes           2 declared nodes x 2 ranks: MPI alone, the engine link, a channel inside a node
 #   all             every stage above
 #   smoke           every benchmark in its --quick form, each bounded to 90 s (errors show at once; not in "all")
 #   before          the regression tests of the MPS hangs against an older tree ($OLD_TREE, e.g.
@@ -67,7 +69,8 @@ step() {  # step NAME CMD...: run, time and record one step; a failure marks the
   local name=$1; shift
   echo "=== $name: $*"
   local t0=$SECONDS
-  "$@"; local rc=$?
+  [ "$1" = cl ] && { shift; set -- $PY -m circuslink "$@"; }  # timeout runs programs, not shell functions
+  timeout -k 10 "${STEP_S:-900}" "$@"; local rc=$?
   echo "=== $name: rc=$rc ($((SECONDS - t0)) s)"
   [ $rc -eq 0 ] || status=1
   echo "$name rc=$rc $((SECONDS - t0))s" >> "$OUT/summary.txt"
@@ -109,6 +112,13 @@ if want fft; then for n in 2 4; do
 want qcd && step qcd-invert cl qcd invert --dim 8 8 8 8 --grid 2 2 1 1 --prec single --halo rma --verify \
   --json "$R/qcd-invert.json"
 want qcd && step qcd cl bench qcd --json "$R/qcd.json" --plot "$R/qcd.png"
+want hops && step hops-line8 cl bench hops -n 8 --topology line:8 --json "$R/hops-line8.json" \
+  --plot "$R/hops-line8.png"
+want hops && step hops-torus4x4 cl bench hops -n 16 --topology torus:4x4 --iters 5 --json "$R/hops-torus4x4.json" \
+  --plot "$R/hops-torus4x4.png"
+want nodes && step nodes cl bench nodes -n 4 --ranks-per-node 2 --sizes 8,64,1K,4K,64K,1M,16M,64M \
+  --json "$R/nodes.json" --plot "$R/nodes.png"
+want nodes && step nodes-3x2 cl bench nodes -n 6 --ranks-per-node 2 --quick --json "$R/nodes-3x2.json"
 
 if want before explicit; then
   OLD=${OLD_TREE:-.old}
