@@ -28,7 +28,9 @@ class HostMemory:
         rt = cp.cuda.runtime
         with cp.cuda.Device(world.device):
             self._host = rt.hostAlloc(nbytes, _HOST_ALLOC_PORTABLE | _HOST_ALLOC_MAPPED)
-            self.ptr = int(rt.hostGetDevicePointer(self._host, 0))
+        # Unified addressing (every 64-bit platform CUDA supports): the host address of mapped pinned
+        # memory is its device address too. (CuPy's runtime module has no cudaHostGetDevicePointer.)
+        self.ptr = int(self._host)
         self._rt = rt
         self.array = np.frombuffer((ctypes.c_uint8 * nbytes).from_address(self._host), dtype=np.uint8)
         self.array[:] = 0
