@@ -136,7 +136,8 @@ def _trace(world: Any, impl: Any, args: argparse.Namespace, results: drv.Results
     if world.rank != 0:
         return
     base, _ = os.path.splitext(args.trace)
-    json_path = trace.export_chrome(args.trace)
+    json_path = trace.export_chrome(args.trace, about={"benchmark": "allreduce-like trace", "device": results.device,
+                                                       "commit": results.commit, "date": results.date})
     png_path = trace.plot_waveform(base + ".png", title=f"allreduce-like {drv.format_bytes(_TRACE_SIZE)}: "
                                    "A sends, B receives + adds + sends, A receives")
     overlap = trace.overlap_fraction(1, "recv", "send")

@@ -371,11 +371,14 @@ class Trace:
         }
         return {"traceEvents": out, "displayTimeUnit": "ns", "otherData": other}
 
-    def export_chrome(self, path: str | os.PathLike) -> str:
-        """Write :meth:`to_chrome` as JSON to ``path``; returns the path."""
+    def export_chrome(self, path: str | os.PathLike, about: dict | None = None) -> str:
+        """Write :meth:`to_chrome` as JSON to ``path`` (``about``: more ``otherData``, e.g. the device,
+        date and commit of the run); returns the path."""
         path = os.fspath(path)
+        doc = self.to_chrome()
+        doc["otherData"].update(about or {})
         with open(path, "w") as f:
-            json.dump(self.to_chrome(), f, indent=None, separators=(",", ":"))
+            json.dump(doc, f, indent=None, separators=(",", ":"))
             f.write("\n")
         return path
 
