@@ -151,13 +151,25 @@ if want scale explicit; then  # machines of 4 or 8 GPUs, one rank per GPU
   done
 fi
 
-if want x2 explicit; then  # two H200s joined by NVLink, one rank per GPU: the reference figures
+if want x2 explicit; then  # two H200s joined by NVLink, one rank per GPU: the reference figures (issue 16)
   [ "$NGPU" -ge 2 ] || { echo "x2: needs 2 GPUs, this machine has $NGPU"; exit 2; }
+  # Budget: under 10 minutes in all; each step bounded by STEP_S.
+  export STEP_S=${STEP_S:-120}
   step x2-probe cl probe -n 2 --check --json "$R/x2-probe.json"
   step x2-pingpong cl bench pingpong -n 2 --json "$R/x2-pingpong.json" --plot "$R/x2-pingpong.png"
+  step x2-stream cl bench stream -n 2 --json "$R/x2-stream.json" --plot "$R/x2-stream.png"
   step x2-allreduce cl bench allreduce -n 2 --json "$R/x2-allreduce.json" --plot "$R/x2-allreduce.png"
-  step x2-allreduce-like cl bench allreduce-like --json "$R/x2-allreduce-like.json"
-  step x2-rma cl bench rma -n 2 --json "$R/x2-rma.json" --plot "$R/x2-rma.png"
+  step x2-allreduce-like cl bench allreduce-like --json "$R/x2-allreduce-like.json" --plot "$R/x2-allreduce-like.png"
+  step x2-rma cl bench rma -n 2 --quick --json "$R/x2-rma.json" --plot "$R/x2-rma.png"
+  step x2-transpose cl bench transpose -n 2 --quick --json "$R/x2-transpose.json"
+  step x2-fft cl bench fft -n 2 --size 8192,16384 --dtype both --json "$R/x2-fft.json" --plot "$R/x2-fft.png"
+  # strong scaling 1 -> 2 GPUs at 32^4 global, and per-iteration time by halo engine at 8^4 and 16^4 local
+  step x2-qcd-32-1gpu cl bench qcd -n 1 --grids 1x1x1x1 --dim 32 32 32 32 --halos rma --samples 3 --iters 20 \
+    --json "$R/x2-qcd-32-1gpu.json"
+  step x2-qcd-32-2gpu cl bench qcd -n 2 --grids 2x1x1x1 --dim 16 32 32 32 --halos rma,mpi-p2p,nccl --samples 3 \
+    --iters 20 --json "$R/x2-qcd-32-2gpu.json"
+  step x2-qcd-halo cl bench qcd -n 2 --grids 2x1x1x1 --dim 16 16 16 16 --json "$R/x2-qcd-halo.json" \
+    --plot "$R/x2-qcd-halo.png"
 fi
 
 tar -czf "$OUT/results.tar.gz" -C "$OUT" results

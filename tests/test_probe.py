@@ -55,3 +55,30 @@ def test_reference_check_names_misses():
     bad = {"summary": dict(REFERENCE_H200_NV18, lat_relaxed_us=0.75, ce_GBps=300.0)}
     misses = check_against_reference(bad)
     assert len(misses) == 2 and any(m.startswith("lat_relaxed_us") for m in misses)
+
+
+def test_probe_figures_come_from_the_timed_operations(spmd):
+    """A copy made 40 ms slower must show in the copy-engine figure and only there: the probe reports
+    what it timed, not constants (the other figures stay far above the slowed one)."""
+    job = spmd(2, """
+        import time, numpy as np, circuslink as cl
+        from circuslink import probe
+        from circuslink.probe import _cpu
+        real = np.copyto
+        def slow_copy(dst, src, *a, **k):
+            time.sleep(0.04)
+            return real(dst, src, *a, **k)
+        _cpu.np = type("np_with_a_slow_copy", (), {"__getattr__": lambda self, n: getattr(np, n),
+                                                    "copyto": staticmethod(slow_copy)})()
+        w = cl.init()
+        floor = probe.measure(w, quick=True, pairs=[(0, 1)])
+        if w.rank == 0:
+            p = floor["pairs"][0]
+            ceiling = (8 << 20) / 0.04 / 1e9   # 8 MiB in at least 40 ms
+            assert p["ce_GBps"] <= ceiling, p
+            assert p["sm_store_GBps"] > 2 * ceiling and p["sm_load_GBps"] > 2 * ceiling, p
+            print("probe follows its timings")
+        w.close()
+    """)
+    job.check()
+    assert "probe follows its timings" in job.stdout

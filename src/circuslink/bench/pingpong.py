@@ -136,8 +136,11 @@ class ChannelPair:
             from .. import compile as compile_device
 
             self._module = compile_device(KERNELS.read_text())
-            fn = self._module.get_function("pingpong_grid")
-            most = world.backend.max_blocks(fn, GRID_THREADS)
+            # One grid size for every grid kernel of the file (the pingpong's and the stream's), so it
+            # must fit the hungrier of the two on every rank: all blocks resident, or a grid_sync waits
+            # for a block that never starts.
+            most = min(world.backend.max_blocks(self._module.get_function(name), GRID_THREADS)
+                       for name in ("pingpong_grid", "stream_grid"))
             self.blocks_most = max(1, min(world.allgather_object(most)))
 
     def ends(self, config: str) -> tuple[Any, Any]:
