@@ -15,7 +15,7 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "circuslink"
 # docs/architecture.md, "Layers": a module may import its own layer and the layers below it, never above
 # (function-local imports included: a lower layer that imports a higher one lazily still depends on it).
 LAYERS = [
-    ("base", ["errors", "_config", "_abi", "_wait", "_lifecycle", "_store", "_bootstrap", "_guard"]),
+    ("base", ["errors", "_config", "_abi", "_wait", "_lifecycle", "_store", "_bootstrap", "_guard", "_argtypes"]),
     ("backends", ["backends", "memory", "device_code"]),
     ("world", ["world", "launcher", "_run_command", "mps"]),
     ("topology", ["topology"]),

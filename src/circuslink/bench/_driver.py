@@ -33,6 +33,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .._argtypes import non_negative_int as non_negative_int
+from .._argtypes import positive_int
 from ..errors import BackendError, ConfigError
 from ..results import Results, device_label, git_commit, progress, today  # noqa: F401  (the one results format)
 
@@ -123,9 +125,9 @@ def add_common_arguments(
     parser.add_argument("--sizes", default=default_sizes,
                         help="message sizes: a list (8,64,1K,4MiB) or powers of two LOW:HIGH "
                         f"(default {default_sizes})")
-    parser.add_argument("--iters", type=_positive_int, default=default_iters,
+    parser.add_argument("--iters", type=positive_int, default=default_iters,
                         help=f"timed iterations per size (default {default_iters})")
-    parser.add_argument("--warmup", type=_non_negative_int, default=default_warmup,
+    parser.add_argument("--warmup", type=non_negative_int, default=default_warmup,
                         help=f"untimed iterations before timing (default {default_warmup})")
     parser.add_argument("--json", metavar="FILE", default=None,
                         help="results file (default ./<benchmark>-<device>-<date>.json in the current directory)")
@@ -135,7 +137,7 @@ def add_common_arguments(
                             help="write a Chrome/Perfetto trace to FILE (and the waveform beside it)")
     parser.add_argument("--backend", choices=("cpu", "cuda"), default=None,
                         help="back-end (default: cuda when a GPU is present, else cpu)")
-    parser.add_argument("-n", "--nranks", type=_positive_int, default=default_nranks,
+    parser.add_argument("-n", "--nranks", type=positive_int, default=default_nranks,
                         help=f"ranks to start when not already inside a job (default {default_nranks})")
     parser.add_argument("--quick", action="store_true",
                         help="few sizes and iterations (for tests and smoke runs)")
@@ -163,26 +165,6 @@ def sizes_and_counts(
             sizes = parse_sizes(quick_sizes)
         iters, warmup = min(iters, quick_iters), min(warmup, quick_warmup)
     return sizes, iters, warmup
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be zero or more")
-    return value
 
 
 # -- output -------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from .._argtypes import positive_int
 from ..errors import ChannelError, ConfigError
 from . import _driver as drv
 from .pingpong import (
@@ -60,9 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "-n defaults to its size")
     parser.add_argument("--vcs", type=int, default=None,
                         help="virtual channels (default: the topology's: 2 with datelines on rings and tori)")
-    parser.add_argument("--latency-bytes", dest="latency_bytes", type=drv._positive_int, default=8,
+    parser.add_argument("--latency-bytes", dest="latency_bytes", type=positive_int, default=8,
                         help="bytes of each pingpong message (default 8: the latency path)")
-    parser.add_argument("--link-slots", dest="link_slots", type=drv._positive_int, default=None,
+    parser.add_argument("--link-slots", dest="link_slots", type=positive_int, default=None,
                         help="packets each link ring holds (a power of two; default 8)")
 
 

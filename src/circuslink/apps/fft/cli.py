@@ -21,24 +21,15 @@ from typing import Any
 
 import numpy as np
 
+from ..._argtypes import positive_int
 from ...errors import ConfigError
 from . import LAYOUTS, SCHEMES, Plan, bytes_per_rank, check_dtype, check_shape
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", metavar="X.npy", help="the 2-D complex64/complex128 array to transform (.npy)")
     p.add_argument("--output", metavar="Y.npy", help="where rank 0 writes the result (.npy, same dtype as X)")
-    p.add_argument("-n", "--nranks", type=_positive_int, default=2,
+    p.add_argument("-n", "--nranks", type=positive_int, default=2,
                    help="ranks to split the rows over (default 2); both dimensions must be divisible by it")
     p.add_argument("--backend", choices=("cpu", "cuda"), default=None,
                    help="back-end (default: cuda when a GPU is present, else cpu)")

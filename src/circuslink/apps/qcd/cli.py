@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from ..._argtypes import positive_float as positive_float
+from ..._argtypes import positive_int
 from ...errors import ConfigError
 from ._halo import HALO_ENGINES, NEEDS_GPU, NEEDS_MPIRUN
 from ._lattice import check_local, fmt, local_from_global
@@ -32,26 +34,6 @@ _STATUS_ENV = "CIRCUSLINK_QCD_STATUS"  # where rank 0 leaves its verdict for the
 
 
 # -- options ------------------------------------------------------------------------------------------
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
-    return value
-
-
 def _float(text: str) -> float:
     try:
         value = float(text)
@@ -63,7 +45,7 @@ def _float(text: str) -> float:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--grid", nargs=4, type=_positive_int, metavar=("PX", "PY", "PZ", "PT"), default=[1, 1, 1, 1],
+    p.add_argument("--grid", nargs=4, type=positive_int, metavar=("PX", "PY", "PZ", "PT"), default=[1, 1, 1, 1],
                    help="ranks in x, y, z and t (default 1 1 1 1); the job has PX*PY*PZ*PT ranks")
     p.add_argument("--prec", choices=tuple(PRECISIONS), default="double",
                    help="precision of the operator (invert: of the CG passes; x and the residual stay double)")
@@ -72,7 +54,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "drives the queue; cuda), mpi-p2p (MPI persistent send/recv; mpirun), mpi-rma "
                         "(MPI-3 RMA; mpirun), nvshmem (cuda), nccl (cuda, one GPU per rank). Default rma")
     p.add_argument("--kappa", type=_float, default=None, help="hopping parameter kappa of M = 1 - kappa D")
-    p.add_argument("-n", "--nranks", type=_positive_int, default=None,
+    p.add_argument("-n", "--nranks", type=positive_int, default=None,
                    help="ranks to start (default: the grid's; must equal PX*PY*PZ*PT)")
     p.add_argument("--backend", choices=("cpu", "cuda"), default=None,
                    help="back-end (default: cuda when a GPU is present, else cpu)")
@@ -83,13 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     inv = sub.add_parser("invert", help="solve M x = b with CG on the even-odd normal equations (QUDA invert_test)",
                          description="Solve M x = b (Wilson-Dirac, QUDA conventions) with CG on the even-odd "
                                      "preconditioned normal equations over a grid of ranks.")
-    inv.add_argument("--dim", nargs=4, type=_positive_int, metavar=("X", "Y", "Z", "T"), default=None,
+    inv.add_argument("--dim", nargs=4, type=positive_int, metavar=("X", "Y", "Z", "T"), default=None,
                      help="local lattice of each rank (default 8 8 8 8, or the files' lattice over the grid); "
                           "every extent even")
     _common(inv)
-    inv.add_argument("--tol", type=_positive_float, default=1e-7,
+    inv.add_argument("--tol", type=positive_float, default=1e-7,
                      help="stop when the true relative residual |b - M x| / |b| is below this (default 1e-7)")
-    inv.add_argument("--niter", type=_positive_int, default=1000, help="most CG iterations (default 1000)")
+    inv.add_argument("--niter", type=positive_int, default=1000, help="most CG iterations (default 1000)")
     inv.add_argument("--verify", action="store_true",
                      help="recompute |b - M x| / |b| on rank 0 with the one-rank reference operator (numpy)")
     inv.add_argument("--gauge", metavar="U.npy", default=None,
