@@ -26,6 +26,7 @@ from ..errors import ConfigError
 from ._ends import Channels, Receiver, Sender
 from ._model import ElementType, Link, Spec, element_type, struct_type
 from ._plan import OPTIONS, Plan
+from ._routed import ENGINE_SLOTS_DEFAULT, mapped_neighbours
 
 __all__ = ["OPTIONS", "Channels", "ElementType", "Link", "Receiver", "Sender", "Spec", "element_type", "open",
            "struct_type"]
@@ -51,7 +52,8 @@ def _as_spec(spec_or_links: Any, nranks: int) -> Spec:
 
 def open(world: Any, spec_or_links: Any, timeout: float | None = None,  # noqa: A001 - channels.open
          options: Mapping[str, Mapping[str, Any]] | None = None, *, topology: Any = None, vcs: int | None = None,
-         allow_cycles: bool = False, link_slots: int | None = None) -> Channels:
+         allow_cycles: bool = False, link_slots: int | None = None,
+         engine: Mapping[str, Any] | None = None) -> Channels:
     """Collective: open every channel of ``spec_or_links`` (a :class:`Spec`, a :class:`Link` or Links).
 
     All rings live in one symmetric allocation. ``timeout`` (seconds, default CIRCUSLINK_TIMEOUT)
@@ -68,25 +70,91 @@ def open(world: Any, spec_or_links: Any, timeout: float | None = None,  # noqa: 
     spec's, else the topology's: 2 with datelines on rings and tori). Routed channels whose buffers could
     wait on each other in a cycle are refused unless ``allow_cycles=True`` (a deadlock then ends in time-outs
     that name the cycle). ``link_slots``: packets each link ring holds (a power of two, default 8).
+
+    On a topology of nodes (``nodes:2x4``, docs/scale.md) a channel between ranks of different nodes goes
+    through the gateways: its engine hop is carried by an engine link (MPI, ``circuslink.links``), which needs a
+    job started by mpirun (``circuslink run --ranks-per-node K`` starts one when mpirun is there). ``engine``
+    shapes the engine links: ``{"nslots": packets per ring (power of two, default 64), "batch": packets per
+    MPI message (default a quarter ring), "spin": proxies poll without sleeping (default False)}``.
     """
     timeout_s = 0.0 if timeout == 0 else resolve_timeout(timeout)
     host_timeout = timeout_s or default_timeout()
     spec = _as_spec(spec_or_links, world.size)
     topo, vcs = _topology_of(spec, topology, vcs, world.size)
-    plan = Plan(spec.links, options or {}, topo, vcs, bool(allow_cycles), link_slots)
-    digests = world.allgather_object(plan.digest(), host_timeout)
+    if topo is not None and topo.has_nodes:
+        topo.check_nodes(world.nodes, world.describe_nodes())  # memory is mapped only inside the job's nodes
+    engine_opts = _engine_options(engine)
+    plan = Plan(spec.links, options or {}, topo, vcs, bool(allow_cycles), link_slots, engine_opts["nslots"])
+    digests = world.allgather_object((plan.digest(), tuple(sorted(engine_opts.items()))), host_timeout)
     if len(set(digests)) != 1:
-        groups = ", ".join(f"rank {r}: {d}" for r, d in enumerate(digests))
+        groups = ", ".join(f"rank {r}: {d[0]}" for r, d in enumerate(digests))
         raise ConfigError(f"channels.open is collective and needs the same spec and options on every rank ({groups})")
-    peers = None if topo is None else topo.neighbours(world.rank)
+    router = plan.router
+    if router is not None and router.engine_pairs:
+        _check_engine_possible(world, plan)
+    peers = None if topo is None else mapped_neighbours(topo, world.rank)
     buf = world.alloc(plan.nbytes, host_timeout, peers=peers)
+    links_ = None
     try:
-        channels = Channels(world, spec, plan, buf, timeout_s, host_timeout)
+        if router is not None and router.engine_pairs:
+            from .. import links as _links
+
+            geo = router.engine_geometry
+            links_ = _links.open_engine(world, router.engine_pairs, nslots=geo.nslots, chunk=geo.chunk,
+                                        ll_max=geo.ll_max, batch=engine_opts["batch"], timeout=host_timeout,
+                                        spin=engine_opts["spin"])
+        channels = Channels(world, spec, plan, buf, timeout_s, host_timeout, links_)
     except BaseException:
+        if links_ is not None:
+            links_.release_local()
         buf.release_local()
         raise
     world.barrier(host_timeout)
     return channels
+
+
+_ENGINE_KEYS = ("nslots", "batch", "spin")
+
+
+def _engine_options(engine: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The engine links' shape for routed channels that cross nodes, checked (one line per bad key or value)."""
+    if engine is None:
+        engine = {}
+    if not isinstance(engine, Mapping):
+        raise ConfigError(f"channels.open: engine must be a mapping such as {{'nslots': 64}}, got {engine!r}")
+    bad = sorted(set(engine) - set(_ENGINE_KEYS))
+    if bad:
+        raise ConfigError(f"channels.open: engine: unknown option(s) {', '.join(map(str, bad))} (expected "
+                          f"{', '.join(_ENGINE_KEYS)})")
+    nslots = engine.get("nslots", ENGINE_SLOTS_DEFAULT)
+    if isinstance(nslots, bool) or not isinstance(nslots, int) or nslots < 2 or nslots & (nslots - 1) \
+            or nslots > 1 << 16:
+        raise ConfigError(f"channels.open: engine nslots {nslots!r} must be a power of two in 2..65536")
+    batch = engine.get("batch")
+    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= nslots):
+        raise ConfigError(f"channels.open: engine batch {batch!r} must be a number of packets in 1..nslots ({nslots})")
+    return {"nslots": nslots, "batch": batch, "spin": bool(engine.get("spin", False))}
+
+
+def _check_engine_possible(world: Any, plan: Plan) -> None:
+    """Refuse, in one line and before any allocation, routed channels that need the engine in a job without
+    MPI between its ranks (every rank computes the same plan, so every rank refuses alike)."""
+    if world.mpi_comm is not None:
+        return
+    import os
+
+    router = plan.router
+    crossing = next(r for r in router.routed
+                    if any(h.link.engine for h in r.path.hops))
+    a, b = crossing.link.src_rank, crossing.link.dst_rank
+    why = os.environ.get("CIRCUSLINK_ENGINE_WHY")
+    how = f"this job was started by {world.launched_by}, whose ranks share no MPI communicator"
+    if why:
+        how += f" ({why})"
+    raise ConfigError(f"channels.open: channel {crossing.link.name} goes from rank {a} (node {world.node_of(a)}) to "
+                      f"rank {b} (node {world.node_of(b)}) through the gateways, and the engine between nodes is MPI: "
+                      f"{how}; start it under mpirun (circuslink run does so by itself when mpirun and mpi4py are "
+                      "installed), e.g. CIRCUSLINK_RANKS_PER_NODE=2 mpirun -np 4 python app.py")
 
 
 def _topology_of(spec: Spec, topology: Any, vcs: int | None, nranks: int) -> tuple[Any, int | None]:

@@ -36,6 +36,7 @@ class _End:
         self.error = error  # u32[4] in this end's memory
         self.timeout_s = timeout_s
         self.route = route
+        self.watch = None  # called between polls of a wait; may raise (a routed end: its rank's engine failed)
 
     def _slot(self, seq: int) -> int:
         return (seq % self.geo.nslots) * self.geo.slot_bytes
@@ -43,7 +44,7 @@ class _End:
     def _wait(self, ready, code: int, seq: int) -> None:
         self._check_error()
         try:
-            wait_until(ready, Deadline.after(self.timeout_s), self.describe)
+            wait_until(ready, Deadline.after(self.timeout_s), self.describe, self.watch)
         except TimeoutError:
             raise self._fail(code, seq) from None
 
@@ -189,6 +190,14 @@ class CpuEnd:
     def __init__(self, impl: Any, dtype: np.dtype) -> None:
         self.impl = impl
         self.dtype = dtype
+
+    @property
+    def watch(self) -> Any:
+        return self.impl.watch
+
+    @watch.setter
+    def watch(self, fn: Any) -> None:
+        self.impl.watch = fn
 
     def write(self, arr: np.ndarray) -> None:
         self.impl.write_bytes(arr.tobytes())

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from .._lifecycle import Resource
-from ..errors import ChannelError
+from ..errors import ChannelError, EngineError
 from . import _routed as R
 from . import protocol as P
 
@@ -49,7 +49,8 @@ class _End:
 
     def check(self) -> None:
         """Raise :class:`ChannelError` if device code recorded an error on this end (on a routed channel the
-        message also says where its packets wait)."""
+        message also says where its packets wait), or :class:`EngineError` if this rank's engine links failed."""
+        self._channels._check_engine()
         with self._channels._explained(self):
             self._impl.check()
 
@@ -72,6 +73,7 @@ class Sender(_End):
         Returns when the data is in the receiver's ring; blocks (with a time-out) while the ring is full.
         """
         arr = self._as_elements(data)
+        self._channels._check_engine()
         with self._channels._explained(self):
             self._impl.write(arr)
 
@@ -109,6 +111,7 @@ class Receiver(_End):
         self._channels._check_open("read")
         if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
             raise ChannelError(f"channel {self.name}: read(n) needs a non-negative integer, got {n!r}")
+        self._channels._check_engine()
         with self._channels._explained(self):
             return self._impl.read(int(n))
 
@@ -118,7 +121,8 @@ class Channels(Resource):
 
     _kind = "set of channels"
 
-    def __init__(self, world: Any, spec: Any, plan: Any, buf: Any, timeout_s: float, host_timeout_s: float) -> None:
+    def __init__(self, world: Any, spec: Any, plan: Any, buf: Any, timeout_s: float, host_timeout_s: float,
+                 engine_links: Any = None) -> None:
         self._world = world
         self.world = world
         self.spec = spec
@@ -129,6 +133,7 @@ class Channels(Resource):
         self._ends: dict[str, _End] = {}
         self._where: dict[str, int] = {}
         self._router = None
+        self._engine = engine_links  # this rank's engine links (links.EngineLinks) when routes cross nodes
         engine = world.engine("circuslink.channels")
         for link, geo, lay in plan.entries:
             self._where[link.name] = link.src_rank
@@ -139,6 +144,8 @@ class Channels(Resource):
                     continue
                 describe = describe_end(link, kind, world.rank, plan.routed_of(link))
                 impl = engine.make_end(self, link, geo, lay, kind, describe)
+                if engine_links is not None and hasattr(impl, "watch"):
+                    impl.watch = self._check_engine  # a host wait on this rank ends at once if the engine fails
                 end = (Sender if kind == "send" else Receiver)(self, link, geo, lay, impl)
                 self._ends[end.name] = end
         if plan.router is not None:
@@ -202,6 +209,16 @@ class Channels(Resource):
         per_sm = max(1, most // backend.sm_budget)
         return max(1, (backend.sm_budget - 1) * per_sm)
 
+    @property
+    def engine(self) -> Any:
+        """This rank's engine links (``links.EngineLinks``) when routed channels cross nodes here, else None."""
+        return self._engine
+
+    def _check_engine(self) -> None:
+        """Raise the engine's :class:`EngineError` (naming MPI and both ranks) if this rank's engine links failed."""
+        if self._engine is not None and not self._engine.closed:
+            self._engine.check()
+
     def _check_router(self) -> None:
         if self._router is not None:
             err = self._router.check()
@@ -227,8 +244,8 @@ class Channels(Resource):
             at, offset = routed.path.first, lay.chain
         elif routed.path.first == routed.path.last:
             at, offset = routed.path.last, lay.chain
-        else:  # the link ring the channel arrives on at its last agent
-            hop = routed.path.hops[-2]
+        else:  # the link ring (or engine link) the channel arrives on at its last agent
+            hop = routed.path.arrival
             port = self._plan.topology.ports[hop.dst]
             p = next(i for i, pt in enumerate(port) if pt.in_link == hop.link.id)
             at, offset = routed.path.last, plan.link_chain(p, hop.vc)
@@ -277,14 +294,24 @@ class Channels(Resource):
             router.stop(self.host_timeout)
             err = router.check()
             if err:
+                self._close_engine(timeout)
                 self._buf.close(timeout)
                 raise ChannelError(f"the forwarding agent had stopped: {err}")
+        self._close_engine(timeout)  # after the agents: they write its out rings until they stop
         self._buf.close(timeout)
+
+    def _close_engine(self, timeout: float | None) -> None:
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            engine.close(timeout)
 
     def _release_local(self) -> None:
         if self._router is not None:
             router, self._router = self._router, None
             router.stop(0)
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            engine.release_local()
         self._buf.release_local()
 
 
@@ -299,6 +326,10 @@ class _Explained:
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is None or not issubclass(exc_type, ChannelError):
             return False
+        try:
+            self.channels._check_engine()  # a failed engine is the cause: say that, naming MPI and both ranks
+        except EngineError as failure:
+            raise failure from None
         if self.channels._plan.routed_of(self.end.link) is None:
             return False
         extra = self.channels._diagnose(self.end)

@@ -16,11 +16,13 @@ OPTIONS = ("nslots", "chunk", "ll_max")
 class Plan:
     """Every channel's ring geometry and byte offsets; identical on every rank (checked by digest).
 
-    With a ``topology``, channels whose ends are not neighbours are routed (``_routed``): ``routed`` maps
-    their sender's name to their route and ``router`` holds the link rings the forwarding agents share."""
+    With a ``topology``, channels whose ends are not mapped neighbours are routed (``_routed``): ``routed`` maps
+    their sender's name to their route and ``router`` holds the link rings the forwarding agents share (and the
+    engine links that routes between nodes cross, with ``engine_slots`` packets per ring)."""
 
     def __init__(self, links: list, options: Mapping[str, Mapping[str, Any]], topology: Any = None,
-                 vcs: int | None = None, allow_cycles: bool = False, link_slots: int | None = None) -> None:
+                 vcs: int | None = None, allow_cycles: bool = False, link_slots: int | None = None,
+                 engine_slots: int = R.ENGINE_SLOTS_DEFAULT) -> None:
         known = {n for link in links for n in (link.name, link.receiver_name)}
         for name in options:
             if name not in known:
@@ -51,7 +53,7 @@ class Plan:
             if isinstance(slots, bool) or not isinstance(slots, int) or slots < 2 or slots & (slots - 1) \
                     or slots > 1 << 16:
                 raise ConfigError(f"channels.open: link_slots {link_slots!r} must be a power of two in 2..65536")
-            self.router = R.RouterPlan(topology, routing, list(self.routed.values()), offset, slots)
+            self.router = R.RouterPlan(topology, routing, list(self.routed.values()), offset, slots, engine_slots)
             offset = self.router.end
             if not allow_cycles:
                 cycle = self.router.cycle()

@@ -17,6 +17,16 @@ ordinary channel (its ring is already in the receiver's memory); any other chann
 
 A route of k hops costs k - 1 agent steps and no extra copy at either end.
 
+**Gateways and the engine** (topologies of nodes, docs/scale.md): a hop whose link has kind ``engine``
+joins two nodes' gateways, whose memory is never mapped. Its upstream agent writes into the gateway's
+engine link's **out ring** (host memory, local) instead of a link ring at the peer, the proxies carry it
+over MPI, and the landing gateway's agent reads the engine link's **in ring** as the input of that port
+(VC 0). Where the route's first hop is an engine hop (the sender is the gateway), ``first`` is the sender's
+own rank: its injection ring is local and its own agent drains it, so no mapped hop is added; likewise
+``last`` is the receiver itself when the last hop is an engine hop. Engine memory is addressed as
+``(ENGINE - peer, offset)`` (a negative rank: the engine link to ``peer``, offsets of
+``links.link_layouts``).
+
 Every part is addressed as ``(rank, offset)`` in the channels' one symmetric allocation (the same offsets on
 every rank, only the owner's copy used): the cpu agent turns addresses into numpy views, the cuda engine
 into pointers. Every address an agent or an end uses is its own rank's or a neighbour's, so each rank maps
@@ -41,6 +51,7 @@ ROUTED_NBYTES_MASK = 0x00FFFFFF
 CREDIT_PACKET_BYTES = 8  # the consumed count, u64
 
 LINK_SLOTS_DEFAULT = 8
+ENGINE_SLOTS_DEFAULT = 64  # packets each ring of an engine link holds (MPI's latency needs a deep pipe)
 MAX_INPUTS = 1024  # per rank: the cuda agent keeps each input's state in shared memory
 
 # -- chain records: what an agent publishes about an input whose head has waited long ---------------------
@@ -59,6 +70,24 @@ IN_INJECT = 1
 ROLE_FIRST = 1  # drains the channel's injection ring and holds its gate
 ROLE_LAST = 2  # writes the channel's delivery ring and reads its board
 NO_CHANNEL = 0xFFFF
+
+
+def engine_addr(peer: int, offset: int) -> tuple[int, int]:
+    """The address of byte ``offset`` in the memory of this rank's engine link to ``peer``."""
+    return (-1 - peer, offset)
+
+
+def engine_peer(addr: tuple[int, int]) -> int | None:
+    """The peer of an engine address, None for an address in the symmetric allocation."""
+    return -1 - addr[0] if addr[0] < 0 else None
+
+
+def mapped_neighbours(topology: Any, rank: int) -> list[int]:
+    """The ranks whose memory ``rank`` maps on ``topology``: its neighbours across links of every kind but
+    ``engine`` (gateways of different nodes reach each other through the engine, never by mapping)."""
+    from ..topology import LINK_ENGINE
+
+    return sorted({p.peer for p in topology.ports[rank] if p.peer >= 0 and p.kind != LINK_ENGINE})
 
 
 def report_after(timeout_s: float) -> float:
@@ -105,18 +134,40 @@ def routed_layout(offset: int, geo: P.RingGeometry) -> RoutedLayout:
 
 @dataclass(frozen=True)
 class Path:
-    """The route of a routed channel: ranks from sender to receiver, and the hops between."""
+    """The route of a routed channel: ranks from sender to receiver, the hops between, and which ranks'
+    agents drain its injection ring (``first``) and fill its delivery ring (``last``)."""
 
     ranks: tuple[int, ...]
     hops: tuple  # topology Hop records
+    first_index: int = 1  # ranks[first_index] is first: 1, or 0 where the first hop is an engine hop
+    last_index: int = -2  # ranks[last_index] is last: len - 2, or len - 1 where the last hop is an engine hop
+
+    @classmethod
+    def of(cls, ranks: tuple[int, ...], hops: tuple) -> Path:
+        """The path of ``hops``: an engine hop at either end moves ``first`` / ``last`` onto the end's own rank,
+        whose memory is the only one it can reach on that side."""
+        first = 0 if hops[0].link.engine else 1
+        last = len(ranks) - 1 if hops[-1].link.engine else len(ranks) - 2
+        return cls(tuple(ranks), tuple(hops), first, last)
 
     @property
     def first(self) -> int:
-        return self.ranks[1]
+        return self.ranks[self.first_index]
 
     @property
     def last(self) -> int:
-        return self.ranks[-2]
+        return self.ranks[self.last_index]
+
+    @property
+    def shared_hops(self) -> tuple:
+        """The hops through shared buffers (link rings, engine links): from first's agent to last's."""
+        return self.hops[self.first_index:self.last_index % len(self.ranks)]
+
+    @property
+    def arrival(self) -> Any:
+        """The hop on which packets reach last's agent (None when first is last: they come from its injection
+        ring)."""
+        return None if self.first == self.last else self.hops[self.last_index % len(self.ranks) - 1]
 
 
 @dataclass(frozen=True)
@@ -167,6 +218,7 @@ class OutputSpec:
     down_chain: Addr  # the downstream agent's chain record of that ring
     link: int
     vc: int
+    engine: bool = False  # the out ring of this rank's engine link (a proxy carries it to the peer gateway)
 
 
 @dataclass
@@ -204,7 +256,8 @@ class AgentTables:
 class RouterPlan:
     """The routed channels of one open() and the link rings they share (identical on every rank)."""
 
-    def __init__(self, topology: Any, routing: Any, routed: list[Routed], offset: int, link_slots: int) -> None:
+    def __init__(self, topology: Any, routing: Any, routed: list[Routed], offset: int, link_slots: int,
+                 engine_slots: int = ENGINE_SLOTS_DEFAULT) -> None:
         self.topology = topology
         self.routing = routing
         self.vcs = routing.vcs
@@ -219,7 +272,20 @@ class RouterPlan:
         self.ring_bytes = link_slots * self.link_slot_bytes
         self.out_credits = self.link_rings + nrings * self.ring_bytes
         self.link_chains = _align(self.out_credits + 8 * nrings, 256)
-        self.end = self.link_chains + nrings * CHAIN_BYTES
+        self.zero_chain = self.link_chains + nrings * CHAIN_BYTES  # never written: a chain that ends (the engine)
+        self.end = self.zero_chain + CHAIN_BYTES
+        # The engine links routed packets cross (data routes between first and last, credit routes last ->
+        # first), as sorted rank pairs; every pair is opened with one ring shape: chunks of the largest routed
+        # chunk, so an agent never splits a packet.
+        pairs = set()
+        for r in routed:
+            hops = list(r.path.shared_hops)
+            if r.path.first != r.path.last:
+                hops += routing.route(r.path.last, r.path.first)
+            pairs.update((min(h.src, h.dst), max(h.src, h.dst)) for h in hops if h.link.engine)
+        self.engine_pairs = sorted(pairs)
+        self.engine_geometry = P.geometry(1, 1, nslots=engine_slots, chunk=self.link_chunk, name="engine link") \
+            if pairs else None
 
     # -- addresses --------------------------------------------------------------------------------------
     def link_ring(self, port: int, vc: int) -> int:
@@ -231,21 +297,55 @@ class RouterPlan:
     def link_chain(self, port: int, vc: int) -> int:
         return self.link_chains + (port * self.vcs + vc) * CHAIN_BYTES
 
+    def engine_peers(self, rank: int) -> list[int]:
+        """The ranks this rank reaches over engine links the routed channels use."""
+        return sorted({b if a == rank else a for a, b in self.engine_pairs if rank in (a, b)})
+
+    def engine_rings(self) -> tuple[Any, Any]:
+        """(out ring layout, in ring layout) inside each engine link's memory."""
+        from ..links import link_layouts
+
+        out_lay, in_lay, _ = link_layouts(self.engine_geometry)
+        return out_lay, in_lay
+
     def describe(self) -> str:
-        return (f"{len(self.routed)} routed channel(s) on {self.topology.name}, {self.vcs} virtual channel(s), "
+        text = (f"{len(self.routed)} routed channel(s) on {self.topology.name}, {self.vcs} virtual channel(s), "
                 f"link rings of {self.link_slots} x {self.link_slot_bytes} B")
+        if self.engine_pairs:
+            text += (f", {len(self.engine_pairs)} engine link(s) of {self.engine_geometry.nslots} x "
+                     f"{self.engine_geometry.slot_bytes} B each way")
+        return text
 
     def digest_items(self) -> tuple:
         return (self.topology.name, self.topology.size, len(self.topology.links), self.vcs, self.link_slots,
-                tuple((r.link.name, r.path.ranks, tuple(h.vc for h in r.path.hops)) for r in self.routed))
+                tuple((r.link.name, r.path.ranks, tuple(h.vc for h in r.path.hops)) for r in self.routed),
+                tuple(self.engine_pairs), self.engine_geometry)
 
     # -- what one rank's agent serves -----------------------------------------------------------------------
     def agent(self, rank: int) -> AgentTables:
+        from ..topology import LINK_ENGINE
+
         t, vcs = self.topology, self.vcs
         ports = t.ports[rank]
         inputs: list[InputSpec] = []
         outputs: list[OutputSpec | None] = [None] * (self.nports * vcs)
+        engine_peers = self.engine_peers(rank)
         for p, port in enumerate(ports):
+            if port.kind == LINK_ENGINE:
+                # The engine hop: VC 0 only (the routing tables put every engine hop on VC 0); its input is the
+                # engine link's in ring, its output the out ring, both in this rank's host memory.
+                if port.peer not in engine_peers:
+                    continue  # no routed packet crosses this engine link
+                geo = self.engine_geometry
+                out_lay, in_lay = self.engine_rings()
+                inputs.append(InputSpec(IN_LINK, engine_addr(port.peer, in_lay.ring), geo.nslots, geo.slot_bytes,
+                                        geo.chunk, engine_addr(port.peer, in_lay.ctrl + P.CTRL_CREDIT), None,
+                                        (rank, self.link_chain(p, 0)), port.in_link, 0, NO_CHANNEL, p))
+                outputs[p * vcs] = OutputSpec(p * vcs, engine_addr(port.peer, out_lay.ring), geo.nslots,
+                                              geo.slot_bytes, geo.chunk,
+                                              engine_addr(port.peer, out_lay.ctrl + P.CTRL_CREDIT),
+                                              (rank, self.zero_chain), port.out_link, 0, True)
+                continue
             for v in range(vcs):
                 if port.in_link >= 0:  # a link ring fed by the neighbour behind p
                     inputs.append(InputSpec(IN_LINK, (rank, self.link_ring(p, v)), self.link_slots,
@@ -288,8 +388,10 @@ class RouterPlan:
         :func:`circuslink.topology.dependencies`' numbering (``link * vcs + vc``).
 
         A data packet's first buffer (the injection ring) and its last (the delivery ring) are its channel's
-        own; only the link rings between are shared: a route of k hops holds link rings 1 .. k-2 in turn. A
-        credit packet from ``last`` to ``first`` crosses link rings only and is consumed at its end."""
+        own; only the link rings between are shared: a route of k hops holds link rings 1 .. k-2 in turn (an
+        engine link at either end of the route is shared too: it is one buffer, out ring then in ring, whose
+        head waits only for the landing gateway's agent). A credit packet from ``last`` to ``first`` crosses
+        link rings only and is consumed at its end."""
         vcs = self.vcs
         used: set[int] = set()
         edges: set[tuple[int, int]] = set()
@@ -299,7 +401,7 @@ class RouterPlan:
             edges.update(zip(buffers, buffers[1:], strict=False))
 
         for r in self.routed:
-            chain([h.link.id * vcs + h.vc for h in r.path.hops[1:-1]])
+            chain([h.link.id * vcs + h.vc for h in r.path.shared_hops])
             if r.path.first != r.path.last:
                 chain([h.link.id * vcs + h.vc for h in self.routing.route(r.path.last, r.path.first)])
         nodes = np.array(sorted(used), dtype=np.int64)
@@ -321,7 +423,8 @@ class RouterPlan:
 
 
 def plan_routes(links: list, topology: Any, vcs: int | None, where: str = "channels.open") -> tuple[Any, set[str]]:
-    """(routing, names of the links to route): every link whose ends are distinct non-neighbours."""
+    """(routing, names of the links to route): every link whose ends are distinct and not mapped neighbours
+    (gateways of different nodes are neighbours across an engine link: their channels are routed through it)."""
     routing = topology.routing(vcs)
     routed = set()
     for link in links:
@@ -330,13 +433,13 @@ def plan_routes(links: list, topology: Any, vcs: int | None, where: str = "chann
                 raise ConfigError(f"{where}: channel {link.name}: its {what} is on rank {rank}, outside the "
                                   f"topology {topology.name} (ranks 0..{topology.size - 1})")
         src, dst = link.src_rank, link.dst_rank
-        if src == dst or dst in topology.neighbours(src):
+        if src == dst or dst in mapped_neighbours(topology, src):
             continue
         if routing.next[src, dst] < 0:
             raise ConfigError(f"{where}: channel {link.name}: rank {dst} is unreachable from rank {src} on "
                               f"topology {topology.name}")
-        path = routing.route(src, dst)
-        last, first = path[-1].src, path[0].dst
+        path = Path.of((src,) + tuple(h.dst for h in routing.route(src, dst)), tuple(routing.route(src, dst)))
+        last, first = path.last, path.first
         if first != last and routing.next[last, first] < 0:
             raise ConfigError(f"{where}: channel {link.name}: its credits cannot return from rank {last} to rank "
                               f"{first} on topology {topology.name} (no route that way)")
@@ -347,7 +450,7 @@ def plan_routes(links: list, topology: Any, vcs: int | None, where: str = "chann
 def make_routed(index: int, link: Any, geo: P.RingGeometry, lay: RoutedLayout, routing: Any) -> Routed:
     hops = tuple(routing.route(link.src_rank, link.dst_rank))
     ranks = (link.src_rank,) + tuple(h.dst for h in hops)
-    return Routed(index, link, geo, lay, Path(ranks, hops))
+    return Routed(index, link, geo, lay, Path.of(ranks, hops))
 
 
 # -- placements: where an end's ring and credits are -------------------------------------------------------

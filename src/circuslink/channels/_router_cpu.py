@@ -157,7 +157,7 @@ class Agent:
                 done += 1
                 continue
             nxt, port, vc = int(self.t.next[dst]), int(self.t.port[dst]), int(self.t.vc[dst])
-            if not ctrl and nxt == dst:  # the last hop: straight into the channel's delivery ring
+            if not ctrl and self._delivers(dst, nxt, port, vc):  # the last hop: straight into the delivery ring
                 c = inp.spec.channel if inp.spec.kind == R.IN_INJECT else self.t.channel_of_id.get(rid, -1)
                 ch = self.chans[c] if 0 <= c < len(self.chans) else None
                 if ch is None or ch.ring is None:
@@ -186,6 +186,17 @@ class Agent:
                 self._consumed(inp, q)
             done += 1
         return done
+
+    def _delivers(self, dst: int, nxt: int, port: int, vc: int) -> bool:
+        """Whether a data packet for ``dst`` is delivered here: it is at its destination (it crossed the engine
+        into the receiver's own agent), or one mapped hop from it. A last hop across the engine goes into the
+        engine link like any other hop; the landing agent delivers."""
+        if dst == self.rank:
+            return True
+        if nxt != dst:
+            return False
+        out = self.outputs[port * self.vcs + vc] if port >= 0 else None
+        return out is None or not out.spec.engine
 
     def _check_header(self, inp: _In, q: int, route: int, word: int, nb: int, bulk: bool, ctrl: bool,
                       dst: int) -> None:
@@ -339,8 +350,12 @@ class CpuRouter:
     def __init__(self, channels: Any) -> None:
         plan = channels._plan.router
         buf = channels._buf
+        engine = channels._engine
 
         def view(rank: int, offset: int, nbytes: int) -> np.ndarray:
+            peer = R.engine_peer((rank, offset))
+            if peer is not None:  # an engine link's ring in this rank's host memory (the proxy's other side)
+                return engine[peer].memory[offset:offset + nbytes]
             return buf.peer(rank)[offset:offset + nbytes]
 
         timeout = channels.timeout or channels.host_timeout

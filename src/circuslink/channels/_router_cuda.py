@@ -65,8 +65,15 @@ class CudaRouter:
         tables = plan.agent(self.rank)
         self.tables = tables
 
+        engine = channels._engine
+
         def ptr(addr: R.Addr | None) -> int:
-            return 0 if addr is None else buf.ptr(addr[0]) + addr[1]
+            if addr is None:
+                return 0
+            peer = R.engine_peer(addr)
+            if peer is not None:  # an engine link's ring: pinned host memory mapped into the GPU (links._cuda)
+                return engine[peer].ptr + addr[1]
+            return buf.ptr(addr[0]) + addr[1]
 
         inputs = P.ROUTER_INPUT.array(max(1, len(tables.inputs)))
         for k, s in enumerate(tables.inputs):
@@ -76,7 +83,7 @@ class CudaRouter:
         for k, o in enumerate(tables.outputs):
             if o is not None:
                 outputs[k] = (ptr(o.ring), ptr(o.credit), ptr(o.down_chain), o.nslots, o.slot_bytes,
-                              R.entry_of_link(o.link, o.vc), 0)
+                              R.entry_of_link(o.link, o.vc), P.ROUTER_OUT_ENGINE if o.engine else P.ROUTER_OUT_LINK)
         chans = P.ROUTER_CHANNEL.array(max(1, len(tables.channels)))
         reporters = []
         for k, ch in enumerate(tables.channels):

@@ -174,7 +174,7 @@ ROUTER_INPUT = abi.Struct("circuslink::router::Input", _ROUTER, [
     ("pad0", abi.U32), ("pad1", abi.U32)])
 ROUTER_OUTPUT = abi.Struct("circuslink::router::Output", _ROUTER, [
     ("ring", abi.PTR), ("credit", abi.PTR), ("down_chain", abi.PTR), ("nslots", abi.U32), ("slot_bytes", abi.U32),
-    ("entry", abi.U32), ("pad", abi.U32)])
+    ("entry", abi.U32), ("kind", abi.U32)])
 ROUTER_CHANNEL = abi.Struct("circuslink::router::Channel", _ROUTER, [
     ("ring", abi.PTR), ("board", abi.PTR), ("nslots", abi.U32), ("slot_bytes", abi.U32), ("route", abi.U32),
     ("role", abi.U32), ("first", abi.U32), ("pad", abi.U32)])
@@ -190,6 +190,8 @@ ROUTER_AGENT = abi.Struct("circuslink::router::Agent", _ROUTER, [
     ("slice_ns", abi.U64), ("ninputs", abi.U32), ("noutputs", abi.U32),
     ("nchannels", abi.U32), ("nids", abi.U32), ("rank", abi.U32), ("nranks", abi.U32), ("vcs", abi.U32),
     ("nreporters", abi.U32)])
+ROUTER_OUT_LINK = 0  # Output.kind: a link ring in the neighbour's memory
+ROUTER_OUT_ENGINE = 1  # Output.kind: the out ring of this gateway's engine link (host memory, a proxy sends it)
 # the agent's dynamic shared memory per input, per output and per rank (router_impl.cuh: InS, OutS, Entry)
 ROUTER_SHARED_PER_INPUT = 40
 ROUTER_SHARED_PER_OUTPUT = 16

@@ -38,13 +38,13 @@ from .._wait import Deadline
 from ..channels import _cpu as _ref
 from ..channels import protocol as P
 from ..errors import ChannelError, ConfigError
-from ._ring import SIZE_MASK, PacketReader, PacketWriter, Ring
+from ._ring import SIZE_MASK, PacketReader, PacketWriter, Ring, link_layouts
 
 DEFAULT_NSLOTS = 64
 DEFAULT_CHUNK = 64 << 10
 
 __all__ = ["DEFAULT_CHUNK", "DEFAULT_NSLOTS", "EngineLink", "EngineLinks", "PacketReader", "PacketWriter", "Ring",
-           "SIZE_MASK", "link_pairs", "open_engine"]
+           "SIZE_MASK", "link_layouts", "link_pairs", "open_engine"]
 
 
 def link_pairs(world: Any, links: Any) -> list[tuple[int, int]]:
@@ -128,9 +128,7 @@ class EngineLinks(Resource):
         self.timeout = timeout
         peers = sorted({b if a == world.rank else a for a, b in pairs if world.rank in (a, b)})
         self.peers = peers
-        out_lay = P.layout(0, geo)
-        in_lay = P.layout(out_lay.end, geo)
-        self._stride = -(-in_lay.end // 4096) * 4096
+        out_lay, in_lay, self._stride = link_layouts(geo)
         self.nbytes = max(1, len(peers)) * self._stride
         self._memory = None
         self._proxy = None
@@ -146,8 +144,8 @@ class EngineLinks(Resource):
                 base = i * self._stride
                 mem = self._memory.array[base:base + self._stride]
                 out_ring = Ring(mem, out_lay, geo)
-                in_ring = Ring(mem, P.layout(out_lay.end, geo), geo)
-                link = EngineLink(self, peer, out_ring, in_ring, self._memory.ptr + base)
+                in_ring = Ring(mem, in_lay, geo)
+                link = EngineLink(self, peer, out_ring, in_ring, self._memory.ptr + base, mem)
                 self.links[peer] = link
                 self._proxy.add(MpiLink(self._proxy, peer, out_ring, in_ring, batch))
             self._proxy.start()
@@ -198,13 +196,15 @@ class EngineLink:
     """One engine link seen from this rank: the out ring (agent writes, proxy sends) and the in ring (proxy
     writes, agent reads), and the ends agents use on them."""
 
-    def __init__(self, engine: EngineLinks, peer: int, out_ring: Ring, in_ring: Ring, ptr: int) -> None:
+    def __init__(self, engine: EngineLinks, peer: int, out_ring: Ring, in_ring: Ring, ptr: int,
+                 memory: np.ndarray) -> None:
         self._engine = engine
         self.peer = peer
         self.rank = engine.world.rank
         self.out_ring = out_ring
         self.in_ring = in_ring
         self.ptr = ptr  # device-visible address of this link's memory (out ring block first)
+        self.memory = memory  # the same block as bytes for host agents (offsets: link_layouts)
         self.geometry = engine.geometry
 
     def describe(self) -> str:

@@ -25,6 +25,15 @@ SIZE_MASK = 0x00FFFFFF  # payload bytes in header word 2 (bits 24..27 may hold a
 LL_WORDS = P.LL_UNITS - 2  # 30 payload words of a low-latency packet
 
 
+def link_layouts(geometry: P.RingGeometry) -> tuple[P.ChannelLayout, P.ChannelLayout, int]:
+    """Where one engine link's two rings sit in its block of host memory: (out ring, in ring, block bytes).
+    Each ring has a channel's layout (control block with the credit counter and both ends' error records,
+    slot credits, slots); the forwarding agents address them by these offsets (docs/routing.md)."""
+    out_lay = P.layout(0, geometry)
+    in_lay = P.layout(out_lay.end, geometry)
+    return out_lay, in_lay, -(-in_lay.end // 4096) * 4096
+
+
 class Ring:
     """One ring in host-visible memory: its slots, the credit counter and slot credits (in the writer's
     memory: here the same block) and the error records of both ends, at the offsets of ``layout``."""
