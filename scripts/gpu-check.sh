@@ -10,6 +10,8 @@
 #   probe           the floor, 2 and 4 ranks
 #   pingpong        channel pingpong against the floor and the baselines
 #   stream          one-way streaming through a channel against the floor
+#   stream-stress   the grid-form streaming stall hunt: bench stream 8-64 MiB ${STRESS_RUNS:-4} times at the
+#                   default grid and with a quarter of the SMs (not part of "all"; logs name the slot contents)
 #   resources       registers, shared memory and threads the channel machinery takes
 #   allreduce-like  CIRCUS's pipeline, with its trace
 #   allreduce       channel all-reduce, 2 and 4 ranks
@@ -96,6 +98,15 @@ want probe && step probe-2 cl probe -n 2 --json "$R/probe-2.json"
 want probe && step probe-4 cl probe -n 4 --quick --json "$R/probe-4.json"
 want pingpong && step pingpong cl bench pingpong --json "$R/pingpong.json" --plot "$R/pingpong.png"
 want stream && step stream cl bench stream --json "$R/stream.json" --plot "$R/stream.png"
+if want stream-stress explicit; then
+  for i in $(seq 1 "${STRESS_RUNS:-4}"); do
+    step "stream-stress-$i" env CIRCUSLINK_TIMEOUT=10 timeout ${STRESS_S:-60} $PY -m circuslink bench stream \
+      --sizes 8M:64M --iters 10 --warmup 1 --no-baselines --json "$R/stream-stress-$i.json"
+    step "stream-stress-quarter-$i" env CIRCUSLINK_TIMEOUT=10 CIRCUSLINK_SM_BUDGET=33 timeout ${STRESS_S:-60} \
+      $PY -m circuslink bench stream --sizes 8M:64M --iters 10 --warmup 1 --no-baselines \
+      --json "$R/stream-stress-quarter-$i.json"
+  done
+fi
 want resources && step resources cl bench resources --json "$R/resources.json"
 want allreduce-like && step allreduce-like cl bench allreduce-like --json "$R/allreduce-like.json" \
   --plot "$R/allreduce-like.png" --trace "$R/allreduce-like-trace.json"

@@ -289,6 +289,7 @@ def device_round_trips(world: Any, module: Any, form: str, tx: Any, rx: Any, nby
                 bar, np.uint64(tx.channels.device_timeout_ns), times, status))
     tx.channels.wait_kernel(stream, lambda: f"{label} on rank {world.rank}")
     rx.check()
+    tx.check()  # a writer that stalled on credits says so (with what its slot's credit holds)
     if int(status.get()[0]) != 1:
         raise ChannelError(f"{label}: a channel call failed on rank {world.rank}")
     if role != 0:

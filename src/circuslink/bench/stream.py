@@ -163,6 +163,7 @@ def device_stream(world: Any, module: Any, form: str, send: Any, recv: Any, ack_
                 bar, np.uint64(send.channels.device_timeout_ns), times, status))
     send.channels.wait_kernel(stream, lambda: f"{label} on rank {role}")
     recv.check()
+    send.check()  # a writer that stalled on credits says so (with what its slot's credit holds)
     if int(status.get()[0]) != 1:
         raise ChannelError(f"{label}: a channel call failed on rank {role}")
     if role == 1:

@@ -58,6 +58,7 @@ class CudaEnd:
         self.dtype = link.element.numpy_dtype
         self.describe = describe
         self.timeout = channels.timeout
+        self.geometry = geo
         self.handle = make_handle(channels, link, geo, lay, kind)
         off = lay.ctrl + (P.CTRL_SEND_ERROR if kind == "send" else P.CTRL_RECV_ERROR)
         self._error = channels._buf.local[off:off + 16]
@@ -103,7 +104,7 @@ class CudaEnd:
             if code in (P.ERR_MISUSE, P.ERR_ABORTED):
                 raise ChannelError(f"{self.describe}: {what}")
             raise ChannelError(f"{self.describe}: timed out after {self.timeout:g} s: {what}"
-                               f"{self._peer_position(code)}")
+                               f"{self._peer_position(code)}{self._slot_report(code, seq)}")
 
     def _peer_position(self, code: int) -> str:
         """What the other end's control block says (its calls' last saved position), to tell a peer
@@ -117,8 +118,49 @@ class CudaEnd:
             return ""
         return f" (rank {peer}'s end had {did} {seq} packets as of its last finished call)"
 
+    def _read_u32s(self, rank_offset: tuple[int, int], nbytes: int) -> np.ndarray:
+        rank, off = rank_offset
+        buf = self.channels._buf
+        mem = buf.local if rank == self.channels._world.rank else buf.peer(rank)
+        return mem[off:off + nbytes].get().view("<u4")
+
+    def _slot_report(self, code: int, seq: int) -> str:
+        """What the ring slot (or its credit) of the packet that was waited for holds, relative to that
+        packet: tells a packet that never came (the slot still holds the previous lap's) from one that
+        came and was overwritten, or a credit that was never returned from one returned for another lap.
+        Flags are the packet number's low 32 bits with bit 0 set (channel_impl.cuh, flag_of)."""
+        geo = self.geometry
+        slot = seq & (geo.nslots - 1)
+        try:
+            where = placement(self.link, self.layout, self.kind, self.channels._plan.routed_of(self.link))
+            if code == P.ERR_DATA_TIMEOUT:
+                ring_rank, ring_off = where.ring
+                unit1 = self._read_u32s((ring_rank, ring_off + slot * geo.slot_bytes), 16)
+                flag, what = int(unit1[3]), "header"
+                want = (seq | 1) & 0xFFFFFFFF
+            elif code == P.ERR_CREDIT_TIMEOUT:
+                cr_rank, cr_off = where.slot_credits
+                flag, what = int(self._read_u32s((cr_rank, cr_off + 4 * slot), 4)[0]), "credit"
+                want = ((seq - geo.nslots) | 1) & 0xFFFFFFFF
+            else:
+                return ""
+        except Exception:  # noqa: BLE001 - a diagnostic only
+            return ""
+        return describe_slot(seq, slot, flag, want, geo.nslots, what)
+
     def close(self) -> None:
         return None
+
+
+def describe_slot(seq: int, slot: int, flag: int, want: int, nslots: int, what: str) -> str:
+    """The clause of a time-out message that says whose ``what`` ("header" or "credit") ring slot ``slot``
+    holds: ``flag`` was read, ``want`` is the flag the wait for packet ``seq`` needed."""
+    if flag == 0:
+        return f"; its ring slot {slot} has no {what} yet"
+    behind = (want - flag + (1 << 31)) % (1 << 32) - (1 << 31)  # packets: > 0 older than awaited
+    laps = -behind / nslots  # > 0: a later lap than awaited (overwritten), < 0: an earlier one (never came)
+    return (f"; its ring slot {slot} holds the {what} of packet ~{seq - behind} "
+            f"({laps:+g} laps from the one awaited, {nslots} slots)")
 
 
 def make_end(channels: Any, link: Any, geo: P.RingGeometry, lay: Any, kind: str, describe: str) -> CudaEnd:
