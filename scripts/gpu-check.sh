@@ -10,8 +10,8 @@
 #   probe           the floor, 2 and 4 ranks
 #   pingpong        channel pingpong against the floor and the baselines
 #   stream          one-way streaming through a channel against the floor
-#   stream-stress   the grid-form streaming stall hunt: bench stream 8-64 MiB ${STRESS_RUNS:-4} times at the
-#                   default grid and with a quarter of the SMs (not part of "all"; logs name the slot contents)
+#   stream-stress   grid-form streaming: bench stream 8-64 MiB $STRESS_RUNS times (default 4) at the default
+#                   grid, then 1-256 MiB at --grid-blocks $STRESS_BLOCKS (not part of "all")
 #   resources       registers, shared memory and threads the channel machinery takes
 #   allreduce-like  CIRCUS's pipeline, with its trace
 #   allreduce       channel all-reduce, 2 and 4 ranks
@@ -102,9 +102,10 @@ if want stream-stress explicit; then
   for i in $(seq 1 "${STRESS_RUNS:-4}"); do
     step "stream-stress-$i" env CIRCUSLINK_TIMEOUT=10 timeout ${STRESS_S:-60} $PY -m circuslink bench stream \
       --sizes 8M:64M --iters 10 --warmup 1 --no-baselines --json "$R/stream-stress-$i.json"
-    step "stream-stress-quarter-$i" env CIRCUSLINK_TIMEOUT=10 CIRCUSLINK_SM_BUDGET=33 timeout ${STRESS_S:-60} \
-      $PY -m circuslink bench stream --sizes 8M:64M --iters 10 --warmup 1 --no-baselines \
-      --json "$R/stream-stress-quarter-$i.json"
+  done
+  for b in ${STRESS_BLOCKS:-8 16 32 64}; do  # throughput by grid size
+    step "stream-blocks-$b" env CIRCUSLINK_TIMEOUT=10 timeout ${STRESS_S:-60} $PY -m circuslink bench stream \
+      --sizes 1M:256M --iters 5 --warmup 1 --no-baselines --grid-blocks "$b" --json "$R/stream-blocks-$b.json"
   done
 fi
 want resources && step resources cl bench resources --json "$R/resources.json"

@@ -19,9 +19,12 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
+
+from circuslink.launcher import mpirun_command
 
 REPO = Path(__file__).resolve().parents[1]
 SEED_ENV = "CIRCUSLINK_TEST_SEED"
@@ -109,10 +112,10 @@ def spmd(tmp_path, request):
             cmd = [sys.executable, "-m", "circuslink", "run", "-n", str(n), "--backend", backend, "--",
                    sys.executable, str(script)]
         elif launcher == "mpirun":
-            cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n),
-                   "-x", "CIRCUSLINK_TIMEOUT", "-x", "CIRCUSLINK_BACKEND", "-x", SEED_ENV,
-                   sys.executable, str(script)]
+            # the library's own command line: it forwards CIRCUSLINK_*, CUDA_* (the MPS pipe) and the rest
             full_env["CIRCUSLINK_BACKEND"] = backend
+            with mock.patch.dict(os.environ, full_env, clear=True):
+                cmd = mpirun_command(n, [sys.executable, str(script)])
         else:
             raise ValueError(launcher)
         proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=job_timeout or timeout,

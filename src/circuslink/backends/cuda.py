@@ -111,7 +111,10 @@ class CudaBackend(Backend):
         ranks on its GPU run: its SM budget times its share of the blocks that fit on one SM. MPS caps
         how many SMs a client uses, not which: with k ranks on a GPU, all k may land on the same SMs,
         so each takes at most 1/k of an SM's blocks (at least one); then every rank's blocks are
-        resident at once and a kernel that spins on a peer always makes progress."""
+        resident at once and a kernel that spins on a peer always makes progress. Where ranks share a
+        GPU, half of that again: at the full 1/k share (4 blocks of 256 threads a rank on each of its 66
+        SMs, 2 ranks on an H100 under MPS, 2026-11-24) some blocks of a streaming grid started only after
+        others had left, so a grid barrier timed out; at half of it that never happened."""
         per_sm = int(self.xp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
             kernel.kernel.ptr, int(threads), int(shared_bytes)))
         if per_sm < 1:  # the launch would fail with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: say why instead
@@ -119,7 +122,8 @@ class CudaBackend(Backend):
             raise BackendError(f"kernel {getattr(kernel, 'name', '?')} does not fit an SM at {threads} threads a block "
                                f"({regs} registers a thread, {shared_bytes} bytes of dynamic shared memory): "
                                "give it __launch_bounds__ or launch fewer threads")
-        return max(1, self.sm_budget * max(1, per_sm // self.ranks_on_gpu))
+        share = per_sm // self.ranks_on_gpu if self.ranks_on_gpu == 1 else per_sm // (2 * self.ranks_on_gpu)
+        return max(1, self.sm_budget * max(1, share))
 
     def after_caller(self) -> None:
         """Order the world's stream after the caller's current stream (CuPy's null stream by

@@ -46,6 +46,14 @@ TINY_SIZES = (64, 4096, 64 << 10, 1 << 20)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     drv.add_common_arguments(parser, default_sizes="8:256M", default_iters=15, default_warmup=3)
+    add_grid_blocks_argument(parser)
+
+
+def add_grid_blocks_argument(parser: argparse.ArgumentParser) -> None:
+    """``--grid-blocks``: the most blocks a grid-form kernel of the pingpong / stream benches launches."""
+    parser.add_argument("--grid-blocks", dest="grid_blocks", type=drv.positive_int, default=None, metavar="N",
+                        help="at most N blocks for the grid forms (default: what the rank's SM budget keeps "
+                             "co-resident); fewer blocks leave SMs to the peer rank's kernel on a shared GPU")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
     drv.progress("pingpong: measuring the floor (circuslink.probe)")
     results.floor = probe.measure(world, quick=args.quick, pairs=[(0, 1), (1, 0)])
-    bench = ChannelPair(world, sizes)
+    bench = ChannelPair(world, sizes, grid_blocks=args.grid_blocks)
     try:
         bench.measure_all(results, sizes, samples, warmup)
         results.meta["resources"] = bench.resources()
@@ -93,7 +101,7 @@ class ChannelPair:
     """Ping (0 -> 1) and pong (1 -> 0) channels for every configuration, and the kernels that drive them.
     Shared with `bench stream`; ranks above 1 take part in the collective calls only."""
 
-    def __init__(self, world: Any, sizes: list[int], stream: bool = False) -> None:
+    def __init__(self, world: Any, sizes: list[int], stream: bool = False, grid_blocks: int | None = None) -> None:
         from ..channels import Link, element_type
         from ..channels import open as open_channels
 
@@ -142,6 +150,8 @@ class ChannelPair:
             most = min(world.backend.max_blocks(self._module.get_function(name), GRID_THREADS)
                        for name in ("pingpong_grid", "stream_grid"))
             self.blocks_most = max(1, min(world.allgather_object(most)))
+            if grid_blocks:
+                self.blocks_most = min(self.blocks_most, grid_blocks)
 
     def ends(self, config: str) -> tuple[Any, Any]:
         ch, me = self.channels, self.world.rank
@@ -185,8 +195,7 @@ class ChannelPair:
         for nbytes in [s for s in sizes if s in TINY_SIZES] or sizes[:1]:
             drv.progress(f"pingpong with a 4-slot ring, {drv.format_bytes(nbytes)}")
             tiny = self.measure("tiny", form, nbytes, samples, warmup)
-            same = self.measure("default", form, nbytes, samples, warmup) if nbytes <= WARP_MAX or not self.gpu \
-                else None
+            same = self.measure("default", form, nbytes, samples, warmup)  # the same form: only the depth differs
             if tiny:
                 if same:
                     tiny["slowdown"] = tiny["one_way_us"] / same["one_way_us"]

@@ -20,7 +20,16 @@ import numpy as np
 
 from ..errors import ChannelError, ConfigError
 from . import _driver as drv
-from .pingpong import CPU_MAX, GRID_MIN, GRID_THREADS, WARP_MAX, ChannelPair, envelope_us, floor_pair
+from .pingpong import (
+    CPU_MAX,
+    GRID_MIN,
+    GRID_THREADS,
+    WARP_MAX,
+    ChannelPair,
+    add_grid_blocks_argument,
+    envelope_us,
+    floor_pair,
+)
 
 MIN_BYTES_PER_SAMPLE = 256 << 20
 MAX_MESSAGES = 1000
@@ -28,6 +37,7 @@ MAX_MESSAGES = 1000
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     drv.add_common_arguments(parser, default_sizes="4K:256M", default_iters=10, default_warmup=2)
+    add_grid_blocks_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     drv.progress("stream: measuring the floor (circuslink.probe)")
     results.floor = probe.measure(world, quick=args.quick, pairs=[(0, 1), (1, 0)])
-    pair = ChannelPair(world, sizes, stream=True)
+    pair = ChannelPair(world, sizes, stream=True, grid_blocks=args.grid_blocks)
     try:
         for nbytes in sizes:
             drv.progress(f"stream {drv.format_bytes(nbytes)}")
