@@ -104,8 +104,11 @@ if want stream-stress explicit; then
       --sizes 8M:64M --iters 10 --warmup 1 --no-baselines --json "$R/stream-stress-$i.json"
   done
   for b in ${STRESS_BLOCKS:-8 16 32 64}; do  # throughput by grid size
-    step "stream-blocks-$b" env CIRCUSLINK_TIMEOUT=10 timeout ${STRESS_S:-60} $PY -m circuslink bench stream \
-      --sizes 1M:256M --iters 5 --warmup 1 --no-baselines --grid-blocks "$b" --json "$R/stream-blocks-$b.json"
+    for i in $(seq 1 "${STRESS_BLOCK_RUNS:-1}"); do
+      step "stream-blocks-$b-$i" env CIRCUSLINK_TIMEOUT=10 timeout ${STRESS_S:-60} $PY -m circuslink bench stream \
+        --sizes ${STRESS_SIZES:-1M:256M} --iters 5 --warmup 1 --no-baselines --grid-blocks "$b" \
+        --json "$R/stream-blocks-$b-$i.json"
+    done
   done
 fi
 want resources && step resources cl bench resources --json "$R/resources.json"
