@@ -114,6 +114,8 @@ def spmd(tmp_path, request):
         elif launcher == "mpirun":
             # the library's own command line: it forwards CIRCUSLINK_*, CUDA_* (the MPS pipe) and the rest
             full_env["CIRCUSLINK_BACKEND"] = backend
+            if backend == "cuda":  # ranks sharing the GPU under MPS, as `circuslink run` would give them
+                full_env.setdefault("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", str(max(1, 100 // n)))
             with mock.patch.dict(os.environ, full_env, clear=True):
                 cmd = mpirun_command(n, [sys.executable, str(script)])
         else:
