@@ -273,3 +273,44 @@ def test_a_stalled_receiver_holds_back_only_its_own_channel_across_the_engine(sp
     err = next(line for line in job.stdout.splitlines() if line.startswith("ERR"))
     assert "channel stuck (id 0, rank 1, sender to rank 3, routed 1->0->2->3): timed out after 3 s" in err, err
     assert "its packets wait at rank 0 for its receiver on rank 3 to read (end-to-end credits" in err, err
+
+
+LATE_CREDITS = """
+import os, threading, time, numpy as np, circuslink as cl
+from circuslink import channels
+from circuslink.channels import Link, element_type
+def say(*a): os.write(1, (" ".join(map(str, a)) + chr(10)).encode())  # one write: lines never interleave
+w = cl.init()
+byte = element_type("uchar")
+# 8 channels from node 1 to node 0: their credits go back from gateway 0 (last) to gateway 2 (first)
+pairs = [(a, b) for a in (2, 3) for b in (0, 1)] * 2
+links = [Link(f"c{k}", f"c{k}_in", 2 * k, 2 * k + 1, a, b, byte, 256) for k, (a, b) in enumerate(pairs)]
+ch = channels.open(w, links, topology="nodes:2x2", engine={"nslots": 2, "batch": 1}, timeout=20)
+if w.rank == 0:  # rank 0's agent holds back its credit reports until rank 2's agent has stopped
+    agent, router = ch._router.agent, ch._router
+    held, report = threading.Event(), agent._report_all
+    agent._report_all = lambda threshold: report(threshold) if held.is_set() else None
+    stop = router.stop
+    def late_stop(timeout):
+        time.sleep(1.0)                           # rank 2 stops its agent meanwhile
+        held.set()                                # 8 reports now, for an engine ring of 2 slots
+        time.sleep(0.5)
+        stop(timeout)
+    router.stop = late_stop
+for k, (a, b) in enumerate(pairs):
+    if w.rank == a:
+        ch[f"c{k}"].write(np.full(100, k, np.uint8))
+    if w.rank == b:
+        assert (ch[f"c{k}_in"].read(100) == k).all()
+ch.close()
+say("closed", w.rank)
+w.close()
+"""
+
+
+@pytest.mark.mpi
+def test_closing_while_a_peer_still_sends_credit_reports(spmd):
+    """nodes:2x2: gateway 0's agent sends its 8 last credit reports only after gateway 2's agent has stopped, into
+    an engine ring of 2 slots: the proxy at 2 takes and drops them, and every rank closes."""
+    job = spmd(4, LATE_CREDITS, launcher="mpirun", env=NODES_2, timeout=120, job_timeout=90).check()
+    assert job.stdout.count("closed") == 4, job.output
