@@ -10,6 +10,7 @@ with stand-in proxies are tests/test_gateway.py.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -314,3 +315,106 @@ def test_closing_while_a_peer_still_sends_credit_reports(spmd):
     an engine ring of 2 slots: the proxy at 2 takes and drops them, and every rank closes."""
     job = spmd(4, LATE_CREDITS, launcher="mpirun", env=NODES_2, timeout=120, job_timeout=90).check()
     assert job.stdout.count("closed") == 4, job.output
+
+
+# ---- failures ------------------------------------------------------------------------------------
+
+DIES = """
+import os, signal, numpy as np, circuslink as cl
+from circuslink import channels
+from circuslink.channels import Link, element_type
+w = cl.init()
+ch = channels.open(w, [Link("a", "a_in", 0, 1, 1, 3, element_type("uchar"), 4096)], topology="nodes:2x2")
+if w.rank == 1:
+    for i in range(10**6):
+        ch["a"].write(np.full(1000, i % 251, np.uint8))
+if w.rank == 3:
+    for i in range(20):
+        assert (ch["a_in"].read(1000) == i % 251).all()
+    if os.environ["HOW"] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise RuntimeError("rank three gives up")
+w.barrier(timeout=300)
+"""
+
+
+@pytest.mark.mpi
+def test_a_rank_killed_in_another_node_during_a_routed_transfer_is_named(spmd):
+    """nodes:2x2 under mpirun, 1 -> 3 through both gateways; the receiver is killed mid-transfer: the job ends
+    at once (not at a time-out), and mpirun's notice names rank 3."""
+    job = spmd(4, DIES, launcher="mpirun", env=dict(NODES_2, HOW="kill"), job_timeout=60)
+    assert job.returncode != 0
+    assert "process rank 3 with PID" in job.output and "exited on signal 9" in job.output, job.output
+
+
+@pytest.mark.mpi
+def test_a_rank_failing_in_another_node_during_a_routed_transfer_is_named_by_circuslink_run(tmp_path, seed):
+    """The same under ``circuslink run --ranks-per-node 2`` (started by mpirun), the receiver raising: its own
+    line names it and its node, and circuslink run says the job failed."""
+    job = _circuslink_run(tmp_path, seed, 4, DIES, "--ranks-per-node", "2", env={"HOW": "raise"}, timeout=60)
+    assert job.returncode != 0
+    assert ("circuslink: rank 3 (node 1) failed (RuntimeError: rank three gives up); aborting the MPI job"
+            in job.stderr), job.stderr
+    assert "circuslink run: the job (started by mpirun) failed with exit code" in job.stderr
+
+
+ENGINE_FAILS = """
+import os, numpy as np, circuslink as cl
+from mpi4py import MPI
+from circuslink import channels
+from circuslink.channels import Link, element_type
+def say(*a): os.write(1, (" ".join(map(str, a)) + chr(10)).encode())  # one write: lines never interleave
+w = cl.init()
+byte = element_type("uchar")
+links = [Link("a", "a_in", 0, 1, 0, 3, byte, 4096), Link("b", "b_in", 2, 3, 1, 3, byte, 4096)]
+ch = channels.open(w, links, topology="nodes:2x2", engine={"nslots": 4, "batch": 1}, timeout=3)
+
+class Faulty:                                      # the engine's MPI fails on the third send
+    def __init__(self, comm):
+        self.comm, self.sends = comm, 0
+    def Isend(self, *args):
+        self.sends += 1
+        if self.sends == 3:
+            raise MPI.Exception(MPI.ERR_TRUNCATE)
+        return self.comm.Isend(*args)
+    def __getattr__(self, name):
+        return getattr(self.comm, name)
+
+if w.rank == 0:
+    ch.engine._proxy.comm = Faulty(ch.engine._proxy.comm)
+w.barrier()
+name = {0: "a", 1: "b"}.get(w.rank)
+if name:
+    try:
+        for i in range(200):
+            ch[name].write(np.full(1000, i, np.uint8))
+    except cl.Error as exc:
+        say("ERR", w.rank, type(exc).__name__, exc)
+    if w.rank == 0:
+        try:
+            ch["a"].check()                        # every later call says so at once
+        except cl.EngineError as exc:
+            say("AGAIN", exc)
+w.barrier(timeout=30)
+ch.release_local()
+w.close()
+"""
+
+
+@pytest.mark.mpi
+def test_an_engine_error_during_routed_transfers_names_the_engine_and_both_ranks(spmd):
+    """nodes:2x2: gateway 0's MPI fails while 0 -> 3 and 1 -> 3 cross: the gateway's writes end at once with the
+    engine's one line (MPI, ranks 0 and 2, the MPI error); rank 1, which holds no engine link, times out with
+    an error that says its packets wait at rank 0 for the engine link 0->2."""
+    job = spmd(4, ENGINE_FAILS, launcher="mpirun", env=NODES_2, timeout=120, job_timeout=90).check()
+    err = next(x for x in job.stdout.splitlines() if x.startswith("ERR 0"))[len("ERR 0 EngineError "):]
+    # which send is the third (a batch's meta, its bulk data, a credit) depends on timing
+    assert re.fullmatch(r"engine link \(MPI\) rank 0 <-> rank 2: MPI error in sending "
+                        r"(packets \d+\.\.\d+ to rank 2|control): "
+                        r"MPI_ERR_TRUNCATE: message truncated \(error class 15\)", err), err
+    assert f"AGAIN {err}" in job.stdout, job.output
+    line = next(x for x in job.stdout.splitlines() if x.startswith("ERR 1"))
+    assert line.startswith("ERR 1 ChannelError channel b (id 2, rank 1, sender to rank 3, routed 1->0->2->3): "
+                           "timed out after 3 s"), line
+    assert line.endswith("its packets wait at rank 0 in the injection ring of channel b for room in 0->2 (engine) "
+                         "vc 0"), line
