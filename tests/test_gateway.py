@@ -190,7 +190,6 @@ def test_routes_through_gateways_map_nothing_across_nodes():
 def test_a_slow_reader_across_the_engine_loses_nothing(rng):
     """nodes:2x2, every rank to every rank of the other node; the readers take what arrived only every fifth
     round and engine rings hold 2 packets: the writers are held back (end-to-end credits), nothing is lost."""
-    t = T.parse("nodes:2x2")
     links = all_to_all(4, depth=2048, pairs=[(a, b) for a in range(4) for b in range(4) if a // 2 != b // 2])
     net = EngineNet("nodes:2x2", links)
     messages = random_messages(links, rng, 6, most=2000)  # each message fits its ring (depth 2048)

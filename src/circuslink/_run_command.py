@@ -1,11 +1,12 @@
-"""Start N ranks on this machine, one GPU each on the cuda back-end."""
+"""Start N ranks on this machine, one GPU each on the cuda back-end (by mpirun when declared nodes need the
+engine between them)."""
 
 from __future__ import annotations
 
 import argparse
 
 from .backends import BACKENDS
-from .launcher import launch
+from .launcher import LAUNCHERS, launch
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -19,6 +20,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "is mapped only inside a node, traffic between nodes takes the engine (MPI) through "
                         "gateway ranks; K must divide N (default: one node per host; sets "
                         "CIRCUSLINK_RANKS_PER_NODE, the variable to use under mpirun)")
+    p.add_argument("--launcher", choices=LAUNCHERS, default=None,
+                   help="who starts the ranks: auto (default, or CIRCUSLINK_LAUNCHER): mpirun when --ranks-per-node "
+                        "declares several nodes and mpirun and mpi4py are installed (the engine between nodes is "
+                        "MPI, which routed channels between nodes need), else circuslink itself; mpirun; circuslink")
     p.add_argument("--tag-output", choices=("all", "others", "none"), default="all",
                    help="prefix output lines with [rank] (default: all)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the program each rank runs")
@@ -29,4 +34,4 @@ def run(args: argparse.Namespace) -> int:
     if command and command[0] == "--":
         command = command[1:]
     return launch(args.nranks, command, backend=args.backend, tag_output=args.tag_output, mps_mode=args.mps,
-                  ranks_per_node=args.ranks_per_node)
+                  ranks_per_node=args.ranks_per_node, via=args.launcher)

@@ -11,6 +11,7 @@ instead of waiting for their time-out.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -76,6 +77,7 @@ def launch(
     extra_env: dict[str, str] | None = None,
     mps_mode: str = "auto",
     ranks_per_node: int | None = None,
+    via: str | None = None,
 ) -> int:
     """Run ``command`` as ``nranks`` ranks; return the job's exit code (0 when every rank succeeded).
 
@@ -84,6 +86,11 @@ def launch(
     ``mps_mode``: "auto" | "on" | "off", how ranks that share a GPU get CUDA MPS (circuslink.mps).
     ``ranks_per_node``: declare nodes of that many consecutive ranks on this machine (sets
     ``CIRCUSLINK_RANKS_PER_NODE`` for the ranks; None keeps the variable's value, if any).
+    ``via``: who starts the ranks: "circuslink" (this launcher), "mpirun", or "auto" (None: the
+    ``CIRCUSLINK_LAUNCHER`` variable, else auto): mpirun when ``ranks_per_node`` declares more than one node
+    (traffic between nodes takes the engine, MPI, which needs the ranks started by mpirun) and mpirun and
+    mpi4py are installed, else this launcher (:func:`choose_launcher`). Under mpirun lines are tagged alike
+    where mpirun is Open MPI's, and mpirun names a rank that fails.
     """
     from . import _guard, mps
     from .world import ENV_RANKS_PER_NODE, describe_nodes, node_layout, ranks_per_node_from_env
@@ -105,8 +112,15 @@ def launch(
         per_node = ranks_per_node_from_env(dict(os.environ, **(extra_env or {}))) if nranks > 1 else None
         nodes, node_names, node_how = node_layout(nranks, None, per_node)
     node_of = {r: i for i, ranks in enumerate(nodes) for r in ranks}
+    use_mpirun, why = choose_launcher(via, len(nodes), ranks_per_node is not None)
     if per_node is not None:
-        print(f"circuslink run: {nranks} ranks in {describe_nodes(nodes, node_names, node_how)}", file=sys.stderr)
+        how = "; started by mpirun (the engine between nodes is MPI)" if use_mpirun else ""
+        print(f"circuslink run: {nranks} ranks in {describe_nodes(nodes, node_names, node_how)}{how}", file=sys.stderr)
+    if use_mpirun:
+        env = dict(extra_env or {}, CIRCUSLINK_BACKEND=backend)
+        if ranks_per_node is not None:
+            env[ENV_RANKS_PER_NODE] = str(ranks_per_node)
+        return _mpirun_job(nranks, command, backend, mps_mode, env, tag_output, node_of if len(nodes) > 1 else None)
 
     devices: list[int] = []
     if backend == "cuda":
@@ -133,6 +147,8 @@ def launch(
     base_env.update(_NO_MULTICAST)
     if ranks_per_node is not None:
         base_env[ENV_RANKS_PER_NODE] = str(ranks_per_node)
+    if why:  # channels.open names it when a routed channel needs the engine in this job
+        base_env[ENV_ENGINE_WHY] = why
     lock = threading.Lock()
     ranks: list[_Rank] = []
     interrupted = {"signal": None}
@@ -264,17 +280,169 @@ def mpirun_available() -> bool:
     return shutil.which("mpirun") is not None and importlib.util.find_spec("mpi4py") is not None
 
 
+LAUNCHERS = ("auto", "mpirun", "circuslink")
+ENV_LAUNCHER = "CIRCUSLINK_LAUNCHER"  # the default of circuslink run --launcher
+ENV_ENGINE_WHY = "CIRCUSLINK_ENGINE_WHY"  # why a job of several nodes was not started by mpirun (for messages)
+
+
+def choose_launcher(via: str | None, nnodes: int, declared_here: bool = True) -> tuple[bool, str | None]:
+    """``(use mpirun, why not)`` for a job of ``nnodes`` nodes started ``via`` "auto", "mpirun" or "circuslink"
+    (None: ``CIRCUSLINK_LAUNCHER``, else auto). Auto takes mpirun for nodes declared on the command line
+    (``declared_here``: ``--ranks-per-node K``; nodes the variable declares keep this launcher, the variable
+    being how nodes are declared under an mpirun of one's own). ``why not`` is set only when the job has
+    several nodes but is not started by mpirun: the engine between its nodes (MPI) is then missing, and a
+    routed channel that needs it is refused naming this reason."""
+    via = (via or os.environ.get(ENV_LAUNCHER) or "auto").lower()
+    if via not in LAUNCHERS:
+        raise ConfigError(f"--launcher {via!r}: choose one of {', '.join(LAUNCHERS)} (or set {ENV_LAUNCHER})")
+    if via == "mpirun":
+        if not mpirun_available():
+            raise ConfigError(f"--launcher mpirun: {_mpi_missing()}")
+        return True, None
+    if nnodes < 2:
+        return False, None
+    if via == "circuslink":
+        return False, "--launcher circuslink was asked for"
+    if not declared_here:
+        from .world import ENV_RANKS_PER_NODE
+
+        return False, f"its nodes were declared by {ENV_RANKS_PER_NODE}, not by --ranks-per-node"
+    if not mpirun_available():
+        return False, _mpi_missing()
+    return True, None
+
+
+def _mpi_missing() -> str:
+    import importlib.util
+
+    if shutil.which("mpirun") is None:
+        return "mpirun is not on PATH"
+    if importlib.util.find_spec("mpi4py") is None:
+        return "mpi4py is not installed (pip install mpi4py)"
+    return "mpirun and mpi4py are installed"
+
+
+def _mpirun_job(nranks: int, command: Sequence[str], backend: str, mps_mode: str, env: dict[str, str],
+                tag_output: str | None = None, node_of: dict[int, int] | None = None) -> int:
+    """Run ``command`` as ``nranks`` ranks started by mpirun, with ``env`` added to this environment (and
+    forwarded) and MPS arranged around it as ``circuslink mps`` does; return mpirun's exit code. mpirun names
+    a rank that fails (and a failing circuslink rank names itself and aborts the job). ``tag_output`` as
+    :func:`launch` has it, where mpirun is Open MPI's (its ``--tag-output`` prefixes are rewritten to
+    ``[rank]``); None leaves mpirun's output as it is."""
+    from . import _guard, mps
+
+    full = dict(os.environ)
+    full.update(env)
+    for key, value in _NO_MULTICAST.items():
+        full.setdefault(key, value)
+    needed = backend == "cuda" and nranks > _gpu_plan(nranks, env)[0]
+    tag = tag_output if tag_output in ("all", "others") and _open_mpi() else None
+    session = mps.start(mps_mode, needed=needed, label=f"mpirun{os.getpid()}")
+    if session.warning:
+        print(f"circuslink: warning: {session.warning}", file=sys.stderr)
+    guard = _guard.Guard(session)
+    try:
+        full.update(session.env)
+        if session.status.active:
+            full[mps.ENV_GPUS] = str(mps.gpu_count())
+        cmd = mpirun_command(nranks, command, full)
+        if tag:
+            cmd.insert(1, "--tag-output")
+        pipe = subprocess.PIPE if tag else None
+        try:
+            proc = subprocess.Popen(cmd, env=full, stdout=pipe, stderr=pipe)
+        except OSError as exc:
+            raise ConfigError(f"cannot start mpirun: {exc.strerror}") from None
+        guard.watch(proc.pid)
+        threads = []
+        if tag:
+            lock = threading.Lock()
+            for stream, sink in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+                t = threading.Thread(target=_pump_tagged, args=(stream, sink, tag, lock), daemon=True)
+                t.start()
+                threads.append(t)
+        code = proc.wait()
+        for t in threads:
+            t.join(timeout=5)
+    finally:
+        session.stop()
+        guard.close()
+    if code != 0 and node_of is not None:
+        print(f"circuslink run: the job (started by mpirun) failed with exit code {code}; mpirun's notice above "
+              "names the rank", file=sys.stderr)
+    return code
+
+
+def _open_mpi() -> bool:
+    """Whether ``mpirun`` is Open MPI's (it has ``--tag-output``, whose prefixes are rewritten)."""
+    try:
+        out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "Open MPI" in out.stdout + out.stderr or "OpenRTE" in out.stdout + out.stderr
+
+
+# Open MPI's --tag-output prefixes every chunk a rank writes (not every line): [jobid,rank]<stdout>:
+_OMPI_TAG = re.compile(rb"\[\d+,(\d+)\]<std(?:out|err)>:")
+_OMPI_TAG_START = re.compile(rb"\[[\d,\]<stdouer>]{0,40}$")  # a buffer's tail that may be a tag cut in two
+
+
+def _pump_tagged(stream, sink, tag_output: str, lock: threading.Lock) -> None:
+    """Copy mpirun's tagged output to ``sink`` as whole lines ``[rank] line`` (rank 0's bare with "others"),
+    each rank's chunks joined into its own lines; mpirun's own lines unchanged."""
+    pending = b""
+    lines: dict[int | None, bytes] = {}
+    fd = stream.fileno()
+
+    def emit(rank: int | None, data: bytes, final: bool = False) -> None:
+        text = lines.pop(rank, b"") + data
+        done, _, rest = text.rpartition(b"\n") if not final else (text, b"", b"")
+        if rest:
+            lines[rank] = rest
+        if not done:
+            return
+        tag = "" if rank is None or (tag_output == "others" and rank == 0) else f"[{rank}] "
+        out = "".join(tag + line + "\n" for line in done.decode(errors="replace").split("\n"))
+        with lock:
+            sink.write(out)
+            sink.flush()
+
+    rank: int | None = None
+    while True:
+        data = os.read(fd, 1 << 16)
+        pending += data
+        held = b""
+        if data:
+            cut = _OMPI_TAG_START.search(pending)
+            if cut is not None:
+                pending, held = pending[:cut.start()], pending[cut.start():]
+        start = 0
+        for m in _OMPI_TAG.finditer(pending):
+            if m.start() > start:
+                emit(rank, pending[start:m.start()])
+            rank, start = int(m.group(1)), m.end()
+        if start < len(pending):
+            emit(rank, pending[start:])
+        pending = held
+        if not data:
+            break
+    for r in list(lines):
+        emit(r, b"", final=True)
+    stream.close()
+
+
 _FORWARDED = (
     "CIRCUSLINK_", "NCCL_", "NVSHMEM_", "TORCH_SYMM_MEM_", "PYTHON", "CUDA_", "OMP_", "PATH", "LD_LIBRARY_PATH",
 )
 
 
-def mpirun_command(nranks: int, command: Sequence[str]) -> list[str]:
-    """``mpirun`` for ``nranks`` local ranks, forwarding circuslink's and the GPU libraries' settings."""
+def mpirun_command(nranks: int, command: Sequence[str], env: dict[str, str] | None = None) -> list[str]:
+    """``mpirun`` for ``nranks`` local ranks, forwarding circuslink's and the GPU libraries' settings (those of
+    ``env``, default this process's environment)."""
     cmd = ["mpirun", "-np", str(nranks), "--oversubscribe"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
-    for key in sorted(os.environ):
+    for key in sorted(os.environ if env is None else env):
         if key.startswith(_FORWARDED):
             cmd += ["-x", key]
     return cmd + list(command)
@@ -300,7 +468,6 @@ def relaunch_self(nranks: int, backend: str | None, prefer_mpirun: bool = False,
     :func:`launch`. Either way ranks that share a GPU run under MPS (``mps_mode``). ``ranks_per_node``
     declares nodes on this machine (``CIRCUSLINK_RANKS_PER_NODE``, which mpirun forwards).
     """
-    from . import _guard, mps
     from .world import ENV_RANKS_PER_NODE, node_layout
 
     args = list(argv) if argv is not None else list(_invocation if _invocation is not None else sys.argv[1:])
@@ -309,34 +476,9 @@ def relaunch_self(nranks: int, backend: str | None, prefer_mpirun: bool = False,
     if ranks_per_node is not None:
         node_layout(nranks, None, ranks_per_node, f"--ranks-per-node {ranks_per_node}")  # refused before any rank
     if prefer_mpirun and mpirun_available():
+        env = {"CIRCUSLINK_BACKEND": backend}
         if ranks_per_node is not None:
-            os.environ[ENV_RANKS_PER_NODE] = str(ranks_per_node)
-        os.environ["CIRCUSLINK_BACKEND"] = backend
-        for key, value in _NO_MULTICAST.items():
-            os.environ.setdefault(key, value)
-        needed = backend == "cuda" and nranks > _gpu_plan(nranks, None)[0]
-        session = mps.start(mps_mode, needed=needed, label=f"mpirun{os.getpid()}")
-        if session.warning:
-            print(f"circuslink: warning: {session.warning}", file=sys.stderr)
-        guard = _guard.Guard(session)
-        saved = {k: os.environ.get(k) for k in (*session.env, mps.ENV_GPUS)}
-        try:
-            os.environ.update(session.env)
-            if session.status.active:
-                os.environ[mps.ENV_GPUS] = str(mps.gpu_count())
-            try:
-                proc = subprocess.Popen(mpirun_command(nranks, command))
-            except OSError as exc:
-                raise ConfigError(f"cannot start mpirun: {exc.strerror}") from None
-            guard.watch(proc.pid)
-            return proc.wait()
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-            session.stop()
-            guard.close()
+            env[ENV_RANKS_PER_NODE] = str(ranks_per_node)
+        return _mpirun_job(nranks, command, backend, mps_mode, env)
     return launch(nranks, command, backend=backend, tag_output="others", mps_mode=mps_mode,
                   ranks_per_node=ranks_per_node)

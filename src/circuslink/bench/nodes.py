@@ -13,9 +13,14 @@ beside it) and throughput:
   handles: one warp, or every warp of a co-resident grid), the rings pinned host memory; on cpu the agents
   are the ranks' host threads. ``added_us``: its one-way time minus MPI's, what the proxies add;
 * ``intra-node``: a channel pingpong between ranks 0 and 1, inside node 0 (mapped memory: one hop);
-* ``gateway-routed``: a channel from a rank of node 0 to a rank of node 1 through both gateways. **Not
-  measured yet**: it needs the forwarding agents (routed channels); the rows say so, and the targets
-  below give its bound from this run's figures.
+* ``gateway-routed``: a routed channel (docs/routing.md) from a rank of node 0 to a rank of node 1 and one
+  back, opened with ``channels.open(world, links, topology=<the job's nodes>)``: source -> its gateway (a
+  mapped hop) -> the engine link -> the peer gateway, whose agent delivers into the destination's ring. The
+  same pingpong as ``bench pingpong`` on the channels' ends (the host API on cpu; on cuda the pingpong
+  kernels on the ends' device handles, the agents being the router kernels); the source and destination
+  are the second rank of each node (the gateways themselves with one rank a node). ``added_us``: its
+  one-way time minus (MPI + one intra-node hop) at the same size; the targets are ratios of that sum
+  (latency <= 1.3 x) and of MPI's throughput (>= 0.9 x at 16 MiB and more).
 
 The floor (``circuslink.probe``) of the same run covers the intra-node pair and, on one machine, the
 gateways' pair as mapped memory would give it.
@@ -38,7 +43,8 @@ CPU_MAX = 16 << 20  # the cpu reference's host agents stop here
 TARGET_LATENCY_RATIO = 1.3  # routed latency <= 1.3 x (engine + one intra-node hop)
 TARGET_THROUGHPUT_RATIO = 0.9  # ... and throughput >= 0.9 x the engine's at >= 16 MiB
 BIG = 16 << 20
-ROUTED_PENDING = "gateway-routed channels need the forwarding agents (routed channels): measured once they land"
+ROUTED_RING_MIN = 8192
+ROUTED_RING_MAX = 16 << 20  # the routed rings hold a message up to here (the grid form needs it whole)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,9 +103,8 @@ def run(args: argparse.Namespace) -> int:
     _engine_link(world, results, sizes, samples, warmup, a, b, args)
     if len(world.nodes[0]) > 1:
         _intra_node(world, results, sizes, samples, warmup)
+    _gateway_routed(world, results, sizes, samples, warmup, args)
     if world.rank == 0:
-        for nbytes in sizes:
-            results.add(impl="gateway-routed", bytes=nbytes, skipped=ROUTED_PENDING)
         _added(results)
         report(results, args)
     world.close()
@@ -305,16 +310,144 @@ def _intra_node(world: Any, results: drv.Results, sizes: list[int], samples: int
         pair.close()
 
 
+# -- through the gateways ----------------------------------------------------------------------------
+def routed_pair(world: Any) -> tuple[int, int]:
+    """(source, destination) of the gateway-routed pingpong: the second rank of node 0 and of node 1 (so the
+    route has its mapped hops), or the gateways where a node has one rank."""
+    first, second = world.nodes[0], world.nodes[1]
+    return first[min(1, len(first) - 1)], second[min(1, len(second) - 1)]
+
+
+class _Routed:
+    """``gping`` source -> destination and ``gpong`` back, routed through both gateways and the engine link;
+    the pingpong of ``bench pingpong`` on their ends (one code path: ``cpu_round_trips`` on the host API,
+    ``device_round_trips`` on cuda)."""
+
+    def __init__(self, world: Any, sizes: list[int], args: argparse.Namespace) -> None:
+        from .. import topology
+        from ..channels import Link, element_type
+        from ..channels import open as open_channels
+
+        self.world = world
+        self.gpu = world.backend.runs_kernels
+        self.src, self.dst = routed_pair(world)
+        self.ring = max(ROUTED_RING_MIN, min(max(sizes), ROUTED_RING_MAX))
+        byte = element_type("uchar")
+        links = [Link("gping", "gping_in", 0, 1, self.src, self.dst, byte, self.ring),
+                 Link("gpong", "gpong_in", 2, 3, self.dst, self.src, byte, self.ring)]
+        engine = {"spin": True}
+        if args.nslots:
+            engine["nslots"] = args.nslots
+        self.channels = open_channels(world, links, topology=topology.nodes(world.nodes), engine=engine)
+        self.route = self.channels.route("gping")
+        self._module = None
+        self.blocks_most = 1
+        if self.gpu:
+            from .. import compile as compile_device
+            from .pingpong import GRID_THREADS, KERNELS
+
+            self._module = compile_device(KERNELS.read_text())
+            most = self.channels.max_blocks(self._module.get_function("pingpong_grid"), GRID_THREADS)
+            self.blocks_most = max(1, min(world.allgather_object(most)))
+
+    def close(self) -> None:
+        self.channels.close()
+
+    def forms(self, nbytes: int) -> list[str]:
+        """``host`` on cpu; on cuda one warp (``warp2``, separate writing and reading warps, where the ring is
+        smaller than the message or the message is large) and, from 4 KiB while the ring holds it, the grid."""
+        from .pingpong import GRID_MIN, WARP_MAX
+
+        if not self.gpu:
+            return ["host"]
+        out = ["warp" if nbytes <= min(self.ring, WARP_MAX) else "warp2"]
+        if GRID_MIN <= nbytes <= self.ring:
+            out.append("grid")
+        return out
+
+    def measure(self, form: str, nbytes: int, samples: int, warmup: int) -> dict | None:
+        """Collective: one form at one size; the row on the source, broadcast to every rank."""
+        world = self.world
+        world.barrier()
+        role = 0 if world.rank == self.src else 1 if world.rank == self.dst else None
+        ch = self.channels
+        ends = None if role is None else (ch["gping"], ch["gpong_in"]) if role == 0 else (ch["gpong"], ch["gping_in"])
+        trial = self._sample(form, role, ends, nbytes, 4, warmup)[0] if role is not None else 0.0
+        trips = world.broadcast_object(_Pipe.trips(trial / 4, self.gpu) if role == 0 else None, root=self.src)
+        times, ok = [], True
+        if role is not None:
+            for _ in range(samples):
+                t, good = self._sample(form, role, ends, nbytes, trips, warmup)
+                times.append(t)
+                ok = ok and good
+        if not all(world.allgather_object(ok)):
+            raise ChannelError(f"gateway-routed pingpong {form} {drv.format_bytes(nbytes)}: the bytes that came back "
+                               "differ from the bytes sent")
+        row = None
+        if role == 0:
+            one_way = [t / (2 * trips) for t in times]
+            med = statistics.median(one_way)
+            geo = ch["gping"].geometry
+            row = dict(impl=f"gateway-routed-{form}", form=form, bytes=nbytes, one_way_us=med * 1e6,
+                       min_one_way_us=min(one_way) * 1e6, throughput_GBps=nbytes / med / 1e9, samples=samples,
+                       round_trips=trips, verified=True, ranks=[self.src, self.dst], route=self.route,
+                       route_back=ch.route("gpong"), nslots=geo.nslots, chunk=geo.chunk, ll_max=geo.ll_max)
+        return world.broadcast_object(row, root=self.src)
+
+    def _sample(self, form: str, role: int, ends: tuple[Any, Any], nbytes: int, trips: int,
+                warmup: int) -> tuple[float, bool]:
+        from .pingpong import GRID_THREADS, cpu_round_trips, device_round_trips
+
+        tx, rx = ends
+        if not self.gpu:
+            return cpu_round_trips(tx, rx, nbytes, trips, echo=role == 1)
+        packets = -(-nbytes // tx.geometry.chunk)
+        blocks = max(1, min(self.blocks_most, -(-packets // (GRID_THREADS // 32)))) if form == "grid" else 1
+        return device_round_trips(self.world, self._module, form, tx, rx, nbytes, role, warmup, trips, blocks,
+                                  f"gateway-routed pingpong {form} {drv.format_bytes(nbytes)}")
+
+
+def _gateway_routed(world: Any, results: drv.Results, sizes: list[int], samples: int, warmup: int,
+                    args: argparse.Namespace) -> None:
+    routed = _Routed(world, sizes, args)
+    if world.rank == 0:
+        results.meta["gateway_routed"] = {"ranks": [routed.src, routed.dst], "route": routed.route,
+                                          "ring_bytes": routed.ring}
+    try:
+        for nbytes in sizes:
+            drv.progress(f"nodes: gateway-routed channel {' -> '.join(map(str, routed.route))}, "
+                         f"{drv.format_bytes(nbytes)}")
+            rows = [routed.measure(form, nbytes, samples, warmup) for form in routed.forms(nbytes)]
+            if world.rank == 0:
+                for row in rows:
+                    results.add(**row)
+                results.add(**dict(min(rows, key=lambda r: r["one_way_us"]), impl="gateway-routed"))
+    finally:
+        routed.close()
+
+
 # -- the report ---------------------------------------------------------------------------------------
 def _added(results: drv.Results) -> None:
-    """``added_us`` and ratios of every engine-link row against MPI at the same size."""
+    """``added_us`` and ratios of every engine-link row against MPI at the same size, and of every
+    gateway-routed row against (MPI + one intra-node hop)."""
     mpi = {r["bytes"]: r for r in results.rows if r.get("impl") in ("mpi", "mpi-host-staged") and "skipped" not in r}
+    intra = {r["bytes"]: r for r in results.rows if r.get("impl") == "intra-node" and "one_way_us" in r}
     for r in results.rows:
         base = mpi.get(r.get("bytes"))
-        if base and str(r.get("impl", "")).startswith("engine-link") and "one_way_us" in r:
+        if not base or "one_way_us" not in r:
+            continue
+        impl = str(r.get("impl", ""))
+        if impl.startswith("engine-link"):
             r["added_us"] = r["one_way_us"] - base["one_way_us"]
             r["vs_engine_latency"] = r["one_way_us"] / base["one_way_us"]
             r["vs_engine_throughput"] = r["throughput_GBps"] / base["throughput_GBps"]
+        elif impl.startswith("gateway-routed"):
+            r["vs_engine_throughput"] = r["throughput_GBps"] / base["throughput_GBps"]
+            hop = intra.get(r["bytes"])
+            if hop:
+                bound = base["one_way_us"] + hop["one_way_us"]
+                r["added_us"] = r["one_way_us"] - bound
+                r["vs_engine_plus_hop_latency"] = r["one_way_us"] / bound
 
 
 def targets(results: drv.Results) -> dict:
@@ -332,20 +465,32 @@ def targets(results: drv.Results) -> dict:
                             f"{e['one_way_us'] / m['one_way_us']:.2f} x {mpi_impl}'s {m['one_way_us']:.2f} us (the "
                             f"proxies add {e['one_way_us'] - m['one_way_us']:.2f} us)")
         intra = rows.get(("intra-node", n))
+        routed = rows.get(("gateway-routed", n))
         if intra:
-            bound = TARGET_LATENCY_RATIO * (m["one_way_us"] + intra["one_way_us"])
-            out["routed_latency_bound_us"] = bound
-            out["lines"].append(f"gateway-routed target at {drv.format_bytes(n)}: one-way <= {TARGET_LATENCY_RATIO} x "
-                                f"({mpi_impl} {m['one_way_us']:.2f} + intra-node hop {intra['one_way_us']:.2f}) = "
-                                f"{bound:.2f} us (not measured yet: {ROUTED_PENDING})")
+            base = m["one_way_us"] + intra["one_way_us"]
+            out["routed_latency_bound_us"] = TARGET_LATENCY_RATIO * base
+            if routed:
+                ratio = routed["one_way_us"] / base
+                out["routed_latency_ratio"] = ratio
+                out["lines"].append(
+                    f"gateway-routed at {drv.format_bytes(n)}: one-way {routed['one_way_us']:.2f} us = {ratio:.2f} x "
+                    f"({mpi_impl} {m['one_way_us']:.2f} + intra-node hop {intra['one_way_us']:.2f} us); target <= "
+                    f"{TARGET_LATENCY_RATIO} x: {'met' if ratio <= TARGET_LATENCY_RATIO else 'missed'} (adds "
+                    f"{routed['one_way_us'] - base:.2f} us)")
+    for n in [n for n in sizes if n >= BIG and ("gateway-routed", n) in rows and (mpi_impl, n) in rows]:
+        g, m = rows[("gateway-routed", n)], rows[(mpi_impl, n)]
+        ratio = g["throughput_GBps"] / m["throughput_GBps"]
+        out.setdefault("routed_throughput_ratio", {})[n] = ratio
+        out["lines"].append(f"gateway-routed at {drv.format_bytes(n)}: {g['throughput_GBps']:.2f} GB/s = {ratio:.2f} x "
+                            f"{mpi_impl}'s {m['throughput_GBps']:.2f} GB/s; target >= {TARGET_THROUGHPUT_RATIO} x: "
+                            f"{'met' if ratio >= TARGET_THROUGHPUT_RATIO else 'missed'}")
     big = [n for n in sizes if n >= BIG and ("engine-link", n) in rows and (mpi_impl, n) in rows]
     for n in big:
         e, m = rows[("engine-link", n)], rows[(mpi_impl, n)]
         ratio = e["throughput_GBps"] / m["throughput_GBps"]
         out.setdefault("engine_link_throughput_ratio", {})[n] = ratio
         out["lines"].append(f"engine link at {drv.format_bytes(n)}: {e['throughput_GBps']:.2f} GB/s = {ratio:.2f} x "
-                            f"{mpi_impl}'s {m['throughput_GBps']:.2f} GB/s (routed target: >= "
-                            f"{TARGET_THROUGHPUT_RATIO} x {mpi_impl})")
+                            f"{mpi_impl}'s {m['throughput_GBps']:.2f} GB/s")
     if not big:
         out["lines"].append(f"throughput target (>= {TARGET_THROUGHPUT_RATIO} x the engine at >= 16 MiB): no size of "
                             "16 MiB or more in this run")

@@ -147,14 +147,14 @@ def _check_engine_possible(world: Any, plan: Plan) -> None:
     crossing = next(r for r in router.routed
                     if any(h.link.engine for h in r.path.hops))
     a, b = crossing.link.src_rank, crossing.link.dst_rank
-    why = os.environ.get("CIRCUSLINK_ENGINE_WHY")
+    why = os.environ.get("CIRCUSLINK_ENGINE_WHY")  # set by circuslink run: why it did not start the job by mpirun
     how = f"this job was started by {world.launched_by}, whose ranks share no MPI communicator"
     if why:
         how += f" ({why})"
     raise ConfigError(f"channels.open: channel {crossing.link.name} goes from rank {a} (node {world.node_of(a)}) to "
                       f"rank {b} (node {world.node_of(b)}) through the gateways, and the engine between nodes is MPI: "
-                      f"{how}; start it under mpirun (circuslink run does so by itself when mpirun and mpi4py are "
-                      "installed), e.g. CIRCUSLINK_RANKS_PER_NODE=2 mpirun -np 4 python app.py")
+                      f"{how}; start it under mpirun (circuslink run --ranks-per-node K does so by itself when "
+                      "mpirun and mpi4py are installed), e.g. CIRCUSLINK_RANKS_PER_NODE=2 mpirun -np 4 python app.py")
 
 
 def _topology_of(spec: Spec, topology: Any, vcs: int | None, nranks: int) -> tuple[Any, int | None]:

@@ -303,6 +303,9 @@ class Channels(Resource):
     def _close_engine(self, timeout: float | None) -> None:
         if self._engine is not None:
             engine, self._engine = self._engine, None
+            # The agent here has stopped; peers' agents may still send (credit reports) until theirs stop: taken
+            # and dropped, or a peer's flush would wait for in-ring room no agent frees.
+            engine.discard_incoming()
             engine.close(timeout)
 
     def _release_local(self) -> None:

@@ -170,6 +170,12 @@ class EngineLinks(Resource):
         self._check_open("check")
         self._proxy.check()
 
+    def discard_incoming(self) -> None:
+        """This rank's agents have stopped: from now on the proxy takes whatever still arrives in the in rings
+        and drops it (late credit reports of the peers' agents), so a peer's flush never waits for room."""
+        if self._proxy is not None:
+            self._proxy.discard = True
+
     def _close(self, timeout: float | None) -> None:
         deadline = Deadline.after(self.timeout if timeout is None else timeout)
         self._proxy.close(deadline)

@@ -120,6 +120,9 @@ class MpiLink:
         moved |= self._complete_sends(now)
         moved |= self._receive(now)
         moved |= self._publish(now)
+        if self.proxy.discard and int(self.into.r.credit[0]) < self.into.seq:
+            self.into.r.credit[0] = self.into.seq  # no agent reads any more: what arrives is taken and dropped
+            moved = True
         moved |= self._control(now)
         moved |= self._report_credits()
         if self.closing:
@@ -357,6 +360,7 @@ class MpiProxy:
         self._types: dict[tuple[int, int, int], Any] = {}
         self._stop = threading.Event()
         self._closing = threading.Event()
+        self.discard = False  # set once this rank's agents have stopped (EngineLinks.discard_incoming)
         self._thread: threading.Thread | None = None
 
     def strided(self, count: int, block: int, stride: int):
