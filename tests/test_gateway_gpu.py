@@ -71,7 +71,8 @@ if w.rank == 1:
     ch["far"].write(x)
     assert ch["back_in"].read(3000).tobytes() == (x + 1).tobytes()
 if w.rank == 3:
-    ch["back"].write(ch["far_in"].read(3000) + 1)
+    got = ch["far_in"].read(3000)  # uint4 elements: a structured array, as plain words to add to
+    ch["back"].write(np.ascontiguousarray(got).view(np.uint32).reshape(-1, 4) + np.uint32(1))
 ch.close()
 print("grid and host ok", w.rank, flush=True)
 w.close()

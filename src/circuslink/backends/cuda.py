@@ -30,6 +30,37 @@ def _cupy():
     return cupy
 
 
+_UNAVAILABLE_WAIT_S = 15.0
+
+
+def _use_device(cp: Any, device: int, wait_s: float = _UNAVAILABLE_WAIT_S) -> None:
+    """Make ``device`` current. Under MPS a GPU is "busy or unavailable" to new clients for a while after
+    a client was killed (its server is torn down, and the control daemon starts a new one once the old
+    server's clients are gone: seen on an H100 after an MPI job aborted, 2026-11-24), so wait up to
+    ``wait_s`` for that before failing with one line that says so."""
+    runtime = cp.cuda.runtime
+    last: Exception | None = None
+
+    def ready() -> bool:
+        nonlocal last
+        try:
+            cp.cuda.Device(device).use()
+            return True
+        except runtime.CUDARuntimeError as exc:
+            if exc.status != getattr(runtime, "errorDevicesUnavailable", 46):  # cudaErrorDevicesUnavailable
+                raise
+            last = exc
+            return False
+
+    try:
+        wait_until(ready, Deadline.after(wait_s), f"GPU {device} to accept this process")
+    except TimeoutError:
+        pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "the default pipe directory")
+        raise BackendError(f"GPU {device} is busy or unavailable to this process for {wait_s:g} s ({last}): "
+                           f"another process holds it in exclusive mode, or the MPS server of {pipe} failed "
+                           "(a killed client takes it down until its other clients exit)") from None
+
+
 def _sm_budget(sm_count: int) -> int:
     """SMs this rank's kernels may occupy (the forward-progress rule, docs/architecture.md).
 
@@ -71,7 +102,7 @@ class CudaBackend(Backend):
         if not 0 <= device < count:
             raise ConfigError(f"CIRCUSLINK_DEVICE={device} but this machine has {count} GPU(s)")
         self.device = device
-        cp.cuda.Device(device).use()
+        _use_device(cp, device)
         # The world's stream is non-blocking: our kernels never wait behind the user's stream
         # by accident, and after_caller() orders them behind it on purpose.
         self.stream = cp.cuda.Stream(non_blocking=True)
