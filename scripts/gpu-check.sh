@@ -21,7 +21,7 @@
 #   fft             distributed 2-D FFT at 8192^2 and 16384^2, 2 and 4 ranks, against the local-transpose scheme
 #   qcd             Wilson-Dirac CG: an 8^4-per-rank solve on a 2x2 grid, and per-iteration time by halo engine
 #   hops            routed channels: latency and throughput by hop count on line:8 (8 ranks) and torus:4x4 (16)
-#   nodes           2 declared nodes x 2 ranks: MPI alone, the engine link, a channel inside a node
+#   nodes           2 declared nodes x 2 ranks: MPI alone, the engine link, a channel inside a node, gateway-routed
 #   all             every stage above
 #   smoke           every benchmark in its --quick form, each bounded to 90 s (errors show at once; not in "all")
 #   before          the regression tests of the MPS hangs against an older tree ($OLD_TREE, e.g.
