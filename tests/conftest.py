@@ -19,11 +19,11 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import pytest
 
+from circuslink import mps
 from circuslink.launcher import mpirun_command
 
 REPO = Path(__file__).resolve().parents[1]
@@ -115,9 +115,8 @@ def spmd(tmp_path, request):
             # the library's own command line: it forwards CIRCUSLINK_*, CUDA_* (the MPS pipe) and the rest
             full_env["CIRCUSLINK_BACKEND"] = backend
             if backend == "cuda":  # ranks sharing the GPU under MPS, as `circuslink run` would give them
-                full_env.setdefault("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", str(max(1, 100 // n)))
-            with mock.patch.dict(os.environ, full_env, clear=True):
-                cmd = mpirun_command(n, [sys.executable, str(script)])
+                full_env.setdefault(mps.ENV_SHARE, str(mps.share_percent(n)))
+            cmd = mpirun_command(n, [sys.executable, str(script)], full_env)
         else:
             raise ValueError(launcher)
         proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=job_timeout or timeout,

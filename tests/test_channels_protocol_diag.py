@@ -4,10 +4,7 @@ or credit the slot holds relative to the one a wait needed, across the 32-bit wr
 import pytest
 
 from circuslink.channels._cuda import describe_slot
-
-
-def flag_of(seq: int) -> int:  # channel_impl.cuh: the packet number's low 32 bits with bit 0 set
-    return (seq | 1) & 0xFFFFFFFF
+from circuslink.channels.protocol import flag_of
 
 
 @pytest.mark.parametrize("base", [0, 4671677, (1 << 32) - 3, (5 << 32) + 17])

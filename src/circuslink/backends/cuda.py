@@ -153,7 +153,7 @@ class CudaBackend(Backend):
             raise BackendError(f"kernel {getattr(kernel, 'name', '?')} does not fit an SM at {threads} threads a block "
                                f"({regs} registers a thread, {shared_bytes} bytes of dynamic shared memory): "
                                "give it __launch_bounds__ or launch fewer threads")
-        share = per_sm // self.ranks_on_gpu if self.ranks_on_gpu == 1 else per_sm // (2 * self.ranks_on_gpu)
+        share = per_sm if self.ranks_on_gpu == 1 else per_sm // (2 * self.ranks_on_gpu)
         return max(1, self.sm_budget * max(1, share))
 
     def after_caller(self) -> None:

@@ -113,7 +113,8 @@ class CudaEnd:
         peer, off, did = ((link.src_rank, P.CTRL_SEND_STATE, "written") if code == P.ERR_DATA_TIMEOUT
                           else (link.dst_rank, P.CTRL_RECV_STATE, "consumed"))
         try:
-            seq = int(self.channels._buf.peer(peer)[lay.ctrl + off:lay.ctrl + off + 8].get().view("<u8")[0])
+            words = self._read_u32s((peer, lay.ctrl + off), 8)
+            seq = int(words[0]) | (int(words[1]) << 32)
         except Exception:  # noqa: BLE001 - a diagnostic only
             return ""
         return f" (rank {peer}'s end had {did} {seq} packets as of its last finished call)"
@@ -128,7 +129,7 @@ class CudaEnd:
         """What the ring slot (or its credit) of the packet that was waited for holds, relative to that
         packet: tells a packet that never came (the slot still holds the previous lap's) from one that
         came and was overwritten, or a credit that was never returned from one returned for another lap.
-        Flags are the packet number's low 32 bits with bit 0 set (channel_impl.cuh, flag_of)."""
+        Flags are protocol.flag_of of the packet number."""
         geo = self.geometry
         slot = seq & (geo.nslots - 1)
         try:
@@ -137,11 +138,11 @@ class CudaEnd:
                 ring_rank, ring_off = where.ring
                 unit1 = self._read_u32s((ring_rank, ring_off + slot * geo.slot_bytes), 16)
                 flag, what = int(unit1[3]), "header"
-                want = (seq | 1) & 0xFFFFFFFF
+                want = P.flag_of(seq)
             elif code == P.ERR_CREDIT_TIMEOUT:
                 cr_rank, cr_off = where.slot_credits
                 flag, what = int(self._read_u32s((cr_rank, cr_off + 4 * slot), 4)[0]), "credit"
-                want = ((seq - geo.nslots) | 1) & 0xFFFFFFFF
+                want = P.flag_of(seq - geo.nslots)
             else:
                 return ""
         except Exception:  # noqa: BLE001 - a diagnostic only
