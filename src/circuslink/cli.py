@@ -26,6 +26,7 @@ COMMANDS = [
     ("route", "circuslink.topology.command", "routing over a topology: show the tables and paths, check for deadlock"),
     ("qcd", "circuslink.apps.qcd.cli", "lattice QCD: Wilson-Dirac CG inverter (invert) and operator (apply)"),
     ("fft2", "circuslink.apps.fft.cli", "distributed 2-D FFT of a .npy file with transposing puts"),
+    ("fft3", "circuslink.apps.fft.cli3", "distributed 3-D FFT of a .npy file (slabs or pencils) with transposing puts"),
 ]
 BENCHMARKS = [
     ("pingpong", "circuslink.bench.pingpong", "channel pingpong against the floor, NCCL, NVSHMEM and MPI"),
@@ -36,7 +37,7 @@ BENCHMARKS = [
     ("rma", "circuslink.bench.rma", "persistent RMA queues against MPI-3 RMA, MPI persistent p2p and NCCL"),
     ("qcd", "circuslink.bench.qcd", "lattice QCD CG per iteration by halo engine and grid; dslash bandwidth"),
     ("transpose", "circuslink.bench.transpose", "transposing put against contiguous put and local transpose + put"),
-    ("fft", "circuslink.bench.fft", "distributed 2-D FFT: transposing puts against local transpose + put and fft2"),
+    ("fft", "circuslink.bench.fft", "distributed 2-D and 3-D FFT: transposing puts against the slab all-to-all"),
     ("hops", "circuslink.bench.hops", "latency and throughput by hop count over a topology (routed channels)"),
     ("nodes", "circuslink.bench.nodes", "pingpong inside a node, over the engine link between nodes, and MPI alone"),
 ]
