@@ -328,7 +328,8 @@ def transform_file(world: Any, args: argparse.Namespace, ndim: int) -> None:
         finally:
             staging.close()
     if me == 0:
-        kind = "irfftn" if job.c2r else "rfftn" if job.r2c else "ifftn" if job.inverse else "fftn"
+        kind = ("irfft" if job.c2r else "rfft" if job.r2c else "ifft" if job.inverse else "fft") + (
+            "2" if ndim == 2 else "n")
         print(f"circuslink {what}: {kind} of {args.input} ({' x '.join(map(str, job.freq if job.c2r else job.spatial))}"
               f" {job.in_dtype}) on {world.size} rank(s) ({world.backend.name}, {job.decomposition}, {job.scheme}, "
               f"{job.layout} layout, chunks {plan.chunks}): transform {1e3 * (t2 - t1):.2f} ms, with I/O "
