@@ -70,6 +70,10 @@ class Runner:
     def pack(self, op: Callable[[], None]) -> None:
         self._phase("transpose", op)
 
+    def local(self, op: Callable[[], None]) -> None:
+        """A local transpose the caller launches itself (the baselines' packing)."""
+        self._phase("transpose", op)
+
     def put(self, queue: Any) -> None:
         self._phase("comm", queue.start)
 

@@ -153,6 +153,10 @@ class Runner:
             with self.compute:
                 op()
 
+    def local(self, op: Callable[[], None]) -> None:
+        """A local transpose launched on the current stream (the baselines' packing), on the compute stream."""
+        self._timed("transpose", self.compute, op)
+
     def _to_comm(self) -> None:
         self._handoff.record(self.compute)
         self.comm.wait_event(self._handoff)
