@@ -9,7 +9,9 @@ output lands in the same layout:
    of a transposed view);
 3. an all-to-all that lands every block where the next stage wants it:
    ``copy-engine``: cudaMemcpy2DAsync straight into the peers' buffers (world.alloc's peer mappings), then
-   a device-side barrier (an 8-byte RMA queue: every rank's copies are complete when it has arrived);
+   a device-side barrier (an 8-byte RMA queue: every rank's copies are complete when it has arrived; the
+   same barrier on the comm stream at the start of a transform keeps the copies out of buffers a peer is
+   still transforming from the last one);
    ``nccl``: grouped ncclSend / ncclRecv into a receive buffer, then 2-D copies into place (NCCL refuses
    two ranks on one GPU: skipped there); ``mpi``: host-staged (device -> host, MPI_Alltoallv,
    host -> device, 2-D copies), for worlds whose ranks cannot map each other's memory;
@@ -312,6 +314,9 @@ class SlabBaseline:
         run = self._runner
         run.begin(profile)
         used = []
+        if self._barrier is not None:  # no copy into a peer before it is done with the last transform
+            run.fence(self._barrier)
+            used.append(self._barrier)
         for ops, packs, moves in self._steps:
             if not moves:
                 for op in ops:
@@ -410,9 +415,9 @@ def build_nvshmem(folder: Path | None = None) -> Path:
     return binary
 
 
-def nvshmem_slab(nranks: int, cases: list[tuple[tuple[int, ...], str]], iters: int, warmup: int, chunks: int,
-                 timeout: float | None = None) -> list[dict]:
-    """Run the NVSHMEM slab FFT on ``nranks`` PEs for every (shape, dtype) case; called from ONE process.
+def nvshmem_slab(nranks: int, cases: list[tuple[tuple[int, ...], str]], iters: int, warmup: int,
+                 chunks: list[int], timeout: float | None = None) -> list[dict]:
+    """Run the NVSHMEM slab FFT on ``nranks`` PEs for every (shape, dtype) case and chunk count; from ONE process.
 
     Rows: ``{"shape", "dtype", "time_ms", "time_min_ms", "fft_ms", "transpose_ms", "comm_ms", "samples",
     "verified", "max_rel_err", "nvshmem_version"}`` (the slowest PE of each iteration, device events), or
@@ -426,7 +431,7 @@ def nvshmem_slab(nranks: int, cases: list[tuple[tuple[int, ...], str]], iters: i
     env = _nvshmem._job_env(nv, biggest)
     env["NVSHMEM_SYMMETRIC_SIZE"] = str(-(-biggest // nranks) * 2 + (1 << 30))
     spec = ";".join(f"{'x'.join(map(str, s))}:{d}" for s, d in cases)
-    args = [f"cases={spec}", f"iters={iters}", f"warmup={warmup}", f"chunks={chunks}",
+    args = [f"cases={spec}", f"iters={iters}", f"warmup={warmup}", f"chunks={','.join(map(str, chunks))}",
             f"seed={_nvshmem.fresh_seed()}"]
     cmd = _nvshmem.mpirun_command(binary, args, env)
     np_at = cmd.index("-np")

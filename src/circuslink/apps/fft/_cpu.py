@@ -77,6 +77,10 @@ class Runner:
     def put(self, queue: Any) -> None:
         self._phase("comm", queue.start)
 
+    def fence(self, queue: Any) -> None:
+        """A cycle of ``queue`` that later puts wait for (a barrier), not the transforms."""
+        self._phase("comm", lambda: (queue.start(), queue.wait()))
+
     def wait(self, queues: list) -> None:
         for q in queues:
             self._phase("comm", q.wait)

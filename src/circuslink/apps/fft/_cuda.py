@@ -168,6 +168,12 @@ class Runner:
             self._comm_start.record(self.comm)
         queue.start(stream=self.comm)
 
+    def fence(self, queue: Any) -> None:
+        """A cycle of ``queue`` on the comm stream that later puts wait for (a barrier), not the transforms."""
+        self._to_comm()
+        queue.start(stream=self.comm)
+        queue.wait(stream=self.comm, block=False)
+
     def wait(self, queues: list) -> None:
         for q in queues:
             q.wait(stream=self.comm, block=False)
