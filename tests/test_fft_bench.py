@@ -182,3 +182,51 @@ def test_case_memory_estimates_grow_with_the_case():
     small, big = _case_needs((512,) * 3, "complex64", 2), _case_needs((1024,) * 3, "complex128", 2)
     assert all(big[k] == 16 * small[k] for k in small)
     assert np.isclose(small["transpose-put"], 4 * 512 ** 3 * 8 / 2)
+
+
+@pytest.fixture(scope="module")
+def world():
+    import circuslink as cl
+
+    return cl.init(backend="cpu")
+
+
+def test_nvshmem_rows_join_the_results(world, monkeypatch):
+    """What the NVSHMEM program prints becomes baseline rows (and a failure becomes skipped rows)."""
+    from circuslink.bench import fft as bench
+    from circuslink.bench import fft_baseline
+    from circuslink.bench.baselines import _nvshmem
+    from circuslink.errors import BackendError
+
+    printed = ('{"info": {"nvshmem_header_version": "3.8.0"}}\n'
+               '{"impl": "baseline-nvshmem", "shape": [64,64], "dtype": "complex64", "bytes": 32768, "time_ms": 0.5, '
+               '"time_min_ms": 0.4, "fft_ms": 0.2, "transpose_ms": 0.1, "comm_ms": 0.2, "chunks": 4, "samples": 10, '
+               '"verified": true, "max_rel_err": 2e-07}\n')
+    info, rows = _nvshmem.parse_output(printed)
+    monkeypatch.setattr(fft_baseline, "nvshmem_slab", lambda *a, **k: [dict(r, nvshmem_version="3.8.0") for r in rows])
+    cfg = bench.Config(cases=[((64, 64), "complex64")])
+    got = bench._nvshmem_rows(world, cfg, None)
+    assert len(got) == 1 and got[0]["impl"] == "baseline-nvshmem" and got[0]["alltoall"] == "nvshmem"
+    assert got[0]["case"] == "64^2" and got[0]["bytes"] == 32768 and got[0]["gflops"] > 0 and got[0]["chunks"] == 4
+
+    def broken(*a, **k):
+        raise BackendError("the NVSHMEM slab FFT failed (exit code 2): fft_slab_nvshmem: PE 1: nvshmem_malloc failed")
+
+    monkeypatch.setattr(fft_baseline, "nvshmem_slab", broken)
+    got = bench._nvshmem_rows(world, cfg, None)
+    assert got[0]["skipped"].startswith("the NVSHMEM slab FFT failed") and "time_ms" not in got[0]
+    transpose_put = dict(impl="transpose-put", case="64^2", dtype="complex64", time_ms=0.4)
+    rows = [transpose_put, dict(impl="baseline-nvshmem", case="64^2", dtype="complex64", time_ms=0.5, chunks=4),
+            dict(impl="baseline-copy-engine", case="64^2", dtype="complex64", time_ms=0.8, chunks=1),
+            dict(impl="fftn-1rank", case="64^2", dtype="complex64", time_ms=0.2)]
+    bench._compare(rows)
+    assert transpose_put["less_time_pct"] == pytest.approx(20.0) and transpose_put["vs_1rank"] == pytest.approx(2.0)
+    assert transpose_put["vs"] == "baseline-nvshmem (4 chunk(s))"
+
+
+def test_ceiling_runs_in_its_own_process(world):
+    from circuslink.bench import fft as bench
+
+    rows = bench._ceiling_rows(world, None, bench.Config(cases=[((32, 16), "complex64"), ((8, 8, 8), "complex128")],
+                                                         iters=3, warmup=1))
+    assert [r["case"] for r in rows] == ["32x16", "8^3"] and all(r["time_ms"] > 0 and r["ranks"] == 1 for r in rows)

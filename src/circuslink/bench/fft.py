@@ -417,9 +417,11 @@ def _nvshmem_rows(world: Any, cfg: Config, why: str | None) -> list[dict]:
             got = nvshmem_slab(world.size, list(cfg.cases), cfg.iters, cfg.warmup, cfg.baseline_chunks,
                                timeout=_LONG_WAIT_S)
             for r in got:
-                shape = tuple(r.pop("shape"))
-                rows.append(_finish(_base_row(world, shape, r.pop("dtype"), cfg, "baseline-nvshmem",
-                                              alltoall="nvshmem", transpose="tiled", **r), shape))
+                shape, dtype = tuple(r.pop("shape")), r.pop("dtype")
+                r.pop("impl", None)
+                r.pop("bytes", None)
+                rows.append(_finish(_base_row(world, shape, dtype, cfg, "baseline-nvshmem", alltoall="nvshmem",
+                                              transpose="tiled", **r), shape))
         except Error as exc:
             reason = str(exc).splitlines()[0]
             rows = [_base_row(world, s, d, cfg, "baseline-nvshmem", alltoall="nvshmem", skipped=reason)
