@@ -18,7 +18,10 @@
 #   rma             persistent RMA queues against MPI-3 RMA and MPI p2p, 2 and 4 ranks (a ring)
 #   soak            10^6 messages over 72 channels among 4 ranks, both modes, every byte checked
 #   transpose       transposing put against contiguous put and local transpose + put
-#   fft             distributed 2-D FFT at 8192^2 and 16384^2, 2 and 4 ranks, against the local-transpose scheme
+#   fft             distributed FFT, 2-D 8192^2 and 16384^2, 3-D 512^3 and 1024^3, both precisions, 2 and 4 ranks,
+#                   against the slab all-to-all baselines (copy engine, NVSHMEM program) and the 1-rank ceiling
+#                   (about 2-3 min per rank count; the NVSHMEM program is built once, ~1 min, then cached)
+#   fft-quick       bench fft --quick at 2 ranks (well under a minute; not in "all")
 #   qcd             Wilson-Dirac CG: an 8^4-per-rank solve on a 2x2 grid, and per-iteration time by halo engine
 #   hops            routed channels: latency and throughput by hop count on line:8 (8 ranks) and torus:4x4 (16)
 #   nodes           2 declared nodes x 2 ranks: MPI alone, the engine link, a channel inside a node, gateway-routed
@@ -89,7 +92,7 @@ want info && step diag cl run -n 2 -- $PY scripts/dev/mps_diag.py
 want tests && step tests env CIRCUSLINK_TIMEOUT=20 timeout -s INT ${TESTS_BUDGET_S:-540} $PY -m pytest -q -rfE \
   --tb=short -m "gpu and not two_gpus" -p no:cacheprovider --timeout 150 --durations=15 ${TESTS:-tests}
 if want smoke explicit; then
-  for b in pingpong stream allreduce-like allreduce rma transpose; do
+  for b in pingpong stream allreduce-like allreduce rma transpose fft; do
     step "smoke-$b" env CIRCUSLINK_TIMEOUT=20 timeout ${SMOKE_S:-90} $PY -m circuslink bench $b --quick --no-baselines \
       --json "$R/smoke-$b.json"
   done
@@ -122,8 +125,9 @@ want soak && step soak cl run -n 4 -- $PY tests/soak/channels_soak.py --messages
   --json "$R/soak.json"
 want transpose && step transpose cl bench transpose -n 2 --json "$R/transpose.json" --plot "$R/transpose.png"
 if want fft; then for n in 2 4; do
-  step "fft-$n" cl bench fft -n $n --size 8192,16384 --dtype both --json "$R/fft-${n}ranks.json" \
-    --plot "$R/fft-${n}ranks.png"; done; fi
+  STEP_S=${FFT_STEP_S:-420} step "fft-$n" cl bench fft -n $n --size 8192,16384 --size3 512,1024 --dtype both \
+    --iters 10 --warmup 2 --json "$R/fft-${n}ranks.json" --plot "$R/fft-${n}ranks.png"; done; fi
+want fft-quick explicit && STEP_S=120 step fft-quick cl bench fft -n 2 --quick --json "$R/fft-quick.json"
 want qcd && step qcd-invert cl qcd invert --dim 8 8 8 8 --grid 2 2 1 1 --prec single --halo rma --verify \
   --json "$R/qcd-invert.json"
 want qcd && step qcd cl bench qcd --json "$R/qcd.json" --plot "$R/qcd.png"
@@ -177,7 +181,8 @@ if want x2 explicit; then  # two H200s joined by NVLink, one rank per GPU: the r
   step x2-allreduce-like cl bench allreduce-like --json "$R/x2-allreduce-like.json" --plot "$R/x2-allreduce-like.png"
   step x2-rma cl bench rma -n 2 --quick --json "$R/x2-rma.json" --plot "$R/x2-rma.png"
   step x2-transpose cl bench transpose -n 2 --quick --json "$R/x2-transpose.json"
-  step x2-fft cl bench fft -n 2 --size 8192,16384 --dtype both --json "$R/x2-fft.json" --plot "$R/x2-fft.png"
+  step x2-fft cl bench fft -n 2 --size 8192,16384 --size3 512,1024 --dtype both --json "$R/x2-fft.json" \
+    --plot "$R/x2-fft.png"
   # strong scaling 1 -> 2 GPUs at 32^4 global, and per-iteration time by halo engine at 8^4 and 16^4 local
   step x2-qcd-32-1gpu cl bench qcd -n 1 --grids 1x1x1x1 --dim 32 32 32 32 --halos rma --samples 3 --iters 20 \
     --json "$R/x2-qcd-32-1gpu.json"
