@@ -178,6 +178,8 @@ def case(shape, dtype, decomposition, layout, scheme, chunks, scales, own):
         # backward of fresh frequency data (non-Hermitian for c2r: numpy's irfftn keeps the real parts)
         cshape = plan.cshape
         z = (g.standard_normal(cshape) + 1j * g.standard_normal(cshape)).astype(fft.COMPLEX[dtype])
+        if real and xp is not np:  # a spectrum rfftn can give: cuFFT's C2R assumes one (numpy's takes any)
+            z = np.fft.rfftn(g.standard_normal(shape)).astype(fft.COMPLEX[dtype])
         if real:
             want = np.fft.irfftn(z.astype(np.complex128), s=shape, axes=tuple(range(len(shape)))) * n * factor[bs]
         else:
@@ -185,7 +187,7 @@ def case(shape, dtype, decomposition, layout, scheme, chunks, scales, own):
         got = plan.backward(xp.asarray(mine(z, plan.outbox)), scale=bs)
         e = err(got, mine(want, plan.inbox), want)
         assert e < TOL[dtype], (what, "backward", e)
-        assert set(plan.timings) == {{"fft", "transpose", "comm", "total"}}
+        assert set(plan.timings) == {{"fft", "transpose", "comm", "put", "total"}}
         if scheme == "transpose-put":
             assert plan.timings["transpose"] == 0.0
     return 1
@@ -245,15 +247,16 @@ for shape in [(11, 6), (9, 5, 4)]:
     start = sum(rows[:me])
     part = xp.asarray(x[start: start + rows[me]])
     y = fft.fftn(world, part)
-    assert np.allclose(host(y), np.fft.fftn(x)[start: start + rows[me]], atol=1e-12 * np.abs(x).sum())
+    assert np.allclose(host(y), np.fft.fftn(x)[start: start + rows[me]], rtol=0, atol=1e-12 * np.abs(x).sum())
     back = fft.ifftn(world, y)
-    assert float(abs(host(back) - host(part)).max()) < 1e-12 * float(abs(x).max())
+    assert back.shape == part.shape and (not back.size or
+                                         float(abs(host(back) - host(part)).max()) < 1e-12 * float(abs(x).max()))
     if len(shape) == 2:  # fft2(x.T) == fft2(x).T: the transposed layout's pair returns the input (in even rows)
         yt = fft.fft2(world, part, layout="transposed")
         back = fft.ifft2(world, yt, layout="transposed")
         lo, hi = fft.spans(shape[0], R)[me]
         assert back.shape == (hi - lo, shape[1]), back.shape
-        assert float(abs(host(back) - x[lo:hi]).max()) < 1e-12 * float(abs(x).max())
+        assert not back.size or float(abs(host(back) - x[lo:hi]).max()) < 1e-12 * float(abs(x).max())
 print(f"rank {me} one-shot ok")
 world.close()
 """
@@ -321,7 +324,7 @@ def test_plan_runs_many_times_and_closes(world, rng):
     with pytest.raises(cl.ConfigError, match="scale='half' must be one of none, full, symmetric"):
         plan.backward(scale="half")
     plan.forward(x, profile=True)
-    assert set(plan.timings) == {"fft", "transpose", "comm", "total"} and plan.seconds > 0
+    assert set(plan.timings) == {"fft", "transpose", "comm", "put", "total"} and plan.seconds > 0
     assert plan.flops == pytest.approx(5 * 128 * 7)
     assert plan.describe()["decomposition"] == "slab"
     plan.close()

@@ -55,7 +55,7 @@ class Runner:
         self.total = 0.0
 
     def begin(self, profile: bool) -> None:
-        self.times = {"fft": 0.0, "transpose": 0.0, "comm": 0.0}
+        self.times = {"fft": 0.0, "transpose": 0.0, "comm": 0.0, "put": 0.0}
         self._t0 = time.perf_counter()
         self._comm_from: float | None = None
 
@@ -75,7 +75,9 @@ class Runner:
         self._phase("transpose", op)
 
     def put(self, queue: Any) -> None:
+        t0 = time.perf_counter()
         self._phase("comm", queue.start)
+        self.times["put"] += time.perf_counter() - t0
 
     def fence(self, queue: Any) -> None:
         """A cycle of ``queue`` that later puts wait for (a barrier), not the transforms."""

@@ -10,8 +10,9 @@ device waits recorded (``Queue.check_device``).
 
 Timing. Every execute records two events on the compute stream (its whole device time, ``Runner.total``);
 a profiled execute also brackets every transform (compute stream), every local transpose and every
-exchange (comm stream, from the moment its first put may start to the end of its last wait). Phases can
-overlap: their sum may exceed the total.
+exchange (comm stream, from the moment its first put may start to the end of its last wait: ``comm``),
+and every put's start launch on its own (``put``: what the tile model predicts). Phases can overlap: their
+sum may exceed the total.
 """
 
 from __future__ import annotations
@@ -163,10 +164,16 @@ class Runner:
 
     def put(self, queue: Any) -> None:
         self._to_comm()
-        if self.profile and self._comm_start is None:
-            self._comm_start = self._event()
-            self._comm_start.record(self.comm)
+        if not self.profile:
+            queue.start(stream=self.comm)
+            return
+        a, b = self._event(), self._event()
+        a.record(self.comm)
+        if self._comm_start is None:
+            self._comm_start = a
         queue.start(stream=self.comm)
+        b.record(self.comm)
+        self._marks.append(("put", a, b))  # the puts alone (their start launch), for the tile model
 
     def fence(self, queue: Any) -> None:
         """A cycle of ``queue`` on the comm stream that later puts wait for (a barrier), not the transforms."""
@@ -197,7 +204,7 @@ class Runner:
         get = self.cp.cuda.get_elapsed_time
         self.total = get(self._begin, self._end) * 1e-3
         if self.profile:
-            times = {"fft": 0.0, "transpose": 0.0, "comm": 0.0}
+            times = {"fft": 0.0, "transpose": 0.0, "comm": 0.0, "put": 0.0}
             for phase, a, b in self._marks:
                 times[phase] += get(a, b) * 1e-3
             times["total"] = self.total

@@ -176,6 +176,9 @@ class Plan(Resource):
             forward = self._prebuilt or self._forward(self.chunks)
             self._prebuilt = None
             self._programs = {"forward": forward, "backward": self._backward(self.chunks)}
+            # cuFFT plans (and their work areas) only the chunk candidates or the model's timing used go
+            used = {id(getattr(op, "plan", None)) for p in self._programs.values() for st in p for op in st.ops}
+            self._cache = {k: v for k, v in self._cache.items() if id(v) in used}
             self._predict_committed()
             self.timings: dict[str, float] = {}
             self.seconds = 0.0
@@ -400,11 +403,10 @@ class Plan(Resource):
     def _measure_chunks(self, candidates: list[int]) -> int:
         """Time a forward execute for every candidate (the slowest rank's), keep the fastest."""
         measured: dict[int, float] = {}
-        kept: dict[int, tuple[list, dict, list]] = {}
-        for k in candidates:
-            cache: dict = {}
+        kept: dict[int, tuple[list, list]] = {}
+        for k in candidates:  # one cuFFT plan cache: they run on one stream, one after the other
             first = len(self._queues_all)
-            program = self._forward(k, cache)
+            program = self._forward(k, self._cache)
             queues = self._queues_all[first:]
             times = []
             for _ in range(3):
@@ -412,14 +414,13 @@ class Plan(Resource):
                 self._execute(program, None, 1.0, False)
                 times.append(self._runner.total)
             measured[k] = max(self.world.allgather_object(min(times[1:])))
-            kept[k] = (program, cache, queues)
+            kept[k] = (program, queues)
         best = min(candidates, key=lambda k: (measured[k], k))
         for k in candidates:  # every rank frees the same queues in the same order
             if k != best:
-                for q in kept[k][2]:
+                for q in kept[k][1]:
                     q.free(self._timeout)
                     self._queues_all.remove(q)
-        self._cache = kept[best][1]
         self._prebuilt = kept[best][0]
         self.prediction["chunk_measured_s"] = measured
         return best
@@ -490,7 +491,8 @@ class Plan(Resource):
         """Transform ``input`` (after copying ``x`` into it, when given); return ``output``.
 
         ``scale``: "none" (default, numpy's forward), "full" (1/N) or "symmetric" (1/sqrt(N)). ``profile``
-        records ``timings`` (fft, transpose, comm, total seconds, from device events on the GPU).
+        records ``timings`` (seconds, from device events on the GPU): fft, transpose (local transposes),
+        comm (each reshape from its first put to its last wait), put (the puts alone), total.
         """
         self._check_open("forward")
         factor = self._factor(scale)
