@@ -222,6 +222,7 @@ def test_plans_match_numpy(spmd, n):
     assert job.output.count("checked") == n and " checked 0 plans" not in job.output, job.output
 
 
+@pytest.mark.timeout(420)
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_plans_match_numpy_on_gpu(spmd, n):

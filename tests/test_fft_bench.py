@@ -66,6 +66,7 @@ def test_slab_baseline_over_mpi_matches_numpy(spmd):
     assert job.output.count("checked") == 3, job.output
 
 
+@pytest.mark.timeout(420)
 @pytest.mark.gpu
 @pytest.mark.parametrize("transpose", ["tiled", "cupy"])
 def test_slab_baseline_matches_numpy_on_gpu(spmd, transpose):
@@ -107,6 +108,7 @@ def test_nvshmem_program_compiles_to_nothing_without_nvshmem(tmp_path):
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.timeout(900)
 @pytest.mark.gpu
 def test_nvshmem_slab_runs_and_verifies():
     why = _nvshmem_build_problem()
@@ -127,6 +129,7 @@ def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_bench_fft_quick(tmp_path, backend):
     out = tmp_path / "fft.json"

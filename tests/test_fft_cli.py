@@ -95,6 +95,7 @@ def test_cli_matches_numpy(tmp_path, rng, ndim, nranks):
         _run_case(tmp_path, rng, ndim, nranks, kind, layout, extra)
 
 
+@pytest.mark.timeout(420)
 @pytest.mark.gpu
 @pytest.mark.parametrize("ndim", [2, 3])
 def test_cli_matches_numpy_on_gpu(tmp_path, rng, ndim):
