@@ -29,6 +29,8 @@
 #   rma-repro       bench rma at chains of 16 x 64 KiB..1 MiB, many cycles, old tree then this one
 #   scale           machines of 4 or 8 GPUs: probe matrix, pingpong 0->k, allreduce and the RMA ring
 #   x2              the two-H200 reference runs (one rank per GPU; not part of "all")
+#   lines           dev experiment: line formats, echo forms, fences and streaming rings side by side
+#                   (scripts/dev/line_variants.py; not part of "all")
 #
 # One MPS control daemon serves the whole run: the script re-executes itself under
 # `circuslink mps`, which starts one (or reuses a running one) and stops it at the end, also on
@@ -134,6 +136,8 @@ want hops && step hops-torus4x4 cl bench hops -n 16 --topology torus:4x4 --iters
 want nodes && step nodes cl bench nodes -n 4 --ranks-per-node 2 --sizes 8,64,1K,4K,64K,1M,16M,64M \
   --json "$R/nodes.json" --plot "$R/nodes.png"
 want nodes && step nodes-3x2 cl bench nodes -n 6 --ranks-per-node 2 --quick --json "$R/nodes-3x2.json"
+
+want lines explicit && step lines cl run -n 2 -- $PY scripts/dev/line_variants.py --stage ${LINES_STAGE:-all} --json "$R/line-variants.json"
 
 if want before explicit; then
   OLD=${OLD_TREE:-.old}

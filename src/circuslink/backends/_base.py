@@ -28,6 +28,9 @@ class Backend(ABC):
     runs_kernels: bool = False  # device kernels built with circuslink.compile run on this back-end
     sm_budget: int | None = None  # SMs this rank's kernels may occupy (the forward-progress rule)
     abort_ptr: int = 0  # host-mapped word that ends every device wait of the process (0: none)
+    # Which physical device this rank's memory lives on (host name and PCI bus id; None without a device): ranks
+    # with the same identity share one GPU's memory system, whatever their device ordinals say.
+    device_identity: str | None = None
 
     def __init__(self, boot: Any) -> None:
         self.boot = boot

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import socket
 from typing import Any
 
 import numpy as np
@@ -108,6 +109,7 @@ class CudaBackend(Backend):
         self.stream = cp.cuda.Stream(non_blocking=True)
         self._caller_done = cp.cuda.Event(disable_timing=True)
         self.sm_count = int(cp.cuda.Device(device).attributes["MultiProcessorCount"])
+        self.device_identity = f"{socket.gethostname()}:{cp.cuda.Device(device).pci_bus_id}"
         self.sm_budget = _sm_budget(self.sm_count)
         # Ranks of this machine on this GPU (ranks take GPUs round-robin by local rank).
         self.ranks_on_gpu = max(1, len([r for r in range(world.local_size) if r % count == device])) \

@@ -85,10 +85,14 @@ def open(world: Any, spec_or_links: Any, timeout: float | None = None,  # noqa: 
         topo.check_nodes(world.nodes, world.describe_nodes())  # memory is mapped only inside the job's nodes
     engine_opts = _engine_options(engine)
     plan = Plan(spec.links, options or {}, topo, vcs, bool(allow_cycles), link_slots, engine_opts["nslots"])
-    digests = world.allgather_object((plan.digest(), tuple(sorted(engine_opts.items()))), host_timeout)
+    gathered = world.allgather_object((plan.digest(), tuple(sorted(engine_opts.items())),
+                                       world.backend.device_identity), host_timeout)
+    digests = [g[:2] for g in gathered]
     if len(set(digests)) != 1:
         groups = ", ".join(f"rank {r}: {d[0]}" for r, d in enumerate(digests))
         raise ConfigError(f"channels.open is collective and needs the same spec and options on every rank ({groups})")
+    # Every rank on one GPU (ranks under MPS): bulk packets need only .gpu-scoped fences (docs/protocol.md).
+    one_gpu = gathered[0][2] is not None and len({g[2] for g in gathered}) == 1
     router = plan.router
     if router is not None and router.engine_pairs:
         _check_engine_possible(world, plan)
@@ -103,7 +107,7 @@ def open(world: Any, spec_or_links: Any, timeout: float | None = None,  # noqa: 
             links_ = _links.open_engine(world, router.engine_pairs, nslots=geo.nslots, chunk=geo.chunk,
                                         ll_max=geo.ll_max, batch=engine_opts["batch"], timeout=host_timeout,
                                         spin=engine_opts["spin"])
-        channels = Channels(world, spec, plan, buf, timeout_s, host_timeout, links_)
+        channels = Channels(world, spec, plan, buf, timeout_s, host_timeout, links_, one_gpu=one_gpu)
     except BaseException:
         if links_ is not None:
             links_.release_local()

@@ -122,8 +122,9 @@ class Channels(Resource):
     _kind = "set of channels"
 
     def __init__(self, world: Any, spec: Any, plan: Any, buf: Any, timeout_s: float, host_timeout_s: float,
-                 engine_links: Any = None) -> None:
+                 engine_links: Any = None, one_gpu: bool = False) -> None:
         self._world = world
+        self.one_gpu = one_gpu  # every rank on one GPU: device fences at .gpu scope (docs/protocol.md)
         self.world = world
         self.spec = spec
         self._plan = plan
