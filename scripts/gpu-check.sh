@@ -29,6 +29,7 @@
 #   rma-repro       bench rma at chains of 16 x 64 KiB..1 MiB, many cycles, old tree then this one
 #   scale           machines of 4 or 8 GPUs: probe matrix, pingpong 0->k, allreduce and the RMA ring
 #   x2              the two-H200 reference runs (one rank per GPU; not part of "all")
+#   chvar           dev experiment: A/B variants of the channel pingpong's warp kernel (scripts/dev/channel_variants.py)
 #   lines           dev experiment: line formats, echo forms, fences and streaming rings side by side
 #                   (scripts/dev/line_variants.py; not part of "all")
 #
@@ -137,6 +138,7 @@ want nodes && step nodes cl bench nodes -n 4 --ranks-per-node 2 --sizes 8,64,1K,
   --json "$R/nodes.json" --plot "$R/nodes.png"
 want nodes && step nodes-3x2 cl bench nodes -n 6 --ranks-per-node 2 --quick --json "$R/nodes-3x2.json"
 
+want chvar explicit && step chvar cl run -n 2 -- $PY scripts/dev/channel_variants.py --json "$R/channel-variants.json"
 want lines explicit && step lines cl run -n 2 -- $PY scripts/dev/line_variants.py --stage ${LINES_STAGE:-all} --json "$R/line-variants.json"
 
 if want before explicit; then

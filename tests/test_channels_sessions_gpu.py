@@ -45,26 +45,26 @@ links = [Link("a", "a_in", 1, 2, 0, 1, byte, 1), Link("b", "b_in", 3, 4, 1, 0, b
 ch = channels.open(w, links, options={"a": {"nslots": 16, "chunk": 4096, "ll_max": 0},
                                       "b": {"nslots": 16, "chunk": 4096, "ll_max": 0}}, timeout=30)
 for rep in range(2):
+    # every draw on every rank, in the same order: both ranks agree on sizes and data
     sizes = rng.integers(1, 200_000, size=int(rng.integers(5, 40))).astype(np.uint64)
     offsets, total = layout(sizes)
     data = cp.asarray(rng.integers(0, 256, total, dtype=np.uint8))
-    blocks = int(rng.integers(1, 9))
-    # one direction: session_stream (rank 0 writes, rank 1 reads), the rank 1 grid a different size
+    grids = [int(g) for g in rng.integers(1, 9, 4)]  # rank 0 / rank 1 grid for the stream, then for the echo
+    # one direction: session_stream (rank 0 writes, rank 1 reads), each rank's grid a different size
     if w.rank == 0:
-        run("session_stream", blocks, 256, ch["a"], ch["b_in"], data, cp.zeros(1, cp.uint8), offsets, sizes)
+        run("session_stream", grids[0], 256, ch["a"], ch["b_in"], data, cp.zeros(1, cp.uint8), offsets, sizes)
     else:
         out = cp.zeros(total, dtype=cp.uint8)
-        run("session_stream", int(rng.integers(1, 9)), 128, ch["b"], ch["a_in"], cp.zeros(1, cp.uint8), out,
-            offsets, sizes)
+        run("session_stream", grids[1], 128, ch["b"], ch["a_in"], cp.zeros(1, cp.uint8), out, offsets, sizes)
         assert bool((out == data).all()), f"session_stream: wrong bytes (seed {seed})"
     w.barrier()
     # both ways: rank 0 splits its grid in writers and readers, rank 1 forwards with a grid session
     out = cp.zeros(total, dtype=cp.uint8)
     if w.rank == 0:
-        run("session_echo", max(2, blocks), 256, ch["a"], ch["b_in"], data, out, offsets, sizes)
+        run("session_echo", max(2, grids[2]), 256, ch["a"], ch["b_in"], data, out, offsets, sizes)
         assert bool((out == data).all()), f"session_echo: wrong bytes (seed {seed})"
     else:
-        run("session_echo", int(rng.integers(1, 9)), 256, ch["b"], ch["a_in"], out, out, offsets, sizes)
+        run("session_echo", grids[3], 256, ch["b"], ch["a_in"], out, out, offsets, sizes)
     w.barrier()
 ch.close()
 w.close()

@@ -297,6 +297,38 @@ __device__ void bulkblk(int role, unsigned char* mine, unsigned char* peer, u32 
 extern "C" __global__ void pp_ll8blk(int role, unsigned char* m, unsigned char* p, u32 k, u64 base, int w, int n, u64* t, const u32* e) { ll8blk(role, m, p, k, base, w, n, t); }
 extern "C" __global__ void pp_bulkblk(int role, unsigned char* m, unsigned char* p, u32 nb, u64 base, int w, int n, u64* t, const u32* e) { bulkblk(role, m, p, nb, base, w, n, t); }
 
+
+// ---- pingpong: 8-byte units, 16 bytes a lane, with the channel's bookkeeping stores after each receive ----
+// kStores: after a message arrives, lane 0 stores `kStores` 4-byte words with st.volatile (a credit), into the
+// peer's memory (kPeer = 1: where a channel's slot credits and counter live, the writer's side) or this rank's.
+template <int kStores, int kPeer>
+__device__ void ll8v2_credit(int role, unsigned char* mine, unsigned char* peer, u32 k, u64 base, int warmup,
+                             int iters, u64* times) {
+  const u32 lane = lane_id();
+  unsigned int* credit = reinterpret_cast<unsigned int*>((kPeer ? peer : mine) + (2u << 20));
+  for (int it = 0; it < warmup + iters; ++it) {
+    const u32 flag = (u32)((base + it) * 2 + 1);
+    const u64 fw = (u64)flag << 32;
+    if (role == 0) {
+      if (it == warmup && lane == 0) times[0] = globaltimer_ns();
+      if (2 * lane < k) st_v2(peer + 16 * lane, fw | (0x1000u + lane), fw | (0x2000u + it));
+    }
+    u64 a = 0, b = 0;
+    while (true) {
+      if (2 * lane < k) ld_v2(mine + 16 * lane, a, b);
+      if (__all_sync(0xffffffffu, 2 * lane >= k || ((u32)(a >> 32) == flag && (u32)(b >> 32) == flag))) break;
+    }
+    if (role == 1 && 2 * lane < k) st_v2(peer + 16 * lane, fw | (u32)a, fw | (u32)b);
+    if (lane == 0)
+      for (int s = 0; s < kStores; ++s) st_relaxed(credit + 64 * s + (it & 15), flag);
+  }
+  if (role == 0 && lane == 0) times[1] = globaltimer_ns();
+}
+extern "C" __global__ void pp_cr1_peer(int role, unsigned char* m, unsigned char* p, u32 k, u64 base, int w, int n, u64* t, const u32* e) { if (threadIdx.x < 32) ll8v2_credit<1, 1>(role, m, p, k, base, w, n, t); }
+extern "C" __global__ void pp_cr2_peer(int role, unsigned char* m, unsigned char* p, u32 k, u64 base, int w, int n, u64* t, const u32* e) { if (threadIdx.x < 32) ll8v2_credit<2, 1>(role, m, p, k, base, w, n, t); }
+extern "C" __global__ void pp_cr1_own(int role, unsigned char* m, unsigned char* p, u32 k, u64 base, int w, int n, u64* t, const u32* e) { if (threadIdx.x < 32) ll8v2_credit<1, 0>(role, m, p, k, base, w, n, t); }
+extern "C" __global__ void pp_cr0(int role, unsigned char* m, unsigned char* p, u32 k, u64 base, int w, int n, u64* t, const u32* e) { if (threadIdx.x < 32) ll8v2_credit<0, 0>(role, m, p, k, base, w, n, t); }
+
 // ---- streaming ---------------------------------------------------------------------------------------
 // Ring in rank 1's memory: nslots slots of `chunk` bytes at ring, flags (u64 per slot) at flags; credits (u64 per
 // slot) in rank 0's memory. Packet seq goes to slot seq % nslots with flag base + seq + 1; its credit is the same

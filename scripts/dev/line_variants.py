@@ -20,7 +20,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--json", default=None)
 parser.add_argument("--quick", action="store_true")
 parser.add_argument("--samples", type=int, default=11)
-parser.add_argument("--stage", default="all", choices=("all", "lines", "mid", "stream"))
+parser.add_argument("--stage", default="all", choices=("all", "lines", "credits", "mid", "stream"))
 args = parser.parse_args()
 
 w = cl.init()
@@ -117,6 +117,10 @@ if w.rank < 2:
         for L in (1, 2, 9, 16, 32):  # 128-byte lines, 16-byte accesses (control) and 8-byte accesses
             pingpong("pp_ll128", L, 120 * L)
             pingpong("pp_ll128u", L, 120 * L)
+    if stage in ("all", "credits"):  # what a channel's credit stores cost the latency path
+        for kernel in ("pp_cr0", "pp_cr1_own", "pp_cr1_peer", "pp_cr2_peer", "pp_cr0"):
+            for k in (4, 32):
+                pingpong(kernel, k, 4 * k)
     if stage in ("all", "mid"):
         for nb in (4096, 16384, 65536):
             for threads in (128, 256, 512):

@@ -46,6 +46,9 @@ GRID_THREADS = 256
 SAMPLE_TARGET_S = 200e-6  # each sample runs round trips for about this long
 CPU_MAX = 1 << 20
 TINY_SIZES = (64, 4096, 64 << 10, 1 << 20)
+# The NVSHMEM baseline runs every form at every size: minutes, not CIRCUSLINK_TIMEOUT's default. Killing it
+# mid-kernel under MPS takes every client of the GPU down with it, so its bound is generous.
+NVSHMEM_TIMEOUT_S = 900.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -263,7 +266,11 @@ class ChannelPair:
         t, ok = device_round_trips(self.world, self._module, form, tx, rx, nbytes, role, warmup, trips, blocks,
                                    f"pingpong {config} {drv.format_bytes(nbytes)}")
         warps = blocks * GRID_THREADS // 32 if form == "grid" else (2 if form == "warp2" else 1)
-        return t, ok, {"warps": warps, "blocks": blocks}
+        extra = {"warps": warps, "blocks": blocks}
+        clock = self.world.registry("bench.sm_clock_mhz", dict).get(form)
+        if clock and form == "warp":
+            extra["sm_clock_mhz"] = clock  # what rank 0's SM ran at in the last sample
+        return t, ok, extra
 
     def resources(self) -> dict:
         """What the channel machinery takes, per kernel of this benchmark (see also bench resources)."""
@@ -297,7 +304,7 @@ def device_round_trips(world: Any, module: Any, form: str, tx: Any, rx: Any, nby
     stream = world.backend.stream
     with stream:
         status = cp.ones(1, dtype=cp.int32)
-        times = cp.zeros(2, dtype=cp.uint64)
+        times = cp.zeros(3, dtype=cp.uint64)
         src = cp.random.randint(0, 256, nbytes, dtype=cp.uint8) if role == 0 else cp.zeros(1, cp.uint8)
         dst = cp.zeros(nbytes, dtype=cp.uint8) if role == 0 else cp.zeros(1, cp.uint8)
     # No barrier: the ranks' launches are skewed anyway, and the warm-up round trips absorb it.
@@ -318,7 +325,9 @@ def device_round_trips(world: Any, module: Any, form: str, tx: Any, rx: Any, nby
         raise ChannelError(f"{label}: a channel call failed on rank {world.rank}")
     if role != 0:
         return 0.0, True
-    t0, t1 = (int(v) for v in times.get())
+    t0, t1, cycles = (int(v) for v in times.get())
+    if cycles and t1 > t0:
+        world.registry("bench.sm_clock_mhz", dict)[form] = cycles / (t1 - t0) * 1e3
     return (t1 - t0) * 1e-9, bool(cp.array_equal(src, dst).get())
 
 
@@ -369,7 +378,7 @@ def _baselines(world: Any, results: drv.Results, sizes: list[int], iters: int, w
             try:  # its 2 PEs share a GPU under MPS where there is one GPU
                 # every form (one thread, one warp, blocks) at every size, medians over `iters` launches
                 results.extend(fn(sizes, 200, warmup, modes=("thread", "warp", "block"), samples=max(iters, 10),
-                                  bytes_per_sample=256 << 20))
+                                  bytes_per_sample=256 << 20, timeout=NVSHMEM_TIMEOUT_S))
             except Exception as exc:  # a baseline that cannot run is reported, not fatal
                 results.add(impl="nvshmem-put-signal", bytes=0, skipped=f"{type(exc).__name__}: {exc}")
         world.barrier(timeout=3600)  # the others wait while rank 0 runs the NVSHMEM program

@@ -25,6 +25,7 @@ from .pingpong import (
     CPU_MAX,
     GRID_MIN,
     GRID_THREADS,
+    NVSHMEM_TIMEOUT_S,
     WARP_MAX,
     ChannelPair,
     add_grid_blocks_argument,
@@ -101,7 +102,7 @@ def _baselines(world: Any, results: drv.Results, sizes: list[int], samples: int)
         drv.progress("stream: baseline NVSHMEM block-put streaming")
         try:
             results.extend(fn(sizes, 64, 2, modes=("stream",), samples=max(samples, 10), messages=MIN_MESSAGES,
-                              bytes_per_sample=1 << 30))
+                              bytes_per_sample=1 << 30, timeout=NVSHMEM_TIMEOUT_S))
         except Exception as exc:  # a baseline that cannot run is reported, not fatal
             results.add(impl="nvshmem-put-block-stream", bytes=0, skipped=f"{type(exc).__name__}: {exc}")
     world.barrier(timeout=3600)

@@ -310,7 +310,11 @@ static Timing run_case(const Options& o, const Buffers& b, Mode mode, size_t nby
     const long long messages = mode == kStream ? o.messages : 1;
     long long rounds = o.iters;
     const size_t per_round = nbytes * (size_t)messages;
-    if ((size_t)rounds * per_round > o.bytes_per_sample) rounds = (long long)(o.bytes_per_sample / per_round);
+    // One thread or one warp moves bytes far slower than blocks do (a thread's put of 512 KiB took about 1 ms
+    // on an H200): they get a smaller budget, so every size still runs in seconds.
+    const size_t budget = mode == kThread ? o.bytes_per_sample / 256 : mode == kWarp ? o.bytes_per_sample / 16
+                                                                                     : o.bytes_per_sample;
+    if ((size_t)rounds * per_round > budget) rounds = (long long)(budget / per_round);
     if (rounds < 1) rounds = 1;
     const long long warmup = o.warmup < rounds ? o.warmup : rounds;
 

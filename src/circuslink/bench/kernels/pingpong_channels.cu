@@ -9,7 +9,8 @@
 //   stream:   rank 0 writes `iters` messages of n bytes back to back, rank 1 reads them and answers
 //             with one 4-byte acknowledgement; time = rank 0's start to the acknowledgement
 //
-// times[0], times[1]: the loop's start and end on rank 0. status: set to 0 when a call fails.
+// times[0], times[1]: the loop's start and end on rank 0 (times[2]: SM cycles between them, warp forms).
+// status: set to 0 when a call fails.
 #include <circuslink/channel.cuh>
 
 using Tx = circuslink::Sender<unsigned char>;
@@ -31,11 +32,18 @@ extern "C" __global__ void pingpong_warp(Tx tx, Rx rx, const unsigned char* src,
   auto in = rx.session();
   bool ok = true;
   if (role == 0) {
+    long long cycles = 0;
     for (int it = 0; ok && it < warmup + iters; ++it) {
-      if (it == warmup && threadIdx.x == 0) times[0] = now_ns();
+      if (it == warmup && threadIdx.x == 0) {
+        times[0] = now_ns();
+        cycles = clock64();
+      }
       ok = out.write_warp(src, n) && in.read_warp(dst, n);
     }
-    if (threadIdx.x == 0) times[1] = now_ns();
+    if (threadIdx.x == 0) {
+      times[1] = now_ns();
+      times[2] = clock64() - cycles;  // the SM clock while it ran (a slow clock slows every instruction)
+    }
   } else {
     for (int it = 0; ok && it < warmup + iters; ++it) ok = in.forward_warp(out, n);
   }

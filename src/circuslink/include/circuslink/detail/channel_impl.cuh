@@ -345,9 +345,12 @@ __device__ __forceinline__ void ll_store_pair(const ChannelHandle& h, unsigned c
     st_header(slot, h.route, flag, nb);
     return;
   }
+  // Exactly the units below nb (one 8-byte store where only the first of the pair is), all on a rewrite lap.
   const u32 lo = 8 * (sub - 1);
-  if (lo < nb || rewrites_all(seq, h.nslots))
+  if (lo + 4 < nb || rewrites_all(seq, h.nslots))
     st_units2(slot + 16 * sub, unit(gather4(src, lo, nb), flag), unit(gather4(src, lo + 4, nb), flag));
+  else if (lo < nb)
+    st_unit(slot + 16 * sub, gather4(src, lo, nb), flag);
 }
 
 // Write nbytes as low-latency packets of <= 120 bytes. The state is the caller's (a session keeps it in
@@ -371,6 +374,9 @@ __device__ bool ll_write_st(const ChannelHandle& h, SendState& st, const unsigne
   const u32 me = G::rank() / 16, sub = lane_id() & 15u;  // this half-warp's packet within a round
   u64 p0 = 0;  // first packet of this round
   while (p0 < npk) {
+    // A later round's packet may land in a slot an earlier round wrote through other lanes: the barrier
+    // orders those stores (only a writer whose credits let it lap the ring within one call can see it).
+    if (p0 > 0) G::sync();
     // Wait for the credit of the round's FIRST packet only, then write as many as the credits allow:
     // a reader whose read spans the last packet written and the next one holds the last one until the
     // next arrives, so waiting for a whole round's credits could wait on that reader for ever.
@@ -378,6 +384,7 @@ __device__ bool ll_write_st(const ChannelHandle& h, SendState& st, const unsigne
     const u64 room = st.credit_cache + h.nslots - (st.seq + p0);
     u64 cnt = npk - p0 < per_round ? npk - p0 : per_round;
     cnt = cnt < room ? cnt : room;
+    cnt = cnt < h.nslots ? cnt : h.nslots;  // a round's packets never share a slot, whatever the credits say
     if (me < cnt) {
       const u64 p = p0 + me, off = p * kLLPayload;
       const u32 nb = (u32)(nbytes - off < kLLPayload ? nbytes - off : kLLPayload);
@@ -807,9 +814,10 @@ __device__ bool forward_warp_st(const ChannelHandle& rx, RecvState& rs, const Ch
             st_header(out, tx.route, oflag, nb);
           } else {
             const u32 lo = 8 * (sub - 1);
-            const bool rw = rewrites_all(seq, tx.nslots);
-            if (lo < nb || rw)
+            if (lo + 4 < nb || rewrites_all(seq, tx.nslots))
               st_units2(out, unit(lo < nb ? (u32)r.a[i] : 0u, oflag), unit(lo + 4 < nb ? (u32)r.b[i] : 0u, oflag));
+            else if (lo < nb)
+              st_unit(out, (u32)r.a[i], oflag);
           }
         }
       }
