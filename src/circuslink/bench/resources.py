@@ -44,6 +44,11 @@ def run(args: argparse.Namespace) -> int:
 
     from ..channels import protocol as P
 
+    from ..backends import cuda_device_count
+
+    if cuda_device_count() == 0:  # there is no cpu form to offer: say so, before anything starts
+        raise BackendError("bench resources reads the register counts of kernels compiled for a GPU, and no GPU is "
+                           "visible on this machine")
     world = cl.init(args.backend)
     if not world.backend.runs_kernels:
         raise BackendError("bench resources reads a GPU compiler's register counts: it needs the cuda back-end")
