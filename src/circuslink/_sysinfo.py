@@ -19,12 +19,28 @@ def shm_dir() -> str:
     return os.environ.get(ENV_SHM_DIR) or "/dev/shm"
 
 
+ENV_CORES = "CIRCUSLINK_CORES"  # set by the launcher for its ranks: the cores the job was given
+
+
 def cores() -> int:
-    """Cores this process may run on (its CPU affinity; all online cores where that is not known)."""
+    """Cores the job may run on: what the launcher saw (``CIRCUSLINK_CORES``; mpirun binds each rank to fewer),
+    else this process's CPU affinity, else every online core."""
+    raw = os.environ.get(ENV_CORES, "")
+    if raw.isdigit() and int(raw) > 0:
+        return int(raw)
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
+
+
+def local_ranks() -> int:
+    """Ranks of this job on this machine, from the launcher's environment (1 for a plain process)."""
+    for name in ("CIRCUSLINK_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"):
+        raw = os.environ.get(name, "")
+        if raw.isdigit() and int(raw) > 0:
+            return int(raw)
+    return 1
 
 
 def host_memory() -> tuple[int, str]:

@@ -169,6 +169,7 @@ def launch(
         CIRCUSLINK_BACKEND=backend,
         CIRCUSLINK_LAUNCHER_PID=str(os.getpid()),
         PYTHONUNBUFFERED="1",
+        CIRCUSLINK_CORES=str(_sysinfo.cores()),
         # As torchrun sets them, so programs written for torch.distributed find their rank (one machine).
         WORLD_SIZE=str(nranks),
         LOCAL_WORLD_SIZE=str(nranks),
@@ -440,6 +441,7 @@ def _mpirun_job(nranks: int, command: Sequence[str], backend: str, mps_mode: str
     tag = tag_output if tag_output in ("all", "others") and _open_mpi() else None
     job_id = _store.new_job_id()
     full[ENV_MPIRUN_JOB_ID] = job_id  # the ranks' job id (world.init), so that the sweep below finds their files
+    full.setdefault(_sysinfo.ENV_CORES, str(_sysinfo.cores()))  # mpirun binds each rank to fewer cores than the job has
     session = mps.start(mps_mode, needed=needed, label=f"mpirun{os.getpid()}")
     if session.warning:
         print(f"circuslink: warning: {session.warning}", file=sys.stderr)

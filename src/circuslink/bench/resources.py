@@ -42,9 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import circuslink as cl
 
-    from ..channels import protocol as P
-
     from ..backends import cuda_device_count
+    from ..channels import protocol as P
 
     if cuda_device_count() == 0:  # there is no cpu form to offer: say so, before anything starts
         raise BackendError("bench resources reads the register counts of kernels compiled for a GPU, and no GPU is "
