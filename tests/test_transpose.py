@@ -563,4 +563,4 @@ def test_bench_transpose_quick(tmp_path, world):
         assert {r["tile"] for r in model} >= {f"{m}x{n}" for m, n in rma.transpose_tiles(world, dtype)}
     assert any(r.get("in_fit") for r in res["rows"]) and any(r.get("in_fit") is False for r in res["rows"])
     assert set(res["meta"]["models"]) == {"float32", "complex128"}
-    assert res["floor"]["pairs"] and (tmp_path / "tr-model.png").exists()
+    assert res["floor"]["pairs"] and (tmp_path / "tr.png").exists() and not list(tmp_path.glob("tr-*"))

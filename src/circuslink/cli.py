@@ -91,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     set_invocation(argv)
     if not getattr(args, "_run", None):
         return _missing(parser)
+    from .launcher import inside_job
+
+    if getattr(args, "json", None) == "-" and inside_job():
+        # --json -: in a rank, the results (Results.write_json, to the process's own stdout) are the only thing
+        # on standard output; every other line the rank prints goes to standard error.
+        sys.stdout = sys.stderr
     try:
         return int(args._run(args) or 0)
     except Error as exc:

@@ -8,6 +8,7 @@ imports neither), and nothing here is collective. ``progress`` is the one line l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -152,8 +153,10 @@ class Results:
         """
         text = json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n"
         if str(path) == "-":
-            sys.stdout.write(text)
-            sys.stdout.flush()
+            # The process's own standard output: under --json - the command sends everything else to stderr.
+            out = sys.__stdout__ or sys.stdout
+            out.write(text)
+            out.flush()
             return "-"
         target = Path(path)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -161,7 +164,8 @@ class Results:
             tmp.write_text(text)
             os.replace(tmp, target)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                tmp.unlink()
             raise ConfigError(f"cannot write results to {str(target)!r}: {exc.strerror or exc}") from None
         return str(target)
 

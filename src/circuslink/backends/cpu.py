@@ -23,7 +23,6 @@ from ..memory import SymmetricBuffer
 from ._base import Backend
 
 
-
 class CpuBackend(Backend):
     name = "cpu"
     device = None

@@ -172,8 +172,9 @@ def add_output_arguments(parser: argparse.ArgumentParser, plot: bool = True, tra
     if table:
         parser.add_argument("--bytes", dest="plain_bytes", action="store_true",
                             help="print byte counts as plain integers (8, 65536), not 8 B, 64 KiB")
-        parser.add_argument("--csv", action="store_true", help="print tables as CSV (a header line, then one line a "
-                                                               "row; skipped baselines as rows with a 'skipped' field)")
+        parser.add_argument("--csv", action="store_true",
+                            help="print tables as CSV: a '# title' line, a header line, one line a row (skipped "
+                                 "baselines with a 'skipped' field), then an empty line")
 
 
 def sizes_and_counts(
@@ -238,8 +239,9 @@ def format_table(rows: Sequence[dict], columns: Sequence[str], title: str, optio
     counts as plain integers, ``--csv`` prints CSV instead of an aligned table."""
     plain_bytes = bool(getattr(options, "plain_bytes", False))
     rows = fold_aliases(rows, columns)
-    if getattr(options, "csv", False):
+    if getattr(options, "csv", False):  # "# title", the header line, a line a row, then an empty line
         buf = io.StringIO()
+        buf.write(f"# {title}\n")
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(list(columns) + (["skipped"] if any("skipped" in r for r in rows) else []))
         for row in rows:
@@ -248,7 +250,7 @@ def format_table(rows: Sequence[dict], columns: Sequence[str], title: str, optio
             if "skipped" in row:
                 cells.append(row["skipped"])
             writer.writerow(cells)
-        return buf.getvalue().rstrip("\n")
+        return buf.getvalue()
     header = list(columns)
     shown = [row for row in rows if "skipped" not in row]
     body = [[_format_cell(c, row.get(c), plain_bytes) for c in columns] for row in shown]
@@ -280,13 +282,21 @@ def print_table(rows: Sequence[dict], columns: list[str], title: str, options: A
     print(format_table(rows, columns, title, options), file=file or sys.stdout, flush=True)
 
 
+def text_to_stderr(args: argparse.Namespace) -> contextlib.AbstractContextManager:
+    """Within it, what the command prints goes to standard error when ``--json -`` gives standard output to the
+    results (a command whose work runs in this process: its jobs' output, the report); otherwise nothing changes."""
+    if getattr(args, "json", None) == "-":
+        return contextlib.redirect_stdout(sys.stderr)
+    return contextlib.nullcontext()
+
+
 def finish(results: Results, args: argparse.Namespace, report: Callable[[], None] | None = None,
            plot: Callable[[str], Any] | None = None) -> None:
     """Rank 0's end of a benchmark: ``report()`` prints the tables and verdicts, ``plot(path)`` draws the figure
     into ``--plot FILE``, and the results go to ``--json FILE``; nothing is written that was not asked for.
     With ``--json -`` the results are the only thing on standard output (the report goes to standard error)."""
     to_stdout = getattr(args, "json", None) == "-"
-    with contextlib.redirect_stdout(sys.stderr) if to_stdout else contextlib.nullcontext():
+    with text_to_stderr(args):
         if report is not None:
             report()
         target = getattr(args, "plot", None)
@@ -326,8 +336,8 @@ def panel(rows: Sequence[dict], x: str, y: str, group: str, title: str, xlabel: 
 
 
 def figure(path: str | os.PathLike, panels: Sequence[dict]) -> str:
-    """Draw ``panels`` (:func:`panel`) side by side into one PNG, exactly ``path``; return the path. The folder
-    must exist (it is never created)."""
+    """Draw ``panels`` (:func:`panel`, or ``{"title": ..., "draw": fn(ax)}`` for a panel that draws itself) side
+    by side into one PNG, exactly ``path``; return the path. The folder must exist (it is never created)."""
     try:
         import matplotlib
 
@@ -335,14 +345,19 @@ def figure(path: str | os.PathLike, panels: Sequence[dict]) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         raise BackendError("plotting needs matplotlib: pip install matplotlib") from None
-    drawn = [(p, _series(p)) for p in panels]
+    if not panels:
+        raise ConfigError(f"plot {str(path)!r}: nothing to draw")
+    drawn = [(p, None if "draw" in p else _series(p)) for p in panels]
     for p, series in drawn:
-        if not series:
+        if series is not None and not series:
             raise ConfigError(f"plot {p['title']!r}: no row has numeric {p['x']!r} and {p['y']!r} fields")
     fig, axes = plt.subplots(1, len(drawn), figsize=(7 * len(drawn), 4.5), dpi=120, squeeze=False)
     try:
         for ax, (p, series) in zip(axes[0], drawn, strict=True):
-            _draw(ax, p, series)
+            if series is None:
+                p["draw"](ax)  # a panel of its own kind (bars): it draws itself
+            else:
+                _draw(ax, p, series)
         fig.tight_layout()
         fig.savefig(Path(path), format="png")
     except OSError as exc:

@@ -121,18 +121,17 @@ def _run(world: Any, args: argparse.Namespace) -> int:
     if world.rank == 0:
         results.meta.update({"definitions": __doc__.strip().split("\n\n")[1].replace("\n", " "),
                              "rings": args.rings, "iters": iters, "warmup": warmup})
-        drv.print_table(results.rows, ["impl", "bytes", "time_us", "algbw_GBps", "busbw_GBps"],
-                        f"all-reduce, float32 sum, {n} ranks ({backend}, {results.device})")
-        _targets(results)
-        path = results.write_json(args.json)
-        print(f"results: {path}")
-        if args.plot:
-            base, ext = os.path.splitext(args.plot)
-            drv.plot(results.rows, "bytes", "time_us", "impl", args.plot, f"all-reduce time, {n} ranks",
-                     "bytes per rank", "us per operation")
-            drv.plot(results.rows, "bytes", "busbw_GBps", "impl", f"{base}-busbw{ext or '.png'}",
-                     f"all-reduce bus bandwidth, {n} ranks", "bytes per rank", "GB/s")
-            print(f"plots: {args.plot}, {base}-busbw{ext or '.png'}")
+
+        def text() -> None:
+            drv.print_table(results.rows, ["impl", "bytes", "time_us", "algbw_GBps", "busbw_GBps"],
+                            f"all-reduce, float32 sum, {n} ranks ({backend}, {results.device})", args)
+            _targets(results)
+
+        drv.finish(results, args, text, lambda path: drv.figure(path, [
+            drv.panel(results.rows, "bytes", "time_us", "impl", f"all-reduce time, {n} ranks", "bytes per rank",
+                      "us per operation"),
+            drv.panel(results.rows, "bytes", "busbw_GBps", "impl", f"all-reduce bus bandwidth, {n} ranks",
+                      "bytes per rank", "GB/s")]))
     return 0
 
 

@@ -86,7 +86,10 @@ def run(args: argparse.Namespace) -> int:
     check_local(args.dim, "--dim")
     if args.samples < 1:
         raise ConfigError(f"--samples {args.samples} must be at least 1")
-    return _driver(args, grids, halos, precs)
+    from . import _driver as drv
+
+    with drv.text_to_stderr(args):  # the configurations' jobs print too
+        return _driver(args, grids, halos, precs)
 
 
 # -- the outer process: floor, bandwidth rows, one job per configuration -------------------------------------
@@ -128,19 +131,21 @@ def _driver(args: argparse.Namespace, grids: list, halos: list[str], precs: list
                     continue
                 drv.progress(f"qcd: {halo} on grid {gtext}, {prec}")
                 results.extend(_configuration(args, backend, grid, halo, prec, iters, warmup, samples, launcher))
-    drv.print_table(results.rows, ["impl", "grid", "prec", "time_per_iter_us", "time_us", "min_us", "halo_wait_share",
-                                   "gflops", "bandwidth_GBps", "copy_ratio", "skipped"],
-                    "qcd: CG iteration by halo engine and grid; dslash bandwidth")
-    _summary(results.rows)
-    path = results.write_json(args.json)
-    print(f"results: {path}")
-    if args.plot:
+
+    def text() -> None:
+        drv.print_table(results.rows, ["impl", "grid", "prec", "time_per_iter_us", "time_us", "min_us",
+                                       "halo_wait_share", "gflops", "bandwidth_GBps", "copy_ratio", "skipped"],
+                        "qcd: CG iteration by halo engine and grid; dslash bandwidth", args)
+        _summary(results.rows)
+
+    def draw(path: str) -> None:
         rows = [dict(r, series=f"{r['impl']} ({r['prec']})") for r in results.rows
                 if r.get("time_per_iter_us") and r["impl"] != "dslash"]
-        if rows:
-            drv.plot(rows, x="nranks", y="time_per_iter_us", group="series", path=args.plot, logx=False,
-                     title=f"CG iteration, {'x'.join(map(str, args.dim))} local lattice per rank",
-                     xlabel="ranks (grids " + ", ".join(results.meta["grids"]) + ")", ylabel="us per iteration")
+        drv.plot(rows, x="nranks", y="time_per_iter_us", group="series", path=path, logx=False,
+                 title=f"CG iteration, {'x'.join(map(str, args.dim))} local lattice per rank",
+                 xlabel="ranks (grids " + ", ".join(results.meta["grids"]) + ")", ylabel="us per iteration")
+
+    drv.finish(results, args, text, draw)
     return 0
 
 
