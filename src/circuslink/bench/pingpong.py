@@ -438,10 +438,13 @@ def cpu_targets(results: drv.Results) -> dict:
     ranks, cores = results.nranks, results.meta.get("cores")
     alone = cores is not None and ranks <= cores
     common = sorted(set(ours) & set(mpi))
+    depth = [f"4-slot ring at {drv.format_bytes(r['bytes'])}: {r['slowdown']:.2f} x the one-way time of the default "
+             "ring (medians, same loops), every byte checked"
+             for r in results.rows if r["impl"] == "circuslink-depth4" and "slowdown" in r]
     if not common:
-        why = ("MPI's pingpong did not run (the job was not started by mpirun: install Open MPI and mpi4py)"
-               if not mpi else "no size was measured by both")
-        out["lines"].append(f"cpu: no comparison with MPI's shared-memory pingpong: {why}")
+        why = ("MPI's pingpong did not run (--no-baselines, or the job was not started by mpirun: install Open MPI "
+               "and mpi4py)" if not mpi else "no size was measured by both")
+        out["lines"] += [f"cpu: no comparison with MPI's shared-memory pingpong: {why}", *depth]
         return out
     n = common[0]
     ours_us = ours[n]["one_way_us"]
@@ -460,9 +463,7 @@ def cpu_targets(results: drv.Results) -> dict:
     if big != n:
         r = ours[big]["one_way_us"] / (mpi[big].get("one_way_us") or mpi[big]["latency_us"])
         out["lines"].append(f"cpu: {drv.format_bytes(big)} one-way = {r:.1f} x MPI's (medians, same run)")
-    for r in (r for r in results.rows if r["impl"] == "circuslink-depth4" and "slowdown" in r):
-        out["lines"].append(f"4-slot ring at {drv.format_bytes(r['bytes'])}: {r['slowdown']:.2f} x the one-way "
-                            "time of the default ring (medians, same loops), every byte checked")
+    out["lines"] += depth
     return out
 
 
