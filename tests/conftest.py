@@ -28,6 +28,19 @@ from circuslink.launcher import mpirun_command
 
 REPO = Path(__file__).resolve().parents[1]
 SEED_ENV = "CIRCUSLINK_TEST_SEED"
+NVCC_TIMEOUT_S = 240  # one nvcc compile in a test: a stalled compiler fails that test, not the whole run
+
+
+def on_backend(backend: str, *values, marks=(), id=None):
+    """One parameter set that runs on ``backend`` (and ``values``): cuda sets carry the ``gpu`` mark, so they
+    run where a GPU is visible and are skipped elsewhere. The one cpu/cuda parametrisation of the suite."""
+    marks = list(marks) if isinstance(marks, list | tuple) else [marks]
+    if backend == "cuda":
+        marks.append(pytest.mark.gpu)
+    return pytest.param(backend, *values, marks=marks, id=id)
+
+
+BACKENDS = [on_backend("cpu"), on_backend("cuda")]  # @pytest.mark.parametrize("backend", BACKENDS)
 
 
 @pytest.fixture

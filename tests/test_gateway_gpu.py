@@ -17,6 +17,7 @@ MAPPED = "assert ch._buf.mapped == sorted(set(ch.topology.neighbours(w.rank)) | 
 MAPPED_IN_NODE = "assert ch._buf.mapped == w.nodes[w.node], (ch._buf.mapped, w.nodes)"
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @pytest.mark.mpi
 @pytest.mark.parametrize("topo", ["nodes:2x2", "nodes:2x2,gw=1"])

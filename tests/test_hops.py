@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import on_backend
 
 from circuslink import topology as T
 from circuslink.bench import _driver as drv
@@ -33,9 +34,9 @@ def _run(args: list[str], tmp_path: Path, timeout: float) -> subprocess.Complete
 
 
 @pytest.mark.parametrize("backend,topo,sizes", [
-    ("cpu", "line:4", "16K"),
-    pytest.param("cuda", "line:8", "64K,1M", marks=pytest.mark.gpu),
-    pytest.param("cuda", "torus:4x4", "1M", marks=pytest.mark.gpu),
+    on_backend("cpu", "line:4", "16K"),
+    on_backend("cuda", "line:8", "64K,1M", marks=pytest.mark.slow),
+    on_backend("cuda", "torus:4x4", "1M", marks=pytest.mark.slow),
 ])
 def test_bench_hops(tmp_path, backend, topo, sizes):
     out, plot = tmp_path / "hops.json", tmp_path / "hops.png"

@@ -15,7 +15,8 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "circuslink"
 # docs/architecture.md, "Layers": a module may import its own layer and the layers below it, never above
 # (function-local imports included: a lower layer that imports a higher one lazily still depends on it).
 LAYERS = [
-    ("base", ["errors", "_config", "_abi", "_wait", "_lifecycle", "_store", "_bootstrap", "_guard", "_argtypes"]),
+    ("base", ["errors", "_config", "_sysinfo", "_abi", "_wait", "_lifecycle", "_store", "_bootstrap", "_guard",
+              "_argtypes"]),
     ("backends", ["backends", "memory", "device_code"]),
     ("world", ["world", "launcher", "_run_command", "mps"]),
     ("topology", ["topology"]),
@@ -101,16 +102,56 @@ def test_the_check_can_fail(tmp_path):
     assert [_area(t, importing=True) for t in sorted(targets)] == ["apps", "bench", "channels"]
 
 
-BACKEND_NAME_TEST = re.compile(r"backend\.name\s*(==|!=)|name\s*(==|!=)\s*[\"'](cuda|cpu)[\"']")
+BACKEND_NAMES = {"cpu", "cuda"}
+BACKEND_NAME_TEST = re.compile(r"backend\.name\s*(==|!=|in\b|not\s+in\b)")
+
+
+def _names_a_backend(node: ast.AST) -> bool:
+    """A back-end's name as a literal, or a tuple / list / set holding one."""
+    if isinstance(node, ast.Constant):
+        return node.value in BACKEND_NAMES
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return any(_names_a_backend(e) for e in node.elts)
+    return False
+
+
+def backend_name_tests(source: str) -> list[int]:
+    """Lines that compare anything with a back-end's name (``x == "cuda"``, ``name in ("cpu", ...)``), whatever
+    holds the name (``world.backend.name``, a local variable, an argument), or compare ``backend.name`` itself."""
+    lines = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and any(_names_a_backend(n) for n in [node.left, *node.comparators]):
+            lines.add(node.lineno)
+    lines |= {i for i, line in enumerate(source.splitlines(), 1) if BACKEND_NAME_TEST.search(line)}
+    return sorted(lines)
 
 
 @pytest.mark.parametrize("path", [p for p in _sources() if "backends" not in p.parts],
                          ids=lambda p: str(p.relative_to(PKG)))
 def test_no_subsystem_tests_the_backend_by_name(path):
-    hits = [f"{i}: {line.strip()}" for i, line in enumerate(path.read_text().splitlines(), 1)
-            if BACKEND_NAME_TEST.search(line)]
-    assert not hits, f"{path.relative_to(PKG)} tests the back-end's name (use its capabilities or " \
-                     f"world.engine(...)): {hits}"
+    text = path.read_text()
+    rows = text.splitlines()
+    hits = [f"{i}: {rows[i - 1].strip()}" for i in backend_name_tests(text)]
+    assert not hits, f"{path.relative_to(PKG)} tests the back-end's name (use its capabilities, " \
+                     f"backends.runs_kernels(name) or world.engine(...)): {hits}"
+
+
+def test_the_backend_name_check_can_fail():
+    """Caught through a local variable, an argument, a membership test and the attribute itself; labels pass."""
+    code = (
+        "def f(world, backend):\n"
+        "    name = world.backend.name\n"
+        "    if name == 'cuda':\n"                       # 3: through a local variable
+        "        pass\n"
+        "    if backend != \"cpu\":\n"                     # 5: through an argument
+        "        pass\n"
+        "    if backend in ('cpu', 'mps'):\n"             # 7: a membership test
+        "        pass\n"
+        "    ok = world.backend.name == other\n"          # 9: the attribute itself
+        "    label = f'{name} ({world.backend.name})'\n"  # a label: fine
+        "    return ok, label, ['cpu', 'cuda']\n"         # a list of choices: fine
+    )
+    assert backend_name_tests(code) == [3, 5, 7, 9]
 
 
 def test_no_device_code_in_python_files():

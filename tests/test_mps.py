@@ -99,7 +99,7 @@ def test_running_daemon_is_reused_and_left_running(fake_gpu):
     env, log, tmp = fake_gpu
     pipe = tmp / "site-mps"
     env["CUDA_MPS_PIPE_DIRECTORY"] = str(pipe)
-    subprocess.run([str(FAKES / "nvidia-cuda-mps-control"), "-d"], env=env, check=True)
+    subprocess.run([str(FAKES / "nvidia-cuda-mps-control"), "-d"], env=env, check=True, timeout=60)
     try:
         job = _run(env, "run", "-n", "2", "--backend", "cuda", "--", sys.executable, "-c", REPORT)
         assert job.returncode == 0, job.stderr
@@ -107,7 +107,7 @@ def test_running_daemon_is_reused_and_left_running(fake_gpu):
         assert {r[2] for r in rows} == {str(pipe)} and {r[3] for r in rows} == {"50"}
         assert [e[0] for e in _daemon_events(log)] == ["start"]  # not stopped: not ours
     finally:
-        subprocess.run([str(FAKES / "nvidia-cuda-mps-control")], input="quit\n", text=True, env=env)
+        subprocess.run([str(FAKES / "nvidia-cuda-mps-control")], input="quit\n", text=True, env=env, timeout=60)
 
 
 def test_auto_falls_back_with_one_warning_and_on_refuses(fake_gpu):
