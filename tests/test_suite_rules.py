@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
 RUNNERS = {"run", "check_output", "check_call", "call"}  # subprocess functions that wait for the child
 
@@ -113,3 +115,21 @@ def test_no_skip_waits_for_code_that_already_exists():
             for i, line in enumerate(p.read_text().splitlines(), 1)
             if ("skip" in line or "reason=" in line) and (" yet" in line or "not there" in line)]
     assert not hits, "skips that wait for code to be written:\n" + "\n".join(hits)
+
+
+RANK_LINES = """
+import sys, circuslink as cl
+w = cl.init()
+for i in range(50):  # partial writes: a line in three pieces, flushed apart, while the other ranks write theirs
+    sys.stdout.write(f"rank {w.rank} "); sys.stdout.flush()
+    sys.stdout.write(f"line {i} "); sys.stdout.flush()
+    sys.stdout.write("end\\n"); sys.stdout.flush()
+w.close()
+"""
+
+
+@pytest.mark.parametrize("launcher", ["circuslink", pytest.param("mpirun", marks=pytest.mark.mpi)])
+def test_rank_lines_reads_each_ranks_output_by_its_tag(spmd, launcher):
+    job = spmd(3, RANK_LINES, launcher=launcher, tag=True).check()
+    for r in range(3):
+        assert job.rank_lines(r) == [f"rank {r} line {i} end" for i in range(50)], job.output
