@@ -172,7 +172,7 @@ if want scale explicit; then  # machines of 4 or 8 GPUs, one rank per GPU
   done
 fi
 
-if want x2 explicit; then  # two H200s joined by NVLink, one rank per GPU: the reference figures (issue 16)
+if want x2 explicit; then  # two H200s joined by NVLink, one rank per GPU: the reference figures
   [ "$NGPU" -ge 2 ] || { echo "x2: needs 2 GPUs, this machine has $NGPU"; exit 2; }
   # Budget: under 10 minutes in all; each step bounded by STEP_S.
   export STEP_S=${STEP_S:-120}

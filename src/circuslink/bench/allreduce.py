@@ -214,7 +214,7 @@ def _trace(world: Any, comm: Any, loop: _DeviceLoop | None, args: argparse.Names
 
 
 def _targets(results: drv.Results) -> None:
-    """Ratios against NCCL where both ran at the same size (issue 4's targets)."""
+    """Ratios against NCCL where both ran at the same size (the targets: BENCHMARKS.md, "Channel all-reduce")."""
     by = {}
     for r in results.rows:
         if "skipped" not in r and r.get("time_us"):

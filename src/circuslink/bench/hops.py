@@ -269,7 +269,7 @@ def fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:
 
 
 def summary(results: drv.Results) -> dict:
-    """per_hop_us and the throughput ratio, against this run's floor (the issue's targets, as ratios)."""
+    """per_hop_us and the throughput ratio, against this run's floor (the targets, as ratios)."""
     floor = floor_pair(results)
     relaxed = floor.get("lat_relaxed_us")
     lat = [r for r in results.rows if r["impl"] == "latency"]

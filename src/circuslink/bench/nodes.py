@@ -451,7 +451,8 @@ def _added(results: drv.Results) -> None:
 
 
 def targets(results: drv.Results) -> dict:
-    """What this run says against issue 13's targets, and the bound the routed channel must meet."""
+    """What this run says against the targets (BENCHMARKS.md, "Nodes and the engine link"), and the bound the
+    routed channel must meet."""
     rows = {(r["impl"], r["bytes"]): r for r in results.rows if "skipped" not in r and "one_way_us" in r}
     mpi_impl = next((i for i, _ in rows if i in ("mpi", "mpi-host-staged")), None)
     out: dict[str, Any] = {"lines": []}

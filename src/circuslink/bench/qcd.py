@@ -13,7 +13,7 @@ Rows:
   flops per site per iteration). Each configuration runs as its own job (under mpirun for the MPI
   engines), so an engine that cannot run here becomes a skipped row with its reason.
 
-Targets (issue 15, one GPU, ranks under MPS): dslash bandwidth >= 0.7 x the local copy; at 8^4 local on a
+Targets (one GPU, ranks under MPS): dslash bandwidth >= 0.7 x the local copy; at 8^4 local on a
 2x2 grid, rma <= 0.45 x mpi-rma per iteration and no slower than nvshmem.
 """
 
