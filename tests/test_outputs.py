@@ -120,3 +120,11 @@ def test_a_headline_row_that_repeats_a_form_row_is_printed_once():
     body = [ln.split() for ln in text.splitlines()[4:-1]]
     assert [b[0:2] for b in body] == [["circuslink", "(circuslink-host)"], ["circuslink", "(circuslink-grid)"],
                                       ["circuslink-warp", "64"]]
+
+
+def test_a_benchmark_too_large_for_the_machine_is_refused_up_front(tmp_path):
+    """The memory need (sizes x buffers a rank holds) is checked before any rank starts, as fft2 does."""
+    proc = _cli(tmp_path, "bench", "allreduce", "--sizes", "64G", "--iters", "1", timeout=60)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "2 ranks need about" in proc.stderr and "of host memory" in proc.stderr and "ask for less" in proc.stderr
+    assert proc.stdout == ""

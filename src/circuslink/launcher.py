@@ -313,8 +313,10 @@ def check_limits(nranks: int, backend: str, per_gpu: dict[int, int], mps_mode: s
     need = nranks * each
     have, what = _sysinfo.host_memory() if gpu else _sysinfo.shared_memory()
     if need > have:
+        advice = (f"start at most {have // each} ranks here" if have >= each else
+                  "one rank alone needs more than there is: ask for less (smaller --sizes or problem)")
         raise ConfigError(f"{nranks} ranks need about {_sysinfo.gib(need)} of host memory ({each >> 20} MiB each), "
-                          f"more than the {_sysinfo.gib(have)} of {what}: start at most {have // each} ranks here")
+                          f"more than the {_sysinfo.gib(have)} of {what}: {advice}")
     if per_gpu:
         mps.require_gpu_memory({d: n * (GPU_CONTEXT_BYTES + max(0, int(gpu_bytes))) for d, n in per_gpu.items()},
                                f"{nranks} ranks ({max(per_gpu.values())} on one GPU)", "start fewer ranks")

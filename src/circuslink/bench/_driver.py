@@ -194,6 +194,22 @@ def sizes_and_counts(
     return sizes, iters, warmup
 
 
+def memory_per_rank(args: argparse.Namespace, buffers: float, cpu_max: int | None = None,
+                    sizes: Sequence[int] | None = None) -> dict[str, int]:
+    """What one rank of this benchmark needs, for the launcher's check before any rank starts
+    (``relaunch_self(..., **memory_per_rank(args, 8))``): ``buffers`` times the largest message (``sizes``,
+    default ``--sizes``), in GPU memory on a back-end that runs kernels, else in host memory (where the
+    benchmark trims its sizes to ``cpu_max``, that many). A benchmark too large for the machine is refused in
+    one line, with the need and what there is, instead of dying of the out-of-memory killer halfway."""
+    from ..backends import default_backend_name, runs_kernels
+
+    top = max(parse_sizes(args.sizes) if sizes is None else sizes)
+    backend = getattr(args, "backend", None) or os.environ.get("CIRCUSLINK_BACKEND") or default_backend_name()
+    if runs_kernels(backend):
+        return {"rank_bytes": 0, "gpu_bytes": int(buffers * top)}
+    return {"rank_bytes": int(buffers * min(top, cpu_max or top)), "gpu_bytes": 0}
+
+
 # -- output -------------------------------------------------------------------------------------
 def _format_cell(column: str, value: Any, plain_bytes: bool = False) -> str:
     if value is None:

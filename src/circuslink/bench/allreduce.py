@@ -45,7 +45,9 @@ def run(args: argparse.Namespace) -> int:
     if args.rings is not None and not 1 <= args.rings <= 128:
         raise ConfigError(f"allreduce: --rings {args.rings} is outside 1..128")
     if not launcher.inside_job():
-        return launcher.relaunch_self(args.nranks, args.backend, mps_mode=args.mps)
+        cap = _HOST_MAX_BYTES if args.sizes == "8:256M" else None  # the default range is trimmed on the cpu
+        return launcher.relaunch_self(args.nranks, args.backend, mps_mode=args.mps,
+                                      **drv.memory_per_rank(args, 6, cap))
     import circuslink as cl
 
     world = cl.init(args.backend)

@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     if not launcher.inside_job():
         if args.nranks != 2:
             raise ConfigError(f"allreduce-like runs on exactly 2 ranks (A and B), got -n {args.nranks}")
-        return launcher.relaunch_self(2, args.backend, mps_mode=args.mps)
+        cap = _CPU_MAX_BYTES if args.sizes == "8:256M" else None  # the default range is trimmed on the cpu
+        return launcher.relaunch_self(2, args.backend, mps_mode=args.mps, **drv.memory_per_rank(args, 8, cap))
     import circuslink as cl
 
     world = cl.init(args.backend)

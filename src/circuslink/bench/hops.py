@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         n = args.nranks or (topo.size if topo is not None else 8)
         if topo is not None:
             topo.check_nranks(n)
-        return relaunch_self(n, args.backend, mps_mode=args.mps)
+        return relaunch_self(n, args.backend, mps_mode=args.mps, **drv.memory_per_rank(args, 8))
     import circuslink
 
     world = circuslink.init(args.backend)

@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("bench nodes needs mpirun and mpi4py: the engine between nodes is MPI")
         if args.nranks // k < 2 or args.nranks % k:
             raise ConfigError(f"bench nodes needs at least 2 whole nodes: -n {args.nranks} with --ranks-per-node {k}")
-        return relaunch_self(args.nranks, args.backend, prefer_mpirun=True, mps_mode=args.mps, ranks_per_node=k)
+        return relaunch_self(args.nranks, args.backend, prefer_mpirun=True, mps_mode=args.mps, ranks_per_node=k,
+                             **drv.memory_per_rank(args, 8, CPU_MAX))
     import circuslink
 
     world = circuslink.init(args.backend)

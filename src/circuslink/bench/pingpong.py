@@ -62,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
 
     drv.parse_sizes(args.sizes)  # bad options fail here, once, not on every rank
     if not inside_job():
-        return relaunch_self(args.nranks, args.backend, prefer_mpirun=True, mps_mode=args.mps)
+        # the rings hold the largest message per configuration and direction, beside its source and result
+        return relaunch_self(args.nranks, args.backend, prefer_mpirun=True, mps_mode=args.mps,
+                             **drv.memory_per_rank(args, 10, CPU_MAX))
     import circuslink
 
     world = circuslink.init(args.backend)

@@ -86,10 +86,25 @@ def run(args: argparse.Namespace) -> int:
     check_local(args.dim, "--dim")
     if args.samples < 1:
         raise ConfigError(f"--samples {args.samples} must be at least 1")
+    _check_memory(args, grids)
     from . import _driver as drv
 
     with drv.text_to_stderr(args):  # the configurations' jobs print too
         return _driver(args, grids, halos, precs)
+
+
+def _check_memory(args: argparse.Namespace, grids: list) -> None:
+    """The largest configuration's memory need, checked before anything runs (as qcd invert does)."""
+    import os
+
+    from ..apps.qcd.cli import check_memory
+    from ..backends import default_backend_name
+
+    backend = args.backend or os.environ.get("CIRCUSLINK_BACKEND") or default_backend_name()
+    local, grid = tuple(args.dim), max(grids, key=lambda g: int(np.prod(g)))
+    check_memory("bench qcd", {"local": local, "global": tuple(d * p for d, p in zip(local, grid, strict=True)),
+                               "nranks": int(np.prod(grid)), "backend": backend},
+                 "use a smaller local lattice (--dim) or fewer ranks (--grids)")
 
 
 # -- the outer process: floor, bandwidth rows, one job per configuration -------------------------------------

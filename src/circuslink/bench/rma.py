@@ -65,10 +65,13 @@ def _layout(layout: str, nbytes: int) -> tuple[int, int, int, int]:
 
 def run(args: argparse.Namespace) -> int:
     from .. import launcher
+    from . import _driver as drv
 
     if not launcher.inside_job():
         _yield_when_idle(args.nranks)
-        return launcher.relaunch_self(args.nranks, args.backend, prefer_mpirun=True, mps_mode=args.mps)
+        chains = max(_parse_chains(args.chains))  # a window holds a chain of writes to each neighbour, both ways
+        return launcher.relaunch_self(args.nranks, args.backend, prefer_mpirun=True, mps_mode=args.mps,
+                                      **drv.memory_per_rank(args, 4 * chains, 1 << 20))
     return _run_rank(args)
 
 

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
     drv.parse_sizes(args.sizes)
     if not inside_job():
-        return relaunch_self(args.nranks, args.backend, mps_mode=args.mps)
+        return relaunch_self(args.nranks, args.backend, mps_mode=args.mps, **drv.memory_per_rank(args, 10, CPU_MAX))
     import circuslink
 
     world = circuslink.init(args.backend)

@@ -51,11 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .. import launcher
+    from . import _driver as drv
 
     if not launcher.inside_job():
         argv = ["bench", "transpose", *sys.argv[sys.argv.index("transpose") + 1:]] if "transpose" in sys.argv \
             else ["bench", "transpose"]
-        return launcher.relaunch_self(args.nranks, argv=argv, backend=args.backend)
+        return launcher.relaunch_self(args.nranks, argv=argv, backend=args.backend,
+                                      **drv.memory_per_rank(args, 6, _CPU_MAX))
     import circuslink
 
     world = circuslink.init(args.backend)

@@ -138,15 +138,15 @@ def _plan(args: argparse.Namespace) -> dict:
     return {"grid": grid, "nranks": nranks, "global": tuple(global_dims), "local": tuple(local), "backend": backend}
 
 
-def check_memory(args: argparse.Namespace, plan: dict) -> None:
+def check_memory(command: str, plan: dict,
+                 advice: str = "use a smaller lattice (--dim) or spread it over more ranks (--grid)") -> None:
     """Refuse, before any rank starts, a lattice this machine cannot hold (one line: the need and what is there).
     Every rank holds its local fields (in GPU memory on cuda), rank 0 the whole lattice's on the host."""
     from ... import _sysinfo, mps
     from ...backends import runs_kernels
 
     local_sites, global_sites = int(np.prod(plan["local"])), int(np.prod(plan["global"]))
-    what = f"qcd {args.qcd_command} on a {fmt(plan['global'])} lattice over {plan['nranks']} rank(s)"
-    advice = "use a smaller lattice (--dim) or spread it over more ranks (--grid)"
+    what = f"{command} on a {fmt(plan['global'])} lattice over {plan['nranks']} rank(s)"
     host = global_sites * _GLOBAL_BYTES_PER_SITE
     if runs_kernels(plan["backend"]):
         gpus = max(1, mps.gpu_count())
@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_rank(args, plan)
     if args.halo in NEEDS_MPIRUN and plan["nranks"] > 1 and not launcher.mpirun_available():
         raise ConfigError(f"--halo {args.halo} needs mpirun and mpi4py, which were not found")
-    check_memory(args, plan)
+    check_memory(f"qcd {args.qcd_command}", plan)
     for option in ("gauge", "source", "input", "output", "json"):  # ranks run elsewhere in the tree: absolute paths
         value = getattr(args, option, None)
         if value not in (None, "-"):
