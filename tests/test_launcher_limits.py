@@ -78,46 +78,49 @@ def test_probe_that_times_out_leaves_no_shared_memory(tmp_path):
     assert _left(tmp_path) == []
 
 
-ALLOC_LOOP = """
-import os, sys, circuslink as cl
+STUCK_IN_ALLOC = """
+import os, time, circuslink as cl
 w = cl.init()
 print("pid", w.rank, os.getpid(), flush=True)
-i = 0
-while True:
-    b = w.alloc(8 << 20)
-    b.local[:16] = w.rank
-    b.close()
-    i += 1
-    if i == 3:
-        print("looping", w.rank, flush=True)
+w.alloc(1 << 20).close()                     # one allocation that completes
+boot = w.backend.boot
+
+
+def stuck(timeout=None):                     # the barrier inside alloc after every rank created its file
+    print("in alloc", w.rank, flush=True)
+    time.sleep(120)
+
+
+boot.barrier = stuck
+w.alloc(8 << 20)                             # the job ends here, every rank mid-allocation
 """
 
 
-def _start_loop(tmp_path: Path, n: int = 2) -> tuple[subprocess.Popen, dict[int, int]]:
-    script = tmp_path / "loop.py"
-    script.write_text(ALLOC_LOOP)
+def _start_stuck(tmp_path: Path, n: int = 2) -> tuple[subprocess.Popen, dict[int, int]]:
+    """A job whose ranks all sit inside an allocation, their files created and not yet unlinked."""
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK_IN_ALLOC)
     proc = subprocess.Popen([sys.executable, "-m", "circuslink", "run", "-n", str(n), "--backend", "cpu", "--",
                              sys.executable, str(script)], env=_env(tmp_path), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     pids: dict[int, int] = {}
-    looping = 0
+    inside = 0
     deadline = time.monotonic() + 60
-    while looping < n:
-        assert time.monotonic() < deadline, "the ranks never started allocating"
+    while inside < n:
+        assert time.monotonic() < deadline, "the ranks never reached the allocation"
         line = proc.stdout.readline()
         assert line, proc.stderr.read()
         words = line.split()
         if "pid" in words:
             pids[int(words[2])] = int(words[3])
-        elif "looping" in words:
-            looping += 1
+        elif "alloc" in words:
+            inside += 1
+    assert len(_left(tmp_path)) == n  # mid-allocation: every rank's file is there
     return proc, pids
 
 
-@pytest.mark.parametrize("trial", range(3))
-def test_ctrl_c_while_ranks_allocate_leaves_no_shared_memory(tmp_path, trial):
-    proc, _ = _start_loop(tmp_path)
-    time.sleep(0.05 * trial)  # land the signal at different points of the allocation loop
+def test_ctrl_c_while_ranks_allocate_leaves_no_shared_memory(tmp_path):
+    proc, _ = _start_stuck(tmp_path)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
@@ -126,7 +129,7 @@ def test_ctrl_c_while_ranks_allocate_leaves_no_shared_memory(tmp_path, trial):
 
 
 def test_killed_rank_while_allocating_leaves_no_shared_memory(tmp_path):
-    proc, pids = _start_loop(tmp_path)
+    proc, pids = _start_stuck(tmp_path)
     os.kill(pids[1], signal.SIGKILL)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode != 0 and "rank 1 was killed by SIGKILL" in err, err
@@ -135,7 +138,7 @@ def test_killed_rank_while_allocating_leaves_no_shared_memory(tmp_path):
 
 def test_killed_launcher_leaves_no_shared_memory(tmp_path):
     """SIGKILL of the launcher itself: its guard ends the ranks and removes their files."""
-    proc, pids = _start_loop(tmp_path)
+    proc, pids = _start_stuck(tmp_path)
     proc.kill()
     proc.communicate(timeout=30)
     deadline = time.monotonic() + 30
@@ -157,13 +160,19 @@ def _alive(pid: int) -> bool:
 
 
 class _StalledPeers:
-    """A job's bootstrap whose peers never answer: every collective times out, as under CIRCUSLINK_TIMEOUT=0.001."""
+    """A job's bootstrap whose peers never answer: every collective times out, as under CIRCUSLINK_TIMEOUT=0.001.
+    It notes what the folder held when the wait began (the rank's own file, created just before)."""
 
     rank, size, job_id = 0, 2, "stalled"
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.seen: list[str] = []
 
     def allgather_object(self, obj, timeout=None):
         from circuslink.errors import TimeoutError
 
+        self.seen = sorted(os.listdir(self.folder))
         raise TimeoutError("allgather #1 on rank 0: rank(s) 1 did not arrive: timed out after 0.001 s")
 
     barrier = allgather_object
@@ -177,10 +186,12 @@ def test_an_alloc_whose_peers_time_out_unlinks_its_file(tmp_path, monkeypatch):
     shm = tmp_path / "shm"
     shm.mkdir()
     monkeypatch.setenv("CIRCUSLINK_SHM_DIR", str(shm))
-    backend = CpuBackend(_StalledPeers())
+    boot = _StalledPeers(shm)
+    backend = CpuBackend(boot)
     with pytest.raises(TimeoutError, match="did not arrive"):
         backend.alloc(1 << 20, timeout=0.001)
-    assert os.listdir(shm) == []
+    assert boot.seen == ["circuslink-stalled-1-0"]  # the file existed while the rank waited ...
+    assert os.listdir(shm) == []                      # ... and is gone once alloc has raised
 
 
 # -- limits ------------------------------------------------------------------------------------------------------
@@ -287,14 +298,22 @@ def test_ranks_see_torchrun_variables(spmd):
 
 
 # -- MPS messages on a machine without a GPU ------------------------------------------------------------------------
+def _no_gpu_path(tmp_path: Path) -> str:
+    """PATH on a machine without a GPU: an nvidia-smi that lists none, and no MPS control daemon."""
+    tools = tmp_path / "tools"
+    tools.mkdir(exist_ok=True)
+    (tools / "nvidia-smi").symlink_to(FAKES / "nvidia-smi")
+    return f"{tools}{os.pathsep}{os.environ['PATH']}"
+
+
 def test_mps_without_a_gpu_runs_the_command_without_a_warning(tmp_path):
-    env = _env(tmp_path, PATH=f"{FAKES}{os.pathsep}{os.environ['PATH']}", FAKE_GPUS="0")
+    env = _env(tmp_path, PATH=_no_gpu_path(tmp_path), FAKE_GPUS="0", CUDA_VISIBLE_DEVICES="")
     proc = _cli(env, "mps", "--", sys.executable, "-c", "print('ran')")
     assert proc.returncode == 0 and proc.stdout == "ran\n" and "time-sliced" not in proc.stderr, proc.stderr
 
 
 def test_mps_on_is_refused_alike_without_a_gpu(tmp_path):
-    env = _env(tmp_path, PATH=f"{FAKES}{os.pathsep}{os.environ['PATH']}", FAKE_GPUS="0")
+    env = _env(tmp_path, PATH=_no_gpu_path(tmp_path), FAKE_GPUS="0", CUDA_VISIBLE_DEVICES="")
     mps = _cli(env, "mps", "--mps", "on", "--", "true")
     run = _cli(env, "run", "-n", "2", "--backend", "cpu", "--mps", "on", "--", "true")
     for proc in (mps, run):
