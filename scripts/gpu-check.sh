@@ -6,7 +6,10 @@
 #   scripts/gpu-check.sh [STAGE ...]      (default: all)
 #
 #   info            circuslink info (GPUs, MPS) and the per-rank SM budget of the kernels (diag)
-#   tests           the GPU-marked tests (2 and 4 ranks on the one GPU); $TESTS narrows them (pytest ids)
+#   tests           the GPU-marked tests but the slow ones (2 ranks, some 4, on the one GPU), within 7 minutes;
+#                   $TESTS narrows them (pytest ids)
+#   tests-slow      the GPU tests marked slow (size sweeps, soak, 8 and 16 ranks, QCD and FFT solves): a run of
+#                   its own, within 9 minutes (not part of "all")
 #   probe           the floor, 2 and 4 ranks
 #   pingpong        channel pingpong against the floor and the baselines
 #   stream          one-way streaming through a channel against the floor
@@ -89,8 +92,11 @@ want info && step info cl info
 want info && step diag cl run -n 2 -- $PY scripts/dev/mps_diag.py
 # Tests get a short device-side time-out so that a hang costs seconds, not the lease.
 # SIGINT at the end of the tests' budget makes pytest print what failed so far instead of dying silently.
-want tests && step tests env CIRCUSLINK_TIMEOUT=20 timeout -s INT ${TESTS_BUDGET_S:-540} $PY -m pytest -q -rfE \
-  --tb=short -m "gpu and not two_gpus" -p no:cacheprovider --timeout 150 --durations=15 ${TESTS:-tests}
+want tests && step tests env CIRCUSLINK_TIMEOUT=20 timeout -s INT ${TESTS_BUDGET_S:-420} $PY -m pytest -q -rfE \
+  --tb=short -m "gpu and not two_gpus and not slow" -p no:cacheprovider --timeout 150 --durations=15 ${TESTS:-tests}
+want tests-slow explicit && step tests-slow env CIRCUSLINK_TIMEOUT=20 timeout -s INT ${TESTS_BUDGET_S:-540} $PY -m \
+  pytest -q -rfE --tb=short -m "gpu and not two_gpus and slow" -p no:cacheprovider --timeout 300 --durations=15 \
+  ${TESTS:-tests}
 if want smoke explicit; then
   for b in pingpong stream allreduce-like allreduce rma transpose; do
     step "smoke-$b" env CIRCUSLINK_TIMEOUT=20 timeout ${SMOKE_S:-90} $PY -m circuslink bench $b --quick --no-baselines \
@@ -172,7 +178,7 @@ if want scale explicit; then  # machines of 4 or 8 GPUs, one rank per GPU
   done
 fi
 
-if want x2 explicit; then  # two H200s joined by NVLink, one rank per GPU: the reference figures (issue 16)
+if want x2 explicit; then  # two H200s joined by NVLink, one rank per GPU: the reference figures
   [ "$NGPU" -ge 2 ] || { echo "x2: needs 2 GPUs, this machine has $NGPU"; exit 2; }
   # Budget: under 10 minutes in all; each step bounded by STEP_S.
   export STEP_S=${STEP_S:-120}

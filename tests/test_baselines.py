@@ -675,6 +675,7 @@ def test_mpi_pingpong_host_staged_gpu(spmd):
     job.check()
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @needs_nvshmem_build
 def test_nvshmem_pingpong_gpu(tmp_path):

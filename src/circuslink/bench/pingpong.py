@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _sysinfo
 from ..errors import ChannelError, ConfigError
 from . import _driver as drv
 
@@ -68,7 +69,9 @@ def run(args: argparse.Namespace) -> int:
 
     drv.parse_sizes(args.sizes)  # bad options fail here, once, not on every rank
     if not inside_job():
-        return relaunch_self(args.nranks, args.backend, prefer_mpirun=True, mps_mode=args.mps)
+        # the rings hold the largest message per configuration and direction, beside its source and result
+        return relaunch_self(args.nranks, args.backend, prefer_mpirun=True, mps_mode=args.mps,
+                             **drv.memory_per_rank(args, 10, CPU_MAX))
     import circuslink
 
     world = circuslink.init(args.backend)
@@ -82,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
             drv.progress(f"pingpong: the cpu reference stops at {drv.format_bytes(CPU_MAX)}; "
                          f"skipping {len(dropped)} larger size(s)")
     results = drv.Results("pingpong", world)
+    results.meta.update(runs_kernels=world.backend.runs_kernels, cores=_sysinfo.cores())
     results.meta.update(samples=samples, warmup=warmup, sample_target_s=SAMPLE_TARGET_S,
                         definitions="one_way_us: median over samples of (loop time / 2 x round trips); "
                                     "min_one_way_us: the fastest sample; throughput_GBps: bytes / one_way_us")
@@ -338,10 +342,18 @@ def cpu_round_trips(tx: Any, rx: Any, nbytes: int, trips: int, echo: bool) -> tu
         for _ in range(trips):
             tx.write(rx.read(nbytes))
         return 0.0, True
+    from ..channels.protocol import split_write
+
     msg = np.random.default_rng().integers(0, 256, nbytes, dtype=np.uint8)
+    # A message the ring holds whole is written inline (a thread per round trip costs more than the trip).
+    inline = len(split_write(nbytes, tx.geometry)[1]) <= tx.geometry.nslots
     t0 = time.perf_counter()
     back = None
     for _ in range(trips):
+        if inline:
+            tx.write(msg)
+            back = rx.read(nbytes)
+            continue
         writer = threading.Thread(target=tx.write, args=(msg,))
         writer.start()
         back = rx.read(nbytes)
@@ -368,7 +380,9 @@ def _baselines(world: Any, results: drv.Results, sizes: list[int], iters: int, w
         if fn is None:
             continue
         drv.progress(f"pingpong: baseline {name}")
-        rows = fn(world, sizes, max(iters, 20), warmup)
+        # MPI's figure is a median over samples as ours is (the cpu verdict divides one by the other)
+        extra = {"samples": max(10, iters)} if name == "mpi_pingpong" else {}
+        rows = fn(world, sizes, max(iters, 20), warmup, **extra)
         if world.rank == 0:
             results.extend(rows)
     fn = getattr(baselines, "nvshmem_pingpong", None)
@@ -429,8 +443,15 @@ def collapse(ours: dict[int, dict], peer: dict[int, dict]) -> tuple[float, int] 
     return worst
 
 
+CPU_GOAL_VS_MPI = 10.0  # the cpu reference's small-message one-way time, at most this many times MPI's
+
+
 def targets(results: drv.Results) -> dict:
-    """The targets as ratios to this run's floor and to NVSHMEM measured beside us, with verdicts."""
+    """The verdicts of this run: on a back-end that runs kernels, ratios to this run's floor and to NVSHMEM
+    measured beside us (the GPU targets); on the cpu reference, against MPI's shared-memory pingpong of the same
+    run (:func:`cpu_targets`)."""
+    if not results.meta.get("runs_kernels", True):
+        return cpu_targets(results)
     floor = floor_pair(results)
     out: dict[str, Any] = {"lines": []}
     ours = {r["bytes"]: r for r in results.rows if r["impl"] == "circuslink"}
@@ -482,32 +503,81 @@ def targets(results: drv.Results) -> dict:
     return out
 
 
+def cpu_targets(results: drv.Results) -> dict:
+    """The cpu reference's verdicts: its smallest message's one-way time against MPI's shared-memory pingpong
+    measured in the same run (``mpi`` rows), with a goal (<= 10 x) only where every rank has a core of its own;
+    never the GPU targets, whose floor is a GPU's."""
+    out: dict[str, Any] = {"lines": []}
+    ours = {r["bytes"]: r for r in results.rows if r["impl"] == "circuslink" and "one_way_us" in r}
+    mpi = {r["bytes"]: r for r in results.rows if r["impl"] == "mpi" and "skipped" not in r
+           and (r.get("one_way_us") or r.get("latency_us"))}
+    ranks, cores = results.nranks, results.meta.get("cores")
+    alone = cores is not None and ranks <= cores
+    common = sorted(set(ours) & set(mpi))
+    depth = [f"4-slot ring at {drv.format_bytes(r['bytes'])}: {r['slowdown']:.2f} x the one-way time of the default "
+             "ring (medians, same loops), every byte checked"
+             for r in results.rows if r["impl"] == "circuslink-depth4" and "slowdown" in r]
+    if not common:
+        why = ("MPI's pingpong did not run (--no-baselines, or the job was not started by mpirun: install Open MPI "
+               "and mpi4py)" if not mpi else "no size was measured by both")
+        out["lines"] += [f"cpu: no comparison with MPI's shared-memory pingpong: {why}", *depth]
+        return out
+    n = common[0]
+    ours_us = ours[n]["one_way_us"]
+    mpi_us = mpi[n].get("one_way_us") or mpi[n]["latency_us"]
+    ratio = ours_us / mpi_us
+    out["small_vs_mpi"] = ratio
+    where = f"{ranks} ranks on {cores} cores" if cores else f"{ranks} ranks"
+    if alone:
+        verdict = "met" if ratio <= CPU_GOAL_VS_MPI else "missed"
+        goal = f"goal <= {CPU_GOAL_VS_MPI:g} x with every rank on a core of its own ({where}): {verdict}"
+    else:
+        goal = f"no goal: {where}, so ranks take turns on the cores and every wait includes the scheduler's"
+    out["lines"].append(f"cpu: {drv.format_bytes(n)} one-way {ours_us:.2f} us (median) = {ratio:.1f} x MPI's "
+                        f"shared-memory pingpong {mpi_us:.2f} us in this run; {goal}")
+    big = common[-1]
+    if big != n:
+        r = ours[big]["one_way_us"] / (mpi[big].get("one_way_us") or mpi[big]["latency_us"])
+        out["lines"].append(f"cpu: {drv.format_bytes(big)} one-way = {r:.1f} x MPI's (medians, same run)")
+    out["lines"] += depth
+    return out
+
+
 def report(results: drv.Results, args: argparse.Namespace) -> None:
-    rows = [r for r in results.rows if "skipped" not in r or r.get("bytes")]
-    drv.print_table(sorted(rows, key=lambda r: (str(r["impl"]), r["bytes"])),
-                    ["impl", "bytes", "one_way_us", "min_one_way_us", "throughput_GBps", "slowdown"],
-                    f"pingpong ({results.device}, {results.backend}): one-way, median of {results.meta['samples']} "
-                    "samples of many round trips")
-    summary = targets(results)
-    results.meta["targets"] = summary
-    for line in summary["lines"]:
-        print(line)
-    path = results.write_json(args.json)
-    print(f"wrote {path}")
-    if args.plot:
-        stem = Path(args.plot)
-        lat, thr = stem.with_name(stem.stem + "-latency.png"), stem.with_name(stem.stem + "-throughput.png")
-        shown = [r for r in results.rows if "skipped" not in r and r["impl"] in
-                 ("circuslink", "circuslink-ll", "circuslink-bulk", "nccl", *NVSHMEM_FORMS, "mpi", "mpi-host-staged")]
-        for r in shown:
+    """Rank 0: the table and the verdicts (CPU ones on the cpu back-end), then exactly the files asked for."""
+
+    def text() -> None:
+        rows = [r for r in results.rows if "skipped" not in r or r.get("bytes")]
+        for r in rows:  # the baselines' rows say latency_us
             r.setdefault("one_way_us", r.get("latency_us"))
+            r.setdefault("min_one_way_us", r.get("min_latency_us"))
+        drv.print_table(sorted(rows, key=lambda r: (str(r["impl"]), r["bytes"])),
+                        ["impl", "bytes", "one_way_us", "min_one_way_us", "throughput_GBps", "slowdown"],
+                        f"pingpong ({results.device}, {results.backend}): one-way, median of "
+                        f"{results.meta['samples']} samples of many round trips", args)
+        summary = targets(results)
+        results.meta["targets"] = summary
+        for line in summary["lines"]:
+            print(line)
+
+    drv.finish(results, args, text, lambda path: _plot(results, path))
+
+
+def _plot(results: drv.Results, path: str) -> None:
+    shown = [r for r in results.rows if "skipped" not in r and r["impl"] in
+             ("circuslink", "circuslink-ll", "circuslink-bulk", "nccl", *NVSHMEM_FORMS, "mpi", "mpi-host-staged")]
+    for r in shown:
+        r.setdefault("one_way_us", r.get("latency_us"))
+    extra_lat: dict = {}
+    extra_bw: dict = {}
+    if results.meta.get("runs_kernels", True):  # the floor envelope is a GPU figure: no line of it on a cpu plot
         floor = floor_pair(results)
         sizes = sorted({r["bytes"] for r in shown})
-        env = {"floor: latency + size / raw bandwidth": [(n, envelope_us(floor, n)) for n in sizes
-                                                         if envelope_us(floor, n)]}
-        drv.plot(shown, x="bytes", y="one_way_us", group="impl", path=str(lat), title="pingpong one-way time",
-                 xlabel="message size (bytes)", ylabel="one-way time (us, median)", extra=env)
-        envbw = {"floor": [(n, n / (t * 1e3)) for n, t in env["floor: latency + size / raw bandwidth"]]}
-        drv.plot(shown, x="bytes", y="throughput_GBps", group="impl", path=str(thr), title="pingpong throughput",
-                 xlabel="message size (bytes)", ylabel="GB/s", extra=envbw)
-        print(f"wrote {lat} and {thr}")
+        env = [(n, envelope_us(floor, n)) for n in sizes if envelope_us(floor, n)]
+        extra_lat = {"floor: latency + size / raw bandwidth": env}
+        extra_bw = {"floor": [(n, n / (t * 1e3)) for n, t in env]}
+    drv.figure(path, [
+        drv.panel(shown, "bytes", "one_way_us", "impl", "pingpong one-way time", "message size (bytes)",
+                  "one-way time (us, median)", extra=extra_lat),
+        drv.panel(shown, "bytes", "throughput_GBps", "impl", "pingpong throughput", "message size (bytes)", "GB/s",
+                  extra=extra_bw)])
