@@ -45,7 +45,7 @@ SHARED = [(0, 0, 48 * 1024), (0, 1000, 48 * 1024), (4096, 20000, 48 * 1024 - 409
 
 
 def _cases():
-    for (arch, dev), regs, threads, (static, dynamic, max_dynamic) in itertools.product(
+    for (_arch, dev), regs, threads, (static, dynamic, max_dynamic) in itertools.product(
             ARCHS.items(), range(256), THREADS, SHARED):
         yield dev, KernelAttributes("k", regs, static, 1024, max_dynamic), threads, dynamic
 
@@ -82,7 +82,8 @@ def test_the_issue_kernel_fits_two_blocks_an_sm():
     kernel = KernelAttributes("jacobi", 86, local_size_bytes=472)
     assert blocks_per_sm(kernel, DeviceLimits(), 256) == 2
     assert resident_blocks(2, 66, 2) == 33  # the rule the issue ran under gave 66 (one block an SM)
-    assert describe(kernel, 256, 0) == "86 registers a thread, 472 B of stack, 256 threads a block, 0 B of shared memory"
+    assert describe(kernel, 256, 0) == ("86 registers a thread, 472 B of stack, 256 threads a block, "
+                                        "0 B of shared memory")
 
 
 def _budget(ranks: int, sms: int = 132) -> int:

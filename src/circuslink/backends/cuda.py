@@ -202,7 +202,11 @@ class CudaBackend(Backend):
         counters, this process's abort word, and ``timeout`` (seconds; None: CIRCUSLINK_TIMEOUT; 0: never,
         though the host's bounded wait still aborts it). With channels pass ``timeout=channels.timeout``."""
         with self.xp.cuda.Device(self.device):
-            return _grid.GridBarrier(self.xp, self.abort_ptr, timeout)
+            bar = _grid.GridBarrier(self.xp, self.abort_ptr, timeout)
+            # zeroed on the current stream: done before a launch on any other stream may use it
+            self.wait_stream(self.xp.cuda.get_current_stream(), Deadline.after(_ABORT_GRACE_S),
+                             "the zeroing of a grid barrier's counters")
+        return bar
 
     def after_caller(self) -> None:
         """Order the world's stream after the caller's current stream (CuPy's null stream by
