@@ -21,7 +21,8 @@ NVCC = shutil.which("nvcc")
 # Every module that declares tables (importing it registers them).
 TABLE_MODULES = ["circuslink.channels.protocol", "circuslink.rma._layout", "circuslink.trace._layout",
                  "circuslink.collectives._layout", "circuslink.rma._transpose._cuda", "circuslink.topology._routing",
-                 "circuslink.apps.qcd._cuda", "circuslink.backends._grid"]
+                 "circuslink.apps.qcd._cuda", "circuslink.backends._grid",
+                 "circuslink.channels._halo"]
 
 
 def _registered() -> list[abi.Struct]:
