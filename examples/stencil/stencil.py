@@ -113,12 +113,12 @@ def local_block(halo: Any, u0: np.ndarray) -> np.ndarray:
     return u0[bx.start:bx.stop + 2, by.start:by.stop + 2].copy()
 
 
-def _edge(u: Any, d: int) -> Any:
+def edge(u: Any, d: int) -> Any:
     """The cells this rank sends toward direction d (+x 0, -x 1, +y 2, -y 3)."""
     return (u[-2, 1:-1], u[1, 1:-1], u[1:-1, -2], u[1:-1, 1])[d]
 
 
-def _ghost_index(d: int) -> tuple:
+def ghost_index(d: int) -> tuple:
     """Where the halo from direction d goes."""
     return ((-1, slice(1, -1)), (0, slice(1, -1)), (slice(1, -1), -1), (slice(1, -1), 0))[d]
 
@@ -129,9 +129,9 @@ def run_host(halo: Any, u: Any, iters: int) -> Any:
     u = xp.asarray(u)
     v = u.copy()
     for _ in range(iters):
-        got = halo.exchange({d: xp.ascontiguousarray(_edge(u, d)) for d in halo.directions})
+        got = halo.exchange({d: xp.ascontiguousarray(edge(u, d)) for d in halo.directions})
         for d, cells in got.items():
-            u[_ghost_index(d)] = cells
+            u[ghost_index(d)] = cells
         v[1:-1, 1:-1] = cell_update(u[:-2, 1:-1], u[2:, 1:-1], u[1:-1, :-2], u[1:-1, 2:])
         u, v = v, u
     return u
@@ -196,7 +196,7 @@ class KernelRun:
         return (self.handle, u, v, np.int32(self.lx), np.int32(self.ly), self.send, self.recv, self.failed)
 
     def steps(self, iters: int, form: str) -> None:
-        """``iters`` steps in ``form`` (launched on the current stream; :meth:`wait` waits for them)."""
+        """Launch ``iters`` steps in ``form`` on the current stream (:meth:`wait` waits for them, bounded)."""
         if form == "launch":
             for _ in range(iters):
                 u, v = self.bufs[self.current], self.bufs[1 - self.current]
