@@ -54,24 +54,26 @@ __device__ __forceinline__ long long ghost_cell(int d, int k, int lx, int ly) {
   }
 }
 
-// One full warp: pack this rank's edge toward D, send it, receive the neighbour's, unpack it into the ghosts.
-// The write comes first on both sides; a channel deeper than one edge never makes it wait. D is a template
-// argument so that halo.to[D] / halo.from[D] index the kernel's parameter at compile time (a run-time index
-// would copy the whole handle, about 1 KB, to the stack).
-template <int D, typename T>
-__device__ bool exchange(const circuslink::Halo<T>& halo, T* u, int lx, int ly, T* send, T* recv) {
-  if (!halo.has(D)) return true;
-  const int n = D < 2 ? ly : lx;
+// One full warp: pack this rank's edge toward d, send it, receive the neighbour's, unpack it into the ghosts.
+// The write comes first on both sides; a channel deeper than one edge never makes it wait. The two ends are
+// copied out of the handle first: calling through halo.to[d] itself would copy the whole handle (about
+// 1 KB) to every thread's stack (docs/user-kernels.md, "What each call costs").
+template <typename T>
+__device__ bool exchange(const circuslink::Halo<T>& halo, int d, T* u, int lx, int ly, T* send, T* recv) {
+  if (!halo.has(d)) return true;
+  const circuslink::Sender<T> tx = halo.to[d];
+  const circuslink::Receiver<T> rx = halo.from[d];
+  const int n = d < 2 ? ly : lx;
   const int face = lx > ly ? lx : ly;
-  T* out = send + D * face;
-  T* in = recv + D * face;
+  T* out = send + d * face;
+  T* in = recv + d * face;
   const unsigned int lane = threadIdx.x & 31u;
-  for (int k = lane; k < n; k += 32) out[k] = u[edge_cell(D, k, lx, ly)];
+  for (int k = lane; k < n; k += 32) out[k] = u[edge_cell(d, k, lx, ly)];
   __syncwarp();
-  if (!halo.to[D].write_warp(out, n)) return false;
-  if (!halo.from[D].read_warp(in, n)) return false;
+  if (!tx.write_warp(out, n)) return false;
+  if (!rx.read_warp(in, n)) return false;
   __syncwarp();
-  for (int k = lane; k < n; k += 32) u[ghost_cell(D, k, lx, ly)] = in[k];
+  for (int k = lane; k < n; k += 32) u[ghost_cell(d, k, lx, ly)] = in[k];
   return true;
 }
 
@@ -81,14 +83,7 @@ __device__ void exchange_and_interior(const circuslink::Halo<T>& halo, T* u, T* 
                                       T* recv, int* failed) {
   const int warp = threadIdx.x / 32;
   if (blockIdx.x == 0 && warp < 4) {
-    bool ok = true;
-    switch (warp) {
-      case 0: ok = exchange<circuslink::kPlusX>(halo, u, lx, ly, send, recv); break;
-      case 1: ok = exchange<circuslink::kMinusX>(halo, u, lx, ly, send, recv); break;
-      case 2: ok = exchange<circuslink::kPlusY>(halo, u, lx, ly, send, recv); break;
-      default: ok = exchange<circuslink::kMinusY>(halo, u, lx, ly, send, recv); break;
-    }
-    if (!ok && (threadIdx.x & 31u) == 0) atomicExch(failed, 1);
+    if (!exchange(halo, warp, u, lx, ly, send, recv) && (threadIdx.x & 31u) == 0) atomicExch(failed, 1);
     return;
   }
   const long long workers = (long long)gridDim.x * blockDim.x - kExchangeThreads;
