@@ -25,6 +25,9 @@
 #   qcd             Wilson-Dirac CG: an 8^4-per-rank solve on a 2x2 grid, and per-iteration time by halo engine
 #   hops            routed channels: latency and throughput by hop count on line:8 (8 ranks) and torus:4x4 (16)
 #   nodes           2 declared nodes x 2 ranks: MPI alone, the engine link, a channel inside a node, gateway-routed
+#   stencil         the user-kernel path: persistent grids of 32..240 registers and the stencil example's device forms
+#                   (GPU tests), then bench stencil: 1, 2, 4 ranks at 64^2..8192^2 global, and 8x8..1024^2 a rank at
+#                   2, 4, 8 ranks (persistent form)
 #   all             every stage above
 #   smoke           every benchmark in its --quick form, each bounded to 90 s (errors show at once; not in "all")
 #   before          the regression tests of the MPS hangs against an older tree ($OLD_TREE, e.g.
@@ -143,6 +146,12 @@ want hops && step hops-torus4x4 cl bench hops -n 16 --topology torus:4x4 --iters
 want nodes && step nodes cl bench nodes -n 4 --ranks-per-node 2 --sizes 8,64,1K,4K,64K,1M,16M,64M \
   --json "$R/nodes.json" --plot "$R/nodes.png"
 want nodes && step nodes-3x2 cl bench nodes -n 6 --ranks-per-node 2 --quick --json "$R/nodes-3x2.json"
+want stencil && step stencil-tests env CIRCUSLINK_TIMEOUT=20 timeout -s INT 400 $PY -m pytest -q -rfE --tb=short \
+  -m gpu -p no:cacheprovider --timeout 300 tests/test_resident_gpu.py tests/test_stencil_example.py
+want stencil && step stencil cl bench stencil --ranks 2,4 --domains 64x64,1024x1024,8192x8192 \
+  --json "$R/stencil.json" --plot "$R/stencil.png"
+want stencil && step stencil-per-rank cl bench stencil --ranks 2,4,8 --per-rank --domains 8x8,64x64,1024x1024 \
+  --impls channel-persistent,channel-launch --iters 100 --json "$R/stencil-per-rank.json"
 
 want chvar explicit && step chvar cl run -n 2 -- $PY scripts/dev/channel_variants.py --json "$R/channel-variants.json"
 want lines explicit && step lines cl run -n 2 -- $PY scripts/dev/line_variants.py --stage ${LINES_STAGE:-all} --json "$R/line-variants.json"

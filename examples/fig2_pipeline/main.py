@@ -35,6 +35,7 @@ def main() -> int:
     app = spec.load(HERE / "app.xml", nranks=world.size)
     ch = channels.open(world, app)
     data = np.random.default_rng().integers(-2**31, 2**31 - 1, args.elements, dtype=np.int32)
+    # kernels where the back-end runs them; the cpu reference runs host-API programs only (docs/user-kernels.md)
     run = _run_cuda if world.backend.runs_kernels else _run_cpu
     got = run(world, ch, data)
     if world.rank == 0:
@@ -88,8 +89,7 @@ def _run_cuda(world, ch, data):
         module.get_function("feed_and_collect")((1,), (64,), (ch["feed_out"].device_handle(),
                                                               ch["result_in"].device_handle(), cp.asarray(data), out,
                                                               np.uint64(n), ok))
-    cp.cuda.runtime.deviceSynchronize()
-    ch.check()
+    ch.wait_kernel(what=f"fig2's kernel on rank {world.rank}")  # bounded; raises a channel's recorded error
     if int(ok.get()[0]) != 1:
         raise cl.ChannelError(f"fig2: a channel call failed on rank {world.rank}")
     return out.get() if out is not None else None

@@ -37,7 +37,7 @@ def main() -> int:
     seed = world.broadcast_object(int(np.random.SeedSequence().entropy % (1 << 32)))
     data = np.random.default_rng(seed).integers(0, 2**32, n, dtype=np.uint32)
 
-    if world.backend.runs_kernels:
+    if world.backend.runs_kernels:  # device kernels; the cpu back-end runs the host API only
         got = _run_cuda(world, ch, data)
     else:
         got = _run_cpu(world, ch, data)
@@ -79,8 +79,7 @@ def _run_cuda(world, ch, data):
     elif world.rank == 1:
         out = cp.zeros(data.size, dtype=cp.uint32)
         module.get_function("receiver")((1,), (32,), (ch["simple_in"].device_handle(), out, n, ok))
-    cp.cuda.runtime.deviceSynchronize()
-    ch.check()  # raises ChannelError naming the channel if a device wait timed out
+    ch.wait_kernel(what=f"fig6's kernel on rank {world.rank}")  # bounded; raises ChannelError naming the channel
     if int(ok.get()[0]) != 1:
         raise cl.ChannelError(f"fig6: a channel call failed on rank {world.rank}")
     return out.get() if world.rank == 1 else None

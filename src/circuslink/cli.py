@@ -39,6 +39,7 @@ BENCHMARKS = [
     ("fft", "circuslink.bench.fft", "distributed 2-D FFT: transposing puts against local transpose + put and fft2"),
     ("hops", "circuslink.bench.hops", "latency and throughput by hop count over a topology (routed channels)"),
     ("nodes", "circuslink.bench.nodes", "pingpong inside a node, over the engine link between nodes, and MPI alone"),
+    ("stencil", "circuslink.bench.stencil", "2-D Jacobi stencil (examples/stencil): channels in the kernel, host, MPI"),
 ]
 
 

@@ -54,6 +54,15 @@ class Backend(ABC):
         """Blocks of ``kernel`` this rank may have resident at once (back-ends that run kernels only)."""
         raise BackendError(f"the {self.name} back-end runs no device kernels")
 
+    def launch_resident(self, kernel: Any, grid: Any, block: Any, args: tuple, shared_bytes: int = 0,
+                        stream: Any = None, limit: int | None = None) -> None:
+        """Launch a persistent grid whose blocks must all run at once (back-ends that run kernels only)."""
+        raise BackendError(f"the {self.name} back-end runs no device kernels")
+
+    def grid_barrier(self, timeout: float | None = None) -> Any:
+        """A ``circuslink::GridBarrier`` for a persistent kernel (back-ends that run kernels only)."""
+        raise BackendError(f"the {self.name} back-end runs no device kernels")
+
     def synchronize(self) -> None:
         """Wait until this rank's device work is done (no-op without a device)."""
         return None

@@ -12,8 +12,9 @@
 ``channels[name]`` is the end living on this rank: a :class:`Sender` or a :class:`Receiver` (host
 objects); kernels get ``end.device_handle()``, the by-value device handle ``circuslink::Sender<T>`` /
 ``Receiver<T>`` of ``circuslink/channel.cuh``. A spec can also be built in Python from
-:class:`Link` records (``open(world, [Link(...), ...])``). The protocol is in docs/protocol.md; the
-back-end halves are the engines ``channels._cpu`` (the reference) and ``channels._cuda``.
+:class:`Link` records (``open(world, [Link(...), ...])``), and :func:`open_halo` opens the channels toward
+every neighbour of a process grid in one call, indexed by direction (``circuslink/halo.cuh``). The protocol
+is in docs/protocol.md; the back-end halves are the engines ``channels._cpu`` (the reference) and ``channels._cuda``.
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from typing import Any
 from .._config import default_timeout, resolve_timeout
 from ..errors import ConfigError
 from ._ends import Channels, Receiver, Sender
+from ._halo import DIRECTIONS, Halo, open_halo
 from ._model import ElementType, Link, Spec, element_type, struct_type
 from ._plan import OPTIONS, Plan
 from ._routed import ENGINE_SLOTS_DEFAULT, mapped_neighbours
 
-__all__ = ["OPTIONS", "Channels", "ElementType", "Link", "Receiver", "Sender", "Spec", "element_type", "open",
-           "struct_type"]
+__all__ = ["DIRECTIONS", "OPTIONS", "Channels", "ElementType", "Halo", "Link", "Receiver", "Sender", "Spec",
+           "element_type", "open", "open_halo", "struct_type"]
 
 
 def _as_spec(spec_or_links: Any, nranks: int) -> Spec:
