@@ -36,7 +36,7 @@ from . import _driver as drv
 
 KERNELS = Path(__file__).parent / "kernels" / "pingpong_channels.cu"
 WARP_MAX = 64 << 10  # one warp a side up to here: beyond, the grid wins by far
-GRID_MIN = 4 << 10
+GRID_MIN = 256  # the grid form from here: one block of bulk packets beats several low-latency rounds at 1-4 KiB
 GRID_CHUNKS = (4 << 10, 16 << 10, 64 << 10)  # bulk packet sizes tried by the grid form (best kept)
 GRID_CHUNK_MAX_MESSAGE = {4 << 10: 16 << 20, 16 << 10: 1 << 30, 64 << 10: 1 << 30}
 # The grid forms' rings stay in L2 whatever the message (H200: 50 MB of L2): rank 0 reads the reply while it

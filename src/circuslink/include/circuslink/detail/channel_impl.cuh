@@ -522,6 +522,59 @@ __device__ __forceinline__ u64 ll_take_round(const ChannelHandle& h, RecvState& 
   return got;
 }
 
+// ---- low-latency packets: the one-packet latency path ---------------------------------------------
+// A message of at most one packet, read or passed on whole, is the latency path: the time between seeing it and
+// storing it onward (or handing it back) is what a one-way time adds to the floor, and one warp runs it alone,
+// so every instruction there shows. This path polls the packet's first `need` bytes (lanes 0-15, 16 bytes
+// each: lane 0 the header, lane m payload bytes [8 (m - 1), 8 m)), and returns with them in a / b.
+// Returns the packet's nbytes once the header and those units are there; kLLFallback when the packet is bulk
+// or shorter than `need` (the general path takes it); 0 when the wait failed (recorded).
+enum : u32 { kLLFallback = 0xFFFFFFFFu };
+__device__ __forceinline__ u32 ll_wait_one(const ChannelHandle& h, RecvState& st, u64 need, u64& a, u64& b) {
+  const u32 lane = lane_id();
+  const unsigned char* p = slot_of(h, st.seq) + 16 * lane;
+  const u32 flag = flag_of(st.seq);
+  const u32 lo = 8 * (lane - 1);
+  const bool poll = lane == 0 || (lane < 16 && lo < need);
+  bool flushed = false;
+  WarpWait wait = WarpWait::start();
+  a = 0;
+  b = 0;
+  while (true) {
+    if (poll) ld_units2(p, a, b);
+    const u64 hdr = __shfl_sync(0xffffffffu, b, 0);
+    if (unit_flag(hdr) == flag) {
+      const u32 nb = (u32)hdr;
+      if ((nb & kKindBulk) || nb < need) return kLLFallback;
+      const bool ok = !poll || lane == 0 || (unit_flag(a) == flag && (lo + 4 >= need || unit_flag(b) == flag));
+      if (__all_sync(0xffffffffu, ok)) return nb;
+    }
+    // Not there yet: hand back held credits once (a writer may be blocked on them), then keep polling; the
+    // clock and the error record only every many polls.
+    if (!flushed) {
+      flushed = true;
+      if (lane == 0 && st.seq != st.returned) st_relaxed_u64(h.credit, st.seq);
+      st.returned = st.seq;
+    }
+    if (!wait.keep_going(h, kErrDataTimeout, st.seq)) return 0;
+  }
+}
+
+// After ll_wait_one: `take` bytes of the packet (all of it or its first part) are consumed.
+__device__ __forceinline__ void ll_consume_one(const ChannelHandle& h, RecvState& st, u32 nb, u32 take) {
+  if (take < nb) {
+    st.offset = take;
+    return;
+  }
+  if (lane_id() == 0) {
+    st_relaxed(h.slot_credit + ((u32)st.seq & (h.nslots - 1u)), flag_of(st.seq));
+    if (st.seq + 1 - st.returned >= (h.nslots >> 1)) st_relaxed_u64(h.credit, st.seq + 1);
+  }
+  st.seq += 1;
+  st.offset = 0;
+  if (st.seq - st.returned >= (h.nslots >> 1)) st.returned = st.seq;
+}
+
 // One warp reads up to `need` bytes of low-latency packets from (st.seq, st.offset): at least one
 // packet's worth, polling rounds until the first packet is complete. Returns the bytes taken, 0 on
 // failure (recorded), -1 when the next packet is a bulk packet (the caller's bulk path takes it).
@@ -690,7 +743,23 @@ __device__ bool read_st(const ChannelHandle& h, RecvState& st, unsigned char* ds
   u64 done = 0;
   while (done < nbytes) {
     const u64 need = nbytes - done;
-    if (G::size() == 32) {  // a warp: the low-latency fast path, which also detects bulk packets
+    if (G::size() == 32 && st.offset == 0 && need <= kLLPayload) {  // the latency path: one packet
+      u64 a, b;
+      const u32 nb = ll_wait_one(h, st, need, a, b);
+      if (nb == 0) return false;
+      if (nb != kLLFallback) {
+        const u32 lane = lane_id(), lo = 8 * (lane - 1);
+        if (lane >= 1 && lane < 16 && lo < need) {
+          const u32 end = (u32)need;
+          scatter4(dst + done + lo, (u32)a, 0, lo + 4 <= end ? 4 : end - lo);
+          if (lo + 4 < end) scatter4(dst + done + lo + 4, (u32)b, 0, lo + 8 <= end ? 4 : end - lo - 4);
+        }
+        ll_consume_one(h, st, nb, (u32)need);
+        done += need;
+        continue;
+      }
+    }
+    if (G::size() == 32) {  // a warp: low-latency rounds of several packets, which also detect bulk packets
       const long long got = ll_read_warp(h, st, dst + done, need);
       if (got > 0) { done += (u64)got; continue; }
       if (got == 0) return false;
@@ -775,6 +844,29 @@ __device__ bool forward_warp_st(const ChannelHandle& rx, RecvState& rs, const Ch
     return false;
   }
   while (done < nbytes) {
+    if (nbytes - done <= kLLPayload) {  // the latency path: one packet, polled once and stored onward
+      u64 a, b;
+      const u64 need = nbytes - done;
+      const u32 nb = ll_wait_one(rx, rs, need, a, b);
+      if (nb == 0) return false;
+      if (nb == need) {
+        if (!credit_for<WarpG>(tx, ss, ss.seq)) return false;
+        const u32 oflag = flag_of(ss.seq), lo = 8 * (lane - 1);
+        unsigned char* out = slot_of(tx, ss.seq) + 16 * lane;
+        if (lane == 0) {
+          st_header(out, tx.route, oflag, nb);
+        } else if (lane < 16) {
+          if (lo + 4 < nb || rewrites_all(ss.seq, tx.nslots))
+            st_units2(out, unit(lo < nb ? (u32)a : 0u, oflag), unit(lo + 4 < nb ? (u32)b : 0u, oflag));
+          else if (lo < nb)
+            st_unit(out, (u32)a, oflag);
+        }
+        ss.seq += 1;
+        ll_consume_one(rx, rs, nb, nb);
+        done += nb;
+        continue;
+      }
+    }
     const u32 count = ll_round_count(rx, 0, nbytes - done);
     LLRound r;
     ll_poll(rx, rs.seq, count, r);
