@@ -222,6 +222,7 @@ def test_plans_match_numpy(spmd, n):
     assert job.output.count("checked") == n and " checked 0 plans" not in job.output, job.output
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [1, 2, 4])
@@ -282,6 +283,23 @@ def test_too_large_is_refused_before_allocating(world):
                                              r"[\d.]+ GiB per rank, .* but only [\d.]+ GiB is free"):
         fft.Plan(world, box, box, "complex128")
     assert len(world.resources()) == before
+
+
+def test_gpus_short_of_memory_are_refused_before_any_rank_starts(monkeypatch):
+    """The commands' up-front check: ranks spread over the GPUs as the launcher spreads them (rank r on GPU
+    r % GPUs), each GPU's need against its free memory as nvidia-smi reports it."""
+    from circuslink import mps
+    from circuslink.apps.fft import _plan
+
+    gib = 1 << 30
+    monkeypatch.setattr(mps, "gpu_count", lambda: 2)
+    monkeypatch.setattr(mps, "gpu_memory_free", lambda: [7 * gib, 4 * gib])
+    _plan.require_gpu_memory(3, 3 * gib, "fft3: x", "advice")  # GPU 0: 2 ranks, 6 GiB of 7; GPU 1: 3 of 4
+    with pytest.raises(cl.ConfigError, match=r"^fft3: x needs about 9.0 GiB on GPU 0, more than its 7.0 GiB free "
+                                             r"\(nvidia-smi\): advice$"):
+        _plan.require_gpu_memory(5, 3 * gib, "fft3: x", "advice")
+    monkeypatch.setattr(mps, "gpu_memory_free", lambda: None)  # nvidia-smi cannot say: the ranks check
+    _plan.require_gpu_memory(5, 100 * gib, "fft3: x", "advice")
 
 
 @pytest.mark.parametrize("call, message", [

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import on_backend
 
 BASELINE = """
 import os
@@ -66,6 +67,7 @@ def test_slab_baseline_over_mpi_matches_numpy(spmd):
     assert job.output.count("checked") == 3, job.output
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 @pytest.mark.gpu
 @pytest.mark.parametrize("transpose", ["tiled", "cupy"])
@@ -108,6 +110,7 @@ def test_nvshmem_program_compiles_to_nothing_without_nvshmem(tmp_path):
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.gpu
 def test_nvshmem_slab_runs_and_verifies():
@@ -130,7 +133,7 @@ def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("backend", [on_backend("cpu"), on_backend("cuda", marks=pytest.mark.slow)])
 def test_bench_fft_quick(tmp_path, backend):
     out = tmp_path / "fft.json"
     proc = _cli("bench", "fft", "--quick", "-n", "2", "--backend", backend, "--json", str(out), "--plot",
@@ -156,9 +159,22 @@ def test_bench_fft_quick(tmp_path, backend):
     for r in res["rows"]:  # every all-to-all not measured says why
         if "skipped" in r:
             assert r["skipped"], r
-    assert res["floor"]["pairs"] and (tmp_path / "fft-breakdown.png").exists()
-    assert (tmp_path / "fft-2d-complex64.png").exists() and (tmp_path / "fft-3d-complex128.png").exists()
-    assert "transpose-put" in proc.stdout
+    # the one output rule: exactly the files asked for (one figure, its panels side by side)
+    assert res["floor"]["pairs"] and sorted(os.listdir(tmp_path)) == ["fft.json", "fft.png"]
+    assert (tmp_path / "fft.png").read_bytes()[:4] == b"\x89PNG"
+    assert "transpose-put" in proc.stdout and f"wrote {out}" in proc.stdout
+
+
+@pytest.mark.parametrize("form", [("--json", "-"), ("--json",)])
+def test_bench_fft_json_to_stdout_is_the_only_thing_there(tmp_path, form):
+    """The output rule: with --json - the results are the whole of standard output (the table goes to stderr)."""
+    proc = subprocess.run([sys.executable, "-m", "circuslink", "bench", "fft", "--quick", "--dims", "2", "--dtype",
+                           "complex64", "--backend", "cpu", *form], capture_output=True, text=True, cwd=tmp_path,
+                          env=dict(os.environ, CIRCUSLINK_TIMEOUT="60"), timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["benchmark"] == "fft" and {r["impl"] for r in doc["rows"]} >= {"transpose-put", "fftn-1rank"}
+    assert "transpose-put" in proc.stderr and os.listdir(tmp_path) == []
 
 
 BENCH_BAD = [

@@ -120,7 +120,9 @@ def _bad_files(path):
      r"--input psi8.npy: shape"),
     (["apply", "--gauge", "U4.npy", "--input", "missing.npy", "--kappa", "0.1", "--output", "o.npy"],
      r"--input missing.npy: no such file"),
-    (["apply", "--gauge", "U4.npy", "--input", "psi8.npy", "--output", "o.npy"], r"qcd apply needs --kappa K"),
+    (["invert", "--dim", "256", "256", "256", "256"],  # refused up front with the need, as fft2 does
+     r"qcd invert on a 256x256x256x256 lattice over 1 rank\(s\) needs about \d+\.\d GiB of memory, more than the "
+     r"\d+\.\d GiB of host memory"),
     (["invert", "--dim", "4", "4", "4", "4", "--grid", "2", "2", "1", "1", "-n", "2"],
      r"-n 2 does not match the grid 2x2x1x1 \(4 ranks\)"),
     (["invert", "--dim", "4", "4", "4", "4", "--grid", "2", "1", "1", "1", "--halo", "nccl", "--backend", "cpu"],
@@ -132,6 +134,24 @@ def test_bad_input_is_one_clear_line(tmp_path, args, message):
     _bad_files(tmp_path)
     line = one_error_line(cli(*args, cwd=tmp_path))
     assert re.search(message, line), line
+
+
+def test_apply_takes_the_documented_default_kappa(tmp_path):
+    """docs/qcd.md gives --kappa a default (0.12): apply uses it as invert does."""
+    U = qcd.random_gauge((4, 4, 4, 4), 3)
+    psi = qcd.random_spinor((4, 4, 4, 4), 4)
+    np.save(tmp_path / "U.npy", U)
+    np.save(tmp_path / "psi.npy", psi)
+    proc = cli("apply", "--gauge", "U.npy", "--input", "psi.npy", "--output", "out.npy", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "kappa 0.12" in proc.stdout
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), qcd.wilson(U, psi, 0.12), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", ["-5", "x"])
+def test_a_bad_seed_is_a_usage_error_not_a_traceback(tmp_path, seed):
+    proc = cli("invert", "--seed", seed, cwd=tmp_path)
+    assert proc.returncode == 2 and "argument --seed" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_help_explains_the_options():

@@ -61,6 +61,9 @@ class Config:
     json: str | None = None
     plot: str | None = None
     baselines: bool = True
+    csv: bool = False  # tables as CSV (--csv)
+    plain_bytes: bool = False  # byte counts as plain integers (--bytes)
+    note: str = ""  # what the run says before it starts (sizes chosen for the user), once the input is checked
     meta: dict = field(default_factory=dict)
 
 
@@ -68,6 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from . import _driver as drv
 
     drv.add_common_arguments(parser, default_sizes="8K,16K", default_iters=10, default_warmup=2)
+    parser.epilog = (f"On a back-end without kernels (cpu) the default sizes are {_csv(CPU_DEFAULT_SIZES)} (2-D) and "
+                     f"{_csv(CPU_DEFAULT_SIZES3)} (3-D), and --quick runs {_csv(CPU_QUICK_SIZES)} and "
+                     f"{_csv(CPU_QUICK_SIZES3)}.")
     add_fft_arguments(parser)
 
 
@@ -104,11 +110,20 @@ def _ints(text: str, what: str) -> list[int]:
         raise ConfigError(f"bench fft: {what}: {exc}") from None
 
 
+# The sizes of a back-end without kernels (the GPU's would take minutes in numpy): said in --help and when used.
+CPU_DEFAULT_SIZES, CPU_DEFAULT_SIZES3 = (256, 512), (24, 48)
+CPU_QUICK_SIZES, CPU_QUICK_SIZES3 = (64,), (16,)
+
+
+def _csv(sizes: tuple[int, ...] | list[int]) -> str:
+    return ",".join(map(str, sizes))
+
+
 def config_from_args(args: argparse.Namespace) -> Config:
-    from ..backends import default_backend_name
+    from ..backends import default_backend_name, runs_kernels
 
     backend = args.backend or os.environ.get("CIRCUSLINK_BACKEND") or default_backend_name()
-    cpu = backend == "cpu"
+    cpu = not runs_kernels(backend)
     quick = bool(getattr(args, "quick", False))
     dims = set()
     for d in str(args.dims).split(","):
@@ -116,10 +131,16 @@ def config_from_args(args: argparse.Namespace) -> Config:
             raise ConfigError(f"bench fft: --dims {args.dims!r}: give 2, 3 or 2,3")
         dims.add(int(d))
     given2 = args.size if args.size else (args.sizes if args.sizes != getattr(args, "_default_sizes", None) else None)
-    sizes2 = _ints(given2, "--size") if given2 else ([64] if cpu else [1024]) if quick else \
-        ([256, 512] if cpu else [8192, 16384])
-    sizes3 = _ints(args.size3, "--size3") if args.size3 else ([16] if cpu else [64]) if quick else \
-        ([24, 48] if cpu else [512, 1024])
+    sizes2 = _ints(given2, "--size") if given2 else list(CPU_QUICK_SIZES if cpu else [1024]) if quick else \
+        list(CPU_DEFAULT_SIZES if cpu else [8192, 16384])
+    sizes3 = _ints(args.size3, "--size3") if args.size3 else list(CPU_QUICK_SIZES3 if cpu else [64]) if quick \
+        else list(CPU_DEFAULT_SIZES3 if cpu else [512, 1024])
+    defaulted = [f"{_csv(sizes)} ({d}-D)" for d, sizes, given in ((2, sizes2, given2), (3, sizes3, args.size3))
+                 if d in dims and not given]
+    note = ""
+    if cpu and not quick and defaulted:  # said, not silent
+        note = (f"bench fft: the {backend} back-end runs {' and '.join(defaulted)} by default (8K,16K and 512,1024 "
+                "would take minutes in numpy); --size N / --size3 N choose")
     dtypes = list(_DTYPES) if args.dtype == "both" else [args.dtype]
     cases = []
     for d, sizes in ((2, sizes2), (3, sizes3)):
@@ -140,7 +161,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return Config(cases=cases, iters=iters, warmup=warmup, layout=args.layout, chunks=args.chunks,
                   baseline_chunks=[2] if quick and args.baseline_chunks == "1,4" else chunks, alltoalls=alltoalls,
                   transpose=args.baseline_transpose, quick=quick, json=args.json, plot=args.plot,
-                  baselines=not getattr(args, "no_baselines", False))
+                  baselines=not getattr(args, "no_baselines", False), csv=getattr(args, "csv", False),
+                  plain_bytes=getattr(args, "plain_bytes", False), note=note)
 
 
 def _label(shape: tuple[int, ...]) -> str:
@@ -178,9 +200,18 @@ def check_memory(world: Any, engine: Any, cfg: Config) -> None:
         raise ConfigError(f"bench fft: {found[0]}: drop that size or use complex64")
 
 
-def check_cases(cfg: Config, nranks: int, backend: str | None) -> None:
-    """Before starting ranks: (cpu) the host's memory for every case."""
-    if backend != "cpu":
+def check_cases(cfg: Config, nranks: int, backend: str) -> None:
+    """Before starting ranks: the memory of every case, on the GPUs the ranks will share (where nvidia-smi can
+    say; the ranks check again with what they see) or in the host's memory."""
+    from ..backends import runs_kernels
+
+    if runs_kernels(backend):
+        from ..apps.fft._plan import require_gpu_memory
+
+        for shape, dtype in cfg.cases:
+            require_gpu_memory(nranks, max(_case_needs(shape, dtype, nranks).values()) + _MARGIN,
+                               f"bench fft: {_label(shape)} {dtype} over {nranks} ranks",
+                               "use a smaller --size / --size3, or complex64")
         return
     from ..apps.fft import _cpu
 
@@ -202,6 +233,10 @@ def run(args: argparse.Namespace) -> int:
 
         backend = args.backend or os.environ.get("CIRCUSLINK_BACKEND") or default_backend_name()
         check_cases(cfg, args.nranks, backend)
+        if cfg.note:
+            from ..results import progress
+
+            progress(cfg.note)
         argv = ["bench", "fft", *sys.argv[sys.argv.index("fft") + 1:]] if "fft" in sys.argv else ["bench", "fft"]
         return launcher.relaunch_self(args.nranks, argv=argv, backend=args.backend)
     import circuslink
@@ -258,15 +293,12 @@ def run_rank(world: Any, cfg: Config) -> int:
     if world.rank == 0:
         shown = [dict(r, max_rel_err=f"{r['max_rel_err']:.1e}") if isinstance(r.get("max_rel_err"), float) else r
                  for r in results.rows]
-        drv.print_table(shown, ["impl", "case", "dtype", "chunks", "time_ms", "time_min_ms", "fft_ms",
-                                "transpose_ms", "comm_ms", "put_ms", "predicted_comm_ms", "gflops",
-                                "less_time_pct", "vs_1rank", "max_rel_err"],
-                        f"FFT forward, {cfg.layout} output, {world.size} ranks ({world.backend.name}): median of "
-                        f"{cfg.iters}, the slowest rank; transpose-put's comm_ms includes its transpose (fused)")
-        path = results.write_json(cfg.json)
-        print(f"results: {path}")
-        if cfg.plot:
-            print(f"plots: {', '.join(_plots(results.rows, cfg.plot, world.size))}")
+        drv.finish(results, cfg, lambda: drv.print_table(
+            shown, ["impl", "case", "dtype", "chunks", "time_ms", "time_min_ms", "fft_ms", "transpose_ms", "comm_ms",
+                    "put_ms", "predicted_comm_ms", "gflops", "less_time_pct", "vs_1rank", "max_rel_err"],
+            f"FFT forward, {cfg.layout} output, {world.size} ranks ({world.backend.name}): median of {cfg.iters}, "
+            "the slowest rank; transpose-put's comm_ms includes its transpose (fused)", cfg),
+            lambda path: drv.figure(path, _panels(results.rows, world.size)))
     world.barrier()
     return 0
 
@@ -513,67 +545,43 @@ def check_lines(world: Any, engine: Any, x0: Any, inbox: Any, outbox: Any, out: 
     return err
 
 
-def _plots(rows: list[dict], path: str, nranks: int) -> list[str]:
+def _panels(rows: list[dict], nranks: int) -> list[dict]:
+    """The figure's panels: time against array size per scheme, one panel per dimension and precision (the
+    ceiling drawn beside), then the time of every measured row split by phase."""
     from . import _driver as drv
 
-    root, ext = os.path.splitext(path)
-    ext = ext or ".png"
-    made = []
+    panels = []
     for d in (2, 3):
         mine = [dict(r, series=f"{r['impl']}" + (f" ({r.get('chunks')} ch)" if r["impl"].startswith("baseline")
                                                   else "")) for r in rows if r.get("ndim") == d and r.get("time_ms")]
-        if not mine:
-            continue
         for dtype in _DTYPES:
             sel = [r for r in mine if r["dtype"] == dtype]
-            if not sel:
-                continue
-            target = f"{root}-{d}d-{dtype}{ext}"
-            drv.plot(sel, x="bytes", y="time_ms", group="series", path=target,
-                     title=f"{d}-D FFT {dtype}, {nranks} ranks (fftn-1rank: the ceiling)", xlabel="array bytes",
-                     ylabel="time (ms, median)")
-            made.append(target)
-    target = f"{root}-breakdown{ext}"
-    plot_breakdown([r for r in rows if r.get("time_ms") and r["impl"] != "fftn-1rank"], target,
-                   f"FFT time by phase, {nranks} ranks")
-    made.append(target)
-    return made
+            if sel:
+                panels.append(drv.panel(sel, "bytes", "time_ms", "series",
+                                        f"{d}-D FFT {dtype}, {nranks} ranks (fftn-1rank: the ceiling)", "array bytes",
+                                        "time (ms, median)"))
+    bars = [r for r in rows if r.get("time_ms") and r["impl"] != "fftn-1rank"]
+    title = f"FFT time by phase, {nranks} ranks"
+    panels.append({"title": title, "draw": lambda ax: draw_breakdown(ax, bars, title)})
+    return panels
 
 
-def plot_breakdown(rows: list[dict], path: str, title: str) -> str:
-    """Stacked bars of FFT / transpose / communication time, one bar per scheme and case."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        from ..errors import BackendError
-
-        raise BackendError("plotting needs matplotlib: pip install matplotlib") from None
+def draw_breakdown(ax: Any, rows: list[dict], title: str) -> None:
+    """Stacked bars of FFT / transpose / communication time on ``ax``, one bar per scheme and case."""
     bars = [r for r in rows if "skipped" not in r and r.get("time_ms")]
     if not bars:
         raise ConfigError(f"plot {title!r}: no measured rows")
     labels = [f"{r['impl']}\n{r['case']} {r['dtype']}" for r in bars]
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(bars)), 4.5), dpi=120)
-    try:
-        bottom = np.zeros(len(bars))
-        for key, name in (("fft_ms", "FFT"), ("transpose_ms", "local transpose"),
-                          ("comm_ms", "communication (transposing put: transpose included)")):
-            vals = np.array([float(r.get(key) or 0.0) for r in bars])
-            ax.bar(range(len(bars)), vals, bottom=bottom, label=name)
-            bottom += vals
-        ax.plot(range(len(bars)), [r["time_ms"] for r in bars], "k_", markersize=20, label="median total")
-        ax.set_xticks(range(len(bars)))
-        ax.set_xticklabels(labels, fontsize=6, rotation=90)
-        ax.set_ylabel("ms")
-        ax.set_yscale("log")
-        ax.set_title(title)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(path, format="png")
-    except OSError as exc:
-        raise ConfigError(f"cannot write plot to {path!r}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
-    return path
+    bottom = np.zeros(len(bars))
+    for key, name in (("fft_ms", "FFT"), ("transpose_ms", "local transpose"),
+                      ("comm_ms", "communication (transposing put: transpose included)")):
+        vals = np.array([float(r.get(key) or 0.0) for r in bars])
+        ax.bar(range(len(bars)), vals, bottom=bottom, label=name)
+        bottom += vals
+    ax.plot(range(len(bars)), [r["time_ms"] for r in bars], "k_", markersize=20, label="median total")
+    ax.set_xticks(range(len(bars)))
+    ax.set_xticklabels(labels, fontsize=6, rotation=90)
+    ax.set_ylabel("ms")
+    ax.set_yscale("log")
+    ax.set_title(title)
+    ax.legend(fontsize=7)

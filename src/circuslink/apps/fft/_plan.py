@@ -595,6 +595,17 @@ def _gib(n: float) -> str:
     return f"{n / (1 << 30):.1f} GiB"
 
 
+def require_gpu_memory(nranks: int, each: float, what: str, advice: str) -> None:
+    """Before any rank starts: refuse in one line work whose ``nranks`` ranks, spread over the visible GPUs as
+    the launcher spreads them, need more than a GPU has free, ``each`` bytes a rank (where nvidia-smi can say;
+    the ranks check again, with what they see, before they allocate)."""
+    from ... import mps
+
+    gpus = max(1, mps.gpu_count())
+    mps.require_gpu_memory({g: len(range(g, nranks, gpus)) * int(each) for g in range(min(gpus, nranks))}, what,
+                           advice)
+
+
 def check_memory(world: Any, engine: Any, nbytes: int, problem: str) -> None:
     """Collective: refuse, before allocating, a plan that the ranks sharing a device (or the host) cannot hold.
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..._argtypes import positive_int
+from ..._argtypes import output_file, positive_int
 from ...errors import ConfigError
 from . import _boxes as bx
 from . import _plan
@@ -57,7 +57,8 @@ def _grid(text: str) -> tuple[int, int]:
 def add_command_arguments(p: argparse.ArgumentParser, ndim: int) -> None:
     name = f"fft{ndim}"
     p.add_argument("--input", metavar="X.npy", help=f"the {ndim}-D array to transform (.npy)")
-    p.add_argument("--output", metavar="Y.npy", help="where rank 0 writes the result (.npy)")
+    p.add_argument("--output", metavar="Y.npy", type=output_file,
+                   help="where rank 0 writes the result (.npy); its folder must exist (it is not created)")
     p.add_argument("-n", "--nranks", type=positive_int, default=2,
                    help="ranks to split the array over (default 2); any size works, uneven splits included")
     p.add_argument("--backend", choices=("cpu", "cuda"), default=None,
@@ -220,17 +221,9 @@ def _boxes_for(job: Job, nranks: int) -> tuple[list[bx.Box], list[bx.Box]]:
     return boxes(job.spatial, nranks, job.decomposition, job.grid, job.layout, real=real)
 
 
-def _check_output(path: str, what: str) -> None:
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise ConfigError(f"{what}: cannot write --output {path!r}: directory {parent!r} does not exist")
-    if os.path.isdir(path):
-        raise ConfigError(f"{what}: --output {path!r} is a directory")
-
-
 def run_command(args: argparse.Namespace, ndim: int) -> int:
     from ... import launcher
-    from ...backends import default_backend_name
+    from ...backends import default_backend_name, runs_kernels
 
     what = f"fft{ndim}"
     backend = args.backend or os.environ.get("CIRCUSLINK_BACKEND") or default_backend_name()
@@ -239,15 +232,20 @@ def run_command(args: argparse.Namespace, ndim: int) -> int:
     if not launcher.inside_job():
         shape, dtype = read_header(args.input, what)
         job = Job(args, ndim, shape, dtype, args.nranks)
-        _check_output(args.output, what)
-        if backend == "cpu":  # the host's memory is known here; a GPU's is checked by the ranks
+        problem = f"{what}: a {' x '.join(map(str, shape))} {job.dtype} problem over {args.nranks} ranks"
+        if runs_kernels(backend):  # the plan's window and cuFFT's work areas, and the staging buffer, a rank
+            from . import _cuda
+
+            regions = (3 if job.scheme == "local-transpose" else 2) + _cuda.EXTRA_REGIONS + 1
+            _plan.require_gpu_memory(args.nranks, regions * job.bytes_per_rank() + _plan._MARGIN, problem,
+                                     "use single precision, more GPUs or a smaller size")
+        else:
             from . import _cpu
 
             need = args.nranks * (4 + _cpu.EXTRA_REGIONS) * job.bytes_per_rank() + (256 << 20)
             free, where = _cpu.free_bytes(None)
             if need > free:
-                raise ConfigError(f"{what}: a {' x '.join(map(str, shape))} {job.dtype} problem over {args.nranks} "
-                                  f"ranks needs about {need / (1 << 30):.1f} GiB of {where}, but only "
+                raise ConfigError(f"{problem} needs about {need / (1 << 30):.1f} GiB of {where}, but only "
                                   f"{free / (1 << 30):.1f} GiB is free: use single precision or a smaller size")
         return launcher.relaunch_self(args.nranks, argv=_argv(args, ndim), backend=backend)
     import circuslink
