@@ -50,6 +50,7 @@ TINY_SIZES = (64, 4096, 64 << 10, 1 << 20)
 # The NVSHMEM baseline runs every form at every size: minutes, not CIRCUSLINK_TIMEOUT's default. Killing it
 # mid-kernel under MPS takes every client of the GPU down with it, so its bound is generous.
 NVSHMEM_TIMEOUT_S = 900.0
+NVSHMEM_THREAD_MAX = 1 << 20  # a lone thread's put of 256 MiB took minutes of the run (H200, 2026-11-25)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -391,8 +392,10 @@ def _baselines(world: Any, results: drv.Results, sizes: list[int], iters: int, w
             drv.progress("pingpong: baseline nvshmem_pingpong")
             try:  # its 2 PEs share a GPU under MPS where there is one GPU
                 # every form (one thread, one warp, blocks) at every size, medians over `iters` launches
+                # one thread stops at NVSHMEM_THREAD_MAX: beyond, a lone thread's put takes seconds a sample
                 results.extend(fn(sizes, 200, warmup, modes=("thread", "warp", "block"), samples=max(iters, 10),
-                                  bytes_per_sample=256 << 20, timeout=NVSHMEM_TIMEOUT_S))
+                                  bytes_per_sample=256 << 20, timeout=NVSHMEM_TIMEOUT_S,
+                                  thread_max=NVSHMEM_THREAD_MAX))
             except Exception as exc:  # a baseline that cannot run is reported, not fatal
                 results.add(impl="nvshmem-put-signal", bytes=0, skipped=f"{type(exc).__name__}: {exc}")
         world.barrier(timeout=3600)  # the others wait while rank 0 runs the NVSHMEM program

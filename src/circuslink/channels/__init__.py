@@ -93,8 +93,7 @@ def open(world: Any, spec_or_links: Any, timeout: float | None = None,  # noqa: 
     if len(set(digests)) != 1:
         groups = ", ".join(f"rank {r}: {d[0]}" for r, d in enumerate(digests))
         raise ConfigError(f"channels.open is collective and needs the same spec and options on every rank ({groups})")
-    # Every rank on one GPU (ranks under MPS): bulk packets need only .gpu-scoped fences (docs/protocol.md).
-    one_gpu = gathered[0][2] is not None and len({g[2] for g in gathered}) == 1
+    one_gpu = shares_one_gpu([g[2] for g in gathered])
     router = plan.router
     if router is not None and router.engine_pairs:
         _check_engine_possible(world, plan)
@@ -117,6 +116,12 @@ def open(world: Any, spec_or_links: Any, timeout: float | None = None,  # noqa: 
         raise
     world.barrier(host_timeout)
     return channels
+
+
+def shares_one_gpu(identities: list[str | None]) -> bool:
+    """Whether every rank's memory is on one GPU (ranks under MPS): then bulk packets need only .gpu-scoped
+    fences (docs/protocol.md). ``identities``: each rank's ``backend.device_identity`` (None without a GPU)."""
+    return bool(identities) and identities[0] is not None and len(set(identities)) == 1
 
 
 _ENGINE_KEYS = ("nslots", "batch", "spin")
