@@ -57,7 +57,7 @@ def reference(tmp_path_factory):
         pytest.skip("nvcc not found: cuda_occupancy.h comes with the CUDA toolkit")
     out = tmp_path_factory.mktemp("occupancy") / "occupancy_reference"
     proc = subprocess.run([NVCC, "-x", "c++", str(HERE / "occupancy_reference.cpp"), "-o", str(out)],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -68,7 +68,8 @@ def test_the_model_agrees_with_nvidias_calculator(reference):
              f"{d.shared_per_sm} {d.shared_per_block} {d.shared_per_block_optin} {d.reserved_shared_per_block} "
              f"{k.num_regs} {k.shared_size_bytes} {k.max_dynamic_shared_size_bytes} {t} {dyn}"
              for d, k, t, dyn in cases]
-    proc = subprocess.run([str(reference)], input="\n".join(lines) + "\n", capture_output=True, text=True, check=True)
+    proc = subprocess.run([str(reference)], input="\n".join(lines) + "\n", capture_output=True, text=True,
+                          check=True, timeout=300)
     theirs = [int(x) for x in proc.stdout.split()]
     assert len(theirs) == len(cases) and -1 not in theirs
     wrong = [(c[0].major, c[0].minor, c[1], c[2], c[3], ours, t) for c, t in zip(cases, theirs, strict=True)

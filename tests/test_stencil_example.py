@@ -75,14 +75,14 @@ def test_the_kernels_compile(tmp_path):
     src = tmp_path / "stencil_kernels.cu"
     src.write_text(stencil.cell_update_cxx() + (EXAMPLE / "kernels.cu").read_text())
     proc = subprocess.run([NVCC, "-std=c++17", "-arch=sm_90a", f"-I{INCLUDE}", "-c", str(src), "-o",
-                           str(tmp_path / "k.o")], capture_output=True, text=True)
+                           str(tmp_path / "k.o")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def test_the_kernels_refuse_to_compile_without_the_traced_update(tmp_path):
     proc = subprocess.run([NVCC, "-std=c++17", "-arch=sm_90a", f"-I{INCLUDE}", "-c", str(EXAMPLE / "kernels.cu"),
-                           "-o", str(tmp_path / "k.o")], capture_output=True, text=True)
+                           "-o", str(tmp_path / "k.o")], capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "CELL_UPDATE(xm, xp, ym, yp) comes from stencil.py" in proc.stderr
 
 

@@ -10,7 +10,7 @@ element type, domain and rank count:
   back-end runs;
 * ``mpi-host-staged``: the same compute (the example's kernels on a GPU, numpy on the cpu), the halos copied
   to the host and exchanged with MPI point-to-point (a job under mpirun);
-* ``nvshmem``: a skipped row saying why (the NVSHMEM halo kernels of the stencil are not written yet).
+* ``nvshmem``: a skipped row saying why (circuslink has no NVSHMEM halo kernels for the stencil: no NVSHMEM row).
 
 Each row: ``time_per_iter_us`` (median over ``--samples`` loops of ``--iters`` steps, the slowest rank's, with
 ``min_us`` beside it), ``gcells_per_s`` (cells of the global domain updated a second), and against one rank of
@@ -161,7 +161,7 @@ def _driver(args: argparse.Namespace, impls: list[str], dtypes: list[str], domai
                          launcher)[0]
         if "nvshmem" in impls and n > 1:
             rows.append({"impl": "nvshmem", "bytes": 0, "nranks": n,
-                         "skipped": "the NVSHMEM halo kernels of the stencil are not written yet"})
+                         "skipped": "circuslink has no NVSHMEM halo kernels for the stencil: no NVSHMEM row"})
     _add_scaling(rows)
     results.floor = floor or {}
     results.extend(rows)
