@@ -61,8 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def add_grid_blocks_argument(parser: argparse.ArgumentParser) -> None:
     """``--grid-blocks``: the most blocks a grid-form kernel of the pingpong / stream benches launches."""
     parser.add_argument("--grid-blocks", dest="grid_blocks", type=drv.positive_int, default=None, metavar="N",
-                        help="at most N blocks for the grid forms (default: half the rank's SM budget, never more than "
-                             "stay co-resident); fewer blocks leave SMs to the peer rank's kernel on a shared GPU")
+                        help="at most N blocks for the grid forms (default: half the rank's SM budget for the pingpong, "
+                             "all of it for the stream; never more than stay co-resident); fewer blocks leave SMs to "
+                             "the peer rank's kernel on a shared GPU")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -163,10 +164,12 @@ class ChannelPair:
             # for a block that never starts.
             most = min(world.backend.max_blocks(self._module.get_function(name), GRID_THREADS)
                        for name in ("pingpong_grid", "stream_grid"))
-            # By default half of the SM budget: more blocks only add warps spinning on the peer's packets,
-            # and on a GPU shared under MPS they took throughput from the peer's kernel (bench stream at
-            # 8-132 blocks, 2 ranks on an H100, 2026-11-24: 32 blocks gave the most, 132 a tenth of it).
-            cap = grid_blocks or max(1, (world.backend.sm_budget or 1) // 2)
+            # By default the pingpong takes half of the SM budget and the stream all of it: with grid sessions
+            # the stream's warps own their slots and gain from more of them (2 ranks on one H200, 2026-11-25: 64
+            # blocks 1,127-1,140 GB/s at 64-256 MiB against 806-837 at 33), while the pingpong's three stages
+            # share the GPU and lost at 256 MiB with 64 blocks (517-557 us against 317 at 33).
+            budget = world.backend.sm_budget or 1
+            cap = grid_blocks or max(1, budget if stream else budget // 2)
             self.blocks_most = max(1, min(min(world.allgather_object(most)), cap))
 
     def ends(self, config: str) -> tuple[Any, Any]:
