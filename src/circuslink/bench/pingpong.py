@@ -61,9 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def add_grid_blocks_argument(parser: argparse.ArgumentParser) -> None:
     """``--grid-blocks``: the most blocks a grid-form kernel of the pingpong / stream benches launches."""
     parser.add_argument("--grid-blocks", dest="grid_blocks", type=drv.positive_int, default=None, metavar="N",
-                        help="at most N blocks for the grid forms (default: half the rank's SM budget for the pingpong, "
-                             "all of it for the stream; never more than stay co-resident); fewer blocks leave SMs to "
-                             "the peer rank's kernel on a shared GPU")
+                        help="at most N blocks for the grid forms (default: half the rank's SM budget for the "
+                             "pingpong, all of it for the stream; never more than stay co-resident); fewer blocks "
+                             "leave SMs to the peer rank's kernel on a shared GPU")
 
 
 def run(args: argparse.Namespace) -> int:
