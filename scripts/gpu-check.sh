@@ -124,8 +124,8 @@ want transpose && step transpose cl bench transpose -n 2 --json "$R/transpose.js
 if want fft; then for n in 2 4; do
   step "fft-$n" cl bench fft -n $n --size 8192,16384 --dtype both --json "$R/fft-${n}ranks.json" \
     --plot "$R/fft-${n}ranks.png"; done; fi
-want qcd && step qcd-invert cl qcd invert --dim 8 8 8 8 --grid 2 2 1 1 --prec single --halo rma --verify \
-  --json "$R/qcd-invert.json"
+want qcd && step qcd-invert cl qcd invert --dim 8 8 8 8 --gridsize 2 2 1 1 --prec double --prec-sloppy single \
+  --halo rma --verify --json "$R/qcd-invert.json"
 want qcd && step qcd cl bench qcd --json "$R/qcd.json" --plot "$R/qcd.png"
 want hops && step hops-line8 cl bench hops -n 8 --topology line:8 --json "$R/hops-line8.json" \
   --plot "$R/hops-line8.png"

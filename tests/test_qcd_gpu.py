@@ -151,7 +151,8 @@ def test_same_solution_on_every_grid_gpu(spmd, tmp_path):
     for grid in [(1, 1, 1, 1), (2, 1, 1, 1), (2, 2, 1, 1), (4, 2, 1, 1)]:
         code = DECOMPOSED.format(grid=grid, dims=dims, kappa=KAPPA, halo="rma")
         spmd(int(np.prod(grid)), code, backend="cuda", timeout=600).check()
-        solutions[grid] = np.load(tmp_path / "x.npy")
-    first = solutions[(1, 1, 1, 1)]
-    for grid, x in solutions.items():
-        assert np.linalg.norm(x - first) / np.linalg.norm(first) < 1e-8, grid
+        for name in ("double", "single", "half"):
+            solutions[grid, name] = np.load(tmp_path / f"x_{name}.npy")
+    first = solutions[(1, 1, 1, 1), "double"]
+    for key, x in solutions.items():
+        assert np.linalg.norm(x - first) / np.linalg.norm(first) < 1e-8, key

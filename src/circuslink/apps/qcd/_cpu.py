@@ -15,7 +15,10 @@ from typing import Any
 import numpy as np
 
 from ._lattice import Lattice
+from ._phases import NO_PHASES, HostPhases
 from ._reference import GAMMA_BLOCK
+
+Phases = HostPhases  # the time split of this engine: the host clock
 
 
 def project(psi: np.ndarray, mu: int, s: int) -> np.ndarray:
@@ -41,6 +44,7 @@ class Dslash:
         # U[parity][site, mu, a, b]
         links = np.moveaxis(np.asarray(gauge), 0, 4).astype(self.dtype)  # (T, Z, Y, X, mu, 3, 3)
         self.links = lattice.split(links)
+        self.phases = NO_PHASES
 
     # -- fields -----------------------------------------------------------------------------
     def new_field(self) -> np.ndarray:
@@ -51,6 +55,10 @@ class Dslash:
 
     def to_half(self, field: np.ndarray) -> np.ndarray:
         return field
+
+    def site_reals(self, field: np.ndarray) -> tuple[np.ndarray, tuple[int, int]]:
+        """A real view of ``field`` and the axes that hold one site's 24 reals."""
+        return field.view(field.real.dtype), (1, 2)
 
     # -- geometry ---------------------------------------------------------------------------
     @cached_property
@@ -158,13 +166,19 @@ class Dslash:
               b: float = 1.0, emit: bool | None = None) -> None:
         """``out = a x + b D_{parity <- 1-parity} inp`` (the faces of ``inp`` must be in the send array); with
         ``emit`` (the next hop's dagger) the faces of ``out`` are written for the next hop."""
-        halo = self.halo
+        halo, phases = self.halo, self.phases
         if halo is not None:
+            phases.mark("halo")
             halo.start()
+        phases.mark("dslash")
         self._interior(out, inp, parity, dagger, a, x, b)
         if halo is not None:
-            self._exterior(out, halo.wait(), parity, dagger, b)
+            phases.mark("halo")
+            ghost = halo.wait()
+            phases.mark("dslash")
+            self._exterior(out, ghost, parity, dagger, b)
             if emit is not None:
+                phases.mark("halo")
                 self.pack(out, parity, emit)
 
     def xpay_pack(self, p: np.ndarray, r: np.ndarray, beta: float, parity: int, dagger: bool) -> None:

@@ -22,6 +22,7 @@ from ..._abi import F64, I32, PTR, Struct
 from ..._config import default_timeout
 from ...errors import TimeoutError
 from ._lattice import Lattice
+from ._phases import NO_PHASES, PHASES
 
 #: The kernels' argument block (include/circuslink/qcd/dslash_types.cuh), passed by value.
 DSLASH_ARGS = Struct("circuslink::qcd::DslashArgs", "circuslink/qcd/dslash_types.cuh", [
@@ -49,6 +50,41 @@ def kernels():
 
 def _ptr(a: Any) -> int:
     return 0 if a is None else int(a.data.ptr)
+
+
+class EventPhases:
+    """The time split on the GPU's timeline: each ``mark`` records a CUDA event on the current stream, and
+    the time between consecutive events goes to the phase the first one opened (``_phases``). Nothing is
+    read back until ``totals()``, which waits for the last event."""
+
+    enabled = True
+
+    def __init__(self) -> None:
+        import cupy as cp
+
+        self.cp = cp
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self._marks: list[tuple[str | None, Any]] = []
+        self._spare: list[Any] = []
+
+    def mark(self, label: str | None) -> None:
+        event = self._spare.pop() if self._spare else self.cp.cuda.Event()
+        event.record(self.cp.cuda.get_current_stream())
+        self._marks.append((label, event))
+
+    def totals(self) -> dict[str, float]:
+        self.mark(None)
+        marks = self._marks
+        marks[-1][1].synchronize()
+        for (label, start), (_, end) in zip(marks, marks[1:], strict=False):
+            if label is not None:
+                self.seconds[label] += self.cp.cuda.get_elapsed_time(start, end) * 1e-3
+        self._spare.extend(e for _, e in marks[:-1])
+        self._marks = [marks[-1]]
+        return dict(self.seconds)
+
+
+Phases = EventPhases  # the time split of this engine: CUDA events
 
 
 class Dslash:
@@ -88,6 +124,7 @@ class Dslash:
             "partitioned": sum(1 << mu for mu in range(4) if lattice.partitioned[mu]), "emit": -1,
         }
         self.send_ptr = _ptr(halo.send) if halo is not None else 0
+        self.phases = NO_PHASES
         self._args: dict[tuple, Any] = {}
         self.partial = cp.zeros(_REDUCE_BLOCKS, dtype=cp.float64)
         self.done = cp.zeros(1, dtype=cp.uint32)
@@ -116,6 +153,10 @@ class Dslash:
     def to_half(self, field: Any):
         return field.transpose(1, 0, 2).reshape(self.lat.half, 4, 3)
 
+    def site_reals(self, field: Any) -> tuple[Any, tuple[int, int]]:
+        """A real view of ``field`` and the axes that hold one site's 24 reals (``(12 / W, Vh, 2 W)``)."""
+        return field.view(self.real), (0, 2)
+
     # -- launches ---------------------------------------------------------------------------
     def _pack_args(self, key: tuple, **values: Any):
         """The argument block for ``values`` (cached: the CG reuses a handful of field combinations)."""
@@ -143,21 +184,28 @@ class Dslash:
     def apply(self, out: Any, inp: Any, parity: int, dagger: bool, a: float = 0.0, x: Any = None, b: float = 1.0,
               emit: bool | None = None) -> None:
         """``out = a x + b D_{parity <- 1-parity} inp``; see _cpu.Dslash.apply."""
-        halo = self.halo
+        halo, phases = self.halo, self.phases
         interior = self._hop_args("interior", out, inp, parity, dagger, a, x, b, None)
         if halo is None:
+            phases.mark("dslash")
             self.k_interior((self._blocks(self.lat.half),), (THREADS,), (interior,))
             return
         if self.fused is not None:
+            # One kernel starts, waits for and applies the halo: its time is all dslash on the timeline.
+            phases.mark("dslash")
             exterior = self._hop_args("exterior", out, inp, parity, dagger, a, x, b, emit, halo.ghost)
             self.fused((self.fused_grid,), (THREADS,),
                        (interior, exterior, halo.device_handle(), self.grid_barrier, self.timeout_ns,
                         self.status))
             halo.exchanges += 1  # the exchange happened inside the kernel: no host wait to count it
             return
+        phases.mark("halo")
         halo.start()
+        phases.mark("dslash")
         self.k_interior((self._blocks(self.lat.half),), (THREADS,), (interior,))
+        phases.mark("halo")  # from the interior's end until the stream may use the ghosts
         ghost = halo.wait()
+        phases.mark("dslash")
         exterior = self._hop_args("exterior", out, inp, parity, dagger, a, x, b, emit, ghost)
         n = int(self.boundary[parity].size)
         self.k_exterior((self._blocks(n),), (THREADS,), (exterior,))
