@@ -223,4 +223,11 @@ def test_bench_qcd_quick_on_cpu(tmp_path):
     assert rows[("dslash", "1x1x1x1")]["bandwidth_GBps"] > 0 and rows[("dslash", "1x1x1x1")]["copy_ratio"] > 0
     assert rows[("none", "1x1x1x1")]["time_per_iter_us"] > 0
     assert rows[("rma", "2x1x1x1")]["time_per_iter_us"] > 0 and 0 <= rows[("rma", "2x1x1x1")]["halo_wait_share"] < 1
+    for key in (("none", "1x1x1x1"), ("rma", "2x1x1x1")):
+        row = rows[key]
+        split = [row[f"{p}_us"] for p in ("dslash", "halo", "reduction", "vector")]
+        assert split[0] > 0 and split[2] > 0 and split[3] > 0 and row["split_clock"] == "host"
+        # the phases cut the marked loops' timeline: they add up to it (up to the loop's own bookkeeping)
+        assert 0.8 * row["timed_iter_us"] <= sum(split) <= 1.01 * row["timed_iter_us"], row
+    assert rows[("rma", "2x1x1x1")]["halo_us"] > 0 and rows[("none", "1x1x1x1")]["halo_us"] == 0
     assert "needs the cuda back-end" in rows[("nccl", "2x1x1x1")]["skipped"]

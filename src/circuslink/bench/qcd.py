@@ -12,6 +12,11 @@ Rows:
   spent waiting on halos (host-side waits; device-side engines show ~0), GFLOP/s by QUDA's count (2,832
   flops per site per iteration). Each configuration runs as its own job (under mpirun for the MPI
   engines), so an engine that cannot run here becomes a skipped row with its reason.
+* in each such row, where the iteration's time goes: ``dslash_us``, ``halo_us``, ``reduction_us`` and
+  ``vector_us`` per iteration (apps/qcd/_phases.py), from ``--samples`` more loops with the split switched
+  on: CUDA events on the stream on the cuda back-end (the GPU's timeline, idle gaps included, so a stream
+  waiting on a halo or a global sum shows as halo or reduction time), the host clock on cpu. Marking costs
+  a little, so those loops' own time is ``timed_iter_us``, beside the unmarked ``time_per_iter_us``.
 
 Targets (issue 15, one GPU, ranks under MPS): dslash bandwidth >= 0.7 x the local copy; at 8^4 local on a
 2x2 grid, rma <= 0.45 x mpi-rma per iteration and no slower than nvshmem.
@@ -128,8 +133,9 @@ def _driver(args: argparse.Namespace, grids: list, halos: list[str], precs: list
                     continue
                 drv.progress(f"qcd: {halo} on grid {gtext}, {prec}")
                 results.extend(_configuration(args, backend, grid, halo, prec, iters, warmup, samples, launcher))
-    drv.print_table(results.rows, ["impl", "grid", "prec", "time_per_iter_us", "time_us", "min_us", "halo_wait_share",
-                                   "gflops", "bandwidth_GBps", "copy_ratio", "skipped"],
+    drv.print_table(results.rows, ["impl", "grid", "prec", "time_per_iter_us", "time_us", "min_us", "dslash_us",
+                                   "halo_us", "reduction_us", "vector_us", "gflops", "bandwidth_GBps", "copy_ratio",
+                                   "skipped"],
                     "qcd: CG iteration by halo engine and grid; dslash bandwidth")
     _summary(results.rows)
     path = results.write_json(args.json)
@@ -269,6 +275,7 @@ def _worker(args: argparse.Namespace) -> int:
 
     from ..apps import qcd
     from ..apps.qcd._operator import EVEN, ODD
+    from ..apps.qcd._phases import NO_PHASES
 
     world = circuslink.init(args.backend)
     grid = _grids(args.grids)[0]
@@ -281,7 +288,6 @@ def _worker(args: argparse.Namespace) -> int:
     U_local = qcd.scatter(world, lat, U, qcd.gauge_shape(local), lead=1)
     b_local = qcd.scatter(world, lat, b, qcd.spinor_shape(local))
     op = qcd.WilsonOperator(world, lat, U_local, _KAPPA, args.prec, halo)
-    d = op.d
     b_e, b_o = op.split(b_local)
     rhs = op.zeros()
     op.pack(b_o, ODD, False)
@@ -298,13 +304,15 @@ def _worker(args: argparse.Namespace) -> int:
         rr = op.norm2(r)
         op.synchronize()
         world.barrier()
+        op.phases.mark(None)  # the split covers the timed iterations only
         t0 = start()
         for _ in range(n):
             op.normal(ap, p)
-            alpha = rr / float(op.allreduce(d.redot(p, ap))[0])
-            rr_new = float(op.allreduce(d.axpy_norm(x, r, p, ap, alpha))[0])
-            d.xpay_pack(p, r, rr_new / rr, EVEN, False)
+            alpha = rr / op.redot(p, ap)
+            rr_new = op.axpy_norm(x, r, p, ap, alpha)
+            op.xpay_pack(p, r, rr_new / rr, EVEN, False)
             rr = rr_new
+        op.phases.mark(None)
         return stop(t0)
 
     iterations(max(1, args.warmup))
@@ -314,6 +322,16 @@ def _worker(args: argparse.Namespace) -> int:
         t = iterations(args.iters)
         times.append(t / args.iters)
         waits.append((op.halo_wait_seconds - w0) / t if t > 0 else 0.0)
+    # The split: the same loops with every phase marked (events on the GPU's stream, the host clock on cpu).
+    phases = op.new_phases()
+    op.time_phases(phases)
+    timed = [iterations(args.iters) / args.iters for _ in range(args.samples)]
+    split = phases.totals()
+    op.time_phases(NO_PHASES)
+    names = sorted(split)
+    # The slowest rank's split (per-phase maxima over ranks would not add up to anyone's iteration).
+    mine = [split[n] / (args.samples * args.iters) for n in names] + [float(np.mean(timed))]
+    per_iter_split = max(world.allgather_object(mine), key=lambda v: v[-1])
     slowest = op.allreduce(world.xp.asarray(np.array(times, dtype=np.float64)), op="max")
     share = float(np.median(op.allreduce(world.xp.asarray(np.array(waits, dtype=np.float64)), op="max")))
     t = float(np.median(slowest))
@@ -323,7 +341,10 @@ def _worker(args: argparse.Namespace) -> int:
            "prec": args.prec, "nranks": world.size, "local": "x".join(map(str, local)),
            "lattice": "x".join(map(str, gdims)), "time_per_iter_us": t * 1e6, "min_us": float(slowest.min()) * 1e6,
            "halo_wait_share": share, "gflops": 2832 * volume / t / 1e9, "iters": args.iters,
-           "samples": args.samples, "launched_by": world.launched_by}
+           "samples": args.samples, "launched_by": world.launched_by,
+           **{f"{n}_us": v * 1e6 for n, v in zip(names, per_iter_split[:-1], strict=True)},
+           "timed_iter_us": float(per_iter_split[-1]) * 1e6,
+           "split_clock": "cuda events" if world.device is not None else "host"}
     op.close()
     if world.rank == 0:
         with open(args.worker, "w") as f:
