@@ -214,12 +214,15 @@ def test_help_explains_the_options():
 def test_bench_qcd_quick_on_cpu(tmp_path):
     env = dict(os.environ, CIRCUSLINK_BACKEND="cpu", CIRCUSLINK_TIMEOUT="60")
     proc = subprocess.run([sys.executable, "-m", "circuslink", "bench", "qcd", "--quick", "--dim", "4", "4", "4", "4",
-                           "--grids", "1x1x1x1,2x1x1x1", "--halos", "rma,nccl", "--json", str(tmp_path / "q.json")],
+                           "--grids", "1x1x1x1,2x1x1x1", "--halos", "rma,nccl", "--cg", "host,device",
+                           "--json", str(tmp_path / "q.json")],
                           capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads((tmp_path / "q.json").read_text())
     assert data["benchmark"] == "qcd" and data["floor"]["local_copy_GBps"]
-    rows = {(r["impl"], r["grid"]): r for r in data["rows"]}
+    rows = {(r["impl"], r["grid"]): r for r in data["rows"] if r.get("cg", "host") == "host"}
+    device = {(r["impl"], r["grid"]): r for r in data["rows"] if r.get("cg") == "device"}
+    assert device[("none", "1x1x1x1")]["time_per_iter_us"] > 0 and device[("rma", "2x1x1x1")]["check_every"] == 10
     assert rows[("dslash", "1x1x1x1")]["bandwidth_GBps"] > 0 and rows[("dslash", "1x1x1x1")]["copy_ratio"] > 0
     assert rows[("none", "1x1x1x1")]["time_per_iter_us"] > 0
     assert rows[("rma", "2x1x1x1")]["time_per_iter_us"] > 0 and 0 <= rows[("rma", "2x1x1x1")]["halo_wait_share"] < 1

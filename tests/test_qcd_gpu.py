@@ -151,8 +151,54 @@ def test_same_solution_on_every_grid_gpu(spmd, tmp_path):
     for grid in [(1, 1, 1, 1), (2, 1, 1, 1), (2, 2, 1, 1), (4, 2, 1, 1)]:
         code = DECOMPOSED.format(grid=grid, dims=dims, kappa=KAPPA, halo="rma")
         spmd(int(np.prod(grid)), code, backend="cuda", timeout=600).check()
-        for name in ("double", "single", "half"):
+        for name in ("double", "single", "half", "double-device", "single-device"):
             solutions[grid, name] = np.load(tmp_path / f"x_{name}.npy")
     first = solutions[(1, 1, 1, 1), "double"]
     for key, x in solutions.items():
         assert np.linalg.norm(x - first) / np.linalg.norm(first) < 1e-8, key
+
+
+DEVICE_CG = """
+import os
+import numpy as np
+import circuslink as cl
+from circuslink.apps import qcd
+
+seed = int(os.environ["CIRCUSLINK_TEST_SEED"])
+GRID, HALO, EVERY, SLOPPY, TAG = {grid!r}, {halo!r}, {every!r}, {sloppy!r}, {tag!r}
+DIMS = (8, 8, 4, 4)
+world = cl.init()
+U = qcd.random_gauge(DIMS, seed) if world.rank == 0 else None
+b = qcd.random_spinor(DIMS, seed + 1) if world.rank == 0 else None
+local = tuple(d // g for d, g in zip(DIMS, GRID))
+lat = qcd.Lattice(local, GRID, world.rank)
+U_local = qcd.scatter(world, lat, U, qcd.gauge_shape(local), lead=1)
+b_local = qcd.scatter(world, lat, b, qcd.spinor_shape(local))
+op = qcd.WilsonOperator(world, lat, U_local, 0.2, halo=HALO)
+sloppy = qcd.WilsonOperator(world, lat, U_local, 0.2, SLOPPY, halo=HALO) if SLOPPY != "double" else None
+res = qcd.solve(op, world.xp.asarray(b_local), tol=1e-10, niter=2000, sloppy=sloppy, check_every=EVERY)
+x = qcd.gather(world, lat, res.x, qcd.spinor_shape(DIMS))
+if world.rank == 0:
+    true = np.linalg.norm(b - qcd.wilson(U, x, 0.2)) / np.linalg.norm(b)
+    assert res.converged and true <= 1e-10, (res.loop, res.iterations, true)
+    np.save(f"x_{{TAG}}.npy", x)
+    print(f"ok {{TAG}}: loop {{res.loop}}, {{res.iterations}} iterations, {{res.reliable_updates}} reliable updates, "
+          f"true residual {{true:.2e}}, {{res.seconds / max(res.iterations, 1) * 1e6:.0f}} us per iteration")
+world.close()
+"""
+
+
+@pytest.mark.parametrize("grid, halo", [((1, 1, 1, 1), "rma"), ((2, 1, 1, 1), "rma-device"), ((2, 2, 1, 1), "rma")])
+@pytest.mark.parametrize("sloppy", ["double", "single"])
+def test_device_resident_cg_agrees_with_the_cpu_solver(spmd, tmp_path, grid, halo, sloppy):
+    """The device-resident CG on the GPU (a CUDA graph per iteration on one rank and with rma-device; the host
+    rma engine without graphs) against the host-driven CG of the cpu back-end on the same fields."""
+    n = int(np.prod(grid))
+    spmd(n, DEVICE_CG.format(grid=grid, halo="rma", every=None, sloppy=sloppy, tag="cpu"), backend="cpu",
+         timeout=300).check()
+    job = spmd(n, DEVICE_CG.format(grid=grid, halo=halo, every=10, sloppy=sloppy, tag="gpu"), backend="cuda",
+               timeout=300).check()
+    loop = "device graph" if halo == "rma-device" or n == 1 else "device"
+    assert f"ok gpu: loop {loop}," in job.output, job.output
+    cpu, gpu = np.load(tmp_path / "x_cpu.npy"), np.load(tmp_path / "x_gpu.npy")
+    assert np.linalg.norm(gpu - cpu) / np.linalg.norm(cpu) < 1e-8

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _cgstate as cg
 from ._lattice import Lattice
 from ._phases import NO_PHASES, HostPhases
 from ._reference import GAMMA_BLOCK
@@ -199,6 +200,39 @@ class Dslash:
         x += alpha * p
         r -= alpha * ap
         return self.norm2(r)
+
+    # -- the device-resident CG's steps (_cgstate): here the scalars are a numpy array, summed by the host
+    # collectives: the same algorithm as on the GPU, checked on machines without one -------------------
+    def cg_state(self) -> np.ndarray:
+        return np.zeros(cg.SLOTS)
+
+    def dot_into(self, a: np.ndarray, b: np.ndarray, s: np.ndarray) -> None:
+        s[cg.LOCAL] = np.vdot(a, b).real
+
+    def cg_scalars(self, s: np.ndarray, step: int, delta2: float) -> None:
+        from ... import collectives
+
+        s[cg.LOCAL] = float(collectives.allreduce(self.world, s[cg.LOCAL:cg.LOCAL + 1])[0])
+        cg.scalar_step(s, step, delta2)
+
+    def axpy_norm_state(self, x: np.ndarray, r: np.ndarray, p: np.ndarray, ap: np.ndarray, s: np.ndarray) -> None:
+        s[cg.LOCAL] = self.axpy_norm(x, r, p, ap, float(s[cg.ALPHA]))[0]
+
+    def xpay_pack_state(self, p: np.ndarray, r: np.ndarray, s: np.ndarray, parity: int, dagger: bool) -> None:
+        if not int(s[cg.FLAGS]) & cg.SKIP:
+            self.xpay_pack(p, r, float(s[cg.BETA]), parity, dagger)
+
+    def read_state(self, s: np.ndarray) -> np.ndarray:
+        return s.copy()
+
+    def write_state(self, s: np.ndarray, values: np.ndarray) -> None:
+        s[:] = values
+
+    def can_capture(self) -> bool:
+        return False  # no graphs on the host
+
+    def capture(self, fn: Any) -> Any:
+        return fn
 
     def synchronize(self) -> None:
         pass

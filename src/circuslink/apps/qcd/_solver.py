@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import Error
+from . import _cgstate as cg
 from ._operator import EVEN, ODD, RANK, WilsonOperator
 from ._phases import NO_PHASES
 
@@ -62,6 +63,7 @@ class SolveResult:
     niter: int
     history: list[float] = field(default_factory=list)  # true residual at each full-system check
     phase_seconds: dict[str, float] = field(default_factory=dict)  # dslash, halo, reduction, vector (slowest rank)
+    loop: str = "host"           # "host", "device" (scalars on the device, looked at every k) or "device graph"
 
     def gflops(self, global_volume: int) -> float:
         return self.iterations * FLOPS_PER_SITE_CG * global_volume / self.seconds / 1e9 if self.seconds > 0 else 0.0
@@ -90,19 +92,136 @@ def _true_residual(P: WilsonOperator, y: Any, b_e: Any, b_o: Any, bnorm2: float,
     return math.sqrt(rr / bnorm2) if bnorm2 > 0 else 0.0
 
 
+class _HostIterations:
+    """The CG iterations driven from the host: the scalars come back after every reduction, and the reliable
+    update happens at the iteration that calls for it (QUDA's CG)."""
+
+    def __init__(self, S: WilsonOperator, x_s: Any, r_s: Any, p: Any, ap: Any, delta: float) -> None:
+        self.S, self.x_s, self.r_s, self.p, self.ap = S, x_s, r_s, p, ap
+        self.delta2 = delta * delta
+        self.rr = self.rr_prev = self.stop = self.max_rr = 0.0  # rr: the iterated |r|^2
+        self.graph = False
+
+    def restart(self, rr: float, stop: float) -> None:
+        self.rr = self.max_rr = rr
+        self.stop = stop
+
+    def run(self, budget: int) -> tuple[int, str | None]:
+        """Up to ``budget`` iterations; returns (iterations done, why they stopped: "update", "stalled" or None)."""
+        S, x_s, r_s, p, ap = self.S, self.x_s, self.r_s, self.p, self.ap
+        for done in range(budget):
+            S.normal(ap, p)
+            pap = S.redot(p, ap)
+            if not pap > 0.0:
+                return done, "stalled"  # p is numerically zero in the sloppy precision
+            rr_new = S.axpy_norm(x_s, r_s, p, ap, self.rr / pap)
+            self.max_rr = max(self.max_rr, rr_new)
+            self.rr_prev, self.rr = self.rr, rr_new
+            if rr_new <= self.stop or rr_new < self.delta2 * self.max_rr:
+                return done + 1, "update"
+            S.xpay_pack(p, r_s, rr_new / self.rr_prev, EVEN, False)           # p = r + beta p, and its faces
+        return budget, None
+
+    def new_residual(self, r_new: Any, true_rr: float, stalled: bool) -> None:
+        """The reliable update replaced r_s by ``r_new`` (|r|^2 = ``true_rr``): the next search direction."""
+        S, p = self.S, self.p
+        S.phases.mark("vector")
+        self.r_s[...] = r_new
+        if stalled:
+            p[...] = self.r_s
+            S.pack(p, EVEN, False)
+        else:
+            # QUDA: restore p's orthogonality to the new residual, then beta with the previous iterated |r|^2.
+            S.caxpy(-S.cdot(self.r_s, p) / true_rr, self.r_s, p)
+            S.xpay_pack(p, self.r_s, true_rr / self.rr_prev, EVEN, False)
+
+
+class _BatchedIterations:
+    """The device-resident CG: alpha, beta and |r|^2 stay with the engine (device memory on cuda, summed over
+    ranks by the device collectives; a numpy array and the host collectives on cpu), and the host looks at
+    them every ``check_every`` iterations (``_cgstate``). On cuda one iteration is captured once as a CUDA
+    graph and replayed, where its halos need no host (one rank, or ``rma-device``). A reliable update that
+    falls due waits for the next look; the search direction then takes the new residual in place of the
+    iterated one (``p += r_new - r_s``), as if the last ``p = r + beta p`` had used it."""
+
+    def __init__(self, S: WilsonOperator, x_s: Any, r_s: Any, p: Any, ap: Any, delta: float, check_every: int,
+                 graph: bool) -> None:
+        if S.half:
+            from ...errors import ConfigError
+
+            raise ConfigError("the device-resident CG runs double or single sloppy precision; half is emulated "
+                              "with array operations between the kernels (use the host-driven CG for half)")
+        self.S, self.x_s, self.r_s, self.p, self.ap = S, x_s, r_s, p, ap
+        self.delta2 = delta * delta
+        self.check_every = check_every
+        self.d = S.d
+        self.state = self.d.cg_state()  # collective on cuda (the communicator of the scalars' sums)
+        self.graph = graph and self.d.can_capture()
+        self._replay = self.d.capture(self._iteration) if self.graph else self._iteration
+        self._iterations = 0
+        self.rr = 0.0  # the iterated |r|^2 at the last look
+
+    def _iteration(self) -> None:
+        S, d, s = self.S, self.d, self.state
+        S.normal(self.ap, self.p)
+        S.phases.mark("reduction")
+        d.dot_into(self.p, self.ap, s)
+        d.cg_scalars(s, 0, self.delta2)
+        S.phases.mark("vector")
+        d.axpy_norm_state(self.x_s, self.r_s, self.p, self.ap, s)
+        S.phases.mark("reduction")
+        d.cg_scalars(s, 1, self.delta2)
+        S.phases.mark("vector")
+        d.xpay_pack_state(self.p, self.r_s, s, EVEN, False)
+
+    def restart(self, rr: float, stop: float) -> None:
+        values = np.zeros(cg.SLOTS)
+        values[cg.RR] = values[cg.MAX_RR] = rr
+        values[cg.STOP] = stop
+        values[cg.ITERATIONS] = self._iterations
+        self.d.write_state(self.state, values)
+        self.rr = rr
+
+    def run(self, budget: int) -> tuple[int, str | None]:
+        for _ in range(min(budget, self.check_every)):
+            self._replay()
+        s = self.d.read_state(self.state)  # the one wait of a batch
+        done = int(s[cg.ITERATIONS]) - self._iterations
+        self._iterations = int(s[cg.ITERATIONS])
+        self.rr = float(s[cg.RR])
+        flags = int(s[cg.FLAGS])
+        if flags & cg.STALLED:
+            return done, "stalled"
+        return done, "update" if flags & (cg.CONVERGED | cg.DUE) else None
+
+    def new_residual(self, r_new: Any, true_rr: float, stalled: bool) -> None:
+        S, p = self.S, self.p
+        S.phases.mark("vector")
+        if stalled:
+            p[...] = r_new
+        else:
+            p += r_new - self.r_s
+        self.r_s[...] = r_new
+        S.pack(p, EVEN, False)
+
+
 def solve(precise: WilsonOperator, b: Any, tol: float, niter: int, sloppy: WilsonOperator | None = None,
-          delta: float = DEFAULT_DELTA, progress: Any = None, phases: Any = None) -> SolveResult:
+          delta: float = DEFAULT_DELTA, progress: Any = None, phases: Any = None, check_every: int | None = None,
+          graph: bool = True) -> SolveResult:
     """Collective: solve ``M x = b`` for a local source ``b`` (T, Z, Y, X, 4, 3) to ``|b - M x| / |b| <= tol``.
 
     ``precise`` keeps the solution and computes the true residuals; ``sloppy`` (default: the same) runs the
-    iterations. ``phases`` (``precise.new_phases()``) receives the time split. Does not raise on
+    iterations. ``check_every`` (an int) runs the device-resident CG, which looks at its scalars every that
+    many iterations (``graph``: as CUDA graphs where it can); None the host-driven one. ``phases``
+    (``precise.new_phases()``) receives the time split (not inside CUDA graphs). Does not raise on
     non-convergence: the result says ``converged=False``."""
     P = precise
     S = sloppy or precise
     check_sloppy(P.precision, S.precision)
-    if phases is not None:
-        for op in {id(P): P, id(S): S}.values():
-            op.time_phases(phases)
+    if check_every is not None and check_every < 1:
+        from ...errors import ConfigError
+
+        raise ConfigError(f"--check-every {check_every} must be at least 1")
     waits0 = P.halo_wait_seconds + (S.halo_wait_seconds if S is not P else 0.0)
     P.world.barrier()
     P.synchronize()
@@ -121,30 +240,32 @@ def solve(precise: WilsonOperator, b: Any, tol: float, niter: int, sloppy: Wilso
     x_s, r_s, ap = S.zeros(), S.convert(r, P), S.zeros()
     p = r_s.copy()
     S.pack(p, EVEN, False)
-    rr = rhs2
-    stop = tol * tol * rhs2          # the normal equations' target, tightened if the full system needs it
     if S is P:
         delta = 0.0                  # one precision: a reliable update only where the iterated residual converged
-    max_rr = last_true_rr = rr
+    if check_every is None:
+        it: Any = _HostIterations(S, x_s, r_s, p, ap, delta)
+    else:
+        it = _BatchedIterations(S, x_s, r_s, p, ap, delta, check_every, graph)
+    timing = phases is not None and not it.graph  # CUDA graphs are timed whole
+    if timing:
+        for op in {id(P): P, id(S): S}.values():
+            op.time_phases(phases)
+    stop = tol * tol * rhs2          # the normal equations' target, tightened if the full system needs it
+    it.restart(rhs2, stop)
+    last_true_rr = rhs2
     iterations = updates = increases = increases_total = 0
     history: list[float] = []
     true = 1.0 if bnorm2 > 0 else 0.0
     converged = bnorm2 == 0.0
     restarted = False
     while not converged and iterations < niter:
-        S.normal(ap, p)
-        pap = S.redot(p, ap)
-        stalled = not pap > 0.0  # p is numerically zero in the sloppy precision: restart from the true r
-        if stalled and restarted:
+        done, why = it.run(niter - iterations)
+        iterations += done
+        if why is None:
+            continue  # the budget or a batch ended without news
+        stalled = why == "stalled"
+        if stalled and restarted and done == 0:
             break
-        if not stalled:
-            rr_new = S.axpy_norm(x_s, r_s, p, ap, rr / pap)
-            iterations += 1
-            max_rr = max(max_rr, rr_new)
-            if rr_new > stop and rr_new >= delta * delta * max_rr:
-                S.xpay_pack(p, r_s, rr_new / rr, EVEN, False)              # p = r + beta p, and its faces
-                rr = rr_new
-                continue
         # Reliable update: y += x_s in the precise precision, r = rhs - A y, r_s restarted from it.
         P.phases.mark("vector")
         y += P.convert(x_s, S)
@@ -154,12 +275,11 @@ def solve(precise: WilsonOperator, b: Any, tol: float, niter: int, sloppy: Wilso
         P.phases.mark("vector")
         r[...] = rhs - ay
         true_rr = P.norm2(r)
-        r_s = S.convert(r, P)
         updates += 1
         grew = true_rr > last_true_rr
         increases = increases + 1 if grew else 0
         increases_total += grew
-        last_true_rr = max_rr = true_rr
+        last_true_rr = true_rr
         if true_rr <= stop:
             true = _true_residual(P, y, b_e, b_o, bnorm2, work)
             history.append(true)
@@ -167,22 +287,15 @@ def solve(precise: WilsonOperator, b: Any, tol: float, niter: int, sloppy: Wilso
                 progress(f"qcd: {iterations} iterations, {updates} reliable updates: true residual {true:.3e}")
             if true <= tol:
                 converged = True
-                rr = true_rr
+                it.restart(true_rr, stop)
                 break
             # |r| bounds |b - M x| only up to the condition number: ask the normal equations for more.
             stop = true_rr * max(1e-4, (tol / true) ** 2 / 4)
         if increases > _MAX_RES_INCREASE or increases_total > _MAX_RES_INCREASE_TOTAL:
-            rr = true_rr
             break  # the sloppy precision makes no more progress
         restarted = stalled
-        if stalled:
-            p = r_s.copy()
-            S.pack(p, EVEN, False)
-        else:
-            # Restore p's orthogonality to the new residual, then beta with the iterated |r|^2.
-            S.caxpy(-S.cdot(r_s, p) / true_rr, r_s, p)
-            S.xpay_pack(p, r_s, true_rr / rr, EVEN, False)
-        rr = true_rr
+        it.new_residual(S.convert(r, P), true_rr, stalled)
+        it.restart(true_rr, stop)
     # The solution: x_e = y (+ what the sloppy increment holds if the loop ended on --niter), x_o from it.
     P.phases.mark("vector")
     y += P.convert(x_s, S)
@@ -193,8 +306,8 @@ def solve(precise: WilsonOperator, b: Any, tol: float, niter: int, sloppy: Wilso
         converged = true <= tol
     P.synchronize()
     seconds = time.perf_counter() - t0
-    split = phases.totals() if phases is not None else {}
-    if phases is not None:
+    split = phases.totals() if timing else {}
+    if timing:
         for op in {id(P): P, id(S): S}.values():
             op.time_phases(NO_PHASES)
     waits = P.halo_wait_seconds + (S.halo_wait_seconds if S is not P else 0.0) - waits0
@@ -203,7 +316,8 @@ def solve(precise: WilsonOperator, b: Any, tol: float, niter: int, sloppy: Wilso
     slowest = P.allreduce(P.xp.asarray(np.array([seconds, waits] + [split[n] for n in names])), op="max")
     seconds, waits = float(slowest[0]), float(slowest[1])
     split = {n: float(v) for n, v in zip(names, slowest[2:], strict=True)}
-    iterated = math.sqrt(rr / rhs2) if rhs2 > 0 else 0.0
+    iterated = math.sqrt(it.rr / rhs2) if rhs2 > 0 else 0.0
     return SolveResult(x=P.join(y, x_o), converged=converged, iterations=iterations, iterated_residual=iterated,
                        true_residual=true, seconds=seconds, halo_wait_seconds=waits, reliable_updates=updates,
-                       tol=tol, niter=niter, history=history, phase_seconds=split)
+                       tol=tol, niter=niter, history=history, phase_seconds=split,
+                       loop="host" if check_every is None else ("device graph" if it.graph else "device"))

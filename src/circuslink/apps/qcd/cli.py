@@ -115,6 +115,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     inv.add_argument("--reliable-delta", type=_delta, default=DEFAULT_DELTA,
                      help=f"reliable update when the iterated residual has dropped by this factor (default "
                           f"{DEFAULT_DELTA}, QUDA's)")
+    inv.add_argument("--cg", choices=("host", "device"), default="host",
+                     help="host: the host reads alpha, beta and |r|^2 at every reduction (default); device: they "
+                          "stay on the device (global sums by the device collectives; on the cpu back-end the same "
+                          "algorithm with the host collectives), the host looks every --check-every iterations, "
+                          "and each iteration is a CUDA graph where its halos need no host (one rank, rma-device)")
+    inv.add_argument("--check-every", type=positive_int, default=10,
+                     help="--cg device: iterations between the host's looks at the residual (default 10)")
     inv.add_argument("--tol", type=positive_float, default=1e-7,
                      help="stop when the true relative residual |b - M x| / |b| is below this (default 1e-7)")
     inv.add_argument("--niter", type=positive_int, default=1000, help="most CG iterations (default 1000)")
@@ -169,6 +176,9 @@ def _plan(args: argparse.Namespace) -> dict:
     if args.qcd_command == "invert":
         sloppy = args.prec_sloppy or args.prec
         check_sloppy(args.prec, sloppy)
+        if args.cg == "device" and sloppy == "half":
+            raise ConfigError("--cg device runs --prec-sloppy double or single (half is emulated between kernels: "
+                              "use --cg host)")
     if args.qcd_command == "apply" and args.load_gauge is None:
         raise ConfigError("qcd apply needs --load-gauge FILE (the gauge field to apply)")
     global_dims = None
@@ -221,7 +231,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
         if args.dagger:
             out.append("--dagger")
         return out
-    out += ["--tol", repr(args.tol), "--niter", str(args.niter), "--reliable-delta", repr(args.reliable_delta)]
+    out += ["--tol", repr(args.tol), "--niter", str(args.niter), "--reliable-delta", repr(args.reliable_delta),
+            "--cg", args.cg, "--check-every", str(args.check_every)]
     if args.prec_sloppy is not None:
         out += ["--prec-sloppy", args.prec_sloppy]
     for option in ("source", "output", "json"):
@@ -382,7 +393,8 @@ def _invert(world: Any, args: argparse.Namespace, plan: dict) -> str | None:
         if op is not None:
             op.apply(np.zeros(spinor_shape(plan["local"]), dtype=complex))
     res = solve(precise, world.xp.asarray(b_local), args.tol, args.niter, sloppy=sloppy, delta=args.reliable_delta,
-                progress=results.progress if world.rank == 0 else None, phases=precise.new_phases())
+                progress=results.progress if world.rank == 0 else None, phases=precise.new_phases(),
+                check_every=args.check_every if args.cg == "device" else None)
     x = _io.gather(world, lattice, res.x, spinor_shape(plan["global"]))
     volume = int(np.prod(plan["global"]))
     per_iter = res.seconds / res.iterations if res.iterations else 0.0
@@ -392,7 +404,7 @@ def _invert(world: Any, args: argparse.Namespace, plan: dict) -> str | None:
     if world.rank == 0:
         mass = f", mass {args.mass:g}" if args.mass is not None else ""
         print(f"qcd invert: {lattice.describe()}, {world.size} rank(s), kappa {kappa:.10g}{mass}, precision "
-              f"{args.prec}, sloppy {sloppy_prec}, halo "
+              f"{args.prec}, sloppy {sloppy_prec}, CG loop {res.loop}, halo "
               f"{args.halo if lattice.face_total else 'none (one rank in every direction)'}, "
               f"back-end {world.backend.name}")
         word = "Convergence at" if res.converged else "No convergence after"
@@ -402,7 +414,9 @@ def _invert(world: Any, args: argparse.Namespace, plan: dict) -> str | None:
               f"{res.true_residual:.6e}, {res.gflops(volume):.4g} GFLOPS, {res.seconds:.6g} seconds")
         total = sum(split.values())
         parts = ", ".join(f"{_PHASE_WORDS[n]} {100 * v / total:.0f}%" for n, v in split.items()) if total else ""
-        print(f"per iteration: {per_iter * 1e3:.4g} ms ({parts}); host waits on halos {100 * share:.1f}% of the time")
+        if parts:
+            parts = f" ({parts})"
+        print(f"per iteration: {per_iter * 1e3:.4g} ms{parts}; host waits on halos {100 * share:.1f}% of the time")
         if args.verify:
             check = float(np.linalg.norm(b - wilson(U, x, kappa)) / np.linalg.norm(b)) if np.any(b) else 0.0
             print(f"verify: |b - M x| / |b| = {check:.6e} with the one-rank reference operator "
@@ -424,6 +438,7 @@ def _invert(world: Any, args: argparse.Namespace, plan: dict) -> str | None:
                              true_residual=res.true_residual, converged=res.converged, seconds=res.seconds,
                              time_per_iter_us=per_iter * 1e6, gflops=res.gflops(volume), halo_wait_share=share,
                              reliable_updates=res.reliable_updates, reliable_delta=args.reliable_delta,
+                             cg=res.loop, check_every=args.check_every if args.cg == "device" else None,
                              flops_per_site_per_iteration=FLOPS_PER_SITE_CG, **per_phase)
             print(f"results: {results_file.write_json(args.json)}")
         if not res.converged:
