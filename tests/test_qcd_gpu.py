@@ -3,12 +3,15 @@
 The GPU operator against the numpy reference on random Haar fields, single and double, on 1, 2 and 4 ranks
 and for every halo engine that the machine has: rma (host-driven), rma-device (the dslash kernel drives
 the queue), mpi-p2p and mpi-rma (under mpirun, host-staged), nvshmem (skipped with its reason when it
-cannot be had), nccl (two GPUs). Each job also solves with single-precision CG passes and checks the
-solution's residual under the reference operator.
+cannot be had), nccl (two GPUs). Each job also solves with double, single and (emulated) half sloppy
+precision and with the device-resident CG (a CUDA graph per iteration on one rank and with rma-device), and
+checks every solution's residual under the reference operator; the device-resident CG is also compared with
+the cpu back-end's solver on the same fields.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -119,7 +122,7 @@ world.close()
     assert "NCCL refuses two ranks on one GPU" in job.output
 
 
-@pytest.mark.parametrize("prec", ["double", "single"])
+@pytest.mark.parametrize("prec", ["double", "single", "half"])
 def test_cli_invert_and_apply_on_gpu(tmp_path, seed, prec):
     from circuslink.apps import qcd
 
@@ -133,12 +136,17 @@ def test_cli_invert_and_apply_on_gpu(tmp_path, seed, prec):
     proc = run("apply", "--gauge", "U.npy", "--input", "psi.npy", "--kappa", "0.12", "--grid", "2", "2", "1", "1",
                "--prec", prec, "--output", "out.npy")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    tol = 1e-13 if prec == "double" else 2e-5
+    tol = {"double": 1e-13, "single": 2e-5, "half": 2e-3}[prec]
+    cg = "host" if prec == "half" else "device"  # the device-resident CG runs double and single
     assert np.abs(np.load(tmp_path / "out.npy") - qcd.wilson(U, psi, 0.12)).max() < tol
-    proc = run("invert", "--gauge", "U.npy", "--source", "psi.npy", "--kappa", "0.12", "--grid", "2", "2", "1", "1",
-               "--prec", prec, "--tol", "1e-9", "--verify", "--output", "x.npy")
+    proc = run("invert", "--load-gauge", "U.npy", "--source", "psi.npy", "--kappa", "0.12", "--gridsize", "2", "2",
+               "1", "1", "--prec-sloppy", prec, "--tol", "1e-9", "--verify", "--output", "x.npy", "--cg", cg,
+               "--halo", "rma-device", "--json", "row.json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "back-end cuda" in proc.stdout and "(ok)" in proc.stdout
+    loop = "device graph" if cg == "device" else "host"
+    assert "back-end cuda" in proc.stdout and "(ok)" in proc.stdout and f"CG loop {loop}," in proc.stdout
+    row = json.loads((tmp_path / "row.json").read_text())["rows"][0]
+    assert row["cg"] == loop and row["true_residual"] <= 1e-9
     x = np.load(tmp_path / "x.npy")
     assert np.linalg.norm(psi - qcd.wilson(U, x, 0.12)) / np.linalg.norm(psi) <= 1e-9
 

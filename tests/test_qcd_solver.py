@@ -230,7 +230,9 @@ if world.rank == 0:
         assert op.halo.exchanges > 0 and op.halo.name == HALO and half.halo.exchanges > 0
         assert solutions["single"][0].phase_seconds["halo"] > 0
     host, device = solutions["double"][0], solutions["double-device"][0]
-    assert host.iterations == device.iterations, (host.iterations, device.iterations)  # the same algorithm
+    # the same algorithm: on the host the same iterations exactly; on the GPU within rounding of the sums
+    assert abs(host.iterations - device.iterations) <= (0 if world.device is None else 2), \
+        (host.iterations, device.iterations)
     print(f"ok grid {{GRID}}")
 world.close()
 """
