@@ -202,7 +202,8 @@ def test_help_explains_the_options():
     assert proc.returncode == 0
     for option in ("--dim", "--gridsize", "--grid", "--prec", "--prec-sloppy", "--tol", "--niter", "--halo",
                    "--verify", "--load-gauge", "--gauge", "--save-gauge", "--source", "--output", "--kappa", "--mass",
-                   "--seed", "--nranks", "--backend", "--json", "--reliable-delta"):
+                   "--seed", "--nranks", "--backend", "--json", "--reliable-delta", "--cg", "--check-every",
+                   "--no-split"):
         assert option in proc.stdout, option
     proc = cli("apply", "--help")
     assert proc.returncode == 0 and "--dagger" in proc.stdout and "--input" in proc.stdout

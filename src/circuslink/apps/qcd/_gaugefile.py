@@ -292,7 +292,9 @@ def _ildg_layout(path: str, option: str) -> tuple[tuple[int, int, int, int], int
     if binary.length != want:
         raise ConfigError(f"{_label(option, path)}: {binary.name()}: {binary.length} bytes, expected {want} for "
                           f"{'x'.join(map(str, dims))} sites x 4 links x 18 reals x {real} bytes")
-    later = [r for r in by_type.get("scidac-checksum", []) if r.index > binary.index]
+    # The checksum record follows its binary record (QIO, Grid); one written before it is taken if none follows.
+    checksums = by_type.get("scidac-checksum", [])
+    later = [r for r in checksums if r.index > binary.index] or checksums
     return dims, real, binary, (later[0] if later else None)  # type: ignore[return-value]
 
 

@@ -125,6 +125,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     inv.add_argument("--tol", type=positive_float, default=1e-7,
                      help="stop when the true relative residual |b - M x| / |b| is below this (default 1e-7)")
     inv.add_argument("--niter", type=positive_int, default=1000, help="most CG iterations (default 1000)")
+    inv.add_argument("--no-split", action="store_true",
+                     help="do not mark the phases of each iteration (dslash, halo, reductions, vector updates: a "
+                          "CUDA event each on cuda, a few microseconds of host time per mark)")
     inv.add_argument("--verify", action="store_true",
                      help="recompute |b - M x| / |b| on rank 0 with the one-rank reference operator (numpy)")
     inv.add_argument("--source", metavar="b.npy", default=None,
@@ -241,6 +244,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
             out += [f"--{option}", value]
     if args.verify:
         out.append("--verify")
+    if args.no_split:
+        out.append("--no-split")
     return out
 
 
@@ -393,13 +398,14 @@ def _invert(world: Any, args: argparse.Namespace, plan: dict) -> str | None:
         if op is not None:
             op.apply(np.zeros(spinor_shape(plan["local"]), dtype=complex))
     res = solve(precise, world.xp.asarray(b_local), args.tol, args.niter, sloppy=sloppy, delta=args.reliable_delta,
-                progress=results.progress if world.rank == 0 else None, phases=precise.new_phases(),
+                progress=results.progress if world.rank == 0 else None,
+                phases=None if args.no_split else precise.new_phases(),
                 check_every=args.check_every if args.cg == "device" else None)
     x = _io.gather(world, lattice, res.x, spinor_shape(plan["global"]))
     volume = int(np.prod(plan["global"]))
     per_iter = res.seconds / res.iterations if res.iterations else 0.0
     share = res.halo_wait_seconds / res.seconds if res.seconds > 0 else 0.0
-    split = {name: res.phase_seconds.get(name, 0.0) for name in PHASES}
+    split = {name: res.phase_seconds[name] for name in PHASES if name in res.phase_seconds}
     verdict = None
     if world.rank == 0:
         mass = f", mass {args.mass:g}" if args.mass is not None else ""
@@ -431,6 +437,8 @@ def _invert(world: Any, args: argparse.Namespace, plan: dict) -> str | None:
             results_file = results.Results("qcd-invert", world)
             face_bytes = 6 * np.dtype(PRECISIONS[sloppy_prec]).itemsize * lattice.face_total  # 12 reals a site
             per_phase = {f"{n}_us": v / res.iterations * 1e6 if res.iterations else 0.0 for n, v in split.items()}
+            if not split:  # not marked (--no-split, or CUDA graphs, which are timed whole)
+                per_phase = dict.fromkeys((f"{n}_us" for n in PHASES), None)
             results_file.add(impl=args.halo if lattice.face_total else "none", bytes=int(face_bytes),
                              grid=fmt(plan["grid"]), local=fmt(plan["local"]), lattice=fmt(plan["global"]),
                              prec=args.prec, prec_sloppy=sloppy_prec, kappa=kappa, tol=args.tol,
