@@ -17,6 +17,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import BACKENDS
 
 import circuslink as cl
 from circuslink.apps import fft
@@ -74,6 +75,7 @@ def test_fft2_matches_numpy(spmd, n):
     assert job.output.count("checked") == n and " checked 0 plans" not in job.output, job.output
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_fft2_matches_numpy_on_gpu(spmd, n):
@@ -89,7 +91,8 @@ def _cli(*args: str, cwd=None, timeout: float = 120) -> subprocess.CompletedProc
                           timeout=timeout, cwd=cwd)
 
 
-@pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", [
     ("complex128", (12, 20), 2, ["--scheme", "local-transpose"], False, False),
     ("complex64", (18, 30), 3, ["--inverse", "--layout", "transposed"], True, True),
@@ -232,5 +235,5 @@ def test_bench_fft_quick(tmp_path):
         assert r["gflops"] > 0 and r["time_ms"] > 0
         if r["impl"] != "fft2-1rank":
             assert r["max_rel_err"] < 1e-4 and r["fft_ms"] > 0 and r["comm_ms"] > 0
-    assert res["floor"]["pairs"] and (tmp_path / "fft-breakdown.png").exists()
+    assert res["floor"]["pairs"] and (tmp_path / "fft.png").exists() and not list(tmp_path.glob("fft-*"))
     assert "GFLOP" not in proc.stderr and "transpose-put" in proc.stdout

@@ -97,6 +97,7 @@ def test_invert_mixed_precision_reaches_double_accuracy(tmp_path, sloppy):
 
 
 def test_apply_takes_the_documented_default_kappa(files):
+    """docs/qcd.md gives --kappa a default (0.12): apply uses it as invert does."""
     path, U, psi = files
     proc = cli("apply", "--gauge", "U.npy", "--input", "psi.npy", "--output", "out.npy", cwd=path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -184,6 +185,9 @@ def _bad_files(path):
      r"--load-gauge U.ildg: lattice 4x4x4x4, but --dim 2 2 2 2 on grid 1x1x1x1 makes 2x2x2x2"),
     (["invert", "--load-gauge", "cut.ildg"], r"--load-gauge cut.ildg: record 6 \(ildg-binary-data\): announces"),
     (["plaquette", "missing.lime"], r"missing.lime: no such file"),
+    (["invert", "--dim", "256", "256", "256", "256"],  # refused up front with the need, as fft2 does
+     r"qcd invert on a 256x256x256x256 lattice over 1 rank\(s\) needs about \d+\.\d GiB of memory, more than the "
+     r"\d+\.\d GiB of host memory"),
     (["invert", "--dim", "4", "4", "4", "4", "--grid", "2", "2", "1", "1", "-n", "2"],
      r"-n 2 does not match the grid 2x2x1x1 \(4 ranks\)"),
     (["invert", "--dim", "4", "4", "4", "4", "--grid", "2", "1", "1", "1", "--halo", "nccl", "--backend", "cpu"],
@@ -195,6 +199,12 @@ def test_bad_input_is_one_clear_line(tmp_path, args, message):
     _bad_files(tmp_path)
     line = one_error_line(cli(*args, cwd=tmp_path))
     assert re.search(message, line), line
+
+
+@pytest.mark.parametrize("seed", ["-5", "x"])
+def test_a_bad_seed_is_a_usage_error_not_a_traceback(tmp_path, seed):
+    proc = cli("invert", "--seed", seed, cwd=tmp_path)
+    assert proc.returncode == 2 and "argument --seed" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_help_explains_the_options():

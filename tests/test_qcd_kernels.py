@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from conftest import NVCC_TIMEOUT_S
 
 from circuslink.apps import qcd
 from circuslink.apps.qcd._cpu import Dslash as CpuDslash
@@ -32,7 +33,7 @@ def harness(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("qcd-host") / "qcd_dslash_host"
     cmd = [NVCC, "-std=c++17", "-arch=sm_90a", "-O1", f"-I{REPO / 'src/circuslink/include'}",
            f"-I{REPO / 'src/circuslink/apps/qcd'}", str(REPO / "tests/qcd_dslash_host.cu"), "-o", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -164,7 +165,8 @@ def test_abi_table_matches_the_header(tmp_path):
     src = tmp_path / "abi.cu"
     src.write_text(static_asserts([DSLASH_ARGS]))
     proc = subprocess.run([NVCC, "-std=c++17", "-arch=sm_90a", f"-I{REPO / 'src/circuslink/include'}", "-c",
-                           str(src), "-o", str(tmp_path / "abi.o")], capture_output=True, text=True)
+                           str(src), "-o", str(tmp_path / "abi.o")], capture_output=True, text=True,
+                          timeout=NVCC_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -203,7 +205,7 @@ def test_device_cg_scalar_step_matches_the_python_reference(tmp_path, rng):
     exe = tmp_path / "scalars"
     proc = subprocess.run([NVCC, "-std=c++17", "-arch=sm_90a", f"-I{REPO / 'src/circuslink/include'}",
                            f"-I{REPO / 'src/circuslink/apps/qcd'}", str(src), "-o", str(exe)],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
     cases = []
     for _ in range(200):

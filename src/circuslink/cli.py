@@ -39,6 +39,7 @@ BENCHMARKS = [
     ("fft", "circuslink.bench.fft", "distributed 2-D FFT: transposing puts against local transpose + put and fft2"),
     ("hops", "circuslink.bench.hops", "latency and throughput by hop count over a topology (routed channels)"),
     ("nodes", "circuslink.bench.nodes", "pingpong inside a node, over the engine link between nodes, and MPI alone"),
+    ("stencil", "circuslink.bench.stencil", "2-D Jacobi stencil (examples/stencil): channels in the kernel, host, MPI"),
 ]
 
 
@@ -50,9 +51,16 @@ def _add_commands(sub, table) -> None:
             continue  # a feature not built into this install
         if not hasattr(module, "add_arguments"):
             continue
-        p = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip().splitlines()[0])
+        p = sub.add_parser(name, help=help_text, description=describe(module.__doc__ or help_text))
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
+
+
+def describe(doc: str) -> str:
+    """A command's description: the first paragraph of its module's docstring, its lines joined (the first
+    line alone would stop mid-sentence where the paragraph wraps)."""
+    paragraph = doc.strip().split("\n\n", 1)[0]
+    return " ".join(line.strip() for line in paragraph.splitlines())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     set_invocation(argv)
     if not getattr(args, "_run", None):
         return _missing(parser)
+    from .launcher import inside_job
+
+    if getattr(args, "json", None) == "-" and inside_job():
+        # --json -: in a rank, the results (Results.write_json, to the process's own stdout) are the only thing
+        # on standard output; every other line the rank prints goes to standard error.
+        sys.stdout = sys.stderr
     try:
         return int(args._run(args) or 0)
     except Error as exc:

@@ -56,6 +56,15 @@ def engine(backend: Backend, package: str) -> ModuleType:
     return backend.engine(package)
 
 
+def runs_kernels(name: str) -> bool:
+    """Whether back-end ``name`` runs device kernels: the capability a launcher or a command line asks
+    before any World exists (GPUs to place ranks on, MPS, GPU memory), so that nothing above this package
+    tests a back-end's name."""
+    if name not in BACKENDS:
+        raise ConfigError(f"unknown back-end {name!r}: choose one of {', '.join(BACKENDS)}")
+    return name == "cuda"
+
+
 def default_backend_name() -> str:
     return "cuda" if cuda_device_count() > 0 else "cpu"
 
@@ -71,7 +80,8 @@ def select_backend(name: str | None, boot: Any) -> Backend:
         return CpuBackend(boot)
     if name == "cuda":
         if cuda_device_count() == 0:
-            raise BackendError("the cuda back-end needs CuPy and a visible GPU; none was found (use --backend cpu)")
+            raise BackendError("the cuda back-end needs CuPy and a visible GPU; none was found (the cpu back-end "
+                               "runs without one)")
         from .cuda import CudaBackend
 
         return CudaBackend(boot)

@@ -49,6 +49,8 @@ class Config:
     json: str | None = None
     plot: str | None = None
     baselines: bool = True
+    csv: bool = False  # tables as CSV (--csv)
+    plain_bytes: bool = False  # byte counts as plain integers (--bytes)
     meta: dict = field(default_factory=dict)
 
 
@@ -56,6 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from . import _driver as drv
 
     drv.add_common_arguments(parser, default_sizes="8K,16K", default_iters=20, default_warmup=3)
+    parser.epilog = (f"On a back-end without kernels (cpu) the default sizes are "
+                     f"{','.join(map(str, CPU_DEFAULT_SIZES))}, and --quick runs 256.")
     add_fft_arguments(parser)
 
 
@@ -79,14 +83,23 @@ def parse_points(text: str) -> list[int]:
     return drv.parse_sizes(text)
 
 
+CPU_DEFAULT_SIZES = (512, 1024)  # bench fft's default sizes on a back-end without kernels (the help says so)
+
+
 def config_from_args(args: argparse.Namespace) -> Config:
-    from ..backends import default_backend_name
+    from ..backends import default_backend_name, runs_kernels
+    from ..launcher import inside_job
+    from ..results import progress
 
     text = args.size if getattr(args, "size", None) else args.sizes
     sizes = parse_points(text)
     backend = args.backend or os.environ.get("CIRCUSLINK_BACKEND") or default_backend_name()
-    if backend == "cpu" and not getattr(args, "size", None) and args.sizes == getattr(args, "_default_sizes", None):
-        sizes = [512, 1024]  # the GPU sizes would take minutes in numpy
+    if not runs_kernels(backend) and not getattr(args, "size", None) \
+            and args.sizes == getattr(args, "_default_sizes", None) and not getattr(args, "quick", False):
+        sizes = list(CPU_DEFAULT_SIZES)  # the GPU sizes would take minutes in numpy: said, not silent
+        if not inside_job():
+                progress(f"bench fft: the {backend} back-end runs {','.join(map(str, sizes))} by default (8K,16K would "
+                     "take minutes in numpy); --size N chooses")
     iters, warmup = args.iters, args.warmup
     if getattr(args, "quick", False):
         if not getattr(args, "size", None) and args.sizes == getattr(args, "_default_sizes", None):
@@ -94,7 +107,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         iters, warmup = min(iters, 3), min(warmup, 1)
     dtypes = list(_DTYPES) if args.dtype == "both" else [args.dtype]
     return Config(sizes=sizes, dtypes=dtypes, iters=iters, warmup=warmup, layout=args.layout, inverse=args.inverse,
-                  json=args.json, plot=args.plot, baselines=not getattr(args, "no_baselines", False))
+                  json=args.json, plot=args.plot, baselines=not getattr(args, "no_baselines", False),
+                  csv=getattr(args, "csv", False), plain_bytes=getattr(args, "plain_bytes", False))
 
 
 def check_sizes(sizes: list[int], nranks: int, backend: str | None = None, dtypes: list[str] | None = None) -> None:
@@ -103,7 +117,9 @@ def check_sizes(sizes: list[int], nranks: int, backend: str | None = None, dtype
 
     for n in sizes:
         check_shape((n, n), nranks, f"bench fft: --size {n}")
-    if backend == "cpu":
+    from ..backends import runs_kernels
+
+    if backend is not None and not runs_kernels(backend):
         dtype = "complex128" if "complex128" in (dtypes or []) else "complex64"
         n = max(sizes)
         need = nranks * bytes_per_rank(n, n, dtype, nranks, "local-transpose", _cpu.EXTRA_SLABS + 1, False)
@@ -168,21 +184,16 @@ def run_rank(world: Any, cfg: Config) -> int:
                 drv.progress(f"fft: fft2 on one rank, {n} x {n} {dtype}")
                 results.add(**_one_rank(world, engine, n, dtype, cfg, seed))
     if world.rank == 0:
-        drv.print_table(results.rows, ["impl", "n", "dtype", "time_ms", "time_min_ms", "fft_ms", "transpose_ms",
-                                       "comm_ms", "gflops", "less_time_pct", "max_rel_err"],
-                        f"fft2 {'inverse' if cfg.inverse else 'forward'}, {cfg.layout} layout, {world.size} ranks "
-                        f"({world.backend.name}): median of {cfg.iters}; comm_ms of transpose-put includes its "
-                        "transpose (fused)")
-        path = results.write_json(cfg.json)
-        print(f"results: {path}")
-        if cfg.plot:
-            root, ext = os.path.splitext(cfg.plot)
-            ext = ext or ".png"
-            drv.plot([r for r in results.rows if r.get("gflops")], x="bytes", y="gflops", group="impl",
-                     path=f"{root}{ext}", title=f"2-D FFT on {world.size} ranks", xlabel="array bytes",
-                     ylabel="GFLOP/s (5 N log2 N)", logy=False)
-            plot_breakdown(results.rows, f"{root}-breakdown{ext}", f"2-D FFT time on {world.size} ranks")
-            print(f"plots: {root}{ext}, {root}-breakdown{ext}")
+        drv.finish(results, cfg, lambda: drv.print_table(
+            results.rows, ["impl", "n", "dtype", "time_ms", "time_min_ms", "fft_ms", "transpose_ms", "comm_ms",
+                           "gflops", "less_time_pct", "max_rel_err"],
+            f"fft2 {'inverse' if cfg.inverse else 'forward'}, {cfg.layout} layout, {world.size} ranks "
+            f"({world.backend.name}): median of {cfg.iters}; comm_ms of transpose-put includes its transpose (fused)",
+            cfg), lambda path: drv.figure(path, [
+                drv.panel([r for r in results.rows if r.get("gflops")], "bytes", "gflops", "impl",
+                          f"2-D FFT on {world.size} ranks", "array bytes", "GFLOP/s (5 N log2 N)", logy=False),
+                {"title": "breakdown", "draw": lambda ax: draw_breakdown(ax, results.rows,
+                                                                          f"2-D FFT time on {world.size} ranks")}]))
     world.barrier()
     return 0
 
@@ -304,39 +315,21 @@ def _one_rank(world: Any, engine: Any, n: int, dtype: str, cfg: Config, seed: in
     return world.broadcast_object(row)
 
 
-def plot_breakdown(rows: list[dict], path: str, title: str) -> str:
-    """Stacked bars of FFT / transpose / communication time, one bar per scheme and size."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        from ..errors import BackendError
-
-        raise BackendError("plotting needs matplotlib: pip install matplotlib") from None
+def draw_breakdown(ax: Any, rows: list[dict], title: str) -> None:
+    """Stacked bars of FFT / transpose / communication time on ``ax``, one bar per scheme and size."""
     bars = [r for r in rows if "skipped" not in r and r.get("time_ms")]
     if not bars:
         raise ConfigError(f"plot {title!r}: no measured rows")
     labels = [f"{r['impl']}\n{r['n']}² {r['dtype']}" for r in bars]
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(bars)), 4.5), dpi=120)
-    try:
-        bottom = np.zeros(len(bars))
-        for key, name in (("fft_ms", "FFT"), ("transpose_ms", "local transpose"),
-                          ("comm_ms", "communication (transposing put: transpose included)")):
-            vals = np.array([float(r.get(key) or 0.0) for r in bars])
-            ax.bar(range(len(bars)), vals, bottom=bottom, label=name)
-            bottom += vals
-        ax.plot(range(len(bars)), [r["time_ms"] for r in bars], "k_", markersize=20, label="median total")
-        ax.set_xticks(range(len(bars)))
-        ax.set_xticklabels(labels, fontsize=7)
-        ax.set_ylabel("ms")
-        ax.set_title(title)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(path, format="png")
-    except OSError as exc:
-        raise ConfigError(f"cannot write plot to {path!r}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
-    return path
+    bottom = np.zeros(len(bars))
+    for key, name in (("fft_ms", "FFT"), ("transpose_ms", "local transpose"),
+                      ("comm_ms", "communication (transposing put: transpose included)")):
+        vals = np.array([float(r.get(key) or 0.0) for r in bars])
+        ax.bar(range(len(bars)), vals, bottom=bottom, label=name)
+        bottom += vals
+    ax.plot(range(len(bars)), [r["time_ms"] for r in bars], "k_", markersize=20, label="median total")
+    ax.set_xticks(range(len(bars)))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("ms")
+    ax.set_title(title)
+    ax.legend(fontsize=7)

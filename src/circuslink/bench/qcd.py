@@ -106,7 +106,25 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--samples {args.samples} must be at least 1")
     if args.check_every < 1:
         raise ConfigError(f"--check-every {args.check_every} must be at least 1")
-    return _driver(args, grids, halos, precs)
+    _check_memory(args, grids)
+    from . import _driver as drv
+
+    with drv.text_to_stderr(args):  # the configurations' jobs print too
+        return _driver(args, grids, halos, precs)
+
+
+def _check_memory(args: argparse.Namespace, grids: list) -> None:
+    """The largest configuration's memory need, checked before anything runs (as qcd invert does)."""
+    import os
+
+    from ..apps.qcd.cli import check_memory
+    from ..backends import default_backend_name
+
+    backend = args.backend or os.environ.get("CIRCUSLINK_BACKEND") or default_backend_name()
+    local, grid = tuple(args.dim), max(grids, key=lambda g: int(np.prod(g)))
+    check_memory("bench qcd", {"local": local, "global": tuple(d * p for d, p in zip(local, grid, strict=True)),
+                               "nranks": int(np.prod(grid)), "backend": backend},
+                 "use a smaller local lattice (--dim) or fewer ranks (--grids)")
 
 
 # -- the outer process: floor, bandwidth rows, one job per configuration -------------------------------------
@@ -148,20 +166,22 @@ def _driver(args: argparse.Namespace, grids: list, halos: list[str], precs: list
                 continue
             drv.progress(f"qcd: {halo} on grid {gtext}, {prec}, CG loop {cg}")
             results.extend(_configuration(args, backend, grid, halo, prec, cg, iters, warmup, samples, launcher))
-    drv.print_table(results.rows, ["impl", "grid", "prec", "cg", "time_per_iter_us", "time_us", "min_us", "dslash_us",
-                                   "halo_us", "reduction_us", "vector_us", "gflops", "bandwidth_GBps", "copy_ratio",
-                                   "skipped"],
-                    "qcd: CG iteration by halo engine and grid; dslash bandwidth")
-    _summary(results.rows)
-    path = results.write_json(args.json)
-    print(f"results: {path}")
-    if args.plot:
+
+    def text() -> None:
+        drv.print_table(results.rows, ["impl", "grid", "prec", "cg", "time_per_iter_us", "time_us", "min_us",
+                                       "dslash_us", "halo_us", "reduction_us", "vector_us", "gflops",
+                                       "bandwidth_GBps", "copy_ratio", "skipped"],
+                        "qcd: CG iteration by halo engine and grid; dslash bandwidth", args)
+        _summary(results.rows)
+
+    def draw(path: str) -> None:
         rows = [dict(r, series=f"{r['impl']} ({r['prec']}, CG loop {r.get('cg', 'host')})") for r in results.rows
                 if r.get("time_per_iter_us") and r["impl"] != "dslash"]
-        if rows:
-            drv.plot(rows, x="nranks", y="time_per_iter_us", group="series", path=args.plot, logx=False,
-                     title=f"CG iteration, {'x'.join(map(str, args.dim))} local lattice per rank",
-                     xlabel="ranks (grids " + ", ".join(results.meta["grids"]) + ")", ylabel="us per iteration")
+        drv.plot(rows, x="nranks", y="time_per_iter_us", group="series", path=path, logx=False,
+                 title=f"CG iteration, {'x'.join(map(str, args.dim))} local lattice per rank",
+                 xlabel="ranks (grids " + ", ".join(results.meta["grids"]) + ")", ylabel="us per iteration")
+
+    drv.finish(results, args, text, draw)
     return 0
 
 

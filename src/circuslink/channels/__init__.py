@@ -12,8 +12,9 @@
 ``channels[name]`` is the end living on this rank: a :class:`Sender` or a :class:`Receiver` (host
 objects); kernels get ``end.device_handle()``, the by-value device handle ``circuslink::Sender<T>`` /
 ``Receiver<T>`` of ``circuslink/channel.cuh``. A spec can also be built in Python from
-:class:`Link` records (``open(world, [Link(...), ...])``). The protocol is in docs/protocol.md; the
-back-end halves are the engines ``channels._cpu`` (the reference) and ``channels._cuda``.
+:class:`Link` records (``open(world, [Link(...), ...])``), and :func:`open_halo` opens the channels toward
+every neighbour of a process grid in one call, indexed by direction (``circuslink/halo.cuh``). The protocol
+is in docs/protocol.md; the back-end halves are the engines ``channels._cpu`` (the reference) and ``channels._cuda``.
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from typing import Any
 from .._config import default_timeout, resolve_timeout
 from ..errors import ConfigError
 from ._ends import Channels, Receiver, Sender
+from ._halo import DIRECTIONS, Halo, open_halo
 from ._model import ElementType, Link, Spec, element_type, struct_type
 from ._plan import OPTIONS, Plan
 from ._routed import ENGINE_SLOTS_DEFAULT, mapped_neighbours
 
-__all__ = ["OPTIONS", "Channels", "ElementType", "Link", "Receiver", "Sender", "Spec", "element_type", "open",
-           "struct_type"]
+__all__ = ["DIRECTIONS", "OPTIONS", "Channels", "ElementType", "Halo", "Link", "Receiver", "Sender", "Spec",
+           "element_type", "open", "open_halo", "struct_type"]
 
 
 def _as_spec(spec_or_links: Any, nranks: int) -> Spec:
@@ -85,10 +87,14 @@ def open(world: Any, spec_or_links: Any, timeout: float | None = None,  # noqa: 
         topo.check_nodes(world.nodes, world.describe_nodes())  # memory is mapped only inside the job's nodes
     engine_opts = _engine_options(engine)
     plan = Plan(spec.links, options or {}, topo, vcs, bool(allow_cycles), link_slots, engine_opts["nslots"])
-    digests = world.allgather_object((plan.digest(), tuple(sorted(engine_opts.items()))), host_timeout)
+    gathered = world.allgather_object((plan.digest(), tuple(sorted(engine_opts.items())),
+                                       world.backend.device_identity), host_timeout)
+    digests = [g[:2] for g in gathered]
     if len(set(digests)) != 1:
         groups = ", ".join(f"rank {r}: {d[0]}" for r, d in enumerate(digests))
         raise ConfigError(f"channels.open is collective and needs the same spec and options on every rank ({groups})")
+    # Every rank on one GPU (ranks under MPS): bulk packets need only .gpu-scoped fences (docs/protocol.md).
+    one_gpu = gathered[0][2] is not None and len({g[2] for g in gathered}) == 1
     router = plan.router
     if router is not None and router.engine_pairs:
         _check_engine_possible(world, plan)
@@ -103,7 +109,7 @@ def open(world: Any, spec_or_links: Any, timeout: float | None = None,  # noqa: 
             links_ = _links.open_engine(world, router.engine_pairs, nslots=geo.nslots, chunk=geo.chunk,
                                         ll_max=geo.ll_max, batch=engine_opts["batch"], timeout=host_timeout,
                                         spin=engine_opts["spin"])
-        channels = Channels(world, spec, plan, buf, timeout_s, host_timeout, links_)
+        channels = Channels(world, spec, plan, buf, timeout_s, host_timeout, links_, one_gpu=one_gpu)
     except BaseException:
         if links_ is not None:
             links_.release_local()

@@ -93,7 +93,7 @@ def _check_output(path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ... import launcher
-    from ...backends import default_backend_name
+    from ...backends import default_backend_name, runs_kernels
 
     backend = args.backend or os.environ.get("CIRCUSLINK_BACKEND") or default_backend_name()
     if not args.input or not args.output:
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     if not launcher.inside_job():
         (n1, n2), dtype = check_input(args.input, args.nranks)
         _check_output(args.output)
-        if backend == "cpu":  # the host's memory is known here; a GPU's is checked by the ranks
+        if not runs_kernels(backend):  # the host's memory is known here; a GPU's is checked by the ranks
             from . import _cpu
 
             need = args.nranks * bytes_per_rank(n1, n2, dtype, args.nranks, args.scheme, _cpu.EXTRA_SLABS, True)

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..._argtypes import non_negative_int, positive_float, positive_int
+from ..._argtypes import non_negative_int, output_file, output_file_or_stdout, positive_float, positive_int
 from ...errors import ConfigError
 from ._halo import HALO_ENGINES, NEEDS_GPU, NEEDS_MPIRUN
 from ._lattice import check_local, fmt, local_from_global
@@ -34,7 +34,13 @@ from ._phases import PHASES
 from ._solver import DEFAULT_DELTA, FLOPS_PER_SITE_CG, ConvergenceError, check_sloppy
 
 _STATUS_ENV = "CIRCUSLINK_QCD_STATUS"  # where rank 0 leaves its verdict for the command that started the job
-DEFAULT_KAPPA = 0.12
+KAPPA_DEFAULT = 0.12
+# Memory per lattice site, measured with margin (qcd invert on cpu, 16^4 on one rank: 5.2 KB a site resident):
+# every rank's local fields (the gauge field in both precisions, the source and the CG's vectors, halos) ...
+_LOCAL_BYTES_PER_SITE = 4096
+# ... and rank 0's whole-lattice fields (the generated gauge field and its temporaries, the source, the gathered
+# solution, the reference operator of --verify).
+_GLOBAL_BYTES_PER_SITE = 3840
 _PHASE_WORDS = {"dslash": "dslash", "halo": "halo", "reduction": "reductions", "vector": "vector updates"}
 
 
@@ -84,19 +90,19 @@ def _common(p: argparse.ArgumentParser, precisions: tuple[str, ...], prec_help: 
                         "drives the queue; cuda), mpi-p2p (MPI persistent send/recv; mpirun), mpi-rma "
                         "(MPI-3 RMA; mpirun), nvshmem (cuda), nccl (cuda, one GPU per rank). Default rma")
     mass = p.add_mutually_exclusive_group()
-    mass.add_argument("--kappa", type=_float, default=None,
-                      help=f"hopping parameter kappa of M = 1 - kappa D (default {DEFAULT_KAPPA})")
+    mass.add_argument("--kappa", type=_float, default=KAPPA_DEFAULT,
+                      help=f"hopping parameter kappa of M = 1 - kappa D (default {KAPPA_DEFAULT})")
     mass.add_argument("--mass", type=_float, default=None,
                       help="bare quark mass instead of --kappa: kappa = 1 / (2 mass + 8)")
     p.add_argument("--load-gauge", "--gauge", dest="load_gauge", action=_GaugeOption, metavar="FILE", default=None,
                    help="gauge configuration: ILDG / SciDAC LIME, NERSC (4D_SU3_GAUGE, 4D_SU3_GAUGE_3x3) or .npy "
                         "U[mu, t, z, y, x, a, b], the format read from the file; checksums and header checked, "
                         "plaquette printed (--gauge is an alias)")
-    p.add_argument("--save-gauge", metavar="FILE", default=None,
+    p.add_argument("--save-gauge", metavar="FILE", default=None, type=output_file,
                    help="write the gauge field used (loaded or random) as an ILDG file (64-bit, with the "
                         "scidac-checksum and ildg-format records)")
     p.add_argument("--seed", type=non_negative_int, default=1,
-                   help="seed of the random gauge field and source (default 1)")
+                   help="seed of the random gauge field and source, 0 or more (default 1)")
     p.add_argument("-n", "--nranks", type=positive_int, default=None,
                    help="ranks to start (default: the grid's; must equal PX*PY*PZ*PT)")
     p.add_argument("--backend", choices=("cpu", "cuda"), default=None,
@@ -132,13 +138,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="recompute |b - M x| / |b| on rank 0 with the one-rank reference operator (numpy)")
     inv.add_argument("--source", metavar="b.npy", default=None,
                      help="source b[t, z, y, x, spin, colour] (complex; default: Gaussian from --seed)")
-    inv.add_argument("--output", metavar="x.npy", default=None, help="write the solution x (complex128)")
-    inv.add_argument("--json", metavar="FILE", default=None, help="write the results row to FILE (JSON)")
+    inv.add_argument("--output", metavar="x.npy", default=None, type=output_file,
+                     help="write the solution x (complex128)")
+    inv.add_argument("--json", metavar="FILE", nargs="?", const="-", default=None, type=output_file_or_stdout,
+                     help="write the results row (JSON, the one results format) to FILE; '-' or no FILE: to standard "
+                          "output")
     app = sub.add_parser("apply", help="apply the distributed M (or M^dagger) once to a field from a file",
                          description="Apply the distributed Wilson-Dirac operator M (or M^dagger) once.")
     _common(app, tuple(PRECISIONS), "precision of the operator: double, single or half (emulated; default double)")
     app.add_argument("--input", metavar="psi.npy", required=True, help="spinor psi[t, z, y, x, spin, colour]")
-    app.add_argument("--output", metavar="out.npy", required=True,
+    app.add_argument("--output", metavar="out.npy", required=True, type=output_file,
                      help="where to write M psi (complex128 in double precision, complex64 in single and half)")
     app.add_argument("--dagger", action="store_true", help="apply M^dagger = gamma_5 M gamma_5 instead")
     plaq = sub.add_parser("plaquette", help="read and check a gauge configuration file; print its plaquette",
@@ -149,13 +158,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # -- checks before anything starts ---------------------------------------------------------------------
 def kappa_of(args: argparse.Namespace) -> float:
-    """--kappa, or kappa = 1 / (2 mass + 8) from --mass, or the default."""
+    """kappa = 1 / (2 mass + 8) from --mass, else --kappa (default KAPPA_DEFAULT)."""
     if args.mass is not None:
         denominator = 2 * args.mass + 8
         if not denominator > 0:
             raise ConfigError(f"--mass {args.mass:g}: kappa = 1 / (2 mass + 8) needs mass > -4")
         return 1.0 / denominator
-    kappa = DEFAULT_KAPPA if args.kappa is None else args.kappa
+    kappa = args.kappa
     if not kappa > 0:
         raise ConfigError(f"--kappa {kappa:g} must be positive")
     return kappa
@@ -207,13 +216,33 @@ def _plan(args: argparse.Namespace) -> dict:
         global_dims = tuple(8 * p for p in grid)
     local = local_from_global(global_dims, grid)
     backend = (args.backend or os.environ.get("CIRCUSLINK_BACKEND") or "").lower() or None
-    if args.halo in NEEDS_GPU and nranks > 1:
-        from ...backends import default_backend_name
+    from ...backends import default_backend_name, runs_kernels
 
-        if (backend or default_backend_name()) != "cuda":
-            raise ConfigError(f"--halo {args.halo} needs the cuda back-end (GPU memory); this job would run on cpu")
-    return {"grid": grid, "nranks": nranks, "global": tuple(global_dims), "local": tuple(local), "kappa": kappa,
-            "sloppy": sloppy}
+    backend = backend or default_backend_name()
+    if args.halo in NEEDS_GPU and nranks > 1 and not runs_kernels(backend):
+        raise ConfigError(f"--halo {args.halo} needs the cuda back-end (GPU memory); this job would run on {backend}")
+    return {"grid": grid, "nranks": nranks, "global": tuple(global_dims), "local": tuple(local), "backend": backend,
+            "kappa": kappa, "sloppy": sloppy}
+
+
+def check_memory(command: str, plan: dict,
+                 advice: str = "use a smaller lattice (--dim) or spread it over more ranks (--grid)") -> None:
+    """Refuse, before any rank starts, a lattice this machine cannot hold (one line: the need and what is there).
+    Every rank holds its local fields (in GPU memory on cuda), rank 0 the whole lattice's on the host."""
+    from ... import _sysinfo, mps
+    from ...backends import runs_kernels
+
+    local_sites, global_sites = int(np.prod(plan["local"])), int(np.prod(plan["global"]))
+    what = f"{command} on a {fmt(plan['global'])} lattice over {plan['nranks']} rank(s)"
+    host = global_sites * _GLOBAL_BYTES_PER_SITE
+    if runs_kernels(plan["backend"]):
+        gpus = max(1, mps.gpu_count())
+        per_gpu = {g: len(range(g, plan["nranks"], gpus)) * local_sites * _LOCAL_BYTES_PER_SITE
+                   for g in range(min(gpus, plan["nranks"]))}
+        mps.require_gpu_memory(per_gpu, what, advice)
+    else:
+        host += plan["nranks"] * local_sites * _LOCAL_BYTES_PER_SITE
+    _sysinfo.require_memory(host, what, advice, shared=False)
 
 
 def _argv(args: argparse.Namespace) -> list[str]:
@@ -270,9 +299,10 @@ def run(args: argparse.Namespace) -> int:
         return _run_rank(args, plan)
     if args.halo in NEEDS_MPIRUN and plan["nranks"] > 1 and not launcher.mpirun_available():
         raise ConfigError(f"--halo {args.halo} needs mpirun and mpi4py, which were not found")
+    check_memory(f"qcd {args.qcd_command}", plan)
     for option in ("load_gauge", "save_gauge", "source", "input", "output", "json"):  # ranks run elsewhere
         value = getattr(args, option, None)
-        if value is not None:
+        if value not in (None, "-"):
             setattr(args, option, os.path.abspath(value))
     fd, status_path = tempfile.mkstemp(prefix="circuslink-qcd-", suffix=".json")
     os.close(fd)
@@ -448,7 +478,9 @@ def _invert(world: Any, args: argparse.Namespace, plan: dict) -> str | None:
                              reliable_updates=res.reliable_updates, reliable_delta=args.reliable_delta,
                              cg=res.loop, check_every=args.check_every if args.cg == "device" else None,
                              flops_per_site_per_iteration=FLOPS_PER_SITE_CG, **per_phase)
-            print(f"results: {results_file.write_json(args.json)}")
+            path = results_file.write_json(args.json)
+            if path != "-":
+                print(f"results: {path}")
         if not res.converged:
             verdict = (f"qcd invert: no convergence within --niter {args.niter}: true relative residual "
                        f"{res.true_residual:.3e} > --tol {args.tol:g} after {res.iterations} iterations")
