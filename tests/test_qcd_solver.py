@@ -278,3 +278,38 @@ world.close()
 """
     job = spmd(2, code).check()
     assert "refused: --halo mpi-p2p needs a job started by mpirun" in job.output
+
+
+def test_the_split_is_the_slowest_ranks_own(spmd):
+    """Rank 0 is slow in its vector updates, so rank 1 waits as long for halos or sums: the split reported is
+    one rank's timeline (it fits in the solve's time), not the per-phase maxima (which would count the delay
+    twice), and every rank reports the same."""
+    code = """
+import os
+import time
+import circuslink as cl
+from circuslink.apps import qcd
+
+seed = int(os.environ["CIRCUSLINK_TEST_SEED"])
+world = cl.init()
+lat = qcd.Lattice((4, 4, 4, 4), (2, 1, 1, 1), world.rank)
+U = qcd.scatter(world, lat, qcd.random_gauge(lat.global_dims, seed) if world.rank == 0 else None,
+                qcd.gauge_shape(lat.local), lead=1)
+b = qcd.scatter(world, lat, qcd.random_spinor(lat.global_dims, seed + 1) if world.rank == 0 else None,
+                qcd.spinor_shape(lat.local))
+op = qcd.WilsonOperator(world, lat, U, 0.12)
+if world.rank == 0:
+    xpay_pack = op.xpay_pack
+    op.xpay_pack = lambda *a: (time.sleep(0.005), xpay_pack(*a))
+res = qcd.solve(op, b, tol=1e-8, niter=1000, phases=op.new_phases())
+split = res.phase_seconds
+assert res.converged and res.iterations > 10, res
+# the delay is rank 0's vector time or, waited for, rank 1's halo or reduction time: once, whichever reports
+assert split["vector"] + split["halo"] + split["reduction"] >= 0.005 * res.iterations, split
+assert sum(split.values()) <= res.seconds * 1.01, (split, res.seconds)
+print("split", world.rank, sorted(split.items()), res.seconds)
+world.close()
+"""
+    job = spmd(2, code, timeout=120).check()
+    lines = sorted(ln.split("split ", 1)[1] for ln in job.output.splitlines() if "split " in ln)
+    assert len(lines) == 2 and lines[0].split(" ", 1)[1] == lines[1].split(" ", 1)[1], lines

@@ -312,10 +312,13 @@ def solve(precise: WilsonOperator, b: Any, tol: float, niter: int, sloppy: Wilso
             op.time_phases(NO_PHASES)
     waits = P.halo_wait_seconds + (S.halo_wait_seconds if S is not P else 0.0) - waits0
     names = sorted(split)
-    # Every rank reports the slowest rank's times, so the figures do not depend on who prints them.
-    slowest = P.allreduce(P.xp.asarray(np.array([seconds, waits] + [split[n] for n in names])), op="max")
+    # Every rank reports the slowest rank's times, so the figures do not depend on who prints them; the split
+    # is that rank's own (per-phase maxima over ranks would add up to more than anyone's solve).
+    slowest = P.allreduce(P.xp.asarray(np.array([seconds, waits])), op="max")
+    if names:
+        mine = [seconds] + [split[n] for n in names]
+        split = {n: float(v) for n, v in zip(names, max(P.world.allgather_object(mine))[1:], strict=True)}
     seconds, waits = float(slowest[0]), float(slowest[1])
-    split = {n: float(v) for n, v in zip(names, slowest[2:], strict=True)}
     iterated = math.sqrt(it.rr / rhs2) if rhs2 > 0 else 0.0
     return SolveResult(x=P.join(y, x_o), converged=converged, iterations=iterations, iterated_residual=iterated,
                        true_residual=true, seconds=seconds, halo_wait_seconds=waits, reliable_updates=updates,
