@@ -140,8 +140,8 @@ if want fft; then for n in 2 4; do
   STEP_S=${FFT_STEP_S:-420} step "fft-$n" cl bench fft -n $n --size 8192,16384 --size3 512,1024 --dtype both \
     --iters 10 --warmup 2 --json "$R/fft-${n}ranks.json" --plot "$R/fft-${n}ranks.png"; done; fi
 want fft-quick explicit && STEP_S=120 step fft-quick cl bench fft -n 2 --quick --json "$R/fft-quick.json"
-want qcd && step qcd-invert cl qcd invert --dim 8 8 8 8 --grid 2 2 1 1 --prec single --halo rma --verify \
-  --json "$R/qcd-invert.json"
+want qcd && step qcd-invert cl qcd invert --dim 8 8 8 8 --gridsize 2 2 1 1 --prec double --prec-sloppy single \
+  --halo rma --verify --json "$R/qcd-invert.json"
 want qcd && step qcd cl bench qcd --json "$R/qcd.json" --plot "$R/qcd.png"
 want hops && step hops-line8 cl bench hops -n 8 --topology line:8 --json "$R/hops-line8.json" \
   --plot "$R/hops-line8.png"
