@@ -414,7 +414,9 @@ def test_rings_handle_layout():
     h = RINGS.pack(rings=0x7F0012345600, count=8)
     raw = np.frombuffer(h.tobytes(), dtype=np.uint8)
     assert int.from_bytes(raw[:8].tobytes(), "little") == 0x7F0012345600 and raw[8] == 8 and h.dtype.isalignedstruct
-    assert RING.size == 2 * 80 + 24  # right, left (channel handles), scratch, piece, rank, size
+    from circuslink.channels.protocol import HANDLE
+
+    assert RING.size == 2 * HANDLE.size + 24  # right, left (channel handles), scratch, piece, rank, size
 
 
 # -- the device API: compiled here, run on the GPU machine -----------------------------------------
