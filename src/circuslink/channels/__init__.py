@@ -19,6 +19,7 @@ is in docs/protocol.md; the back-end halves are the engines ``channels._cpu`` (t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -93,7 +94,8 @@ def open(world: Any, spec_or_links: Any, timeout: float | None = None,  # noqa: 
     if len(set(digests)) != 1:
         groups = ", ".join(f"rank {r}: {d[0]}" for r, d in enumerate(digests))
         raise ConfigError(f"channels.open is collective and needs the same spec and options on every rank ({groups})")
-    one_gpu = shares_one_gpu([g[2] for g in gathered])
+    # CIRCUSLINK_SYS_FENCES=1: every bulk packet fences at system scope even on one GPU (a diagnosis switch)
+    one_gpu = shares_one_gpu([g[2] for g in gathered]) and os.environ.get("CIRCUSLINK_SYS_FENCES", "") in ("", "0")
     router = plan.router
     if router is not None and router.engine_pairs:
         _check_engine_possible(world, plan)
@@ -152,7 +154,6 @@ def _check_engine_possible(world: Any, plan: Plan) -> None:
     MPI between its ranks (every rank computes the same plan, so every rank refuses alike)."""
     if world.mpi_comm is not None:
         return
-    import os
 
     router = plan.router
     crossing = next(r for r in router.routed

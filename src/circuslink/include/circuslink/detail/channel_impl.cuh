@@ -632,28 +632,35 @@ __device__ long long ll_take_thread(const ChannelHandle& h, RecvState& st, unsig
 // whose kernels do nothing else, take 8 (streaming through an L2 ring on one H200: 1,100 GB/s against 960 at
 // 4); the warp and block forms, which share their kernel with the user's work, take 4 (half the registers).
 enum : u32 { kCopyDepth = 4, kGridCopyDepth = 8 };
-template <u32 kDepth, typename Load>
+template <u32 kDepth, typename Load, typename Store>
 __device__ __forceinline__ void copy_v4(unsigned char* dst, const unsigned char* src, u32 nvec, u32 me, u32 step,
-                                        Load load) {
+                                        Load load, Store store) {
   u32 i = me;
   for (; i + (kDepth - 1) * step < nvec; i += kDepth * step) {
     U4 v[kDepth];
 #pragma unroll
     for (u32 j = 0; j < kDepth; ++j) v[j] = load(src + 16ull * (i + j * step));
 #pragma unroll
-    for (u32 j = 0; j < kDepth; ++j) st_v4(dst + 16ull * (i + j * step), v[j]);
+    for (u32 j = 0; j < kDepth; ++j) store(dst + 16ull * (i + j * step), v[j]);
   }
-  for (; i < nvec; i += step) st_v4(dst + 16ull * i, load(src + 16ull * i));
+  for (; i < nvec; i += step) store(dst + 16ull * i, load(src + 16ull * i));
 }
 struct LoadCg {  // ring memory another rank writes: L2 only
   __device__ __forceinline__ U4 operator()(const unsigned char* p) const { return ld_cg_v4(p); }
 };
-struct LoadPlain {  // the caller's source buffer
+struct LoadPlain {  // the caller's source buffer (global or shared memory: a generic load)
   __device__ __forceinline__ U4 operator()(const unsigned char* p) const { return *reinterpret_cast<const U4*>(p); }
 };
+struct StoreRing {  // ring memory (always global)
+  __device__ __forceinline__ void operator()(unsigned char* p, U4 v) const { st_v4(p, v); }
+};
+struct StorePlain {  // the caller's destination (global or shared memory: a generic store, never st.global)
+  __device__ __forceinline__ void operator()(unsigned char* p, U4 v) const { *reinterpret_cast<U4*>(p) = v; }
+};
+// Ring to ring (forwarding)
 template <u32 kDepth>
 __device__ __forceinline__ void copy_v4_cg(unsigned char* dst, const unsigned char* src, u32 nvec, u32 me, u32 step) {
-  copy_v4<kDepth>(dst, src, nvec, me, step, LoadCg{});
+  copy_v4<kDepth>(dst, src, nvec, me, step, LoadCg{}, StoreRing{});
 }
 
 // The group copies one packet's payload into the slot's bulk area with 16-byte stores, then its
@@ -667,7 +674,7 @@ __device__ __forceinline__ void bulk_store_packet(const ChannelHandle& h, const 
   u32 i = G::rank();
   if ((((u64)src) & 15ull) == 0) {
     const u32 full = nb / 16;
-    copy_v4<kDepth>(payload, src, full, G::rank(), G::size(), LoadPlain{});
+    copy_v4<kDepth>(payload, src, full, G::rank(), G::size(), LoadPlain{}, StoreRing{});
     i = full + ((G::rank() + G::size() - full % G::size()) % G::size());  // this thread's first vector past them
   }
   for (; i < nvec; i += G::size()) st_v4(payload + 16ull * i, gather16(src, 16ull * i, nb));
@@ -688,7 +695,7 @@ __device__ __forceinline__ void bulk_copy_out(const ChannelHandle& h, u64 seq, u
   const u32 n = to - from;
   if ((from & 15u) == 0 && (((u64)dst) & 15ull) == 0) {
     const u32 nvec = n / 16;
-    copy_v4_cg<kDepth>(dst, payload + from, nvec, G::rank(), G::size());
+    copy_v4<kDepth>(dst, payload + from, nvec, G::rank(), G::size(), LoadCg{}, StorePlain{});
     for (u32 b = nvec * 16 + G::rank(); b < n; b += G::size()) dst[b] = ld_cg_u8(payload + from + b);
   } else {
     for (u32 b = G::rank(); b < n; b += G::size()) dst[b] = ld_cg_u8(payload + from + b);
