@@ -31,7 +31,7 @@ __device__ __forceinline__ bool meet(u32* bar, u64 timeout_ns, volatile int* fai
 }
 
 // times[3 * rep + 0, 1, 2] = t0 (A starts sending), t1 (first element of the sum back), t2 (last back)
-extern "C" __global__ void __launch_bounds__(512) ar_like_a(const circuslink::Sender<u32>* tx, const circuslink::Receiver<u32>* rx,
+extern "C" __global__ void __launch_bounds__(512, 2) ar_like_a(const circuslink::Sender<u32>* tx, const circuslink::Receiver<u32>* rx,
                                      u32 G, const u32* a, const u32* b_check, u32* out, u64 n, u64 chunk,
                                      u32 reps, u64* times, u64* mismatches, u32* bar, u64 timeout_ns,
                                      tr::Handle trace, volatile int* failed) {
@@ -75,7 +75,7 @@ extern "C" __global__ void __launch_bounds__(512) ar_like_a(const circuslink::Se
   tr::record_block(trace, tr::KERNEL, tr::PHASE_END, 0);
 }
 
-extern "C" __global__ void __launch_bounds__(512) ar_like_b(const circuslink::Receiver<u32>* rx, const circuslink::Sender<u32>* tx,
+extern "C" __global__ void __launch_bounds__(512, 2) ar_like_b(const circuslink::Receiver<u32>* rx, const circuslink::Sender<u32>* tx,
                                      u32 G, const u32* b, u32* tmp, u64 n, u64 chunk, u32 reps,
                                      tr::Handle trace, volatile int* failed) {
   const u32 g = blockIdx.x;
