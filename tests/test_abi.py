@@ -19,9 +19,9 @@ from circuslink import _abi as abi
 INCLUDE = Path(__file__).resolve().parents[1] / "src" / "circuslink" / "include"
 NVCC = shutil.which("nvcc")
 # Every module that declares tables (importing it registers them).
-TABLE_MODULES = ["circuslink.channels.protocol", "circuslink.rma._layout", "circuslink.trace._layout",
-                 "circuslink.collectives._layout", "circuslink.rma._transpose._cuda", "circuslink.topology._routing",
-                 "circuslink.apps.qcd._cuda"]
+TABLE_MODULES = ["circuslink.channels.protocol", "circuslink.transport._base", "circuslink.rma._layout",
+                 "circuslink.trace._layout", "circuslink.collectives._layout", "circuslink.rma._transpose._cuda",
+                 "circuslink.topology._routing", "circuslink.apps.qcd._cuda"]
 
 
 def _registered() -> list[abi.Struct]:
@@ -42,7 +42,7 @@ def test_every_table_matches_its_header(tmp_path):
     structs = _registered()
     names = {s.cxx for s in structs}
     assert {"circuslink::detail::ChannelHandle", "circuslink::RmaQueue", "circuslink::RmaDescriptor",
-            "circuslink::trace::Handle", "circuslink::collectives::Ring"} <= names
+            "circuslink::trace::Handle", "circuslink::collectives::Ring", "circuslink::transport::Handle"} <= names
     proc = _compile(abi.static_asserts(structs), tmp_path)
     assert proc.returncode == 0, proc.stderr
 

@@ -374,7 +374,7 @@ def test_engine_handle_and_bad_calls_on_one_rank():
 
     w = cl.init(backend="cpu")
     try:
-        assert w.engine("circuslink.collectives") is _cpu
+        assert w.backend_module("circuslink.collectives") is _cpu
         for kwargs, message in [({"rings": 0}, "collectives: rings=0 must be an integer in 1..128"),
                                 ({"rings": True}, "collectives: rings=True must be an integer in 1..128"),
                                 ({"depth_bytes": 8}, "collectives: depth_bytes must be an integer >= 32, got 8")]:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 
 from . import _store
-from .backends import BACKENDS, default_backend_name
+from .backends import BACKENDS, default_backend_name, uses_gpus
 from .errors import BackendError, ConfigError
 
 _GRACE_S = 3.0  # between SIGTERM and SIGKILL when ending the other ranks
@@ -78,6 +78,7 @@ def launch(
     mps_mode: str = "auto",
     ranks_per_node: int | None = None,
     via: str | None = None,
+    transport: str | None = None,
 ) -> int:
     """Run ``command`` as ``nranks`` ranks; return the job's exit code (0 when every rank succeeded).
 
@@ -88,9 +89,11 @@ def launch(
     ``CIRCUSLINK_RANKS_PER_NODE`` for the ranks; None keeps the variable's value, if any).
     ``via``: who starts the ranks: "circuslink" (this launcher), "mpirun", or "auto" (None: the
     ``CIRCUSLINK_LAUNCHER`` variable, else auto): mpirun when ``ranks_per_node`` declares more than one node
-    (traffic between nodes takes the engine, MPI, which needs the ranks started by mpirun) and mpirun and
+    (traffic between nodes takes a transport: mpi needs the ranks started by mpirun) and mpirun and
     mpi4py are installed, else this launcher (:func:`choose_launcher`). Under mpirun lines are tagged alike
-    where mpirun is Open MPI's, and mpirun names a rank that fails.
+    where mpirun is Open MPI's, and mpirun names a rank that fails. ``transport``: the transport between nodes,
+    forced (``CIRCUSLINK_TRANSPORT`` for the ranks; default: chosen by capability, nvshmem when it can run,
+    else mpi); the line that shows the nodes says which one they will take.
     """
     from . import _guard, mps
     from .world import ENV_RANKS_PER_NODE, describe_nodes, node_layout, ranks_per_node_from_env
@@ -113,17 +116,23 @@ def launch(
         nodes, node_names, node_how = node_layout(nranks, None, per_node)
     node_of = {r: i for i, ranks in enumerate(nodes) for r in ranks}
     use_mpirun, why = choose_launcher(via, len(nodes), ranks_per_node is not None)
+    forced = _transport_env(transport)
     if per_node is not None:
-        how = "; started by mpirun (the engine between nodes is MPI)" if use_mpirun else ""
+        how = "; started by mpirun" if use_mpirun else ""
+        if len(nodes) > 1:
+            from . import transport as _transport
+
+            context = _transport.Context(runs_kernels=uses_gpus(backend), under_mpi=use_mpirun)
+            how += "; " + _transport.network_choice(context, dict(os.environ, **forced))[1]
         print(f"circuslink run: {nranks} ranks in {describe_nodes(nodes, node_names, node_how)}{how}", file=sys.stderr)
     if use_mpirun:
-        env = dict(extra_env or {}, CIRCUSLINK_BACKEND=backend)
+        env = dict(extra_env or {}, CIRCUSLINK_BACKEND=backend, **forced)
         if ranks_per_node is not None:
             env[ENV_RANKS_PER_NODE] = str(ranks_per_node)
         return _mpirun_job(nranks, command, backend, mps_mode, env, tag_output, node_of if len(nodes) > 1 else None)
 
     devices: list[int] = []
-    if backend == "cuda":
+    if uses_gpus(backend):
         _, devices = _gpu_plan(nranks, extra_env)
     per_gpu = {d: devices.count(d) for d in set(devices)}
     session = mps.start(mps_mode, needed=any(n > 1 for n in per_gpu.values()), label=f"run{os.getpid()}")
@@ -143,12 +152,13 @@ def launch(
         CIRCUSLINK_BACKEND=backend,
         CIRCUSLINK_LAUNCHER_PID=str(os.getpid()),
         PYTHONUNBUFFERED="1",
+        **forced,
     )
     base_env.update(_NO_MULTICAST)
     if ranks_per_node is not None:
         base_env[ENV_RANKS_PER_NODE] = str(ranks_per_node)
-    if why:  # channels.open names it when a routed channel needs the engine in this job
-        base_env[ENV_ENGINE_WHY] = why
+    if why:  # channels.open names it when a routed channel finds no transport between nodes in this job
+        base_env[ENV_NOT_MPIRUN] = why
     lock = threading.Lock()
     ranks: list[_Rank] = []
     interrupted = {"signal": None}
@@ -282,7 +292,17 @@ def mpirun_available() -> bool:
 
 LAUNCHERS = ("auto", "mpirun", "circuslink")
 ENV_LAUNCHER = "CIRCUSLINK_LAUNCHER"  # the default of circuslink run --launcher
-ENV_ENGINE_WHY = "CIRCUSLINK_ENGINE_WHY"  # why a job of several nodes was not started by mpirun (for messages)
+ENV_NOT_MPIRUN = "CIRCUSLINK_NOT_MPIRUN"  # why a job of several nodes was not started by mpirun (for messages)
+
+
+def _transport_env(name: str | None) -> dict[str, str]:
+    """``{CIRCUSLINK_TRANSPORT: name}`` for the ranks when ``--transport`` forces one (checked), else ``{}``."""
+    if name is None:
+        return {}
+    from . import transport as _transport
+
+    _transport.forced({_transport.ENV_TRANSPORT: name})  # an unknown name: one line naming the known ones
+    return {_transport.ENV_TRANSPORT: name}
 
 
 def choose_launcher(via: str | None, nnodes: int, declared_here: bool = True) -> tuple[bool, str | None]:
@@ -290,7 +310,7 @@ def choose_launcher(via: str | None, nnodes: int, declared_here: bool = True) ->
     (None: ``CIRCUSLINK_LAUNCHER``, else auto). Auto takes mpirun for nodes declared on the command line
     (``declared_here``: ``--ranks-per-node K``; nodes the variable declares keep this launcher, the variable
     being how nodes are declared under an mpirun of one's own). ``why not`` is set only when the job has
-    several nodes but is not started by mpirun: the engine between its nodes (MPI) is then missing, and a
+    several nodes but is not started by mpirun: MPI between its nodes is then missing, and a
     routed channel that needs it is refused naming this reason."""
     via = (via or os.environ.get(ENV_LAUNCHER) or "auto").lower()
     if via not in LAUNCHERS:
@@ -335,7 +355,7 @@ def _mpirun_job(nranks: int, command: Sequence[str], backend: str, mps_mode: str
     full.update(env)
     for key, value in _NO_MULTICAST.items():
         full.setdefault(key, value)
-    needed = backend == "cuda" and nranks > _gpu_plan(nranks, env)[0]
+    needed = uses_gpus(backend) and nranks > _gpu_plan(nranks, env)[0]
     tag = tag_output if tag_output in ("all", "others") and _open_mpi() else None
     session = mps.start(mps_mode, needed=needed, label=f"mpirun{os.getpid()}")
     if session.warning:

@@ -51,9 +51,24 @@ def describe_shared_gpus(groups: dict[int, list[int]]) -> str:
     return "; ".join(f"ranks {', '.join(map(str, r))} share GPU {d}" for d, r in sorted(groups.items()))
 
 
-def engine(backend: Backend, package: str) -> ModuleType:
-    """The engine of subsystem ``package`` for ``backend`` (see :meth:`Backend.engine`)."""
-    return backend.engine(package)
+def module(backend: Backend, package: str) -> ModuleType:
+    """``backend``'s module of subsystem ``package`` (see :meth:`Backend.module`)."""
+    return backend.module(package)
+
+
+def uses_gpus(name: str) -> bool:
+    """Whether the back-end called ``name`` runs its ranks on GPUs (what a launcher needs before any rank exists)."""
+    return resolve_name(name) == "cuda"
+
+
+def resolve_name(name: str | None) -> str:
+    """``name`` checked ("auto" / None: the default back-end of this machine)."""
+    name = (name or "auto").lower()
+    if name == "auto":
+        name = default_backend_name()
+    if name not in BACKENDS:
+        raise ConfigError(f"unknown back-end {name!r}: choose one of {', '.join(BACKENDS)}")
+    return name
 
 
 def default_backend_name() -> str:

@@ -61,11 +61,11 @@ def run(args: argparse.Namespace) -> int:
         world.close()
 
 
-def _sizes(args: argparse.Namespace, backend: str) -> list[int]:
+def _sizes(args: argparse.Namespace, gpu: bool) -> list[int]:
     sizes = drv.parse_sizes(args.sizes)
     if args.quick:
         sizes = [s for s in sizes if s <= (1 << 20)][:: max(1, len(sizes) // 6)] or sizes[:1]
-    if backend == "cpu" and args.sizes == "8:256M":
+    if not gpu and args.sizes == "8:256M":
         sizes = [s for s in sizes if s <= _CPU_MAX_BYTES]  # default range, trimmed for Python
     bad = [s for s in sizes if s % 4 or s < 8]
     if bad:
@@ -78,16 +78,16 @@ def _sizes(args: argparse.Namespace, backend: str) -> list[int]:
 def _run(world: Any, args: argparse.Namespace) -> int:
     if world.size != 2:
         raise ConfigError(f"allreduce-like runs on exactly 2 ranks (A and B), this job has {world.size}")
-    backend = world.backend.name
-    sizes = _sizes(args, backend)
+    gpu = world.backend.runs_kernels
+    sizes = _sizes(args, gpu)
     iters = 3 if args.quick else args.iters
     warmup = 1 if args.quick else args.warmup
     results = drv.Results(BENCHMARK, world)
     from .. import probe
 
     drv.progress("probe: the floor")
-    results.floor = probe.measure(world, quick=bool(args.quick or backend == "cpu"))
-    Impl = CudaPipeline if backend == "cuda" else CpuPipeline
+    results.floor = probe.measure(world, quick=bool(args.quick or not gpu))
+    Impl = CudaPipeline if gpu else CpuPipeline
     impl = Impl(world, max(sizes))
     try:
         for nbytes in sizes:
@@ -105,7 +105,7 @@ def _run(world: Any, args: argparse.Namespace) -> int:
         results.meta["definitions"] = "latency=(t1-t0)/2, time=(t1-t0)/2+(t2-t1), best of iters (pingpong's)"
         results.meta["pingpong"] = pp
         drv.print_table(results.rows, ["impl", "bytes", "latency_us", "time_us", "throughput_GBps"],
-                        f"allreduce-like ({backend}, {results.device})")
+                        f"allreduce-like ({world.backend.name}, {results.device})")
         _print_summary(results, pp)
         path = results.write_json(args.json)
         print(f"results: {path}")

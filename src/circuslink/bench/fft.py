@@ -80,12 +80,12 @@ def parse_points(text: str) -> list[int]:
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    from ..backends import default_backend_name
+    from ..backends import uses_gpus
 
     text = args.size if getattr(args, "size", None) else args.sizes
     sizes = parse_points(text)
-    backend = args.backend or os.environ.get("CIRCUSLINK_BACKEND") or default_backend_name()
-    if backend == "cpu" and not getattr(args, "size", None) and args.sizes == getattr(args, "_default_sizes", None):
+    default_sizes = not getattr(args, "size", None) and args.sizes == getattr(args, "_default_sizes", None)
+    if not uses_gpus(args.backend or os.environ.get("CIRCUSLINK_BACKEND")) and default_sizes:
         sizes = [512, 1024]  # the GPU sizes would take minutes in numpy
     iters, warmup = args.iters, args.warmup
     if getattr(args, "quick", False):
@@ -103,7 +103,9 @@ def check_sizes(sizes: list[int], nranks: int, backend: str | None = None, dtype
 
     for n in sizes:
         check_shape((n, n), nranks, f"bench fft: --size {n}")
-    if backend == "cpu":
+    from ..backends import uses_gpus
+
+    if backend is not None and not uses_gpus(backend):
         dtype = "complex128" if "complex128" in (dtypes or []) else "complex64"
         n = max(sizes)
         need = nranks * bytes_per_rank(n, n, dtype, nranks, "local-transpose", _cpu.EXTRA_SLABS + 1, False)
@@ -141,7 +143,7 @@ def run_rank(world: Any, cfg: Config) -> int:
     from . import _driver as drv
 
     check_sizes(cfg.sizes, world.size)
-    engine = world.engine("circuslink.apps.fft")
+    engine = world.backend_module("circuslink.apps.fft")
     results = drv.Results("fft", world)
     drv.progress("fft: measuring the floor (probe)")
     pairs = [(0, 1), (1, 0)] if world.size > 1 else []

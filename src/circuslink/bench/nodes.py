@@ -136,12 +136,12 @@ def _trips_for(nbytes: int, gpu: bool) -> int:
 # -- the engine link's pipe ---------------------------------------------------------------------------
 def _engine_link(world: Any, results: drv.Results, sizes: list[int], samples: int, warmup: int, a: int, b: int,
                  args: argparse.Namespace) -> None:
-    from .. import links
+    from .. import transport
     from ..channels import protocol as P
 
     chunk = args.chunk
     nslots = args.nslots or max(64, 1 << (-(-max(sizes) // chunk) - 1).bit_length())
-    engine = links.open_engine(world, [(a, b)], nslots=nslots, chunk=chunk, spin=True)
+    engine = transport.open_relays(world, [(a, b)], nslots=nslots, chunk=chunk, spin=True)
     results.meta["engine_link"] = {"nslots": nslots, "chunk": chunk, "ll_max": P.LL_MAX_DEFAULT,
                                    "ring_bytes": engine.geometry.ring_bytes, "batch": max(1, nslots // 4)}
     try:
@@ -245,8 +245,14 @@ class _Pipe:
 
     def _ends(self):
         if not hasattr(self, "_tx"):
-            # the stream ends keep their place in the rings from call to call: made once
-            self._tx, self._rx = self.link.stream_sender(self.route), self.link.stream_receiver()
+            # the channel reference's ends on the relay's rings keep their place from call to call: made once
+            from ..channels._cpu import CpuReceiver, CpuSender
+
+            o, i, t = self.link.out_ring, self.link.in_ring, self.link.timeout
+            self._tx = CpuSender("out", self.link.describe(), 0, o.geometry, o.ring, o.credit, o.slot_credits,
+                                 o.send_error, t, self.route)
+            self._rx = CpuReceiver("in", self.link.describe(), 0, i.geometry, i.ring, i.credit, i.slot_credits,
+                                   i.recv_error, t, 0)
         return self._tx, self._rx
 
     def _sample_gpu(self, form: str, nbytes: int, trips: int, warmup: int) -> tuple[float, bool]:
@@ -335,10 +341,10 @@ class _Routed:
         byte = element_type("uchar")
         links = [Link("gping", "gping_in", 0, 1, self.src, self.dst, byte, self.ring),
                  Link("gpong", "gpong_in", 2, 3, self.dst, self.src, byte, self.ring)]
-        engine = {"spin": True}
+        relay = {"spin": True}
         if args.nslots:
-            engine["nslots"] = args.nslots
-        self.channels = open_channels(world, links, topology=topology.nodes(world.nodes), engine=engine)
+            relay["nslots"] = args.nslots
+        self.channels = open_channels(world, links, topology=topology.nodes(world.nodes), relay=relay)
         self.route = self.channels.route("gping")
         self._module = None
         self.blocks_most = 1

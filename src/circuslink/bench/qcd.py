@@ -1,4 +1,5 @@
-"""Lattice QCD CG per iteration by halo engine and grid, and the single-rank dslash bandwidth: ``circuslink bench qcd``.
+"""Lattice QCD CG per iteration by halo exchange and grid, and the single-rank dslash bandwidth:
+``circuslink bench qcd``.
 
 Rows:
 
@@ -6,7 +7,7 @@ Rows:
   precision; ``bandwidth_GBps`` by the traffic model of docs/qcd.md (per output site 8 neighbour spinors of
   24 reals, 8 links of 18 reals, 1 spinor written: 360 reals) and ``copy_ratio`` against the probe's local
   copy bandwidth of the same run (the floor).
-* one row per halo engine and grid (``--halos`` x ``--grids``, local lattice ``--dim``): the time of one CG
+* one row per halo exchange and grid (``--halos`` x ``--grids``, local lattice ``--dim``): the time of one CG
   iteration on the even-odd normal equations (4 hops, 2 global reductions, the vector updates), median and
   minimum over ``--samples`` loops of ``--iters`` iterations (the slowest rank's time), the share of it
   spent waiting on halos (host-side waits; device-side engines show ~0), GFLOP/s by QUDA's count (2,832
@@ -42,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from . import _driver as drv
 
     drv.add_common_arguments(parser, default_sizes="8", default_nranks=4, default_iters=100, default_warmup=10)
-    parser.add_argument("--halos", default=_HALOS, help=f"halo engines to compare (default {_HALOS})")
+    parser.add_argument("--halos", default=_HALOS, help=f"halo exchanges to compare (default {_HALOS})")
     parser.add_argument("--grids", default=_GRIDS,
                         help=f"rank grids PXxPYxPZxPT, comma-separated (default {_GRIDS}; 2x2x1x1 is the headline)")
     parser.add_argument("--dim", nargs=4, type=int, default=[8, 8, 8, 8], metavar=("X", "Y", "Z", "T"),
@@ -74,14 +75,14 @@ def _list(text: str, allowed: tuple[str, ...], option: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..apps.qcd._halo import HALO_ENGINES
+    from ..apps.qcd._halo import HALO_EXCHANGES
     from ..apps.qcd._lattice import check_local
     from ..apps.qcd._operator import PRECISIONS
 
     if args.worker:
         return _worker(args)
     grids = _grids(args.grids)
-    halos = _list(args.halos, HALO_ENGINES, "--halos")
+    halos = _list(args.halos, HALO_EXCHANGES, "--halos")
     precs = _list(args.prec, tuple(PRECISIONS), "--prec")
     check_local(args.dim, "--dim")
     if args.samples < 1:
@@ -130,7 +131,7 @@ def _driver(args: argparse.Namespace, grids: list, halos: list[str], precs: list
                 results.extend(_configuration(args, backend, grid, halo, prec, iters, warmup, samples, launcher))
     drv.print_table(results.rows, ["impl", "grid", "prec", "time_per_iter_us", "time_us", "min_us", "halo_wait_share",
                                    "gflops", "bandwidth_GBps", "copy_ratio", "skipped"],
-                    "qcd: CG iteration by halo engine and grid; dslash bandwidth")
+                    "qcd: CG iteration by halo exchange and grid; dslash bandwidth")
     _summary(results.rows)
     path = results.write_json(args.json)
     print(f"results: {path}")

@@ -17,7 +17,7 @@ by-value ``circuslink::collectives::Rings`` a kernel passes to ``allreduce_grid`
 ``comm.wait(stream)`` waits, bounded, for such a kernel and raises the channel error of a ring
 that stalled. docs/collectives.md has both APIs, the algorithms and the SM-budget rule.
 
-Each back-end has its engine (``world.engine("circuslink.collectives")``): ``_cpu`` runs the ring
+Each back-end has its module (``world.backend_module("circuslink.collectives")``): ``_cpu`` runs the ring
 algorithms from Python (a header goes around the ring first, so ranks that disagree on a call fail
 naming both), ``_cuda`` launches one kernel per call (there the ranks are trusted to agree: a
 mismatch ends in a channel time-out naming the channel). float16 is reduced on the cpu back-end only.
@@ -56,7 +56,7 @@ class Comm(Resource):
         self.world = world
         self.rank = world.rank
         self.size = world.size
-        self._engine = world.engine("circuslink.collectives").Engine(world, depth_bytes, rings, timeout)
+        self._engine = world.backend_module("circuslink.collectives").Engine(world, depth_bytes, rings, timeout)
         self._register(world)
 
     # -- host API --------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ _LATENCY_TOLERANCE = 0.10
 
 def measure(world: Any, quick: bool = False, pairs: list[tuple[int, int]] | None = None) -> dict:
     """Collective: the floor between every ordered pair of ranks (or ``pairs``)."""
-    Impl = world.engine("circuslink.probe").Probe
+    Impl = world.backend_module("circuslink.probe").Probe
     if pairs is None:
         pairs = [(a, b) for a in range(world.size) for b in range(world.size) if a != b]
     from ..backends import SHARED_GPU_NOTE, describe_shared_gpus, shared_gpus
@@ -90,7 +90,9 @@ def _mps_active(world: Any) -> bool:
 
 
 def _is_reference_machine(floor: dict) -> bool:
-    return floor.get("backend") == "cuda" and "H200" in floor.get("device", "") and not floor.get("shared_gpus")
+    from ..backends import uses_gpus
+
+    return uses_gpus(floor.get("backend", "cpu")) and "H200" in floor.get("device", "") and not floor.get("shared_gpus")
 
 
 def check_against_reference(floor: dict) -> list[str]:
@@ -153,10 +155,10 @@ def run(args: argparse.Namespace) -> int:
     from ..launcher import inside_job, relaunch_self
 
     if not inside_job():
-        from ..backends import cuda_device_count, default_backend_name
+        from ..backends import cuda_device_count, default_backend_name, uses_gpus
 
         backend = args.backend or default_backend_name()
-        n = args.nranks or (max(2, cuda_device_count()) if backend == "cuda" else 2)
+        n = args.nranks or (max(2, cuda_device_count()) if uses_gpus(backend) else 2)
         return relaunch_self(n, backend, mps_mode=args.mps)
     from .. import init
 

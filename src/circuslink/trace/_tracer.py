@@ -2,7 +2,7 @@
 synchronises clocks and collects everything into one :class:`~circuslink.trace.Trace`.
 
 What differs by back-end (where the ring lives, who records, how clocks are exchanged) is the
-engine's: ``world.engine("circuslink.trace")`` gives ``trace/_cpu.py`` or ``trace/_cuda.py``."""
+back-end module: ``world.backend_module("circuslink.trace")`` gives ``trace/_cpu.py`` or ``trace/_cuda.py``."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ class Tracer(Resource):
         self.capacity = int(capacity)
         self.names = dict(names or {})
         self.last: Trace | None = None
-        self._engine = world.engine("circuslink.trace").Recorder(world, self.capacity, _clock_ns)
+        self._engine = world.backend_module("circuslink.trace").Recorder(world, self.capacity, _clock_ns)
         try:
             self._samples = [self._engine.sync(Deadline.after(timeout))]
         except BaseException:

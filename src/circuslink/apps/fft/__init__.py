@@ -133,7 +133,7 @@ class Plan(Resource):
         if scheme not in SCHEMES:
             raise ConfigError(f"fft2: scheme={scheme!r} must be one of {', '.join(SCHEMES)}")
         self.inverse, self.layout, self.scheme = bool(inverse), layout, scheme
-        self._engine = world.engine("circuslink.apps.fft")
+        self._engine = world.backend_module("circuslink.apps.fft")
         check_memory(world, self._engine, self.n1, self.n2, self.dtype, scheme, staging)
         R, me, es = world.size, world.rank, DTYPES[self.dtype]
         n1, n2 = self.n1, self.n2

@@ -101,7 +101,9 @@ def run(args: argparse.Namespace) -> int:
     if not launcher.inside_job():
         (n1, n2), dtype = check_input(args.input, args.nranks)
         _check_output(args.output)
-        if backend == "cpu":  # the host's memory is known here; a GPU's is checked by the ranks
+        from ...backends import uses_gpus
+
+        if not uses_gpus(backend):  # the host's memory is known here; a GPU's is checked by the ranks
             from . import _cpu
 
             need = args.nranks * bytes_per_rank(n1, n2, dtype, args.nranks, args.scheme, _cpu.EXTRA_SLABS, True)
@@ -134,7 +136,7 @@ def transform_file(world: Any, src: str, dst: str, inverse: bool = False, layout
     if isinstance(header, str):
         raise ConfigError(header)
     (n1, n2), dtype = header
-    eng = world.engine("circuslink.apps.fft")
+    eng = world.backend_module("circuslink.apps.fft")
     t0 = time.perf_counter()
     with Plan(world, (n1, n2), dtype, inverse, layout, scheme, staging=True) as plan:
         nbytes = plan.a.nbytes

@@ -21,7 +21,7 @@ Distributed (every rank of a job; ``grid`` ranks in x, y, z, t, each holding a l
 
 from __future__ import annotations
 
-from ._halo import HALO_ENGINES
+from ._halo import HALO_EXCHANGES
 from ._io import gather, scatter
 from ._lattice import Lattice
 from ._operator import PRECISIONS, WilsonOperator
@@ -46,7 +46,7 @@ __all__ = [
     "DIRECTIONS",
     "FLOPS_PER_SITE_CG",
     "FLOPS_PER_SITE_DSLASH",
-    "HALO_ENGINES",
+    "HALO_EXCHANGES",
     "PRECISIONS",
     "ConvergenceError",
     "Lattice",

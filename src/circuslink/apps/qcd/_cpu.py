@@ -3,7 +3,7 @@
 It follows the GPU engine step for step, so the cpu back-end checks the same algorithm: spin-projected half
 spinors on the faces (``h = psi_upper + s A_mu psi_lower``, 12 reals; the lower half comes back as
 ``s A_mu^dagger h``), the backward faces multiplied by ``U^dagger`` before they travel, the interior computed
-between the halo engine's ``start()`` and ``wait()``, the ghost terms added after. Fields are checkerboard
+between the halo exchange's ``start()`` and ``wait()``, the ghost terms added after. Fields are checkerboard
 halves ``(Vh, 4, 3)``.
 """
 
@@ -31,7 +31,7 @@ def reconstruct(h: np.ndarray, mu: int, s: int) -> np.ndarray:
 
 
 class Dslash:
-    """``out = a x + b D_{p <- 1-p} in`` for checkerboard halves, with halos from a halo engine (or none)."""
+    """``out = a x + b D_{p <- 1-p} in`` for checkerboard halves, with halos from a halo exchange (or none)."""
 
     def __init__(self, world: Any, lattice: Lattice, gauge: np.ndarray, dtype: Any, halo: Any) -> None:
         self.world = world

@@ -5,7 +5,7 @@ with ``W`` complex numbers per 16-byte vector (2 in single, 1 in double), so a t
 float4 or 12 double2 loads, coalesced across the warp; the gauge field is ``(parity, mu, 9, Vh)``. Fields are
 converted at the boundary (``from_half`` / ``to_half``); the vector updates of the solver do not care.
 
-A hop with a halo engine is: ``start()`` (the faces the previous kernel wrote leave), the interior kernel on
+A hop with a halo exchange is: ``start()`` (the faces the previous kernel wrote leave), the interior kernel on
 the caller's stream (the RMA copy runs on the world's stream meanwhile), ``wait()``, the exterior kernel
 (ghost terms of the boundary sites, then the faces of the result for the next hop). With ``rma-device`` the
 whole hop is one launch whose block 0 starts and waits on the queue itself.
@@ -52,7 +52,7 @@ def _ptr(a: Any) -> int:
 
 
 class Dslash:
-    """``out = a x + b D_{p <- 1-p} in`` on the GPU, with halos from a halo engine (or none)."""
+    """``out = a x + b D_{p <- 1-p} in`` on the GPU, with halos from a halo exchange (or none)."""
 
     def __init__(self, world: Any, lattice: Lattice, gauge: Any, dtype: Any, halo: Any) -> None:
         import cupy as cp

@@ -1,8 +1,8 @@
-"""Halo engines: one interface, six ways to move the faces of a spinor field to the neighbouring ranks.
+"""Halo exchanges: one interface, six ways to move the faces of a spinor field to the neighbouring ranks.
 
-Every engine owns a send array and a ghost array, both ``(6, S)`` complex (the layout of ``_lattice``): the
+Every exchange owns a send array and a ghost array, both ``(6, S)`` complex (the layout of ``_lattice``): the
 kernel that produces a field writes its projected faces into ``send``; ``start()`` sends them; ``wait()``
-returns ``ghost`` once every neighbour's faces have arrived. The operator does not know which engine it has
+returns ``ghost`` once every neighbour's faces have arrived. The operator does not know which exchange it has
 (the device-driven one says ``device_driven`` and hands its queue to the dslash kernel instead).
 
 =============  ==================================================================================================
@@ -12,7 +12,7 @@ returns ``ghost`` once every neighbour's faces have arrived. The operator does n
                ``rma_wait``): no host call per hop (cuda)
 ``mpi-p2p``    MPI persistent point-to-point (``Send_init`` / ``Recv_init`` with vector datatypes,
                ``Startall`` / ``Waitall``), host-staged on the GPU (needs mpirun)
-``mpi-rma``    the same RMA queue on ``window_alloc(..., engine="mpi")``: MPI-3 ``MPI_Put`` in PSCW epochs
+``mpi-rma``    the same RMA queue on ``window_alloc(..., memory="mpi3")``: MPI-3 ``MPI_Put`` in PSCW epochs
                (needs mpirun)
 ``nvshmem``    NVSHMEM puts with a signal per face, from a small shared library built with nvcc at first use
                (cuda; see ``_nvshmem_halo``)
@@ -31,22 +31,22 @@ from ..._lifecycle import Resource
 from ...errors import ConfigError
 from ._lattice import Lattice
 
-HALO_ENGINES = ("rma", "rma-device", "mpi-p2p", "mpi-rma", "nvshmem", "nccl")
+HALO_EXCHANGES = ("rma", "rma-device", "mpi-p2p", "mpi-rma", "nvshmem", "nccl")
 NEEDS_MPIRUN = ("mpi-p2p", "mpi-rma")
 NEEDS_GPU = ("rma-device", "nvshmem", "nccl")
 
 
-def check_engine(name: str) -> str:
-    if name not in HALO_ENGINES:
-        raise ConfigError(f"--halo {name!r}: choose one of {', '.join(HALO_ENGINES)}")
+def check_exchange(name: str) -> str:
+    if name not in HALO_EXCHANGES:
+        raise ConfigError(f"--halo {name!r}: choose one of {', '.join(HALO_EXCHANGES)}")
     return name
 
 
 def make_halo(name: str, world: Any, lattice: Lattice, dtype: Any) -> Halo | None:
-    """Collective: the halo engine ``name`` for fields of ``dtype``; None when no direction is partitioned."""
-    check_engine(name)
+    """Collective: the halo exchange ``name`` for fields of ``dtype``; None when no direction is partitioned."""
+    check_exchange(name)
     if lattice.face_total == 0:
-        return None  # one rank in every direction: nothing travels, any engine will do
+        return None  # one rank in every direction: nothing travels, any exchange will do
     if name in NEEDS_MPIRUN and world.mpi_comm is None:
         raise ConfigError(f"--halo {name} needs a job started by mpirun (MPI's COMM_WORLD); this one was started "
                           f"by {world.launched_by}: run it with mpirun, or let 'circuslink qcd' start itself")
@@ -54,9 +54,9 @@ def make_halo(name: str, world: Any, lattice: Lattice, dtype: Any) -> Halo | Non
         raise ConfigError(f"--halo {name} needs the cuda back-end (GPU memory); this job runs on "
                           f"{world.backend.name}")
     if name in ("rma", "rma-device"):
-        return RmaHalo(world, lattice, dtype, "auto", device_driven=name == "rma-device")
+        return RmaHalo(world, lattice, dtype, "mapped", device_driven=name == "rma-device")
     if name == "mpi-rma":
-        return RmaHalo(world, lattice, dtype, "mpi")
+        return RmaHalo(world, lattice, dtype, "mpi3")
     if name == "mpi-p2p":
         return MpiP2PHalo(world, lattice, dtype)
     if name == "nccl":
@@ -82,11 +82,11 @@ def transfers(lattice: Lattice) -> list[tuple[int, int, int, int]]:
 
 
 class Halo(Resource):
-    """What every engine provides: ``send``, ``start()``, ``wait() -> ghost``, ``wait_seconds``."""
+    """What every exchange provides: ``send``, ``start()``, ``wait() -> ghost``, ``wait_seconds``."""
 
     name = "halo"
     device_driven = False
-    _kind = "halo engine"
+    _kind = "halo exchange"
 
     def __init__(self, world: Any, lattice: Lattice, dtype: Any) -> None:
         self.world = world
@@ -116,19 +116,19 @@ class RmaHalo(Halo):
 
     The window holds ``[send (6, S) | ghost (6, S)]``. Face (mu, d) of the send array is 6 blocks (one per
     spin-colour component) of ``n`` complex numbers, ``S`` apart; it lands in the same slot of the
-    neighbour's ghost array, also ``S`` apart: one ``declare_strided_write``, no packing. ``engine="mpi"``
-    makes it MPI-3 RMA (the mpi-rma engine)."""
+    neighbour's ghost array, also ``S`` apart: one ``declare_strided_write``, no packing. ``memory="mpi3"``
+    makes it MPI-3 RMA (the mpi-rma exchange)."""
 
-    def __init__(self, world: Any, lattice: Lattice, dtype: Any, engine: str, device_driven: bool = False) -> None:
+    def __init__(self, world: Any, lattice: Lattice, dtype: Any, memory: str, device_driven: bool = False) -> None:
         super().__init__(world, lattice, dtype)
         from ... import rma
 
-        self.name = "mpi-rma" if engine == "mpi" else ("rma-device" if device_driven else "rma")
+        self.name = "mpi-rma" if memory == "mpi3" else ("rma-device" if device_driven else "rma")
         self.device_driven = device_driven
         item = self.dtype.itemsize
         S = self.faces
         region = 6 * S * item
-        self.window = rma.window_alloc(world, 2 * region, engine=engine)
+        self.window = rma.window_alloc(world, 2 * region, memory=memory)
         fields = self.window.view(self.dtype)
         self.send = fields[: 6 * S].reshape(6, S)
         self.ghost = fields[6 * S: 12 * S].reshape(6, S)
@@ -175,9 +175,7 @@ class MpiP2PHalo(Halo):
 
     def __init__(self, world: Any, lattice: Lattice, dtype: Any) -> None:
         super().__init__(world, lattice, dtype)
-        from mpi4py import MPI
-
-        self._mpi = MPI
+        MPI = self._mpi = world.mpi.MPI  # the world's bootstrap initialised MPI
         S = self.faces
         xp = world.xp
         self.send_host = np.zeros((6, S), dtype=self.dtype)

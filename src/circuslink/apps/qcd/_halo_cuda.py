@@ -1,4 +1,4 @@
-"""The halo engines that exist only on GPUs: NCCL grouped send/recv and NVSHMEM puts with signals.
+"""The halo exchanges that exist only on GPUs: NCCL grouped send/recv and NVSHMEM puts with signals.
 
 Both keep the operator's contract (``send``, ``start()``, ``wait() -> ghost``) and keep the GPU busy: the
 transfers run on a stream of their own that waits (on the GPU) for the kernel that wrote the faces, and

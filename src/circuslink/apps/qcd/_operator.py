@@ -1,4 +1,4 @@
-"""The distributed Wilson operator: one rank's part of ``M = 1 - kappa D``, even-odd, over any halo engine.
+"""The distributed Wilson operator: one rank's part of ``M = 1 - kappa D``, even-odd, over any halo exchange.
 
 The back-end half (``_cpu.Dslash`` or ``_cuda.Dslash``, from ``world.engine``) computes one hop
 ``out = a x + b D_{p <- 1-p} in`` on checkerboard halves in its own field layout; this file strings hops
@@ -8,7 +8,7 @@ into the operators the solver needs:
 * ``M_pc = 1 - kappa^2 D_eo D_oe`` on the even sites and its adjoint (the hops with ``dagger``);
 * the normal operator ``M_pc^dagger M_pc`` of the CG.
 
-Faces. A hop needs the projected faces of its input in the halo engine's send array. A hop can write the
+Faces. A hop needs the projected faces of its input in the halo exchange's send array. A hop can write the
 faces of its own output for the next hop (``emit``), and the CG's ``p = r + beta p`` writes those of ``p``;
 only a field that comes from outside (a source, a file) is packed on its own (``pack``).
 """
@@ -36,7 +36,7 @@ def check_precision(name: str) -> Any:
 
 
 class WilsonOperator(Resource):
-    """Collective to create and close: the operator of one precision on ``world``, with its halo engine."""
+    """Collective to create and close: the operator of one precision on ``world``, with its halo exchange."""
 
     _kind = "qcd operator"
 
@@ -50,7 +50,7 @@ class WilsonOperator(Resource):
         self.xp = world.xp
         self.halo = make_halo(halo, world, lattice, self.dtype)
         self.halo_name = halo
-        engine = world.engine("circuslink.apps.qcd")
+        engine = world.backend_module("circuslink.apps.qcd")
         self.d = engine.Dslash(world, lattice, gauge, self.dtype, self.halo)
         self._tmp = [self.d.new_field() for _ in range(3)]
         self._register(world)

@@ -7,7 +7,7 @@ iteration and the share of it spent waiting on halos. ``circuslink qcd apply --g
 --kappa K [--dagger] --grid ... --output out.npy`` applies the distributed M (or M^dagger) once.
 
 Started outside a job, the command checks its input, then starts the grid's ranks itself (under mpirun
-when the halo engine needs MPI) and reports their outcome in one line.
+when the halo exchange needs MPI) and reports their outcome in one line.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 from ..._argtypes import positive_float as positive_float
 from ..._argtypes import positive_int
 from ...errors import ConfigError
-from ._halo import HALO_ENGINES, NEEDS_GPU, NEEDS_MPIRUN
+from ._halo import HALO_EXCHANGES, NEEDS_GPU, NEEDS_MPIRUN
 from ._lattice import check_local, fmt, local_from_global
 from ._operator import PRECISIONS
 from ._solver import FLOPS_PER_SITE_CG, ConvergenceError
@@ -49,8 +49,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="ranks in x, y, z and t (default 1 1 1 1); the job has PX*PY*PZ*PT ranks")
     p.add_argument("--prec", choices=tuple(PRECISIONS), default="double",
                    help="precision of the operator (invert: of the CG passes; x and the residual stay double)")
-    p.add_argument("--halo", choices=HALO_ENGINES, default="rma",
-                   help="halo engine: rma (circuslink RMA queue, host-driven), rma-device (the dslash kernel "
+    p.add_argument("--halo", choices=HALO_EXCHANGES, default="rma",
+                   help="halo exchange: rma (circuslink RMA queue, host-driven), rma-device (the dslash kernel "
                         "drives the queue; cuda), mpi-p2p (MPI persistent send/recv; mpirun), mpi-rma "
                         "(MPI-3 RMA; mpirun), nvshmem (cuda), nccl (cuda, one GPU per rank). Default rma")
     p.add_argument("--kappa", type=_float, default=None, help="hopping parameter kappa of M = 1 - kappa D")
@@ -123,9 +123,9 @@ def _plan(args: argparse.Namespace) -> dict:
     local = local_from_global(global_dims, grid)
     backend = (args.backend or os.environ.get("CIRCUSLINK_BACKEND") or "").lower() or None
     if args.halo in NEEDS_GPU and nranks > 1:
-        from ...backends import default_backend_name
+        from ...backends import uses_gpus
 
-        if (backend or default_backend_name()) != "cuda":
+        if not uses_gpus(backend):
             raise ConfigError(f"--halo {args.halo} needs the cuda back-end (GPU memory); this job would run on cpu")
     return {"grid": grid, "nranks": nranks, "global": tuple(global_dims), "local": tuple(local)}
 

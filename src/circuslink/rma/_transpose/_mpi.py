@@ -1,4 +1,4 @@
-"""Transposing puts on the mpi engine: one ``MPI_Put`` whose origin datatype walks the source by columns.
+"""Transposing puts on MPI-3 windows: one ``MPI_Put`` whose origin datatype walks the source by columns.
 
 The origin datatype visits the block column by column (a vector of ``rows`` elements at stride
 ``src_ld``, resized to one element so that consecutive columns start one element apart, repeated
