@@ -128,7 +128,11 @@ def choose(context: Context, scope: Scope, *, mapped: bool = False, name: str | 
 
 def network_choice(context: Context, env: dict[str, str] | None = None) -> tuple[str | None, str]:
     """(the transport links between nodes will take in a job like ``context``, or None; a line saying why):
-    what ``circuslink run --ranks-per-node K`` reports before starting the job."""
+    what ``circuslink run --ranks-per-node K`` reports before starting the job. A name this process does not know
+    (a plug-in the ranks register themselves) is reported as it is."""
+    raw = (os.environ if env is None else env).get(ENV_TRANSPORT, "").strip()
+    if raw and raw not in _order:
+        return raw, f"between nodes: transport {raw} (forced by {ENV_TRANSPORT}; registered by the ranks themselves)"
     name = forced(env)
     try:
         chosen = choose(context, Scope.NETWORK, name=name, what="between nodes")
