@@ -19,9 +19,9 @@ from circuslink import _abi as abi
 INCLUDE = Path(__file__).resolve().parents[1] / "src" / "circuslink" / "include"
 NVCC = shutil.which("nvcc")
 # Every module that declares tables (importing it registers them).
-TABLE_MODULES = ["circuslink.channels.protocol", "circuslink.transport._base", "circuslink.rma._layout",
-                 "circuslink.trace._layout", "circuslink.collectives._layout", "circuslink.rma._transpose._cuda",
-                 "circuslink.topology._routing", "circuslink.apps.qcd._cuda"]
+TABLE_MODULES = ["circuslink.channels.protocol", "circuslink.transport._base", "circuslink.transport.nvshmem",
+                 "circuslink.rma._layout", "circuslink.trace._layout", "circuslink.collectives._layout",
+                 "circuslink.rma._transpose._cuda", "circuslink.topology._routing", "circuslink.apps.qcd._cuda"]
 
 
 def _registered() -> list[abi.Struct]:

@@ -4,7 +4,7 @@ Under mpirun (2 declared nodes x 2 ranks, and 3 x 2): random packets of every si
 ways at once through relays, byte-exact and in order; a paused reader holds the writer to exactly two rings of
 packets (its in ring and the writer's out ring) and nothing is lost; channel ends on a relay's rings; a reader
 that never reads and an MPI call that fails end in one line naming the link, both ranks and the transport;
-connections put, put-with-signal, signal, wait and flush byte-exact; the engine is built once and cached.
+connections put, put-with-signal, signal, wait and flush byte-exact; the progress thread is built once and cached.
 """
 
 from __future__ import annotations
@@ -343,8 +343,8 @@ def test_connections_put_signal_wait_flush_byte_exact(spmd):
             "inbox of 65536 bytes") in job.stdout
 
 
-def test_the_progress_engine_is_built_once_and_cached(tmp_path, monkeypatch):
-    """The engine is compiled on first use into the user's cache folder, named by the hash of its source and
+def test_the_progress_thread_is_built_once_and_cached(tmp_path, monkeypatch):
+    """The progress thread is compiled on first use into the user's cache folder, named by the hash of its source and
     command; a second build finds it."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     first = _build.build_cached("transport", "libcircuslink_mpi", tmpi.SOURCE, tmpi._command)

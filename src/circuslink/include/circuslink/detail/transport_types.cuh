@@ -36,5 +36,68 @@ struct Handle {
   unsigned int peer;                      // the other end
 };
 
+// -- the nvshmem transport's proxy kernel (transport/nvshmem_proxy.cu; tables: transport/nvshmem.py) ------------
+// A relay between two gateways whose rings live in NVSHMEM's symmetric heap: the proxy kernel on each gateway
+// puts packet s of its out ring into packet s of the peer's in ring (payload, a quiet, then the slot's low-latency
+// area with the header), and returns the agent's consumed count of its own in ring to the peer as a signal.
+enum : unsigned int {
+  // ProxyArgs::control words (host-mapped)
+  kProxyStop = 0,       // host: stop after this slice
+  kProxyClosing = 1,    // host: the agents are done; finish what the out rings hold, then say done
+  kProxyDiscard = 2,    // host: no agent reads the in rings any more: take and drop what arrives
+  kProxyDone = 3,       // proxy: relays whose out ring is drained and whose puts are complete
+  kProxyError = 4,      // proxy: an error code (kProxyErr*), then the relay and the packet
+  kProxyErrRelay = 5,
+  kProxyErrSeqLo = 6,
+  kProxyErrSeqHi = 7,
+  kProxyControlWords = 8,
+  kProxyErrFull = 1u,     // the peer's in ring stayed full past the time-out
+  kProxyErrHeader = 2u,   // a corrupt header in this rank's out ring
+  kProxyErrAborted = 3u,  // the host's abort word was set
+};
+
+// One relay as the proxy kernel sees it (device memory; 112 bytes).
+struct RelayEntry {
+  unsigned char* out_slots;             // my out ring's slots (the agent writes them)
+  unsigned long long* out_credit;       // my out ring's in-order credit counter (the proxy returns slots)
+  unsigned int* out_slot_credits;       // my out ring's slot credits
+  unsigned int* out_send_error;         // the out ring writer's error record (the proxy records aborts there)
+  unsigned char* in_slots;              // my in ring's slots (the peer's proxy puts them)
+  unsigned long long* in_credit;        // my in ring's consumed count (the agent writes it)
+  unsigned int* in_recv_error;          // the in ring reader's error record
+  unsigned char* peer_in_slots;         // the peer's in ring's slots (a symmetric address)
+  unsigned long long* credit_from_peer; // my 2 signal words the peer sets: its in ring's consumed count, and
+                                        // 1 + the packets it sent in all once it has closed (0: not yet)
+  unsigned long long* credit_at_peer;   // the peer's 2 signal words for mine (a symmetric address)
+  unsigned int nslots;
+  unsigned int slot_bytes;              // 256 + chunk
+  unsigned int chunk;
+  unsigned int batch;                   // most packets put before one quiet
+  int pe;                               // the peer's PE
+  unsigned int pad;
+};
+
+// What the proxy keeps of each relay from one slice to the next (device memory, zeroed by the host).
+struct RelayState {
+  unsigned long long sent;              // packets put (their puts complete: slots returned)
+  unsigned long long reported;          // my in ring's consumed count last signalled to the peer
+  unsigned long long blocked_since;     // %globaltimer when the next packet began waiting for room, 0: not
+  unsigned long long discarded;         // packets of my in ring taken and dropped (kProxyDiscard)
+  unsigned long long done;              // closing: goodbyes exchanged, everything arrived (counted once in kProxyDone)
+  unsigned long long bye;               // closing: 1 + packets sent, signalled to the peer (0: not yet)
+};
+
+// What the proxy kernel receives by value (56 bytes).
+struct ProxyArgs {
+  const RelayEntry* relays;
+  RelayState* state;
+  unsigned int* control;                // host-mapped kProxy* words
+  const volatile unsigned int* abort;   // the back-end's abort word
+  unsigned long long timeout_ns;        // a packet waits this long for room in the peer's in ring
+  unsigned long long slice_ns;          // one launch runs this long, then exits (the host relaunches it)
+  unsigned int nrelays;
+  unsigned int rank;
+};
+
 }  // namespace transport
 }  // namespace circuslink
