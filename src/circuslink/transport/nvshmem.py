@@ -50,10 +50,12 @@ RELAY_STATE = abi.Struct("circuslink::transport::RelayState", _TYPES, [
     ("sent", abi.U64), ("reported", abi.U64), ("blocked_since", abi.U64), ("discarded", abi.U64), ("done", abi.U64),
     ("bye", abi.U64)])
 PROXY_ARGS = abi.Struct("circuslink::transport::ProxyArgs", _TYPES, [
-    ("relays", abi.PTR), ("state", abi.PTR), ("control", abi.PTR), ("abort", abi.PTR), ("timeout_ns", abi.U64),
+    ("relays", abi.PTR), ("state", abi.PTR), ("control", abi.PTR), ("claim", abi.PTR), ("abort", abi.PTR),
+    ("timeout_ns", abi.U64),
     ("slice_ns", abi.U64), ("nrelays", abi.U32), ("rank", abi.U32)])
 # ProxyArgs::control (transport_types.cuh: kProxy*)
-_STOP, _CLOSING, _DISCARD, _DONE, _ERROR, _ERR_RELAY, _ERR_SEQ_LO, _ERR_SEQ_HI, _CONTROL_WORDS = range(9)
+_STOP, _CLOSING, _DISCARD, _ERROR, _ERR_RELAY, _ERR_SEQ_LO, _ERR_SEQ_HI = range(7)
+_CONTROL_WORDS = 8
 _ERRORS = {1: "rank {peer}'s in ring stayed full for {timeout:g} s (its agent stopped taking packets; packet {seq} "
               "waits to cross)",
            2: "packet {seq} in this rank's out ring has a corrupt header",
@@ -318,8 +320,10 @@ class NvshmemRelays(RelayGroup):
         with self.stream:
             self._table = cp.asarray(np.ascontiguousarray(table).view(np.uint8))
             self._state = cp.zeros(max(1, len(peers)) * RELAY_STATE.size, dtype=cp.uint8)
+            self._claim = cp.zeros(1, dtype=cp.uint32)
         self._args = np.ascontiguousarray(PROXY_ARGS.pack(
             relays=self._table.data.ptr, state=self._state.data.ptr, control=self._control_ptr,
+            claim=self._claim.data.ptr,
             abort=world.backend.abort_ptr, timeout_ns=int(timeout * 1e9), slice_ns=int(SLICE_S * 1e9),
             nrelays=len(peers), rank=world.rank))
         self.stream.synchronize()
@@ -342,8 +346,7 @@ class NvshmemRelays(RelayGroup):
 
         with cp.cuda.Device(device):
             queued: list[Any] = []
-            while self._running and not self.control[_ERROR] and self.error is None \
-                    and self.control[_DONE] < len(self._peers):
+            while self._running and not self.control[_ERROR] and self.error is None:
                 if len(queued) < 2:
                     self._launch()
                     event = cp.cuda.Event(disable_timing=True)
@@ -373,14 +376,22 @@ class NvshmemRelays(RelayGroup):
         try:
             if self._running:
                 self.control[_CLOSING] = 1
-                wait_until(lambda: self.control[_DONE] >= len(self._peers) or bool(self.control[_ERROR]),
-                           deadline.remaining() + 1.0, lambda: f"the nvshmem proxy of rank {self.world.rank} closing",
-                           None)
+                wait_until(lambda: self._all_done() or bool(self.control[_ERROR]), deadline.remaining() + 1.0,
+                           lambda: f"the nvshmem proxy of rank {self.world.rank} closing its relays", None)
             self.check()
         finally:
             self._stop(deadline.remaining() + 1.0)
             self._part.close(deadline.remaining() + 1.0)
             self._free()
+
+    def _all_done(self) -> bool:
+        """Every relay has exchanged goodbyes and taken all the peer sent (RelayState::done, read from the device
+        on a stream of its own while the proxy runs)."""
+        import cupy as cp
+
+        with cp.cuda.Stream(non_blocking=True) as side:
+            state = self._state.get(stream=side)
+        return bool(np.all(state.view(RELAY_STATE.dtype)["done"][:len(self._peers)]))
 
     def release_local(self) -> None:
         from ..errors import TimeoutError

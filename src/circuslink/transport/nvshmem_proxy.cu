@@ -79,7 +79,8 @@ __device__ bool published(unsigned char* ring, const RelayEntry& r, u64 seq, u32
 }
 
 __device__ void record(const ProxyArgs& a, const RelayEntry& r, u32 relay, u32 code, u64 seq, u64 received) {
-  if (atomicCAS(a.control + t::kProxyErrRelay, 0u, relay + 1u) == 0u) {
+  if (atomicCAS(a.claim, 0u, 1u) == 0u) {  // device memory: host-mapped words get plain stores only
+    a.control[t::kProxyErrRelay] = relay + 1u;
     a.control[t::kProxyErrSeqLo] = (u32)(seq & 0xFFFFFFFFull);
     a.control[t::kProxyErrSeqHi] = (u32)(seq >> 32);
     __threadfence_system();
@@ -207,9 +208,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) circuslink_nvshmem_pro
     __syncthreads();
     if (dec.exit) {
       if (dec.exit == 2 && threadIdx.x == 0) {
-        st.done = 1;
         __threadfence_system();
-        atomicAdd(a.control + t::kProxyDone, 1u);
+        st.done = 1;
       }
       return;
     }

@@ -45,11 +45,10 @@ enum : unsigned int {
   kProxyStop = 0,       // host: stop after this slice
   kProxyClosing = 1,    // host: the agents are done; finish what the out rings hold, then say done
   kProxyDiscard = 2,    // host: no agent reads the in rings any more: take and drop what arrives
-  kProxyDone = 3,       // proxy: relays whose out ring is drained and whose puts are complete
-  kProxyError = 4,      // proxy: an error code (kProxyErr*), then the relay and the packet
-  kProxyErrRelay = 5,
-  kProxyErrSeqLo = 6,
-  kProxyErrSeqHi = 7,
+  kProxyError = 3,      // proxy: an error code (kProxyErr*), after the relay and the packet it concerns
+  kProxyErrRelay = 4,   // 1 + the relay's index
+  kProxyErrSeqLo = 5,
+  kProxyErrSeqHi = 6,
   kProxyControlWords = 8,
   kProxyErrFull = 1u,     // the peer's in ring stayed full past the time-out
   kProxyErrHeader = 2u,   // a corrupt header in this rank's out ring
@@ -83,15 +82,16 @@ struct RelayState {
   unsigned long long reported;          // my in ring's consumed count last signalled to the peer
   unsigned long long blocked_since;     // %globaltimer when the next packet began waiting for room, 0: not
   unsigned long long discarded;         // packets of my in ring taken and dropped (kProxyDiscard)
-  unsigned long long done;              // closing: goodbyes exchanged, everything arrived (counted once in kProxyDone)
+  unsigned long long done;              // closing: goodbyes exchanged, everything arrived (the host polls it)
   unsigned long long bye;               // closing: 1 + packets sent, signalled to the peer (0: not yet)
 };
 
-// What the proxy kernel receives by value (56 bytes).
+// What the proxy kernel receives by value (64 bytes).
 struct ProxyArgs {
   const RelayEntry* relays;
   RelayState* state;
-  unsigned int* control;                // host-mapped kProxy* words
+  unsigned int* control;                // host-mapped kProxy* words (plain stores only: no atomics over PCIe)
+  unsigned int* claim;                  // device memory: the first failing block claims the error words
   const volatile unsigned int* abort;   // the back-end's abort word
   unsigned long long timeout_ns;        // a packet waits this long for room in the peer's in ring
   unsigned long long slice_ns;          // one launch runs this long, then exits (the host relaunches it)
