@@ -114,7 +114,7 @@ class NodeInfo:
 # ---- constructors -------------------------------------------------------------------------------
 
 def nodes(layout: int | Sequence[Sequence[int]], inner: int | str | Topology | None = None, *,
-          gateway: int | str | Sequence[int] = 0, name: str | None = None) -> Topology:
+          gateway: int | str | Sequence[int] = 0, name: str | None = None, transport: str | None = None) -> Topology:
     """A topology of nodes joined through gateways.
 
     ``layout``: a node count N (with ``inner`` giving the nodes' size or topology; node i holds ranks
@@ -122,8 +122,14 @@ def nodes(layout: int | Sequence[Sequence[int]], inner: int | str | Topology | N
     ``inner``: K (every rank of a node linked to every other, ``full:K``), a kind:dims string or a
     :class:`Topology` of the node's size; None with rank lists: ``full`` of each node's size.
     ``gateway``: the local rank every node's traffic leaves from (default 0), ``"spread"`` (node A reaches
-    node B from its local rank ``B mod K``) or one local rank per node.
+    node B from its local rank ``B mod K``) or one local rank per node. ``transport``: the transport every network
+    link names (None: the registry chooses one by capability when channels open).
     """
+    if transport is not None:
+        from ..transport import names as transports
+
+        if transport not in transports():
+            raise TopologyError(f"nodes: unknown transport {transport!r} (choose one of {', '.join(transports())})")
     if isinstance(layout, bool):
         raise TopologyError(f"nodes: a node count or the nodes' rank lists, not {layout!r}")
     if isinstance(layout, int | np.integer):
@@ -160,8 +166,9 @@ def nodes(layout: int | Sequence[Sequence[int]], inner: int | str | Topology | N
         else:
             auto = "nodes:" + "|".join(_span(r) for r in lists)
     hop, rule, suffix = _gateways(lists, gateway, name or auto)
+    over = f" over {transport}" if transport is not None else ""
     return _assemble(lists, [f"node{i}" for i in range(len(lists))], inners, hop, rule,
-                     name or (auto + suffix))
+                     (name or (auto + suffix)) + over, transport)
 
 
 def parse_nodes(text: str) -> Topology:
@@ -290,7 +297,7 @@ def _gateways(lists: list[list[int]], gateway: int | str | Sequence[int],
 
 
 def _assemble(lists: list[list[int]], names: list[str], inners: list[Topology], hop: list[list[tuple[int, int]]],
-              rule: str, name: str) -> Topology:
+              rule: str, name: str, transport: str | None = None) -> Topology:
     """The topology: inner links node by node, one network link each way per pair of nodes, ports numbered by
     neighbour rank (as on graphs)."""
     size = sum(len(r) for r in lists)
@@ -309,7 +316,8 @@ def _assemble(lists: list[list[int]], names: list[str], inners: list[Topology], 
         neighbours[src].add(dst)
         neighbours[dst].add(src)
     port_of = [{nb: p for p, nb in enumerate(sorted(nbs))} for nbs in neighbours]
-    links = [Link(i, src, dst, port_of[src][dst], kind=kind, weight=weight)
+    links = [Link(i, src, dst, port_of[src][dst], kind=kind, weight=weight,
+                  transport=transport if kind == NETWORK_KIND else None)
              for i, ((src, dst), (kind, weight)) in enumerate(sorted(pairs.items()))]
     info = NodeInfo([list(r) for r in lists], names, list(inners), hop, rule)
     return Topology("nodes", [str(r) for r in range(size)], links, name=name, node_info=info)
