@@ -19,9 +19,11 @@
 #   soak            10^6 messages over 72 channels among 4 ranks, both modes, every byte checked
 #   transpose       transposing put against contiguous put and local transpose + put
 #   fft             distributed 2-D FFT at 8192^2 and 16384^2, 2 and 4 ranks, against the local-transpose scheme
-#   qcd             Wilson-Dirac CG: an 8^4-per-rank solve on a 2x2 grid, and per-iteration time by halo engine
+#   qcd             Wilson-Dirac CG: an 8^4-per-rank solve on a 2x2 grid, and per-iteration time by halo exchange
 #   hops            routed channels: latency and throughput by hop count on line:8 (8 ranks) and torus:4x4 (16)
-#   nodes           2 declared nodes x 2 ranks: MPI alone, the engine link, a channel inside a node, gateway-routed
+#   nodes           2 declared nodes x 2 ranks: the transports' GPU tests (ipc, mpi, nvshmem; gateway-routed
+#                   channels over mpi and nvshmem), then bench nodes: every transport between nodes side by side
+#                   with NVSHMEM put-with-signal and MPI one-way, "+ one hop" references, relays, gateway-routed
 #   all             every stage above
 #   smoke           every benchmark in its --quick form, each bounded to 90 s (errors show at once; not in "all")
 #   before          the regression tests of the MPS hangs against an older tree ($OLD_TREE, e.g.
@@ -131,6 +133,9 @@ want hops && step hops-line8 cl bench hops -n 8 --topology line:8 --json "$R/hop
   --plot "$R/hops-line8.png"
 want hops && step hops-torus4x4 cl bench hops -n 16 --topology torus:4x4 --iters 5 --json "$R/hops-torus4x4.json" \
   --plot "$R/hops-torus4x4.png"
+want nodes && step nodes-tests env CIRCUSLINK_TIMEOUT=20 timeout -s INT ${TESTS_BUDGET_S:-540} $PY -m pytest -q -rfE \
+  --tb=short -m gpu -p no:cacheprovider --timeout 300 tests/test_transport_nvshmem.py tests/test_transport_ipc.py \
+  tests/test_transport_mpi.py tests/test_gateway_gpu.py
 want nodes && step nodes cl bench nodes -n 4 --ranks-per-node 2 --sizes 8,64,1K,4K,64K,1M,16M,64M \
   --json "$R/nodes.json" --plot "$R/nodes.png"
 want nodes && step nodes-3x2 cl bench nodes -n 6 --ranks-per-node 2 --quick --json "$R/nodes-3x2.json"

@@ -1,7 +1,7 @@
 """The Wilson operator and solver on the cuda back-end (the device machine: one GPU, ranks under MPS).
 
 The GPU operator against the numpy reference on random Haar fields, single and double, on 1, 2 and 4 ranks
-and for every halo engine that the machine has: rma (host-driven), rma-device (the dslash kernel drives
+and for every halo exchange that the machine has: rma (host-driven), rma-device (the dslash kernel drives
 the queue), mpi-p2p and mpi-rma (under mpirun, host-staged), nvshmem (skipped with its reason when it
 cannot be had), nccl (two GPUs). Each job also solves with single-precision CG passes and checks the
 solution's residual under the reference operator.
@@ -75,14 +75,14 @@ def test_decomposed_gpu_operator_matches_reference(spmd, grid, halo):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("halo", ["mpi-p2p", "mpi-rma"])
-def test_mpi_halo_engines_on_gpu(spmd, halo):
+def test_mpi_halo_exchanges_on_gpu(spmd, halo):
     job = spmd(4, DECOMPOSED.format(grid=(2, 2, 1, 1), dims=DIMS, kappa=KAPPA, halo=halo), backend="cuda",
                launcher="mpirun", timeout=300).check()
     assert "ok grid (2, 2, 1, 1)" in job.output
 
 
 @pytest.mark.timeout(600)  # the first call builds the NVSHMEM shared library with nvcc
-def test_nvshmem_halo_engine(spmd):
+def test_nvshmem_halo_exchange(spmd):
     code = DECOMPOSED.format(grid=(2, 2, 1, 1), dims=DIMS, kappa=KAPPA, halo="nvshmem")
     job = spmd(4, code, backend="cuda", timeout=600)
     if job.returncode != 0 and "--halo nvshmem is unavailable" in job.output:
@@ -93,7 +93,7 @@ def test_nvshmem_halo_engine(spmd):
 
 
 @pytest.mark.two_gpus
-def test_nccl_halo_engine(spmd):
+def test_nccl_halo_exchange(spmd):
     job = spmd(2, DECOMPOSED.format(grid=(2, 1, 1, 1), dims=DIMS, kappa=KAPPA, halo="nccl"), backend="cuda",
                timeout=300).check()
     assert "ok grid (2, 1, 1, 1)" in job.output

@@ -197,13 +197,13 @@ def test_decompositions_give_the_same_operator_and_solution(spmd, seed, tmp_path
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("halo", ["mpi-p2p", "mpi-rma"])
-def test_mpi_halo_engines(spmd, halo):
+def test_mpi_halo_exchanges(spmd, halo):
     job = spmd(4, DECOMPOSED.format(grid=(2, 2, 1, 1), dims=DIMS, kappa=KAPPA, halo=halo), launcher="mpirun",
                timeout=120, env={"OMPI_MCA_mpi_yield_when_idle": "1"}).check()
     assert "ok grid (2, 2, 1, 1)" in job.output
 
 
-def test_mpi_halo_engines_refuse_a_job_not_started_by_mpirun(spmd):
+def test_mpi_halo_exchanges_refuse_a_job_not_started_by_mpirun(spmd):
     code = """
 import circuslink as cl
 from circuslink.apps import qcd

@@ -38,7 +38,7 @@ BENCHMARKS = [
     ("transpose", "circuslink.bench.transpose", "transposing put against contiguous put and local transpose + put"),
     ("fft", "circuslink.bench.fft", "distributed 2-D FFT: transposing puts against local transpose + put and fft2"),
     ("hops", "circuslink.bench.hops", "latency and throughput by hop count over a topology (routed channels)"),
-    ("nodes", "circuslink.bench.nodes", "pingpong inside a node, over the engine link between nodes, and MPI alone"),
+    ("nodes", "circuslink.bench.nodes", "transports between nodes: their own one-way, relays, routed channels"),
 ]
 
 

@@ -143,7 +143,7 @@ def run_rank(world: Any, cfg: Config) -> int:
     from . import _driver as drv
 
     check_sizes(cfg.sizes, world.size)
-    engine = world.backend_module("circuslink.apps.fft")
+    module = world.backend_module("circuslink.apps.fft")
     results = drv.Results("fft", world)
     drv.progress("fft: measuring the floor (probe)")
     pairs = [(0, 1), (1, 0)] if world.size > 1 else []
@@ -157,7 +157,7 @@ def run_rank(world: Any, cfg: Config) -> int:
             times = {}
             for scheme in fft.SCHEMES:
                 drv.progress(f"fft: {scheme} {n} x {n} {dtype} on {world.size} ranks")
-                row = _measure_scheme(world, engine, fft, n, dtype, scheme, cfg, seed)
+                row = _measure_scheme(world, module, fft, n, dtype, scheme, cfg, seed)
                 if world.xp is not np:  # hand the next case (and the one-rank baseline) the memory back
                     world.xp.get_default_memory_pool().free_all_blocks()
                 times[scheme] = row["time_ms"]
@@ -168,7 +168,7 @@ def run_rank(world: Any, cfg: Config) -> int:
                         r["less_time_pct"] = 100.0 * (1.0 - times["transpose-put"] / times["local-transpose"])
             if cfg.baselines:
                 drv.progress(f"fft: fft2 on one rank, {n} x {n} {dtype}")
-                results.add(**_one_rank(world, engine, n, dtype, cfg, seed))
+                results.add(**_one_rank(world, module, n, dtype, cfg, seed))
     if world.rank == 0:
         drv.print_table(results.rows, ["impl", "n", "dtype", "time_ms", "time_min_ms", "fft_ms", "transpose_ms",
                                        "comm_ms", "gflops", "less_time_pct", "max_rel_err"],
@@ -189,14 +189,14 @@ def run_rank(world: Any, cfg: Config) -> int:
     return 0
 
 
-def _measure_scheme(world: Any, engine: Any, fft: Any, n: int, dtype: str, scheme: str, cfg: Config,
+def _measure_scheme(world: Any, module: Any, fft: Any, n: int, dtype: str, scheme: str, cfg: Config,
                     seed: int) -> dict:
     xp = world.xp
     with fft.Plan(world, (n, n), dtype, cfg.inverse, cfg.layout, scheme) as plan:
-        x0 = engine.random_slab(world, plan.input.shape, dtype, [seed, n, world.rank])
+        x0 = module.random_slab(world, plan.input.shape, dtype, [seed, n, world.rank])
         plan.input[...] = x0
         out = plan.execute()
-        err = _check(world, engine, plan, x0, out)
+        err = _check(world, module, plan, x0, out)
         tolerance = _TOLERANCE[dtype]
         if not err <= tolerance:  # also catches NaN
             raise ConfigError(f"bench fft: {scheme} {n} x {n} {dtype} on rank {world.rank}: max relative error "
@@ -204,7 +204,7 @@ def _measure_scheme(world: Any, engine: Any, fft: Any, n: int, dtype: str, schem
 
         def restore() -> None:  # FFT after FFT would overflow: every iteration transforms the same input
             plan.input[...] = x0
-            engine.synchronize(world)
+            module.synchronize(world)
             if xp is not np:
                 xp.cuda.get_current_stream().synchronize()
 
@@ -238,7 +238,7 @@ def _measure_scheme(world: Any, engine: Any, fft: Any, n: int, dtype: str, schem
                     samples=len(slowest))
 
 
-def _check(world: Any, engine: Any, plan: Any, x0: Any, out: Any) -> float:
+def _check(world: Any, module: Any, plan: Any, x0: Any, out: Any) -> float:
     """Max relative error of two output rows per rank against a direct DFT over the input (float64).
 
     Natural layout: output row k is fft(sum_i w1^(k i) x[i, :]); each rank forms its rows' part of
@@ -254,32 +254,32 @@ def _check(world: Any, engine: Any, plan: Any, x0: Any, out: Any) -> float:
     if plan.layout == "natural":
         i = np.arange(world.rank * b1, (world.rank + 1) * b1, dtype=np.int64)
         phase = (np.outer(ks, i) % n1) * (2 * np.pi / n1) * sign
-        part = engine.to_host(xp.asarray(np.exp(1j * phase)) @ x)  # (len(ks), n2)
+        part = module.to_host(xp.asarray(np.exp(1j * phase)) @ x)  # (len(ks), n2)
         total = sum(world.allgather_object(part))
         ref = np.fft.ifft(total, axis=1, norm="forward") if plan.inverse else np.fft.fft(total, axis=1)
     else:
         j = np.arange(n2, dtype=np.int64)
         phase = (np.outer(j, ks) % n2) * (2 * np.pi / n2) * sign
-        part = engine.to_host(x @ xp.asarray(np.exp(1j * phase)))  # (b1, len(ks)): my rows of x @ F2[:, ks]
+        part = module.to_host(x @ xp.asarray(np.exp(1j * phase)))  # (b1, len(ks)): my rows of x @ F2[:, ks]
         u = np.concatenate(world.allgather_object(part), axis=0)  # (n1, len(ks))
         ref = (np.fft.ifft(u, axis=0, norm="forward") if plan.inverse else np.fft.fft(u, axis=0)).T
     if plan.inverse:
         ref = ref / (n1 * n2)
     mine = [idx for idx, k in enumerate(ks) if k // out_b == world.rank]
-    got = engine.to_host(out[[ks[idx] - world.rank * out_b for idx in mine]]).astype(np.complex128)
+    got = module.to_host(out[[ks[idx] - world.rank * out_b for idx in mine]]).astype(np.complex128)
     want = ref[mine]
     scale = max(float(np.abs(want).max()), 1e-300)
     err = float(np.abs(got - want).max() / scale)
     return max(world.allgather_object(err))
 
 
-def _one_rank(world: Any, engine: Any, n: int, dtype: str, cfg: Config, seed: int) -> dict:
+def _one_rank(world: Any, module: Any, n: int, dtype: str, cfg: Config, seed: int) -> dict:
     """cuFFT's (numpy's) fft2 of the whole array on rank 0 while the others wait."""
     from ..apps import fft
 
     es = fft.DTYPES[dtype]
     need = 4 * n * n * es  # input, output, work area, margin
-    free, what = engine.free_bytes(world)
+    free, what = module.free_bytes(world)
     row: dict = dict(impl="fft2-1rank", bytes=n * n * es, n=n, dtype=dtype, ranks=1, layout="natural",
                      inverse=cfg.inverse)
     fits = world.broadcast_object(need <= free)
@@ -288,11 +288,11 @@ def _one_rank(world: Any, engine: Any, n: int, dtype: str, cfg: Config, seed: in
         return dict(row, skipped=f"needs about {need / (1 << 30):.1f} GiB on {what}; "
                                  f"{free / (1 << 30):.1f} GiB free")
     if world.rank == 0:
-        x = engine.random_slab(world, (n, n), dtype, [seed, n, 1 << 20])
+        x = module.random_slab(world, (n, n), dtype, [seed, n, 1 << 20])
         seconds = []
         for i in range(cfg.warmup + cfg.iters):
             t0 = time.perf_counter()
-            y = engine.fft2_reference(x, cfg.inverse)
+            y = module.fft2_reference(x, cfg.inverse)
             if world.xp is not np:
                 world.xp.cuda.get_current_stream().synchronize()
             if i >= cfg.warmup:

@@ -10,9 +10,9 @@ Rows:
 * one row per halo exchange and grid (``--halos`` x ``--grids``, local lattice ``--dim``): the time of one CG
   iteration on the even-odd normal equations (4 hops, 2 global reductions, the vector updates), median and
   minimum over ``--samples`` loops of ``--iters`` iterations (the slowest rank's time), the share of it
-  spent waiting on halos (host-side waits; device-side engines show ~0), GFLOP/s by QUDA's count (2,832
+  spent waiting on halos (host-side waits; device-driven exchanges show ~0), GFLOP/s by QUDA's count (2,832
   flops per site per iteration). Each configuration runs as its own job (under mpirun for the MPI
-  engines), so an engine that cannot run here becomes a skipped row with its reason.
+  exchanges), so an exchange that cannot run here becomes a skipped row with its reason.
 
 Targets (issue 15, one GPU, ranks under MPS): dslash bandwidth >= 0.7 x the local copy; at 8^4 local on a
 2x2 grid, rma <= 0.45 x mpi-rma per iteration and no slower than nvshmem.

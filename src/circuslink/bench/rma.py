@@ -13,7 +13,7 @@ kernels, kernel launch: ``q.start(stream=)`` and ``q.wait(stream=, block=False)`
 times inside one CUDA graph capture, event-timed: what a host-driven cycle costs on the GPU
 without Python), ``rma-device`` (start and wait inside one kernel, ``kernels/rma_cycles.cu``,
 through the public ``<circuslink/rma.cuh>`` and ``q.device_handle()``), ``mpi3-rma`` (the mpi
-engine: MPI_Put in PSCW epochs, host-staged with a GPU), ``mpi-persistent-p2p``
+windows: MPI_Put in PSCW epochs, host-staged with a GPU), ``mpi-persistent-p2p``
 (Send_init/Recv_init, Startall, Waitall, host-staged), ``nccl-grouped-sendrecv`` (contiguous
 only), and the floor from ``circuslink probe``. Set CIRCUSLINK_RMA_LAUNCH=graph to measure the
 CUDA-graph launch.

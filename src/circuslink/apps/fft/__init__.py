@@ -76,7 +76,7 @@ def check_shape(shape: Any, nranks: int, where: str) -> tuple[int, int]:
 
 
 def bytes_per_rank(n1: int, n2: int, dtype: str, nranks: int, scheme: str, extra_slabs: int, staging: bool) -> int:
-    """Memory one rank needs: the window (2 slabs; 3 for the local-transpose scheme), the engine's
+    """Memory one rank needs: the window (2 slabs; 3 for the local-transpose scheme), the back-end module's
     extra slabs (FFT work areas), a staging slab when files are read or written, and a margin."""
     slab = n1 * n2 * DTYPES[dtype] // nranks
     slabs = (3 if scheme == "local-transpose" else 2) + extra_slabs + (1 if staging else 0)
@@ -87,14 +87,14 @@ def _gib(n: float) -> str:
     return f"{n / (1 << 30):.1f} GiB"
 
 
-def check_memory(world: Any, engine: Any, n1: int, n2: int, dtype: str, scheme: str, staging: bool = False) -> None:
+def check_memory(world: Any, module: Any, n1: int, n2: int, dtype: str, scheme: str, staging: bool = False) -> None:
     """Collective: refuse, before allocating, a problem that the ranks sharing a device (or the host) cannot hold.
 
     Every rank reports its device and free bytes; each group of ranks on one device needs the sum
     of their estimates. Every rank raises the same one-line error.
     """
-    need = bytes_per_rank(n1, n2, dtype, world.size, scheme, engine.EXTRA_SLABS, staging)
-    free, what = engine.free_bytes(world)
+    need = bytes_per_rank(n1, n2, dtype, world.size, scheme, module.EXTRA_SLABS, staging)
+    free, what = module.free_bytes(world)
     everyone = world.allgather_object((world.device, free, what))
     groups: dict[Any, list[int]] = {}
     for rank, (device, _, _) in enumerate(everyone):
@@ -133,8 +133,8 @@ class Plan(Resource):
         if scheme not in SCHEMES:
             raise ConfigError(f"fft2: scheme={scheme!r} must be one of {', '.join(SCHEMES)}")
         self.inverse, self.layout, self.scheme = bool(inverse), layout, scheme
-        self._engine = world.backend_module("circuslink.apps.fft")
-        check_memory(world, self._engine, self.n1, self.n2, self.dtype, scheme, staging)
+        self._impl = world.backend_module("circuslink.apps.fft")
+        check_memory(world, self._impl, self.n1, self.n2, self.dtype, scheme, staging)
         R, me, es = world.size, world.rank, DTYPES[self.dtype]
         n1, n2 = self.n1, self.n2
         b1, b2 = n1 // R, n2 // R
@@ -151,8 +151,8 @@ class Plan(Resource):
             local = self.window.local
             self.a = local[a_off: a_off + slab].view(xp.dtype(self.dtype)).reshape(b1, n2)
             self.b = local[b_off: b_off + slab].view(xp.dtype(self.dtype)).reshape(b2, n1)
-            self._fft_a = self._engine.row_fft(world, self.a, self.inverse)
-            self._fft_b = self._engine.row_fft(world, self.b, self.inverse)
+            self._fft_a = self._impl.row_fft(world, self.a, self.inverse)
+            self._fft_b = self._impl.row_fft(world, self.b, self.inverse)
             win = self.window
             self._steps: list[tuple[str, Callable[[], None]]] = []
             if scheme == "transpose-put":
@@ -177,7 +177,7 @@ class Plan(Resource):
             self._steps.append(("fft", self._fft_b))
             if self.inverse:
                 factor = 1.0 / (n1 * n2)
-                self._steps.append(("fft", lambda: self._engine.scale(world, self.b, factor)))
+                self._steps.append(("fft", lambda: self._impl.scale(world, self.b, factor)))
             if layout == "natural":
                 if second_local is not None:
                     self._steps.append(("transpose", second_local))
@@ -236,7 +236,7 @@ class Plan(Resource):
         """Transform ``input``; return ``output``. With ``profile`` each phase is synchronised and timed
         (``timings``: fft, transpose, comm, total, in seconds); without, only the end is."""
         self._check_open("execute")
-        eng, world = self._engine, self.world
+        eng, world = self._impl, self.world
         eng.enter(world)
         if not profile:
             for _, step in self._steps:

@@ -1,4 +1,4 @@
-"""The 2-D FFT's cpu engine: numpy's FFT on the rows of a slab, host memory limits."""
+"""The 2-D FFT's cpu back-end module: numpy's FFT on the rows of a slab, host memory limits."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def synchronize(world: Any) -> None:
 
 
 def enter(world: Any) -> None:
-    """Nothing to order on the cpu (see the cuda engine)."""
+    """Nothing to order on the cpu (see the cuda module)."""
 
 
 def free_bytes(world: Any) -> tuple[int, str]:

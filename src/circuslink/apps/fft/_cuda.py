@@ -1,4 +1,4 @@
-"""The 2-D FFT's cuda engine: cuFFT (through CuPy) on the rows of a slab, on the world's stream."""
+"""The 2-D FFT's cuda back-end module: cuFFT (through CuPy) on the rows of a slab, on the world's stream."""
 
 from __future__ import annotations
 

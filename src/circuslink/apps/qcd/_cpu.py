@@ -1,6 +1,6 @@
-"""The cpu engine of the distributed Wilson operator: the even-odd hopping term in numpy.
+"""The cpu back-end module of the distributed Wilson operator: the even-odd hopping term in numpy.
 
-It follows the GPU engine step for step, so the cpu back-end checks the same algorithm: spin-projected half
+It follows the GPU module step for step, so the cpu back-end checks the same algorithm: spin-projected half
 spinors on the faces (``h = psi_upper + s A_mu psi_lower``, 12 reals; the lower half comes back as
 ``s A_mu^dagger h``), the backward faces multiplied by ``U^dagger`` before they travel, the interior computed
 between the halo exchange's ``start()`` and ``wait()``, the ghost terms added after. Fields are checkerboard

@@ -1,4 +1,4 @@
-"""The cuda engine of the distributed Wilson operator: the kernels of ``dslash.cu`` driven from the host.
+"""The cuda back-end module of the distributed Wilson operator: the kernels of ``dslash.cu`` driven from the host.
 
 Fields live on the GPU in the kernels' layout: one parity of a spinor field is ``(12 / W, Vh, W)`` complex
 with ``W`` complex numbers per 16-byte vector (2 in single, 1 in double), so a thread loads its site with 6

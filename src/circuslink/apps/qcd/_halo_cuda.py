@@ -140,7 +140,7 @@ def build_command(output: Path) -> list[str]:
 
 
 def build_library(folder: Path | None = None) -> Path:
-    """Build the engine's shared library (cached by source and command); return its path."""
+    """Build the NVSHMEM halo exchange's shared library (cached by source and command); return its path."""
     folder = folder or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "circuslink" / "qcd"
     digest = hashlib.sha256(_SOURCE.read_bytes() + "\0".join(build_command(Path("OUT"))).encode()).hexdigest()[:16]
     target = folder / f"libqcd_nvshmem-{digest}.so"

@@ -1,6 +1,6 @@
 """The distributed Wilson operator: one rank's part of ``M = 1 - kappa D``, even-odd, over any halo exchange.
 
-The back-end half (``_cpu.Dslash`` or ``_cuda.Dslash``, from ``world.engine``) computes one hop
+The back-end half (``_cpu.Dslash`` or ``_cuda.Dslash``, from ``world.backend_module``) computes one hop
 ``out = a x + b D_{p <- 1-p} in`` on checkerboard halves in its own field layout; this file strings hops
 into the operators the solver needs:
 
@@ -50,19 +50,19 @@ class WilsonOperator(Resource):
         self.xp = world.xp
         self.halo = make_halo(halo, world, lattice, self.dtype)
         self.halo_name = halo
-        engine = world.backend_module("circuslink.apps.qcd")
-        self.d = engine.Dslash(world, lattice, gauge, self.dtype, self.halo)
+        module = world.backend_module("circuslink.apps.qcd")
+        self.d = module.Dslash(world, lattice, gauge, self.dtype, self.halo)
         self._tmp = [self.d.new_field() for _ in range(3)]
         self._register(world)
 
     # -- fields -----------------------------------------------------------------------------
     def split(self, psi: Any) -> tuple[Any, Any]:
-        """A local field (T, Z, Y, X, 4, 3) -> its checkerboard halves in the engine's layout and precision."""
+        """A local field (T, Z, Y, X, 4, 3) -> its checkerboard halves in the back-end module's layout and precision."""
         even, odd = self.lat.split(self.xp.asarray(psi))
         return self.d.from_half(even), self.d.from_half(odd)
 
     def join(self, even: Any, odd: Any) -> Any:
-        """The local field (T, Z, Y, X, 4, 3) from halves in the engine's layout."""
+        """The local field (T, Z, Y, X, 4, 3) from halves in the back-end module's layout."""
         return self.lat.join(self.d.to_half(even), self.d.to_half(odd))
 
     def convert(self, field: Any, source: WilsonOperator) -> Any:
