@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import ConfigError
 
-_HALOS = "rma,rma-device,mpi-p2p,mpi-rma,nvshmem,nccl"
+_HALOS = "rma,rma-device,transport,mpi-p2p,mpi-rma,nvshmem,nccl"
 _GRIDS = "1x1x1x1,2x1x1x1,2x2x1x1"
 _KAPPA = 0.2  # CG needs ~140 iterations to 1e-12 on a hot 8^4 field: loops of 100 stay far from round-off
 _REALS_PER_SITE = 8 * 24 + 8 * 18 + 24

@@ -1,4 +1,4 @@
-"""Halo exchanges: one interface, six ways to move the faces of a spinor field to the neighbouring ranks.
+"""Halo exchanges: one interface, seven ways to move the faces of a spinor field to the neighbouring ranks.
 
 Every exchange owns a send array and a ghost array, both ``(6, S)`` complex (the layout of ``_lattice``): the
 kernel that produces a field writes its projected faces into ``send``; ``start()`` sends them; ``wait()``
@@ -10,6 +10,8 @@ returns ``ghost`` once every neighbour's faces have arrived. The operator does n
                by S in the send and in the ghost array: no packing), declared and committed once
 ``rma-device`` the same queue, started and waited on by the dslash kernel itself (``circuslink::rma_start`` /
                ``rma_wait``): no host call per hop (cuda)
+``transport``  Connections to the neighbours (``circuslink.transport``, chosen by capability: ipc inside a node,
+               nvshmem or mpi between nodes): a put per face component, a signal per face
 ``mpi-p2p``    MPI persistent point-to-point (``Send_init`` / ``Recv_init`` with vector datatypes,
                ``Startall`` / ``Waitall``), host-staged on the GPU (needs mpirun)
 ``mpi-rma``    the same RMA queue on ``window_alloc(..., memory="mpi3")``: MPI-3 ``MPI_Put`` in PSCW epochs
@@ -31,7 +33,7 @@ from ..._lifecycle import Resource
 from ...errors import ConfigError
 from ._lattice import Lattice
 
-HALO_EXCHANGES = ("rma", "rma-device", "mpi-p2p", "mpi-rma", "nvshmem", "nccl")
+HALO_EXCHANGES = ("rma", "rma-device", "transport", "mpi-p2p", "mpi-rma", "nvshmem", "nccl")
 NEEDS_MPIRUN = ("mpi-p2p", "mpi-rma")
 NEEDS_GPU = ("rma-device", "nvshmem", "nccl")
 
@@ -59,6 +61,8 @@ def make_halo(name: str, world: Any, lattice: Lattice, dtype: Any) -> Halo | Non
         return RmaHalo(world, lattice, dtype, "mpi3")
     if name == "mpi-p2p":
         return MpiP2PHalo(world, lattice, dtype)
+    if name == "transport":
+        return ConnectionHalo(world, lattice, dtype)
     if name == "nccl":
         from ._halo_cuda import NcclHalo
 
@@ -162,6 +166,67 @@ class RmaHalo(Halo):
 
     def _release_local(self) -> None:
         self.send = self.ghost = None
+
+
+class ConnectionHalo(Halo):
+    """Faces through Connections (``circuslink.transport``): to each neighbour, the 6 component blocks of a face
+    (``n`` complex numbers each, ``S`` apart in the send array) are puts into its inbox, laid out as the ghost
+    array, the last one with the face's signal set to the epoch; ``wait()`` waits for every incoming face's
+    signal and copies the blocks into the ghost array. Two inbox halves alternate by epoch parity: a neighbour is
+    at most one epoch ahead (its next faces follow my next start, which follows my last read)."""
+
+    name = "transport"
+
+    def __init__(self, world: Any, lattice: Lattice, dtype: Any) -> None:
+        super().__init__(world, lattice, dtype)
+        from ... import transport
+
+        self.plan = transfers(lattice)
+        S, xp = self.faces, world.xp
+        self.region = 6 * S * self.dtype.itemsize
+        peers = sorted({t[2] for t in self.plan} | {t[3] for t in self.plan})
+        # slot k of my ghost array is filled by the rank that sends its slot k to me: signal k on that connection
+        self.group = transport.connect(world, peers, nbytes=2 * self.region, nsignals=max(1, len(self.plan)))
+        self.send = xp.zeros((6, S), dtype=self.dtype)
+        self.ghost = xp.zeros((6, S), dtype=self.dtype)
+        self.epoch = 0
+
+    def start(self) -> None:
+        self.epoch += 1
+        half, item, S = (self.epoch & 1) * self.region, self.dtype.itemsize, self.faces
+        for k, (offset, n, dst, _) in enumerate(self.plan):
+            conn = self.group[dst]
+            for c in range(6):
+                block = self.send[c, offset:offset + n]
+                at = half + (c * S + offset) * item
+                if c < 5:
+                    conn.put(at, block)
+                else:
+                    conn.put_with_signal(at, block, k, self.epoch)
+
+    def wait(self):
+        def arrive() -> None:
+            half, item, S, xp = (self.epoch & 1) * self.region, self.dtype.itemsize, self.faces, self.world.xp
+            for k, (offset, n, _, src) in enumerate(self.plan):
+                conn = self.group[src]
+                conn.wait(k, self.epoch)
+                inbox = conn.inbox()
+                for c in range(6):
+                    at = half + (c * S + offset) * item
+                    self.ghost[c, offset:offset + n] = xp.asarray(inbox[at:at + n * item]).view(self.dtype)
+            for conn in self.group.connections.values():
+                conn.flush()  # my faces have left: the send array may be written again
+
+        self._timed_wait(arrive)
+        return self.ghost
+
+    def _close(self, timeout: float | None) -> None:
+        self.send = self.ghost = None
+        self.group.close(timeout)
+
+    def _release_local(self) -> None:
+        self.send = self.ghost = None
+        self.group.release_local()
 
 
 class MpiP2PHalo(Halo):

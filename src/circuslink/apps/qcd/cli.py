@@ -51,7 +51,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="precision of the operator (invert: of the CG passes; x and the residual stay double)")
     p.add_argument("--halo", choices=HALO_EXCHANGES, default="rma",
                    help="halo exchange: rma (circuslink RMA queue, host-driven), rma-device (the dslash kernel "
-                        "drives the queue; cuda), mpi-p2p (MPI persistent send/recv; mpirun), mpi-rma "
+                        "drives the queue; cuda), transport (Connections to the neighbours, chosen by capability), "
+                        "mpi-p2p (MPI persistent send/recv; mpirun), mpi-rma "
                         "(MPI-3 RMA; mpirun), nvshmem (cuda), nccl (cuda, one GPU per rank). Default rma")
     p.add_argument("--kappa", type=_float, default=None, help="hopping parameter kappa of M = 1 - kappa D")
     p.add_argument("-n", "--nranks", type=positive_int, default=None,
