@@ -132,22 +132,23 @@ def find_mpi_cxx() -> list[str]:
 
 
 def build_cached(kind: str, name: str, source: Path, command: Callable[[Path], list[str]], suffix: str = ".so",
-                 what: str | None = None) -> Path:
-    """Build ``source`` with ``command(output)`` into ``cache_dir(kind)/<name>-<hash><suffix>`` (the hash covers the
-    source and the command) unless it is there; return the path. Ranks that start together build it once: the
-    first takes a lock, the others wait on it and find the file. A failed build is one line plus the log."""
-    folder = cache_dir(kind)
+                 what: str | None = None, folder: Path | None = None, force: bool = False) -> Path:
+    """Build ``source`` with ``command(output)`` into ``cache_dir(kind)/<name>-<hash><suffix>`` (or ``folder``; the
+    hash covers the source and the command) unless it is there (``force``: build anyway); return the path. Ranks
+    that start together build it once: the first takes a lock, the others wait on it and find the file. A failed
+    build is one line plus the log."""
+    folder = folder or cache_dir(kind)
     digest = hashlib.sha256(source.read_bytes() + "\0".join(command(Path("OUT"))).encode()).hexdigest()[:16]
     target = folder / f"{name}-{digest}{suffix}"
-    if target.is_file():
+    if target.is_file() and not force:
         return target
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise BackendError(f"cannot create the build folder {str(folder)!r}: {exc.strerror or exc}") from None
-    with open(folder / f".{name}.lock", "w") as lock:
+    with open(folder / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if target.is_file():
+        if target.is_file() and not force:
             return target
         fd, tmp_name = tempfile.mkstemp(prefix=f".{name}-", suffix=suffix, dir=folder)
         os.close(fd)
