@@ -162,3 +162,27 @@ def test_device_handle_table():
     h = HANDLE.pack(remote=1, remote_signals=2, local=3, local_signals=4, abort=5, timeout_ns=6, nbytes=7,
                     nsignals=8, mode=1, rank=9, peer=10)
     assert HANDLE.size == 72 and h["peer"] == 10 and h["mode"] == 1
+
+
+def test_the_probe_figures_go_to_the_mapped_transports():
+    """``record_floor``: the probe's mapped-memory floor (rank 0's, for every rank) becomes the measured figures of
+    every transport whose peers' memory is mapped, and only of those."""
+
+    class World:
+        rank = 0
+
+        def __init__(self):
+            self.store = {}
+
+        def registry(self, key, factory):
+            return self.store.setdefault(key, factory())
+
+        def broadcast_object(self, obj, root=0):
+            return obj
+
+    w = World()
+    _registry.record_floor(w, {"summary": {"lat_relaxed_us": 0.61, "ce_GBps": 120.0, "sm_store_GBps": 366.5}})
+    assert _registry.get("ipc").capabilities_in(w).latency_us == 0.61
+    assert _registry.get("ipc").capabilities_in(w).bandwidth_GBps == 366.5
+    assert _registry.get("mpi").capabilities_in(w).latency_us is None
+    assert _registry.baseline_rows("mpi")[0] == ("mpi", "mpi-host-staged")

@@ -60,3 +60,26 @@ def test_a_fake_transport_carries_routed_channels_between_nodes(spmd):
     for r in range(4):
         assert f"fake ok {r} circuslink run" in job.stdout, job.output
     assert _segments() == before and "leaked" not in job.output  # no segment outlives the job
+
+
+def test_ranks_that_choose_differently_are_told_in_one_line(spmd):
+    """The choice is collective: two ranks that measured different figures (here, recorded by hand) would pick
+    different transports for their pair; connect refuses in one line instead of hanging in two collectives."""
+    job = spmd(4, f"""
+        import sys, circuslink as cl
+        sys.path.insert(0, {str(TESTS)!r})
+        from fake_transport import FakeTransport
+        from circuslink import transport
+        transport.register("fake-a", type("A", (FakeTransport,), {{}}))
+        transport.register("fake-b", type("B", (FakeTransport,), {{}}))
+        w = cl.init()
+        if w.rank == 0:
+            transport.record_figures(w, "fake-b", 1.0, 10.0)   # only rank 0 believes fake-b is faster
+        try:
+            transport.connect(w, (w.rank + 2) % 4, nbytes=64)
+        except cl.ConfigError as exc:
+            print("REFUSED", exc, flush=True)
+        w.close()
+    """, env={"CIRCUSLINK_RANKS_PER_NODE": "2"}, timeout=120).check()
+    assert ("REFUSED connect: ranks chose different transports: for ranks 0 <-> 2 rank 0 takes fake-b, rank 1 "
+            "fake-a (record the same figures and register the same transports on every rank)") in job.stdout, job.output

@@ -46,10 +46,6 @@ TARGET_THROUGHPUT_RATIO = 0.9  # ... and throughput >= 0.9 x the transport's own
 BIG = 16 << 20
 ROUTED_RING_MIN = 8192
 ROUTED_RING_MAX = 16 << 20  # the routed rings hold a message up to here (the grid form needs it whole)
-# Each transport's own point-to-point (the baseline a route through the gateways is held to): rows for latency,
-# and for bandwidth where another row measures it better (NVSHMEM: block puts).
-BASELINE = {"mpi": ("mpi", "mpi-host-staged"), "nvshmem": ("nvshmem-put-signal",)}
-BANDWIDTH = {"nvshmem": ("nvshmem-put-signal-block", "nvshmem-put-signal")}
 INTRA = "intra-node"
 
 
@@ -191,10 +187,14 @@ def _record_figures(world: Any, results: drv.Results) -> None:
 
 
 def _baseline_figures(results: drv.Results) -> dict[str, tuple[float, float]]:
+    """Each transport's own figures, from the rows its ``baseline_rows`` name (the registry says which)."""
+    from .. import transport
+
     out = {}
-    for name, impls in BASELINE.items():
+    for name in transport.names():
+        impls, bandwidth = transport.baseline_rows(name)
         lat = [r for r in results.rows if r.get("impl") in impls and "one_way_us" in r]
-        bw = [r for r in results.rows if r.get("impl") in BANDWIDTH.get(name, impls) and "throughput_GBps" in r]
+        bw = [r for r in results.rows if r.get("impl") in bandwidth and "throughput_GBps" in r]
         if lat and bw:
             out[name] = (min(lat, key=lambda r: r["bytes"])["one_way_us"],
                          max(bw, key=lambda r: r["bytes"])["throughput_GBps"])
@@ -517,9 +517,11 @@ def _rows(results: drv.Results, impls: tuple[str, ...] | str) -> dict[int, dict]
 def _references(results: drv.Results) -> None:
     """``<baseline>+hop``: each transport's own one-way plus one intra-node channel hop, at every size both have:
     the reference a route through the gateways is held to (its throughput: the slower of the two)."""
+    from .. import transport
+
     intra = _rows(results, INTRA)
-    for name, impls in BASELINE.items():
-        base = _rows(results, impls)
+    for name in transport.names():
+        base = _rows(results, transport.baseline_rows(name)[0])
         for nbytes in sorted(set(base) & set(intra)):
             b, h = base[nbytes], intra[nbytes]
             one_way = b["one_way_us"] + h["one_way_us"]
@@ -530,9 +532,12 @@ def _references(results: drv.Results) -> None:
 def _added(results: drv.Results) -> None:
     """``added_us`` and the ratios of every relay row against its transport's baseline at the same size, and of
     every gateway-routed row against (baseline + one intra-node hop) and the baseline's bandwidth."""
+    from .. import transport
+
     intra = _rows(results, INTRA)
-    for name, impls in BASELINE.items():
-        base, bandwidth = _rows(results, impls), _rows(results, BANDWIDTH.get(name, impls))
+    for name in transport.names():
+        impls, wide = transport.baseline_rows(name)
+        base, bandwidth = _rows(results, impls), _rows(results, wide)
         for r in results.rows:
             impl, nbytes = str(r.get("impl", "")), r.get("bytes")
             if "one_way_us" not in r or nbytes not in base:
@@ -553,11 +558,13 @@ def _added(results: drv.Results) -> None:
 def targets(results: drv.Results) -> dict:
     """What this run says against the targets, per transport: the latency bound and verdict at the smallest size,
     the throughput verdicts at 16 MiB and more."""
+    from .. import transport
+
     out: dict[str, Any] = {"lines": [], "transports": {}}
     intra = _rows(results, INTRA)
     for name in results.meta.get("transports", []):
-        impls = BASELINE.get(name, ())
-        base, bandwidth = _rows(results, impls), _rows(results, BANDWIDTH.get(name, impls))
+        impls, wide = transport.baseline_rows(name)
+        base, bandwidth = _rows(results, impls), _rows(results, wide)
         routed, relay = _rows(results, f"gateway-routed-{name}"), _rows(results, f"relay-{name}")
         verdicts: dict[str, Any] = {}
         out["transports"][name] = verdicts
@@ -614,8 +621,10 @@ def report(results: drv.Results, args: argparse.Namespace) -> None:
 
         stem = Path(args.plot)
         lat, thr = stem.with_name(stem.stem + "-latency.png"), stem.with_name(stem.stem + "-throughput.png")
+        from .. import transport
+
         names = results.meta.get("transports", [])
-        keep = {INTRA} | {i for impls in BASELINE.values() for i in impls} | {"nvshmem-put-signal-block"} | \
+        keep = {INTRA} | {i for n in transport.names() for rows in transport.baseline_rows(n) for i in rows} | \
             {f"{kind}-{n}" for n in names for kind in ("relay", "gateway-routed")} | \
             {r["impl"] for r in results.rows if r.get("reference")}
         shown = [r for r in results.rows if "skipped" not in r and r["impl"] in keep]

@@ -79,6 +79,9 @@ def measure(world: Any, quick: bool = False, pairs: list[tuple[int, int]] | None
     if results:
         first = next((r for r in results if (r["a"], r["b"]) == (0, 1)), results[0])
         floor["summary"] = {k: first[k] for k in METRICS}
+    from .. import transport
+
+    transport.record_floor(world, floor)  # the mapped transports' figures, for choices made from measurements
     return floor
 
 

@@ -28,12 +28,23 @@ from .._config import resolve_timeout
 from ..errors import ConfigError
 from . import _registry
 from ._base import HANDLE, Capabilities, Connection, Connections, Context, Scope, Transport, peer_list
-from ._registry import ENV_TRANSPORT, forced, names, network_choice, record_figures, register, unregister
+from ._registry import (
+    ENV_TRANSPORT,
+    baseline_rows,
+    forced,
+    names,
+    network_choice,
+    record_figures,
+    record_floor,
+    register,
+    unregister,
+)
 from ._relay import Relay, Relays
 
 __all__ = ["ENV_TRANSPORT", "HANDLE", "Capabilities", "Connection", "Connections", "Context", "Relay", "Relays",
-           "Scope", "Transport", "capabilities", "connect", "forced", "map_memory", "names", "network_choice",
-           "open_relays", "record_figures", "register", "unregister", "why_not_between_nodes"]
+           "Scope", "Transport", "baseline_rows", "capabilities", "connect", "forced", "map_memory", "names",
+           "network_choice", "open_relays", "record_figures", "record_floor", "register", "unregister",
+           "why_not_between_nodes"]
 
 
 def capabilities(world: Any, name: str) -> Capabilities:
@@ -114,6 +125,7 @@ def connect(world: Any, peers: int | Iterable[int] | None, *, nbytes: int = 0, n
         for p in theirs:
             if r < p:
                 chosen[(r, p)] = _choose(world, r, p, devices, transport, mapped, "connect:")
+    _agree(world, chosen, "connect")
     used = [n for n in _registry.names() if n in set(chosen.values())]
     parts, connections = [], {}
     try:
@@ -169,6 +181,7 @@ def open_relays(world: Any, pairs: Iterable[tuple[int, int]], *, nslots: int = 6
                           f"{differ[0]} asked for {everyone[differ[0]][0]}, rank {world.rank} for {mine}")
     devices = [d for _, d in everyone]
     chosen = {(a, b): _choose(world, a, b, devices, transport, False, "relays:") for a, b in checked}
+    _agree(world, chosen, "open_relays")
     used = [n for n in _registry.names() if n in set(chosen.values())]
     groups = []
     try:
@@ -183,6 +196,19 @@ def open_relays(world: Any, pairs: Iterable[tuple[int, int]], *, nslots: int = 6
             group.release_local()
         raise
     return Relays(world, geo, limit, groups)
+
+
+def _agree(world: Any, chosen: dict[tuple[int, int], str], what: str) -> None:
+    """Every rank chose the same transport for every pair (the choice is collective: each transport's part is);
+    ranks that measured different figures, or registered different plug-ins, are told in one line."""
+    everyone = world.allgather_object(sorted(chosen.items()))
+    for r, theirs in enumerate(everyone):
+        other = dict(theirs)
+        for pair in sorted(set(chosen) | set(other)):
+            if chosen.get(pair) != other.get(pair):
+                raise ConfigError(f"{what}: ranks chose different transports: for ranks {pair[0]} <-> {pair[1]} rank "
+                                  f"{world.rank} takes {chosen.get(pair)}, rank {r} {other.get(pair)} (record the same "
+                                  "figures and register the same transports on every rank)")
 
 
 def _relay_pairs(world: Any, pairs: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:

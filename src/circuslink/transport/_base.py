@@ -256,6 +256,9 @@ class Transport(ABC):
 
     name: str = "?"  # set by the registry; for messages and labels only (never branch on it)
     capabilities: Capabilities
+    # The results rows (``impl``) that measure this transport's own point-to-point, for a benchmark to hold a relay
+    # or a routed channel over it to: (latency rows, bandwidth rows); empty where there is no such baseline.
+    baseline_rows: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
 
     @classmethod
     def capabilities_in(cls, world: Any) -> Capabilities:

@@ -88,6 +88,26 @@ def record_figures(world: Any, name: str, latency_us: float | None, bandwidth_GB
     world.registry(FIGURES_KEY, dict)[name] = (latency_us, bandwidth_GBps)
 
 
+def record_floor(world: Any, floor: dict) -> None:
+    """The hook for the probe's figures (``circuslink.probe.measure``, collective): the mapped memory's floor
+    (relaxed store-and-poll one-way latency, the best raw bandwidth, of the pair 0 -> 1) is what the transports
+    that map peers' memory can reach; rank 0's figures for every rank, so choices made from them agree."""
+    summary = floor.get("summary") or {}
+    figures = (summary.get("lat_relaxed_us"), max(summary.get("ce_GBps") or 0, summary.get("sm_store_GBps") or 0)
+               or None)
+    latency, bandwidth = world.broadcast_object(figures if world.rank == 0 else None)
+    if latency is None:
+        return
+    for name in _order:
+        if get(name).capabilities.mapped:
+            world.registry(FIGURES_KEY, dict)[name] = (latency, bandwidth)
+
+
+def baseline_rows(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The results rows that measure transport ``name``'s own point-to-point: (latency rows, bandwidth rows)."""
+    return get(name).baseline_rows
+
+
 def why_not(name: str, context: Context, scope: Scope | None = None, mapped: bool = False) -> str | None:
     """Why transport ``name`` cannot carry pairs of ``scope`` in a job like ``context`` (one line), or None."""
     cls = get(name)

@@ -77,6 +77,7 @@ def _library() -> Any:
 
 class MpiTransport(Transport):
     capabilities = Capabilities(device_initiated=False, scope=Scope.NETWORK, mapped=False, compiled_relay=True)
+    baseline_rows = (("mpi", "mpi-host-staged"), ("mpi", "mpi-host-staged"))  # bench/baselines/_mpi.py
 
     @classmethod
     def unavailable(cls, context: Context) -> str | None:

@@ -133,6 +133,8 @@ def _initialised(world: Any) -> Any:
 
 class NvshmemTransport(Transport):
     capabilities = Capabilities(device_initiated=True, scope=Scope.NETWORK, mapped=False, compiled_relay=True)
+    # bench/baselines/_nvshmem.py: one thread's put-with-signal (latency), block puts (bandwidth)
+    baseline_rows = (("nvshmem-put-signal",), ("nvshmem-put-signal-block", "nvshmem-put-signal"))
 
     @classmethod
     def unavailable(cls, context: Context) -> str | None:
