@@ -409,3 +409,18 @@ def test_a_transport_error_during_routed_transfers_names_the_link_and_the_transp
                            "timed out after 3 s"), line
     assert line.endswith("its packets wait at rank 0 in the injection ring of channel b for room in 0->2 (network) "
                          "vc 0"), line
+
+
+@pytest.mark.mpi
+def test_circuslink_run_transport_forces_the_transport_between_nodes(tmp_path, seed):
+    """``--transport mpi``: the ranks get CIRCUSLINK_TRANSPORT and the nodes line says it is forced; an unknown
+    name is one line before any rank starts."""
+    job = _circuslink_run(tmp_path, seed, 4, ALL_TO_ALL.replace("COUNT", "1"), "--ranks-per-node", "2",
+                          "--transport", "mpi")
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert "; started by mpirun; between nodes: transport mpi (forced by CIRCUSLINK_TRANSPORT" in job.stderr
+    assert job.stdout.count("routed ok") == 4
+    bad = _circuslink_run(tmp_path, seed, 4, "pass", "--ranks-per-node", "2", "--transport", "ucx")
+    assert bad.returncode == 1 and bad.stdout == ""
+    assert bad.stderr == ("circuslink: error: --transport 'ucx': choose one of ipc, mpi, nvshmem (a plug-in the ranks "
+                          "register themselves: set CIRCUSLINK_TRANSPORT instead)\n")

@@ -301,7 +301,9 @@ def _transport_env(name: str | None) -> dict[str, str]:
         return {}
     from . import transport as _transport
 
-    _transport.forced({_transport.ENV_TRANSPORT: name})  # an unknown name: one line naming the known ones
+    if name not in _transport.names():
+        raise ConfigError(f"--transport {name!r}: choose one of {', '.join(_transport.names())} (a plug-in the ranks "
+                          f"register themselves: set {_transport.ENV_TRANSPORT} instead)")
     return {_transport.ENV_TRANSPORT: name}
 
 
