@@ -172,6 +172,7 @@ class RelayGroup(Part):
         self.timeout = timeout
         self.relays: dict[int, Relay] = {}
         self.error: TransportError | None = None
+        self.device_blocks = 0  # blocks of a proxy kernel this group keeps resident on the rank's GPU
 
     def check(self) -> None:
         if self.error is not None:
@@ -195,6 +196,7 @@ class Relays(Resource):
         self._groups = groups
         self.relays = {peer: relay for g in groups for peer, relay in g.relays.items()}
         self.peers = sorted(self.relays)
+        self.device_blocks = sum(g.device_blocks for g in groups)  # SMs kernels that wait on peers leave free
         self._register(world)
 
     def __getitem__(self, peer: int) -> Relay:

@@ -19,7 +19,6 @@ under ``circuslink run``).
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import functools
 import os
@@ -31,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .. import _abi as abi
+from .._lifecycle import Resource
 from .._wait import Deadline, wait_until
 from ..errors import BackendError, TransportError
 from . import _build
@@ -101,11 +101,28 @@ def _library() -> Any:
 _INIT = "circuslink.transport.nvshmem"  # World.registry key: NVSHMEM initialised for this world
 
 
+class _Session(Resource):
+    """NVSHMEM initialised for a world: finalised (collectively) when the world closes, after every symmetric
+    allocation made later (the world closes its resources newest first); a failing rank leaves it to exit."""
+
+    _kind = "NVSHMEM session"
+
+    def __init__(self, world: Any, lib: Any) -> None:
+        self.lib = lib
+        self._register(world)
+
+    def _close(self, timeout: float | None) -> None:
+        self.lib.circuslink_nvshmem_finalize()
+
+
 def _initialised(world: Any) -> Any:
     """Collective (the first time): build (rank 0 first), load and initialise NVSHMEM for this world's ranks."""
     state = world.registry(_INIT, dict)
     if "lib" in state:
         return state["lib"]
+    if _library.cache_info().currsize and getattr(_library(), "_circuslink_used", False):
+        raise TransportError("transport nvshmem: NVSHMEM was initialised for an earlier world of this process and "
+                             "cannot be initialised again")
     error = None
     if world.rank == 0:
         try:
@@ -126,7 +143,8 @@ def _initialised(world: Any) -> Any:
     uid = ctypes.create_string_buffer(raw, len(raw))
     if lib.circuslink_nvshmem_init(uid, world.rank, world.size) != 0:
         raise TransportError(f"transport nvshmem: NVSHMEM's initialisation failed on rank {world.rank}")
-    atexit.register(lib.circuslink_nvshmem_finalize)
+    lib._circuslink_used = True
+    _Session(world, lib)
     state["lib"] = lib
     return lib
 
@@ -315,6 +333,7 @@ class NvshmemRelays(RelayGroup):
                         credits + 16 * everyone[peer].index(world.rank), geometry.nslots, geometry.slot_bytes,
                         geometry.chunk, batch, peer, 0)
         self._peers = peers
+        self.device_blocks = len(peers)  # the proxy kernel: one block per relay, always resident
         rt = cp.cuda.runtime
         self._control_ptr = rt.hostAlloc(4 * _CONTROL_WORDS, rt.hostAllocMapped)
         self.control = np.frombuffer((ctypes.c_uint32 * _CONTROL_WORDS).from_address(self._control_ptr), np.uint32)
