@@ -6,7 +6,10 @@
 #   scripts/gpu-check.sh [STAGE ...]      (default: all)
 #
 #   info            circuslink info (GPUs, MPS) and the per-rank SM budget of the kernels (diag)
-#   tests           the GPU-marked tests (2 and 4 ranks on the one GPU); $TESTS narrows them (pytest ids)
+#   tests           the GPU-marked tests but the slow ones (2 ranks, some 4, on the one GPU), within 7 minutes;
+#                   $TESTS narrows them (pytest ids)
+#   tests-slow      the GPU tests marked slow (size sweeps, soak, 8 and 16 ranks, QCD and FFT solves): a run of
+#                   its own, within 9 minutes (not part of "all")
 #   probe           the floor, 2 and 4 ranks
 #   pingpong        channel pingpong against the floor and the baselines
 #   stream          one-way streaming through a channel against the floor
@@ -18,12 +21,18 @@
 #   rma             persistent RMA queues against MPI-3 RMA and MPI p2p, 2 and 4 ranks (a ring)
 #   soak            10^6 messages over 72 channels among 4 ranks, both modes, every byte checked
 #   transpose       transposing put against contiguous put and local transpose + put
-#   fft             distributed 2-D FFT at 8192^2 and 16384^2, 2 and 4 ranks, against the local-transpose scheme
+#   fft             distributed FFT, 2-D 8192^2 and 16384^2, 3-D 512^3 and 1024^3, both precisions, 2 and 4 ranks,
+#                   against the slab all-to-all baselines (copy engine, NVSHMEM program) and the 1-rank ceiling
+#                   (about 2-3 min per rank count; the NVSHMEM program is built once, ~1 min, then cached)
+#   fft-quick       bench fft --quick at 2 ranks (well under a minute; not in "all")
 #   qcd             Wilson-Dirac CG: an 8^4-per-rank solve on a 2x2 grid, and per-iteration time by halo exchange
 #   hops            routed channels: latency and throughput by hop count on line:8 (8 ranks) and torus:4x4 (16)
 #   nodes           2 declared nodes x 2 ranks: the transports' GPU tests (ipc, mpi, nvshmem; gateway-routed
 #                   channels over mpi and nvshmem), then bench nodes: every transport between nodes side by side
 #                   with NVSHMEM put-with-signal and MPI one-way, "+ one hop" references, relays, gateway-routed
+#   stencil         the user-kernel path: persistent grids of 32..240 registers and the stencil example's device forms
+#                   (GPU tests), then bench stencil: 1, 2, 4 ranks at 64^2..8192^2 global, and 8x8..1024^2 a rank at
+#                   2, 4, 8 ranks (persistent form)
 #   all             every stage above
 #   smoke           every benchmark in its --quick form, each bounded to 90 s (errors show at once; not in "all")
 #   before          the regression tests of the MPS hangs against an older tree ($OLD_TREE, e.g.
@@ -31,6 +40,9 @@
 #   rma-repro       bench rma at chains of 16 x 64 KiB..1 MiB, many cycles, old tree then this one
 #   scale           machines of 4 or 8 GPUs: probe matrix, pingpong 0->k, allreduce and the RMA ring
 #   x2              the two-H200 reference runs (one rank per GPU; not part of "all")
+#   chvar           dev experiment: A/B variants of the channel pingpong's warp kernel (scripts/dev/channel_variants.py)
+#   lines           dev experiment: line formats, echo forms, fences and streaming rings side by side
+#                   (scripts/dev/line_variants.py; not part of "all")
 #
 # One MPS control daemon serves the whole run: the script re-executes itself under
 # `circuslink mps`, which starts one (or reuses a running one) and stops it at the end, also on
@@ -88,10 +100,13 @@ want info && step info cl info
 want info && step diag cl run -n 2 -- $PY scripts/dev/mps_diag.py
 # Tests get a short device-side time-out so that a hang costs seconds, not the lease.
 # SIGINT at the end of the tests' budget makes pytest print what failed so far instead of dying silently.
-want tests && step tests env CIRCUSLINK_TIMEOUT=20 timeout -s INT ${TESTS_BUDGET_S:-540} $PY -m pytest -q -rfE \
-  --tb=short -m "gpu and not two_gpus" -p no:cacheprovider --timeout 150 --durations=15 ${TESTS:-tests}
+want tests && step tests env CIRCUSLINK_TIMEOUT=20 timeout -s INT ${TESTS_BUDGET_S:-420} $PY -m pytest -q -rfE \
+  --tb=short -m "gpu and not two_gpus and not slow" -p no:cacheprovider --timeout 150 --durations=15 ${TESTS:-tests}
+want tests-slow explicit && step tests-slow env CIRCUSLINK_TIMEOUT=20 timeout -s INT ${TESTS_BUDGET_S:-540} $PY -m \
+  pytest -q -rfE --tb=short -m "gpu and not two_gpus and slow" -p no:cacheprovider --timeout 300 --durations=15 \
+  ${TESTS:-tests}
 if want smoke explicit; then
-  for b in pingpong stream allreduce-like allreduce rma transpose; do
+  for b in pingpong stream allreduce-like allreduce rma transpose fft; do
     step "smoke-$b" env CIRCUSLINK_TIMEOUT=20 timeout ${SMOKE_S:-90} $PY -m circuslink bench $b --quick --no-baselines \
       --json "$R/smoke-$b.json"
   done
@@ -124,10 +139,11 @@ want soak && step soak cl run -n 4 -- $PY tests/soak/channels_soak.py --messages
   --json "$R/soak.json"
 want transpose && step transpose cl bench transpose -n 2 --json "$R/transpose.json" --plot "$R/transpose.png"
 if want fft; then for n in 2 4; do
-  step "fft-$n" cl bench fft -n $n --size 8192,16384 --dtype both --json "$R/fft-${n}ranks.json" \
-    --plot "$R/fft-${n}ranks.png"; done; fi
-want qcd && step qcd-invert cl qcd invert --dim 8 8 8 8 --grid 2 2 1 1 --prec single --halo rma --verify \
-  --json "$R/qcd-invert.json"
+  STEP_S=${FFT_STEP_S:-420} step "fft-$n" cl bench fft -n $n --size 8192,16384 --size3 512,1024 --dtype both \
+    --iters 10 --warmup 2 --json "$R/fft-${n}ranks.json" --plot "$R/fft-${n}ranks.png"; done; fi
+want fft-quick explicit && STEP_S=120 step fft-quick cl bench fft -n 2 --quick --json "$R/fft-quick.json"
+want qcd && step qcd-invert cl qcd invert --dim 8 8 8 8 --gridsize 2 2 1 1 --prec double --prec-sloppy single \
+  --halo rma --verify --json "$R/qcd-invert.json"
 want qcd && step qcd cl bench qcd --json "$R/qcd.json" --plot "$R/qcd.png"
 want hops && step hops-line8 cl bench hops -n 8 --topology line:8 --json "$R/hops-line8.json" \
   --plot "$R/hops-line8.png"
@@ -139,6 +155,15 @@ want nodes && step nodes-tests env CIRCUSLINK_TIMEOUT=20 timeout -s INT ${TESTS_
 want nodes && step nodes cl bench nodes -n 4 --ranks-per-node 2 --sizes 8,64,1K,4K,64K,1M,16M,64M \
   --json "$R/nodes.json" --plot "$R/nodes.png"
 want nodes && step nodes-3x2 cl bench nodes -n 6 --ranks-per-node 2 --quick --json "$R/nodes-3x2.json"
+want stencil && step stencil-tests env CIRCUSLINK_TIMEOUT=20 timeout -s INT 400 $PY -m pytest -q -rfE --tb=short \
+  -m gpu -p no:cacheprovider --timeout 300 tests/test_resident_gpu.py tests/test_stencil_example.py
+want stencil && step stencil cl bench stencil --ranks 2,4 --domains 64x64,1024x1024,8192x8192 \
+  --json "$R/stencil.json" --plot "$R/stencil.png"
+want stencil && step stencil-per-rank cl bench stencil --ranks 2,4,8 --per-rank --domains 8x8,64x64,1024x1024 \
+  --impls channel-persistent,channel-launch --iters 100 --json "$R/stencil-per-rank.json"
+
+want chvar explicit && step chvar cl run -n 2 -- $PY scripts/dev/channel_variants.py --json "$R/channel-variants.json"
+want lines explicit && step lines cl run -n 2 -- $PY scripts/dev/line_variants.py --stage ${LINES_STAGE:-all} --json "$R/line-variants.json"
 
 if want before explicit; then
   OLD=${OLD_TREE:-.old}
@@ -171,7 +196,7 @@ if want scale explicit; then  # machines of 4 or 8 GPUs, one rank per GPU
   done
 fi
 
-if want x2 explicit; then  # two H200s joined by NVLink, one rank per GPU: the reference figures (issue 16)
+if want x2 explicit; then  # two H200s joined by NVLink, one rank per GPU: the reference figures
   [ "$NGPU" -ge 2 ] || { echo "x2: needs 2 GPUs, this machine has $NGPU"; exit 2; }
   # Budget: under 10 minutes in all; each step bounded by STEP_S.
   export STEP_S=${STEP_S:-120}
@@ -182,8 +207,9 @@ if want x2 explicit; then  # two H200s joined by NVLink, one rank per GPU: the r
   step x2-allreduce-like cl bench allreduce-like --json "$R/x2-allreduce-like.json" --plot "$R/x2-allreduce-like.png"
   step x2-rma cl bench rma -n 2 --quick --json "$R/x2-rma.json" --plot "$R/x2-rma.png"
   step x2-transpose cl bench transpose -n 2 --quick --json "$R/x2-transpose.json"
-  step x2-fft cl bench fft -n 2 --size 8192,16384 --dtype both --json "$R/x2-fft.json" --plot "$R/x2-fft.png"
-  # strong scaling 1 -> 2 GPUs at 32^4 global, and per-iteration time by halo engine at 8^4 and 16^4 local
+  step x2-fft cl bench fft -n 2 --size 8192,16384 --size3 512,1024 --dtype both --json "$R/x2-fft.json" \
+    --plot "$R/x2-fft.png"
+  # strong scaling 1 -> 2 GPUs at 32^4 global, and per-iteration time by halo exchange at 8^4 and 16^4 local
   step x2-qcd-32-1gpu cl bench qcd -n 1 --grids 1x1x1x1 --dim 32 32 32 32 --halos rma --samples 3 --iters 20 \
     --json "$R/x2-qcd-32-1gpu.json"
   step x2-qcd-32-2gpu cl bench qcd -n 2 --grids 2x1x1x1 --dim 16 32 32 32 --halos rma,mpi-p2p,nccl --samples 3 \

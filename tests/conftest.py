@@ -1,9 +1,10 @@
 """Shared test machinery: run a snippet of Python as N ranks, the way users run programs.
 
 ``spmd(n, code)`` writes ``code`` to a file and runs it under ``circuslink run -n N``
-(``launcher="mpirun"`` runs it under ``mpirun`` instead). The snippet asserts on every
-rank; the test asserts on the job's exit code and output. Every job has a wall-clock
-limit, so a hang fails the test instead of the suite.
+(``launcher="mpirun"`` runs it under ``mpirun`` instead; ``tag=True`` adds ``--tag-output``). The
+snippet asserts on every rank; the test asserts on the job's exit code and output, a rank's lines
+read by its tag (``job.rank_lines(r)``), never from lines that ranks' output may have interleaved.
+Every job has a wall-clock limit, so a hang fails the test instead of the suite.
 
 Random inputs: the ``seed`` fixture draws a fresh seed per test (or takes
 ``CIRCUSLINK_TEST_SEED``), ``rng`` is a numpy Generator seeded with it, and a failing test's
@@ -14,6 +15,7 @@ as ``CIRCUSLINK_TEST_SEED`` (read it with ``int(os.environ["CIRCUSLINK_TEST_SEED
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,6 +30,19 @@ from circuslink.launcher import mpirun_command
 
 REPO = Path(__file__).resolve().parents[1]
 SEED_ENV = "CIRCUSLINK_TEST_SEED"
+NVCC_TIMEOUT_S = 240  # one nvcc compile in a test: a stalled compiler fails that test, not the whole run
+
+
+def on_backend(backend: str, *values, marks=(), id=None):
+    """One parameter set that runs on ``backend`` (and ``values``): cuda sets carry the ``gpu`` mark, so they
+    run where a GPU is visible and are skipped elsewhere. The one cpu/cuda parametrisation of the suite."""
+    marks = list(marks) if isinstance(marks, list | tuple) else [marks]
+    if backend == "cuda":
+        marks.append(pytest.mark.gpu)
+    return pytest.param(backend, *values, marks=marks, id=id)
+
+
+BACKENDS = [on_backend("cpu"), on_backend("cuda")]  # @pytest.mark.parametrize("backend", BACKENDS)
 
 
 @pytest.fixture
@@ -78,6 +93,10 @@ def _importable(name: str) -> bool:
         return False
 
 
+_RANK_TAG = re.compile(r"^\[(\d+)\] ", re.M)  # circuslink run: "[rank] " before every line
+_OMPI_TAG = re.compile(r"\[\d+,(\d+)\]<stdout>:")  # mpirun --tag-output: before every chunk a rank wrote
+
+
 class Job:
     def __init__(self, proc: subprocess.CompletedProcess) -> None:
         self.returncode = proc.returncode
@@ -88,6 +107,17 @@ class Job:
     def output(self) -> str:
         return self.stdout + self.stderr
 
+    def rank_lines(self, rank: int) -> list[str]:
+        """The lines ``rank`` wrote to stdout, whole, found by their rank tags (``circuslink run``'s ``[r]``, or
+        mpirun's ``--tag-output`` chunks, joined per rank): never lines that two ranks' output interleaved."""
+        text = self.stdout
+        if _OMPI_TAG.search(text):
+            parts = _OMPI_TAG.split(text)  # [before, rank, chunk, rank, chunk, ...]
+            mine = "".join(chunk for r, chunk in zip(parts[1::2], parts[2::2], strict=True) if int(r) == rank)
+            return mine.splitlines()
+        return [line[m.end():] for line in text.splitlines()
+                if (m := _RANK_TAG.match(line)) and int(m.group(1)) == rank]
+
     def check(self) -> Job:
         assert self.returncode == 0, f"job failed (rc={self.returncode}):\n{self.output}"
         return self
@@ -96,7 +126,7 @@ class Job:
 @pytest.fixture
 def spmd(tmp_path, request):
     def run(n: int, code: str, backend: str = "cpu", timeout: float = 180, env: dict | None = None,
-            launcher: str = "circuslink", job_timeout: float | None = None) -> Job:
+            launcher: str = "circuslink", job_timeout: float | None = None, tag: bool = False) -> Job:
         script = tmp_path / f"job_{n}.py"
         script.write_text(textwrap.dedent(code))
         full_env = dict(os.environ)
@@ -117,6 +147,8 @@ def spmd(tmp_path, request):
             if backend == "cuda":  # ranks sharing the GPU under MPS, as `circuslink run` would give them
                 full_env.setdefault(mps.ENV_SHARE, str(mps.share_percent(n)))
             cmd = mpirun_command(n, [sys.executable, str(script)], full_env)
+            if tag:  # every chunk a rank writes tagged with its rank (Job.rank_lines reads them)
+                cmd.insert(1, "--tag-output")
         else:
             raise ValueError(launcher)
         proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=job_timeout or timeout,

@@ -15,17 +15,6 @@ import circuslink as cl
 INCLUDE = Path(cl.include_dir())
 
 
-def _have_channels() -> bool:
-    try:
-        from circuslink.channels import open  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-needs_channels = pytest.mark.skipif(not _have_channels(), reason="circuslink.channels is not there yet")
-
-
 def _bench(tmp_path: Path, *extra: str, backend: str = "cpu", timeout: float = 170) -> subprocess.CompletedProcess:
     env = dict(os.environ, CIRCUSLINK_TIMEOUT="60")
     cmd = [sys.executable, "-m", "circuslink", "bench", "allreduce-like", "--backend", backend,
@@ -33,7 +22,6 @@ def _bench(tmp_path: Path, *extra: str, backend: str = "cpu", timeout: float = 1
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=str(tmp_path), env=env)
 
 
-@needs_channels
 def test_cpu_run_verifies_and_traces(tmp_path):
     proc = _bench(tmp_path, "--sizes", "8,1K,64K", "--iters", "2", "--warmup", "1", "--trace",
                   str(tmp_path / "t.json"), "--plot", str(tmp_path / "p.png"))
@@ -70,6 +58,7 @@ def test_needs_two_ranks(tmp_path):
     assert proc.stderr.strip() == "circuslink: error: allreduce-like runs on exactly 2 ranks (A and B), got -n 3"
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_gpu_sizes_around_the_mps_hang(tmp_path):
     """Under MPS, 2 ranks on one GPU hung at 2 KiB: A's 2G blocks meet in a grid barrier and B's G

@@ -1,7 +1,8 @@
-"""The forward-progress rule of the cuda back-end's grid sizing (backends/cuda.py, max_blocks), checked on
-the cpu with a stand-in occupancy query: a rank alone on its GPU gets every block that fits its SM budget;
-ranks sharing a GPU get half of their 1/k share (at least one block an SM), which stopped the grid-barrier
-time-outs that the full share gave under MPS on an H100."""
+"""The forward-progress rule of the cuda back-end's grid sizing (backends/cuda.py, max_blocks, launch_resident),
+checked on the cpu with a stand-in occupancy query: a rank alone on its GPU gets every block that fits its SM
+budget; ranks sharing a GPU get half of their 1/k share of those blocks, counted over the budget's SMs (never
+below one block), which stopped the grid-barrier time-outs that the full share gave under MPS on an H100. The
+rule itself, for every register count, is tests/test_occupancy.py."""
 
 from types import SimpleNamespace
 
@@ -11,29 +12,92 @@ from circuslink.backends.cuda import CudaBackend
 from circuslink.errors import BackendError
 
 
+class FakeDriverError(Exception):
+    def __init__(self, status):
+        super().__init__(f"CUDA_ERROR {status}")
+        self.status = status
+
+
 def fake_backend(per_sm: int, sm_budget: int, ranks_on_gpu: int):
-    driver = SimpleNamespace(occupancyMaxActiveBlocksPerMultiprocessor=lambda ptr, threads, shared: per_sm)
-    return SimpleNamespace(xp=SimpleNamespace(cuda=SimpleNamespace(driver=driver)), sm_budget=sm_budget,
-                           ranks_on_gpu=ranks_on_gpu)
+    """A CudaBackend with a stand-in driver (its occupancy answer is ``per_sm``), built without a GPU."""
+    driver = SimpleNamespace(occupancyMaxActiveBlocksPerMultiprocessor=lambda ptr, threads, shared: per_sm,
+                             CUDADriverError=FakeDriverError)
+    backend = CudaBackend.__new__(CudaBackend)
+    backend.xp = SimpleNamespace(cuda=SimpleNamespace(driver=driver, get_current_stream=lambda: "current"))
+    backend.sm_budget, backend.ranks_on_gpu, backend.device = sm_budget, ranks_on_gpu, 0
+    backend.boot = SimpleNamespace(rank=1)
+    backend._cooperative = True
+    return backend
 
 
 KERNEL = SimpleNamespace(kernel=SimpleNamespace(ptr=0), name="k", num_regs=32)
 
 
+class FakeFunction:
+    """cupy's Function: records launches; fails cooperative ones with ``coop_status`` when set."""
+
+    ptr = 0
+
+    def __init__(self, coop_status=None):
+        self.launches = []
+        self.coop_status = coop_status
+
+    def __call__(self, grid, block, args, shared_mem=0, stream=None, enable_cooperative_groups=False):
+        if enable_cooperative_groups and self.coop_status is not None:
+            raise FakeDriverError(self.coop_status)
+        self.launches.append((grid, block, args, shared_mem, stream, enable_cooperative_groups))
+
+
 @pytest.mark.parametrize("per_sm,budget,k,want", [
     (8, 132, 1, 1056),  # alone: every block that fits
     (8, 66, 2, 132),    # 2 ranks: half of 4 an SM
-    (2, 66, 2, 66),     # never below one block an SM
+    (2, 66, 2, 33),     # 86 registers at 256 threads: 2 an SM, so 33 (the old "one an SM" gave 66 and timed out)
     (16, 33, 4, 66),
-    (1, 10, 48, 10),
+    (1, 10, 48, 1),     # never below one block
 ])
 def test_max_blocks_keeps_shared_gpus_below_half_their_share(per_sm, budget, k, want):
     assert CudaBackend.max_blocks(fake_backend(per_sm, budget, k), KERNEL, 256) == want
 
 
 def test_max_blocks_refuses_a_kernel_that_fits_no_sm():
-    with pytest.raises(BackendError, match="does not fit an SM at 1024 threads"):
+    with pytest.raises(BackendError, match=r"kernel k does not fit an SM \(32 registers a thread, 1024 threads a "):
         CudaBackend.max_blocks(fake_backend(0, 66, 2), KERNEL, 1024)
+
+
+def test_launch_resident_refuses_a_grid_that_cannot_be_resident_in_one_line():
+    """The issue's kernel: 86 registers, 472 B of stack, 256 threads a block, 2 an SM; 2 ranks on a GPU of 132 SMs."""
+    kernel = SimpleNamespace(kernel=FakeFunction(), name="jacobi_persistent", num_regs=86, local_size_bytes=472)
+    backend = fake_backend(2, 66, 2)
+    with pytest.raises(BackendError) as info:
+        backend.launch_resident(kernel, (66,), (256,), ())
+    text = str(info.value)
+    assert "\n" not in text and kernel.kernel.launches == []
+    assert text.startswith("kernel jacobi_persistent: a persistent grid of 66 blocks cannot be resident on rank 1: "
+                           "33 fit (86 registers a thread, 472 B of stack, 256 threads a block")
+    assert "2 blocks an SM; 2 ranks share GPU 0, 66 SMs each); launch at most 33 blocks" in text
+
+
+def test_launch_resident_launches_a_grid_that_fits_cooperatively():
+    kernel = SimpleNamespace(kernel=FakeFunction(), name="k", num_regs=40)
+    backend = fake_backend(4, 66, 2)
+    backend.launch_resident(kernel, 66, 128, [1, 2], shared_bytes=512)
+    assert kernel.kernel.launches == [((66,), (128,), (1, 2), 512, "current", True)]
+    with pytest.raises(BackendError, match="persistent grid of 65 blocks .* 64 fit"):
+        backend.launch_resident(kernel, (5, 13), (16, 8), (), limit=64)  # e.g. channels.max_blocks while routed
+
+
+def test_launch_resident_falls_back_to_a_plain_launch_where_cooperative_is_not_supported():
+    kernel = SimpleNamespace(kernel=FakeFunction(coop_status=801), name="k", num_regs=40)
+    backend = fake_backend(4, 66, 1)
+    backend.launch_resident(kernel, (8, 2), (256,), (), stream="s")
+    backend.launch_resident(kernel, (8, 2), (256,), (), stream="s")
+    assert kernel.kernel.launches == [((8, 2), (256,), (), 0, "s", False)] * 2 and not backend._cooperative
+
+
+def test_launch_resident_reports_a_failed_cooperative_launch_in_one_line():
+    kernel = SimpleNamespace(kernel=FakeFunction(coop_status=720), name="k", num_regs=40)  # launch too large
+    with pytest.raises(BackendError, match=r"^kernel k: the cooperative launch of 16 blocks failed on rank 1: "):
+        fake_backend(4, 66, 1).launch_resident(kernel, 16, 256, ())
 
 
 # -- a GPU that MPS keeps "busy or unavailable" for a while (backends/cuda.py, _use_device) -----------------

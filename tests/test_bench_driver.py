@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import circuslink as cl
-from circuslink import results as results_module
 from circuslink.bench import _driver as drv
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -178,23 +177,24 @@ def test_results_schema_and_json(tmp_path, monkeypatch):
     assert d["meta"]["channels"] == 64 and "host" in d["meta"]
     assert len(d["rows"]) == 5 and d["rows"][3]["latency_us"] is None  # NaN is not JSON
 
-    path = res.write_json(tmp_path / "sub" / "out.json")
+    path = res.write_json(tmp_path / "out.json")
     loaded = json.loads(open(path).read())
     assert loaded == d
     assert [r["latency_us"] for r in loaded["rows"][:3]] == pytest.approx(latencies.astype(np.float32).tolist())
-
-    monkeypatch.setattr(results_module, "_results_dir", lambda: tmp_path / "benchmarks" / "results")
-    default = res.write_json()
-    assert default == str(tmp_path / "benchmarks" / "results" / f"pingpong-{d['device']}-{d['date']}.json")
-    assert json.loads(open(default).read())["rows"] == d["rows"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]  # written exactly there, nothing beside it
 
 
-def test_results_default_dir_is_where_the_user_is(tmp_path, monkeypatch):
-    """A user's run never writes into the installed package or its checkout."""
-    monkeypatch.chdir(tmp_path)
+def test_results_go_exactly_where_asked(tmp_path, capfd):
+    """No default file: write_json needs a path; '-' is standard output; a missing folder is never created."""
     res = drv.Results("rma", fake_world())
-    assert res.default_path().parent == tmp_path
-    assert res.write_json() == str(tmp_path / f"rma-{res.device}-{res.date}.json")
+    with pytest.raises(TypeError):
+        res.write_json()
+    assert res.write_json("-") == "-"
+    out = capfd.readouterr().out
+    assert json.loads(out)["benchmark"] == "rma"
+    with pytest.raises(cl.ConfigError, match="cannot write results"):
+        res.write_json(tmp_path / "absent" / "r.json")
+    assert not (tmp_path / "absent").exists()
 
 
 def test_results_floor_defaults_to_none():
@@ -262,8 +262,12 @@ def test_plot_writes_a_png(tmp_path):
             for impl in ("channel", "nccl") for k in range(3, 20)]
     rows.append({"impl": "nvshmem", "bytes": 8, "skipped": "no nvcc"})
     rows.append({"impl": "mpi", "bytes": 8, "latency_us": None})
-    path = drv.plot(rows, "bytes", "latency_us", "impl", tmp_path / "plots" / "lat.png", "pingpong",
+    path = drv.plot(rows, "bytes", "latency_us", "impl", tmp_path / "lat.png", "pingpong",
                     "message size", "one-way latency (us)")
+    assert path == str(tmp_path / "lat.png")
+    with pytest.raises(cl.ConfigError, match="cannot write plot"):  # a folder that is not there is not made
+        drv.plot(rows, "bytes", "latency_us", "impl", tmp_path / "plots" / "lat.png", "t", "x", "y")
+    assert not (tmp_path / "plots").exists()
     data = open(path, "rb").read()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     linear = drv.plot(rows, "bytes", "latency_us", "impl", tmp_path / "lin.png", "t", "x", "y",

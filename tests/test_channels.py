@@ -452,3 +452,24 @@ def test_open_errors_single_rank():
     ch.close()
     with pytest.raises(ChannelError, match="closed"):
         ch["a"]
+
+
+@pytest.mark.parametrize("nslots, chunk", [(1 << 24, 1 << 20), (1 << 12, 1 << 20)])
+def test_rings_of_4_gib_or_more_are_refused(nslots, chunk):
+    """The device computes slot offsets in 32 bits: a ring of 4 GiB or more would wrap them, so open refuses it."""
+    with pytest.raises(ConfigError, match="4 GiB"):
+        P.geometry(1, 1, nslots=nslots, chunk=chunk, name="big")
+    fits = P.geometry(1, 1, nslots=1 << 11, chunk=1 << 20, name="fits")  # 2 GiB + 512 KiB
+    assert fits.ring_bytes < P.MAX_RING_BYTES
+
+
+def test_gpu_scoped_fences_only_when_every_rank_shares_one_gpu():
+    """Bulk packets fence at .gpu scope only where every rank's memory is one GPU's (same host and PCI bus id);
+    anything else (no GPU, two GPUs, one rank unknown) keeps the safe .sys scope."""
+    from circuslink.channels import shares_one_gpu
+
+    assert shares_one_gpu(["host:0000:19:00.0"] * 4)
+    assert not shares_one_gpu(["host:0000:19:00.0", "host:0000:3b:00.0"])
+    assert not shares_one_gpu(["a:0000:19:00.0", "b:0000:19:00.0"])  # same bus id on two hosts
+    assert not shares_one_gpu([None, None])
+    assert not shares_one_gpu([])

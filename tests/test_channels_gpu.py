@@ -230,6 +230,7 @@ print("many ok", w.rank)
 '''
 
 
+@pytest.mark.slow
 def test_64_channels_and_a_stalled_one_gpu(spmd):
     job = spmd(2, MANY, backend="cuda").check()
     assert job.stdout.count("many ok") == 2

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import NVCC_TIMEOUT_S
 
 PKG = Path(__file__).resolve().parents[1] / "src" / "circuslink"
 INCLUDE = PKG / "include"
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 
 def _nvcc(source: Path, tmp_path: Path) -> None:
     cmd = [NVCC, "-std=c++17", "-arch=sm_90a", f"-I{INCLUDE}", "-c", str(source), "-o", str(tmp_path / "out.o")]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
     assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
 
 
@@ -61,7 +62,7 @@ def test_512_thread_kernels_fit_an_sm(source, instantiate, tmp_path):
     src.write_text(f'#include "{PKG / source}"\n{instantiate}\n')
     cmd = [NVCC, "-std=c++17", "-arch=sm_90a", f"-I{INCLUDE}", "-Xptxas", "-v", "-c", str(src), "-o",
            str(tmp_path / "out.o")]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
     regs = [int(m) for m in re.findall(r"Used (\d+) registers", proc.stderr)]
     assert regs, proc.stderr

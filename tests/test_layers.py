@@ -7,6 +7,7 @@ and NVSHMEM bindings are imported only by the world's bootstrap and the transpor
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,8 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "circuslink"
 # docs/architecture.md, "Layers": a module may import its own layer and the layers below it, never above
 # (function-local imports included: a lower layer that imports a higher one lazily still depends on it).
 LAYERS = [
-    ("base", ["errors", "_config", "_abi", "_wait", "_lifecycle", "_store", "_bootstrap", "_guard", "_argtypes"]),
+    ("base", ["errors", "_config", "_sysinfo", "_abi", "_wait", "_lifecycle", "_store", "_bootstrap", "_guard",
+              "_argtypes"]),
     ("wire format", ["channels.protocol"]),
     ("backends", ["backends", "memory", "device_code"]),
     ("transport", ["transport"]),
@@ -299,13 +301,43 @@ def name_tests(source: str, names: set[str] | None = None) -> list[int]:
     return sorted(set(finder.hits))
 
 
+# A stricter check for back-ends' names (outside backends/): a name compared with anything at all.
+BACKEND_NAMES = {"cpu", "cuda"}
+BACKEND_NAME_TEST = re.compile(r"backend\.name\s*(==|!=|in\b|not\s+in\b)")
+
+
+def _names_a_backend(node: ast.AST) -> bool:
+    """A back-end's name as a literal, or a tuple / list / set holding one."""
+    if isinstance(node, ast.Constant):
+        return node.value in BACKEND_NAMES
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return any(_names_a_backend(e) for e in node.elts)
+    return False
+
+
+def backend_name_tests(source: str) -> list[int]:
+    """Lines that compare anything with a back-end's name (``x == "cuda"``, ``name in ("cpu", ...)``), whatever
+    holds the name (``world.backend.name``, a local variable, an argument), or compare ``backend.name`` itself."""
+    lines = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and any(_names_a_backend(n) for n in [node.left, *node.comparators]):
+            lines.add(node.lineno)
+    lines |= {i for i, line in enumerate(source.splitlines(), 1) if BACKEND_NAME_TEST.search(line)}
+    return sorted(lines)
+
+
 @pytest.mark.parametrize("path", [p for p in _sources() if p.relative_to(PKG).as_posix() not in REGISTRIES],
                          ids=lambda p: str(p.relative_to(PKG)))
 def test_no_code_outside_the_registries_tests_a_backend_or_transport_name(path):
-    lines = path.read_text().splitlines()
-    hits = [f"{i}: {lines[i - 1].strip()}" for i in name_tests(path.read_text())]
+    text = path.read_text()
+    rows = text.splitlines()
+    found = set(name_tests(text))
+    if "backends" not in path.relative_to(PKG).parts:
+        found |= set(backend_name_tests(text))
+    hits = [f"{i}: {rows[i - 1].strip()}" for i in sorted(found)]
     assert not hits, f"{path.relative_to(PKG)} tests a back-end's or transport's name (ask a capability: " \
-                     f"backend.runs_kernels, backends.uses_gpus(name), a transport's capabilities): {hits}"
+                     f"backend.runs_kernels, backends.runs_kernels(name), a transport's capabilities, or " \
+                     f"world.backend_module(...)): {hits}"
 
 
 def test_the_name_check_can_fail():
@@ -328,6 +360,83 @@ def test_the_name_check_can_fail():
         assert name_tests(source, {"cpu", "cuda", "ipc", "mpi", "nvshmem"}) == [], source
 
 
+def test_the_backend_name_check_can_fail():
+    """A back-end's name compared with anything: caught through a local variable, an argument, a membership test
+    and the attribute itself; labels pass."""
+    code = (
+        "def f(world, backend):\n"
+        "    name = world.backend.name\n"
+        "    if name == 'cuda':\n"                       # 3: through a local variable
+        "        pass\n"
+        "    if backend != \"cpu\":\n"                     # 5: through an argument
+        "        pass\n"
+        "    if backend in ('cpu', 'mps'):\n"             # 7: a membership test
+        "        pass\n"
+        "    ok = world.backend.name == other\n"          # 9: the attribute itself
+        "    label = f'{name} ({world.backend.name})'\n"  # a label: fine
+        "    return ok, label, ['cpu', 'cuda']\n"         # a list of choices: fine
+    )
+    assert backend_name_tests(code) == [3, 5, 7, 9]
+
+
 def test_no_device_code_in_python_files():
     hits = [str(p.relative_to(PKG)) for p in _sources() if "__global__" in p.read_text()]
     assert not hits, f"device code belongs in .cu / .cuh files: {hits}"
+
+
+# docs/architecture.md, "Resources": a World's state lives on the World; what a process keeps beside it is this,
+# and a test keeps the list whole. (module, name) -> why it is process-wide.
+PROCESS_STATE = {
+    ("world.py", "_current"): "the World init() returns again in this process",
+    ("world.py", "_failing"): "this process is exiting on an error (its World must not wait in close)",
+    ("launcher.py", "_invocation"): "the command line a command relaunches itself with",
+    ("_wait.py", "_alone"): "a constant of the process: its ranks have cores of their own",
+    ("device_code.py", "headers_digest"): "a constant of the installation: the headers' digest",
+    ("channels/_cuda.py", "_kernels"): "compiled device code, the same for every World",
+    ("channels/_router_cuda.py", "_kernel"): "compiled device code, the same for every World",
+    ("rma/_cuda.py", "_module"): "compiled device code, the same for every World",
+    ("rma/_transpose/_cuda.py", "_module"): "compiled device code, the same for every World",
+    ("apps/qcd/_cuda.py", "_module"): "compiled device code, the same for every World",
+    ("bench/fft_baseline.py", "_module"): "compiled device code, the same for every World",
+    ("apps/qcd/_halo_cuda.py", "_lib"): "a loaded shared library (NVSHMEM), once per process",
+    ("transport/mpi.py", "_library"): "the progress thread's compiled library, loaded once per process",
+    ("transport/nvshmem.py", "_library"): "the NVSHMEM library (initialised once per process, as NVSHMEM is)",
+    ("transport/_registry.py", "_registered"): "the transports this process knows (built in, and plug-ins)",
+    ("rma/_transpose/_cuda.py", "pick_pitch"): "a pure function, memoized",
+    ("rma/_transpose/_cuda.py", "tile_candidates"): "a pure function, memoized",
+    ("rma/_tile_model.py", "_cache"): "the tile chosen per (back-end, dtype, shape), for the process",
+}
+
+
+def process_state(path: Path, rel: str) -> set[tuple[str, str]]:
+    """Names a module keeps for the whole process: ``global`` statements, memoized module functions, and
+    module-level mutable containers with a private lower-case name."""
+    tree = ast.parse(path.read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            found |= {(rel, name) for name in node.names}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and any("cache" in ast.unparse(d) for d in node.decorator_list):
+            found.add((rel, node.name))
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if isinstance(t, ast.Name) and t.id.startswith("_") and not t.id.startswith("__") \
+                        and t.id.lstrip("_").islower() and isinstance(node.value, ast.Dict | ast.List | ast.Set):
+                    found.add((rel, t.id))
+    return found
+
+
+def test_process_wide_state_is_the_documented_kind():
+    found = set().union(*(process_state(p, str(p.relative_to(PKG))) for p in _sources()))
+    assert found - set(PROCESS_STATE) == set(), "state kept for the whole process (put it on the World, " \
+        "world.registry(...), or list it here and in docs/architecture.md with why)"
+    assert set(PROCESS_STATE) - found == set(), "listed but gone: remove from PROCESS_STATE"
+
+
+def test_the_state_check_can_fail(tmp_path):
+    mod = tmp_path / "m.py"
+    mod.write_text("import functools\n_seen = {}\n_N = {}\n@functools.lru_cache\ndef f(x):\n    return x\n"
+                   "def g():\n    global _world\n    _world = 1\n")
+    assert process_state(mod, "m.py") == {("m.py", "_seen"), ("m.py", "f"), ("m.py", "_world")}

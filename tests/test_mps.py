@@ -81,7 +81,7 @@ def test_shared_gpu_starts_a_private_daemon_and_gives_each_rank_its_share(fake_g
     assert len(pipes) == 1 and "circuslink-mps-" in pipes.pop()
     assert {r[1] for r in rows} == {"0"} and {r[3] for r in rows} == {"25"}  # 4 ranks share GPU 0
     assert {r[4] for r in rows} == {"0"}  # NVLink multicast stays off in every rank
-    assert "warning" not in job.stderr
+    assert "warning" not in job.stderr.replace("warning: 4 ranks on", "")  # (more ranks than cores: another warning)
     _assert_stopped(log, tmp)
 
 
@@ -99,7 +99,7 @@ def test_running_daemon_is_reused_and_left_running(fake_gpu):
     env, log, tmp = fake_gpu
     pipe = tmp / "site-mps"
     env["CUDA_MPS_PIPE_DIRECTORY"] = str(pipe)
-    subprocess.run([str(FAKES / "nvidia-cuda-mps-control"), "-d"], env=env, check=True)
+    subprocess.run([str(FAKES / "nvidia-cuda-mps-control"), "-d"], env=env, check=True, timeout=60)
     try:
         job = _run(env, "run", "-n", "2", "--backend", "cuda", "--", sys.executable, "-c", REPORT)
         assert job.returncode == 0, job.stderr
@@ -107,7 +107,7 @@ def test_running_daemon_is_reused_and_left_running(fake_gpu):
         assert {r[2] for r in rows} == {str(pipe)} and {r[3] for r in rows} == {"50"}
         assert [e[0] for e in _daemon_events(log)] == ["start"]  # not stopped: not ours
     finally:
-        subprocess.run([str(FAKES / "nvidia-cuda-mps-control")], input="quit\n", text=True, env=env)
+        subprocess.run([str(FAKES / "nvidia-cuda-mps-control")], input="quit\n", text=True, env=env, timeout=60)
 
 
 def test_auto_falls_back_with_one_warning_and_on_refuses(fake_gpu):
@@ -130,7 +130,7 @@ def test_off_never_starts_mps(fake_gpu):
     env, log, _ = fake_gpu
     job = _run(env, "run", "-n", "2", "--mps", "off", "--backend", "cuda", "--", sys.executable, "-c", REPORT)
     assert job.returncode == 0, job.stderr
-    assert _daemon_events(log) == [] and "warning" not in job.stderr
+    assert _daemon_events(log) == [] and "MPS" not in job.stderr
 
 
 def test_failed_rank_still_stops_the_daemon(fake_gpu):

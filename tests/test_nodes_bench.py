@@ -96,6 +96,7 @@ def test_bench_nodes_refuses_a_job_of_one_node(tmp_path):
     assert proc.stderr == "circuslink: error: bench nodes needs at least 2 whole nodes: -n 3 with --ranks-per-node 2\n"
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @pytest.mark.mpi
 def test_bench_nodes_gpu(tmp_path):

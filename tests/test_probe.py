@@ -39,7 +39,7 @@ def test_probe_cpu(tmp_path, n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_probe_cuda(tmp_path, n):
     """Ranks beyond the GPU count share GPUs under MPS: the probe runs its full loops, without the
     time-slice warning, and records that MPS was active."""

@@ -71,19 +71,67 @@ def test_apply_then_invert_round_trip(files):
     assert np.linalg.norm(x - psi) / np.linalg.norm(psi) < 1e-8
     out = proc.stdout
     assert "CG: Convergence at" in out and "iterated = " in out and "true = " in out and "(requested = 1e-10)" in out
-    assert "Gflops" in out and "ms per iteration" in out and "of the time waiting on halos" in out
+    done = next(ln for ln in out.splitlines() if ln.startswith("Done: "))
+    for words in ("iterations", "iterated residual", "true residual", "GFLOPS", "seconds"):
+        assert words in done, words
+    assert "per iteration: " in out and "dslash" in out and "halo" in out and "reductions" in out
+    assert "vector updates" in out
     assert "verify: |b - M x| / |b| = " in out and "(ok)" in out
+    assert "gauge: " in out and "plaquette" in out
     row = json.loads((path / "row.json").read_text())["rows"][0]
     assert row["impl"] == "rma" and row["grid"] == "2x1x1x1" and row["converged"] is True
     assert row["true_residual"] <= 1e-10 and row["iterations"] > 0 and row["flops_per_site_per_iteration"] == 2832
+    split = [row[f"{p}_us"] for p in ("dslash", "halo", "reduction", "vector")]
+    assert all(v >= 0 for v in split) and split[0] > 0 and sum(split) <= row["time_per_iter_us"] * 1.01
 
 
-def test_invert_random_fields_single_precision(tmp_path):
-    proc = cli("invert", "--dim", "4", "4", "4", "4", "--grid", "1", "2", "1", "1", "--prec", "single",
-               "--tol", "1e-9", "--seed", "3", "--verify", cwd=tmp_path)
+@pytest.mark.parametrize("sloppy", ["single", "half"])
+def test_invert_mixed_precision_reaches_double_accuracy(tmp_path, sloppy):
+    """--dim is each rank's lattice: 4^4 on a 1x2x1x1 grid is a 4x8x4x4 lattice."""
+    proc = cli("invert", "--dim", "4", "4", "4", "4", "--gridsize", "1", "2", "1", "1", "--prec-sloppy", sloppy,
+               "--tol", "1e-11", "--seed", "3", "--verify", "--mass", "0.2", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "lattice 4x8x4x4 (local 4x4x4x4 on grid 1x2x1x1)" in proc.stdout
-    assert "precision single" in proc.stdout and "(ok)" in proc.stdout
+    assert f"precision double, sloppy {sloppy}" in proc.stdout and "(ok)" in proc.stdout
+    assert f"kappa {1 / 8.4:.10g}, mass 0.2" in proc.stdout  # kappa = 1 / (2 mass + 8)
+
+
+def test_apply_takes_the_documented_default_kappa(files):
+    """docs/qcd.md gives --kappa a default (0.12): apply uses it as invert does."""
+    path, U, psi = files
+    proc = cli("apply", "--gauge", "U.npy", "--input", "psi.npy", "--output", "out.npy", cwd=path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "kappa 0.12" in proc.stdout
+    np.testing.assert_allclose(np.load(path / "out.npy"), qcd.wilson(U, psi, 0.12), rtol=0, atol=1e-13)
+
+
+def test_gauge_files_load_save_and_solve(files):
+    """--save-gauge writes ILDG; --load-gauge reads it back (and NERSC), prints the plaquette, solves on it."""
+    path, U, psi = files
+    proc = cli("apply", "--load-gauge", "U.npy", "--input", "psi.npy", "--save-gauge", "U.ildg", "--output",
+               "out.npy", "--gridsize", "1", "1", "1", "2", cwd=path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "gauge: U.npy" in proc.stdout.replace(str(path) + "/", "") and "wrote" in proc.stdout
+    assert f"plaquette {qcd.plaquette(U):.12f}" in proc.stdout
+    np.testing.assert_array_equal(qcd.read_gauge(str(path / "U.ildg")).U, U)
+    proc = cli("invert", "--load-gauge", "U.ildg", "--source", "psi.npy", "--gridsize", "2", "1", "1", "1",
+               "--kappa", str(KAPPA), "--tol", "1e-9", "--prec-sloppy", "single", "--output", "x.npy", cwd=path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ILDG 4x4x4x8 64-bit (scidac-checksum): plaquette" in proc.stdout
+    x = np.load(path / "x.npy")
+    assert np.linalg.norm(psi - qcd.wilson(U, x, KAPPA)) / np.linalg.norm(psi) <= 1e-9
+
+
+def test_corrupt_gauge_file_ends_the_job_in_one_line(files):
+    """The checksum is checked by rank 0 inside the job: every rank stops and the command says it once."""
+    path, U, _ = files
+    qcd.write_ildg(str(path / "U.ildg"), U)
+    raw = bytearray((path / "U.ildg").read_bytes())
+    raw[len(raw) // 2] ^= 0x10  # inside the binary data: the structure is intact, the checksum is not
+    (path / "bad.ildg").write_bytes(bytes(raw))
+    proc = cli("invert", "--load-gauge", "bad.ildg", "--gridsize", "2", "1", "1", "1", cwd=path, timeout=60)
+    line = one_error_line(proc)
+    assert "bad.ildg: record 7 (scidac-checksum): SciDAC checksum mismatch" in line and proc.returncode == 1
 
 
 def test_non_convergence_is_one_line_and_fails(tmp_path):
@@ -100,6 +148,8 @@ def _bad_files(path):
     np.save(path / "U4.npy", qcd.random_gauge((4, 4, 4, 4), 1))
     np.save(path / "psi8.npy", qcd.random_spinor((4, 4, 4, 8), 1))
     (path / "text.npy").write_text("not an array")
+    qcd.write_ildg(str(path / "U.ildg"), qcd.random_gauge((4, 4, 4, 4), 1))
+    (path / "cut.ildg").write_bytes((path / "U.ildg").read_bytes()[:5000])
 
 
 @pytest.mark.parametrize("args, message", [
@@ -120,7 +170,24 @@ def _bad_files(path):
      r"--input psi8.npy: shape"),
     (["apply", "--gauge", "U4.npy", "--input", "missing.npy", "--kappa", "0.1", "--output", "o.npy"],
      r"--input missing.npy: no such file"),
-    (["apply", "--gauge", "U4.npy", "--input", "psi8.npy", "--output", "o.npy"], r"qcd apply needs --kappa K"),
+    (["apply", "--input", "psi8.npy", "--output", "o.npy"], r"qcd apply needs --load-gauge FILE"),
+    (["invert", "--seed", "-5"], r"qcd invert: argument --seed: '-5' must be zero or more"),
+    (["invert", "--kappa", "0.1", "--mass", "0.1"], r"argument --mass: not allowed with argument --kappa"),
+    (["invert", "--mass", "-4.5"], r"--mass -4.5: kappa = 1 / \(2 mass \+ 8\) needs mass > -4"),
+    (["invert", "--kappa", "-0.1"], r"--kappa -0.1 must be positive"),
+    (["invert", "--prec", "single", "--prec-sloppy", "double"],
+     r"--prec-sloppy double is more precise than --prec single"),
+    (["invert", "--prec", "half"], r"argument --prec: invalid choice: 'half'"),
+    (["invert", "--tol", "0"], r"argument --tol: '0' must be a positive number"),
+    (["invert", "--reliable-delta", "1.5"], r"argument --reliable-delta: '1.5' must lie between 0 and 1"),
+    (["invert", "--load-gauge", "text.npy"], r"--load-gauge text.npy: not a readable .npy array"),
+    (["invert", "--load-gauge", "U.ildg", "--dim", "2", "2", "2", "2"],
+     r"--load-gauge U.ildg: lattice 4x4x4x4, but --dim 2 2 2 2 on grid 1x1x1x1 makes 2x2x2x2"),
+    (["invert", "--load-gauge", "cut.ildg"], r"--load-gauge cut.ildg: record 6 \(ildg-binary-data\): announces"),
+    (["plaquette", "missing.lime"], r"missing.lime: no such file"),
+    (["invert", "--dim", "256", "256", "256", "256"],  # refused up front with the need, as fft2 does
+     r"qcd invert on a 256x256x256x256 lattice over 1 rank\(s\) needs about \d+\.\d GiB of memory, more than the "
+     r"\d+\.\d GiB of host memory"),
     (["invert", "--dim", "4", "4", "4", "4", "--grid", "2", "2", "1", "1", "-n", "2"],
      r"-n 2 does not match the grid 2x2x1x1 \(4 ranks\)"),
     (["invert", "--dim", "4", "4", "4", "4", "--grid", "2", "1", "1", "1", "--halo", "nccl", "--backend", "cpu"],
@@ -134,26 +201,47 @@ def test_bad_input_is_one_clear_line(tmp_path, args, message):
     assert re.search(message, line), line
 
 
+@pytest.mark.parametrize("seed", ["-5", "x"])
+def test_a_bad_seed_is_a_usage_error_not_a_traceback(tmp_path, seed):
+    proc = cli("invert", "--seed", seed, cwd=tmp_path)
+    assert proc.returncode == 2 and "argument --seed" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_help_explains_the_options():
     proc = cli("invert", "--help")
     assert proc.returncode == 0
-    for option in ("--dim", "--grid", "--prec", "--tol", "--niter", "--halo", "--verify", "--gauge", "--source",
-                   "--output", "--kappa", "--seed", "--nranks", "--backend", "--json"):
+    for option in ("--dim", "--gridsize", "--grid", "--prec", "--prec-sloppy", "--tol", "--niter", "--halo",
+                   "--verify", "--load-gauge", "--gauge", "--save-gauge", "--source", "--output", "--kappa", "--mass",
+                   "--seed", "--nranks", "--backend", "--json", "--reliable-delta", "--cg", "--check-every",
+                   "--no-split"):
         assert option in proc.stdout, option
     proc = cli("apply", "--help")
     assert proc.returncode == 0 and "--dagger" in proc.stdout and "--input" in proc.stdout
+    assert "(default 0.12)" in " ".join(proc.stdout.split())  # wrapped by argparse
+    proc = cli("plaquette", "--help")
+    assert proc.returncode == 0 and "FILE" in proc.stdout
 
 
 def test_bench_qcd_quick_on_cpu(tmp_path):
     env = dict(os.environ, CIRCUSLINK_BACKEND="cpu", CIRCUSLINK_TIMEOUT="60")
     proc = subprocess.run([sys.executable, "-m", "circuslink", "bench", "qcd", "--quick", "--dim", "4", "4", "4", "4",
-                           "--grids", "1x1x1x1,2x1x1x1", "--halos", "rma,nccl", "--json", str(tmp_path / "q.json")],
+                           "--grids", "1x1x1x1,2x1x1x1", "--halos", "rma,nccl", "--cg", "host,device",
+                           "--json", str(tmp_path / "q.json")],
                           capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads((tmp_path / "q.json").read_text())
     assert data["benchmark"] == "qcd" and data["floor"]["local_copy_GBps"]
-    rows = {(r["impl"], r["grid"]): r for r in data["rows"]}
+    rows = {(r["impl"], r["grid"]): r for r in data["rows"] if r.get("cg", "host") == "host"}
+    device = {(r["impl"], r["grid"]): r for r in data["rows"] if r.get("cg") == "device"}
+    assert device[("none", "1x1x1x1")]["time_per_iter_us"] > 0 and device[("rma", "2x1x1x1")]["check_every"] == 10
     assert rows[("dslash", "1x1x1x1")]["bandwidth_GBps"] > 0 and rows[("dslash", "1x1x1x1")]["copy_ratio"] > 0
     assert rows[("none", "1x1x1x1")]["time_per_iter_us"] > 0
     assert rows[("rma", "2x1x1x1")]["time_per_iter_us"] > 0 and 0 <= rows[("rma", "2x1x1x1")]["halo_wait_share"] < 1
+    for key in (("none", "1x1x1x1"), ("rma", "2x1x1x1")):
+        row = rows[key]
+        split = [row[f"{p}_us"] for p in ("dslash", "halo", "reduction", "vector")]
+        assert split[0] > 0 and split[2] > 0 and split[3] > 0 and row["split_clock"] == "host"
+        # the phases cut the marked loops' timeline: they add up to it (up to the loop's own bookkeeping)
+        assert 0.8 * row["timed_iter_us"] <= sum(split) <= 1.01 * row["timed_iter_us"], row
+    assert rows[("rma", "2x1x1x1")]["halo_us"] > 0 and rows[("none", "1x1x1x1")]["halo_us"] == 0
     assert "needs the cuda back-end" in rows[("nccl", "2x1x1x1")]["skipped"]

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from conftest import NVCC_TIMEOUT_S
 
 from circuslink.apps import qcd
 from circuslink.apps.qcd._cpu import Dslash as CpuDslash
@@ -32,7 +33,7 @@ def harness(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("qcd-host") / "qcd_dslash_host"
     cmd = [NVCC, "-std=c++17", "-arch=sm_90a", "-O1", f"-I{REPO / 'src/circuslink/include'}",
            f"-I{REPO / 'src/circuslink/apps/qcd'}", str(REPO / "tests/qcd_dslash_host.cu"), "-o", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -164,5 +165,63 @@ def test_abi_table_matches_the_header(tmp_path):
     src = tmp_path / "abi.cu"
     src.write_text(static_asserts([DSLASH_ARGS]))
     proc = subprocess.run([NVCC, "-std=c++17", "-arch=sm_90a", f"-I{REPO / 'src/circuslink/include'}", "-c",
-                           str(src), "-o", str(tmp_path / "abi.o")], capture_output=True, text=True)
+                           str(src), "-o", str(tmp_path / "abi.o")], capture_output=True, text=True,
+                          timeout=NVCC_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
+
+
+# -- the device-resident CG's scalar step ------------------------------------------------------------------------
+SCALAR_HOST = r"""
+#include <cstdio>
+#include "dslash.cu"
+// Reads lines "STEP DELTA2 s0 .. s15", applies circuslink::qcd::cg_scalar_step, prints the 16 scalars.
+int main() {
+  int step;
+  double delta2, s[circuslink::qcd::kCgSlots];
+  while (std::scanf("%d %lf", &step, &delta2) == 2) {
+    for (int i = 0; i < circuslink::qcd::kCgSlots; ++i) std::scanf("%lf", &s[i]);
+    circuslink::qcd::cg_scalar_step(s, step, delta2);
+    for (int i = 0; i < circuslink::qcd::kCgSlots; ++i) std::printf("%.17g ", s[i]);
+    std::printf("\n");
+  }
+  return 0;
+}
+"""
+
+
+def test_device_cg_scalar_step_matches_the_python_reference(tmp_path, rng):
+    """The kernel's scalar step (qcd_cg_scalars runs it on thread 0 after the global sum) against _cgstate's,
+    slot for slot: fresh, frozen, stalled, converging and due cases; and the slot and flag numbers agree."""
+    from circuslink.apps.qcd import _cgstate as cg
+
+    header = (REPO / "src/circuslink/include/circuslink/qcd/dslash_types.cuh").read_text()
+    for name, value in (("kCgLocal", cg.LOCAL), ("kCgRr", cg.RR), ("kCgAlpha", cg.ALPHA), ("kCgBeta", cg.BETA),
+                        ("kCgStop", cg.STOP), ("kCgMaxRr", cg.MAX_RR), ("kCgIterations", cg.ITERATIONS),
+                        ("kCgFlags", cg.FLAGS), ("kCgSlots", cg.SLOTS), ("kCgConverged", cg.CONVERGED),
+                        ("kCgDue", cg.DUE), ("kCgStalled", cg.STALLED), ("kCgSkip", cg.SKIP)):
+        assert f"{name} = {value}," in header, name
+    src = tmp_path / "scalars.cu"
+    src.write_text(SCALAR_HOST)
+    exe = tmp_path / "scalars"
+    proc = subprocess.run([NVCC, "-std=c++17", "-arch=sm_90a", f"-I{REPO / 'src/circuslink/include'}",
+                           f"-I{REPO / 'src/circuslink/apps/qcd'}", str(src), "-o", str(exe)],
+                          capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr
+    cases = []
+    for _ in range(200):
+        s = np.zeros(cg.SLOTS)
+        s[cg.LOCAL] = rng.choice([rng.uniform(1e-12, 10), 0.0, -rng.uniform(0, 1)])
+        s[cg.RR] = rng.uniform(1e-10, 10)
+        s[cg.STOP] = s[cg.RR] * rng.choice([1e-3, 0.5, 2.0])
+        s[cg.MAX_RR] = s[cg.RR] * rng.uniform(1, 1e3)
+        s[cg.ITERATIONS] = rng.integers(0, 100)
+        s[cg.FLAGS] = rng.choice([0, cg.CONVERGED, cg.STALLED, cg.DUE, cg.CONVERGED | cg.SKIP])
+        cases.append((int(rng.integers(0, 2)), float(rng.choice([0.0, 0.01])), s))
+    text = "".join(f"{step} {delta2!r} " + " ".join(repr(float(v)) for v in s) + "\n" for step, delta2, s in cases)
+    proc = subprocess.run([str(exe)], input=text, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    got = np.array([[float(v) for v in line.split()] for line in proc.stdout.splitlines()])
+    for (step, delta2, s), row in zip(cases, got, strict=True):
+        want = s.copy()
+        cg.scalar_step(want, step, delta2)
+        np.testing.assert_array_equal(row, want, err_msg=f"step {step}, delta2 {delta2}, in {s}")

@@ -22,14 +22,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import BACKENDS, NVCC_TIMEOUT_S, on_backend
 
 import circuslink as cl
 from circuslink import rma
 
-BACKENDS = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 # (world back-end, CIRCUSLINK_RMA_LAUNCH): the cuda back-end's two launch methods
-LAUNCHES = [("cpu", None), pytest.param("cuda", "kernel", marks=pytest.mark.gpu),
-            pytest.param("cuda", "graph", marks=pytest.mark.gpu)]
+LAUNCHES = [on_backend("cpu", None), on_backend("cuda", "kernel"), on_backend("cuda", "graph")]
 
 # The ring body. WINDOW layout per rank: [0, 4096) my sources, [4096, 8192) what my
 # neighbours write into me; everything else keeps its poison.
@@ -120,6 +119,7 @@ def test_ring_exchange_is_byte_exact(spmd, backend, launch, n):
     _ring(spmd, n, cycles=20, world_backend=backend, launch=launch)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend, launch", LAUNCHES)
 @pytest.mark.parametrize("n", [2, 4])
 def test_thousand_cycles_with_changing_data(spmd, backend, launch, n):
@@ -393,7 +393,7 @@ def _nvcc(source: str, tmp_path) -> subprocess.CompletedProcess:
     path = tmp_path / "abi.cu"
     path.write_text(source)
     return subprocess.run([shutil.which("nvcc"), "-std=c++17", "-arch=sm_90a", f"-I{INCLUDE}", "-c", str(path), "-o",
-                           str(tmp_path / "abi.o")], capture_output=True, text=True)
+                           str(tmp_path / "abi.o")], capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")

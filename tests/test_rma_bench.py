@@ -87,6 +87,7 @@ def test_bench_rma_ring_of_four_cpu(tmp_path):
         assert r["neighbours"] == 2 and r["total_bytes"] == 2 * r["chain"] * r["bytes"] and r["time_us"] > 0, r
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_bench_rma_long_chains_under_mps_gpu(tmp_path):
     """`bench rma` hung under MPS (2 ranks, one GPU) at chains of 16 x 512 KiB: a rank's device wait

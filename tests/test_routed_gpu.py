@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import NVCC_TIMEOUT_S
 
 KERNELS = Path(__file__).parent / "kernels" / "routed_user.cu"
 INCLUDE = Path(__file__).resolve().parents[1] / "src" / "circuslink" / "include"
@@ -76,6 +77,7 @@ def _all_pairs(n: int) -> list[tuple[int, int]]:
     return [(a, b) for a in range(n) for b in range(n) if a != b]
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @pytest.mark.parametrize("topo,n", [("torus:4x4", 16), ("line:8", 8)])
 def test_all_to_all_gpu(spmd, topo, n):
@@ -87,6 +89,7 @@ def test_all_to_all_gpu(spmd, topo, n):
     assert "CHANNEL-ERROR" not in job.output
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @pytest.mark.parametrize("topo,pairs", [
     ("torus:4x4", _all_pairs(16)),                                   # acyclic in the buffers routed channels use
@@ -105,6 +108,7 @@ def test_unsafe_one_virtual_channel_gpu(spmd, topo, pairs):
         assert job.returncode == 0 and job.stdout.count("exchange ok") == 16, job.output
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_grid_and_host_forms_over_seven_hops_gpu(spmd):
     """line:8, rank 0 to rank 7 (7 hops, 6 agents): grid writes and reads of up to 80 packets through 8-slot
@@ -187,5 +191,5 @@ print("closed", w.rank)
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 def test_user_kernels_compile(tmp_path):
     proc = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90a", f"-I{INCLUDE}", "-c", str(KERNELS), "-o",
-                           str(tmp_path / "k.o")], capture_output=True, text=True)
+                           str(tmp_path / "k.o")], capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr

@@ -4,6 +4,7 @@ network), every mapped byte is the peer's, and touching an unmapped rank is one 
 from __future__ import annotations
 
 import pytest
+from conftest import BACKENDS
 
 NEIGHBOURS = """
     import os, numpy as np, circuslink as cl
@@ -48,7 +49,7 @@ NEIGHBOURS = """
 """
 
 
-@pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_alloc_maps_only_the_peers(spmd, backend):
     job = spmd(4, NEIGHBOURS, backend=backend).check()
     assert job.stdout.count("mapping ok") == 4

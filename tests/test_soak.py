@@ -53,6 +53,7 @@ def test_soak_cpu_4_ranks(tmp_path, seed):
     _soak(tmp_path, "cpu", 4, 240, 12, 240, seed)
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_soak_gpu_4_ranks(tmp_path, seed):
     _soak(tmp_path, "cuda", 4, 20000, 64, 600, seed)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import NVCC_TIMEOUT_S
 
 from circuslink import _abi, cli
 from circuslink import topology as T
@@ -321,7 +322,7 @@ def test_device_structs_match_the_header(tmp_path):
     src = tmp_path / "abi.cu"
     src.write_text(_abi.static_asserts([T.ENTRY, T.PORT, T.TABLE]))
     proc = subprocess.run([NVCC, "-std=c++17", "-arch=sm_90a", f"-I{INCLUDE}", "-c", str(src), "-o",
-                           str(tmp_path / "abi.o")], capture_output=True, text=True)
+                           str(tmp_path / "abi.o")], capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

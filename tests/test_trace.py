@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import NVCC_TIMEOUT_S
 
 import circuslink as cl
 from circuslink import trace as cl_trace
@@ -245,7 +246,7 @@ def test_event_ids_match_the_header_and_the_kernels_compile(tmp_path):
         static_assert(tr::PHASE_INSTANT == {I} && tr::PHASE_BEGIN == {B} && tr::PHASE_END == {E}, "phases");
     """)
     proc = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90a", f"-I{cl.include_dir()}", "-c", str(src),
-                           "-o", str(tmp_path / "ids.o")], capture_output=True, text=True)
+                           "-o", str(tmp_path / "ids.o")], capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
 
 

@@ -47,7 +47,7 @@ def test_the_library_builds_against_nvshmem(tmp_path, monkeypatch):
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     path = _build.build_cached("transport", "libcircuslink_nvshmem", tnv.SOURCE, tnv._command)
-    symbols = subprocess.run(["nm", "-D", str(path)], capture_output=True, text=True).stdout
+    symbols = subprocess.run(["nm", "-D", str(path)], capture_output=True, text=True, timeout=60).stdout
     for name in ("circuslink_nvshmem_init", "circuslink_nvshmem_put_signal", "circuslink_nvshmem_proxy_launch",
                  "circuslink_nvshmem_malloc", "circuslink_nvshmem_quiet"):
         assert f" T {name}" in symbols, name

@@ -143,9 +143,9 @@ def test_cli_errors_are_one_line(tmp_path):
     import sys
 
     proc = subprocess.run([sys.executable, "-m", "circuslink", "run", "-n", "0", "--", "true"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert proc.stderr.strip() == "circuslink: error: -n must be a positive number of ranks, got 0"
     proc = subprocess.run([sys.executable, "-m", "circuslink", "run", "-n", "1", "--", str(tmp_path / "nope")],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr and "cannot start" in proc.stderr

@@ -1,6 +1,6 @@
 """CIRCUS Fig. 2: a read, +1, write pipeline stage on rank 1, fed and drained by rank 0.
 
-    circuslink run -n 2 -- python examples/fig2_pipeline/main.py [--backend cpu|cuda] [-n ELEMENTS]
+    circuslink run -n 2 -- python examples/fig2_pipeline/main.py [--backend cpu|cuda] [--elements N]
 
 The channels come from app.xml (kernels.cu includes the header `circuslink gen` makes from it).
 Rank 0 checks that every element came back exactly once, in order, plus one.
@@ -18,6 +18,7 @@ import numpy as np
 
 import circuslink as cl
 from circuslink import channels, spec
+from circuslink._argtypes import positive_int
 
 HERE = Path(__file__).resolve().parent
 TILE = 960
@@ -26,13 +27,16 @@ TILE = 960
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("cpu", "cuda"), default=None)
-    parser.add_argument("-n", "--elements", type=int, default=200_000)
+    # --elements only: on the same command line `circuslink run -n` counts ranks, so -n here would mislead.
+    parser.add_argument("--elements", type=positive_int, default=200_000, metavar="N",
+                        help="elements to send (default 200,000)")
     args = parser.parse_args()
     world = cl.init(args.backend)
     app = spec.load(HERE / "app.xml", nranks=world.size)
     ch = channels.open(world, app)
     data = np.random.default_rng().integers(-2**31, 2**31 - 1, args.elements, dtype=np.int32)
-    run = _run_cuda if world.backend.name == "cuda" else _run_cpu
+    # kernels where the back-end runs them; the cpu reference runs host-API programs only (docs/user-kernels.md)
+    run = _run_cuda if world.backend.runs_kernels else _run_cpu
     got = run(world, ch, data)
     if world.rank == 0:
         want = data + np.int32(1)
@@ -85,8 +89,7 @@ def _run_cuda(world, ch, data):
         module.get_function("feed_and_collect")((1,), (64,), (ch["feed_out"].device_handle(),
                                                               ch["result_in"].device_handle(), cp.asarray(data), out,
                                                               np.uint64(n), ok))
-    cp.cuda.runtime.deviceSynchronize()
-    ch.check()
+    ch.wait_kernel(what=f"fig2's kernel on rank {world.rank}")  # bounded; raises a channel's recorded error
     if int(ok.get()[0]) != 1:
         raise cl.ChannelError(f"fig2: a channel call failed on rank {world.rank}")
     return out.get() if out is not None else None

@@ -4,8 +4,9 @@
 pipe from the launcher on its standard input. The launcher tells it what the job holds (the
 ranks' process groups or pids, a private MPS daemon's directory) and says ``done`` when it has
 cleaned up itself. If the pipe closes without ``done`` (the launcher was killed, even with
-SIGKILL, which no handler can catch), the guard ends the ranks, quits the MPS daemon and removes
-its directory. So nothing outlives a job: no orphaned rank, no MPS daemon, no temporary files.
+SIGKILL, which no handler can catch), the guard ends the ranks, removes the shared memory files
+they left (those matching the job's pattern in /dev/shm), quits the MPS daemon and removes its
+directory. So nothing outlives a job: no orphaned rank, no MPS daemon, no temporary files.
 
 The same file, run as ``_guard.py --exec CMD...``, is how each rank starts: it asks the kernel
 to kill it when its parent (the launcher) dies (``PR_SET_PDEATHSIG``) and then becomes CMD.
@@ -16,6 +17,7 @@ starts in milliseconds.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -31,10 +33,12 @@ _PR_SET_PDEATHSIG = 1
 class Guard:
     """The launcher's side: start the guard process, tell it what to clean, release it when done."""
 
-    def __init__(self, session=None) -> None:
+    def __init__(self, session=None, shm_pattern: str | None = None) -> None:
         config = {}
         if session is not None and getattr(session, "job_dir", None):
             config = {"mps_binary": session.binary, "mps_job_dir": session.job_dir}
+        if shm_pattern:
+            config["shm_pattern"] = shm_pattern
         self._proc = subprocess.Popen(
             [sys.executable, "-I", "-S", os.path.abspath(__file__), "--guard", json.dumps(config)],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -120,6 +124,11 @@ def _guard_main(config_json: str) -> int:
             targets.append((int(arg), word == "pgid"))
     # The pipe closed without "done": the launcher died. Clean up after it.
     _end(targets)
+    for path in glob.glob(config["shm_pattern"]) if config.get("shm_pattern") else ():
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
     if config.get("mps_job_dir"):
         _stop_mps(config.get("mps_binary") or "nvidia-cuda-mps-control", config["mps_job_dir"])
     return 0

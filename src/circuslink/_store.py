@@ -65,6 +65,7 @@ class _State:
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}
         self.cond = threading.Condition()
+        self.joined = 0  # clients that said hello with the right token: ranks that have joined
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -78,6 +79,8 @@ class _Handler(socketserver.BaseRequestHandler):
             hello = _recv_fields(sock)
             if len(hello) != 2 or hello[0] != b"hello" or not hmac.compare_digest(hello[1], self.server.token):
                 return
+            with state.cond:
+                state.joined += 1
             _send_fields(sock, [b"ok"])
             while True:
                 fields = _recv_fields(sock)
@@ -148,6 +151,11 @@ class StoreServer:
         with self._server.state.cond:
             self._server.state.data[key] = value
             self._server.state.cond.notify_all()
+
+    def joined(self) -> int:
+        """How many clients have connected with the job's token (the launcher's progress while ranks start)."""
+        with self._server.state.cond:
+            return self._server.state.joined
 
     def close(self) -> None:
         self._server.shutdown()

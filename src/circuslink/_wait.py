@@ -14,18 +14,36 @@ under it, together. ``check`` (optional) runs between polls and may raise, e.g. 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 
+from . import _sysinfo
 from ._config import resolve_timeout
 from .errors import TimeoutError
 
 # Back-off: spin a little (a peer often answers within microseconds), then yield, then sleep
-# up to _SLEEP_MAX_S: ranks share few cores and a spinning rank starves the peer it waits for.
+# up to _SLEEP_MAX_S: where ranks share cores a spinning rank starves the peer it waits for.
+# Where every rank of the machine has a core of its own nobody is starved: a wait polls without
+# sleeping for its first _ALONE_SPIN_S (a sleep costs tens of microseconds of timer slack, more than
+# the cpu channel's whole one-way time), as MPI's own waits do, and backs off only after that.
 _SPIN_POLLS = 50
 _YIELD_POLLS = 200
 _SLEEP_MIN_S = 20e-6
 _SLEEP_MAX_S = 2e-3
+_ALONE_SPIN_S = 1.0
+_ALONE_YIELD_EVERY = 1024  # polls between yields while spinning alone (lets a busy core's other work run)
+
+
+def cores_of_their_own() -> bool:
+    """Whether every rank of this job on this machine has a core of its own (ranks <= cores), so that waits
+    may poll without sleeping. Read once per process: the launcher fixes both for the job's life."""
+    return _alone()
+
+
+@functools.lru_cache(maxsize=1)
+def _alone() -> bool:
+    return _sysinfo.local_ranks() <= _sysinfo.cores()
 
 
 class Deadline:
@@ -72,6 +90,8 @@ def wait_until(ready: Callable[[], bool], deadline: Deadline | float | None,
     if ready():
         return
     deadline = Deadline.after(deadline)
+    if cores_of_their_own():
+        spin_s = max(spin_s, _ALONE_SPIN_S)
     spin_until = time.monotonic() + spin_s if spin_s > 0 else 0.0
     polls, sleep = 0, _SLEEP_MIN_S
     while True:
@@ -84,7 +104,11 @@ def wait_until(ready: Callable[[], bool], deadline: Deadline | float | None,
                 return
             raise timeout_error(what() if callable(what) else what, deadline)
         polls += 1
-        if polls <= _SPIN_POLLS or (spin_until and time.monotonic() < spin_until):
+        if polls <= _SPIN_POLLS:
+            continue
+        if spin_until and time.monotonic() < spin_until:
+            if polls % _ALONE_YIELD_EVERY == 0:
+                time.sleep(0)
             continue
         if polls <= _YIELD_POLLS:
             time.sleep(0)

@@ -26,6 +26,7 @@ COMMANDS = [
     ("route", "circuslink.topology.command", "routing over a topology: show the tables and paths, check for deadlock"),
     ("qcd", "circuslink.apps.qcd.cli", "lattice QCD: Wilson-Dirac CG inverter (invert) and operator (apply)"),
     ("fft2", "circuslink.apps.fft.cli", "distributed 2-D FFT of a .npy file with transposing puts"),
+    ("fft3", "circuslink.apps.fft.cli3", "distributed 3-D FFT of a .npy file (slabs or pencils) with transposing puts"),
 ]
 BENCHMARKS = [
     ("pingpong", "circuslink.bench.pingpong", "channel pingpong against the floor, NCCL, NVSHMEM and MPI"),
@@ -36,9 +37,10 @@ BENCHMARKS = [
     ("rma", "circuslink.bench.rma", "persistent RMA queues against MPI-3 RMA, MPI persistent p2p and NCCL"),
     ("qcd", "circuslink.bench.qcd", "lattice QCD CG per iteration by halo exchange and grid; dslash bandwidth"),
     ("transpose", "circuslink.bench.transpose", "transposing put against contiguous put and local transpose + put"),
-    ("fft", "circuslink.bench.fft", "distributed 2-D FFT: transposing puts against local transpose + put and fft2"),
+    ("fft", "circuslink.bench.fft", "distributed 2-D and 3-D FFT: transposing puts against the slab all-to-all"),
     ("hops", "circuslink.bench.hops", "latency and throughput by hop count over a topology (routed channels)"),
     ("nodes", "circuslink.bench.nodes", "transports between nodes: their own one-way, relays, routed channels"),
+    ("stencil", "circuslink.bench.stencil", "2-D Jacobi stencil (examples/stencil): channels in the kernel, host, MPI"),
 ]
 
 
@@ -50,9 +52,16 @@ def _add_commands(sub, table) -> None:
             continue  # a feature not built into this install
         if not hasattr(module, "add_arguments"):
             continue
-        p = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip().splitlines()[0])
+        p = sub.add_parser(name, help=help_text, description=describe(module.__doc__ or help_text))
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
+
+
+def describe(doc: str) -> str:
+    """A command's description: the first paragraph of its module's docstring, its lines joined (the first
+    line alone would stop mid-sentence where the paragraph wraps)."""
+    paragraph = doc.strip().split("\n\n", 1)[0]
+    return " ".join(line.strip() for line in paragraph.splitlines())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     set_invocation(argv)
     if not getattr(args, "_run", None):
         return _missing(parser)
+    from .launcher import inside_job
+
+    if getattr(args, "json", None) == "-" and inside_job():
+        # --json -: in a rank, the results (Results.write_json, to the process's own stdout) are the only thing
+        # on standard output; every other line the rank prints goes to standard error.
+        sys.stdout = sys.stderr
     try:
         return int(args._run(args) or 0)
     except Error as exc:

@@ -113,7 +113,10 @@ def gather(nranks: int | None = None, ranks_per_node: int | None = None) -> dict
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    from ._argtypes import output_file_or_stdout
+
+    p.add_argument("--json", metavar="FILE", nargs="?", const="-", default=None, type=output_file_or_stdout,
+                   help="write JSON instead of text to FILE; '-' or no FILE: to standard output")
     p.add_argument("-n", "--nranks", type=int, default=None, metavar="N",
                    help="also show how a job of N ranks on this machine groups into nodes")
     p.add_argument("--ranks-per-node", type=int, default=None, metavar="K",
@@ -127,10 +130,24 @@ def run(args: argparse.Namespace) -> int:
 
         raise ConfigError("info: --ranks-per-node shows a node layout for -n N ranks; give -n too")
     info = gather(args.nranks, args.ranks_per_node)
-    if args.json:
-        json.dump(info, sys.stdout, indent=2)
-        print()
+    text = json.dumps(info, indent=2) + "\n"
+    if args.json == "-":
+        sys.stdout.write(text)
         return 0
+    _print(info)
+    if args.json:
+        try:
+            with open(args.json, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as exc:
+            from .errors import ConfigError
+
+            raise ConfigError(f"--json {args.json}: cannot write: {exc.strerror or exc}") from None
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _print(info: dict) -> None:
     print(f"circuslink {info['circuslink']} on Python {info['python']} ({info['platform']})")
     print("packages: " + ", ".join(f"{k} {v or 'missing'}" for k, v in info["packages"].items()))
     print("tools:    " + ", ".join(f"{k} {'found' if v else 'missing'}" for k, v in info["tools"].items()))
@@ -145,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {nodes['nranks']} ranks here: {nodes['text']}")
     if not info["gpus"]:
         print("GPUs: none visible")
-        return 0
+        return
     print(f"CUDA runtime {info['cuda']['runtime']}, driver {info['cuda']['driver']}, NCCL {info.get('nccl')}")
     mps_info = info.get("mps") or {}
     if mps_info.get("active"):
@@ -170,4 +187,3 @@ def run(args: argparse.Namespace) -> int:
             p = "P" if info["peer_access"][i][j] else "x"
             cells.append(f"{p} NV{links:<3}" if links else f"{p}      ")
         print(f"GPU{i:<3}" + "".join(cells))
-    return 0

@@ -1,11 +1,18 @@
 """``circuslink run``: start N ranks on this machine and watch them.
 
 The launcher hosts the rendezvous store, gives each rank its identity in the
-environment (``CIRCUSLINK_RANK``, ``_SIZE``, ``_LOCAL_RANK``, ``_STORE``...), prefixes
+environment (``CIRCUSLINK_RANK``, ``_SIZE``, ``_LOCAL_RANK``, ``_STORE``...; and ``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` as torchrun sets them), prefixes
 every output line with the rank that wrote it, and when one rank fails (non-zero exit
 or a signal) ends the others and exits non-zero naming it. It also records every exit
 in the store, so ranks blocked in a collective on a dead peer fail at once with its name
 instead of waiting for their time-out.
+
+Before the first rank starts it refuses, in one line, a job this machine cannot hold: a bad
+``CIRCUSLINK_TIMEOUT``, more ranks than host memory holds, more ranks on a GPU than MPS takes
+clients. It warns when ranks outnumber cores, says how far it is while starting many ranks, and
+acts on Ctrl-C or SIGTERM at once, even halfway through starting them. When the job ends, however it
+ends, it removes the shared memory its ranks left (files of ranks killed while allocating).
 """
 
 from __future__ import annotations
@@ -20,11 +27,19 @@ import threading
 import time
 from collections.abc import Sequence
 
-from . import _store
-from .backends import BACKENDS, default_backend_name, uses_gpus
+from . import _store, _sysinfo
+from ._config import default_timeout
+from .backends import BACKENDS, default_backend_name, runs_kernels
 from .errors import BackendError, ConfigError
 
 _GRACE_S = 3.0  # between SIGTERM and SIGKILL when ending the other ranks
+# Host memory one rank takes before the program allocates anything: the interpreter, numpy and circuslink
+# (about 34 MiB resident, measured), and on a GPU also CuPy and the CUDA runtime's host side.
+RANK_BYTES = {False: 48 << 20, True: 512 << 20}  # by whether the back-end runs kernels
+GPU_CONTEXT_BYTES = 512 << 20  # GPU memory one rank's CUDA context takes before it allocates anything
+MPS_CLIENTS_PER_GPU = 48  # an MPS server takes this many clients on one GPU; the 49th is refused
+MANY_RANKS = 8  # from this many ranks on, the launcher says how far it is while starting them
+_PROGRESS_EVERY_S = 5.0
 
 
 def _describe_exit(code: int) -> str:
@@ -79,6 +94,8 @@ def launch(
     ranks_per_node: int | None = None,
     via: str | None = None,
     transport: str | None = None,
+    rank_bytes: int = 0,
+    gpu_bytes: int = 0,
 ) -> int:
     """Run ``command`` as ``nranks`` ranks; return the job's exit code (0 when every rank succeeded).
 
@@ -94,14 +111,18 @@ def launch(
     where mpirun is Open MPI's, and mpirun names a rank that fails. ``transport``: the transport between nodes,
     forced (``CIRCUSLINK_TRANSPORT`` for the ranks; default: chosen by capability, nvshmem when it can run,
     else mpi); the line that shows the nodes says which one they will take.
+    ``rank_bytes``: host memory each rank needs beyond its interpreter (a command that relaunches itself
+    knows its own need) and ``gpu_bytes`` GPU memory each needs beyond its CUDA context, counted in the
+    refusal of a job that does not fit (:func:`check_limits`).
     """
     from . import _guard, mps
     from .world import ENV_RANKS_PER_NODE, describe_nodes, node_layout, ranks_per_node_from_env
 
-    if not isinstance(nranks, int) or nranks < 1:
+    if isinstance(nranks, bool) or not isinstance(nranks, int) or nranks < 1:
         raise ConfigError(f"-n must be a positive number of ranks, got {nranks!r}")
     if not command:
         raise ConfigError("no command to run: give it after '--', e.g. circuslink run -n 2 -- python app.py")
+    default_timeout(dict(os.environ, **(extra_env or {})))  # the ranks' time-out, refused here, not in every rank
     backend = resolve_backend(backend)
     command = list(command)
     if command[0].endswith(".py"):
@@ -122,19 +143,24 @@ def launch(
         if len(nodes) > 1:
             from . import transport as _transport
 
-            context = _transport.Context(runs_kernels=uses_gpus(backend), under_mpi=use_mpirun)
+            context = _transport.Context(runs_kernels=runs_kernels(backend), under_mpi=use_mpirun)
             how += "; " + _transport.network_choice(context, dict(os.environ, **forced))[1]
         print(f"circuslink run: {nranks} ranks in {describe_nodes(nodes, node_names, node_how)}{how}", file=sys.stderr)
     if use_mpirun:
         env = dict(extra_env or {}, CIRCUSLINK_BACKEND=backend, **forced)
         if ranks_per_node is not None:
             env[ENV_RANKS_PER_NODE] = str(ranks_per_node)
-        return _mpirun_job(nranks, command, backend, mps_mode, env, tag_output, node_of if len(nodes) > 1 else None)
+        return _mpirun_job(nranks, command, backend, mps_mode, env, tag_output, node_of if len(nodes) > 1 else None,
+                           rank_bytes, gpu_bytes)
 
     devices: list[int] = []
-    if uses_gpus(backend):
+    if runs_kernels(backend):
         _, devices = _gpu_plan(nranks, extra_env)
+    elif mps_mode == "on":
+        raise ConfigError(f"--mps on: the {backend} back-end runs no GPU work, so there is no MPS to run its ranks "
+                          "under (--mps auto or off)")
     per_gpu = {d: devices.count(d) for d in set(devices)}
+    check_limits(nranks, backend, per_gpu, mps_mode, rank_bytes, gpu_bytes)
     session = mps.start(mps_mode, needed=any(n > 1 for n in per_gpu.values()), label=f"run{os.getpid()}")
     if session.warning:
         print(f"circuslink run: warning: {session.warning}", file=sys.stderr)
@@ -153,6 +179,10 @@ def launch(
         CIRCUSLINK_LAUNCHER_PID=str(os.getpid()),
         PYTHONUNBUFFERED="1",
         **forced,
+        CIRCUSLINK_CORES=str(_sysinfo.cores()),
+        # As torchrun sets them, so programs written for torch.distributed find their rank (one machine).
+        WORLD_SIZE=str(nranks),
+        LOCAL_WORLD_SIZE=str(nranks),
     )
     base_env.update(_NO_MULTICAST)
     if ranks_per_node is not None:
@@ -166,12 +196,21 @@ def launch(
     def on_signal(signum, frame):  # forward Ctrl-C / SIGTERM to the whole job
         interrupted["signal"] = signum
 
-    guard = _guard.Guard(session)
+    from .backends.cpu import job_files_pattern, sweep_job
+
+    guard = _guard.Guard(session, shm_pattern=job_files_pattern(job_id))
     old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    many = nranks >= MANY_RANKS
+    t_start = time.monotonic()
     try:
+        if many:
+            print(f"circuslink run: starting {nranks} ranks", file=sys.stderr, flush=True)
+        last_note = t_start
         # Every rank is started before any output thread: forking while threads run is best avoided.
         for r in range(nranks):
-            env = dict(base_env, CIRCUSLINK_RANK=str(r), CIRCUSLINK_LOCAL_RANK=str(r))
+            if interrupted["signal"] is not None:
+                break  # Ctrl-C or SIGTERM while starting: start no more, end those started (below)
+            env = dict(base_env, CIRCUSLINK_RANK=str(r), CIRCUSLINK_LOCAL_RANK=str(r), RANK=str(r), LOCAL_RANK=str(r))
             if devices:
                 env["CIRCUSLINK_DEVICE"] = str(devices[r])
                 env.update(session.rank_env(per_gpu[devices[r]]))
@@ -184,6 +223,13 @@ def launch(
                 raise ConfigError(f"cannot start {command[0]!r}: {exc.strerror}") from None
             guard.watch(proc.pid, group=True)
             ranks.append(_Rank(r, proc))
+            if many and time.monotonic() - last_note >= _PROGRESS_EVERY_S:
+                last_note = time.monotonic()
+                print(f"circuslink run: started {r + 1} of {nranks} ranks ({last_note - t_start:.0f} s)",
+                      file=sys.stderr, flush=True)
+        if many and interrupted["signal"] is None:
+            print(f"circuslink run: started {nranks} ranks ({time.monotonic() - t_start:.1f} s); waiting for them "
+                  "to join", file=sys.stderr, flush=True)
         for rank in ranks:
             tag = "" if (tag_output == "others" and rank.rank == 0) or tag_output == "none" else f"[{rank.rank}] "
             for stream, sink in ((rank.proc.stdout, sys.stdout), (rank.proc.stderr, sys.stderr)):
@@ -193,10 +239,24 @@ def launch(
 
         failed: tuple[int, int] | None = None
         running = {rk.rank: rk for rk in ranks}
+        joined_note = time.monotonic() if many else None  # None: nothing more to say about joining
+        if interrupted["signal"] is not None:
+            failed = (-1, -interrupted["signal"])
+            _end(running.values())
         while running:
             if interrupted["signal"] is not None and failed is None:
                 failed = (-1, -interrupted["signal"])
                 _end(running.values())
+            if joined_note is not None:
+                joined = store.joined()
+                if joined >= nranks:
+                    print(f"circuslink run: all {nranks} ranks joined ({time.monotonic() - t_start:.1f} s)",
+                          file=sys.stderr, flush=True)
+                    joined_note = None
+                elif time.monotonic() - joined_note >= _PROGRESS_EVERY_S and joined > 0:
+                    joined_note = time.monotonic()
+                    print(f"circuslink run: {joined} of {nranks} ranks joined ({joined_note - t_start:.0f} s)",
+                          file=sys.stderr, flush=True)
             for r, rk in list(running.items()):
                 code = rk.proc.poll()
                 if code is None:
@@ -216,6 +276,7 @@ def launch(
         for s, h in old_handlers.items():
             signal.signal(s, h)
         store.close()
+        sweep_job(job_id)  # every rank has exited: what a killed rank left in /dev/shm goes now
         session.stop()
         guard.close()
 
@@ -240,6 +301,39 @@ def _check_runnable(program: str) -> None:
             raise ConfigError(f"cannot start {program!r}: Permission denied")
     elif shutil.which(program) is None:
         raise ConfigError(f"cannot start {program!r}: not found on PATH")
+
+
+def check_limits(nranks: int, backend: str, per_gpu: dict[int, int], mps_mode: str = "auto",
+                 rank_bytes: int = 0, gpu_bytes: int = 0) -> None:
+    """Refuse, before anything starts, a job this machine cannot hold (one line naming the limit); warn when
+    its ranks outnumber the cores. ``per_gpu``: ranks on each GPU (empty on a back-end without kernels);
+    ``rank_bytes``: host memory each rank needs beyond its interpreter (on the cpu back-end, where symmetric
+    memory lives in /dev/shm, checked against its free space too); ``gpu_bytes``: GPU memory each rank needs
+    beyond its CUDA context."""
+    from . import mps
+
+    crowded = {d: n for d, n in per_gpu.items() if n > MPS_CLIENTS_PER_GPU}
+    if crowded and mps_mode != "off":
+        d, n = max(crowded.items(), key=lambda item: item[1])
+        raise ConfigError(f"{n} ranks on GPU {d}: an MPS server takes at most {MPS_CLIENTS_PER_GPU} clients on one "
+                          f"GPU; start at most {MPS_CLIENTS_PER_GPU * max(1, len(per_gpu))} ranks on "
+                          f"{len(per_gpu)} GPU(s) (or --mps off, time-sliced)")
+    gpu = runs_kernels(backend)
+    each = RANK_BYTES[gpu] + max(0, int(rank_bytes))
+    need = nranks * each
+    have, what = _sysinfo.host_memory() if gpu else _sysinfo.shared_memory()
+    if need > have:
+        advice = (f"start at most {have // each} ranks here" if have >= each else
+                  "one rank alone needs more than there is: ask for less (smaller --sizes or problem)")
+        raise ConfigError(f"{nranks} ranks need about {_sysinfo.gib(need)} of host memory ({each >> 20} MiB each), "
+                          f"more than the {_sysinfo.gib(have)} of {what}: {advice}")
+    if per_gpu:
+        mps.require_gpu_memory({d: n * (GPU_CONTEXT_BYTES + max(0, int(gpu_bytes))) for d, n in per_gpu.items()},
+                               f"{nranks} ranks ({max(per_gpu.values())} on one GPU)", "start fewer ranks")
+    cores = _sysinfo.cores()
+    if nranks > cores:
+        print(f"circuslink run: warning: {nranks} ranks on {cores} cores: ranks that wait for each other take turns "
+              "on the cores, so their waits sleep and latencies measure the scheduler", file=sys.stderr)
 
 
 # Never NVLink multicast (it can take shared machines' GPUs down): also for programs we start.
@@ -293,6 +387,7 @@ def mpirun_available() -> bool:
 LAUNCHERS = ("auto", "mpirun", "circuslink")
 ENV_LAUNCHER = "CIRCUSLINK_LAUNCHER"  # the default of circuslink run --launcher
 ENV_NOT_MPIRUN = "CIRCUSLINK_NOT_MPIRUN"  # why a job of several nodes was not started by mpirun (for messages)
+ENV_MPIRUN_JOB_ID = "CIRCUSLINK_MPIRUN_JOB_ID"  # the job id the launcher gave the ranks it started by mpirun
 
 
 def _transport_env(name: str | None) -> dict[str, str]:
@@ -345,24 +440,36 @@ def _mpi_missing() -> str:
 
 
 def _mpirun_job(nranks: int, command: Sequence[str], backend: str, mps_mode: str, env: dict[str, str],
-                tag_output: str | None = None, node_of: dict[int, int] | None = None) -> int:
+                tag_output: str | None = None, node_of: dict[int, int] | None = None, rank_bytes: int = 0,
+                gpu_bytes: int = 0) -> int:
     """Run ``command`` as ``nranks`` ranks started by mpirun, with ``env`` added to this environment (and
     forwarded) and MPS arranged around it as ``circuslink mps`` does; return mpirun's exit code. mpirun names
     a rank that fails (and a failing circuslink rank names itself and aborts the job). ``tag_output`` as
     :func:`launch` has it, where mpirun is Open MPI's (its ``--tag-output`` prefixes are rewritten to
     ``[rank]``); None leaves mpirun's output as it is."""
     from . import _guard, mps
+    from .backends.cpu import job_files_pattern, sweep_job
 
     full = dict(os.environ)
     full.update(env)
     for key, value in _NO_MULTICAST.items():
         full.setdefault(key, value)
-    needed = uses_gpus(backend) and nranks > _gpu_plan(nranks, env)[0]
+    default_timeout(full)  # the ranks' time-out, refused here, not in every rank
+    if mps_mode == "on" and not runs_kernels(backend):
+        raise ConfigError(f"--mps on: the {backend} back-end runs no GPU work, so there is no MPS to run its ranks "
+                          "under (--mps auto or off)")
+    devices = _gpu_plan(nranks, env)[1] if runs_kernels(backend) else []
+    per_gpu = {d: devices.count(d) for d in set(devices)}
+    check_limits(nranks, backend, per_gpu, mps_mode, rank_bytes, gpu_bytes)
+    needed = any(n > 1 for n in per_gpu.values())
     tag = tag_output if tag_output in ("all", "others") and _open_mpi() else None
+    job_id = _store.new_job_id()
+    full[ENV_MPIRUN_JOB_ID] = job_id  # the ranks' job id (world.init), so that the sweep below finds their files
+    full.setdefault(_sysinfo.ENV_CORES, str(_sysinfo.cores()))  # mpirun binds each rank to fewer cores than the job has
     session = mps.start(mps_mode, needed=needed, label=f"mpirun{os.getpid()}")
     if session.warning:
         print(f"circuslink: warning: {session.warning}", file=sys.stderr)
-    guard = _guard.Guard(session)
+    guard = _guard.Guard(session, shm_pattern=job_files_pattern(job_id))
     try:
         full.update(session.env)
         if session.status.active:
@@ -387,6 +494,7 @@ def _mpirun_job(nranks: int, command: Sequence[str], backend: str, mps_mode: str
         for t in threads:
             t.join(timeout=5)
     finally:
+        sweep_job(job_id)
         session.stop()
         guard.close()
     if code != 0 and node_of is not None:
@@ -480,7 +588,8 @@ def set_invocation(argv: Sequence[str]) -> None:
 
 
 def relaunch_self(nranks: int, backend: str | None, prefer_mpirun: bool = False, mps_mode: str = "auto",
-                  argv: Sequence[str] | None = None, ranks_per_node: int | None = None) -> int:
+                  argv: Sequence[str] | None = None, ranks_per_node: int | None = None, rank_bytes: int = 0,
+                  gpu_bytes: int = 0) -> int:
     """Run this ``circuslink`` command again as ``nranks`` ranks (multi-rank CLI commands call this
     when they are not inside a job yet); the one way a command relaunches itself.
 
@@ -488,7 +597,8 @@ def relaunch_self(nranks: int, backend: str | None, prefer_mpirun: bool = False,
     ``prefer_mpirun`` (benchmarks whose baselines need MPI) they are started by mpirun when it and
     mpi4py are there, with MPS arranged around it as ``circuslink mps`` does; otherwise by
     :func:`launch`. Either way ranks that share a GPU run under MPS (``mps_mode``). ``ranks_per_node``
-    declares nodes on this machine (``CIRCUSLINK_RANKS_PER_NODE``, which mpirun forwards).
+    declares nodes on this machine (``CIRCUSLINK_RANKS_PER_NODE``, which mpirun forwards). ``rank_bytes`` and
+    ``gpu_bytes``: host and GPU memory each rank needs beyond its interpreter and context (:func:`check_limits`).
     """
     from .world import ENV_RANKS_PER_NODE, node_layout
 
@@ -501,6 +611,6 @@ def relaunch_self(nranks: int, backend: str | None, prefer_mpirun: bool = False,
         env = {"CIRCUSLINK_BACKEND": backend}
         if ranks_per_node is not None:
             env[ENV_RANKS_PER_NODE] = str(ranks_per_node)
-        return _mpirun_job(nranks, command, backend, mps_mode, env)
+        return _mpirun_job(nranks, command, backend, mps_mode, env, rank_bytes=rank_bytes, gpu_bytes=gpu_bytes)
     return launch(nranks, command, backend=backend, tag_output="others", mps_mode=mps_mode,
-                  ranks_per_node=ranks_per_node)
+                  ranks_per_node=ranks_per_node, rank_bytes=rank_bytes, gpu_bytes=gpu_bytes)

@@ -217,14 +217,30 @@ def stop_private(binary: str, job_dir: str) -> None:
     shutil.rmtree(job_dir, ignore_errors=True)
 
 
+def _nvidia_smi() -> str | None:
+    return shutil.which("nvidia-smi") or next(
+        (os.path.join(d, "nvidia-smi") for d in _CONTROL_DIRS if os.access(os.path.join(d, "nvidia-smi"), os.X_OK)),
+        None)
+
+
+def _visible(count: int) -> list[int]:
+    """The physical indices of the GPUs this job sees, of ``count`` on the machine (CUDA_VISIBLE_DEVICES applied;
+    entries that are not indices, such as UUIDs, count as the first GPUs)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return list(range(count))
+    entries = [v.strip() for v in visible.split(",") if v.strip() != ""]
+    if all(e.isdigit() for e in entries):
+        return [int(e) for e in entries if int(e) < count]
+    return list(range(min(count, len(entries))))
+
+
 def gpu_count() -> int:
     """GPUs visible to this job, counted without initialising CUDA in this process.
 
     The launcher must not become a CUDA client itself (it would take an MPS client slot and a
     context on every GPU), so it asks nvidia-smi and applies CUDA_VISIBLE_DEVICES."""
-    smi = shutil.which("nvidia-smi") or next(
-        (os.path.join(d, "nvidia-smi") for d in _CONTROL_DIRS if os.access(os.path.join(d, "nvidia-smi"), os.X_OK)),
-        None)
+    smi = _nvidia_smi()
     count = 0
     if smi:
         try:
@@ -236,11 +252,36 @@ def gpu_count() -> int:
         from .backends import cuda_device_count  # last resort: asks CUDA (no context is created)
 
         return cuda_device_count()
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        entries = [v for v in visible.split(",") if v.strip() != ""]
-        count = min(count, len(entries))
-    return count
+    return len(_visible(count))
+
+
+def gpu_memory_free() -> list[int] | None:
+    """Free memory of each GPU this job sees, in bytes (nvidia-smi, no CUDA context); None when unknown."""
+    smi = _nvidia_smi()
+    if not smi:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=memory.free", "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=30)
+        free = [int(float(line.strip())) << 20 for line in out.stdout.splitlines() if line.strip()]
+    except (subprocess.TimeoutExpired, OSError, ValueError):
+        return None
+    if out.returncode != 0 or not free:
+        return None
+    return [free[i] for i in _visible(len(free))]
+
+
+def require_gpu_memory(per_gpu: dict[int, int], what: str, advice: str) -> None:
+    """Refuse, in one line, work that needs more memory on a GPU than it has free: ``per_gpu`` maps a visible
+    GPU to the bytes the job needs there. Nothing is refused where nvidia-smi cannot say (the ranks' own
+    allocations then fail with CUDA's error, naming the rank)."""
+    free = gpu_memory_free()
+    if free is None:
+        return
+    for gpu, need in sorted(per_gpu.items()):
+        if gpu < len(free) and need > free[gpu]:
+            raise ConfigError(f"{what} needs about {need / (1 << 30):.1f} GiB on GPU {gpu}, more than its "
+                              f"{free[gpu] / (1 << 30):.1f} GiB free (nvidia-smi): {advice}")
 
 
 def add_arguments(p) -> None:
@@ -260,7 +301,13 @@ def run(args) -> int:
         raise ConfigError("no command to run: give it after '--', e.g. circuslink mps -- mpirun -np 4 python app.py")
     from . import _guard
 
-    session = start(args.mps, needed=True, label="mps")
+    if args.mps != "off" and gpu_count() == 0:
+        if args.mps == "on":
+            raise BackendError("--mps on: no GPU is visible on this machine, so there is no MPS to run the command "
+                               "under (--mps auto runs it as it is)")
+        session = start("off", needed=False)  # nothing shares a GPU that is not there: run it as it is
+    else:
+        session = start(args.mps, needed=True, label="mps")
     if session.warning:
         print(f"circuslink mps: warning: {session.warning}", file=sys.stderr)
     guard = _guard.Guard(session)

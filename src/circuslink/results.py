@@ -8,6 +8,7 @@ imports neither), and nothing here is collective. ``progress`` is the one line l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -61,12 +62,6 @@ def git_commit() -> str:
 def today() -> str:
     """The local date, YYYY-MM-DD."""
     return time.strftime("%Y-%m-%d")
-
-
-def _results_dir() -> Path:
-    # A user's run writes where the user is, never into the installed package or its checkout:
-    # publishing a result into the repository's benchmarks/results is a deliberate --json.
-    return Path.cwd()
 
 
 def _jsonable(value: Any) -> Any:
@@ -149,24 +144,28 @@ class Results:
             "rows": list(self.rows),
         }
 
-    def default_path(self) -> Path:
-        return _results_dir() / f"{self.benchmark}-{self.device}-{self.date}.json"
+    def write_json(self, path: str | os.PathLike) -> str:
+        """Write the results to ``path`` exactly (``-``: standard output); return it. Nothing is written
+        anywhere else: a run writes a file only when asked for one (``--json FILE``).
 
-    def write_json(self, path: str | os.PathLike | None = None) -> str:
-        """Write the results; return the path.
-
-        The default path is ``./<benchmark>-<device>-<date>.json`` (the current directory).
-
-        Writes through a temporary file and a rename, so a reader never sees half a file.
+        A file is written through a temporary file beside it and a rename, so a reader never sees half a
+        file; its folder must exist (it is never created).
         """
-        target = Path(path) if path else self.default_path()
         text = json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n"
+        if str(path) == "-":
+            # The process's own standard output: under --json - the command sends everything else to stderr.
+            out = sys.__stdout__ or sys.stdout
+            out.write(text)
+            out.flush()
+            return "-"
+        target = Path(path)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
             tmp.write_text(text)
             os.replace(tmp, target)
         except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
             raise ConfigError(f"cannot write results to {str(target)!r}: {exc.strerror or exc}") from None
         return str(target)
 

@@ -538,7 +538,9 @@ def _init_from_mpi(env: dict[str, str], backend: str | None, connect_timeout: fl
     if rank == 0:
         host = "127.0.0.1" if local_size == size else socket.gethostname()
         hosted = _store.StoreServer(host="0.0.0.0" if host != "127.0.0.1" else host)
-        info = (f"{host}:{hosted.address.rsplit(':', 1)[1]}", hosted.token, _store.new_job_id())
+        # The launcher that started mpirun names the job, so that it can remove what ranks leave behind.
+        info = (f"{host}:{hosted.address.rsplit(':', 1)[1]}", hosted.token,
+                env.get("CIRCUSLINK_MPIRUN_JOB_ID") or _store.new_job_id())
     else:
         info = None
     address, token, job_id = comm.bcast(info, root=0)

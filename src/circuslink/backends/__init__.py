@@ -56,11 +56,6 @@ def module(backend: Backend, package: str) -> ModuleType:
     return backend.module(package)
 
 
-def uses_gpus(name: str) -> bool:
-    """Whether the back-end called ``name`` runs its ranks on GPUs (what a launcher needs before any rank exists)."""
-    return resolve_name(name) == "cuda"
-
-
 def resolve_name(name: str | None) -> str:
     """``name`` checked ("auto" / None: the default back-end of this machine)."""
     name = (name or "auto").lower()
@@ -69,6 +64,13 @@ def resolve_name(name: str | None) -> str:
     if name not in BACKENDS:
         raise ConfigError(f"unknown back-end {name!r}: choose one of {', '.join(BACKENDS)}")
     return name
+
+
+def runs_kernels(name: str | None) -> bool:
+    """Whether back-end ``name`` ("auto" / None: this machine's default) runs device kernels: the capability
+    a launcher or a command line asks before any World exists (GPUs to place ranks on, MPS, GPU memory,
+    which transports can run), so that nothing above this package tests a back-end's name."""
+    return resolve_name(name) == "cuda"
 
 
 def default_backend_name() -> str:
@@ -86,7 +88,8 @@ def select_backend(name: str | None, boot: Any) -> Backend:
         return CpuBackend(boot)
     if name == "cuda":
         if cuda_device_count() == 0:
-            raise BackendError("the cuda back-end needs CuPy and a visible GPU; none was found (use --backend cpu)")
+            raise BackendError("the cuda back-end needs CuPy and a visible GPU; none was found (the cpu back-end "
+                               "runs without one)")
         from .cuda import CudaBackend
 
         return CudaBackend(boot)

@@ -31,6 +31,9 @@ class Backend(ABC):
     runs_kernels: bool = False  # device kernels built with circuslink.compile run on this back-end
     sm_budget: int | None = None  # SMs this rank's kernels may occupy (the forward-progress rule)
     abort_ptr: int = 0  # host-mapped word that ends every device wait of the process (0: none)
+    # Which physical device this rank's memory lives on (host name and PCI bus id; None without a device): ranks
+    # with the same identity share one GPU's memory system, whatever their device ordinals say.
+    device_identity: str | None = None
 
     def __init__(self, boot: Any) -> None:
         self.boot = boot
@@ -58,6 +61,15 @@ class Backend(ABC):
 
     def max_blocks(self, kernel: Any, threads: int, shared_bytes: int = 0) -> int:
         """Blocks of ``kernel`` this rank may have resident at once (back-ends that run kernels only)."""
+        raise BackendError(f"the {self.name} back-end runs no device kernels")
+
+    def launch_resident(self, kernel: Any, grid: Any, block: Any, args: tuple, shared_bytes: int = 0,
+                        stream: Any = None, limit: int | None = None) -> None:
+        """Launch a persistent grid whose blocks must all run at once (back-ends that run kernels only)."""
+        raise BackendError(f"the {self.name} back-end runs no device kernels")
+
+    def grid_barrier(self, timeout: float | None = None) -> Any:
+        """A ``circuslink::GridBarrier`` for a persistent kernel (back-ends that run kernels only)."""
         raise BackendError(f"the {self.name} back-end runs no device kernels")
 
     def synchronize(self) -> None:

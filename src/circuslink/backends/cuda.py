@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import socket
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ import numpy as np
 from .._wait import Deadline, wait_until
 from ..errors import BackendError, ConfigError, TimeoutError
 from ..memory import SymmetricBuffer
+from . import _grid, _occupancy
 from ._base import Backend
 
 _HOST_ALLOC_PORTABLE = 1
@@ -24,6 +26,7 @@ _HOST_ALLOC_MAPPED = 2
 _ABORT_GRACE_S = 10.0  # after the abort word is set, device waits notice within microseconds
 
 _IPC_LAZY_ENABLE_PEER_ACCESS = 1  # cudaIpcMemLazyEnablePeerAccess
+_CUDA_ERROR_NOT_SUPPORTED = 801
 
 
 def _cupy():
@@ -110,6 +113,7 @@ class CudaBackend(Backend):
         self.stream = cp.cuda.Stream(non_blocking=True)
         self._caller_done = cp.cuda.Event(disable_timing=True)
         self.sm_count = int(cp.cuda.Device(device).attributes["MultiProcessorCount"])
+        self.device_identity = f"{socket.gethostname()}:{cp.cuda.Device(device).pci_bus_id}"
         self.sm_budget = _sm_budget(self.sm_count)
         # Ranks of this machine on this GPU (ranks take GPUs round-robin by local rank).
         self.ranks_on_gpu = max(1, len([r for r in range(world.local_size) if r % count == device])) \
@@ -121,6 +125,7 @@ class CudaBackend(Backend):
         self.abort_ptr = rt.hostAlloc(8, rt.hostAllocMapped)
         self._abort = np.frombuffer((ctypes.c_uint32 * 2).from_address(self.abort_ptr), dtype=np.uint32)
         self._abort[:] = 0
+        self._cooperative = True  # launch_resident launches cooperatively until the driver says it cannot
 
     def wait_stream(self, stream: Any, deadline: Deadline | float | None, what) -> None:
         """Wait, bounded, until ``stream`` has finished its work; on time-out set the abort word (every
@@ -139,24 +144,73 @@ class CudaBackend(Backend):
             else:
                 self._abort[0] = 0
             raise
+
     def max_blocks(self, kernel: Any, threads: int, shared_bytes: int = 0) -> int:
-        """Blocks of ``kernel`` (a cupy RawKernel) this rank may have resident at once, whatever the other
-        ranks on its GPU run: its SM budget times its share of the blocks that fit on one SM. MPS caps
-        how many SMs a client uses, not which: with k ranks on a GPU, all k may land on the same SMs,
-        so each takes at most 1/k of an SM's blocks (at least one); then every rank's blocks are
-        resident at once and a kernel that spins on a peer always makes progress. Where ranks share a
-        GPU, half of that again: at the full 1/k share (4 blocks of 256 threads a rank on each of its 66
-        SMs, 2 ranks on an H100 under MPS, 2026-11-24) some blocks of a streaming grid started only after
-        others had left, so a grid barrier timed out; at half of it that never happened."""
+        """Blocks of ``kernel`` (a cupy RawKernel) at ``threads`` threads a block and ``shared_bytes`` of dynamic
+        shared memory that this rank may have resident at once, whatever the other ranks on its GPU run:
+        the blocks one SM holds of it (the driver's occupancy: registers, shared memory, block size) times
+        its SM budget when alone on the GPU, else half of a 1/k share of those (k ranks on the GPU; the
+        rule and why: backends/_occupancy.py)."""
+        return self._fit(kernel, threads, shared_bytes)[1]
+
+    def _fit(self, kernel: Any, threads: int, shared_bytes: int) -> tuple[int, int]:
+        """(blocks one SM holds, blocks this rank may have resident); refuses a kernel no SM holds."""
         per_sm = int(self.xp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
             kernel.kernel.ptr, int(threads), int(shared_bytes)))
         if per_sm < 1:  # the launch would fail with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: say why instead
-            regs = getattr(kernel, "num_regs", "?")
-            raise BackendError(f"kernel {getattr(kernel, 'name', '?')} does not fit an SM at {threads} threads a block "
-                               f"({regs} registers a thread, {shared_bytes} bytes of dynamic shared memory): "
+            attrs = _occupancy.attributes_of(kernel)
+            why = _occupancy.describe(attrs, threads, shared_bytes)
+            raise BackendError(f"kernel {attrs.name} does not fit an SM ({why}): "
                                "give it __launch_bounds__ or launch fewer threads")
-        share = per_sm if self.ranks_on_gpu == 1 else per_sm // (2 * self.ranks_on_gpu)
-        return max(1, self.sm_budget * max(1, share))
+        return per_sm, _occupancy.resident_blocks(per_sm, self.sm_budget, self.ranks_on_gpu)
+
+    def launch_resident(self, kernel: Any, grid: Any, block: Any, args: tuple, shared_bytes: int = 0,
+                        stream: Any = None, limit: int | None = None) -> None:
+        """Launch ``kernel`` (a cupy RawKernel) as a persistent grid, every block of which runs at once: one
+        that waits on other blocks (``grid_sync``) or on peers. A grid larger than :meth:`max_blocks` allows
+        (or ``limit``, e.g. ``channels.max_blocks(...)`` while routed channels are open) is refused in one
+        line naming the kernel and the blocks that fit, before anything runs. The launch is cooperative
+        (``cuLaunchCooperativeKernel``: the driver starts every block together or refuses), unless the driver
+        does not support that here, when it is a plain launch of the checked grid. ``stream``: default the
+        caller's current CuPy stream."""
+        threads = _occupancy.grid_blocks(block)
+        blocks = _occupancy.grid_blocks(grid)
+        per_sm, most = self._fit(kernel, threads, shared_bytes)
+        if limit is not None:
+            most = min(most, int(limit))
+        if blocks > most:
+            attrs = _occupancy.attributes_of(kernel)
+            share = (f"{self.ranks_on_gpu} ranks share GPU {self.device}, {self.sm_budget} SMs each"
+                     if self.ranks_on_gpu > 1 else f"GPU {self.device}, {self.sm_budget} SMs")
+            raise BackendError(f"kernel {attrs.name}: a persistent grid of {blocks} blocks cannot be resident on rank "
+                               f"{self.boot.rank}: {most} fit ({_occupancy.describe(attrs, threads, shared_bytes)}; "
+                               f"{per_sm} blocks an SM; {share}); launch at most {most} blocks")
+        grid_t = (grid,) if isinstance(grid, int) else tuple(grid)
+        block_t = (block,) if isinstance(block, int) else tuple(block)
+        stream = stream if stream is not None else self.xp.cuda.get_current_stream()
+        function = kernel.kernel  # cupy.cuda.function.Function: it takes the cooperative flag per launch
+        if self._cooperative:
+            try:
+                function(grid_t, block_t, tuple(args), shared_mem=int(shared_bytes), stream=stream,
+                         enable_cooperative_groups=True)
+                return
+            except self.xp.cuda.driver.CUDADriverError as exc:
+                if getattr(exc, "status", None) != _CUDA_ERROR_NOT_SUPPORTED:
+                    raise BackendError(f"kernel {getattr(kernel, 'name', '?')}: the cooperative launch of "
+                                       f"{blocks} blocks failed on rank {self.boot.rank}: {exc}") from None
+                self._cooperative = False  # e.g. an MPS client that may not launch cooperatively: the check stands
+        function(grid_t, block_t, tuple(args), shared_mem=int(shared_bytes), stream=stream)
+
+    def grid_barrier(self, timeout: float | None = None) -> _grid.GridBarrier:
+        """A ``circuslink::GridBarrier`` (circuslink/grid.cuh) for persistent kernels of this rank: zeroed
+        counters, this process's abort word, and ``timeout`` (seconds; None: CIRCUSLINK_TIMEOUT; 0: never,
+        though the host's bounded wait still aborts it). With channels pass ``timeout=channels.timeout``."""
+        with self.xp.cuda.Device(self.device):
+            bar = _grid.GridBarrier(self.xp, self.abort_ptr, timeout)
+            # zeroed on the current stream: done before a launch on any other stream may use it
+            self.wait_stream(self.xp.cuda.get_current_stream(), Deadline.after(_ABORT_GRACE_S),
+                             "the zeroing of a grid barrier's counters")
+        return bar
 
     def after_caller(self) -> None:
         """Order the world's stream after the caller's current stream (CuPy's null stream by

@@ -15,9 +15,16 @@ options, write the same JSON (BENCHMARKS.md, "Results format") and draw the same
         for nbytes in drv.parse_sizes(args.sizes):
             drv.progress(f"pingpong {drv.format_bytes(nbytes)}")
             results.add(impl="channel", bytes=nbytes, latency_us=..., throughput_GBps=...)
-        if world.rank == 0:
-            drv.print_table(results.rows, ["impl", "bytes", "latency_us"], "pingpong")
-            results.write_json(args.json)
+        if world.rank == 0:    # the report, then exactly the files asked for
+            drv.finish(results, args, report=lambda: drv.print_table(results.rows, ["impl", "bytes", "latency_us"],
+                                                                     "pingpong", args),
+                       plot=lambda path: drv.plot(results.rows, "bytes", "latency_us", "impl", path, ...))
+
+Outputs follow one rule: ``--json FILE`` and ``--plot FILE`` write exactly FILE (``--json -``, or
+``--json`` alone: the results on standard output, the report on standard error), their folder is
+checked when the command line is read and never created, and nothing is written unless asked for.
+``--bytes`` prints byte counts as plain integers and ``--csv`` prints tables as CSV, for scripts
+written against OSU's and nccl-tests' output.
 
 Nothing here is collective: every function may be called on one rank only.
 """
@@ -25,16 +32,19 @@ Nothing here is collective: every function may be called on one rank only.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import csv
+import io
 import math
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from .._argtypes import non_negative_int as non_negative_int
-from .._argtypes import positive_int
+from .._argtypes import output_file, output_file_or_stdout, positive_int
 from ..errors import BackendError, ConfigError
 from ..results import Results, device_label, git_commit, progress, today  # noqa: F401  (the one results format)
 
@@ -129,12 +139,7 @@ def add_common_arguments(
                         help=f"timed iterations per size (default {default_iters})")
     parser.add_argument("--warmup", type=non_negative_int, default=default_warmup,
                         help=f"untimed iterations before timing (default {default_warmup})")
-    parser.add_argument("--json", metavar="FILE", default=None,
-                        help="results file (default ./<benchmark>-<device>-<date>.json in the current directory)")
-    parser.add_argument("--plot", metavar="FILE", default=None, help="write the plot(s) as PNG to FILE")
-    if trace:  # only benchmarks that record device events offer it: a flag that writes nothing misleads
-        parser.add_argument("--trace", metavar="FILE", default=None,
-                            help="write a Chrome/Perfetto trace to FILE (and the waveform beside it)")
+    add_output_arguments(parser, plot=True, trace=trace)
     parser.add_argument("--backend", choices=("cpu", "cuda"), default=None,
                         help="back-end (default: cuda when a GPU is present, else cpu)")
     parser.add_argument("-n", "--nranks", type=positive_int, default=default_nranks,
@@ -148,6 +153,28 @@ def add_common_arguments(
                         help="skip NCCL / NVSHMEM / MPI; measure only circuslink and the floor")
     # Remembered so sizes_and_counts() can tell a --sizes given by the user from the default.
     parser.set_defaults(_default_sizes=default_sizes)
+
+
+def add_output_arguments(parser: argparse.ArgumentParser, plot: bool = True, trace: bool = False,
+                         table: bool = True) -> None:
+    """``--json [FILE]``, ``--plot FILE``, ``--trace FILE``, ``--bytes`` and ``--csv``: the output options every
+    benchmark (and ``probe``) reads the same way. Files are checked when the command line is read."""
+    parser.add_argument("--json", metavar="FILE", nargs="?", const="-", default=None, type=output_file_or_stdout,
+                        help="write the results (JSON, the one results format) to FILE; '-' or no FILE: to standard "
+                             "output, the report going to standard error (default: no file)")
+    if plot:
+        parser.add_argument("--plot", metavar="FILE", default=None, type=output_file,
+                            help="draw the plot into FILE (PNG, one figure, its panels side by side)")
+    if trace:  # only benchmarks that record device events offer it: a flag that writes nothing misleads
+        parser.add_argument("--trace", metavar="FILE", default=None, type=output_file,
+                            help="write a Chrome/Perfetto trace to FILE, and its waveform beside it (FILE's name "
+                                 "with .png)")
+    if table:
+        parser.add_argument("--bytes", dest="plain_bytes", action="store_true",
+                            help="print byte counts as plain integers (8, 65536), not 8 B, 64 KiB")
+        parser.add_argument("--csv", action="store_true",
+                            help="print tables as CSV: a '# title' line, a header line, one line a row (skipped "
+                                 "baselines with a 'skipped' field), then an empty line")
 
 
 def sizes_and_counts(
@@ -167,12 +194,28 @@ def sizes_and_counts(
     return sizes, iters, warmup
 
 
+def memory_per_rank(args: argparse.Namespace, buffers: float, cpu_max: int | None = None,
+                    sizes: Sequence[int] | None = None) -> dict[str, int]:
+    """What one rank of this benchmark needs, for the launcher's check before any rank starts
+    (``relaunch_self(..., **memory_per_rank(args, 8))``): ``buffers`` times the largest message (``sizes``,
+    default ``--sizes``), in GPU memory on a back-end that runs kernels, else in host memory (where the
+    benchmark trims its sizes to ``cpu_max``, that many). A benchmark too large for the machine is refused in
+    one line, with the need and what there is, instead of dying of the out-of-memory killer halfway."""
+    from ..backends import default_backend_name, runs_kernels
+
+    top = max(parse_sizes(args.sizes) if sizes is None else sizes)
+    backend = getattr(args, "backend", None) or os.environ.get("CIRCUSLINK_BACKEND") or default_backend_name()
+    if runs_kernels(backend):
+        return {"rank_bytes": 0, "gpu_bytes": int(buffers * top)}
+    return {"rank_bytes": int(buffers * min(top, cpu_max or top)), "gpu_bytes": 0}
+
+
 # -- output -------------------------------------------------------------------------------------
-def _format_cell(column: str, value: Any) -> str:
+def _format_cell(column: str, value: Any, plain_bytes: bool = False) -> str:
     if value is None:
         return "-"
     if column == "bytes" and isinstance(value, int | float) and not isinstance(value, bool):
-        return format_bytes(value)
+        return str(int(value)) if plain_bytes else format_bytes(value)
     if isinstance(value, float):
         if not math.isfinite(value):
             return "-"
@@ -185,11 +228,48 @@ def _format_cell(column: str, value: Any) -> str:
     return str(value)
 
 
-def format_table(rows: Sequence[dict], columns: Sequence[str], title: str) -> str:
-    """The text :func:`print_table` prints."""
+def fold_aliases(rows: Sequence[dict], columns: Sequence[str]) -> list[dict]:
+    """``rows`` with every row that repeats another's measurement shown once: a headline row (``impl`` X, e.g. the
+    faster form at a size) whose figures are those of a form row (``impl`` X-form at the same size) becomes one
+    row ``X (X-form)``. Where only one form was measured (the cpu reference) the two are one measurement."""
+    figures = [c for c in columns if c not in ("impl", "bytes")]
+
+    def same(a: dict, b: dict) -> bool:
+        return a.get("bytes") == b.get("bytes") and "skipped" not in a and "skipped" not in b \
+            and any(a.get(c) is not None for c in figures) and all(a.get(c) == b.get(c) for c in figures)
+
+    twin_of: dict[int, int] = {}  # headline row -> the form row it repeats
+    for i, row in enumerate(rows):
+        impl = str(row.get("impl"))
+        twin = next((j for j, other in enumerate(rows) if j != i and j not in twin_of.values() and j not in twin_of
+                     and str(other.get("impl")).startswith(impl + "-") and same(row, other)), None)
+        if twin is not None and i not in twin_of.values():
+            twin_of[i] = twin
+    twins = set(twin_of.values())
+    return [dict(row, impl=f"{row.get('impl')} ({rows[twin_of[i]]['impl']})") if i in twin_of else row
+            for i, row in enumerate(rows) if i not in twins]
+
+
+def format_table(rows: Sequence[dict], columns: Sequence[str], title: str, options: Any = None) -> str:
+    """The text :func:`print_table` prints. ``options`` (the parsed command line): ``--bytes`` prints byte
+    counts as plain integers, ``--csv`` prints CSV instead of an aligned table."""
+    plain_bytes = bool(getattr(options, "plain_bytes", False))
+    rows = fold_aliases(rows, columns)
+    if getattr(options, "csv", False):  # "# title", the header line, a line a row, then an empty line
+        buf = io.StringIO()
+        buf.write(f"# {title}\n")
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(list(columns) + (["skipped"] if any("skipped" in r for r in rows) else []))
+        for row in rows:
+            cells = ["" if row.get(c) is None else (int(row[c]) if c == "bytes" and _is_number(row[c]) else row[c])
+                     for c in columns]
+            if "skipped" in row:
+                cells.append(row["skipped"])
+            writer.writerow(cells)
+        return buf.getvalue()
     header = list(columns)
     shown = [row for row in rows if "skipped" not in row]
-    body = [[_format_cell(c, row.get(c)) for c in columns] for row in shown]
+    body = [[_format_cell(c, row.get(c), plain_bytes) for c in columns] for row in shown]
     widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(header)]
     # Numbers right-aligned, text left-aligned, as people scan them.
     numeric = [any(_is_number(row.get(c)) for row in shown) for c in columns]
@@ -212,9 +292,37 @@ def format_table(rows: Sequence[dict], columns: Sequence[str], title: str) -> st
     return "\n".join(lines)
 
 
-def print_table(rows: Sequence[dict], columns: list[str], title: str, file: Any = None) -> None:
-    """Print ``rows`` as an aligned table (``-`` for a missing figure; skipped baselines listed below)."""
-    print(format_table(rows, columns, title), file=file or sys.stdout, flush=True)
+def print_table(rows: Sequence[dict], columns: list[str], title: str, options: Any = None, file: Any = None) -> None:
+    """Print ``rows`` as an aligned table (``-`` for a missing figure; skipped baselines listed below), or as CSV;
+    ``options``: the parsed command line (``--bytes``, ``--csv``)."""
+    print(format_table(rows, columns, title, options), file=file or sys.stdout, flush=True)
+
+
+def text_to_stderr(args: argparse.Namespace) -> contextlib.AbstractContextManager:
+    """Within it, what the command prints goes to standard error when ``--json -`` gives standard output to the
+    results (a command whose work runs in this process: its jobs' output, the report); otherwise nothing changes."""
+    if getattr(args, "json", None) == "-":
+        return contextlib.redirect_stdout(sys.stderr)
+    return contextlib.nullcontext()
+
+
+def finish(results: Results, args: argparse.Namespace, report: Callable[[], None] | None = None,
+           plot: Callable[[str], Any] | None = None) -> None:
+    """Rank 0's end of a benchmark: ``report()`` prints the tables and verdicts, ``plot(path)`` draws the figure
+    into ``--plot FILE``, and the results go to ``--json FILE``; nothing is written that was not asked for.
+    With ``--json -`` the results are the only thing on standard output (the report goes to standard error)."""
+    to_stdout = getattr(args, "json", None) == "-"
+    with text_to_stderr(args):
+        if report is not None:
+            report()
+        target = getattr(args, "plot", None)
+        if target and plot is not None:
+            plot(target)
+            print(f"wrote {target}")
+        if getattr(args, "json", None) and not to_stdout:
+            print(f"wrote {results.write_json(args.json)}")
+    if to_stdout:
+        results.write_json("-")
 
 
 def plot(
@@ -233,6 +341,19 @@ def plot(
     """Draw ``y`` against ``x``, one line per value of ``group``, into the PNG ``path``; return the path.
 
     ``extra`` adds reference lines (name -> points), drawn dashed: a floor envelope, a target."""
+    return figure(path, [panel(rows, x, y, group, title, xlabel, ylabel, logx, logy, extra)])
+
+
+def panel(rows: Sequence[dict], x: str, y: str, group: str, title: str, xlabel: str, ylabel: str, logx: bool = True,
+          logy: bool = True, extra: dict[str, Sequence[tuple[float, float]]] | None = None) -> dict:
+    """One panel of a :func:`figure` (the arguments of :func:`plot` but the path)."""
+    return dict(rows=rows, x=x, y=y, group=group, title=title, xlabel=xlabel, ylabel=ylabel, logx=logx, logy=logy,
+                extra=extra)
+
+
+def figure(path: str | os.PathLike, panels: Sequence[dict]) -> str:
+    """Draw ``panels`` (:func:`panel`, or ``{"title": ..., "draw": fn(ax)}`` for a panel that draws itself) side
+    by side into one PNG, exactly ``path``; return the path. The folder must exist (it is never created)."""
     try:
         import matplotlib
 
@@ -240,8 +361,32 @@ def plot(
         import matplotlib.pyplot as plt
     except ImportError:
         raise BackendError("plotting needs matplotlib: pip install matplotlib") from None
+    if not panels:
+        raise ConfigError(f"plot {str(path)!r}: nothing to draw")
+    drawn = [(p, None if "draw" in p else _series(p)) for p in panels]
+    for p, series in drawn:
+        if series is not None and not series:
+            raise ConfigError(f"plot {p['title']!r}: no row has numeric {p['x']!r} and {p['y']!r} fields")
+    fig, axes = plt.subplots(1, len(drawn), figsize=(7 * len(drawn), 4.5), dpi=120, squeeze=False)
+    try:
+        for ax, (p, series) in zip(axes[0], drawn, strict=True):
+            if series is None:
+                p["draw"](ax)  # a panel of its own kind (bars): it draws itself
+            else:
+                _draw(ax, p, series)
+        fig.tight_layout()
+        fig.savefig(Path(path), format="png")
+    except OSError as exc:
+        raise ConfigError(f"cannot write plot to {str(path)!r}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
+    return str(path)
+
+
+def _series(p: dict) -> dict[str, list[tuple[float, float]]]:
     series: dict[str, list[tuple[float, float]]] = {}
-    for row in rows:
+    x, y, logx, logy = p["x"], p["y"], p["logx"], p["logy"]
+    for row in p["rows"]:
         if "skipped" in row:
             continue
         xv, yv = row.get(x), row.get(y)
@@ -249,40 +394,32 @@ def plot(
             continue
         if (logx and xv <= 0) or (logy and yv <= 0):
             continue  # a log axis cannot show it
-        series.setdefault(str(row.get(group, "?")), []).append((float(xv), float(yv)))
-    if not series:
-        raise ConfigError(f"plot {title!r}: no row has numeric {x!r} and {y!r} fields")
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    try:
-        for name, points in series.items():
-            points.sort()
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=name)
-        for name, points in (extra or {}).items():
-            pts = sorted((float(a), float(b)) for a, b in points if (not logx or a > 0) and (not logy or b > 0))
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle="--", color="black", linewidth=1, label=name)
-        if logx:
-            ax.set_xscale("log", base=2 if x == "bytes" else 10)
-        if logy:
-            ax.set_yscale("log")
-        if x == "bytes":
-            ticks = sorted({p[0] for pts in series.values() for p in pts})
-            step = max(1, len(ticks) // 10)
-            ax.set_xticks(ticks[::step])
-            ax.set_xticklabels([format_bytes(t) for t in ticks[::step]], rotation=45, ha="right")
-        ax.set_title(title)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(title=group)
-        fig.tight_layout()
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(target, format="png")
-    except OSError as exc:
-        raise ConfigError(f"cannot write plot to {str(path)!r}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
-    return str(path)
+        series.setdefault(str(row.get(p["group"], "?")), []).append((float(xv), float(yv)))
+    return series
+
+
+def _draw(ax: Any, p: dict, series: dict[str, list[tuple[float, float]]]) -> None:
+    x, logx, logy = p["x"], p["logx"], p["logy"]
+    for name, points in series.items():
+        points.sort()
+        ax.plot([q[0] for q in points], [q[1] for q in points], marker="o", markersize=3, label=name)
+    for name, points in (p["extra"] or {}).items():
+        pts = sorted((float(a), float(b)) for a, b in points if (not logx or a > 0) and (not logy or b > 0))
+        ax.plot([q[0] for q in pts], [q[1] for q in pts], linestyle="--", color="black", linewidth=1, label=name)
+    if logx:
+        ax.set_xscale("log", base=2 if x == "bytes" else 10)
+    if logy:
+        ax.set_yscale("log")
+    if x == "bytes":
+        ticks = sorted({q[0] for pts in series.values() for q in pts})
+        step = max(1, len(ticks) // 10)
+        ax.set_xticks(ticks[::step])
+        ax.set_xticklabels([format_bytes(t) for t in ticks[::step]], rotation=45, ha="right")
+    ax.set_title(p["title"])
+    ax.set_xlabel(p["xlabel"])
+    ax.set_ylabel(p["ylabel"])
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(title=p["group"])
 
 
 def _is_number(value: Any) -> bool:

@@ -45,7 +45,9 @@ def run(args: argparse.Namespace) -> int:
     if args.rings is not None and not 1 <= args.rings <= 128:
         raise ConfigError(f"allreduce: --rings {args.rings} is outside 1..128")
     if not launcher.inside_job():
-        return launcher.relaunch_self(args.nranks, args.backend, mps_mode=args.mps)
+        cap = _HOST_MAX_BYTES if args.sizes == "8:256M" else None  # the default range is trimmed on the cpu
+        return launcher.relaunch_self(args.nranks, args.backend, mps_mode=args.mps,
+                                      **drv.memory_per_rank(args, 6, cap))
     import circuslink as cl
 
     world = cl.init(args.backend)
@@ -121,18 +123,17 @@ def _run(world: Any, args: argparse.Namespace) -> int:
     if world.rank == 0:
         results.meta.update({"definitions": __doc__.strip().split("\n\n")[1].replace("\n", " "),
                              "rings": args.rings, "iters": iters, "warmup": warmup})
-        drv.print_table(results.rows, ["impl", "bytes", "time_us", "algbw_GBps", "busbw_GBps"],
-                        f"all-reduce, float32 sum, {n} ranks ({backend}, {results.device})")
-        _targets(results)
-        path = results.write_json(args.json)
-        print(f"results: {path}")
-        if args.plot:
-            base, ext = os.path.splitext(args.plot)
-            drv.plot(results.rows, "bytes", "time_us", "impl", args.plot, f"all-reduce time, {n} ranks",
-                     "bytes per rank", "us per operation")
-            drv.plot(results.rows, "bytes", "busbw_GBps", "impl", f"{base}-busbw{ext or '.png'}",
-                     f"all-reduce bus bandwidth, {n} ranks", "bytes per rank", "GB/s")
-            print(f"plots: {args.plot}, {base}-busbw{ext or '.png'}")
+
+        def text() -> None:
+            drv.print_table(results.rows, ["impl", "bytes", "time_us", "algbw_GBps", "busbw_GBps"],
+                            f"all-reduce, float32 sum, {n} ranks ({backend}, {results.device})", args)
+            _targets(results)
+
+        drv.finish(results, args, text, lambda path: drv.figure(path, [
+            drv.panel(results.rows, "bytes", "time_us", "impl", f"all-reduce time, {n} ranks", "bytes per rank",
+                      "us per operation"),
+            drv.panel(results.rows, "bytes", "busbw_GBps", "impl", f"all-reduce bus bandwidth, {n} ranks",
+                      "bytes per rank", "GB/s")]))
     return 0
 
 
@@ -215,7 +216,7 @@ def _trace(world: Any, comm: Any, loop: _DeviceLoop | None, args: argparse.Names
 
 
 def _targets(results: drv.Results) -> None:
-    """Ratios against NCCL where both ran at the same size (issue 4's targets)."""
+    """Ratios against NCCL where both ran at the same size (the targets: BENCHMARKS.md, "Channel all-reduce")."""
     by = {}
     for r in results.rows:
         if "skipped" not in r and r.get("time_us"):

@@ -1,19 +1,27 @@
-"""The distributed 2-D FFT against its baselines: ``circuslink bench fft``.
+"""The distributed 2-D and 3-D FFT against the strongest slab scheme a user would write: ``circuslink bench fft``.
 
-For each size N (an N x N complex array on R ranks) and element type, in one run:
+For every case (an N x N array for each ``--size``, an N x N x N one for each ``--size3``; complex64 and
+complex128), in one run, on the same ranks and the same slabs of axis 0:
 
-* ``transpose-put``: circuslink's FFT, the global transposes done by transposing puts;
-* ``local-transpose``: the scheme of FFTW-MPI and heFFTe on the same ranks: transpose locally
-  into a send buffer (the same tile kernel), then contiguous block puts;
-* ``fft2-1rank``: cuFFT's fft2 (cupy.fft) on rank 0 alone (numpy's fft2 on the cpu); under MPS
-  that rank runs on its share of the SMs only (``meta.sm_budget``).
+* ``transpose-put``: circuslink's plan (apps.fft), the global transpose done by transposing puts, the
+  chunks picked by the tile model (``chunks``; the model's prediction of the puts in ``predicted_comm_ms``
+  beside the measured ``put_ms``, the puts' own launches, its error in ``model_err_pct``);
+* ``baseline-<all-to-all>``: the slab scheme as cuFFTMp and heFFTe implement it (bench/fft_baseline.py:
+  cuFFT on the local axes, a tiled transpose into a send buffer, an all-to-all, chunked on two streams),
+  once per all-to-all available here and per chunk count of ``--baseline-chunks`` (``alltoall``,
+  ``transpose``, ``chunks`` name each): ``copy-engine`` (cudaMemcpy2DAsync into the peers' mapped
+  buffers), ``nccl`` (ranks on their own GPUs only), ``mpi`` (host-staged; where the ranks cannot map each
+  other's memory), ``nvshmem`` (its own program, puts from a kernel; where NVSHMEM and nvcc are installed);
+* ``fftn-1rank``: cuFFT on the whole array in one process with the whole GPU (numpy's on the cpu): the
+  ceiling, with no communication at all.
 
-Each row has the median (and minimum) over --iters executions of the whole transform (the
-slowest rank of each iteration), the medians of a profiled run broken into FFT, transpose and
-communication (for transposing puts the transpose *is* the communication: ``comm_ms`` holds both,
-``transpose_ms`` is empty), GFLOP/s counted as 5 N log2 N for N points, and ``less_time_pct``, the
-time saved against the local-transpose scheme. Before timing, each scheme's output is checked on
-two rows per rank against an independent reference (a direct DFT over the input's rows, in float64).
+Every row is the median (``time_ms``) and minimum (``time_min_ms``) over ``--iters`` transforms, each the
+slowest rank's device time (CUDA events; the host clock on the cpu) after a barrier, the input restored
+before each; ``fft_ms`` / ``transpose_ms`` / ``comm_ms`` split it from device events (they may overlap:
+their sum can exceed the total). ``less_time_pct`` (on transpose-put rows): time saved against the
+fastest baseline of the case (``vs``); ``vs_1rank``: the time over the ceiling's. Before timing, each
+scheme's output is checked on a few lines along axis 0 against a direct DFT of the input in float64
+(``max_rel_err``, the norm-wise relative error). Every case's memory is checked before anything runs.
 The probe's floor of the same run is in ``floor``.
 """
 
@@ -24,96 +32,196 @@ import math
 import os
 import statistics
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, Error
 
 _DTYPES = ("complex64", "complex128")
-_TOLERANCE = {"complex64": 1e-4, "complex128": 1e-10}
+_TOLERANCE = {"complex64": 1e-5, "complex128": 1e-12}
+_LONG_WAIT_S = 1800.0  # other ranks wait this long while rank 0 builds and runs NVSHMEM or the ceiling
+_MARGIN = 512 << 20
 
 
 @dataclass
 class Config:
-    """What one benchmark run measures (``bench fft``)."""
+    """What one benchmark run measures."""
 
-    sizes: list[int]
-    dtypes: list[str]
-    iters: int = 20
-    warmup: int = 3
-    layout: str = "natural"
-    inverse: bool = False
+    cases: list[tuple[tuple[int, ...], str]]
+    iters: int = 10
+    warmup: int = 2
+    layout: str = "transposed"
+    chunks: int | None = None
+    baseline_chunks: list[int] = field(default_factory=lambda: [1, 4])
+    alltoalls: list[str] = field(default_factory=lambda: ["auto"])
+    transpose: str = "tiled"
+    quick: bool = False
     json: str | None = None
     plot: str | None = None
     baselines: bool = True
+    csv: bool = False  # tables as CSV (--csv)
+    plain_bytes: bool = False  # byte counts as plain integers (--bytes)
+    note: str = ""  # what the run says before it starts (sizes chosen for the user), once the input is checked
     meta: dict = field(default_factory=dict)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from . import _driver as drv
 
-    drv.add_common_arguments(parser, default_sizes="8K,16K", default_iters=20, default_warmup=3)
+    drv.add_common_arguments(parser, default_sizes="8K,16K", default_iters=10, default_warmup=2)
+    parser.epilog = (f"On a back-end without kernels (cpu) the default sizes are {_csv(CPU_DEFAULT_SIZES)} (2-D) and "
+                     f"{_csv(CPU_DEFAULT_SIZES3)} (3-D), and --quick runs {_csv(CPU_QUICK_SIZES)} and "
+                     f"{_csv(CPU_QUICK_SIZES3)}.")
     add_fft_arguments(parser)
 
 
-def add_fft_arguments(parser: argparse.ArgumentParser, with_size: bool = True) -> None:
+def add_fft_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``bench fft`` beyond the driver's."""
-    if with_size:
-        parser.add_argument("--size", default=None,
-                            help="points per side N (an N x N problem), or a list 8192,16384; overrides --sizes, "
-                                 "which is read the same way here (8K = 8192)")
-    parser.add_argument("--dtype", default="complex64", choices=(*_DTYPES, "both"),
-                        help="element type (default complex64; both: complex64 then complex128)")
-    parser.add_argument("--layout", default="natural", choices=("natural", "transposed"),
-                        help="output in natural order (default) or left transposed (one global transpose less)")
-    parser.add_argument("--inverse", action="store_true", help="time the inverse transform (ifft2)")
+    parser.add_argument("--size", default=None,
+                        help="2-D cases: points per side N (an N x N array), e.g. 8192,16384; overrides --sizes, "
+                             "which is read the same way here (8K = 8192)")
+    parser.add_argument("--size3", default=None,
+                        help="3-D cases: points per side N (an N x N x N array), e.g. 512,1024 (the default)")
+    parser.add_argument("--dims", default="2,3", help="which cases: 2, 3 or 2,3 (default both)")
+    parser.add_argument("--dtype", default="both", choices=(*_DTYPES, "both"),
+                        help="element type (default both: complex64 then complex128)")
+    parser.add_argument("--layout", default="transposed", choices=("natural", "transposed"),
+                        help="output boxes: transposed (default: slabs of axis 1, axis 0 fastest, one global "
+                             "transpose, as cuFFTMp's slab output) or natural (slabs of axis 0 again: two)")
+    parser.add_argument("--chunks", type=int, default=None,
+                        help="circuslink's pipeline chunks (default: the tile model's choice)")
+    parser.add_argument("--baseline-chunks", default="1,4",
+                        help="chunk counts the baselines try (each is a row; default 1,4)")
+    parser.add_argument("--alltoall", default="auto",
+                        help="the baselines' all-to-alls: auto (every one available here) or a list of "
+                             "copy-engine, nccl, mpi, nvshmem")
+    parser.add_argument("--baseline-transpose", default="tiled", choices=("tiled", "cupy"),
+                        help="the baselines' local transpose: the tiled shared-memory kernel (default) or CuPy's")
 
 
-def parse_points(text: str) -> list[int]:
-    """Sizes N from ``8192,16384`` or ``8K,16K`` (K = 1024), each one point per side."""
+def _ints(text: str, what: str) -> list[int]:
     from . import _driver as drv
 
-    return drv.parse_sizes(text)
+    try:
+        return drv.parse_sizes(text)
+    except Error as exc:
+        raise ConfigError(f"bench fft: {what}: {exc}") from None
+
+
+# The sizes of a back-end without kernels (the GPU's would take minutes in numpy): said in --help and when used.
+CPU_DEFAULT_SIZES, CPU_DEFAULT_SIZES3 = (256, 512), (24, 48)
+CPU_QUICK_SIZES, CPU_QUICK_SIZES3 = (64,), (16,)
+
+
+def _csv(sizes: tuple[int, ...] | list[int]) -> str:
+    return ",".join(map(str, sizes))
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    from ..backends import uses_gpus
+    from ..backends import default_backend_name, runs_kernels
 
-    text = args.size if getattr(args, "size", None) else args.sizes
-    sizes = parse_points(text)
-    default_sizes = not getattr(args, "size", None) and args.sizes == getattr(args, "_default_sizes", None)
-    if not uses_gpus(args.backend or os.environ.get("CIRCUSLINK_BACKEND")) and default_sizes:
-        sizes = [512, 1024]  # the GPU sizes would take minutes in numpy
-    iters, warmup = args.iters, args.warmup
-    if getattr(args, "quick", False):
-        if not getattr(args, "size", None) and args.sizes == getattr(args, "_default_sizes", None):
-            sizes = [256]
-        iters, warmup = min(iters, 3), min(warmup, 1)
+    backend = args.backend or os.environ.get("CIRCUSLINK_BACKEND") or default_backend_name()
+    cpu = not runs_kernels(backend)
+    quick = bool(getattr(args, "quick", False))
+    dims = set()
+    for d in str(args.dims).split(","):
+        if d.strip() not in ("2", "3"):
+            raise ConfigError(f"bench fft: --dims {args.dims!r}: give 2, 3 or 2,3")
+        dims.add(int(d))
+    given2 = args.size if args.size else (args.sizes if args.sizes != getattr(args, "_default_sizes", None) else None)
+    sizes2 = _ints(given2, "--size") if given2 else list(CPU_QUICK_SIZES if cpu else [1024]) if quick else \
+        list(CPU_DEFAULT_SIZES if cpu else [8192, 16384])
+    sizes3 = _ints(args.size3, "--size3") if args.size3 else list(CPU_QUICK_SIZES3 if cpu else [64]) if quick \
+        else list(CPU_DEFAULT_SIZES3 if cpu else [512, 1024])
+    defaulted = [f"{_csv(sizes)} ({d}-D)" for d, sizes, given in ((2, sizes2, given2), (3, sizes3, args.size3))
+                 if d in dims and not given]
+    note = ""
+    if cpu and not quick and defaulted:  # said, not silent
+        note = (f"bench fft: the {backend} back-end runs {' and '.join(defaulted)} by default (8K,16K and 512,1024 "
+                "would take minutes in numpy); --size N / --size3 N choose")
     dtypes = list(_DTYPES) if args.dtype == "both" else [args.dtype]
-    return Config(sizes=sizes, dtypes=dtypes, iters=iters, warmup=warmup, layout=args.layout, inverse=args.inverse,
-                  json=args.json, plot=args.plot, baselines=not getattr(args, "no_baselines", False))
+    cases = []
+    for d, sizes in ((2, sizes2), (3, sizes3)):
+        if d in dims:
+            cases += [((n,) * d, dt) for n in sizes for dt in dtypes]
+    iters, warmup = args.iters, args.warmup
+    if quick:
+        iters, warmup = min(iters, 5), min(warmup, 1)
+    alltoalls = [a.strip() for a in str(args.alltoall).split(",") if a.strip()]
+    from .fft_baseline import ALLTOALLS
+
+    bad = [a for a in alltoalls if a not in (*ALLTOALLS, "auto")]
+    if bad:
+        raise ConfigError(f"bench fft: --alltoall {bad[0]!r}: choose auto or from {', '.join(ALLTOALLS)}")
+    chunks = _ints(args.baseline_chunks, "--baseline-chunks")
+    if args.chunks is not None and args.chunks < 1:
+        raise ConfigError(f"bench fft: --chunks {args.chunks} must be positive")
+    return Config(cases=cases, iters=iters, warmup=warmup, layout=args.layout, chunks=args.chunks,
+                  baseline_chunks=[2] if quick and args.baseline_chunks == "1,4" else chunks, alltoalls=alltoalls,
+                  transpose=args.baseline_transpose, quick=quick, json=args.json, plot=args.plot,
+                  baselines=not getattr(args, "no_baselines", False), csv=getattr(args, "csv", False),
+                  plain_bytes=getattr(args, "plain_bytes", False), note=note)
 
 
-def check_sizes(sizes: list[int], nranks: int, backend: str | None = None, dtypes: list[str] | None = None) -> None:
-    """Refuse, before starting ranks, a size the ranks do not divide, or (cpu) one the host cannot hold."""
-    from ..apps.fft import _cpu, bytes_per_rank, check_shape
+def _label(shape: tuple[int, ...]) -> str:
+    return f"{shape[0]}^{len(shape)}" if len(set(shape)) == 1 else "x".join(map(str, shape))
 
-    for n in sizes:
-        check_shape((n, n), nranks, f"bench fft: --size {n}")
-    from ..backends import uses_gpus
 
-    if backend is not None and not uses_gpus(backend):
-        dtype = "complex128" if "complex128" in (dtypes or []) else "complex64"
-        n = max(sizes)
-        need = nranks * bytes_per_rank(n, n, dtype, nranks, "local-transpose", _cpu.EXTRA_SLABS + 1, False)
-        free, what = _cpu.free_bytes(None)
+# -- memory: every case checked before anything runs ------------------------------------------------------
+def _case_needs(shape: tuple[int, ...], dtype: str, nranks: int) -> dict[str, float]:
+    """Bytes per rank (ceiling: for its one process) each measurement of a case holds at once."""
+    slab = math.ceil(math.prod(shape) / nranks) * np.dtype(dtype).itemsize
+    whole = math.prod(shape) * np.dtype(dtype).itemsize
+    return {"transpose-put": 4 * slab,                       # 2 regions, cuFFT work, the input's copy
+            "baseline": 6 * slab,                            # 2 buffers, send, receive, cuFFT work, the copy
+            "nvshmem": 6 * slab,                             # data, copy, send, receive, cuFFT work areas
+            "ceiling": 2 * whole / nranks}                   # one process: the array and cuFFT's work (per rank)
+
+
+def check_memory(world: Any, module: Any, cfg: Config) -> None:
+    """Collective: refuse in one line a case that the ranks sharing a device (or the host) cannot hold."""
+    free, what = module.free_bytes(world)
+    devices = world.allgather_object((world.device, free))
+    on_mine = [r for r, (d, _) in enumerate(devices) if d == world.device]
+    have = min(devices[r][1] for r in on_mine)
+    problems = []
+    for shape, dtype in cfg.cases:
+        needs = _case_needs(shape, dtype, world.size)
+        phase, per_rank = max(needs.items(), key=lambda kv: kv[1])
+        need = len(on_mine) * (per_rank + _MARGIN)
+        if need > have:
+            problems.append(f"{_label(shape)} {dtype} needs about {need / (1 << 30):.1f} GiB on {what} ({phase}), "
+                            f"only {have / (1 << 30):.1f} GiB is free")
+    verdicts = world.allgather_object(problems[0] if problems else None)
+    found = [v for v in verdicts if v]
+    if found:
+        raise ConfigError(f"bench fft: {found[0]}: drop that size or use complex64")
+
+
+def check_cases(cfg: Config, nranks: int, backend: str) -> None:
+    """Before starting ranks: the memory of every case, on the GPUs the ranks will share (where nvidia-smi can
+    say; the ranks check again with what they see) or in the host's memory."""
+    from ..backends import runs_kernels
+
+    if runs_kernels(backend):
+        from ..apps.fft._plan import require_gpu_memory
+
+        for shape, dtype in cfg.cases:
+            require_gpu_memory(nranks, max(_case_needs(shape, dtype, nranks).values()) + _MARGIN,
+                               f"bench fft: {_label(shape)} {dtype} over {nranks} ranks",
+                               "use a smaller --size / --size3, or complex64")
+        return
+    from ..apps.fft import _cpu
+
+    free, what = _cpu.free_bytes(None)
+    for shape, dtype in cfg.cases:
+        need = nranks * (max(_case_needs(shape, dtype, nranks).values()) + _MARGIN)
         if need > free:
-            raise ConfigError(f"bench fft: a {n} x {n} {dtype} problem over {nranks} ranks needs about "
-                              f"{need / (1 << 30):.1f} GiB of {what} (both schemes and the input kept for "
-                              f"checking), but only {free / (1 << 30):.1f} GiB is free: use a smaller --size")
+            raise ConfigError(f"bench fft: {_label(shape)} {dtype} over {nranks} ranks needs about "
+                              f"{need / (1 << 30):.1f} GiB of {what}, but only {free / (1 << 30):.1f} GiB is free: "
+                              "use a smaller --size / --size3")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -124,7 +232,11 @@ def run(args: argparse.Namespace) -> int:
         from ..backends import default_backend_name
 
         backend = args.backend or os.environ.get("CIRCUSLINK_BACKEND") or default_backend_name()
-        check_sizes(cfg.sizes, args.nranks, backend, cfg.dtypes)
+        check_cases(cfg, args.nranks, backend)
+        if cfg.note:
+            from ..results import progress
+
+            progress(cfg.note)
         argv = ["bench", "fft", *sys.argv[sys.argv.index("fft") + 1:]] if "fft" in sys.argv else ["bench", "fft"]
         return launcher.relaunch_self(args.nranks, argv=argv, backend=args.backend)
     import circuslink
@@ -136,209 +248,340 @@ def run(args: argparse.Namespace) -> int:
         world.close()
 
 
-# -- the run on every rank ----------------------------------------------------------------------
+# -- the run on every rank -----------------------------------------------------------------------------
 def run_rank(world: Any, cfg: Config) -> int:
     from .. import probe
-    from ..apps import fft
     from . import _driver as drv
 
-    check_sizes(cfg.sizes, world.size)
     module = world.backend_module("circuslink.apps.fft")
+    check_memory(world, module, cfg)
     results = drv.Results("fft", world)
     drv.progress("fft: measuring the floor (probe)")
     pairs = [(0, 1), (1, 0)] if world.size > 1 else []
     results.floor = probe.measure(world, quick=True, pairs=pairs)
-    results.meta.update(iters=cfg.iters, warmup=cfg.warmup, layout=cfg.layout, inverse=cfg.inverse,
-                        sm_budget=world.sm_budget, launched_by=world.launched_by, flops="5 N log2 N, N = n*n points",
+    results.meta.update(iters=cfg.iters, warmup=cfg.warmup, layout=cfg.layout, sm_budget=world.sm_budget,
+                        launched_by=world.launched_by, flops="5 N log2 N, N points", cases=[
+                            f"{_label(s)} {d}" for s, d in cfg.cases], baseline_transpose=cfg.transpose,
                         **cfg.meta)
     seed = int(world.broadcast_object(int(np.random.SeedSequence().entropy % (1 << 31))))
-    for n in cfg.sizes:
-        for dtype in cfg.dtypes:
-            times = {}
-            for scheme in fft.SCHEMES:
-                drv.progress(f"fft: {scheme} {n} x {n} {dtype} on {world.size} ranks")
-                row = _measure_scheme(world, module, fft, n, dtype, scheme, cfg, seed)
-                if world.xp is not np:  # hand the next case (and the one-rank baseline) the memory back
-                    world.xp.get_default_memory_pool().free_all_blocks()
-                times[scheme] = row["time_ms"]
-                results.add(**row)
-            if times.get("local-transpose"):
-                for r in results.rows:
-                    if r.get("n") == n and r.get("dtype") == dtype and r["impl"] == "transpose-put":
-                        r["less_time_pct"] = 100.0 * (1.0 - times["transpose-put"] / times["local-transpose"])
-            if cfg.baselines:
-                drv.progress(f"fft: fft2 on one rank, {n} x {n} {dtype}")
-                results.add(**_one_rank(world, module, n, dtype, cfg, seed))
+    alltoalls = _alltoalls(world, cfg)
+    results.meta["alltoalls"] = {a: why or "measured" for a, why in alltoalls.items()}
+    for index, (shape, dtype) in enumerate(cfg.cases):
+        x0 = module.random_array(world, _slab_shape(shape, world), dtype, [seed, index, world.rank])
+        drv.progress(f"fft: transpose-put {_label(shape)} {dtype} on {world.size} ranks")
+        results.add(**_measure_ours(world, module, shape, dtype, cfg, x0))
+        module.release_memory(world)
+        if cfg.baselines:
+            for alltoall, why in alltoalls.items():
+                if alltoall == "nvshmem":
+                    continue
+                if why:
+                    results.add(**_base_row(world, shape, dtype, cfg, f"baseline-{alltoall}", alltoall=alltoall,
+                                            skipped=why))
+                    continue
+                for chunks in cfg.baseline_chunks:
+                    drv.progress(f"fft: baseline ({alltoall}, {chunks} chunk(s)) {_label(shape)} {dtype}")
+                    results.add(**_measure_baseline(world, module, shape, dtype, cfg, x0, alltoall, chunks))
+                    module.release_memory(world)
+        del x0
+        module.release_memory(world)
+    if cfg.baselines and "nvshmem" in alltoalls:
+        results.extend(_nvshmem_rows(world, cfg, alltoalls["nvshmem"]))
+    if cfg.baselines:
+        results.extend(_ceiling_rows(world, module, cfg))
+    _compare(results.rows)
     if world.rank == 0:
-        drv.print_table(results.rows, ["impl", "n", "dtype", "time_ms", "time_min_ms", "fft_ms", "transpose_ms",
-                                       "comm_ms", "gflops", "less_time_pct", "max_rel_err"],
-                        f"fft2 {'inverse' if cfg.inverse else 'forward'}, {cfg.layout} layout, {world.size} ranks "
-                        f"({world.backend.name}): median of {cfg.iters}; comm_ms of transpose-put includes its "
-                        "transpose (fused)")
-        path = results.write_json(cfg.json)
-        print(f"results: {path}")
-        if cfg.plot:
-            root, ext = os.path.splitext(cfg.plot)
-            ext = ext or ".png"
-            drv.plot([r for r in results.rows if r.get("gflops")], x="bytes", y="gflops", group="impl",
-                     path=f"{root}{ext}", title=f"2-D FFT on {world.size} ranks", xlabel="array bytes",
-                     ylabel="GFLOP/s (5 N log2 N)", logy=False)
-            plot_breakdown(results.rows, f"{root}-breakdown{ext}", f"2-D FFT time on {world.size} ranks")
-            print(f"plots: {root}{ext}, {root}-breakdown{ext}")
+        shown = [dict(r, max_rel_err=f"{r['max_rel_err']:.1e}") if isinstance(r.get("max_rel_err"), float) else r
+                 for r in results.rows]
+        drv.finish(results, cfg, lambda: drv.print_table(
+            shown, ["impl", "case", "dtype", "chunks", "time_ms", "time_min_ms", "fft_ms", "transpose_ms", "comm_ms",
+                    "put_ms", "predicted_comm_ms", "gflops", "less_time_pct", "vs_1rank", "max_rel_err"],
+            f"FFT forward, {cfg.layout} output, {world.size} ranks ({world.backend.name}): median of {cfg.iters}, "
+            "the slowest rank; transpose-put's comm_ms includes its transpose (fused)", cfg),
+            lambda path: drv.figure(path, _panels(results.rows, world.size)))
     world.barrier()
     return 0
 
 
-def _measure_scheme(world: Any, module: Any, fft: Any, n: int, dtype: str, scheme: str, cfg: Config,
-                    seed: int) -> dict:
+def _slab_shape(shape: tuple[int, ...], world: Any) -> tuple[int, ...]:
+    from ..apps.fft import spans
+
+    lo, hi = spans(shape[0], world.size)[world.rank]
+    return (hi - lo, *shape[1:])
+
+
+def _alltoalls(world: Any, cfg: Config) -> dict[str, str | None]:
+    """{all-to-all: None (measured) or why not}, agreed by every rank (collective)."""
+    from ..backends import describe_shared_gpus, shared_gpus
+
+    wanted = ["copy-engine", "nccl", "mpi", "nvshmem"] if "auto" in cfg.alltoalls else list(cfg.alltoalls)
+    gpu = world.xp is not np
+    sharing = shared_gpus(world) if gpu else {}
+    out: dict[str, str | None] = {}
+    for a in wanted:
+        why = None
+        if a == "nccl":
+            if not gpu:
+                why = "NCCL needs GPUs"
+            elif sharing:
+                why = f"NCCL refuses two ranks on one GPU ({describe_shared_gpus(sharing)})"
+        elif a == "mpi":
+            if world.mpi_comm is None:
+                why = "the host-staged MPI all-to-all needs a job started by mpirun"
+            elif "auto" in cfg.alltoalls:
+                why = ("every rank maps every peer's memory here: the copy engine moves the blocks (MPI host-staged is "
+                       "the all-to-all for ranks that cannot; --alltoall mpi measures it anyway)")
+        elif a == "nvshmem":
+            if not gpu:
+                why = "NVSHMEM needs GPUs"
+            elif cfg.layout != "transposed":
+                why = "the NVSHMEM program implements the one-transpose (transposed) layout only"
+            elif cfg.quick:
+                why = "--quick skips the NVSHMEM program (building it takes a minute)"
+            elif world.size == 1:
+                why = "one rank: nothing to exchange"
+        if world.size == 1:
+            why = "one rank: nothing to exchange"
+        out[a] = why
+    agreed = world.allgather_object(out)
+    return agreed[0]
+
+
+def _measure(world: Any, obj: Any, x0: Any, cfg: Config) -> dict:
+    """Median / minimum (the slowest rank of each iteration) and the phases' medians (the slowest rank's)."""
     xp = world.xp
-    with fft.Plan(world, (n, n), dtype, cfg.inverse, cfg.layout, scheme) as plan:
-        x0 = module.random_slab(world, plan.input.shape, dtype, [seed, n, world.rank])
-        plan.input[...] = x0
-        out = plan.execute()
-        err = _check(world, module, plan, x0, out)
-        tolerance = _TOLERANCE[dtype]
-        if not err <= tolerance:  # also catches NaN
-            raise ConfigError(f"bench fft: {scheme} {n} x {n} {dtype} on rank {world.rank}: max relative error "
-                              f"{err:.3g} above {tolerance:g} against the direct DFT")
-
-        def restore() -> None:  # FFT after FFT would overflow: every iteration transforms the same input
-            plan.input[...] = x0
-            module.synchronize(world)
-            if xp is not np:
-                xp.cuda.get_current_stream().synchronize()
-
-        profile = {"fft": [], "transpose": [], "comm": []}
-        for i in range(cfg.warmup + cfg.iters):
-            restore()
-            world.barrier()
-            plan.execute(profile=True)
-            if i >= cfg.warmup:
-                for k in profile:
-                    profile[k].append(plan.timings[k])
-        seconds = []
-        for i in range(cfg.warmup + cfg.iters):
-            restore()
-            world.barrier()
-            t0 = time.perf_counter()
-            plan.execute()
-            if i >= cfg.warmup:
-                seconds.append(time.perf_counter() - t0)
-        every = world.allgather_object(seconds)
-        slowest = [max(col) for col in zip(*every, strict=True)]
-        phases = world.allgather_object({k: statistics.median(v) for k, v in profile.items()})
-        phase = {k: max(p[k] for p in phases) for k in profile}
-        median = statistics.median(slowest)
-        flops = plan.flops
-        fused = scheme == "transpose-put"
-        return dict(impl=scheme, bytes=n * n * fft.DTYPES[dtype], n=n, dtype=dtype, ranks=world.size,
-                    layout=cfg.layout, inverse=cfg.inverse, time_ms=median * 1e3, time_min_ms=min(slowest) * 1e3,
-                    fft_ms=phase["fft"] * 1e3, transpose_ms=None if fused else phase["transpose"] * 1e3,
-                    comm_ms=phase["comm"] * 1e3, gflops=flops / median / 1e9, max_rel_err=err,
-                    samples=len(slowest))
+    totals, phases = [], {"fft": [], "transpose": [], "comm": [], "put": []}
+    for i in range(cfg.warmup + cfg.iters):
+        obj.input[...] = x0  # every iteration transforms the same input (FFT after FFT would overflow)
+        if xp is not np:
+            xp.cuda.get_current_stream().synchronize()
+        world.barrier()
+        obj.forward(profile=True)
+        if i >= cfg.warmup:
+            totals.append(obj.seconds)
+            for k in phases:
+                phases[k].append(obj.timings[k])
+    every = world.allgather_object(totals)
+    slowest = [max(col) for col in zip(*every, strict=True)]
+    mine = {k: statistics.median(v) for k, v in phases.items()}
+    worst = {k: max(p[k] for p in world.allgather_object(mine)) for k in phases}
+    return {"time_ms": statistics.median(slowest) * 1e3, "time_min_ms": min(slowest) * 1e3,
+            "fft_ms": worst["fft"] * 1e3, "transpose_ms": worst["transpose"] * 1e3, "comm_ms": worst["comm"] * 1e3,
+            "put_ms": worst["put"] * 1e3, "samples": len(slowest)}
 
 
-def _check(world: Any, module: Any, plan: Any, x0: Any, out: Any) -> float:
-    """Max relative error of two output rows per rank against a direct DFT over the input (float64).
-
-    Natural layout: output row k is fft(sum_i w1^(k i) x[i, :]); each rank forms its rows' part of
-    that sum, the parts are added, and the owner compares. Transposed layout: output row k is
-    column k of fft2(x), fft over i of (x @ f_k)[i], with f_k[j] = w2^(j k).
-    """
-    xp = world.xp
-    n1, n2, b1 = plan.n1, plan.n2, plan.b1
-    sign = 1.0 if plan.inverse else -1.0
-    out_b = out.shape[0]
-    ks = sorted({r * out_b + j for r in range(world.size) for j in (0, out_b - 1)})
-    x = x0.astype(xp.complex128)
-    if plan.layout == "natural":
-        i = np.arange(world.rank * b1, (world.rank + 1) * b1, dtype=np.int64)
-        phase = (np.outer(ks, i) % n1) * (2 * np.pi / n1) * sign
-        part = module.to_host(xp.asarray(np.exp(1j * phase)) @ x)  # (len(ks), n2)
-        total = sum(world.allgather_object(part))
-        ref = np.fft.ifft(total, axis=1, norm="forward") if plan.inverse else np.fft.fft(total, axis=1)
-    else:
-        j = np.arange(n2, dtype=np.int64)
-        phase = (np.outer(j, ks) % n2) * (2 * np.pi / n2) * sign
-        part = module.to_host(x @ xp.asarray(np.exp(1j * phase)))  # (b1, len(ks)): my rows of x @ F2[:, ks]
-        u = np.concatenate(world.allgather_object(part), axis=0)  # (n1, len(ks))
-        ref = (np.fft.ifft(u, axis=0, norm="forward") if plan.inverse else np.fft.fft(u, axis=0)).T
-    if plan.inverse:
-        ref = ref / (n1 * n2)
-    mine = [idx for idx, k in enumerate(ks) if k // out_b == world.rank]
-    got = module.to_host(out[[ks[idx] - world.rank * out_b for idx in mine]]).astype(np.complex128)
-    want = ref[mine]
-    scale = max(float(np.abs(want).max()), 1e-300)
-    err = float(np.abs(got - want).max() / scale)
-    return max(world.allgather_object(err))
+def _base_row(world: Any, shape: tuple[int, ...], dtype: str, cfg: Config, impl: str, **extra: Any) -> dict:
+    n = math.prod(shape)
+    return dict(impl=impl, case=_label(shape), shape=list(shape), ndim=len(shape), n=shape[0], dtype=dtype,
+                bytes=n * np.dtype(dtype).itemsize, ranks=world.size, layout=cfg.layout, **extra)
 
 
-def _one_rank(world: Any, module: Any, n: int, dtype: str, cfg: Config, seed: int) -> dict:
-    """cuFFT's (numpy's) fft2 of the whole array on rank 0 while the others wait."""
+def _finish(row: dict, shape: tuple[int, ...]) -> dict:
+    n = math.prod(shape)
+    if row.get("time_ms"):
+        row["gflops"] = 5.0 * n * math.log2(n) / (row["time_ms"] * 1e-3) / 1e9
+    return row
+
+
+def _measure_ours(world: Any, module: Any, shape: tuple[int, ...], dtype: str, cfg: Config, x0: Any) -> dict:
     from ..apps import fft
 
-    es = fft.DTYPES[dtype]
-    need = 4 * n * n * es  # input, output, work area, margin
-    free, what = module.free_bytes(world)
-    row: dict = dict(impl="fft2-1rank", bytes=n * n * es, n=n, dtype=dtype, ranks=1, layout="natural",
-                     inverse=cfg.inverse)
-    fits = world.broadcast_object(need <= free)
-    if not fits:
-        world.barrier()
-        return dict(row, skipped=f"needs about {need / (1 << 30):.1f} GiB on {what}; "
-                                 f"{free / (1 << 30):.1f} GiB free")
-    if world.rank == 0:
-        x = module.random_slab(world, (n, n), dtype, [seed, n, 1 << 20])
-        seconds = []
-        for i in range(cfg.warmup + cfg.iters):
-            t0 = time.perf_counter()
-            y = module.fft2_reference(x, cfg.inverse)
-            if world.xp is not np:
-                world.xp.cuda.get_current_stream().synchronize()
-            if i >= cfg.warmup:
-                seconds.append(time.perf_counter() - t0)
-            del y
-        del x
-        median = statistics.median(seconds)
-        row.update(time_ms=median * 1e3, time_min_ms=min(seconds) * 1e3, fft_ms=median * 1e3,
-                   gflops=5.0 * n * n * math.log2(n * n) / median / 1e9, samples=len(seconds))
-    world.barrier()
-    return world.broadcast_object(row)
+    ins, outs = fft.boxes(shape, world.size, "slab", layout=cfg.layout)
+    with fft.Plan(world, ins[world.rank], outs[world.rank], dtype, decomposition="slab", chunks=cfg.chunks) as plan:
+        plan.input[...] = x0
+        out = plan.forward()
+        err = check_lines(world, module, x0, plan.inbox, plan.outbox, out, shape, dtype, "transpose-put")
+        row = _base_row(world, shape, dtype, cfg, "transpose-put", chunks=plan.chunks, max_rel_err=err,
+                        **_measure(world, plan, x0, cfg))
+        pred = plan.prediction
+        if pred.get("comm_s"):
+            row["predicted_comm_ms"] = pred["comm_s"] * 1e3
+            if row.get("put_ms"):  # the puts alone: comm_ms also holds the waits for later chunks' transforms
+                row["model_err_pct"] = 100.0 * (row["predicted_comm_ms"] / row["put_ms"] - 1.0)
+        if pred.get("chunk_candidates"):
+            bounds = pred["chunk_candidates"].get(plan.chunks)
+            if bounds:
+                row["predicted_ms_range"] = [bounds["low_s"] * 1e3, bounds["high_s"] * 1e3]
+            row["chunk_choice"] = "measured" if pred.get("chunk_measured_s") else "model"
+        elif cfg.chunks is None:
+            row["chunk_choice"] = "no model (cpu)" if world.xp is np else "one stage"
+        else:
+            row["chunk_choice"] = "--chunks"
+    return _finish(row, shape)
 
 
-def plot_breakdown(rows: list[dict], path: str, title: str) -> str:
-    """Stacked bars of FFT / transpose / communication time, one bar per scheme and size."""
+def _measure_baseline(world: Any, module: Any, shape: tuple[int, ...], dtype: str, cfg: Config, x0: Any,
+                      alltoall: str, chunks: int) -> dict:
+    from .fft_baseline import SlabBaseline
+
+    impl = f"baseline-{alltoall}"
     try:
-        import matplotlib
+        base = SlabBaseline(world, shape, dtype, cfg.layout, alltoall, chunks, cfg.transpose)
+    except ConfigError as exc:
+        return _base_row(world, shape, dtype, cfg, impl, alltoall=alltoall, skipped=str(exc))
+    try:
+        from ..apps.fft import boxes
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        from ..errors import BackendError
+        ins, outs = boxes(shape, world.size, "slab", layout=cfg.layout)
+        base.input[...] = x0
+        out = base.forward()
+        err = check_lines(world, module, x0, ins[world.rank], outs[world.rank], out, shape, dtype, impl)
+        row = _base_row(world, shape, dtype, cfg, impl, alltoall=alltoall, transpose=cfg.transpose,
+                        chunks=base.describe()["chunks"][0], max_rel_err=err, **_measure(world, base, x0, cfg))
+    finally:
+        base.close()
+    return _finish(row, shape)
 
-        raise BackendError("plotting needs matplotlib: pip install matplotlib") from None
+
+def _nvshmem_rows(world: Any, cfg: Config, why: str | None) -> list[dict]:
+    """Rank 0 builds and runs the NVSHMEM program for every case while the other ranks wait (memory freed)."""
+    from . import _driver as drv
+
+    rows: list = []
+    if why:
+        rows = [_base_row(world, s, d, cfg, "baseline-nvshmem", alltoall="nvshmem", skipped=why) for s, d in cfg.cases]
+        return rows
+    if world.rank == 0:
+        from .fft_baseline import nvshmem_slab
+
+        drv.progress(f"fft: baseline (nvshmem, its own program on {world.size} PEs) for every case")
+        try:
+            got = nvshmem_slab(world.size, list(cfg.cases), cfg.iters, cfg.warmup, cfg.baseline_chunks,
+                               timeout=_LONG_WAIT_S)
+            for r in got:
+                shape, dtype = tuple(r.pop("shape")), r.pop("dtype")
+                r.pop("impl", None)
+                r.pop("bytes", None)
+                rows.append(_finish(_base_row(world, shape, dtype, cfg, "baseline-nvshmem", alltoall="nvshmem",
+                                              transpose="tiled", **r), shape))
+        except Error as exc:
+            reason = str(exc).splitlines()[0]
+            rows = [_base_row(world, s, d, cfg, "baseline-nvshmem", alltoall="nvshmem", skipped=reason)
+                    for s, d in cfg.cases]
+    world.barrier(timeout=_LONG_WAIT_S)
+    return world.broadcast_object(rows)
+
+
+def _ceiling_rows(world: Any, module: Any, cfg: Config) -> list[dict]:
+    """Rank 0: the whole array's transform in a process of its own (the whole GPU) while the others wait."""
+    from . import _driver as drv
+
+    rows: list = []
+    if world.rank == 0:
+        from .fft_baseline import run_ceiling
+
+        drv.progress("fft: the 1-rank ceiling (one process, the whole GPU) for every case")
+        try:
+            got = run_ceiling(list(cfg.cases), cfg.iters, cfg.warmup, world.xp is not np, timeout=_LONG_WAIT_S)
+            for r in got:
+                shape = tuple(r.pop("shape"))
+                row = _base_row(world, shape, r.pop("dtype"), cfg, "fftn-1rank", **r)
+                row.update(ranks=1, layout="natural", fft_ms=row["time_ms"])
+                rows.append(_finish(row, shape))
+        except Error as exc:
+            reason = str(exc).splitlines()[0]
+            rows = [_base_row(world, s, d, cfg, "fftn-1rank", skipped=reason) for s, d in cfg.cases]
+    world.barrier(timeout=_LONG_WAIT_S)
+    return world.broadcast_object(rows)
+
+
+def _compare(rows: list[dict]) -> None:
+    """transpose-put rows: time saved against the fastest baseline of the case, and the ratio to the ceiling."""
+    for r in rows:
+        if r["impl"] != "transpose-put" or not r.get("time_ms"):
+            continue
+        same = [b for b in rows if b.get("case") == r["case"] and b.get("dtype") == r["dtype"] and b.get("time_ms")]
+        bases = [b for b in same if b["impl"].startswith("baseline-")]
+        if bases:
+            best = min(bases, key=lambda b: b["time_ms"])
+            r["less_time_pct"] = 100.0 * (1.0 - r["time_ms"] / best["time_ms"])
+            r["vs"] = f"{best['impl']} ({best.get('chunks', 1)} chunk(s))"
+        ceiling = [b for b in same if b["impl"] == "fftn-1rank"]
+        if ceiling:
+            r["vs_1rank"] = r["time_ms"] / ceiling[0]["time_ms"]
+
+
+def check_lines(world: Any, module: Any, x0: Any, inbox: Any, outbox: Any, out: Any, shape: tuple[int, ...],
+                dtype: str, what: str, lines: int = 3) -> float:
+    """Norm-wise relative error of a few output lines along axis 0 against a direct DFT of the input (float64).
+
+    Output line (k1[, k2]) along axis 0 is the DFT over axis 0 of v[i0] = sum over the other axes of
+    x[i0, ...] w1^(k1 i1) [w2^(k2 i2)]: every rank forms v over its slab (in complex128, a few planes at a
+    time), the parts are gathered in order, numpy transforms them, and the owners of the line compare.
+    Raises (on every rank) above the tolerance: a wrong result is never timed.
+    """
+    xp = world.xp
+    g = np.random.default_rng(1234 + len(shape))
+    picks = [tuple(int(g.integers(0, n)) for n in shape[1:]) for _ in range(lines)]
+    parts = []
+    for k in picks:
+        phases = [np.exp(-2j * np.pi * ((np.arange(n) * kk) % n) / n) for n, kk in zip(shape[1:], k, strict=True)]
+        v = []
+        step = max(1, (64 << 20) // max(1, math.prod(shape[1:]) * 16))
+        for a in range(0, x0.shape[0], step):
+            blk = x0[a: a + step].astype(xp.complex128)
+            for ph in reversed(phases):
+                blk = blk @ xp.asarray(ph)
+            v.append(module.to_host(blk))
+        parts.append(np.concatenate(v) if v else np.zeros(0, np.complex128))
+    everyone = world.allgather_object((inbox.low[0], parts))
+    everyone.sort(key=lambda e: e[0])
+    sq_diff, sq_ref = 0.0, 0.0
+    view = out.transpose(tuple(int(a) for a in np.argsort(outbox.order)))  # logical axes
+    for li, k in enumerate(picks):
+        ref = np.fft.fft(np.concatenate([p[li] for _, p in everyone]))
+        sq_ref += float(np.sum(np.abs(ref) ** 2))
+        if all(lo <= kk < hi for kk, lo, hi in zip(k, outbox.low[1:], outbox.high[1:], strict=True)) and \
+                not outbox.empty:
+            idx = (slice(None),) + tuple(kk - lo for kk, lo in zip(k, outbox.low[1:], strict=True))
+            got = module.to_host(view[idx]).astype(np.complex128)
+            sq_diff += float(np.sum(np.abs(got - ref[outbox.low[0]: outbox.high[0]]) ** 2))
+    totals = world.allgather_object((sq_diff, sq_ref))
+    ref_total = totals[0][1]  # every rank formed the same reference lines
+    err = math.sqrt(sum(t[0] for t in totals) / max(ref_total, 1e-300))
+    if not err <= _TOLERANCE[dtype]:  # also catches NaN
+        raise ConfigError(f"bench fft: {what} {_label(shape)} {dtype}: relative error {err:.3g} above "
+                          f"{_TOLERANCE[dtype]:g} against the direct DFT")
+    return err
+
+
+def _panels(rows: list[dict], nranks: int) -> list[dict]:
+    """The figure's panels: time against array size per scheme, one panel per dimension and precision (the
+    ceiling drawn beside), then the time of every measured row split by phase."""
+    from . import _driver as drv
+
+    panels = []
+    for d in (2, 3):
+        mine = [dict(r, series=f"{r['impl']}" + (f" ({r.get('chunks')} ch)" if r["impl"].startswith("baseline")
+                                                  else "")) for r in rows if r.get("ndim") == d and r.get("time_ms")]
+        for dtype in _DTYPES:
+            sel = [r for r in mine if r["dtype"] == dtype]
+            if sel:
+                panels.append(drv.panel(sel, "bytes", "time_ms", "series",
+                                        f"{d}-D FFT {dtype}, {nranks} ranks (fftn-1rank: the ceiling)", "array bytes",
+                                        "time (ms, median)"))
+    bars = [r for r in rows if r.get("time_ms") and r["impl"] != "fftn-1rank"]
+    title = f"FFT time by phase, {nranks} ranks"
+    panels.append({"title": title, "draw": lambda ax: draw_breakdown(ax, bars, title)})
+    return panels
+
+
+def draw_breakdown(ax: Any, rows: list[dict], title: str) -> None:
+    """Stacked bars of FFT / transpose / communication time on ``ax``, one bar per scheme and case."""
     bars = [r for r in rows if "skipped" not in r and r.get("time_ms")]
     if not bars:
         raise ConfigError(f"plot {title!r}: no measured rows")
-    labels = [f"{r['impl']}\n{r['n']}² {r['dtype']}" for r in bars]
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(bars)), 4.5), dpi=120)
-    try:
-        bottom = np.zeros(len(bars))
-        for key, name in (("fft_ms", "FFT"), ("transpose_ms", "local transpose"),
-                          ("comm_ms", "communication (transposing put: transpose included)")):
-            vals = np.array([float(r.get(key) or 0.0) for r in bars])
-            ax.bar(range(len(bars)), vals, bottom=bottom, label=name)
-            bottom += vals
-        ax.plot(range(len(bars)), [r["time_ms"] for r in bars], "k_", markersize=20, label="median total")
-        ax.set_xticks(range(len(bars)))
-        ax.set_xticklabels(labels, fontsize=7)
-        ax.set_ylabel("ms")
-        ax.set_title(title)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(path, format="png")
-    except OSError as exc:
-        raise ConfigError(f"cannot write plot to {path!r}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
-    return path
+    labels = [f"{r['impl']}\n{r['case']} {r['dtype']}" for r in bars]
+    bottom = np.zeros(len(bars))
+    for key, name in (("fft_ms", "FFT"), ("transpose_ms", "local transpose"),
+                      ("comm_ms", "communication (transposing put: transpose included)")):
+        vals = np.array([float(r.get(key) or 0.0) for r in bars])
+        ax.bar(range(len(bars)), vals, bottom=bottom, label=name)
+        bottom += vals
+    ax.plot(range(len(bars)), [r["time_ms"] for r in bars], "k_", markersize=20, label="median total")
+    ax.set_xticks(range(len(bars)))
+    ax.set_xticklabels(labels, fontsize=6, rotation=90)
+    ax.set_ylabel("ms")
+    ax.set_yscale("log")
+    ax.set_title(title)
+    ax.legend(fontsize=7)

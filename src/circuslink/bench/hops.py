@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -76,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         n = args.nranks or (topo.size if topo is not None else 8)
         if topo is not None:
             topo.check_nranks(n)
-        return relaunch_self(n, args.backend, mps_mode=args.mps)
+        return relaunch_self(n, args.backend, mps_mode=args.mps, **drv.memory_per_rank(args, 8))
     import circuslink
 
     world = circuslink.init(args.backend)
@@ -270,7 +269,7 @@ def fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:
 
 
 def summary(results: drv.Results) -> dict:
-    """per_hop_us and the throughput ratio, against this run's floor (the issue's targets, as ratios)."""
+    """per_hop_us and the throughput ratio, against this run's floor (the targets, as ratios)."""
     floor = floor_pair(results)
     relaxed = floor.get("lat_relaxed_us")
     lat = [r for r in results.rows if r["impl"] == "latency"]
@@ -306,31 +305,33 @@ def summary(results: drv.Results) -> dict:
 
 def report(results: drv.Results, args: argparse.Namespace) -> None:
     rows = sorted(results.rows, key=lambda r: (r["impl"], r["hops"], r["dst"], r["bytes"]))
-    drv.print_table([r for r in rows if r["impl"] == "latency"],
-                    ["dst", "hops", "bytes", "one_way_us", "min_one_way_us", "round_trips"],
-                    f"hops on {results.meta['topology']} ({results.device}, {results.backend}): one-way latency, "
-                    f"median of {results.meta['samples']} samples")
-    drv.print_table([r for r in rows if r["impl"] == "throughput"],
-                    ["dst", "hops", "bytes", "messages", "throughput_GBps", "max_throughput_GBps"],
-                    "one-way streaming throughput by hops")
-    out = summary(results)
-    results.meta["targets"] = out
-    for line in out["lines"]:
-        print(line)
-    print(f"wrote {results.write_json(args.json)}")
-    if args.plot:
+    out: dict = {}
+
+    def text() -> None:
+        drv.print_table([r for r in rows if r["impl"] == "latency"],
+                        ["dst", "hops", "bytes", "one_way_us", "min_one_way_us", "round_trips"],
+                        f"hops on {results.meta['topology']} ({results.device}, {results.backend}): one-way latency, "
+                        f"median of {results.meta['samples']} samples", args)
+        drv.print_table([r for r in rows if r["impl"] == "throughput"],
+                        ["dst", "hops", "bytes", "messages", "throughput_GBps", "max_throughput_GBps"],
+                        "one-way streaming throughput by hops", args)
+        out.update(summary(results))
+        results.meta["targets"] = out
+        for line in out["lines"]:
+            print(line)
+
+    def draw(path: str) -> None:
         floor = floor_pair(results).get("lat_relaxed_us")
         lat = [dict(r, impl=f"one-way latency ({results.meta['topology']})") for r in rows if r["impl"] == "latency"]
         hops = sorted({r["hops"] for r in lat})
         extra = {"floor: hops x relaxed store+poll": [(h, h * floor) for h in hops]} if floor else None
         slope = f": {out['per_hop_us']:.3f} us per hop" if "per_hop_us" in out else ""
-        drv.plot(lat, x="hops", y="one_way_us", group="impl", path=args.plot, logx=False, logy=False, extra=extra,
-                 title=f"latency against hops on {results.meta['topology']}{slope}", xlabel="hops",
-                 ylabel="one-way latency (us, median)")
-        stem = Path(args.plot)
-        thr_path = stem.with_name(stem.stem + "-throughput.png")
         thr = [dict(r, impl=f"{drv.format_bytes(r['bytes'])} messages") for r in rows if r["impl"] == "throughput"]
-        drv.plot(thr, x="hops", y="throughput_GBps", group="impl", path=str(thr_path), logx=False, logy=False,
-                 title=f"one-way throughput against hops on {results.meta['topology']}", xlabel="hops",
-                 ylabel="GB/s (median)")
-        print(f"wrote {args.plot} and {thr_path}")
+        drv.figure(path, [
+            drv.panel(lat, "hops", "one_way_us", "impl", f"latency against hops on {results.meta['topology']}{slope}",
+                      "hops", "one-way latency (us, median)", logx=False, logy=False, extra=extra),
+            drv.panel(thr, "hops", "throughput_GBps", "impl",
+                      f"one-way throughput against hops on {results.meta['topology']}", "hops", "GB/s (median)",
+                      logx=False, logy=False)])
+
+    drv.finish(results, args, text, draw)

@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("bench nodes needs mpirun and mpi4py (its MPI baseline, and the mpi transport)")
         if args.nranks // k < 2 or args.nranks % k:
             raise ConfigError(f"bench nodes needs at least 2 whole nodes: -n {args.nranks} with --ranks-per-node {k}")
-        return relaunch_self(args.nranks, args.backend, prefer_mpirun=True, mps_mode=args.mps, ranks_per_node=k)
+        return relaunch_self(args.nranks, args.backend, prefer_mpirun=True, mps_mode=args.mps, ranks_per_node=k,
+                             **drv.memory_per_rank(args, 8, CPU_MAX))
     import circuslink
 
     world = circuslink.init(args.backend)
@@ -605,22 +606,18 @@ def targets(results: drv.Results) -> dict:
 
 
 def report(results: drv.Results, args: argparse.Namespace) -> None:
-    rows = sorted(results.rows, key=lambda r: (str(r["impl"]), r["bytes"]))
-    drv.print_table(rows, ["impl", "bytes", "one_way_us", "min_one_way_us", "throughput_GBps", "added_us"],
-                    f"nodes ({results.device}, {results.backend}; {results.meta['node_layout']}; gateways "
-                    f"{results.meta['gateways'][0]} and {results.meta['gateways'][1]}): one-way, median of "
-                    f"{results.meta['samples']} samples")
-    summary = targets(results)
-    results.meta["targets"] = summary
-    for line in summary["lines"]:
-        print(line)
-    path = results.write_json(args.json)
-    print(f"wrote {path}")
-    if args.plot:
-        from pathlib import Path
+    def text() -> None:
+        rows = sorted(results.rows, key=lambda r: (str(r["impl"]), r["bytes"]))
+        drv.print_table(rows, ["impl", "bytes", "one_way_us", "min_one_way_us", "throughput_GBps", "added_us"],
+                        f"nodes ({results.device}, {results.backend}; {results.meta['node_layout']}; gateways "
+                        f"{results.meta['gateways'][0]} and {results.meta['gateways'][1]}): one-way, median of "
+                        f"{results.meta['samples']} samples", args)
+        summary = targets(results)
+        results.meta["targets"] = summary
+        for line in summary["lines"]:
+            print(line)
 
-        stem = Path(args.plot)
-        lat, thr = stem.with_name(stem.stem + "-latency.png"), stem.with_name(stem.stem + "-throughput.png")
+    def draw(path: str) -> None:
         from .. import transport
 
         names = results.meta.get("transports", [])
@@ -628,8 +625,9 @@ def report(results: drv.Results, args: argparse.Namespace) -> None:
             {f"{kind}-{n}" for n in names for kind in ("relay", "gateway-routed")} | \
             {r["impl"] for r in results.rows if r.get("reference")}
         shown = [r for r in results.rows if "skipped" not in r and r["impl"] in keep]
-        drv.plot(shown, x="bytes", y="one_way_us", group="impl", path=str(lat), title="nodes: one-way time",
-                 xlabel="message size (bytes)", ylabel="one-way time (us, median)")
-        drv.plot(shown, x="bytes", y="throughput_GBps", group="impl", path=str(thr), title="nodes: throughput",
-                 xlabel="message size (bytes)", ylabel="GB/s")
-        print(f"wrote {lat} and {thr}")
+        drv.figure(path, [
+            drv.panel(shown, "bytes", "one_way_us", "impl", "nodes: one-way time", "message size (bytes)",
+                      "one-way time (us, median)"),
+            drv.panel(shown, "bytes", "throughput_GBps", "impl", "nodes: throughput", "message size (bytes)", "GB/s")])
+
+    drv.finish(results, args, text, draw)

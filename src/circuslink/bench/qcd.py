@@ -13,14 +13,25 @@ Rows:
   spent waiting on halos (host-side waits; device-driven exchanges show ~0), GFLOP/s by QUDA's count (2,832
   flops per site per iteration). Each configuration runs as its own job (under mpirun for the MPI
   exchanges), so an exchange that cannot run here becomes a skipped row with its reason.
+* in each such row, where the iteration's time goes: ``dslash_us``, ``halo_us``, ``reduction_us`` and
+  ``vector_us`` per iteration (apps/qcd/_phases.py), from ``--samples`` more loops with the split switched
+  on: CUDA events on the stream on the cuda back-end (the GPU's timeline, idle gaps included, so a stream
+  waiting on a halo or a global sum shows as halo or reduction time), the host clock on cpu. Marking costs
+  a little, so those loops' own time is ``timed_iter_us``, beside the unmarked ``time_per_iter_us``.
 
-Targets (issue 15, one GPU, ranks under MPS): dslash bandwidth >= 0.7 x the local copy; at 8^4 local on a
-2x2 grid, rma <= 0.45 x mpi-rma per iteration and no slower than nvshmem.
+``--cg host,device`` adds the device-resident CG (``apps/qcd/_solver.py``: alpha, beta and |r|^2 never leave
+the device, the host looks every ``--check-every`` iterations, an iteration is a CUDA graph where its halos
+need no host), with ``cg`` in each row; the summary gives its ratio to the host-driven loop.
+
+Targets (one GPU, ranks under MPS; the TCA paper's QUDA CG on RMA halos against MPI-3 RMA): dslash bandwidth
+>= 0.7 x the local copy; at 8^4 local on a 2x2 grid, rma <= 0.45 x mpi-rma per iteration and no slower than
+nvshmem.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -52,6 +63,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=7, help="timed loops of --iters iterations (default 7)")
     parser.add_argument("--bw-dim", nargs=4, type=int, default=None, metavar=("X", "Y", "Z", "T"),
                         help="lattice of the single-rank dslash bandwidth rows (default 32^4 on cuda, 8^4 on cpu)")
+    parser.add_argument("--cg", default="host",
+                        help="host, device or both: host,device (default host). device: the device-resident CG "
+                             "(alpha, beta, |r|^2 on the device, a CUDA graph per iteration where the halos need "
+                             "no host, the host looking every --check-every iterations)")
+    parser.add_argument("--check-every", type=int, default=10,
+                        help="iterations between the host's looks in the device-resident CG (default 10)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # a configuration's job: its JSON file
 
 
@@ -84,10 +101,31 @@ def run(args: argparse.Namespace) -> int:
     grids = _grids(args.grids)
     halos = _list(args.halos, HALO_EXCHANGES, "--halos")
     precs = _list(args.prec, tuple(PRECISIONS), "--prec")
+    args.cg_modes = _list(args.cg, ("host", "device"), "--cg")
     check_local(args.dim, "--dim")
     if args.samples < 1:
         raise ConfigError(f"--samples {args.samples} must be at least 1")
-    return _driver(args, grids, halos, precs)
+    if args.check_every < 1:
+        raise ConfigError(f"--check-every {args.check_every} must be at least 1")
+    _check_memory(args, grids)
+    from . import _driver as drv
+
+    with drv.text_to_stderr(args):  # the configurations' jobs print too
+        return _driver(args, grids, halos, precs)
+
+
+def _check_memory(args: argparse.Namespace, grids: list) -> None:
+    """The largest configuration's memory need, checked before anything runs (as qcd invert does)."""
+    import os
+
+    from ..apps.qcd.cli import check_memory
+    from ..backends import default_backend_name
+
+    backend = args.backend or os.environ.get("CIRCUSLINK_BACKEND") or default_backend_name()
+    local, grid = tuple(args.dim), max(grids, key=lambda g: int(np.prod(g)))
+    check_memory("bench qcd", {"local": local, "global": tuple(d * p for d, p in zip(local, grid, strict=True)),
+                               "nranks": int(np.prod(grid)), "backend": backend},
+                 "use a smaller local lattice (--dim) or fewer ranks (--grids)")
 
 
 # -- the outer process: floor, bandwidth rows, one job per configuration -------------------------------------
@@ -118,41 +156,50 @@ def _driver(args: argparse.Namespace, grids: list, halos: list[str], precs: list
     backend = world.backend.name
     on_gpu = world.device is not None
     world.close()
-    for prec in precs:
-        for grid in grids:
-            nranks = int(np.prod(grid))
-            for halo in (halos if nranks > 1 else ["none"]):
-                gtext = "x".join(map(str, grid))
-                if halo in NEEDS_GPU and not on_gpu:
-                    results.add(impl=halo, bytes=0, grid=gtext, prec=prec, nranks=nranks,
-                                skipped=f"--halo {halo} needs the cuda back-end")
-                    continue
-                drv.progress(f"qcd: {halo} on grid {gtext}, {prec}")
-                results.extend(_configuration(args, backend, grid, halo, prec, iters, warmup, samples, launcher))
-    drv.print_table(results.rows, ["impl", "grid", "prec", "time_per_iter_us", "time_us", "min_us", "halo_wait_share",
-                                   "gflops", "bandwidth_GBps", "copy_ratio", "skipped"],
-                    "qcd: CG iteration by halo exchange and grid; dslash bandwidth")
-    _summary(results.rows)
-    path = results.write_json(args.json)
-    print(f"results: {path}")
-    if args.plot:
-        rows = [dict(r, series=f"{r['impl']} ({r['prec']})") for r in results.rows
+    for cg, prec, grid in itertools.product(args.cg_modes, precs, grids):
+        nranks = int(np.prod(grid))
+        for halo in (halos if nranks > 1 else ["none"]):
+            gtext = "x".join(map(str, grid))
+            why = (f"--halo {halo} needs the cuda back-end" if halo in NEEDS_GPU and not on_gpu
+                   else "the device-resident CG runs double or single" if cg == "device" and prec == "half" else None)
+            if why:
+                results.add(impl=halo, bytes=0, grid=gtext, prec=prec, nranks=nranks, cg=cg, skipped=why)
+                continue
+            drv.progress(f"qcd: {halo} on grid {gtext}, {prec}, CG loop {cg}")
+            results.extend(_configuration(args, backend, grid, halo, prec, cg, iters, warmup, samples, launcher))
+
+    def text() -> None:
+        drv.print_table(results.rows, ["impl", "grid", "prec", "cg", "time_per_iter_us", "time_us", "min_us",
+                                       "dslash_us", "halo_us", "reduction_us", "vector_us", "gflops",
+                                       "bandwidth_GBps", "copy_ratio", "skipped"],
+                        "qcd: CG iteration by halo exchange and grid; dslash bandwidth", args)
+        _summary(results.rows)
+
+    def draw(path: str) -> None:
+        rows = [dict(r, series=f"{r['impl']} ({r['prec']}, CG loop {r.get('cg', 'host')})") for r in results.rows
                 if r.get("time_per_iter_us") and r["impl"] != "dslash"]
-        if rows:
-            drv.plot(rows, x="nranks", y="time_per_iter_us", group="series", path=args.plot, logx=False,
-                     title=f"CG iteration, {'x'.join(map(str, args.dim))} local lattice per rank",
-                     xlabel="ranks (grids " + ", ".join(results.meta["grids"]) + ")", ylabel="us per iteration")
+        drv.plot(rows, x="nranks", y="time_per_iter_us", group="series", path=path, logx=False,
+                 title=f"CG iteration, {'x'.join(map(str, args.dim))} local lattice per rank",
+                 xlabel="ranks (grids " + ", ".join(results.meta["grids"]) + ")", ylabel="us per iteration")
+
+    drv.finish(results, args, text, draw)
     return 0
 
 
 def _summary(rows: list[dict]) -> None:
     """The targets' ratios, where the rows exist."""
-    def find(impl: str, grid: str, prec: str) -> float | None:
+    def find(impl: str, grid: str, prec: str, cg: str = "host") -> float | None:
         for r in rows:
-            if r.get("impl") == impl and r.get("grid") == grid and r.get("prec") == prec and r.get("time_per_iter_us"):
+            if (r.get("impl"), r.get("grid"), r.get("prec"), r.get("cg", "host")) == (impl, grid, prec, cg) \
+                    and r.get("time_per_iter_us"):
                 return float(r["time_per_iter_us"])
         return None
 
+    for prec, grid, impl in itertools.product(("single", "double"), ("1x1x1x1", "2x1x1x1", "2x2x1x1"),
+                                              ("none", "rma", "rma-device")):
+        host, device = find(impl, grid, prec), find(impl, grid, prec, "device")
+        if host and device:
+            print(f"{grid} {impl}, {prec}: device-resident CG / host-driven CG per iteration = {device / host:.3f}")
     for prec in ("single", "double"):
         ours, mpi, nvs = (find(i, "2x2x1x1", prec) for i in ("rma", "mpi-rma", "nvshmem"))
         if ours and mpi:
@@ -218,18 +265,18 @@ def _dslash_bandwidth(world: Any, dims: tuple, prec: str, iters: int, samples: i
             "local_copy_GBps": copy, "nranks": 1}
 
 
-def _configuration(args: argparse.Namespace, backend: str, grid: tuple, halo: str, prec: str, iters: int,
+def _configuration(args: argparse.Namespace, backend: str, grid: tuple, halo: str, prec: str, cg: str, iters: int,
                    warmup: int, samples: int, launcher: Any) -> list[dict]:
     from ..apps.qcd._halo import NEEDS_MPIRUN
 
     nranks = int(np.prod(grid))
     gtext = "x".join(map(str, grid))
-    base = {"impl": halo, "bytes": 0, "grid": gtext, "prec": prec, "nranks": nranks}
+    base = {"impl": halo, "bytes": 0, "grid": gtext, "prec": prec, "nranks": nranks, "cg": cg}
     fd, out = tempfile.mkstemp(prefix="circuslink-bench-qcd-", suffix=".json")
     os.close(fd)
     worker = [sys.executable, "-m", "circuslink", "bench", "qcd", "--worker", out, "--grids", gtext, "--halos",
               "rma" if halo == "none" else halo, "--prec", prec, "--dim", *map(str, args.dim), "--iters", str(iters),
-              "--warmup", str(warmup), "--samples", str(samples)]
+              "--warmup", str(warmup), "--samples", str(samples), "--cg", cg, "--check-every", str(args.check_every)]
     env = dict(os.environ, CIRCUSLINK_BACKEND=backend, NCCL_NVLS_ENABLE="0", NVSHMEM_DISABLE_NVLS="1")
     if halo in NEEDS_MPIRUN:
         if not launcher.mpirun_available():
@@ -270,6 +317,8 @@ def _worker(args: argparse.Namespace) -> int:
 
     from ..apps import qcd
     from ..apps.qcd._operator import EVEN, ODD
+    from ..apps.qcd._phases import NO_PHASES
+    from ..apps.qcd._solver import _BatchedIterations
 
     world = circuslink.init(args.backend)
     grid = _grids(args.grids)[0]
@@ -282,7 +331,6 @@ def _worker(args: argparse.Namespace) -> int:
     U_local = qcd.scatter(world, lat, U, qcd.gauge_shape(local), lead=1)
     b_local = qcd.scatter(world, lat, b, qcd.spinor_shape(local))
     op = qcd.WilsonOperator(world, lat, U_local, _KAPPA, args.prec, halo)
-    d = op.d
     b_e, b_o = op.split(b_local)
     rhs = op.zeros()
     op.pack(b_o, ODD, False)
@@ -290,22 +338,41 @@ def _worker(args: argparse.Namespace) -> int:
     x, r, p, ap = op.zeros(), op.zeros(), op.zeros(), op.zeros()
     start, stop = _timer(world)
 
-    def iterations(n: int) -> float:
+    device = args.cg == "device"
+    # The device-resident loop: as a CUDA graph where it can be (timed), and without (marked for the split).
+    batched = {graph: _BatchedIterations(op, x, r, p, ap, 0.0, args.check_every, graph) for graph in (True, False)} \
+        if device else {}
+
+    def iterations(n: int, marked: bool = False) -> float:
         """n CG iterations from a fresh start; returns seconds (this rank)."""
         x[...] = 0
         r[...] = rhs
         p[...] = rhs
         op.pack(p, EVEN, False)
+        op.phases.mark(None)  # the split covers the timed iterations only, not this preparation
         rr = op.norm2(r)
+        if device:
+            it = batched[not marked]
+            it.restart(rr, 0.0)
         op.synchronize()
         world.barrier()
+        op.phases.mark(None)
         t0 = start()
-        for _ in range(n):
-            op.normal(ap, p)
-            alpha = rr / float(op.allreduce(d.redot(p, ap))[0])
-            rr_new = float(op.allreduce(d.axpy_norm(x, r, p, ap, alpha))[0])
-            d.xpay_pack(p, r, rr_new / rr, EVEN, False)
-            rr = rr_new
+        if device:
+            done = 0
+            while done < n:  # the host looks every --check-every iterations: one wait each
+                more, _ = it.run(n - done)
+                if more == 0:
+                    break
+                done += more
+        else:
+            for _ in range(n):
+                op.normal(ap, p)
+                alpha = rr / op.redot(p, ap)
+                rr_new = op.axpy_norm(x, r, p, ap, alpha)
+                op.xpay_pack(p, r, rr_new / rr, EVEN, False)
+                rr = rr_new
+        op.phases.mark(None)
         return stop(t0)
 
     iterations(max(1, args.warmup))
@@ -315,6 +382,16 @@ def _worker(args: argparse.Namespace) -> int:
         t = iterations(args.iters)
         times.append(t / args.iters)
         waits.append((op.halo_wait_seconds - w0) / t if t > 0 else 0.0)
+    # The split: the same loops with every phase marked (events on the GPU's stream, the host clock on cpu).
+    phases = op.new_phases()
+    op.time_phases(phases)
+    timed = [iterations(args.iters, marked=True) / args.iters for _ in range(args.samples)]
+    split = phases.totals()
+    op.time_phases(NO_PHASES)
+    names = sorted(split)
+    # The slowest rank's split (per-phase maxima over ranks would not add up to anyone's iteration).
+    mine = [split[n] / (args.samples * args.iters) for n in names] + [float(np.mean(timed))]
+    per_iter_split = max(world.allgather_object(mine), key=lambda v: v[-1])
     slowest = op.allreduce(world.xp.asarray(np.array(times, dtype=np.float64)), op="max")
     share = float(np.median(op.allreduce(world.xp.asarray(np.array(waits, dtype=np.float64)), op="max")))
     t = float(np.median(slowest))
@@ -324,7 +401,12 @@ def _worker(args: argparse.Namespace) -> int:
            "prec": args.prec, "nranks": world.size, "local": "x".join(map(str, local)),
            "lattice": "x".join(map(str, gdims)), "time_per_iter_us": t * 1e6, "min_us": float(slowest.min()) * 1e6,
            "halo_wait_share": share, "gflops": 2832 * volume / t / 1e9, "iters": args.iters,
-           "samples": args.samples, "launched_by": world.launched_by}
+           "samples": args.samples, "launched_by": world.launched_by,
+           **{f"{n}_us": v * 1e6 for n, v in zip(names, per_iter_split[:-1], strict=True)},
+           "timed_iter_us": float(per_iter_split[-1]) * 1e6,
+           "split_clock": "cuda events" if world.device is not None else "host",
+           "cg": ("device graph" if batched[True].graph else "device") if device else "host",
+           "check_every": args.check_every if device else None}
     op.close()
     if world.rank == 0:
         with open(args.worker, "w") as f:

@@ -35,15 +35,19 @@ RING_EXAMPLES = [(64, 4), (4096, 4), (1 << 16, 4), (1 << 20, 4), (16 << 20, 1)] 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", metavar="FILE", default=None, help="results file (default: ./resources-*.json)")
+    drv.add_output_arguments(parser, plot=False)
     parser.add_argument("--backend", choices=("cuda",), default="cuda", help="back-end (cuda only)")
 
 
 def run(args: argparse.Namespace) -> int:
     import circuslink as cl
 
+    from ..backends import cuda_device_count
     from ..channels import protocol as P
 
+    if cuda_device_count() == 0:  # there is no cpu form to offer: say so, before anything starts
+        raise BackendError("bench resources reads the register counts of kernels compiled for a GPU, and no GPU is "
+                           "visible on this machine")
     world = cl.init(args.backend)
     if not world.backend.runs_kernels:
         raise BackendError("bench resources reads a GPU compiler's register counts: it needs the cuda back-end")
@@ -62,12 +66,15 @@ def run(args: argparse.Namespace) -> int:
                       "handle_bytes": P.HANDLE.size})
     results.meta["rings"] = rings
     results.meta["sm_budget"] = world.sm_budget
-    drv.print_table(results.rows, ["impl", "threads", "registers_per_thread", "static_shared_bytes",
-                                   "local_bytes_per_thread", "occupies"],
-                    f"channel machinery per call form ({results.device})")
-    drv.print_table([dict(r, impl="ring", bytes=r["depth_bytes"]) for r in rings],
-                    ["bytes", "nslots", "chunk", "ring_bytes", "control_bytes", "handle_bytes"],
-                    "memory per channel at the default geometry (the ring lives in the receiver's memory)")
-    print(f"wrote {results.write_json(args.json)}")
+
+    def text() -> None:
+        drv.print_table(results.rows, ["impl", "threads", "registers_per_thread", "static_shared_bytes",
+                                       "local_bytes_per_thread", "occupies"],
+                        f"channel machinery per call form ({results.device})", args)
+        drv.print_table([dict(r, impl="ring", bytes=r["depth_bytes"]) for r in rings],
+                        ["bytes", "nslots", "chunk", "ring_bytes", "control_bytes", "handle_bytes"],
+                        "memory per channel at the default geometry (the ring lives in the receiver's memory)", args)
+
+    drv.finish(results, args, text)
     world.close()
     return 0

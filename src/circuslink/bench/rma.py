@@ -65,10 +65,13 @@ def _layout(layout: str, nbytes: int) -> tuple[int, int, int, int]:
 
 def run(args: argparse.Namespace) -> int:
     from .. import launcher
+    from . import _driver as drv
 
     if not launcher.inside_job():
         _yield_when_idle(args.nranks)
-        return launcher.relaunch_self(args.nranks, args.backend, prefer_mpirun=True, mps_mode=args.mps)
+        chains = max(_parse_chains(args.chains))  # a window holds a chain of writes to each neighbour, both ways
+        return launcher.relaunch_self(args.nranks, args.backend, prefer_mpirun=True, mps_mode=args.mps,
+                                      **drv.memory_per_rank(args, 4 * chains, 1 << 20))
     return _run_rank(args)
 
 
@@ -78,11 +81,9 @@ def _yield_when_idle(nranks: int) -> None:
     A rank spinning in MPI_Waitall or MPI_Finalize on a shared 2-core machine starves the
     peer it waits for. mpirun hands OMPI_MCA_* variables to the ranks; a value the user set wins.
     """
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    if cores < 2 * nranks:
+    from .._sysinfo import cores
+
+    if cores() < 2 * nranks:
         os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
 
 
@@ -144,19 +145,20 @@ def _run_rank(args: argparse.Namespace) -> int:
         bench.mpi_p2p()
         bench.nccl()
     if world.rank == 0:
-        drv.print_table(results.rows, ["impl", "layout", "chain", "bytes", "time_us", "throughput_GBps", "skipped"],
-                        "rma: start-to-wait per cycle")
-        path = results.write_json(args.json)
-        print(f"results: {path}")
-        if args.plot:
+        def draw(path: str) -> None:  # one panel per chain length
+            panels = []
             for chain in chains:
                 rows = [dict(r, series=f"{r['impl']} {r.get('layout', '')}") for r in results.rows
                         if r.get("chain") == chain and r.get("time_us")]
                 if rows:
-                    root, ext = os.path.splitext(args.plot)
-                    drv.plot(rows, x="bytes", y="time_us", group="series", path=f"{root}-chain{chain}{ext or '.png'}",
-                             title=f"RMA chain of {chain} writes, start-to-wait", xlabel="bytes per write",
-                             ylabel="us per cycle")
+                    panels.append(drv.panel(rows, "bytes", "time_us", "series",
+                                            f"RMA chain of {chain} writes, start-to-wait", "bytes per write",
+                                            "us per cycle"))
+            drv.figure(path, panels)
+
+        drv.finish(results, args, lambda: drv.print_table(
+            results.rows, ["impl", "layout", "chain", "bytes", "time_us", "throughput_GBps", "skipped"],
+            "rma: start-to-wait per cycle", args), draw)
     world.barrier()
     _end_of_job(world)
     return 0

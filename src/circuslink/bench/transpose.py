@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
 import sys
 import time
@@ -52,11 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .. import launcher
+    from . import _driver as drv
 
     if not launcher.inside_job():
         argv = ["bench", "transpose", *sys.argv[sys.argv.index("transpose") + 1:]] if "transpose" in sys.argv \
             else ["bench", "transpose"]
-        return launcher.relaunch_self(args.nranks, argv=argv, backend=args.backend)
+        return launcher.relaunch_self(args.nranks, argv=argv, backend=args.backend,
+                                      **drv.memory_per_rank(args, 6, _CPU_MAX))
     import circuslink
 
     world = circuslink.init(args.backend)
@@ -122,32 +123,34 @@ def _run_rank(world: Any, args: argparse.Namespace) -> int:
     finally:
         bench.close()
     if world.rank == 0:
-        drv.print_table([r for r in results.rows if r["impl"] != "model"],
-                        ["impl", "dtype", "bytes", "rows", "cols", "tile", "time_us", "time_min_us", "throughput_GBps",
-                         "vs_contiguous", "predicted_GBps"], "transpose: one put per rank per cycle (median)")
         model_rows = [r for r in results.rows if r["impl"] == "model"]
-        if model_rows:
-            drv.print_table(model_rows, ["dtype", "bytes", "tile", "predicted_GBps", "measured_GBps", "error_pct",
-                                         "in_fit", "pick"],
-                            "tile model: predicted against measured bandwidth per tile shape")
-            for note in results.meta.get("models", {}).values():
-                print(f"model {note['dtype']}: {note['constants']}; picks {note['pick']}, measured best "
-                      f"{note['best']}; worst error {note['worst_error_pct']:.1f}%")
-        path = results.write_json(args.json)
-        print(f"results: {path}")
-        if args.plot:
-            root, ext = os.path.splitext(args.plot)
-            ext = ext or ".png"
+
+        def text() -> None:
+            drv.print_table([r for r in results.rows if r["impl"] != "model"],
+                            ["impl", "dtype", "bytes", "rows", "cols", "tile", "time_us", "time_min_us",
+                             "throughput_GBps", "vs_contiguous", "predicted_GBps"],
+                            "transpose: one put per rank per cycle (median)", args)
+            if model_rows:
+                drv.print_table(model_rows, ["dtype", "bytes", "tile", "predicted_GBps", "measured_GBps", "error_pct",
+                                             "in_fit", "pick"],
+                                "tile model: predicted against measured bandwidth per tile shape", args)
+                for note in results.meta.get("models", {}).values():
+                    print(f"model {note['dtype']}: {note['constants']}; picks {note['pick']}, measured best "
+                          f"{note['best']}; worst error {note['worst_error_pct']:.1f}%")
+
+        def draw(path: str) -> None:
             rows = [dict(r, series=f"{r['impl']} {r['dtype']}") for r in results.rows
                     if r["impl"] != "model" and r.get("throughput_GBps")]
-            drv.plot(rows, x="bytes", y="throughput_GBps", group="series", path=f"{root}{ext}",
-                     title=f"transposing put vs contiguous put ({world.backend.name}, {world.size} ranks)",
-                     xlabel="block bytes", ylabel="GB/s (median)")
+            panels = [drv.panel(rows, "bytes", "throughput_GBps", "series",
+                                f"transposing put vs contiguous put ({world.backend.name}, {world.size} ranks)",
+                                "block bytes", "GB/s (median)")]
             if model_rows:
-                drv.plot(model_rows, x="predicted_GBps", y="measured_GBps", group="dtype", path=f"{root}-model{ext}",
-                         title="tile model: predicted vs measured per tile", xlabel="predicted GB/s",
-                         ylabel="measured GB/s", logx=False, logy=False)
-            print(f"plots: {root}{ext}" + (f", {root}-model{ext}" if model_rows else ""))
+                panels.append(drv.panel(model_rows, "predicted_GBps", "measured_GBps", "dtype",
+                                        "tile model: predicted vs measured per tile", "predicted GB/s",
+                                        "measured GB/s", logx=False, logy=False))
+            drv.figure(path, panels)
+
+        drv.finish(results, args, text, draw)
     world.barrier()
     return 0
 

@@ -12,10 +12,11 @@
 ``channels[name]`` is the end living on this rank: a :class:`Sender` or a :class:`Receiver` (host
 objects); kernels get ``end.device_handle()``, the by-value device handle ``circuslink::Sender<T>`` /
 ``Receiver<T>`` of ``circuslink/channel.cuh``. A spec can also be built in Python from
-:class:`Link` records (``open(world, [Link(...), ...])``). The protocol is in docs/protocol.md; the
-back-end modules are ``channels._cpu`` (the reference) and ``channels._cuda``. Memory comes from the
-transport that maps it inside a node (``circuslink.transport.map_memory``: ipc); routes between nodes cross
-relays (``circuslink.transport.open_relays``), whatever transport carries them.
+:class:`Link` records (``open(world, [Link(...), ...])``), and :func:`open_halo` opens the channels toward
+every neighbour of a process grid in one call, indexed by direction (``circuslink/halo.cuh``). The protocol
+is in docs/protocol.md; the back-end modules are ``channels._cpu`` (the reference) and ``channels._cuda``.
+Memory comes from the transport that maps it inside a node (``circuslink.transport.map_memory``: ipc); routes
+between nodes cross relays (``circuslink.transport.open_relays``), whatever transport carries them.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from typing import Any
 from .._config import default_timeout, resolve_timeout
 from ..errors import ConfigError
 from ._ends import Channels, Receiver, Sender
+from ._halo import DIRECTIONS, Halo, open_halo
 from ._model import ElementType, Link, Spec, element_type, struct_type
 from ._plan import OPTIONS, Plan
 from ._routed import RELAY_SLOTS_DEFAULT, mapped_neighbours
 
-__all__ = ["OPTIONS", "Channels", "ElementType", "Link", "Receiver", "Sender", "Spec", "element_type", "open",
-           "struct_type"]
+__all__ = ["DIRECTIONS", "OPTIONS", "Channels", "ElementType", "Halo", "Link", "Receiver", "Sender", "Spec",
+           "element_type", "open", "open_halo", "struct_type"]
 
 
 def _as_spec(spec_or_links: Any, nranks: int) -> Spec:
@@ -89,10 +91,13 @@ def open(world: Any, spec_or_links: Any, timeout: float | None = None,  # noqa: 
         topo.check_nodes(world.nodes, world.describe_nodes())  # memory is mapped only inside the job's nodes
     relay_opts = _relay_options(relay)
     plan = Plan(spec.links, options or {}, topo, vcs, bool(allow_cycles), link_slots, relay_opts["nslots"])
-    digests = world.allgather_object((plan.digest(), tuple(sorted(relay_opts.items()))), host_timeout)
+    gathered = world.allgather_object((plan.digest(), tuple(sorted(relay_opts.items())),
+                                       world.backend.device_identity), host_timeout)
+    digests = [g[:2] for g in gathered]
     if len(set(digests)) != 1:
         groups = ", ".join(f"rank {r}: {d[0]}" for r, d in enumerate(digests))
         raise ConfigError(f"channels.open is collective and needs the same spec and options on every rank ({groups})")
+    one_gpu = shares_one_gpu([g[2] for g in gathered])
     router = plan.router
     if router is not None and router.relay_pairs:
         _check_network_possible(world, plan)
@@ -107,7 +112,7 @@ def open(world: Any, spec_or_links: Any, timeout: float | None = None,  # noqa: 
             relays = transport.open_relays(world, router.relay_pairs, nslots=geo.nslots, chunk=geo.chunk,
                                            ll_max=geo.ll_max, batch=relay_opts["batch"], timeout=host_timeout,
                                            spin=relay_opts["spin"], transport=router.relay_transports or None)
-        channels = Channels(world, spec, plan, buf, timeout_s, host_timeout, relays)
+        channels = Channels(world, spec, plan, buf, timeout_s, host_timeout, relays, one_gpu=one_gpu)
     except BaseException:
         if relays is not None:
             relays.release_local()
@@ -115,6 +120,12 @@ def open(world: Any, spec_or_links: Any, timeout: float | None = None,  # noqa: 
         raise
     world.barrier(host_timeout)
     return channels
+
+
+def shares_one_gpu(identities: list[str | None]) -> bool:
+    """Whether every rank's memory is on one GPU (ranks under MPS): then bulk packets need only .gpu-scoped
+    fences (docs/protocol.md). ``identities``: each rank's ``backend.device_identity`` (None without a GPU)."""
+    return bool(identities) and identities[0] is not None and len(set(identities)) == 1
 
 
 _RELAY_KEYS = ("nslots", "batch", "spin")

@@ -1,4 +1,4 @@
-"""The cuda engine of the channels: device handles, and the host API through one-block kernels.
+"""The cuda back-end module of the channels: device handles, and the host API through one-block kernels.
 
 ``write`` / ``read`` launch one block of ``host_kernels.cu`` (the same device calls users' kernels
 make) on the world's stream, wait for it (bounded, through the back-end), and turn an error the
@@ -45,7 +45,8 @@ def make_handle(channels: Any, link: Any, geo: P.RingGeometry, lay: Any, kind: s
         timeout_ns=int(channels.timeout * 1e9),
         nslots=geo.nslots, slot_bytes=geo.slot_bytes, chunk=geo.chunk,
         route=P.route_of(link.recv_id, link.dst_rank), ll_max=geo.ll_max,
-        channel_id=link.send_id if kind == "send" else link.recv_id)
+        channel_id=link.send_id if kind == "send" else link.recv_id,
+        flags=P.HANDLE_GPU_SCOPE if channels.one_gpu else 0)
 
 
 class CudaEnd:

@@ -122,8 +122,9 @@ class Channels(Resource):
     _kind = "set of channels"
 
     def __init__(self, world: Any, spec: Any, plan: Any, buf: Any, timeout_s: float, host_timeout_s: float,
-                 relays: Any = None) -> None:
+                 relays: Any = None, one_gpu: bool = False) -> None:
         self._world = world
+        self.one_gpu = one_gpu  # every rank on one GPU: device fences at .gpu scope (docs/protocol.md)
         self.world = world
         self.spec = spec
         self._plan = plan
@@ -207,9 +208,8 @@ class Channels(Resource):
         most = backend.max_blocks(kernel, threads, shared_bytes)
         if self._router is None or not backend.sm_budget or backend.sm_budget < 2:
             return most
-        reserved = 1 + (self._relays.device_blocks if self._relays is not None else 0)
-        per_sm = max(1, most // backend.sm_budget)
-        return max(1, (backend.sm_budget - min(reserved, backend.sm_budget - 1)) * per_sm)
+        reserved = min(1 + (self._relays.device_blocks if self._relays is not None else 0), backend.sm_budget - 1)
+        return max(1, most * (backend.sm_budget - reserved) // backend.sm_budget)  # the bound scaled to fewer SMs
 
     @property
     def relays(self) -> Any:
@@ -274,12 +274,18 @@ class Channels(Resource):
         """The device waits' limit in nanoseconds (0: none), for a kernel's own waits (``grid_sync``)."""
         return int(self.timeout * 1e9)
 
-    def wait_kernel(self, stream: Any, what: Any) -> None:
-        """Wait, bounded by :attr:`kernel_wait_s`, for ``stream``'s kernels that use these channels, then
-        raise the first error device code recorded on this rank's ends (it names the channel and the
-        wait). ``what`` (a string or a function) names the kernel if the host's limit runs out first."""
+    def wait_kernel(self, stream: Any = None, what: Any = None) -> None:
+        """Wait, bounded by :attr:`kernel_wait_s`, for ``stream``'s kernels that use these channels (default:
+        the caller's current CuPy stream), then raise the first error device code recorded on this rank's
+        ends (it names the channel and the wait). ``what`` (a string or a function) names the kernel if the
+        host's limit runs out first; on that time-out the host aborts every device wait of this process."""
+        backend = self._world.backend
+        if stream is None and backend.runs_kernels:
+            stream = backend.xp.cuda.get_current_stream()
+        if what is None:
+            what = f"a kernel using channels on rank {self._world.rank}"
         try:
-            self._world.backend.wait_stream(stream, self.kernel_wait_s, what)
+            backend.wait_stream(stream, self.kernel_wait_s, what)
         finally:
             self.check()
 

@@ -243,12 +243,14 @@ class Agent:
         w[head + 3] = flag
 
     def _wait_units(self, inp: _In, q: int, units: np.ndarray, want: int) -> None:
-        deadline = time.monotonic() + (self.timeout_s or 3600.0)
-        while not np.all(units[:, 1] == want):
-            if time.monotonic() > deadline:
-                raise AgentError(f"rank {self.rank}: {self._name(inp)} packet {q}: its header arrived but its "
-                                 f"data did not within {self.timeout_s:g} s")
-            time.sleep(0)
+        from .._wait import wait_until
+        from ..errors import TimeoutError
+
+        try:
+            wait_until(lambda: bool(np.all(units[:, 1] == want)), self.timeout_s or 3600.0, "packet units")
+        except TimeoutError:
+            raise AgentError(f"rank {self.rank}: {self._name(inp)} packet {q}: its header arrived but its "
+                             f"data did not within {self.timeout_s:g} s") from None
 
     def _consumed(self, inp: _In, q: int) -> None:
         """Hand input packet q back to its writer: its slot credit (injection rings) and the in-order count."""

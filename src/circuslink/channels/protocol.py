@@ -28,6 +28,7 @@ REWRITE_PERIOD = 1 << 31  # the first lap after every multiple rewrites every un
 
 MIN_CHUNK = 256
 MAX_CHUNK = 1 << 20
+MAX_RING_BYTES = (1 << 32) - 1  # slot offsets are 32-bit on the device
 # Writes of up to this many bytes travel as low-latency packets, larger ones as bulk packets: where
 # the two cost the same one-way time, measured by `circuslink bench pingpong` (its "switch" rows).
 LL_MAX_DEFAULT = 1024
@@ -45,6 +46,7 @@ ERR_DATA_TIMEOUT = 1
 ERR_CREDIT_TIMEOUT = 2
 ERR_MISUSE = 3
 ERR_ABORTED = 4
+ERR_CLAIMED = 0xFFFFFFFF  # a record whose fields are being written (the device publishes the code last)
 ERROR_TEXT = {
     ERR_DATA_TIMEOUT: "waited for data (packet seq {seq}) from its sender",
     ERR_CREDIT_TIMEOUT: "waited for credits (to write packet seq {seq}): its reader stopped consuming",
@@ -59,7 +61,11 @@ FLAG_MASK = 0xFFFFFFFF
 HANDLE = abi.Struct("circuslink::detail::ChannelHandle", "circuslink/detail/channel_types.cuh", [
     ("ring", abi.PTR), ("credit", abi.PTR), ("slot_credit", abi.PTR), ("state", abi.PTR), ("error", abi.PTR),
     ("abort", abi.PTR), ("timeout_ns", abi.U64), ("nslots", abi.U32), ("slot_bytes", abi.U32),
-    ("chunk", abi.U32), ("route", abi.U32), ("ll_max", abi.U32), ("channel_id", abi.U32)])
+    ("chunk", abi.U32), ("route", abi.U32), ("ll_max", abi.U32), ("channel_id", abi.U32), ("flags", abi.U32),
+    ("reserved", abi.U32)])
+# ChannelHandle.flags: every rank the channel's packets touch is on one GPU, so bulk packets fence at .gpu
+# scope instead of .sys (a handle without it is always safe: links in host memory, peers on other GPUs)
+HANDLE_GPU_SCOPE = 1
 HANDLE_DTYPE = HANDLE.dtype
 SEND_STATE = abi.Struct("circuslink::detail::SendState", "circuslink/detail/channel_types.cuh", [
     ("seq", abi.U64), ("credit_cache", abi.U64), ("departed", abi.U32), ("pad", abi.U32)])
@@ -134,7 +140,13 @@ def geometry(depth: int, element_bytes: int, nslots: int | None = None, chunk: i
         nslots = max(4, _next_pow2(-(-ring_payload // chunk)), _next_pow2(-(-ll_bytes // LL_PAYLOAD)))
     elif not isinstance(nslots, int) or nslots < 2 or nslots & (nslots - 1) or nslots > (1 << 24):
         raise ConfigError(f"channel {name}: nslots {nslots!r} must be a power of two in 2..2^24")
-    return RingGeometry(nslots, chunk, ll_max)
+    geo = RingGeometry(nslots, chunk, ll_max)
+    if geo.ring_bytes > MAX_RING_BYTES:
+        # the device computes slot offsets in 32 bits (detail/channel_impl.cuh, slot_of)
+        raise ConfigError(f"channel {name}: a ring of {nslots} slots of {geo.slot_bytes} bytes is "
+                          f"{geo.ring_bytes} bytes; rings hold at most {MAX_RING_BYTES} (4 GiB - 1): "
+                          "give fewer slots, a smaller chunk or a smaller depth")
+    return geo
 
 
 def _align(n: int, a: int) -> int:

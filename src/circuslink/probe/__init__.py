@@ -23,6 +23,9 @@ from typing import Any
 
 from .._config import default_timeout
 from ..errors import TimeoutError
+from ..results import progress
+
+_PROGRESS_EVERY_S = 3.0  # a probe of many ranks says which pair it measures, this often
 
 # The reference machine: 2 x H200 joined by 18 NVLinks, measured 2026-11-22 (BENCHMARKS.md).
 REFERENCE_H200_NV18 = {
@@ -35,6 +38,15 @@ REFERENCE_H200_NV18 = {
     "lat_pull_us": 0.96,
 }
 METRICS = list(REFERENCE_H200_NV18)
+
+
+def buffer_bytes(runs_kernels: bool, quick: bool) -> int:
+    """The bytes each rank's probe buffer holds (its bandwidths copy this much): 1 GiB on a GPU (256 MiB with
+    --quick), 64 MiB on the cpu (8 MiB). Each rank also holds one more buffer as large (its data, or its local
+    copy), which the command counts in its memory check before any rank starts."""
+    if runs_kernels:
+        return (256 << 20) if quick else (1 << 30)
+    return (8 << 20) if quick else (64 << 20)
 _BANDWIDTH_TOLERANCE = 0.05
 _LATENCY_TOLERANCE = 0.10
 
@@ -59,7 +71,11 @@ def measure(world: Any, quick: bool = False, pairs: list[tuple[int, int]] | None
             print(f"circuslink probe: warning: {describe_shared_gpus(sharing)}; {SHARED_GPU_NOTE}", file=sys.stderr)
     try:
         results = []
-        for a, b in pairs:
+        last_note = time.monotonic()
+        for i, (a, b) in enumerate(pairs):
+            if world.rank == 0 and len(pairs) > 2 and time.monotonic() - last_note > _PROGRESS_EVERY_S:
+                last_note = time.monotonic()
+                progress(f"probe: pair {a} -> {b} ({i + 1} of {len(pairs)})")
             row = {"a": a, "b": b, "bytes": impl.nbytes}
             row.update(impl.measure_pair(a, b))
             results.append(row)
@@ -93,9 +109,10 @@ def _mps_active(world: Any) -> bool:
 
 
 def _is_reference_machine(floor: dict) -> bool:
-    from ..backends import uses_gpus
+    from ..backends import BACKENDS, runs_kernels
 
-    return uses_gpus(floor.get("backend", "cpu")) and "H200" in floor.get("device", "") and not floor.get("shared_gpus")
+    gpu = floor.get("backend") in BACKENDS and runs_kernels(floor["backend"])
+    return gpu and "H200" in floor.get("device", "") and not floor.get("shared_gpus")
 
 
 def check_against_reference(floor: dict) -> list[str]:
@@ -128,12 +145,15 @@ def _table(floor: dict) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from .._argtypes import output_file_or_stdout
     from ..backends import BACKENDS
 
     p.add_argument("-n", "--nranks", type=_ranks, default=None,
                    help="ranks to probe, at least 2 (default: one per GPU on cuda, at least 2; 2 on cpu)")
     p.add_argument("--backend", choices=BACKENDS, help="back-end (default: cuda if a GPU is there, else cpu)")
-    p.add_argument("--json", metavar="FILE", help="write the figures as JSON (the results format of every benchmark)")
+    p.add_argument("--json", metavar="FILE", nargs="?", const="-", default=None, type=output_file_or_stdout,
+                   help="write the figures as JSON (the results format of every benchmark) to FILE; '-' or no FILE: "
+                        "to standard output, the table going to standard error (default: no file)")
     p.add_argument("--quick", action="store_true", help="smaller buffers and fewer repetitions")
     p.add_argument("--mps", choices=("auto", "on", "off"), default="auto",
                    help="ranks that share a GPU run under CUDA MPS: auto (default), on, off")
@@ -158,11 +178,13 @@ def run(args: argparse.Namespace) -> int:
     from ..launcher import inside_job, relaunch_self
 
     if not inside_job():
-        from ..backends import cuda_device_count, default_backend_name, uses_gpus
+        from ..backends import cuda_device_count, default_backend_name, runs_kernels
 
         backend = args.backend or default_backend_name()
-        n = args.nranks or (max(2, cuda_device_count()) if uses_gpus(backend) else 2)
-        return relaunch_self(n, backend, mps_mode=args.mps)
+        gpu = runs_kernels(backend)
+        n = args.nranks or (max(2, cuda_device_count()) if gpu else 2)
+        need = 2 * buffer_bytes(gpu, args.quick)  # the buffer, and the data or the local copy beside it
+        return relaunch_self(n, backend, mps_mode=args.mps, rank_bytes=0 if gpu else need, gpu_bytes=need if gpu else 0)
     from .. import init
 
     world = init(args.backend)
@@ -182,7 +204,8 @@ def run(args: argparse.Namespace) -> int:
             for r in floor["pairs"]:
                 res.add(impl="floor", **r)
             path = res.write_json(args.json)
-            print(f"wrote {path}")
+            if path != "-":
+                print(f"wrote {path}")
         if args.check and not _is_reference_machine(floor):
             print(f"circuslink probe: --check: no reference figures for {floor['device']} on the "
                   f"{floor['backend']} back-end{' with ranks sharing a GPU' if floor.get('shared_gpus') else ''}; "

@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 
 from .._config import default_timeout
-from . import _stall
+from . import _stall, buffer_bytes
 
 
 class Probe:
     def __init__(self, world: Any, quick: bool) -> None:
         self.world = world
-        self.nbytes = (8 << 20) if quick else (64 << 20)
+        self.nbytes = buffer_bytes(False, quick)
         self.reps = 3 if quick else 5
         self.iters = 200 if quick else 2000
         self.buf = world.alloc(self.nbytes + 4096)

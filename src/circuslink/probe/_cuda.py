@@ -9,7 +9,7 @@ import numpy as np
 
 from .._config import default_timeout
 from ..device_code import compile as compile_device
-from . import _stall
+from . import _stall, buffer_bytes
 
 _KERNELS = Path(__file__).with_name("probe_kernels.cu")
 _THREADS = 512
@@ -23,7 +23,7 @@ class Probe:
         self.cp = cp
         self.world = world
         self.stream = world.backend.stream
-        self.nbytes = (256 << 20) if quick else (1 << 30)
+        self.nbytes = buffer_bytes(True, quick)
         self.reps = 3 if quick else 5
         self.iters = 2000 if quick else 10000
         self.launches = 3 if quick else 5

@@ -84,6 +84,16 @@ class _End:
     def is_sender(self) -> bool:
         return self.write_to is not None
 
+    @property
+    def subject(self) -> str:
+        """How a message names this end: ``channel 'x'``, or ``<channel>`` when it has no (valid) name."""
+        return f"channel '{self.name}'" if self.name else "<channel>"
+
+    @property
+    def called(self) -> str:
+        """This end inside another end's message: ``'x'``, or ``(no name)``."""
+        return f"'{self.name}'" if self.name else "(no name)"
+
 
 class _Problems:
     """Collects ``FILE:LINE: subject: field 'f': message`` lines, reported in line order."""
@@ -414,7 +424,7 @@ def _parse_ends(root: _Node, structs: dict[str, ElementType], problems: _Problem
             if end.end_id in ids:
                 other = ids[end.end_id]
                 problems.add(end.lines["id"], subject, "id",
-                             f"duplicate ID {end.end_id}: also used by channel '{other.name}' on line {other.line}")
+                             f"duplicate ID {end.end_id}: also used by {other.subject} on line {other.line}")
             else:
                 ids[end.end_id] = end
         ends.append(end)
@@ -436,11 +446,11 @@ def _pair(ends: list[_End], problems: _Problems) -> list[Link]:
         r = by_id.get(s.write_to)
         if r is None:
             if not unreadable_id:
-                problems.add(s.lines["write-to"], f"channel '{s.name}'", "write-to",
+                problems.add(s.lines["write-to"], s.subject, "write-to",
                              f"dangling: no channel end has ID {s.write_to}")
         elif r.is_sender:
-            problems.add(s.lines["write-to"], f"channel '{s.name}'", "write-to",
-                         f"ID {s.write_to} is sender end '{r.name}' (line {r.line}); write-to must name a "
+            problems.add(s.lines["write-to"], s.subject, "write-to",
+                         f"ID {s.write_to} is sender end {r.called} (line {r.line}); write-to must name a "
                          f"receiver end (one with read-from)")
         elif r.read_from is not None:  # else the receiver's own problem was reported already
             targets.setdefault(s.write_to, []).append(s)
@@ -454,12 +464,12 @@ def _pair(ends: list[_End], problems: _Problems) -> list[Link]:
                 continue
             first = partner or senders[0]
             if s is not first:
-                problems.add(s.lines["write-to"], f"channel '{s.name}'", "write-to",
-                             f"receiver '{r.name}' (line {r.line}) already has sender '{first.name}' "
+                problems.add(s.lines["write-to"], s.subject, "write-to",
+                             f"receiver {r.called} (line {r.line}) already has sender {first.called} "
                              f"(line {first.line}); a receiver takes exactly one sender")
             elif s.end_id is not None:
-                problems.add(s.lines["write-to"], f"channel '{s.name}'", "write-to",
-                             f"receiver '{r.name}' (line {r.line}) reads from ID {r.read_from}, not from this "
+                problems.add(s.lines["write-to"], s.subject, "write-to",
+                             f"receiver {r.called} (line {r.line}) reads from ID {r.read_from}, not from this "
                              f"end's ID {s.end_id}")
         if partner is not None:
             pairs.append((partner, r))
@@ -468,7 +478,7 @@ def _pair(ends: list[_End], problems: _Problems) -> list[Link]:
         if r.read_from is None:
             continue
         s = by_id.get(r.read_from)
-        subject = f"channel '{r.name}'"
+        subject = r.subject
         if s is None:
             if not unreadable_id:
                 problems.add(r.lines["read-from"], subject, "read-from",
@@ -476,19 +486,19 @@ def _pair(ends: list[_End], problems: _Problems) -> list[Link]:
         elif not s.is_sender:
             if s.read_from is not None:  # an end with neither field was reported already
                 problems.add(r.lines["read-from"], subject, "read-from",
-                             f"ID {r.read_from} is receiver end '{s.name}' (line {s.line}); read-from must name "
+                             f"ID {r.read_from} is receiver end {s.called} (line {s.line}); read-from must name "
                              f"a sender end (one with write-to)")
         elif r.end_id is not None and s.write_to != r.end_id and s.write_to in by_id:
             problems.add(r.lines["read-from"], subject, "read-from",
-                         f"sender '{s.name}' (line {s.line}) writes to ID {s.write_to}, not to this end's "
+                         f"sender {s.called} (line {s.line}) writes to ID {s.write_to}, not to this end's "
                          f"ID {r.end_id}")
 
     links: list[Link] = []
     order = {id(e): i for i, e in enumerate(ends)}
     for s, r in sorted(pairs, key=lambda pair: order[id(pair[0])]):
         if s.element is not None and r.element is not None and not s.element.same_layout(r.element):
-            problems.add(r.lines.get("type", r.line), f"channel '{r.name}'", "type",
-                         f"{r.element.name} ({r.element.width_bits} bits) does not match sender '{s.name}' "
+            problems.add(r.lines.get("type", r.line), r.subject, "type",
+                         f"{r.element.name} ({r.element.width_bits} bits) does not match sender {s.called} "
                          f"(line {s.line}): {s.element.name} ({s.element.width_bits} bits)")
             continue
         if None in (s.element, r.element, s.rank, r.rank, s.name, r.name) or \
@@ -498,7 +508,7 @@ def _pair(ends: list[_End], problems: _Problems) -> list[Link]:
         depth = max(depths) if depths else DEFAULT_DEPTH
         if depth * s.element.nbytes > MAX_RING_BYTES:
             deepest = s if s.depth == depth else r
-            problems.add(deepest.lines.get("depth", deepest.line), f"channel '{deepest.name}'", "depth",
+            problems.add(deepest.lines.get("depth", deepest.line), deepest.subject, "depth",
                          f"{depth} x {s.element.nbytes} bytes is more than {MAX_RING_BYTES >> 30} GiB of ring")
             continue
         links.append(Link(name=s.name, receiver_name=r.name, send_id=s.end_id, recv_id=r.end_id,
@@ -591,7 +601,7 @@ def _check_topology(topo: _topology.Topology, ends: list[_End], links: list[Link
     for e in ends:
         if e.rank is not None and e.rank >= topo.size:
             outside.add(e.name)
-            problems.add(e.lines.get("rank", e.line), f"channel '{e.name}'", "rank",
+            problems.add(e.lines.get("rank", e.line), e.subject, "rank",
                          f"{e.rank} is outside the topology {topo.name} (ranks 0..{topo.size - 1})")
     kept = []
     for link in links:
@@ -599,8 +609,8 @@ def _check_topology(topo: _topology.Topology, ends: list[_End], links: list[Link
             continue
         if not topo.reachable(link.src_rank, link.dst_rank):
             s, r = by_name[link.name], by_name[link.receiver_name]
-            problems.add(r.lines.get("rank", r.line), f"channel '{r.name}'", "rank",
-                         f"rank {topo.label(link.dst_rank)} is unreachable from sender '{s.name}' (rank "
+            problems.add(r.lines.get("rank", r.line), r.subject, "rank",
+                         f"rank {topo.label(link.dst_rank)} is unreachable from sender {s.called} (rank "
                          f"{topo.label(link.src_rank)}, line {s.line}) on topology {topo.name}")
             continue
         kept.append(link)

@@ -19,6 +19,7 @@ import os
 import sys
 from collections.abc import Callable
 
+from .._argtypes import output_file_or_stdout
 from ..errors import Error
 from . import LINK_KIND_NAMES, LINK_NETWORK, parse
 from . import check as check_routing
@@ -43,8 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="virtual channels: 1 or 2 on rings and tori (default 2, dateline), 1 on lines and "
                             "meshes, 1..max hops on graphs (default 1; more: hop classes); on nodes the inner "
                             "topology's count times 1 or 2 classes")
-        p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
-                       help="write the result as JSON to FILE (alone: print JSON instead of text)")
+        p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE", type=output_file_or_stdout,
+                       help="write the result as JSON to FILE; '-' or no FILE: to standard output instead of text")
     show.add_argument("--from", dest="src", default=None, metavar="A", help="path from node A (a name or rank)")
     show.add_argument("--to", dest="dst", default=None, metavar="B", help="path to node B (a name or rank)")
     show.add_argument("--rank", default=None, metavar="R", help="print only rank R's table")

@@ -20,7 +20,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..errors import BackendError, CompileError
@@ -132,13 +132,15 @@ def find_mpi_cxx() -> list[str]:
 
 
 def build_cached(kind: str, name: str, source: Path, command: Callable[[Path], list[str]], suffix: str = ".so",
-                 what: str | None = None, folder: Path | None = None, force: bool = False) -> Path:
+                 what: str | None = None, folder: Path | None = None, force: bool = False,
+                 includes: Sequence[Path] = (), timeout: float = COMPILE_TIMEOUT_S) -> Path:
     """Build ``source`` with ``command(output)`` into ``cache_dir(kind)/<name>-<hash><suffix>`` (or ``folder``; the
-    hash covers the source and the command) unless it is there (``force``: build anyway); return the path. Ranks
-    that start together build it once: the first takes a lock, the others wait on it and find the file. A failed
-    build is one line plus the log."""
+    hash covers the source, the files it ``includes`` and the command) unless it is there (``force``: build
+    anyway); return the path. Ranks that start together build it once: the first takes a lock, the others wait on
+    it and find the file. A build that fails or outlasts ``timeout`` seconds is one line plus the log."""
     folder = folder or cache_dir(kind)
-    digest = hashlib.sha256(source.read_bytes() + "\0".join(command(Path("OUT"))).encode()).hexdigest()[:16]
+    text = source.read_bytes() + b"".join(p.read_bytes() for p in includes)
+    digest = hashlib.sha256(text + "\0".join(command(Path("OUT"))).encode()).hexdigest()[:16]
     target = folder / f"{name}-{digest}{suffix}"
     if target.is_file() and not force:
         return target
@@ -155,11 +157,10 @@ def build_cached(kind: str, name: str, source: Path, command: Callable[[Path], l
         tmp = Path(tmp_name)
         cmd = command(tmp)
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             tmp.unlink(missing_ok=True)
-            raise CompileError(f"{cmd[0]} did not finish building {source.name} within {COMPILE_TIMEOUT_S:g} s") \
-                from None
+            raise CompileError(f"{cmd[0]} did not finish building {source.name} within {timeout:g} s") from None
         if proc.returncode != 0:
             tmp.unlink(missing_ok=True)
             log = (proc.stderr or proc.stdout).strip()

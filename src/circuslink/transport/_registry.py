@@ -51,15 +51,15 @@ def get(name: str) -> type[Transport]:
     return cls
 
 
-def register(name: str, cls: type[Transport]) -> type[Transport]:
-    """Register ``cls`` under ``name`` (a transport outside this package: a plug-in, a test's fake)."""
+def register(name: str, transport_class: type[Transport]) -> type[Transport]:
+    """Register ``transport_class`` under ``name`` (a transport outside this package: a plug-in, a test's fake)."""
     if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
         raise ConfigError(f"transport name {name!r} must be a short word")
-    cls.name = name
-    _registered[name] = cls
+    transport_class.name = name
+    _registered[name] = transport_class
     if name not in _order:
         _order.append(name)
-    return cls
+    return transport_class
 
 
 def unregister(name: str) -> None:

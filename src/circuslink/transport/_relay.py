@@ -102,7 +102,7 @@ class Relay:
             error=base + lay.ctrl + (P.CTRL_SEND_ERROR if kind == "send" else P.CTRL_RECV_ERROR),
             abort=self._group.world.backend.abort_ptr, timeout_ns=int(self.timeout * 1e9),
             nslots=geo.nslots, slot_bytes=geo.slot_bytes, chunk=geo.chunk, route=route, ll_max=geo.ll_max,
-            channel_id=channel_id)
+            channel_id=channel_id, flags=0)  # never HANDLE_GPU_SCOPE: a host thread or a peer reads these rings
 
     def device_error(self) -> None:
         """Raise :class:`ChannelError` for an error a device agent recorded on either ring (after the
@@ -113,7 +113,8 @@ class Relay:
             words = [int(x) for x in error[:4]]
             if words[0] != P.ERR_NONE:
                 seq = words[2] | (words[3] << 32)
-                raise ChannelError(f"{self.describe()}: the {what} {P.ERROR_TEXT[words[0]].format(seq=seq)}")
+                text = P.ERROR_TEXT.get(words[0], "failed (error code {code})").format(seq=seq, code=words[0])
+                raise ChannelError(f"{self.describe()}: the {what} {text}")
 
     def tell_agents(self, sent: int, received: int) -> None:
         """Record ERR_ABORTED in the agents' ends (out ring: the writer; in ring: the reader), so device and host

@@ -56,6 +56,7 @@ constexpr u32 kKindBulk = 0x80000000u;
 constexpr u32 kSizeMask = 0x00FFFFFFu;
 constexpr u64 kRewritePeriod = 1ull << 31;
 constexpr u32 kErrAborted = 4;    // channel protocol's ERR_ABORTED
+constexpr u32 kErrClaimed = 0xFFFFFFFFu;  // ERR_CLAIMED: a record whose fields are being written
 constexpr int kSpinPolls = 2000;
 
 std::mutex g_mpi;  // every MPI call of the process: this thread's, and Python's through MpiLock
@@ -678,7 +679,10 @@ void tell_agents(Peer& p) {
   if (!p.has_relay) return;
   const std::pair<u32*, u64> ends[2] = {{p.out.send_error, p.out_seq}, {p.in.recv_error, p.in_seq}};
   for (const auto& [err, seq] : ends) {
-    if (ld32(err) != 0) continue;
+    // Claim the record as a device end does (detail/channel_impl.cuh, record_error): the first failure wins,
+    // and the code, published last, tells a reader the fields are there.
+    u32 none = 0;
+    if (!__atomic_compare_exchange_n(err, &none, kErrClaimed, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) continue;
     st32(err + 1, 0);
     st32(err + 2, (u32)(seq & 0xFFFFFFFFull));
     st32(err + 3, (u32)(seq >> 32));

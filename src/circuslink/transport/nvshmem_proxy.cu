@@ -55,6 +55,7 @@ constexpr u32 kLlPayload = 120;     // bytes a low-latency packet carries
 constexpr u32 kKindBulk = 0x80000000u;
 constexpr u32 kSizeMask = 0x00FFFFFFu;
 constexpr u32 kErrAbortedRing = 4;  // the channel protocol's ERR_ABORTED
+constexpr u32 kErrClaimedRing = 0xFFFFFFFFu;  // its ERR_CLAIMED: a record whose fields are being written
 constexpr u32 kThreads = 256;
 constexpr u32 kControlEvery = 64;   // passes between reads of the host-mapped control and abort words
 
@@ -89,7 +90,8 @@ __device__ void record(const ProxyArgs& a, const RelayEntry& r, u32 relay, u32 c
   u32* errors[2] = {r.out_send_error, r.in_recv_error};
   const u64 seqs[2] = {seq, received};
   for (int k = 0; k < 2; ++k) {
-    if (d::ld_relaxed(errors[k]) != 0u) continue;
+    // claimed as the agents claim it (detail/channel_impl.cuh, record_error): the first failure wins
+    if (atomicCAS(errors[k], 0u, kErrClaimedRing) != 0u) continue;
     errors[k][1] = 0u;
     errors[k][2] = (u32)(seqs[k] & 0xFFFFFFFFull);
     errors[k][3] = (u32)(seqs[k] >> 32);

@@ -1,33 +1,98 @@
-"""The 2-D FFT's cpu back-end module: numpy's FFT on the rows of a slab, host memory limits."""
+"""The FFT's cpu back-end module (the reference): numpy's FFTs over the last axes of a box, host memory limits, and a
+runner that does every step in order on the host."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+# Beside the window a rank holds numpy's output of one transform and its scratch: about two regions.
+EXTRA_REGIONS = 2
 
 
-def row_fft(world: Any, slab: np.ndarray, inverse: bool) -> Callable[[], None]:
-    """A callable that replaces every row of ``slab`` by its unnormalised DFT (inverse: exp(+2 pi i ...))."""
-    # norm="forward" leaves the inverse unscaled (the plan scales once at the end), like cuFFT.
-    if inverse:
-        return lambda: np.copyto(slab, np.fft.ifft(slab, axis=1, norm="forward"))
-    return lambda: np.copyto(slab, np.fft.fft(slab, axis=1))
+def make_fft(world: Any, kind: str, src: np.ndarray, dst: np.ndarray, count: int, inverse: bool, cache: dict
+             ) -> Callable[[], None] | None:
+    """A callable that transforms ``src`` over its last ``count`` axes into ``dst`` (None when empty).
+
+    ``kind``: "c2c" (``dst`` is ``src``: in place), "r2c" (real -> the first half of the last axis) or
+    "c2r". Inverse transforms are unnormalised (exp(+2 pi i ...), no 1/N), like cuFFT's; the plan scales.
+    """
+    if src.size == 0 or dst.size == 0:
+        return None
+    axes = tuple(range(src.ndim - count, src.ndim))
+    if kind == "c2c":
+        fn = np.fft.ifftn if inverse else np.fft.fftn
+        norm = "forward" if inverse else "backward"  # "forward" leaves the inverse unscaled
+        return lambda: np.copyto(dst, fn(src, axes=axes, norm=norm))
+    if kind == "r2c":
+        return lambda: np.copyto(dst, np.fft.rfftn(src, axes=axes))
+    s = dst.shape[-count:]
+    return lambda: np.copyto(dst, np.fft.irfftn(src, s=s, axes=axes, norm="forward"))
 
 
-def scale(world: Any, slab: np.ndarray, factor: float) -> None:
-    slab *= slab.dtype.type(factor)
+def scale(world: Any, a: np.ndarray, factor: float) -> None:
+    a *= a.dtype.type(factor)
 
 
-def synchronize(world: Any) -> None:
-    """Nothing runs asynchronously on the cpu."""
+def strided(flat: np.ndarray, offset: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> np.ndarray:
+    """A view of ``flat[offset:]`` with ``shape`` and ``strides`` (in elements)."""
+    e = flat.itemsize
+    return as_strided(flat[offset:], shape, tuple(s * e for s in strides), writeable=True)
 
 
-def enter(world: Any) -> None:
-    """Nothing to order on the cpu (see the cuda module)."""
+class Runner:
+    """Runs a plan's steps in order on the host; times the phases with the host clock."""
+
+    def __init__(self, world: Any) -> None:
+        self.world = world
+        self.times: dict[str, float] = {}
+        self.total = 0.0
+
+    def begin(self, profile: bool) -> None:
+        self.times = {"fft": 0.0, "transpose": 0.0, "comm": 0.0, "put": 0.0}
+        self._t0 = time.perf_counter()
+        self._comm_from: float | None = None
+
+    def _phase(self, phase: str, op: Callable[[], None]) -> None:
+        t0 = time.perf_counter()
+        op()
+        self.times[phase] += time.perf_counter() - t0
+
+    def fft(self, op: Callable[[], None]) -> None:
+        self._phase("fft", op)
+
+    def pack(self, op: Callable[[], None]) -> None:
+        self._phase("transpose", op)
+
+    def local(self, op: Callable[[], None]) -> None:
+        """A local transpose the caller launches itself (the baselines' packing)."""
+        self._phase("transpose", op)
+
+    def put(self, queue: Any) -> None:
+        t0 = time.perf_counter()
+        self._phase("comm", queue.start)
+        self.times["put"] += time.perf_counter() - t0
+
+    def fence(self, queue: Any) -> None:
+        """A cycle of ``queue`` that later puts wait for (a barrier), not the transforms."""
+        self._phase("comm", lambda: (queue.start(), queue.wait()))
+
+    def wait(self, queues: list) -> None:
+        for q in queues:
+            self._phase("comm", q.wait)
+
+    def scale(self, a: np.ndarray, factor: float) -> None:
+        self._phase("fft", lambda: scale(self.world, a, factor))
+
+    def end(self, deadline: Any, queues: list) -> None:
+        self.total = time.perf_counter() - self._t0
+        self.times["total"] = self.total
 
 
 def free_bytes(world: Any) -> tuple[int, str]:
@@ -53,20 +118,38 @@ def free_bytes(world: Any) -> tuple[int, str]:
     return int(avail), what
 
 
-# Beside the window a rank holds numpy's output of one row FFT and its scratch: about two slabs.
-EXTRA_SLABS = 2
+def tile_model(world: Any, dtype: str) -> Any:
+    """The cpu module has no tile model (its transposes are single numpy copies)."""
+    return None
 
 
-def fft2_reference(x: np.ndarray, inverse: bool) -> np.ndarray:
-    """The one-rank baseline: numpy's fft2 / ifft2."""
-    return np.fft.ifft2(x) if inverse else np.fft.fft2(x)
+def same_memory(world: Any) -> bool:
+    return True
+
+
+def time_op(world: Any, op: Callable[[], None]) -> float:
+    t0 = time.perf_counter()
+    op()
+    return time.perf_counter() - t0
+
+
+def fftn_reference(x: np.ndarray, inverse: bool) -> np.ndarray:
+    """The one-rank ceiling: numpy's transform of the whole array."""
+    return np.fft.ifftn(x) if inverse else np.fft.fftn(x)
 
 
 def to_host(a: Any) -> np.ndarray:
     return np.asarray(a)
 
 
-def random_slab(world: Any, shape: tuple[int, int], dtype: str, seed: Any) -> np.ndarray:
+def random_array(world: Any, shape: tuple[int, ...], dtype: str, seed: Any) -> np.ndarray:
     g = np.random.default_rng(seed)
-    real = "f4" if dtype == "complex64" else "f8"
-    return (g.standard_normal(shape, dtype=real) + 1j * g.standard_normal(shape, dtype=real)).astype(dtype)
+    dt = np.dtype(dtype)
+    real = np.float32 if dt in (np.float32, np.complex64) else np.float64
+    if dt.kind == "f":
+        return g.standard_normal(shape, dtype=real)
+    return (g.standard_normal(shape, dtype=real) + 1j * g.standard_normal(shape, dtype=real)).astype(dt)
+
+
+def release_memory(world: Any) -> None:
+    """Nothing pooled on the cpu."""

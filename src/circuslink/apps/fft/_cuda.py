@@ -1,4 +1,19 @@
-"""The 2-D FFT's cuda back-end module: cuFFT (through CuPy) on the rows of a slab, on the world's stream."""
+"""The FFT's cuda module: cuFFT (through CuPy's plan objects) over the last axes of a box, and a runner with two
+streams, so that a stage's transforms overlap with the puts of its chunks.
+
+Streams. Transforms (and the final scaling) run on the plan's own *compute* stream; RMA queues start and
+wait on the world's stream (the *comm* stream, where the cuda RMA module keeps its state). A chunk's put
+waits, on the GPU, for the event its transform recorded; the next stage's transforms wait for the event
+recorded after every queue of the exchange has been waited for (``Queue.wait(stream=, block=False)``).
+The host blocks once, at the end, bounded by the plan's time-out, then asks every queue for an error its
+device waits recorded (``Queue.check_device``).
+
+Timing. Every execute records two events on the compute stream (its whole device time, ``Runner.total``);
+a profiled execute also brackets every transform (compute stream), every local transpose and every
+exchange (comm stream, from the moment its first put may start to the end of its last wait: ``comm``),
+and every put's start launch on its own (``put``: what the tile model predicts). Phases can overlap: their
+sum may exceed the total.
+"""
 
 from __future__ import annotations
 
@@ -7,68 +22,251 @@ from typing import Any
 
 import numpy as np
 
-_C2C, _Z2Z, _FORWARD, _INVERSE = 0x29, 0x69, -1, 1  # cufft.h: CUFFT_C2C, CUFFT_Z2Z, CUFFT_FORWARD, CUFFT_INVERSE
+from ...errors import BackendError
+
+# Beside the window a rank holds cuFFT's work areas (at most about one region for the plans of a stage).
+EXTRA_REGIONS = 1
+
+# cufft.h: CUFFT_R2C, CUFFT_C2R, CUFFT_C2C, CUFFT_D2Z, CUFFT_Z2D, CUFFT_Z2Z; directions
+_TYPES = {("c2c", 8): 0x29, ("c2c", 16): 0x69, ("r2c", 4): 0x2A, ("r2c", 8): 0x6A, ("c2r", 8): 0x2C,
+          ("c2r", 16): 0x6C}
+_FORWARD, _INVERSE = -1, 1
 
 
-def row_fft(world: Any, slab: Any, inverse: bool) -> Callable[[], None]:
-    """A callable that replaces every row of ``slab`` (a contiguous cupy array) by its unnormalised
-    DFT, in place: one batched 1-D cuFFT plan, made once."""
+def _cp():
+    import cupy
+
+    return cupy
+
+
+def _plan(world: Any, fft_type: int, shape: tuple[int, ...], batch: int, cache: dict) -> Any:
+    """A cuFFT plan (CuPy's PlanNd: default packed layout, ``batch`` transforms), kept in ``cache`` (the FFT
+    plan's: its transforms of one shape and batch share one cuFFT plan and its work area; they all run on
+    one stream, so never at the same time)."""
     from cupy.cuda import cufft
 
-    rows, n = slab.shape
-    kind = _C2C if slab.dtype == np.complex64 else _Z2Z
-    plan = cufft.Plan1d(n, kind, rows)
+    key = (fft_type, shape, batch)
+    if key not in cache:
+        try:
+            cache[key] = cufft.PlanNd(list(shape), None, 1, 0, None, 1, 0, fft_type, batch, "C", -1, None)
+        except Exception as exc:  # cuFFT's errors and CuPy's OutOfMemoryError: one line naming the plan
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise BackendError(f"rank {world.rank}: cuFFT could not plan {batch} transform(s) of shape {shape} "
+                               f"(type {fft_type:#x}): {reason}") from None
+    return cache[key]
+
+
+def make_fft(world: Any, kind: str, src: Any, dst: Any, count: int, inverse: bool, cache: dict
+             ) -> Callable[[], None] | None:
+    """A callable that transforms ``src`` over its last ``count`` axes into ``dst`` on the current stream (the
+    runner makes it the compute stream); None when there is nothing to transform. ``kind`` as in the cpu
+    module; the inverse is unnormalised."""
+    if src.size == 0 or dst.size == 0:
+        return None
+    for label, a in (("source", src), ("destination", dst)):
+        if not a.flags.c_contiguous:
+            raise BackendError(f"fft: the {label} of a {kind} transform must be contiguous (shape {a.shape})")
+    real = dst if kind == "c2r" else src
+    shape = tuple(int(n) for n in real.shape[-count:])
+    batch = int(np.prod(real.shape[:-count], dtype=np.int64))
+    fft_type = _TYPES[(kind, src.itemsize)]
+    plan = _plan(world, fft_type, shape, batch, cache)
     direction = _INVERSE if inverse else _FORWARD
-    stream = world.backend.stream
 
     def run() -> None:
-        with stream:  # cuFFT runs on the current stream: the world's, in order with the RMA launches
-            plan.fft(slab, slab, direction)
+        plan.fft(src, dst, direction)
 
     run.plan = plan
     return run
 
 
-def scale(world: Any, slab: Any, factor: float) -> None:
-    with world.backend.stream:
-        slab *= slab.dtype.type(factor)
+def scale(world: Any, a: Any, factor: float) -> None:
+    a *= a.dtype.type(factor)
 
 
-def synchronize(world: Any) -> None:
-    world.backend.stream.synchronize()
+def strided(flat: Any, offset: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
+    from cupy.lib.stride_tricks import as_strided
+
+    e = flat.itemsize
+    return as_strided(flat[offset:], shape, tuple(s * e for s in strides))
 
 
-def enter(world: Any) -> None:
-    """Order the world's stream after the caller's (its writes of the input land first)."""
-    world.backend.after_caller()
+class Runner:
+    """A plan's two streams, their hand-off events and (profiled) phase events."""
+
+    def __init__(self, world: Any) -> None:
+        cp = _cp()
+        self.world = world
+        self.cp = cp
+        self.compute = cp.cuda.Stream(non_blocking=True)
+        self.comm = world.backend.stream
+        self._handoff = cp.cuda.Event(disable_timing=True)
+        self._begin, self._end = cp.cuda.Event(), cp.cuda.Event()
+        self._pool: list = []
+        self.times: dict[str, float] = {}
+        self.total = 0.0
+
+    def _event(self) -> Any:
+        if self._used == len(self._pool):
+            self._pool.append(self.cp.cuda.Event())
+        ev = self._pool[self._used]
+        self._used += 1
+        return ev
+
+    def begin(self, profile: bool) -> None:
+        self.profile = profile
+        self._used = 0
+        self._marks: list[tuple[str, Any, Any]] = []
+        self._comm_start = None
+        caller = self.cp.cuda.get_current_stream()
+        if caller.ptr != self.compute.ptr:  # the caller's writes of the input land first
+            self._handoff.record(caller)
+            self.compute.wait_event(self._handoff)
+        self._begin.record(self.compute)
+
+    def _timed(self, phase: str, stream: Any, op: Callable[[], None]) -> None:
+        if not self.profile:
+            with stream:
+                op()
+            return
+        a, b = self._event(), self._event()
+        a.record(stream)
+        with stream:
+            op()
+        b.record(stream)
+        self._marks.append((phase, a, b))
+
+    def fft(self, op: Callable[[], None]) -> None:
+        self._timed("fft", self.compute, op)
+
+    def pack(self, op: Callable[[], None]) -> None:
+        # rma.plan_local_transpose launches on the world's (comm) stream after the caller's: with the compute
+        # stream current, that is after this chunk's transform.
+        if self.profile:
+            a, b = self._event(), self._event()
+            self._to_comm()
+            a.record(self.comm)
+            with self.compute:
+                op()
+            b.record(self.comm)
+            self._marks.append(("transpose", a, b))
+        else:
+            with self.compute:
+                op()
+
+    def local(self, op: Callable[[], None]) -> None:
+        """A local transpose launched on the current stream (the baselines' packing), on the compute stream."""
+        self._timed("transpose", self.compute, op)
+
+    def _to_comm(self) -> None:
+        self._handoff.record(self.compute)
+        self.comm.wait_event(self._handoff)
+
+    def put(self, queue: Any) -> None:
+        self._to_comm()
+        if not self.profile:
+            queue.start(stream=self.comm)
+            return
+        a, b = self._event(), self._event()
+        a.record(self.comm)
+        if self._comm_start is None:
+            self._comm_start = a
+        queue.start(stream=self.comm)
+        b.record(self.comm)
+        self._marks.append(("put", a, b))  # the puts alone (their start launch), for the tile model
+
+    def fence(self, queue: Any) -> None:
+        """A cycle of ``queue`` on the comm stream that later puts wait for (a barrier), not the transforms."""
+        self._to_comm()
+        queue.start(stream=self.comm)
+        queue.wait(stream=self.comm, block=False)
+
+    def wait(self, queues: list) -> None:
+        for q in queues:
+            q.wait(stream=self.comm, block=False)
+        if self.profile:
+            end = self._event()
+            end.record(self.comm)
+            self._marks.append(("comm", self._comm_start, end))
+            self._comm_start = None
+        self._handoff.record(self.comm)
+        self.compute.wait_event(self._handoff)
+
+    def scale(self, a: Any, factor: float) -> None:
+        self._timed("fft", self.compute, lambda: scale(self.world, a, factor))
+
+    def end(self, deadline: Any, queues: list) -> None:
+        self._end.record(self.compute)
+        self.world.backend.wait_stream(self.compute, deadline,
+                                       lambda: f"rank {self.world.rank}: an FFT plan's transforms did not finish")
+        for q in queues:  # bounded waits for the comm stream; errors its device waits recorded are raised
+            q.check_device()
+        get = self.cp.cuda.get_elapsed_time
+        self.total = get(self._begin, self._end) * 1e-3
+        if self.profile:
+            times = {"fft": 0.0, "transpose": 0.0, "comm": 0.0, "put": 0.0}
+            for phase, a, b in self._marks:
+                times[phase] += get(a, b) * 1e-3
+            times["total"] = self.total
+            self.times = times
 
 
 def free_bytes(world: Any) -> tuple[int, str]:
-    import cupy as cp
-
+    cp = _cp()
     free, _total = cp.cuda.runtime.memGetInfo()
     pool = cp.get_default_memory_pool()
     return int(free + pool.free_bytes()), f"memory on GPU {world.device}"
 
 
-# Beside the window a rank holds cuFFT's work area (at most about one slab) and scratch.
-EXTRA_SLABS = 1
+def tile_model(world: Any, dtype: str) -> Any:
+    """The transposing put's tile model for ``dtype`` on this rank, calibrated once per world (rma's)."""
+    from ...rma._transpose import DTYPES
+    from ...rma._transpose._cuda import calibrated_model
+
+    return calibrated_model(world, DTYPES[dtype])
 
 
-def fft2_reference(x: Any, inverse: bool) -> Any:
-    """The one-rank baseline: cuFFT's 2-D transform through cupy.fft (its plan cache keeps the plan)."""
-    import cupy as cp
+def same_memory(world: Any) -> bool:
+    """Collective: whether every rank's memory is one GPU's (puts and transforms then share its bandwidth)."""
+    return len(set(world.allgather_object(world.device))) == 1
 
-    return cp.fft.ifft2(x) if inverse else cp.fft.fft2(x)
+
+def time_op(world: Any, op: Callable[[], None]) -> float:
+    """Seconds ``op`` takes on the GPU (events around it on a fresh stream, after one untimed run)."""
+    cp = _cp()
+    stream = cp.cuda.Stream(non_blocking=True)
+    a, b = cp.cuda.Event(), cp.cuda.Event()
+    with stream:
+        op()
+        a.record(stream)
+        op()
+        b.record(stream)
+    world.backend.wait_stream(stream, None, lambda: f"rank {world.rank}: timing an FFT stage")
+    return cp.cuda.get_elapsed_time(a, b) * 1e-3
+
+
+def fftn_reference(x: Any, inverse: bool) -> Any:
+    """The one-rank ceiling: cuFFT's transform of the whole array through cupy.fft (its plan cache keeps it)."""
+    cp = _cp()
+    return cp.fft.ifftn(x) if inverse else cp.fft.fftn(x)
 
 
 def to_host(a: Any) -> np.ndarray:
     return a.get() if hasattr(a, "get") else np.asarray(a)
 
 
-def random_slab(world: Any, shape: tuple[int, int], dtype: str, seed: Any) -> Any:
-    import cupy as cp
-
+def random_array(world: Any, shape: tuple[int, ...], dtype: str, seed: Any) -> Any:
+    cp = _cp()
     g = cp.random.default_rng(np.random.SeedSequence(seed).generate_state(1)[0])
-    real = cp.float32 if dtype == "complex64" else cp.float64
-    return (g.standard_normal(shape, dtype=real) + 1j * g.standard_normal(shape, dtype=real)).astype(dtype)
+    dt = np.dtype(dtype)
+    real = cp.float32 if dt in (np.float32, np.complex64) else cp.float64
+    if dt.kind == "f":
+        return g.standard_normal(shape, dtype=real)
+    return (g.standard_normal(shape, dtype=real) + 1j * g.standard_normal(shape, dtype=real)).astype(dt)
+
+
+def release_memory(world: Any) -> None:
+    """Hand the memory pool's free blocks back to the GPU (between benchmark cases)."""
+    cp = _cp()
+    cp.cuda.get_current_stream().synchronize()
+    cp.get_default_memory_pool().free_all_blocks()

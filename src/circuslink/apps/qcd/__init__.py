@@ -16,11 +16,20 @@ Distributed (every rank of a job; ``grid`` ranks in x, y, z, t, each holding a l
     result = qcd.solve(op, b_local, tol=1e-7, niter=1000)   # CG on the even-odd normal equations
     x = qcd.gather(world, lat, result.x, qcd.spinor_shape(lat.global_dims))   # on rank 0
 
+Configurations from other codes (ILDG / SciDAC LIME, NERSC; docs/qcd.md)::
+
+    cfg = qcd.read_gauge("conf.1000.lime")              # format from the bytes; checksums checked
+    print(cfg.plaquette)                                 # (1/3) Re tr, averaged over planes and sites
+    qcd.write_ildg("copy.lime", cfg.U)
+
 ``circuslink qcd invert`` and ``circuslink qcd apply`` run these from the command line (docs/qcd.md).
 """
 
 from __future__ import annotations
 
+from ._gaugefile import GaugeFile, link_trace, plaquette, write_ildg
+from ._gaugefile import peek as peek_gauge
+from ._gaugefile import read as read_gauge
 from ._halo import HALO_EXCHANGES
 from ._io import gather, scatter
 from ._lattice import Lattice
@@ -49,10 +58,15 @@ __all__ = [
     "HALO_EXCHANGES",
     "PRECISIONS",
     "ConvergenceError",
+    "GaugeFile",
     "Lattice",
     "SolveResult",
     "WilsonOperator",
     "gather",
+    "link_trace",
+    "peek_gauge",
+    "plaquette",
+    "read_gauge",
     "scatter",
     "solve",
     "GAMMA",
@@ -67,4 +81,5 @@ __all__ = [
     "spinor_shape",
     "unit_gauge",
     "wilson",
+    "write_ildg",
 ]

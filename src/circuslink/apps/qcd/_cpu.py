@@ -14,8 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from . import _cgstate as cg
 from ._lattice import Lattice
+from ._phases import NO_PHASES, HostPhases
 from ._reference import GAMMA_BLOCK
+
+Phases = HostPhases  # the time split of this back-end module: the host clock
 
 
 def project(psi: np.ndarray, mu: int, s: int) -> np.ndarray:
@@ -41,6 +45,7 @@ class Dslash:
         # U[parity][site, mu, a, b]
         links = np.moveaxis(np.asarray(gauge), 0, 4).astype(self.dtype)  # (T, Z, Y, X, mu, 3, 3)
         self.links = lattice.split(links)
+        self.phases = NO_PHASES
 
     # -- fields -----------------------------------------------------------------------------
     def new_field(self) -> np.ndarray:
@@ -51,6 +56,10 @@ class Dslash:
 
     def to_half(self, field: np.ndarray) -> np.ndarray:
         return field
+
+    def site_reals(self, field: np.ndarray) -> tuple[np.ndarray, tuple[int, int]]:
+        """A real view of ``field`` and the axes that hold one site's 24 reals."""
+        return field.view(field.real.dtype), (1, 2)
 
     # -- geometry ---------------------------------------------------------------------------
     @cached_property
@@ -158,13 +167,19 @@ class Dslash:
               b: float = 1.0, emit: bool | None = None) -> None:
         """``out = a x + b D_{parity <- 1-parity} inp`` (the faces of ``inp`` must be in the send array); with
         ``emit`` (the next hop's dagger) the faces of ``out`` are written for the next hop."""
-        halo = self.halo
+        halo, phases = self.halo, self.phases
         if halo is not None:
+            phases.mark("halo")
             halo.start()
+        phases.mark("dslash")
         self._interior(out, inp, parity, dagger, a, x, b)
         if halo is not None:
-            self._exterior(out, halo.wait(), parity, dagger, b)
+            phases.mark("halo")
+            ghost = halo.wait()
+            phases.mark("dslash")
+            self._exterior(out, ghost, parity, dagger, b)
             if emit is not None:
+                phases.mark("halo")
                 self.pack(out, parity, emit)
 
     def xpay_pack(self, p: np.ndarray, r: np.ndarray, beta: float, parity: int, dagger: bool) -> None:
@@ -185,6 +200,39 @@ class Dslash:
         x += alpha * p
         r -= alpha * ap
         return self.norm2(r)
+
+    # -- the device-resident CG's steps (_cgstate): here the scalars are a numpy array, summed by the host
+    # collectives: the same algorithm as on the GPU, checked on machines without one -------------------
+    def cg_state(self) -> np.ndarray:
+        return np.zeros(cg.SLOTS)
+
+    def dot_into(self, a: np.ndarray, b: np.ndarray, s: np.ndarray) -> None:
+        s[cg.LOCAL] = np.vdot(a, b).real
+
+    def cg_scalars(self, s: np.ndarray, step: int, delta2: float) -> None:
+        from ... import collectives
+
+        s[cg.LOCAL] = float(collectives.allreduce(self.world, s[cg.LOCAL:cg.LOCAL + 1])[0])
+        cg.scalar_step(s, step, delta2)
+
+    def axpy_norm_state(self, x: np.ndarray, r: np.ndarray, p: np.ndarray, ap: np.ndarray, s: np.ndarray) -> None:
+        s[cg.LOCAL] = self.axpy_norm(x, r, p, ap, float(s[cg.ALPHA]))[0]
+
+    def xpay_pack_state(self, p: np.ndarray, r: np.ndarray, s: np.ndarray, parity: int, dagger: bool) -> None:
+        if not int(s[cg.FLAGS]) & cg.SKIP:
+            self.xpay_pack(p, r, float(s[cg.BETA]), parity, dagger)
+
+    def read_state(self, s: np.ndarray) -> np.ndarray:
+        return s.copy()
+
+    def write_state(self, s: np.ndarray, values: np.ndarray) -> None:
+        s[:] = values
+
+    def can_capture(self) -> bool:
+        return False  # no graphs on the host
+
+    def capture(self, fn: Any) -> Any:
+        return fn
 
     def synchronize(self) -> None:
         pass

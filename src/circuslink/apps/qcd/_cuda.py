@@ -21,7 +21,9 @@ import numpy as np
 from ..._abi import F64, I32, PTR, Struct
 from ..._config import default_timeout
 from ...errors import TimeoutError
+from . import _cgstate as cg
 from ._lattice import Lattice
+from ._phases import NO_PHASES, PHASES
 
 #: The kernels' argument block (include/circuslink/qcd/dslash_types.cuh), passed by value.
 DSLASH_ARGS = Struct("circuslink::qcd::DslashArgs", "circuslink/qcd/dslash_types.cuh", [
@@ -51,6 +53,41 @@ def _ptr(a: Any) -> int:
     return 0 if a is None else int(a.data.ptr)
 
 
+class EventPhases:
+    """The time split on the GPU's timeline: each ``mark`` records a CUDA event on the current stream, and
+    the time between consecutive events goes to the phase the first one opened (``_phases``). Nothing is
+    read back until ``totals()``, which waits for the last event."""
+
+    enabled = True
+
+    def __init__(self) -> None:
+        import cupy as cp
+
+        self.cp = cp
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self._marks: list[tuple[str | None, Any]] = []
+        self._spare: list[Any] = []
+
+    def mark(self, label: str | None) -> None:
+        event = self._spare.pop() if self._spare else self.cp.cuda.Event()
+        event.record(self.cp.cuda.get_current_stream())
+        self._marks.append((label, event))
+
+    def totals(self) -> dict[str, float]:
+        self.mark(None)
+        marks = self._marks
+        marks[-1][1].synchronize()
+        for (label, start), (_, end) in zip(marks, marks[1:], strict=False):
+            if label is not None:
+                self.seconds[label] += self.cp.cuda.get_elapsed_time(start, end) * 1e-3
+        self._spare.extend(e for _, e in marks[:-1])
+        self._marks = [marks[-1]]
+        return dict(self.seconds)
+
+
+Phases = EventPhases  # the time split of this back-end module: CUDA events
+
+
 class Dslash:
     """``out = a x + b D_{p <- 1-p} in`` on the GPU, with halos from a halo exchange (or none)."""
 
@@ -73,6 +110,11 @@ class Dslash:
         self.k_xpay_pack = get(f"qcd_xpay_pack_{self.suffix}")
         self.k_dot = get(f"qcd_dot_{self.suffix}")
         self.k_axpy_norm = get(f"qcd_axpy_norm_{self.suffix}")
+        # The device-resident CG's kernels (loaded now: nothing may load while a CUDA graph is captured).
+        self.k_axpy_norm_state = get(f"qcd_axpy_norm_state_{self.suffix}")
+        self.k_xpay_pack_state = get(f"qcd_xpay_pack_state_{self.suffix}")
+        self.k_cg_scalars = get("qcd_cg_scalars")
+        self.cg_comm = None
         vh = lattice.half
         links = np.moveaxis(gauge.get() if hasattr(gauge, "get") else np.asarray(gauge), 0, 4)  # (T,Z,Y,X,mu,3,3)
         halves = lattice.split(np.ascontiguousarray(links))
@@ -88,6 +130,7 @@ class Dslash:
             "partitioned": sum(1 << mu for mu in range(4) if lattice.partitioned[mu]), "emit": -1,
         }
         self.send_ptr = _ptr(halo.send) if halo is not None else 0
+        self.phases = NO_PHASES
         self._args: dict[tuple, Any] = {}
         self.partial = cp.zeros(_REDUCE_BLOCKS, dtype=cp.float64)
         self.done = cp.zeros(1, dtype=cp.uint32)
@@ -116,6 +159,10 @@ class Dslash:
     def to_half(self, field: Any):
         return field.transpose(1, 0, 2).reshape(self.lat.half, 4, 3)
 
+    def site_reals(self, field: Any) -> tuple[Any, tuple[int, int]]:
+        """A real view of ``field`` and the axes that hold one site's 24 reals (``(12 / W, Vh, 2 W)``)."""
+        return field.view(self.real), (0, 2)
+
     # -- launches ---------------------------------------------------------------------------
     def _pack_args(self, key: tuple, **values: Any):
         """The argument block for ``values`` (cached: the CG reuses a handful of field combinations)."""
@@ -143,21 +190,28 @@ class Dslash:
     def apply(self, out: Any, inp: Any, parity: int, dagger: bool, a: float = 0.0, x: Any = None, b: float = 1.0,
               emit: bool | None = None) -> None:
         """``out = a x + b D_{parity <- 1-parity} inp``; see _cpu.Dslash.apply."""
-        halo = self.halo
+        halo, phases = self.halo, self.phases
         interior = self._hop_args("interior", out, inp, parity, dagger, a, x, b, None)
         if halo is None:
+            phases.mark("dslash")
             self.k_interior((self._blocks(self.lat.half),), (THREADS,), (interior,))
             return
         if self.fused is not None:
+            # One kernel starts, waits for and applies the halo: its time is all dslash on the timeline.
+            phases.mark("dslash")
             exterior = self._hop_args("exterior", out, inp, parity, dagger, a, x, b, emit, halo.ghost)
             self.fused((self.fused_grid,), (THREADS,),
                        (interior, exterior, halo.device_handle(), self.grid_barrier, self.timeout_ns,
                         self.status))
             halo.exchanges += 1  # the exchange happened inside the kernel: no host wait to count it
             return
+        phases.mark("halo")
         halo.start()
+        phases.mark("dslash")
         self.k_interior((self._blocks(self.lat.half),), (THREADS,), (interior,))
+        phases.mark("halo")  # from the interior's end until the stream may use the ghosts
         ghost = halo.wait()
+        phases.mark("dslash")
         exterior = self._hop_args("exterior", out, inp, parity, dagger, a, x, b, emit, ghost)
         n = int(self.boundary[parity].size)
         self.k_exterior((self._blocks(n),), (THREADS,), (exterior,))
@@ -203,6 +257,73 @@ class Dslash:
                          (*views, np.float64(alpha), np.int64(n), self.partial, self.done, result))
         return result
 
+    # -- the device-resident CG (_cgstate): scalars in device memory, summed by the device collectives ----
+    def cg_state(self):
+        """Collective (the first time): the scalars' array, and a communicator of their own for the sums (its
+        low-latency ring; one bandwidth ring, which no call here uses)."""
+        if self.cg_comm is None:
+            from ... import collectives
+
+            self.cg_comm = collectives.Comm(self.world, rings=1)
+            self.cg_rings = self.cg_comm.device_handle(8)  # 8 bytes a sum: the low-latency ring
+            self.cg_status = self.cp.zeros(1, dtype=self.cp.int32)
+        return self.cp.zeros(cg.SLOTS, dtype=self.cp.float64)
+
+    def dot_into(self, a: Any, b: Any, s: Any) -> None:
+        ra, rb = a.reshape(-1).view(self.real), b.reshape(-1).view(self.real)
+        n = int(ra.size)
+        self.k_dot((self._reduce_grid(n),), (THREADS,), (ra, rb, np.int64(n), self.partial, self.done, s))
+
+    def cg_scalars(self, s: Any, step: int, delta2: float) -> None:
+        # One block: the low-latency ring is read by one warp; the block's other warps wait at its barriers.
+        self.k_cg_scalars((1,), (THREADS,), (self.cg_rings, s, np.int32(step), np.float64(delta2),
+                                             self.cg_status))
+
+    def axpy_norm_state(self, x: Any, r: Any, p: Any, ap: Any, s: Any) -> None:
+        views = [f.reshape(-1).view(self.real) for f in (x, r, p, ap)]
+        n = int(views[0].size)
+        self.k_axpy_norm_state((self._reduce_grid(n),), (THREADS,),
+                               (*views, s, np.int64(n), self.partial, self.done))
+
+    def xpay_pack_state(self, p: Any, r: Any, s: Any, parity: int, dagger: bool) -> None:
+        args = self._pack_args(("xpay", _ptr(p), _ptr(r), parity, bool(dagger)), out=_ptr(p), **{"in": _ptr(p)},
+                               x=_ptr(r), send=self.send_ptr if self.halo is not None else 0, sites=0,
+                               n_sites=0, parity=parity, dagger=int(bool(dagger)), has_x=1)
+        self.k_xpay_pack_state((self._blocks(self.lat.half),), (THREADS,), (args, s))
+
+    def read_state(self, s: Any) -> np.ndarray:
+        """The scalars, after a bounded wait for the work queued so far (the one host wait of a batch)."""
+        self.cg_comm.wait(self.cp.cuda.get_current_stream(), f"the device-resident CG on rank {self.world.rank}")
+        self.synchronize()  # a device-driven halo that timed out, named by its queue
+        if int(self.cg_status.get()[0]):
+            self.cg_comm.check()  # the ring channel that stalled
+            raise TimeoutError(f"qcd device-resident CG on rank {self.world.rank}: a global sum failed on the "
+                               "device")
+        return s.get()
+
+    def write_state(self, s: Any, values: np.ndarray) -> None:
+        s.set(np.asarray(values, dtype=np.float64))
+
+    def can_capture(self) -> bool:
+        """An iteration can be a CUDA graph when its halos need no host: one rank, or the device-driven queue."""
+        return self.halo is None or bool(self.halo.device_driven)
+
+    def capture(self, fn: Any) -> Any:
+        """``fn``'s launches captured once as a CUDA graph; returns what replays it on the current stream."""
+        cp = self.cp
+        caller = cp.cuda.get_current_stream()
+        side = cp.cuda.Stream(non_blocking=True)
+        ready = cp.cuda.Event(disable_timing=True)
+        ready.record(caller)
+        side.wait_event(ready)  # the capture sees the fields as the caller's stream left them
+        with side:
+            side.begin_capture()
+            try:
+                fn()
+            finally:
+                graph = side.end_capture()
+        return lambda: graph.launch(cp.cuda.get_current_stream())
+
     def synchronize(self) -> None:
         self.cp.cuda.get_current_stream().synchronize()
         if self.fused is not None:
@@ -217,3 +338,6 @@ class Dslash:
 
     def close(self) -> None:
         self._args.clear()
+        if self.cg_comm is not None:
+            self.cg_comm.close()
+            self.cg_comm = None

@@ -34,16 +34,17 @@ def peek(path: str, option: str, kind: str, dims: tuple[int, int, int, int] | No
     ``kind`` is "gauge" or "spinor"; ``dims`` (X, Y, Z, T), when known, must match."""
     p = Path(path)
     expected = f"complex128 or complex64 of shape {_describe_shape(kind, dims)}"
+    option = f"{option} " if option else ""
     if not p.is_file():
-        raise ConfigError(f"{option} {path}: no such file (expected a .npy array, {expected})")
+        raise ConfigError(f"{option}{path}: no such file (expected a .npy array, {expected})")
     try:
         arr = np.load(p, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError) as exc:
-        raise ConfigError(f"{option} {path}: not a readable .npy array ({exc}); expected {expected}") from None
+        raise ConfigError(f"{option}{path}: not a readable .npy array ({exc}); expected {expected}") from None
     if not isinstance(arr, np.ndarray):
-        raise ConfigError(f"{option} {path}: holds several arrays (.npz); expected one .npy array, {expected}")
+        raise ConfigError(f"{option}{path}: holds several arrays (.npz); expected one .npy array, {expected}")
     if arr.dtype not in COMPLEX:
-        raise ConfigError(f"{option} {path}: dtype {arr.dtype} of shape {arr.shape}; expected {expected}")
+        raise ConfigError(f"{option}{path}: dtype {arr.dtype} of shape {arr.shape}; expected {expected}")
     shape = tuple(arr.shape)
     if kind == "gauge":
         good = len(shape) == 7 and shape[0] == 4 and shape[5:] == (3, 3)
@@ -52,9 +53,9 @@ def peek(path: str, option: str, kind: str, dims: tuple[int, int, int, int] | No
         good = len(shape) == 6 and shape[4:] == (4, 3)
         found = (shape[3], shape[2], shape[1], shape[0]) if good else None
     if not good or (dims is not None and found != tuple(dims)):
-        raise ConfigError(f"{option} {path}: shape {shape}; expected {expected}")
+        raise ConfigError(f"{option}{path}: shape {shape}; expected {expected}")
     if any(d <= 0 for d in found):
-        raise ConfigError(f"{option} {path}: shape {shape} has an empty direction; expected {expected}")
+        raise ConfigError(f"{option}{path}: shape {shape} has an empty direction; expected {expected}")
     return found
 
 

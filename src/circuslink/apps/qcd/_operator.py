@@ -8,6 +8,11 @@ into the operators the solver needs:
 * ``M_pc = 1 - kappa^2 D_eo D_oe`` on the even sites and its adjoint (the hops with ``dagger``);
 * the normal operator ``M_pc^dagger M_pc`` of the CG.
 
+Precisions: ``double`` and ``single`` are the back-end modules' kernels; ``half`` is QUDA's 16-bit fixed point with a
+norm per site, emulated (``_half``): single-precision kernels whose every written value is rounded onto the
+half grid. The solver calls the vector updates and reductions through the operator, so that rounding and the
+time split (``_phases``) happen in one place.
+
 Faces. A hop needs the projected faces of its input in the halo exchange's send array. A hop can write the
 faces of its own output for the next hop (``emit``), and the CG's ``p = r + beta p`` writes those of ``p``;
 only a field that comes from outside (a source, a file) is packed on its own (``pack``).
@@ -21,18 +26,23 @@ import numpy as np
 
 from ..._lifecycle import Resource
 from ...errors import ConfigError
+from ._half import quantize, quantize_faces, quantize_gauge
 from ._halo import make_halo
 from ._lattice import Lattice
+from ._phases import NO_PHASES
 
-PRECISIONS = {"double": np.complex128, "single": np.complex64}
+#: Precision name -> the complex dtype the fields are kept in (half: complex64 holding half's values).
+PRECISIONS = {"double": np.complex128, "single": np.complex64, "half": np.complex64}
+#: Significant digits of each, for ordering (a sloppy precision may not exceed the precise one).
+RANK = {"half": 0, "single": 1, "double": 2}
 EVEN, ODD = 0, 1
 
 
-def check_precision(name: str) -> Any:
+def check_precision(name: str, option: str = "--prec") -> Any:
     try:
         return PRECISIONS[name]
     except KeyError:
-        raise ConfigError(f"--prec {name!r}: choose single or double") from None
+        raise ConfigError(f"{option} {name!r}: choose double, single or half") from None
 
 
 class WilsonOperator(Resource):
@@ -47,19 +57,44 @@ class WilsonOperator(Resource):
         self.kappa = float(kappa)
         self.precision = precision
         self.dtype = np.dtype(check_precision(precision))
+        self.half = precision == "half"
         self.xp = world.xp
         self.halo = make_halo(halo, world, lattice, self.dtype)
         self.halo_name = halo
-        module = world.backend_module("circuslink.apps.qcd")
-        self.d = module.Dslash(world, lattice, gauge, self.dtype, self.halo)
+        self._impl = world.backend_module("circuslink.apps.qcd")
+        if self.half:
+            gauge = quantize_gauge(gauge.get() if hasattr(gauge, "get") else gauge)
+        self.d = self._impl.Dslash(world, lattice, gauge, self.dtype, self.halo)
+        self.phases = NO_PHASES
         self._tmp = [self.d.new_field() for _ in range(3)]
         self._register(world)
+
+    # -- the time split ---------------------------------------------------------------------------
+    def new_phases(self) -> Any:
+        """A fresh time split on this back-end's clock (host clock on cpu, CUDA events on cuda)."""
+        return self._impl.Phases()
+
+    def time_phases(self, phases: Any) -> None:
+        """Mark this operator's hops into ``phases`` (``_phases.NO_PHASES`` stops)."""
+        self.phases = self.d.phases = phases
+
+    # -- half precision: every written value onto the half grid -------------------------------
+    def _round(self, *fields: Any) -> None:
+        if self.half:
+            for f in fields:
+                quantize(*self.d.site_reals(f))
+
+    def _round_faces(self) -> None:
+        if self.half and self.halo is not None:
+            quantize_faces(self.halo.send)
 
     # -- fields -----------------------------------------------------------------------------
     def split(self, psi: Any) -> tuple[Any, Any]:
         """A local field (T, Z, Y, X, 4, 3) -> its checkerboard halves in the back-end module's layout and precision."""
         even, odd = self.lat.split(self.xp.asarray(psi))
-        return self.d.from_half(even), self.d.from_half(odd)
+        out = self.d.from_half(even), self.d.from_half(odd)
+        self._round(*out)
+        return out
 
     def join(self, even: Any, odd: Any) -> Any:
         """The local field (T, Z, Y, X, 4, 3) from halves in the back-end module's layout."""
@@ -69,7 +104,9 @@ class WilsonOperator(Resource):
         """A field of ``source``'s precision and layout in mine."""
         if source is self:
             return field.copy()
-        return self.d.from_half(source.d.to_half(field).astype(self.dtype))
+        out = self.d.from_half(source.d.to_half(field).astype(self.dtype))
+        self._round(out)
+        return out
 
     def zeros(self) -> Any:
         return self.d.new_field()
@@ -85,14 +122,62 @@ class WilsonOperator(Resource):
     def norm2(self, field: Any) -> float:
         return float(self.allreduce(self.d.norm2(field))[0])
 
+    def redot(self, a: Any, b: Any) -> float:
+        """Re <a, b> over every rank."""
+        self.phases.mark("reduction")
+        return float(self.allreduce(self.d.redot(a, b))[0])
+
+    def cdot(self, a: Any, b: Any) -> complex:
+        """<a, b> over every rank (one global sum of its real and imaginary parts)."""
+        self.phases.mark("reduction")
+        xp = self.xp
+        local = xp.vdot(a, b)
+        total = self.allreduce(xp.stack([local.real, local.imag]).astype(xp.float64))
+        return complex(total[0], total[1])
+
+    # -- the CG's vector updates (rounded to half where the operator is half) -------------------
+    def axpy_norm(self, x: Any, r: Any, p: Any, ap: Any, alpha: float) -> float:
+        """``x += alpha p``, ``r -= alpha Ap``; returns the global ``|r|^2`` (of the stored r)."""
+        self.phases.mark("vector")
+        local = self.d.axpy_norm(x, r, p, ap, alpha)
+        if self.half:
+            self._round(x, r)
+            local = self.d.norm2(r)
+        self.phases.mark("reduction")
+        return float(self.allreduce(local)[0])
+
+    def xpay_pack(self, p: Any, r: Any, beta: float, parity: int, dagger: bool) -> None:
+        """``p = r + beta p`` and its faces for the next hop."""
+        self.phases.mark("vector")
+        self.d.xpay_pack(p, r, beta, parity, dagger)
+        if self.half:
+            self._round(p)
+            self.d.pack(p, parity, dagger)  # faces of the rounded p
+            self._round_faces()
+
+    def caxpy(self, a: complex, x: Any, y: Any) -> None:
+        """``y += a x`` (complex a)."""
+        self.phases.mark("vector")
+        y += self.dtype.type(a) * x
+        self._round(y)
+
     # -- operators --------------------------------------------------------------------------
     def pack(self, field: Any, parity: int, dagger: bool) -> None:
+        if self.halo is None:
+            return  # one rank in every direction: no faces
+        self.phases.mark("halo")
         self.d.pack(field, parity, dagger)
+        self._round_faces()
 
     def hop(self, out: Any, inp: Any, parity: int, dagger: bool, a: float = 0.0, x: Any = None, b: float = 1.0,
             emit: bool | None = None) -> None:
         """``out = a x + b D_{parity <- 1-parity} inp``; the faces of ``inp`` must be packed."""
         self.d.apply(out, inp, parity, dagger, a, x, b, emit)
+        if self.half:
+            self._round(out)
+            if emit is not None:  # the faces of the rounded output, rounded in turn
+                self.d.pack(out, parity, emit)
+                self._round_faces()
 
     def apply(self, psi: Any, dagger: bool = False) -> Any:
         """``M psi`` (``M^dagger psi``) of a local field (T, Z, Y, X, 4, 3): the distributed full operator."""

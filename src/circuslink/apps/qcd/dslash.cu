@@ -12,10 +12,16 @@
 // faces). qcd_dot_* and qcd_axpy_norm_* are the CG's reductions (double accumulation, one launch each:
 // the last block to finish adds the block sums).
 //
+// The device-resident CG (apps/qcd/_cgstate.py) keeps its scalars in a double array in device memory:
+// qcd_cg_scalars sums a reduction over ranks with the device collectives (one block, the low-latency
+// ring) and computes alpha, or beta, |r|^2 and the flags; qcd_axpy_norm_state_* and qcd_xpay_pack_state_*
+// read alpha and beta from that array, so an iteration never waits for the host and can be a CUDA graph.
+//
 // Conventions: D psi(x) = sum_mu (1 - g_mu) U_mu(x) psi(x + mu) + (1 + g_mu) U_mu(x - mu)^dagger psi(x - mu)
 // (dagger: the signs flip), DeGrand-Rossi gammas g_mu = ((0, A_mu), (A_mu^dagger, 0)) with A_x = i s1,
 // A_y = -i s2, A_z = i s3, A_t = 1. The half spinor of (1 + s g_mu) psi is h = psi_up + s A_mu psi_down
 // (2 spins x 3 colours = 12 reals); the lower half is s A_mu^dagger h.
+#include <circuslink/collectives.cuh>
 #include <circuslink/detail/sync.cuh>
 #include <circuslink/qcd/dslash_types.cuh>
 #include <circuslink/rma.cuh>
@@ -532,11 +538,54 @@ __device__ __forceinline__ void axpy_norm(R* x, R* r, const R* p, const R* ap, d
 }
 
 }  // namespace
+
+// One step of the device-resident CG's scalars once s[kCgLocal] holds a global sum: step 0 after <p, Ap>
+// (alpha), step 1 after |r|^2 (beta, |r|^2, the count and the flags). _cgstate.scalar_step is the same in
+// Python; the host test runs this one against it.
+QCD_HD void cg_scalar_step(double* s, int step, double delta2) {
+  int flags = static_cast<int>(s[kCgFlags]);
+  const double g = s[kCgLocal];
+  const int frozen = kCgConverged | kCgStalled;
+  if (step == 0) {
+    if (flags & frozen) {
+      s[kCgFlags] = static_cast<double>(flags | kCgSkip);
+      s[kCgAlpha] = 0.0;
+    } else if (!(g > 0.0)) {
+      s[kCgFlags] = static_cast<double>(flags | kCgStalled | kCgSkip);
+      s[kCgAlpha] = 0.0;
+    } else {
+      s[kCgAlpha] = s[kCgRr] / g;
+    }
+    return;
+  }
+  if (flags & frozen) return;
+  s[kCgBeta] = g / s[kCgRr];
+  s[kCgRr] = g;
+  s[kCgIterations] += 1.0;
+  if (g > s[kCgMaxRr]) s[kCgMaxRr] = g;
+  if (g <= s[kCgStop]) flags |= kCgConverged;
+  if (g < delta2 * s[kCgMaxRr]) flags |= kCgDue;
+  s[kCgFlags] = static_cast<double>(flags);
+}
+
 }  // namespace qcd
 }  // namespace circuslink
 
 using circuslink::RmaHandle;
 using circuslink::qcd::DslashArgs;
+
+// The device-resident CG's reduction step: one block. Every rank passes the same `rings` (the low-latency
+// ring of a communicator of its own), so every rank computes bitwise the same scalars and flags.
+extern "C" __global__ void qcd_cg_scalars(circuslink::collectives::Rings rings, double* s, int step, double delta2,
+                                          int* status) {
+  if (!circuslink::collectives::allreduce_block(rings[0], s + circuslink::qcd::kCgLocal, 1ull,
+                                                circuslink::collectives::Sum())) {
+    if (threadIdx.x == 0) atomicExch(status, 1);
+    return;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) circuslink::qcd::cg_scalar_step(s, step, delta2);
+}
 
 // Registers: 256-thread blocks, at least MIN_BLOCKS of them per SM (double needs the cap to keep 2 blocks).
 #define QCD_KERNELS(SUFFIX, R, MIN_BLOCKS)                                                                       \
@@ -570,6 +619,18 @@ using circuslink::qcd::DslashArgs;
                                                     long long n, double* partial, unsigned int* done,          \
                                                     double* result) {                                          \
     circuslink::qcd::axpy_norm<R>(x, r, p, ap, alpha, n, partial, done, result);                               \
+  }                                                                                                            \
+  /* The device-resident CG: alpha and beta from the scalars in device memory; a frozen CG keeps p. */         \
+  extern "C" __global__ void qcd_axpy_norm_state_##SUFFIX(R* x, R* r, const R* p, const R* ap, const double* s,  \
+                                                          long long n, double* partial, unsigned int* done) {  \
+    circuslink::qcd::axpy_norm<R>(x, r, p, ap, s[circuslink::qcd::kCgAlpha], n, partial, done,                 \
+                                  const_cast<double*>(s) + circuslink::qcd::kCgLocal);                         \
+  }                                                                                                            \
+  extern "C" __global__ void qcd_xpay_pack_state_##SUFFIX(DslashArgs A, const double* s) {                     \
+    using namespace circuslink::qcd;                                                                           \
+    if (static_cast<int>(s[kCgFlags]) & kCgSkip) return;                                                       \
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;                                                      \
+    if (j < A.vh) xpay_pack_site<R>(A, j, s[kCgBeta]);                                                         \
   }
 
 QCD_KERNELS(f, float, 3)

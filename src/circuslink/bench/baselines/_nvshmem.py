@@ -119,30 +119,41 @@ def nvshmem_pingpong(
     warmup: int,
     out_dir: str | os.PathLike | None = None,
     timeout: float | None = None,
-    thread_max: int = 64 << 10,
-    modes: Sequence[str] = ("thread", "block"),
+    thread_max: int | None = None,
+    modes: Sequence[str] = ("thread", "warp", "block"),
+    samples: int = 10,
+    messages: int = 16,
+    bytes_per_sample: int = 1 << 30,
 ) -> list[dict]:
     """Run the NVSHMEM put-with-signal pingpong on 2 PEs; called from ONE process, not collectively.
 
     ``out_dir``: where the binary is built and cached (default ``~/.cache/circuslink/baselines``),
     and where the last run's full output is kept (``nvshmem_pingpong.log``).
     Rows: ``{"impl": "nvshmem-put-signal"`` (one thread, ``nvshmem_putmem_signal_nbi``, sizes up
-    to ``thread_max``) or ``"nvshmem-put-signal-block"`` (one block per 64 KiB chunk up to one per
-    SM, ``nvshmemx_putmem_signal_block``), ``"bytes", "latency_us", "time_us", "throughput_GBps",
-    "iters", "blocks", "threads", "verified"}``, timed on the device (``%globaltimer``).
+    to ``thread_max``, default every size), ``"nvshmem-put-signal-warp"`` (one warp,
+    ``nvshmemx_putmem_signal_warp``), ``"nvshmem-put-signal-block"`` (one block per 64 KiB chunk up to one
+    per SM, ``nvshmemx_putmem_signal_block``) or ``"nvshmem-put-block-stream"`` (mode ``stream``: the block
+    put streaming ``messages`` messages a round, one_way_us per message), ``"bytes", "one_way_us",
+    "min_one_way_us", "throughput_GBps", "max_throughput_GBps", "iters", "samples", "blocks", "threads",
+    "verified"}``: the median and the fastest of ``samples`` launches, each timed on the device
+    (``%globaltimer``); a launch moves at most ``bytes_per_sample`` bytes one way (at least one round).
     Raises BackendError when nvcc, NVSHMEM, mpicc or mpirun are missing or the run fails, and
     TimeoutError when it runs past ``timeout`` (default CIRCUSLINK_TIMEOUT).
     """
     sizes = check_sizes(sizes, "nvshmem_pingpong")
     check_counts(iters, warmup, "nvshmem_pingpong")
-    unknown = [m for m in modes if m not in ("thread", "block")]
+    unknown = [m for m in modes if m not in ("thread", "warp", "block", "stream")]
     if unknown or not modes:
-        raise ConfigError(f"nvshmem_pingpong: modes must be 'thread' and/or 'block', got {list(modes)!r}")
+        raise ConfigError(f"nvshmem_pingpong: modes must be some of 'thread', 'warp', 'block', 'stream', got "
+                          f"{list(modes)!r}")
+    if thread_max is None:
+        thread_max = max(sizes)
     nv = find_nvshmem()
     binary = build_nvshmem_pingpong(out_dir)
     env = _job_env(nv, max(sizes))
-    args = [f"sizes={','.join(map(str, sizes))}", f"iters={iters}", f"warmup={warmup}",
-            f"seed={fresh_seed()}", f"thread_max={thread_max}", f"modes={','.join(modes)}"]
+    args = [f"sizes={','.join(map(str, sizes))}", f"iters={iters}", f"warmup={warmup}", f"samples={samples}",
+            f"messages={messages}", f"bytes_per_sample={bytes_per_sample}", f"seed={fresh_seed()}",
+            f"thread_max={thread_max}", f"modes={','.join(modes)}"]
     cmd = mpirun_command(binary, args, env)
     deadline = Deadline.after(timeout)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,

@@ -31,6 +31,11 @@
 // Sessions keep an end's state in registers for a kernel that uses it for a whole launch (no state
 // load before the first store, the latency path):
 //   auto s = tx.session();  ...  s.write_warp(src, n); ...  s.close();   // every thread of the group
+// Grid sessions do the same for the grid forms: each warp keeps the packet numbers in registers, so
+// back-to-back grid calls stream with no grid barrier between them (the streaming path):
+//   auto s = tx.grid_session();  for (...) s.write(src, n);  s.close();   // every thread of the grid
+// A grid session may use part of the grid: tx.grid_session(w, W) for the group's warps w = 0..W-1
+// (say, half the warps write while the other half read the reply).
 // Only one group may use one end at a time (calls on an end are sequential).
 #pragma once
 
@@ -46,6 +51,10 @@ template <typename T>
 struct SendSession;
 template <typename T>
 struct RecvSession;
+template <typename T>
+struct GridSendSession;
+template <typename T>
+struct GridRecvSession;
 
 template <typename T>
 struct Sender {
@@ -69,6 +78,9 @@ struct Sender {
   __device__ bool ok() const { return !detail::has_error(h); }
   __device__ bool failed() const { return detail::has_error(h); }
   __device__ SendSession<T> session() const;
+  // Every warp of the grid (or of the group warp_in_group = 0..warps-1 of it) opens it once.
+  __device__ GridSendSession<T> grid_session() const;
+  __device__ GridSendSession<T> grid_session(unsigned int warp_in_group, unsigned int warps) const;
 #endif
 };
 
@@ -103,6 +115,8 @@ struct Receiver {
   __device__ bool ok() const { return !detail::has_error(h); }
   __device__ bool failed() const { return detail::has_error(h); }
   __device__ RecvSession<T> session() const;
+  __device__ GridRecvSession<T> grid_session() const;
+  __device__ GridRecvSession<T> grid_session(unsigned int warp_in_group, unsigned int warps) const;
 #endif
 };
 
@@ -123,7 +137,10 @@ struct SendSession {
   __device__ bool write(const T& v) {
     return detail::write_st<detail::ThreadG>(h, st, reinterpret_cast<const unsigned char*>(&v), sizeof(T));
   }
-  __device__ void close() const { detail::save_send_state(h, st); }
+  // Stores the state back (every thread of the group calls it; one lane of each warp stores).
+  __device__ void close() const {
+    if (detail::lowest_active_lane()) detail::save_send_state(h, st);
+  }
 #endif
 };
 
@@ -149,11 +166,60 @@ struct RecvSession {
   __device__ bool forward_warp(SendSession<T>& out, unsigned long long n) {
     return detail::forward_warp_st(h, st, out.h, out.st, n * sizeof(T));
   }
-  // Hands back every credit held, then stores the state (every thread may call it).
+  // Hands back every credit held, then stores the state (every thread of the group calls it; one lane
+  // of each warp stores).
   __device__ void close() {
-    detail::flush_credits(h, st);
-    detail::save_recv_state(h, st);
+    if (detail::lowest_active_lane()) {
+      detail::flush_credits(h, st);
+      detail::save_recv_state(h, st);
+    }
   }
+#endif
+};
+
+// The grid forms with the end's packet numbers in every warp's registers (see grid_session()). Calls
+// made by one session follow each other with no barrier; read must use the writer's n, as read_grid.
+template <typename T>
+struct GridSendSession {
+  detail::ChannelHandle h;
+  detail::GridSession s;
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+  __device__ bool write(const T* src, unsigned long long n) {
+    const unsigned long long nbytes = n * sizeof(T);
+    const bool ok = detail::grid_write_from(h, s.base, reinterpret_cast<const unsigned char*>(src), nbytes, s.first,
+                                            s.step);
+    s.base += detail::grid_packets(h, nbytes);
+    return ok;
+  }
+  // Every warp of the group, once at the end: the last to leave stores the end's state.
+  __device__ void close() { detail::grid_leave(h, s.base, 0, false, s.step); }
+#endif
+};
+
+template <typename T>
+struct GridRecvSession {
+  detail::ChannelHandle h;
+  detail::GridSession s;
+  bool clean;  // the end started at a packet boundary (else every call fails, misuse recorded)
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+  __device__ bool read(T* dst, unsigned long long n) {
+    const unsigned long long nbytes = n * sizeof(T);
+    const bool ok = clean && detail::grid_read_from(h, s.base, reinterpret_cast<unsigned char*>(dst), nbytes,
+                                                    s.first, s.step);
+    s.base += detail::grid_packets(h, nbytes);
+    return ok;
+  }
+  // Pass n elements on to `out` slot to slot (bulk packets as they are; both channels' chunk equal).
+  __device__ bool forward(GridSendSession<T>& out, unsigned long long n) {
+    const unsigned long long nbytes = n * sizeof(T);
+    const bool ok = clean && detail::grid_forward_from(h, s.base, out.h, out.s.base, nbytes, s.first, s.step);
+    s.base += detail::grid_packets(h, nbytes);
+    out.s.base += detail::grid_packets(out.h, nbytes);
+    return ok;
+  }
+  __device__ void close() { detail::grid_leave(h, s.base, 0, true, s.step); }
 #endif
 };
 
@@ -165,6 +231,24 @@ __device__ SendSession<T> Sender<T>::session() const {
 template <typename T>
 __device__ RecvSession<T> Receiver<T>::session() const {
   return RecvSession<T>{h, detail::load_recv_state(h)};
+}
+template <typename T>
+__device__ GridSendSession<T> Sender<T>::grid_session() const {
+  return GridSendSession<T>{h, detail::grid_session_open(h, detail::grid_warp(), detail::grid_warps())};
+}
+template <typename T>
+__device__ GridSendSession<T> Sender<T>::grid_session(unsigned int warp_in_group, unsigned int warps) const {
+  return GridSendSession<T>{h, detail::grid_session_open(h, warp_in_group, warps)};
+}
+template <typename T>
+__device__ GridRecvSession<T> Receiver<T>::grid_session() const {
+  const detail::GridSession s = detail::grid_session_open(h, detail::grid_warp(), detail::grid_warps());
+  return GridRecvSession<T>{h, s, detail::grid_read_starts_clean(h, s.base)};
+}
+template <typename T>
+__device__ GridRecvSession<T> Receiver<T>::grid_session(unsigned int warp_in_group, unsigned int warps) const {
+  const detail::GridSession s = detail::grid_session_open(h, warp_in_group, warps);
+  return GridRecvSession<T>{h, s, detail::grid_read_starts_clean(h, s.base)};
 }
 #endif
 

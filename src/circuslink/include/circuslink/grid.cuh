@@ -1,26 +1,43 @@
 // circuslink/grid.cuh - a barrier for every block of a co-resident grid, with a time-out.
 //
 // Kernels that call the channels' grid forms (write_grid, read_grid, forward_grid) more than once per
-// launch separate the calls with grid_sync: a grid call takes its first packet number from the end's
-// state and its last warp to leave stores the next one, so the next call must not start before the
-// last warp has left. The grid must be co-resident (no more blocks than world.backend.max_blocks).
+// launch separate the calls with grid_sync, and so does a persistent kernel between its iterations: a
+// grid call takes its first packet number from the end's state and its last warp to leave stores the
+// next one, so the next call must not start before the last warp has left.
 //
-//   __global__ void k(circuslink::Sender<float> tx, unsigned int* bar, ...) {   // bar: 2 zeroed u32
+// The host makes the barrier and launches the grid (docs/user-kernels.md):
+//
+//   bar = world.backend.grid_barrier(timeout=ch.timeout)      # 2 zeroed words, the abort word, the time-out
+//   world.backend.launch_resident(fn, blocks, 256, (tx.device_handle(), bar.device_handle(), ...))
+//
+//   __global__ void k(circuslink::Sender<float> tx, circuslink::GridBarrier bar, ...) {
 //     for (int i = 0; i < steps; ++i) {
 //       tx.write_grid(x + i * n, n);
-//       if (!circuslink::grid_sync(bar, timeout_ns)) return;
+//       if (!circuslink::grid_sync(bar)) return;              // false on every thread: timed out or aborted
 //     }
 //   }
+//
+// The grid must be co-resident: launch_resident refuses a grid larger than world.backend.max_blocks
+// allows for the kernel (its registers, shared memory, block size and the rank's share of the GPU) and
+// launches it cooperatively, so that every block runs at once; otherwise a block that never starts
+// leaves the others waiting until the time-out.
 #pragma once
 
 #include "detail/sync.cuh"
 
 namespace circuslink {
 
+// What the host gives a kernel (by value; the host's table is circuslink.backends._grid.GRID_BARRIER).
+struct GridBarrier {
+  unsigned int* counters;              // 2 words in device memory, zeroed: arrivals, generation
+  const volatile unsigned int* abort;  // host-mapped: the host sets it to end every device wait (may be null)
+  unsigned long long timeout_ns;       // a wait gives up after this long (0: never; the host's abort still ends it)
+};
+
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 // Every thread of every block calls it. bar[0] counts arrivals, bar[1] is the generation; both start
 // at 0 and are reused by later calls. False (on every thread) when the wait ran past timeout_ns (0:
-// never) or the host aborted.
+// never) or the host aborted. The form above passes the three from the GridBarrier handle.
 __device__ __forceinline__ bool grid_sync(unsigned int* bar, unsigned long long timeout_ns,
                                           const volatile unsigned int* abort = nullptr) {
   __shared__ int ok;
@@ -42,6 +59,10 @@ __device__ __forceinline__ bool grid_sync(unsigned int* bar, unsigned long long 
   }
   __syncthreads();
   return ok != 0;
+}
+
+__device__ __forceinline__ bool grid_sync(const GridBarrier& bar) {
+  return grid_sync(bar.counters, bar.timeout_ns, bar.abort);
 }
 #endif
 

@@ -9,7 +9,19 @@
 // One packet format for every size (docs/protocol.md): a write of at most `ll_max` bytes travels as
 // low-latency packets (flag in every 8-byte unit, no fence: one store per lane, the reader polls the
 // units it needs), a larger one as bulk packets (payload in the slot's bulk area, then the header
-// after a release fence; the reader acquires the header, then copies). Readers read any mix.
+// after a release fence scoped to where the two ends are; the reader acquires the header, then copies).
+// Readers read any mix.
+//
+// What the hot paths are built from (each measured against the relaxed store+poll floor, see
+// docs/protocol.md "Measuring it"):
+//   - a warp moves low-latency packets two at a time, 16 bytes (two units) a lane, and polls up to
+//     kLLRound packets in one round of loads, so a 1 KiB message costs one round trip, not nine;
+//   - the echo / forward polls a packet once and stores it onward from the registers it polled into;
+//   - a failed poll costs only the next poll: the deadline, the abort word and the error record are read
+//     by an out-of-line check every kSpinsPerCheck polls, whose arguments are passed by value;
+//   - bulk packets fence at .gpu scope when both ends share a GPU, .sys otherwise (kHandleGpuScope);
+//   - grid sessions keep each warp's packet numbers in registers, so back-to-back grid calls stream
+//     without a grid barrier between them.
 #pragma once
 
 #include "channel_types.cuh"
@@ -64,7 +76,7 @@ struct U4 {
 };
 
 // One 8-byte unit {word, flag}: a single-copy-atomic store / load (the PTX memory model makes each
-// aligned 8-byte access atomic; a v4.u32 access would be four separate ones).
+// aligned 8-byte access atomic).
 __device__ __forceinline__ void st_unit(void* p, u32 word, u32 flag) {
   const u64 v = (u64)word | ((u64)flag << 32);
   asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
@@ -74,15 +86,29 @@ __device__ __forceinline__ u64 ld_unit(const void* p) {
   asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
+// Two units in one instruction. Each 8-byte half is single-copy atomic on its own (a vector access is
+// not atomic as a whole), which is all the format needs: every unit carries its own flag.
+__device__ __forceinline__ void st_units2(void* p, u64 a, u64 b) {
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a), "l"(b) : "memory");
+}
+__device__ __forceinline__ void ld_units2(const void* p, u64& a, u64& b) {
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p) : "memory");
+}
+__device__ __forceinline__ u64 unit(u32 word, u32 flag) { return (u64)word | ((u64)flag << 32); }
+__device__ __forceinline__ u32 unit_flag(u64 v) { return (u32)(v >> 32); }
 // The header {route, flag} {nbytes | kind, flag} as two 8-byte halves in one instruction.
 __device__ __forceinline__ void st_header(void* p, u32 route, u32 flag, u32 word) {
-  const u64 lo = (u64)route | ((u64)flag << 32), hi = (u64)word | ((u64)flag << 32);
-  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(lo), "l"(hi) : "memory");
+  st_units2(p, unit(route, flag), unit(word, flag));
 }
-// Release / acquire at system scope for bulk packets: the writer's payload stores (ordered before
-// this thread by the group's barrier) become visible before the header; the reader's payload loads
-// after it. Not the sequentially consistent fence (__threadfence_system), which costs far more.
+// Release / acquire for bulk packets, at the scope where the two ends live: .gpu when they share a
+// GPU (ranks under MPS), .sys otherwise (peer GPUs, host memory). Not the sequentially consistent
+// fence (__threadfence_system), which costs far more.
 __device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+__device__ __forceinline__ void fence_for(const ChannelHandle& h) {
+  if (h.flags & kHandleGpuScope) fence_acq_rel_gpu();
+  else fence_acq_rel_sys();
+}
 
 __device__ __forceinline__ void st_v4(void* p, U4 v) {
   asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
@@ -110,8 +136,10 @@ __device__ __forceinline__ unsigned char ld_cg_u8(const unsigned char* p) {
 __device__ __forceinline__ u32 flag_of(u64 seq) { return (u32)seq | 1u; }
 __device__ __forceinline__ bool rewrites_all(u64 seq, u32 nslots) { return ((u32)seq & 0x7FFFFFFFu) < nslots; }
 
+// 32-bit slot arithmetic: the host refuses rings of 4 GiB or more when the channel opens
+// (protocol.geometry), so nslots * slot_bytes always fits.
 __device__ __forceinline__ unsigned char* slot_of(const ChannelHandle& h, u64 seq) {
-  return h.ring + ((u32)seq & (h.nslots - 1u)) * h.slot_bytes;  // 32-bit arithmetic: rings stay < 4 GiB
+  return h.ring + ((u32)seq & (h.nslots - 1u)) * h.slot_bytes;
 }
 
 // 4 bytes of src[pos..) as a word, zero past `end`.
@@ -139,38 +167,85 @@ __device__ __forceinline__ void scatter4(unsigned char* dst, u32 w, u32 from, u3
   for (u32 b = from; b < to; ++b) dst[b - from] = (unsigned char)(w >> (8 * b));
 }
 
-// ---- errors ------------------------------------------------------------------------------------
-__device__ __forceinline__ void record_error(const ChannelHandle& h, u32 code, u64 seq) {
-  if (atomicCAS(h.error, 0u, code) == 0u) {
-    st_relaxed(h.error + 1, h.channel_id);
-    st_relaxed(h.error + 2, (u32)seq);
-    st_relaxed(h.error + 3, (u32)(seq >> 32));
+// ---- errors and waits ------------------------------------------------------------------------------
+// Record {code, channel id, seq lo, seq hi} once. The first failure claims the record with a sentinel,
+// fills the fields, and publishes the code last, so a host or device that sees a code sees its fields.
+__device__ __noinline__ void record_error(u32* error, u32 code, u32 channel_id, u64 seq) {
+  if (atomicCAS(error, 0u, kErrClaimed) == 0u) {
+    st_relaxed(error + 1, channel_id);
+    st_relaxed(error + 2, (u32)seq);
+    st_relaxed(error + 3, (u32)(seq >> 32));
     __threadfence_system();  // the failure path: cost does not matter, visibility to the host does
+    st_relaxed(error, code);
+    __threadfence_system();
   }
+}
+__device__ __forceinline__ void record_error(const ChannelHandle& h, u32 code, u64 seq) {
+  record_error(h.error, code, h.channel_id, seq);
 }
 __device__ __forceinline__ bool has_error(const ChannelHandle& h) { return ld_relaxed(h.error) != 0u; }
 
-// Poll until ready() holds. Gives up on the deadline or the host's abort, or at once when this end
-// already failed (the error flag and the clock are read only after many failed polls).
+// The rare path of every wait, out of line and with its arguments by value (nothing of the caller's
+// lives on a stack): called every kSpinsPerCheck failed polls. The first call (deadline 0) starts the
+// deadline; later calls say whether it passed. Returns the deadline to keep waiting with (>= kWaitLive),
+// or why to stop: this end failed earlier, the host aborted, or the time is up.
+enum : u32 { kSpinsPerCheck = 256 };
+enum : u64 { kWaitFailed = 1, kWaitAborted = 2, kWaitExpired = 3, kWaitLive = 4 };
+__device__ __noinline__ u64 wait_check(u64 deadline, u64 timeout_ns, const u32* error,
+                                       const volatile unsigned int* abort) {
+  if (abort != nullptr && *abort != 0u) return kWaitAborted;
+  if (ld_relaxed(error) != 0u) return kWaitFailed;
+  const u64 now = globaltimer_ns();
+  if (deadline == 0ull) {
+    if (timeout_ns == 0ull) return ~0ull;  // never: only the host's abort ends this wait
+    return timeout_ns > ~0ull - now ? ~0ull : now + timeout_ns;
+  }
+  return now > deadline ? kWaitExpired : deadline;
+}
+// After a wait gave up: record why (the error of an end that failed earlier is already there).
+__device__ __forceinline__ void wait_failed(const ChannelHandle& h, u64 why, u32 code, u64 seq) {
+  if (why == kWaitAborted) record_error(h, kErrAborted, seq);
+  else if (why == kWaitExpired) record_error(h, code, seq);
+}
+
+// One thread polls until ready() holds (the hot loop is the poll alone).
 template <typename Ready>
-__device__ __noinline__ bool wait_slow(const ChannelHandle& h, Ready ready, u32 code, u64 seq) {
-  if (has_error(h)) return false;
-  Deadline d = Deadline::after(h.timeout_ns, h.abort);
+__device__ __forceinline__ bool wait_for(const ChannelHandle& h, Ready ready, u32 code, u64 seq) {
+  if (ready()) return true;
+  u64 deadline = 0;
   while (true) {
 #pragma unroll 1
-    for (int k = 0; k < 8; ++k)
+    for (u32 k = 0; k < kSpinsPerCheck; ++k)
       if (ready()) return true;
-    if (d.expired()) {
+    deadline = wait_check(deadline, h.timeout_ns, h.error, h.abort);
+    if (deadline < kWaitLive) {
       if (ready()) return true;
-      record_error(h, d.aborted() ? kErrAborted : code, seq);
+      wait_failed(h, deadline, code, seq);
       return false;
     }
   }
 }
-template <typename Ready>
-__device__ __forceinline__ bool wait_for(const ChannelHandle& h, Ready ready, u32 code, u64 seq) {
-  return ready() || wait_slow(h, ready, code, seq);
-}
+
+// A warp polls together: every kSpinsPerCheck failed rounds lane 0 runs the check and the warp agrees.
+// Returns false when the wait must end (the reason is recorded).
+struct WarpWait {
+  u64 deadline;
+  u32 spins;
+  __device__ __forceinline__ static WarpWait start() { return WarpWait{0ull, 0u}; }
+  __device__ __forceinline__ bool keep_going(const ChannelHandle& h, u32 code, u64 seq) {
+    if (++spins < kSpinsPerCheck) return true;
+    spins = 0;
+    u64 d = 0;
+    if (lane_id() == 0) d = wait_check(deadline, h.timeout_ns, h.error, h.abort);
+    d = __shfl_sync(0xffffffffu, d, 0);
+    if (d < kWaitLive) {
+      if (lane_id() == 0) wait_failed(h, d, code, seq);
+      return false;
+    }
+    deadline = d;
+    return true;
+  }
+};
 
 // ---- state -----------------------------------------------------------------------------------
 __device__ __forceinline__ SendState load_send_state(const ChannelHandle& h) {
@@ -202,24 +277,35 @@ __device__ __forceinline__ void save_recv_state(const ChannelHandle& h, const Re
 // ---- credits ---------------------------------------------------------------------------------
 // Sender, every thread of the group with the same state: may packet `seq` be written? From the
 // cached counter (registers, no load, no broadcast) when it can tell; else the leader waits for the
-// counter and the group agrees on the value it saw.
-template <typename G>
-__device__ __noinline__ bool credit_slow(const ChannelHandle& h, SendState& st, u64 seq) {
-  u64 seen = st.credit_cache;
-  if (G::rank() == 0) {
-    const u64 nslots = h.nslots;
-    unsigned long long* credit = h.credit;
-    if (!wait_slow(h, [&] { seen = ld_relaxed_u64(credit); return seq < seen + nslots; }, kErrCreditTimeout, seq))
-      seen = ~0ull;
+// counter (out of line, arguments by value) and the group agrees on the value it saw.
+__device__ __noinline__ u64 credit_wait(const unsigned long long* credit, u64 seq, u32 nslots, u64 timeout_ns,
+                                        u32* error, const volatile unsigned int* abort, u32 channel_id) {
+  u64 deadline = 0;
+  while (true) {
+#pragma unroll 1
+    for (u32 k = 0; k < kSpinsPerCheck; ++k) {
+      const u64 seen = ld_relaxed_u64(credit);
+      if (seq < seen + nslots) return seen;
+    }
+    deadline = wait_check(deadline, timeout_ns, error, abort);
+    if (deadline < kWaitLive) {
+      const u64 seen = ld_relaxed_u64(credit);
+      if (seq < seen + nslots) return seen;
+      if (deadline != kWaitFailed)
+        record_error(error, deadline == kWaitAborted ? kErrAborted : kErrCreditTimeout, channel_id, seq);
+      return ~0ull;
+    }
   }
+}
+template <typename G>
+__device__ __forceinline__ bool credit_for(const ChannelHandle& h, SendState& st, u64 seq) {
+  if (seq < st.credit_cache + h.nslots) return true;
+  u64 seen = 0;
+  if (G::rank() == 0) seen = credit_wait(h.credit, seq, h.nslots, h.timeout_ns, h.error, h.abort, h.channel_id);
   seen = G::bcast(seen);
   if (seen == ~0ull) return false;
   st.credit_cache = seen;
   return true;
-}
-template <typename G>
-__device__ __forceinline__ bool credit_for(const ChannelHandle& h, SendState& st, u64 seq) {
-  return seq < st.credit_cache + h.nslots || credit_slow<G>(h, st, seq);
 }
 
 // Receiver: packet `seq` is consumed. Its slot credit (for the grid forms' writers) at once; the
@@ -237,25 +323,39 @@ __device__ __forceinline__ void consumed(const ChannelHandle& h, RecvState& st) 
   st.offset = 0;
   if (st.seq - st.returned >= (h.nslots >> 1)) flush_credits(h, st);
 }
-
-// ---- low-latency packets -----------------------------------------------------------------------
-// One lane stores unit `u` of packet seq (payload src[0, nb)): header units 0 and 1, data units
-// 2..31 below nb (all of them on a rewrite lap). One aligned 8-byte store; no fence.
-__device__ __forceinline__ void ll_store_unit(const ChannelHandle& h, unsigned char* slot, u64 seq,
-                                              const unsigned char* src, u32 nb, u32 u) {
-  const u32 flag = flag_of(seq);
-  if (u == 0) {
-    st_unit(slot, h.route, flag);
-  } else if (u == 1) {
-    st_unit(slot + kUnitBytes, nb, flag);
-  } else if ((u - 2) * 4 < nb || rewrites_all(seq, h.nslots)) {
-    st_unit(slot + u * kUnitBytes, gather4(src, (u - 2) * 4, nb), flag);
-  }
+// The same bookkeeping on the lanes that do not store (they keep the state in step with lane 0).
+__device__ __forceinline__ void consumed_mirror(const ChannelHandle& h, RecvState& st) {
+  st.seq += 1;
+  st.offset = 0;
+  if (st.seq - st.returned >= (h.nslots >> 1)) st.returned = st.seq;
 }
 
-// Write nbytes as low-latency packets of <= 120 bytes: each warp of the group stores one packet per
-// instruction (one unit per lane), so a block of W warps stores W packets at once. The state is the
-// caller's (a session keeps it in registers across calls).
+// ---- low-latency packets: stores -----------------------------------------------------------------
+// A warp stores packets two at a time: lanes 0-15 packet 2i, lanes 16-31 packet 2i + 1; lane `sub` of a
+// half stores units 2 sub and 2 sub + 1 with one 16-byte store. Sub 0 holds the header (units 0 and 1),
+// sub m >= 1 payload bytes [8 (m - 1), 8 m). Units past nbytes are not stored, except on a rewrite lap.
+// Packets a warp polls in one round (four 16-byte loads a lane; 960 payload bytes). More would take
+// more registers from every kernel that reads a channel (16: 128 registers a thread, against 64 at 8).
+enum : u32 { kLLRound = 8 };
+
+__device__ __forceinline__ void ll_store_pair(const ChannelHandle& h, unsigned char* slot, u64 seq,
+                                              const unsigned char* src, u32 nb, u32 sub) {
+  const u32 flag = flag_of(seq);
+  if (sub == 0) {
+    st_header(slot, h.route, flag, nb);
+    return;
+  }
+  // Exactly the units below nb (one 8-byte store where only the first of the pair is), all on a rewrite lap.
+  const u32 lo = 8 * (sub - 1);
+  if (lo + 4 < nb || rewrites_all(seq, h.nslots))
+    st_units2(slot + 16 * sub, unit(gather4(src, lo, nb), flag), unit(gather4(src, lo + 4, nb), flag));
+  else if (lo < nb)
+    st_unit(slot + 16 * sub, gather4(src, lo, nb), flag);
+}
+
+// Write nbytes as low-latency packets of <= 120 bytes. The state is the caller's (a session keeps it in
+// registers across calls). Every warp of the group stores two packets per instruction, so a block of W
+// warps stores 2 W packets a round.
 template <typename G>
 __device__ bool ll_write_st(const ChannelHandle& h, SendState& st, const unsigned char* src, u64 nbytes) {
   const u64 npk = (nbytes + kLLPayload - 1) / kLLPayload;
@@ -265,26 +365,30 @@ __device__ bool ll_write_st(const ChannelHandle& h, SendState& st, const unsigne
       if (!credit_for<G>(h, st, seq)) { st.seq += p; return false; }
       const u32 nb = (u32)(nbytes - off < kLLPayload ? nbytes - off : kLLPayload);
       unsigned char* slot = slot_of(h, seq);
-      for (u32 u = 0; u < kLLUnits; ++u) ll_store_unit(h, slot, seq, src + off, nb, u);
+      for (u32 sub = 0; sub < kLLUnits / 2; ++sub) ll_store_pair(h, slot, seq, src + off, nb, sub);
     }
     st.seq += npk;
     return true;
   }
-  const u64 warps = G::size() / 32, warp = G::rank() / 32;
-  const u32 lane = lane_id();
+  const u64 per_round = 2 * (G::size() / 32);
+  const u32 me = G::rank() / 16, sub = lane_id() & 15u;  // this half-warp's packet within a round
   u64 p0 = 0;  // first packet of this round
   while (p0 < npk) {
+    // A later round's packet may land in a slot an earlier round wrote through other lanes: the barrier
+    // orders those stores (only a writer whose credits let it lap the ring within one call can see it).
+    if (p0 > 0) G::sync();
     // Wait for the credit of the round's FIRST packet only, then write as many as the credits allow:
     // a reader whose read spans the last packet written and the next one holds the last one until the
     // next arrives, so waiting for a whole round's credits could wait on that reader for ever.
     if (!credit_for<G>(h, st, st.seq + p0)) { st.seq += p0; return false; }
     const u64 room = st.credit_cache + h.nslots - (st.seq + p0);
-    u64 cnt = npk - p0 < warps ? npk - p0 : warps;
+    u64 cnt = npk - p0 < per_round ? npk - p0 : per_round;
     cnt = cnt < room ? cnt : room;
-    if (warp < cnt) {
-      const u64 p = p0 + warp, off = p * kLLPayload;
+    cnt = cnt < h.nslots ? cnt : h.nslots;  // a round's packets never share a slot, whatever the credits say
+    if (me < cnt) {
+      const u64 p = p0 + me, off = p * kLLPayload;
       const u32 nb = (u32)(nbytes - off < kLLPayload ? nbytes - off : kLLPayload);
-      ll_store_unit(h, slot_of(h, st.seq + p), st.seq + p, src + off, nb, lane);
+      ll_store_pair(h, slot_of(h, st.seq + p), st.seq + p, src + off, nb, sub);
     }
     p0 += cnt;
   }
@@ -292,73 +396,207 @@ __device__ bool ll_write_st(const ChannelHandle& h, SendState& st, const unsigne
   return true;
 }
 
-// One warp takes bytes [st.offset, st.offset + take) of low-latency packet st.seq into dst, where
-// take <= need. Returns the bytes taken (0: failure; the error is recorded). The fast path: every
-// lane polls only its own unit, one shuffle and one vote per round; a bulk packet (header kind)
-// returns -1 for the caller's bulk path.
-__device__ __forceinline__ long long ll_take_warp(const ChannelHandle& h, RecvState& st, unsigned char* dst,
-                                                  u64 need) {
+// ---- low-latency packets: one warp polls a round ----------------------------------------------------
+// A round: packets st.seq .. st.seq + count - 1 (count <= kLLRound and <= nslots), loaded with one
+// 16-byte load per lane per two packets. After it, the warp knows how many leading packets are complete
+// (header and every data unit below nbytes flagged) and each one's nbytes; the loaded units stay in
+// a[] / b[] for the caller to use, with no second load.
+struct LLRound {
+  u64 a[kLLRound / 2], b[kLLRound / 2];  // lane's units 2 sub and 2 sub + 1 of packet 2 i + half
+  u32 nb[kLLRound];                       // header word of each packet (uniform); kNoHeader if not there yet
+  u32 complete;                           // leading complete low-latency packets
+  bool bulk_next;                         // the first incomplete packet is a bulk packet (its header is there)
+};
+enum : u32 { kNoHeader = 0xFFFFFFFFu };
+
+__device__ __forceinline__ void ll_poll(const ChannelHandle& h, u64 seq, u32 count, LLRound& r) {
+  const u32 lane = lane_id(), half = lane >> 4, sub = lane & 15u;
+#pragma unroll
+  for (u32 i = 0; i < kLLRound / 2; ++i) {
+    r.a[i] = 0;
+    r.b[i] = 0;
+    if (2 * i < count) {
+      const u32 q = 2 * i + half;
+      if (q < count) ld_units2(slot_of(h, seq + q) + 16 * sub, r.a[i], r.b[i]);
+    }
+  }
+  r.complete = 0;
+  r.bulk_next = false;
+  bool broken = false;
+#pragma unroll
+  for (u32 i = 0; i < kLLRound / 2; ++i) {
+    if (2 * i < count) {
+      const u32 q = 2 * i + half;
+      const u32 flag = flag_of(seq + q);
+      // header of this lane's packet, from sub 0 of its half
+      const u64 hdr = __shfl_sync(0xffffffffu, r.b[i], lane & 16u);
+      const bool hdr_ok = q < count && unit_flag(hdr) == flag;
+      const u32 word = (u32)hdr;
+      bool ok = hdr_ok && !(word & kKindBulk);
+      if (ok && sub > 0) {
+        const u32 lo = 8 * (sub - 1);
+        if (lo < word) ok = unit_flag(r.a[i]) == flag;
+        if (ok && lo + 4 < word) ok = unit_flag(r.b[i]) == flag;
+      }
+      const u32 votes = __ballot_sync(0xffffffffu, ok);
+      const u32 hdrs = __ballot_sync(0xffffffffu, hdr_ok);
+      const u32 w0 = __shfl_sync(0xffffffffu, word, 0), w1 = __shfl_sync(0xffffffffu, word, 16);
+      r.nb[2 * i] = (hdrs & 1u) ? w0 : kNoHeader;
+      r.nb[2 * i + 1] = (2 * i + 1 < count && (hdrs & 0x10000u)) ? w1 : kNoHeader;
+      const bool c0 = (votes & 0xFFFFu) == 0xFFFFu, c1 = 2 * i + 1 < count && (votes >> 16) == 0xFFFFu;
+      if (!broken) {
+        if (c0) {
+          r.complete += 1;
+          if (c1) r.complete += 1;
+          else { broken = true; r.bulk_next = 2 * i + 1 < count && r.nb[2 * i + 1] != kNoHeader && (w1 & kKindBulk); }
+        } else {
+          broken = true;
+          r.bulk_next = r.nb[2 * i] != kNoHeader && (w0 & kKindBulk);
+        }
+      }
+    }
+  }
+}
+
+// How many packets a read of `need` more bytes from (seq, offset) may poll in one round.
+__device__ __forceinline__ u32 ll_round_count(const ChannelHandle& h, u32 offset, u64 need) {
+  u64 c = (offset + need + kLLPayload - 1) / kLLPayload;
+  if (c < 1) c = 1;
+  if (c > kLLRound) c = kLLRound;
+  if (c > h.nslots) c = h.nslots;
+  return (u32)c;
+}
+
+// Take the complete packets of a round into dst (at most `need` bytes, from st.offset of the first):
+// each lane stores its own payload bytes, straight from the round's registers. Returns the bytes taken.
+__device__ __forceinline__ u64 ll_take_round(const ChannelHandle& h, RecvState& st, const LLRound& r,
+                                              unsigned char* dst, u64 need) {
+  const u32 lane = lane_id(), half = lane >> 4, sub = lane & 15u;
+  u64 got = 0;          // bytes of dst before the current pair of packets (uniform)
+  u32 used = 0;         // packets taken from, whole or in part
+  bool last_whole = true;
+  u32 last_end = 0;     // where the last packet taken from stops (bytes of its payload)
+#pragma unroll
+  for (u32 i = 0; i < kLLRound / 2; ++i) {
+    u32 take[2] = {0u, 0u}, from[2] = {0u, 0u};
+#pragma unroll
+    for (u32 k = 0; k < 2; ++k) {  // packet 2 i + k: how much of it this read takes (uniform)
+      const u32 q = 2 * i + k;
+      const u64 before = got + (k ? take[0] : 0u);
+      if (q < r.complete && before < need) {
+        from[k] = q == 0 ? st.offset : 0u;
+        const u32 avail = r.nb[q] - from[k];
+        take[k] = (u64)avail < need - before ? avail : (u32)(need - before);
+        used = q + 1;
+        last_end = from[k] + take[k];
+        last_whole = last_end == r.nb[q];
+      }
+    }
+    // lane (half, sub) holds payload bytes [8 (sub - 1), 8 sub) of packet 2 i + half
+    const u32 f = half ? from[1] : from[0], t = half ? take[1] : take[0];
+    if (t > 0 && sub > 0) {
+      const u64 at = got + (half ? take[0] : 0u);
+      const u32 lo = 8 * (sub - 1), upto = f + t;
+      const u32 words[2] = {(u32)r.a[i], (u32)r.b[i]};
+#pragma unroll
+      for (u32 k = 0; k < 2; ++k) {
+        const u32 wlo = lo + 4 * k, whi = wlo + 4;
+        const u32 s = wlo > f ? wlo : f, e = whi < upto ? whi : upto;
+        if (s < e) scatter4(dst + at + (s - f), words[k], s - wlo, e - wlo);
+      }
+    }
+    got += take[0] + take[1];
+  }
+  // bookkeeping: slot credits for the packets consumed whole, then the state
+  const u32 whole = last_whole ? used : used - 1;
+  if (lane == 0) {
+    for (u32 q = 0; q < whole; ++q)
+      st_relaxed(h.slot_credit + ((u32)(st.seq + q) & (h.nslots - 1u)), flag_of(st.seq + q));
+  }
+  st.seq += whole;
+  st.offset = last_whole ? 0u : last_end;
+  if (st.seq - st.returned >= (h.nslots >> 1)) {
+    if (lane == 0) st_relaxed_u64(h.credit, st.seq);
+    st.returned = st.seq;
+  }
+  return got;
+}
+
+// ---- low-latency packets: the one-packet latency path ---------------------------------------------
+// A message of at most one packet, read or passed on whole, is the latency path: the time between seeing it and
+// storing it onward (or handing it back) is what a one-way time adds to the floor, and one warp runs it alone,
+// so every instruction there shows. This path polls the packet's first `need` bytes (lanes 0-15, 16 bytes
+// each: lane 0 the header, lane m payload bytes [8 (m - 1), 8 m)), and returns with them in a / b.
+// Returns the packet's nbytes once the header and those units are there; kLLFallback when the packet is bulk
+// or shorter than `need` (the general path takes it); 0 when the wait failed (recorded).
+enum : u32 { kLLFallback = 0xFFFFFFFFu };
+__device__ __forceinline__ u32 ll_wait_one(const ChannelHandle& h, RecvState& st, u64 need, u64& a, u64& b) {
   const u32 lane = lane_id();
-  const u64 seq = st.seq;
-  const u32 flag = flag_of(seq);
-  const unsigned char* slot = slot_of(h, seq);
-  const u32 from = st.offset;
-  const u64 want_end = from + need;
-  const u32 want = (u32)(want_end < kLLPayload ? want_end : kLLPayload);  // bytes of this packet we could use
-  // Lanes 1 (header) and the units covering [from, want) poll; the others stay idle.
-  const bool polls = lane == 1 || (lane >= 2 && (lane - 2) * 4 < want && (lane - 2) * 4 + 4 > from);
-  const unsigned char* unit = slot + lane * kUnitBytes;
-  u64 v = 0;
-  u32 hdr = 0xFFFFFFFFu;
-  bool done = false, flushed = false;
-  Deadline d = Deadline::after(0);
-  bool timed = false;
+  const unsigned char* p = slot_of(h, st.seq) + 16 * lane;
+  const u32 flag = flag_of(st.seq);
+  const u32 lo = 8 * (lane - 1);
+  const bool poll = lane == 0 || (lane < 16 && lo < need);
+  bool flushed = false;
+  WarpWait wait = WarpWait::start();
+  a = 0;
+  b = 0;
   while (true) {
-    if (polls) v = ld_unit(unit);
-    const bool mine = (u32)(v >> 32) == flag;
-    hdr = __shfl_sync(0xffffffffu, mine ? (u32)v : 0xFFFFFFFFu, 1);
-    if (hdr != 0xFFFFFFFFu) {
-      if (hdr & kKindBulk) return -1;
-      const u32 end = hdr < want ? hdr : want;  // units past nbytes are not written: do not wait for them
-      const bool needed = polls && lane >= 2 && (lane - 2) * 4 < end;
-      done = __all_sync(0xffffffffu, !needed || mine);
-      if (done) break;
+    if (poll) ld_units2(p, a, b);
+    const u64 hdr = __shfl_sync(0xffffffffu, b, 0);
+    if (unit_flag(hdr) == flag) {
+      const u32 nb = (u32)hdr;
+      if ((nb & kKindBulk) || nb < need) return kLLFallback;
+      const bool ok = !poll || lane == 0 || (unit_flag(a) == flag && (lo + 4 >= need || unit_flag(b) == flag));
+      if (__all_sync(0xffffffffu, ok)) return nb;
     }
-    // The rare path: nothing yet. Hand back held credits before waiting (a writer may be blocked on
-    // them), then keep polling with a deadline; the clock and the error flag only every many polls.
+    // Not there yet: hand back held credits once (a writer may be blocked on them), then keep polling; the
+    // clock and the error record only every many polls.
     if (!flushed) {
-      if (lane == 0) flush_credits(h, st);
       flushed = true;
+      if (lane == 0 && st.seq != st.returned) st_relaxed_u64(h.credit, st.seq);
+      st.returned = st.seq;
     }
-    if (!timed) {
-      d = Deadline::after(h.timeout_ns, h.abort);
-      timed = true;
-      if (__any_sync(0xffffffffu, lane == 0 && has_error(h))) return 0;
-    }
-    if (__any_sync(0xffffffffu, lane == 0 && d.expired())) {
-      if (lane == 0) record_error(h, d.aborted() ? kErrAborted : kErrDataTimeout, seq);
-      return 0;
-    }
+    if (!wait.keep_going(h, kErrDataTimeout, st.seq)) return 0;
   }
-  const u32 nb = hdr;
-  const u32 take = (u32)((u64)(nb - from) < need ? nb - from : need);
-  if (lane >= 2) {
-    const u32 lo = (lane - 2) * 4, hi = lo + 4;
-    const u32 a = lo > from ? lo : from, b = hi < from + take ? hi : from + take;
-    if (a < b) scatter4(dst + (a - from), (u32)v, a - lo, b - lo);
+}
+
+// After ll_wait_one: `take` bytes of the packet (all of it or its first part) are consumed.
+__device__ __forceinline__ void ll_consume_one(const ChannelHandle& h, RecvState& st, u32 nb, u32 take) {
+  if (take < nb) {
+    st.offset = take;
+    return;
   }
-  st.offset = from + take;
-  if (st.offset == nb) {
-    __syncwarp();
-    if (lane == 0) {
-      st_relaxed(h.slot_credit + ((u32)seq & (h.nslots - 1u)), flag_of(seq));
-      if (seq + 1 - st.returned >= (h.nslots >> 1)) st_relaxed_u64(h.credit, seq + 1);
-    }
-    st.seq = seq + 1;
-    st.offset = 0;
-    if (st.seq - st.returned >= (h.nslots >> 1)) st.returned = st.seq;
+  if (lane_id() == 0) {
+    st_relaxed(h.slot_credit + ((u32)st.seq & (h.nslots - 1u)), flag_of(st.seq));
+    if (st.seq + 1 - st.returned >= (h.nslots >> 1)) st_relaxed_u64(h.credit, st.seq + 1);
   }
-  return take;
+  st.seq += 1;
+  st.offset = 0;
+  if (st.seq - st.returned >= (h.nslots >> 1)) st.returned = st.seq;
+}
+
+// One warp reads up to `need` bytes of low-latency packets from (st.seq, st.offset): at least one
+// packet's worth, polling rounds until the first packet is complete. Returns the bytes taken, 0 on
+// failure (recorded), -1 when the next packet is a bulk packet (the caller's bulk path takes it).
+__device__ __forceinline__ long long ll_read_warp(const ChannelHandle& h, RecvState& st, unsigned char* dst,
+                                                  u64 need) {
+  const u32 count = ll_round_count(h, st.offset, need);
+  LLRound r;
+  ll_poll(h, st.seq, count, r);
+  if (r.complete == 0) {
+    if (r.bulk_next) return -1;
+    // The rare path: nothing yet. Hand back held credits before waiting (a writer may be blocked on
+    // them), then poll rounds; the clock and the error record only every many rounds.
+    if (lane_id() == 0 && st.seq != st.returned) st_relaxed_u64(h.credit, st.seq);
+    st.returned = st.seq;
+    WarpWait wait = WarpWait::start();
+    do {
+      if (!wait.keep_going(h, kErrDataTimeout, st.seq)) return 0;
+      ll_poll(h, st.seq, count, r);
+      if (r.complete == 0 && r.bulk_next) return -1;
+    } while (r.complete == 0);
+  }
+  return (long long)ll_take_round(h, st, r, dst, need);
 }
 
 // One thread: the same, unit by unit (the scalar path; not the fast path).
@@ -366,20 +604,19 @@ __device__ long long ll_take_thread(const ChannelHandle& h, RecvState& st, unsig
   const u64 seq = st.seq;
   const u32 flag = flag_of(seq);
   const unsigned char* slot = slot_of(h, seq);
-  u64 hd = 0;
-  if (!wait_for(h, [&] { hd = ld_unit(slot + kUnitBytes); return (u32)(hd >> 32) == flag; }, kErrDataTimeout,
-                seq)) {
-    return 0;
+  u64 hd = ld_unit(slot + kUnitBytes);
+  if (unit_flag(hd) != flag) {
+    flush_credits(h, st);
+    if (!wait_for(h, [&] { hd = ld_unit(slot + kUnitBytes); return unit_flag(hd) == flag; }, kErrDataTimeout, seq))
+      return 0;
   }
   if ((u32)hd & kKindBulk) return -1;
   const u32 nb = (u32)hd, from = st.offset;
   const u32 take = (u32)((u64)(nb - from) < need ? nb - from : need);
   for (u32 u = 2 + from / 4; (u - 2) * 4 < from + take; ++u) {
     u64 v = 0;
-    if (!wait_for(h, [&] { v = ld_unit(slot + u * kUnitBytes); return (u32)(v >> 32) == flag; }, kErrDataTimeout,
-                  seq)) {
+    if (!wait_for(h, [&] { v = ld_unit(slot + u * kUnitBytes); return unit_flag(v) == flag; }, kErrDataTimeout, seq))
       return 0;
-    }
     const u32 lo = (u - 2) * 4, hi = lo + 4;
     const u32 a = lo > from ? lo : from, b = hi < from + take ? hi : from + take;
     scatter4(dst + (a - from), (u32)v, a - lo, b - lo);
@@ -390,28 +627,48 @@ __device__ long long ll_take_thread(const ChannelHandle& h, RecvState& st, unsig
 }
 
 // ---- bulk packets ------------------------------------------------------------------------------
+// Copy nvec 16-byte vectors from src to dst, every thread of a group of `step` (rank `me`): kDepth loads in
+// flight before their stores (one at a time leaves the memory system idle while they wait). The grid forms,
+// whose kernels do nothing else, take 8 (streaming through an L2 ring on one H200: 1,100 GB/s against 960 at
+// 4); the warp and block forms, which share their kernel with the user's work, take 4 (half the registers).
+enum : u32 { kCopyDepth = 4, kGridCopyDepth = 8 };
+template <u32 kDepth, typename Load>
+__device__ __forceinline__ void copy_v4(unsigned char* dst, const unsigned char* src, u32 nvec, u32 me, u32 step,
+                                        Load load) {
+  u32 i = me;
+  for (; i + (kDepth - 1) * step < nvec; i += kDepth * step) {
+    U4 v[kDepth];
+#pragma unroll
+    for (u32 j = 0; j < kDepth; ++j) v[j] = load(src + 16ull * (i + j * step));
+#pragma unroll
+    for (u32 j = 0; j < kDepth; ++j) st_v4(dst + 16ull * (i + j * step), v[j]);
+  }
+  for (; i < nvec; i += step) st_v4(dst + 16ull * i, load(src + 16ull * i));
+}
+struct LoadCg {  // ring memory another rank writes: L2 only
+  __device__ __forceinline__ U4 operator()(const unsigned char* p) const { return ld_cg_v4(p); }
+};
+struct LoadPlain {  // the caller's source buffer
+  __device__ __forceinline__ U4 operator()(const unsigned char* p) const { return *reinterpret_cast<const U4*>(p); }
+};
+template <u32 kDepth>
+__device__ __forceinline__ void copy_v4_cg(unsigned char* dst, const unsigned char* src, u32 nvec, u32 me, u32 step) {
+  copy_v4<kDepth>(dst, src, nvec, me, step, LoadCg{});
+}
+
 // The group copies one packet's payload into the slot's bulk area with 16-byte stores, then its
 // leader publishes the header after a release fence (the group barrier orders everyone's stores
 // before the leader's fence).
-template <typename G>
+template <typename G, u32 kDepth = kCopyDepth>
 __device__ __forceinline__ void bulk_store_packet(const ChannelHandle& h, const unsigned char* src, u64 seq, u32 nb) {
   unsigned char* slot = slot_of(h, seq);
   unsigned char* payload = slot + kLLAreaBytes;
   const u32 nvec = (nb + 15) / 16;
   u32 i = G::rank();
   if ((((u64)src) & 15ull) == 0) {
-    // Four loads in flight before their stores: one at a time leaves the link idle while they wait.
-    const u32 full = nb / 16, step = G::size();
-    for (; i + 3 * step < full; i += 4 * step) {
-      const U4 a = *reinterpret_cast<const U4*>(src + 16ull * i);
-      const U4 b = *reinterpret_cast<const U4*>(src + 16ull * (i + step));
-      const U4 c = *reinterpret_cast<const U4*>(src + 16ull * (i + 2 * step));
-      const U4 e = *reinterpret_cast<const U4*>(src + 16ull * (i + 3 * step));
-      st_v4(payload + 16ull * i, a);
-      st_v4(payload + 16ull * (i + step), b);
-      st_v4(payload + 16ull * (i + 2 * step), c);
-      st_v4(payload + 16ull * (i + 3 * step), e);
-    }
+    const u32 full = nb / 16;
+    copy_v4<kDepth>(payload, src, full, G::rank(), G::size(), LoadPlain{});
+    i = full + ((G::rank() + G::size() - full % G::size()) % G::size());  // this thread's first vector past them
   }
   for (; i < nvec; i += G::size()) st_v4(payload + 16ull * i, gather16(src, 16ull * i, nb));
   // Rewrite lap: the low-latency units of this slot get this packet's flag too (see flag_of()).
@@ -419,30 +676,19 @@ __device__ __forceinline__ void bulk_store_packet(const ChannelHandle& h, const 
     for (u32 u = 2 + G::rank(); u < kLLUnits; u += G::size()) st_unit(slot + u * kUnitBytes, 0u, flag_of(seq));
   G::sync();
   if (G::rank() == 0) {
-    fence_acq_rel_sys();
+    fence_for(h);
     st_header(slot, h.route, flag_of(seq), nb | kKindBulk);
   }
 }
 
 // Copy payload bytes [from, to) of bulk packet seq to dst (every thread of the group).
-template <typename G>
+template <typename G, u32 kDepth = kCopyDepth>
 __device__ __forceinline__ void bulk_copy_out(const ChannelHandle& h, u64 seq, u32 from, u32 to, unsigned char* dst) {
   const unsigned char* payload = slot_of(h, seq) + kLLAreaBytes;
   const u32 n = to - from;
   if ((from & 15u) == 0 && (((u64)dst) & 15ull) == 0) {
-    const u32 nvec = n / 16, step = G::size();
-    u32 i = G::rank();
-    for (; i + 3 * step < nvec; i += 4 * step) {  // four loads in flight, as in bulk_store_packet
-      const U4 a = ld_cg_v4(payload + from + 16ull * i);
-      const U4 b = ld_cg_v4(payload + from + 16ull * (i + step));
-      const U4 c = ld_cg_v4(payload + from + 16ull * (i + 2 * step));
-      const U4 e = ld_cg_v4(payload + from + 16ull * (i + 3 * step));
-      *reinterpret_cast<U4*>(dst + 16ull * i) = a;
-      *reinterpret_cast<U4*>(dst + 16ull * (i + step)) = b;
-      *reinterpret_cast<U4*>(dst + 16ull * (i + 2 * step)) = c;
-      *reinterpret_cast<U4*>(dst + 16ull * (i + 3 * step)) = e;
-    }
-    for (; i < nvec; i += step) *reinterpret_cast<U4*>(dst + 16ull * i) = ld_cg_v4(payload + from + 16ull * i);
+    const u32 nvec = n / 16;
+    copy_v4_cg<kDepth>(dst, payload + from, nvec, G::rank(), G::size());
     for (u32 b = nvec * 16 + G::rank(); b < n; b += G::size()) dst[b] = ld_cg_u8(payload + from + b);
   } else {
     for (u32 b = G::rank(); b < n; b += G::size()) dst[b] = ld_cg_u8(payload + from + b);
@@ -450,7 +696,7 @@ __device__ __forceinline__ void bulk_copy_out(const ChannelHandle& h, u64 seq, u
 }
 
 // Leader polls packet seq's header; returns its word 2 (nbytes | kind) to the whole group, after an
-// acquire fence (0 on failure). Before waiting, the leader hands back the credits it holds.
+// acquire fence for a bulk packet (0 on failure). Before waiting, the leader hands back the credits it holds.
 template <typename G>
 __device__ __forceinline__ u32 wait_header(const ChannelHandle& h, RecvState& st) {
   u64 word = 0;
@@ -458,14 +704,14 @@ __device__ __forceinline__ u32 wait_header(const ChannelHandle& h, RecvState& st
     const unsigned char* slot = slot_of(h, st.seq);
     const u32 flag = flag_of(st.seq);
     u64 hd = ld_unit(slot + kUnitBytes);
-    if ((u32)(hd >> 32) != flag) {
+    if (unit_flag(hd) != flag) {
       flush_credits(h, st);
-      if (!wait_slow(h, [&] { hd = ld_unit(slot + kUnitBytes); return (u32)(hd >> 32) == flag; }, kErrDataTimeout,
-                     st.seq))
+      if (!wait_for(h, [&] { hd = ld_unit(slot + kUnitBytes); return unit_flag(hd) == flag; }, kErrDataTimeout,
+                    st.seq))
         hd = 0;
     }
     word = (u32)hd;
-    if (word & kKindBulk) fence_acq_rel_sys();  // acquire: the payload loads below follow the header
+    if (word & kKindBulk) fence_for(h);  // acquire: the payload loads below follow the header
   }
   return (u32)G::bcast(word);
 }
@@ -497,8 +743,24 @@ __device__ bool read_st(const ChannelHandle& h, RecvState& st, unsigned char* ds
   u64 done = 0;
   while (done < nbytes) {
     const u64 need = nbytes - done;
-    if (G::size() == 32) {  // a warp: the low-latency fast path, which also detects bulk packets
-      const long long got = ll_take_warp(h, st, dst + done, need);
+    if (G::size() == 32 && st.offset == 0 && need <= kLLPayload) {  // the latency path: one packet
+      u64 a, b;
+      const u32 nb = ll_wait_one(h, st, need, a, b);
+      if (nb == 0) return false;
+      if (nb != kLLFallback) {
+        const u32 lane = lane_id(), lo = 8 * (lane - 1);
+        if (lane >= 1 && lane < 16 && lo < need) {
+          const u32 end = (u32)need;
+          scatter4(dst + done + lo, (u32)a, 0, lo + 4 <= end ? 4 : end - lo);
+          if (lo + 4 < end) scatter4(dst + done + lo + 4, (u32)b, 0, lo + 8 <= end ? 4 : end - lo - 4);
+        }
+        ll_consume_one(h, st, nb, (u32)need);
+        done += need;
+        continue;
+      }
+    }
+    if (G::size() == 32) {  // a warp: low-latency rounds of several packets, which also detect bulk packets
+      const long long got = ll_read_warp(h, st, dst + done, need);
       if (got > 0) { done += (u64)got; continue; }
       if (got == 0) return false;
     } else if (G::size() == 1) {
@@ -509,18 +771,19 @@ __device__ bool read_st(const ChannelHandle& h, RecvState& st, unsigned char* ds
     const u32 word = wait_header<G>(h, st);
     if (word == 0) return false;
     const u32 nb = word & kNbytesMask;
-    if (!(word & kKindBulk)) {  // a block meets a low-latency packet: its first warp takes it
+    if (!(word & kKindBulk)) {  // a block meets low-latency packets: its first warp takes them
       u64 got = 0;
+      RecvState mine = st;
       if (G::rank() < 32) {
-        const long long g = ll_take_warp(h, st, dst + done, need);
+        const long long g = ll_read_warp(h, mine, dst + done, need);
         got = g > 0 ? (u64)g : 0;
       }
       got = G::bcast(got);
       if (got == 0) return false;
-      if (G::rank() >= 32) {  // the other warps follow warp 0's state
-        st.offset += (u32)got;
-        if (st.offset == nb) { st.seq += 1; st.offset = 0; }
-      }
+      // every warp takes warp 0's state (the block barrier in bcast ordered warp 0's update)
+      st.seq = G::bcast(G::rank() == 0 ? mine.seq : 0);
+      st.offset = (u32)G::bcast(G::rank() == 0 ? (u64)mine.offset : 0);
+      st.returned = G::bcast(G::rank() == 0 ? mine.returned : 0);
       done += got;
       continue;
     }
@@ -530,13 +793,8 @@ __device__ bool read_st(const ChannelHandle& h, RecvState& st, unsigned char* ds
     st.offset += (u32)take;
     G::sync();  // every copy is done before the slot is handed back
     if (st.offset == nb) {
-      if (G::rank() == 0) {
-        consumed(h, st);
-      } else {
-        st.seq += 1;
-        st.offset = 0;
-        if (st.seq - st.returned >= (h.nslots >> 1)) st.returned = st.seq;
-      }
+      if (G::rank() == 0) consumed(h, st);
+      else consumed_mirror(h, st);
     }
   }
   return true;
@@ -546,10 +804,10 @@ __device__ bool read_st(const ChannelHandle& h, RecvState& st, unsigned char* ds
 __device__ __forceinline__ bool peek_packet(const ChannelHandle& h, u64 seq) {
   const unsigned char* slot = slot_of(h, seq);
   const u32 flag = flag_of(seq);
-  return wait_for(h, [&] { return (u32)(ld_unit(slot + kUnitBytes) >> 32) == flag; }, kErrDataTimeout, seq);
+  return wait_for(h, [&] { return unit_flag(ld_unit(slot + kUnitBytes)) == flag; }, kErrDataTimeout, seq);
 }
 
-// The plain forms load the state, call the *_st form and store the state back.
+// The plain forms load the state, call the *_st form and store the state back (one thread stores it).
 template <typename G>
 __device__ bool write(const ChannelHandle& h, const unsigned char* src, u64 nbytes) {
   SendState st = load_send_state(h);
@@ -574,52 +832,120 @@ __device__ bool read(const ChannelHandle& h, unsigned char* dst, u64 nbytes) {
 
 // ---- forwarding straight from the ring ---------------------------------------------------------
 // One warp moves nbytes of the stream from rx's ring into tx's ring packet by packet, without
-// staging: low-latency units are re-flagged for tx, bulk payload is copied slot to slot and
-// published by a new header. (The pingpong's echo; the routing agents' hop.)
+// staging: low-latency packets are polled once and stored onward, re-flagged for tx, from the
+// registers the poll loaded (one poll and one store per packet, up to kLLRound packets a round); bulk
+// payload is copied slot to slot and published by a new header. (The pingpong's echo.)
 __device__ bool forward_warp_st(const ChannelHandle& rx, RecvState& rs, const ChannelHandle& tx, SendState& ss,
                                 u64 nbytes) {
-  const u32 lane = lane_id();
+  const u32 lane = lane_id(), half = lane >> 4, sub = lane & 15u;
   u64 done = 0;
+  if (rs.offset != 0) {  // a packet split across calls cannot be forwarded whole
+    if (lane == 0) record_error(rx, kErrMisuse, rs.seq);
+    return false;
+  }
   while (done < nbytes) {
+    if (nbytes - done <= kLLPayload) {  // the latency path: one packet, polled once and stored onward
+      u64 a, b;
+      const u64 need = nbytes - done;
+      const u32 nb = ll_wait_one(rx, rs, need, a, b);
+      if (nb == 0) return false;
+      if (nb == need) {
+        if (!credit_for<WarpG>(tx, ss, ss.seq)) return false;
+        const u32 oflag = flag_of(ss.seq), lo = 8 * (lane - 1);
+        unsigned char* out = slot_of(tx, ss.seq) + 16 * lane;
+        if (lane == 0) {
+          st_header(out, tx.route, oflag, nb);
+        } else if (lane < 16) {
+          if (lo + 4 < nb || rewrites_all(ss.seq, tx.nslots))
+            st_units2(out, unit(lo < nb ? (u32)a : 0u, oflag), unit(lo + 4 < nb ? (u32)b : 0u, oflag));
+          else if (lo < nb)
+            st_unit(out, (u32)a, oflag);
+        }
+        ss.seq += 1;
+        ll_consume_one(rx, rs, nb, nb);
+        done += nb;
+        continue;
+      }
+    }
+    const u32 count = ll_round_count(rx, 0, nbytes - done);
+    LLRound r;
+    ll_poll(rx, rs.seq, count, r);
+    if (r.complete == 0 && !r.bulk_next) {
+      if (lane == 0 && rs.seq != rs.returned) st_relaxed_u64(rx.credit, rs.seq);
+      rs.returned = rs.seq;
+      WarpWait wait = WarpWait::start();
+      do {
+        if (!wait.keep_going(rx, kErrDataTimeout, rs.seq)) return false;
+        ll_poll(rx, rs.seq, count, r);
+      } while (r.complete == 0 && !r.bulk_next);
+    }
+    if (r.complete > 0) {
+      // the complete packets that belong to this call, whole
+      u32 use = 0;
+      u64 bytes = 0;
+#pragma unroll
+      for (u32 q = 0; q < kLLRound; ++q)
+        if (q < r.complete && q == use && bytes + r.nb[q] <= nbytes - done) {
+          bytes += r.nb[q];
+          use = q + 1;
+        }
+      if (use == 0) {  // the next packet goes past this call's bytes: not forwarded whole
+        if (lane == 0) record_error(rx, kErrMisuse, rs.seq);
+        return false;
+      }
+      if (!credit_for<WarpG>(tx, ss, ss.seq + use - 1)) return false;
+#pragma unroll
+      for (u32 i = 0; i < kLLRound / 2; ++i) {
+        const u32 q = 2 * i + half;
+        if (q < use) {
+          const u64 seq = ss.seq + q;
+          const u32 nb = half ? r.nb[2 * i + 1] : r.nb[2 * i];
+          const u32 oflag = flag_of(seq);
+          unsigned char* out = slot_of(tx, seq) + 16 * sub;
+          if (sub == 0) {
+            st_header(out, tx.route, oflag, nb);
+          } else {
+            const u32 lo = 8 * (sub - 1);
+            if (lo + 4 < nb || rewrites_all(seq, tx.nslots))
+              st_units2(out, unit(lo < nb ? (u32)r.a[i] : 0u, oflag), unit(lo + 4 < nb ? (u32)r.b[i] : 0u, oflag));
+            else if (lo < nb)
+              st_unit(out, (u32)r.a[i], oflag);
+          }
+        }
+      }
+      if (lane == 0)
+        for (u32 q = 0; q < use; ++q)
+          st_relaxed(rx.slot_credit + ((u32)(rs.seq + q) & (rx.nslots - 1u)), flag_of(rs.seq + q));
+      ss.seq += use;
+      rs.seq += use;
+      if (rs.seq - rs.returned >= (rx.nslots >> 1)) {
+        if (lane == 0) st_relaxed_u64(rx.credit, rs.seq);
+        rs.returned = rs.seq;
+      }
+      done += bytes;
+      continue;
+    }
+    // a bulk packet: copy its payload slot to slot, then publish a new header
     const u32 word = wait_header<WarpG>(rx, rs);
     if (word == 0) return false;
     const u32 nb = word & kNbytesMask;
-    if (rs.offset != 0 || nb > nbytes - done) {  // a packet split across calls: not forwarded whole
+    if (nb > nbytes - done) {
       if (lane == 0) record_error(rx, kErrMisuse, rs.seq);
       return false;
     }
     if (!credit_for<WarpG>(tx, ss, ss.seq)) return false;
     unsigned char* out = slot_of(tx, ss.seq);
-    const unsigned char* in = slot_of(rx, rs.seq);
-    if (word & kKindBulk) {
-      for (u32 i = lane; i < (nb + 15) / 16; i += 32)
-        st_v4(out + kLLAreaBytes + 16ull * i, ld_cg_v4(in + kLLAreaBytes + 16ull * i));
-      if (rewrites_all(ss.seq, tx.nslots) && lane >= 2) st_unit(out + lane * kUnitBytes, 0u, flag_of(ss.seq));
-      __syncwarp();
-      if (lane == 0) {
-        fence_acq_rel_sys();
-        st_header(out, tx.route, flag_of(ss.seq), nb | kKindBulk);
-      }
-    } else {
-      const u32 flag = flag_of(rs.seq);
-      const bool mine = lane >= 2 && (lane - 2) * 4 < nb;
-      u64 v = 0;
-      const bool arrived = !mine || wait_for(rx, [&] { v = ld_unit(in + lane * kUnitBytes);
-                                                      return (u32)(v >> 32) == flag; }, kErrDataTimeout, rs.seq);
-      if (!__all_sync(0xffffffffu, arrived)) return false;
-      const u32 oflag = flag_of(ss.seq);
-      if (lane == 0) st_unit(out, tx.route, oflag);
-      else if (lane == 1) st_unit(out + kUnitBytes, nb, oflag);
-      else if (mine || rewrites_all(ss.seq, tx.nslots)) st_unit(out + lane * kUnitBytes, mine ? (u32)v : 0u, oflag);
-    }
+    copy_v4_cg<kCopyDepth>(out + kLLAreaBytes, slot_of(rx, rs.seq) + kLLAreaBytes, (nb + 15) / 16, lane, 32);
+    if (rewrites_all(ss.seq, tx.nslots) && lane >= 2) st_unit(out + lane * kUnitBytes, 0u, flag_of(ss.seq));
     __syncwarp();
-    ss.seq += 1;
-    if (lane == 0) consumed(rx, rs);
-    else {
-      rs.seq += 1;
-      rs.offset = 0;
-      if (rs.seq - rs.returned >= (rx.nslots >> 1)) rs.returned = rs.seq;
+    if (lane == 0) {
+      fence_for(tx);
+      st_header(out, tx.route, flag_of(ss.seq), nb | kKindBulk);
+      consumed(rx, rs);
+    } else {
+      consumed_mirror(rx, rs);
     }
+    ss.seq += 1;
     done += nb;
   }
   return true;
@@ -628,8 +954,7 @@ __device__ bool forward_warp_st(const ChannelHandle& rx, RecvState& rs, const Ch
 // ---- grid forms (bulk packets) ---------------------------------------------------------------
 // The warps of the grid share the packets of a call: warp w handles packets base + w, base + w + W,
 // ... (W = warps in the grid), each waiting only for its own slot's credit. Warps, not blocks, so
-// that one warp's release fence before its header overlaps the other warps' stores. The last warp
-// to leave stores the new state.
+// that one warp's release fence before its header overlaps the other warps' stores.
 __device__ __forceinline__ u32 grid_blocks() { return gridDim.x * gridDim.y * gridDim.z; }
 __device__ __forceinline__ u32 grid_block() { return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z); }
 __device__ __forceinline__ u32 block_warps() { return BlockG::size() / 32; }
@@ -645,12 +970,12 @@ __device__ __forceinline__ u64 grid_base(const ChannelHandle& h) {
 __device__ __forceinline__ bool grid_send_packet(const ChannelHandle& h, const unsigned char* src, u64 seq, u32 nb) {
   u64 okv = 1;
   if (WarpG::rank() == 0 && seq >= h.nslots) {
-    unsigned int* credit = h.slot_credit + ((u32)seq & (h.nslots - 1u));
+    const unsigned int* credit = h.slot_credit + ((u32)seq & (h.nslots - 1u));
     const u32 want = flag_of(seq - h.nslots);
     okv = wait_for(h, [&] { return ld_relaxed(credit) == want; }, kErrCreditTimeout, seq) ? 1 : 0;
   }
   if (!WarpG::bcast(okv)) return false;
-  bulk_store_packet<WarpG>(h, src, seq, nb);
+  bulk_store_packet<WarpG, kGridCopyDepth>(h, src, seq, nb);
   return true;
 }
 
@@ -661,10 +986,9 @@ __device__ __forceinline__ bool grid_recv_packet(const ChannelHandle& h, unsigne
     const unsigned char* slot = slot_of(h, seq);
     const u32 flag = flag_of(seq);
     u64 hd = 0;
-    if (wait_for(h, [&] { hd = ld_unit(slot + kUnitBytes); return (u32)(hd >> 32) == flag; }, kErrDataTimeout,
-                 seq)) {
+    if (wait_for(h, [&] { hd = ld_unit(slot + kUnitBytes); return unit_flag(hd) == flag; }, kErrDataTimeout, seq)) {
       word = (u32)hd;
-      fence_acq_rel_sys();
+      fence_for(h);
     }
   }
   word = WarpG::bcast(word);
@@ -673,21 +997,24 @@ __device__ __forceinline__ bool grid_recv_packet(const ChannelHandle& h, unsigne
     if (WarpG::rank() == 0) record_error(h, kErrMisuse, seq);
     return false;
   }
-  bulk_copy_out<WarpG>(h, seq, 0, expect, dst);
+  bulk_copy_out<WarpG, kGridCopyDepth>(h, seq, 0, expect, dst);
   __syncwarp();  // every lane's loads are done before the slot is handed back
   if (WarpG::rank() == 0) st_relaxed(h.slot_credit + ((u32)seq & (h.nslots - 1u)), flag_of(seq));
   return true;
 }
 
 // Warp-level: leave a grid call of `npk` packets from `base`; the last of the `nwarps` warps that
-// served this end stores the state (and, on the receiving side, the in-order credit counter).
+// served this end stores the state (and, on the receiving side, the in-order credit counter). Release
+// before the arrival, acquire after the last one: every warp's loads of its slots are done before the
+// counter hands the slots back.
 __device__ __forceinline__ void grid_leave(const ChannelHandle& h, u64 base, u64 npk, bool receiver, u32 nwarps) {
   __syncwarp();
   if (WarpG::rank() == 0) {
-    __threadfence();
     // SendState.departed is at byte 16, RecvState.departed at byte 12
     u32* departed = receiver ? reinterpret_cast<u32*>(h.state + 1) + 1 : reinterpret_cast<u32*>(h.state + 2);
+    __threadfence();
     if (atomicAdd(departed, 1u) == nwarps - 1) {
+      __threadfence();  // acquire: the other warps' arrivals and what they did before them
       *departed = 0;
       st_relaxed_u64(h.state, base + npk);
       if (receiver) {
@@ -710,12 +1037,12 @@ __device__ __forceinline__ bool grid_forward_packet(const ChannelHandle& rx, u64
     const unsigned char* slot = slot_of(rx, rseq);
     const u32 flag = flag_of(rseq);
     u64 hd = 0;
-    if (wait_for(rx, [&] { hd = ld_unit(slot + kUnitBytes); return (u32)(hd >> 32) == flag; }, kErrDataTimeout,
+    if (wait_for(rx, [&] { hd = ld_unit(slot + kUnitBytes); return unit_flag(hd) == flag; }, kErrDataTimeout,
                  rseq)) {
       word = (u32)hd;
-      fence_acq_rel_sys();
+      fence_for(rx);
       if (word == (expect | kKindBulk) && sseq >= tx.nslots) {
-        unsigned int* credit = tx.slot_credit + ((u32)sseq & (tx.nslots - 1u));
+        const unsigned int* credit = tx.slot_credit + ((u32)sseq & (tx.nslots - 1u));
         const u32 want = flag_of(sseq - tx.nslots);
         if (!wait_for(tx, [&] { return ld_relaxed(credit) == want; }, kErrCreditTimeout, sseq)) word = 0;
       }
@@ -727,38 +1054,54 @@ __device__ __forceinline__ bool grid_forward_packet(const ChannelHandle& rx, u64
     if (WarpG::rank() == 0) record_error(rx, kErrMisuse, rseq);
     return false;
   }
-  const unsigned char* in = slot_of(rx, rseq) + kLLAreaBytes;
   unsigned char* out = slot_of(tx, sseq);
-  const u32 lane = lane_id(), nvec = (expect + 15) / 16;
-  u32 i = lane;
-  for (; i + 96 < nvec; i += 128) {  // four loads in flight
-    const U4 a = ld_cg_v4(in + 16ull * i), b = ld_cg_v4(in + 16ull * (i + 32));
-    const U4 c = ld_cg_v4(in + 16ull * (i + 64)), e = ld_cg_v4(in + 16ull * (i + 96));
-    st_v4(out + kLLAreaBytes + 16ull * i, a);
-    st_v4(out + kLLAreaBytes + 16ull * (i + 32), b);
-    st_v4(out + kLLAreaBytes + 16ull * (i + 64), c);
-    st_v4(out + kLLAreaBytes + 16ull * (i + 96), e);
-  }
-  for (; i < nvec; i += 32) st_v4(out + kLLAreaBytes + 16ull * i, ld_cg_v4(in + 16ull * i));
+  const u32 lane = lane_id();
+  copy_v4_cg<kGridCopyDepth>(out + kLLAreaBytes, slot_of(rx, rseq) + kLLAreaBytes, (expect + 15) / 16, lane, 32);
   if (rewrites_all(sseq, tx.nslots) && lane >= 2) st_unit(out + lane * kUnitBytes, 0u, flag_of(sseq));
   __syncwarp();
   if (lane == 0) {
-    fence_acq_rel_sys();
+    fence_for(tx);
     st_header(out, tx.route, flag_of(sseq), expect | kKindBulk);
     st_relaxed(rx.slot_credit + ((u32)rseq & (rx.nslots - 1u)), flag_of(rseq));
   }
   return true;
 }
 
+// Payload bytes of packet p of a call of nbytes in packets of `chunk`.
+__device__ __forceinline__ u32 packet_bytes(u64 nbytes, u64 p, u32 chunk) {
+  const u64 off = p * chunk;
+  return (u32)(nbytes - off < chunk ? nbytes - off : chunk);
+}
+
+__device__ bool grid_forward_from(const ChannelHandle& rx, u64 rbase, const ChannelHandle& tx, u64 sbase,
+                                  u64 nbytes, u32 first, u32 step) {
+  const u64 npk = (nbytes + rx.chunk - 1) / rx.chunk;
+  bool ok = rx.chunk == tx.chunk;  // packets are passed on as they are
+  if (!ok && WarpG::rank() == 0 && first == 0) record_error(rx, kErrMisuse, rbase);
+  for (u64 p = first; ok && p < npk; p += step)
+    ok = grid_forward_packet(rx, rbase + p, tx, sbase + p, packet_bytes(nbytes, p, rx.chunk));
+  return ok;
+}
+__device__ bool grid_write_from(const ChannelHandle& h, u64 base, const unsigned char* src, u64 nbytes, u32 first,
+                                u32 step) {
+  const u64 npk = (nbytes + h.chunk - 1) / h.chunk;
+  bool ok = true;
+  for (u64 p = first; ok && p < npk; p += step)
+    ok = grid_send_packet(h, src + p * h.chunk, base + p, packet_bytes(nbytes, p, h.chunk));
+  return ok;
+}
+__device__ bool grid_read_from(const ChannelHandle& h, u64 base, unsigned char* dst, u64 nbytes, u32 first, u32 step) {
+  const u64 npk = (nbytes + h.chunk - 1) / h.chunk;
+  bool ok = true;
+  for (u64 p = first; ok && p < npk; p += step)
+    ok = grid_recv_packet(h, dst + p * h.chunk, base + p, packet_bytes(nbytes, p, h.chunk));
+  return ok;
+}
+
 __device__ bool grid_forward(const ChannelHandle& rx, const ChannelHandle& tx, u64 nbytes) {
   const u64 rbase = grid_base(rx), sbase = grid_base(tx);
   const u64 npk = (nbytes + rx.chunk - 1) / rx.chunk;
-  bool ok = rx.chunk == tx.chunk;  // packets are passed on as they are
-  if (!ok && WarpG::rank() == 0 && grid_warp() == 0) record_error(rx, kErrMisuse, rbase);
-  for (u64 p = grid_warp(); ok && p < npk; p += grid_warps()) {
-    const u64 off = p * rx.chunk;
-    ok = grid_forward_packet(rx, rbase + p, tx, sbase + p, (u32)(nbytes - off < rx.chunk ? nbytes - off : rx.chunk));
-  }
+  const bool ok = grid_forward_from(rx, rbase, tx, sbase, nbytes, grid_warp(), grid_warps());
   grid_leave(rx, rbase, npk, true, grid_warps());
   grid_leave(tx, sbase, npk, false, grid_warps());
   return ok;
@@ -766,33 +1109,46 @@ __device__ bool grid_forward(const ChannelHandle& rx, const ChannelHandle& tx, u
 
 __device__ bool grid_write(const ChannelHandle& h, const unsigned char* src, u64 nbytes) {
   const u64 base = grid_base(h);
-  const u64 npk = (nbytes + h.chunk - 1) / h.chunk;
-  bool ok = true;
-  for (u64 p = grid_warp(); ok && p < npk; p += grid_warps()) {
-    const u64 off = p * h.chunk;
-    const u32 nb = (u32)(nbytes - off < h.chunk ? nbytes - off : h.chunk);
-    ok = grid_send_packet(h, src + off, base + p, nb);
-  }
-  grid_leave(h, base, npk, false, grid_warps());
+  const bool ok = grid_write_from(h, base, src, nbytes, grid_warp(), grid_warps());
+  grid_leave(h, base, (nbytes + h.chunk - 1) / h.chunk, false, grid_warps());
   return ok;
 }
 
-__device__ bool grid_read(const ChannelHandle& h, unsigned char* dst, u64 nbytes) {
-  const u64 base = grid_base(h);
-  const u64 npk = (nbytes + h.chunk - 1) / h.chunk;
+__device__ __forceinline__ bool grid_read_starts_clean(const ChannelHandle& h, u64 base) {
   u64 okv = 1;
   if (WarpG::rank() == 0 && ld_relaxed(reinterpret_cast<const u32*>(h.state + 1)) != 0u) {
     record_error(h, kErrMisuse, base);  // a grid read must start at a packet boundary
     okv = 0;
   }
-  bool ok = WarpG::bcast(okv) != 0;
-  for (u64 p = grid_warp(); ok && p < npk; p += grid_warps()) {
-    const u64 off = p * h.chunk;
-    const u32 nb = (u32)(nbytes - off < h.chunk ? nbytes - off : h.chunk);
-    ok = grid_recv_packet(h, dst + off, base + p, nb);
-  }
-  grid_leave(h, base, npk, true, grid_warps());
+  return WarpG::bcast(okv) != 0;
+}
+
+__device__ bool grid_read(const ChannelHandle& h, unsigned char* dst, u64 nbytes) {
+  const u64 base = grid_base(h);
+  const bool ok = grid_read_starts_clean(h, base) && grid_read_from(h, base, dst, nbytes, grid_warp(), grid_warps());
+  grid_leave(h, base, (nbytes + h.chunk - 1) / h.chunk, true, grid_warps());
   return ok;
+}
+
+// ---- grid sessions: streaming without a barrier per call ------------------------------------------
+// Every warp of the group keeps the end's next packet number in a register and advances it by the
+// packets of each call, so consecutive calls need no grid barrier: warp w takes packets w, w + W, ... of
+// each call and waits only for its own slots. The group is the warps [first, first + count) of the grid
+// (all of them, or a part: a pingpong's writing half and reading half). close() is called by every warp of
+// the group once; the last one stores the state, as grid_leave does.
+struct GridSession {
+  u64 base;   // the next call's first packet
+  u32 first;  // this warp's index within the group
+  u32 step;   // warps in the group
+};
+__device__ __forceinline__ GridSession grid_session_open(const ChannelHandle& h, u32 warp_in_group, u32 warps) {
+  return GridSession{grid_base(h), warp_in_group, warps};
+}
+__device__ __forceinline__ u64 grid_packets(const ChannelHandle& h, u64 nbytes) { return (nbytes + h.chunk - 1) / h.chunk; }
+
+// The lowest active lane of the calling warp: where a group stores a state every member holds.
+__device__ __forceinline__ bool lowest_active_lane() {
+  return (__activemask() & ((1u << lane_id()) - 1u)) == 0u;
 }
 
 }  // namespace detail

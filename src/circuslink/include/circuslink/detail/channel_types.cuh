@@ -39,10 +39,18 @@ enum : unsigned int {
   kKindBulk = 0x80000000u, // in header word 2 with nbytes
   kNbytesMask = 0x7FFFFFFFu,
 };
-// error codes recorded in an end's error record {code, channel id, seq lo, seq hi}
-enum : unsigned int { kErrNone = 0, kErrDataTimeout = 1, kErrCreditTimeout = 2, kErrMisuse = 3, kErrAborted = 4 };
+// error codes recorded in an end's error record {code, channel id, seq lo, seq hi}; kErrClaimed marks a
+// record whose fields are being written (the code is published last)
+enum : unsigned int {
+  kErrNone = 0, kErrDataTimeout = 1, kErrCreditTimeout = 2, kErrMisuse = 3, kErrAborted = 4,
+  kErrClaimed = 0xFFFFFFFFu,
+};
+// ChannelHandle.flags
+enum : unsigned int {
+  kHandleGpuScope = 1u,  // both ends (and every rank between) share one GPU: bulk packets fence at .gpu, not .sys
+};
 
-// What a kernel receives (80 bytes, by value). Pointers are valid on the end's own GPU. The host's
+// What a kernel receives (88 bytes, by value). Pointers are valid on the end's own GPU. The host's
 // table of this struct is circuslink.channels.protocol.HANDLE (tests/test_abi.py checks both agree).
 struct ChannelHandle {
   unsigned char* ring;               // the receiver's ring (sender: mapped peer memory; receiver: local)
@@ -58,6 +66,8 @@ struct ChannelHandle {
   unsigned int route;                // header word: recv_id | dst_rank << 16
   unsigned int ll_max;               // writes of at most this many bytes travel as low-latency packets
   unsigned int channel_id;           // this end's ID, for error records
+  unsigned int flags;                // kHandle* bits, chosen when the channel opens
+  unsigned int reserved;
 };
 
 struct SendState {                   // control block + 16

@@ -36,5 +36,24 @@ struct DslashArgs {
   int has_x;
 };
 
+// The device-resident CG's scalars: a double array in device memory (apps/qcd/_cgstate.py mirrors these).
+enum CgSlot : int {
+  kCgLocal = 0,       // in: this rank's part of a reduction; out: the global sum
+  kCgRr = 1,          // iterated |r|^2
+  kCgAlpha = 2,
+  kCgBeta = 3,
+  kCgStop = 4,        // converged when |r|^2 <= this
+  kCgMaxRr = 5,       // the largest |r|^2 since the last reliable update
+  kCgIterations = 6,  // iterations done (frozen ones not counted)
+  kCgFlags = 7,       // CgFlag bits, as a double
+  kCgSlots = 16,
+};
+enum CgFlag : int {
+  kCgConverged = 1,   // |r|^2 <= stop: the CG freezes (alpha = 0, p kept) until the host looks
+  kCgDue = 2,         // |r|^2 < delta^2 max |r|^2: a reliable update is due at the host's next look
+  kCgStalled = 4,     // <p, Ap> <= 0: frozen; the host restarts from the true residual
+  kCgSkip = 8,        // this iteration began frozen: its p = r + beta p is skipped
+};
+
 }  // namespace qcd
 }  // namespace circuslink

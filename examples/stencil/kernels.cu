@@ -1,0 +1,163 @@
+// A 2-D 5-point Jacobi stencil whose halos travel through circuslink channels from inside the kernel.
+//
+// A rank's block is an array of (lx + 2) x (ly + 2) cells, x the slow axis: cell (i, j) at i * (ly + 2) + j,
+// interior 1 <= i <= lx, 1 <= j <= ly, ghost cells around (the neighbours' edges, or the fixed boundary).
+// CELL_UPDATE(xm, xp, ym, yp) is the update, traced from stencil.py's cell_update() and put in front of this
+// file by stencil.compile_kernels(): one definition for numpy and for these kernels.
+//
+// Launch form, one iteration = two launches on one stream:
+//   jacobi_exchange_interior  block 0's warps 0..3 exchange the halo of one direction each (+x, -x, +y, -y)
+//                             while every other thread updates the cells that need no ghost cell
+//   jacobi_frame              the cells beside the ghosts, once the halos are in
+// Persistent form, one launch for every iteration: the same two phases separated by grid_sync, on a grid
+// launched with world.backend.launch_resident (every block resident at once).
+//
+// Every channel call and every grid_sync returns false on failure (a time-out or the host's abort); the
+// kernels then set *failed and leave together, and the host raises the channel's recorded error.
+#include <circuslink/channel.cuh>
+#include <circuslink/grid.cuh>
+#include <circuslink/halo.cuh>
+
+#ifndef CELL_UPDATE
+#error "CELL_UPDATE(xm, xp, ym, yp) comes from stencil.py (cell_update_cxx()): compile through stencil.compile_kernels()"
+#endif
+
+namespace {
+
+constexpr int kExchangeThreads = 4 * 32;  // one warp a direction, in block 0
+
+template <typename T>
+__device__ __forceinline__ void update(const T* u, T* v, int ly, int i, int j) {
+  const long long w = ly + 2, c = i * w + j;
+  const T xm = u[c - w], xp = u[c + w], ym = u[c - 1], yp = u[c + 1];
+  v[c] = CELL_UPDATE(xm, xp, ym, yp);
+}
+
+// Cell k of the edge sent toward direction d (+x 0, -x 1, +y 2, -y 3), and of the ghost row or column the
+// halo from direction d lands in.
+__device__ __forceinline__ long long edge_cell(int d, int k, int lx, int ly) {
+  const long long w = ly + 2;
+  switch (d) {
+    case 0: return lx * w + (k + 1);
+    case 1: return 1 * w + (k + 1);
+    case 2: return (k + 1) * w + ly;
+    default: return (k + 1) * w + 1;
+  }
+}
+__device__ __forceinline__ long long ghost_cell(int d, int k, int lx, int ly) {
+  const long long w = ly + 2;
+  switch (d) {
+    case 0: return (lx + 1) * w + (k + 1);
+    case 1: return 0 * w + (k + 1);
+    case 2: return (k + 1) * w + (ly + 1);
+    default: return (k + 1) * w + 0;
+  }
+}
+
+// One full warp: pack this rank's edge toward d, send it, receive the neighbour's, unpack it into the ghosts.
+// The write comes first on both sides; a channel deeper than one edge never makes it wait. The two ends are
+// copied out of the handle first: calling through halo.to[d] itself would copy the whole handle (about
+// 1 KB) to every thread's stack (docs/user-kernels.md, "What each call costs").
+template <typename T>
+__device__ bool exchange(const circuslink::Halo<T>& halo, int d, T* u, int lx, int ly, T* send, T* recv) {
+  if (!halo.has(d)) return true;
+  const circuslink::Sender<T> tx = halo.to[d];
+  const circuslink::Receiver<T> rx = halo.from[d];
+  const int n = d < 2 ? ly : lx;
+  const int face = lx > ly ? lx : ly;
+  T* out = send + d * face;
+  T* in = recv + d * face;
+  const unsigned int lane = threadIdx.x & 31u;
+  for (int k = lane; k < n; k += 32) out[k] = u[edge_cell(d, k, lx, ly)];
+  __syncwarp();
+  if (!tx.write_warp(out, n)) return false;
+  if (!rx.read_warp(in, n)) return false;
+  __syncwarp();
+  for (int k = lane; k < n; k += 32) u[ghost_cell(d, k, lx, ly)] = in[k];
+  return true;
+}
+
+// Phase 1: block 0's first four warps exchange; the other threads update cells 2..lx-1 x 2..ly-1.
+template <typename T>
+__device__ void exchange_and_interior(const circuslink::Halo<T>& halo, T* u, T* v, int lx, int ly, T* send,
+                                      T* recv, int* failed) {
+  const int warp = threadIdx.x / 32;
+  if (blockIdx.x == 0 && warp < 4) {
+    if (!exchange(halo, warp, u, lx, ly, send, recv) && (threadIdx.x & 31u) == 0) atomicExch(failed, 1);
+    return;
+  }
+  const long long workers = (long long)gridDim.x * blockDim.x - kExchangeThreads;
+  const long long me = (long long)blockIdx.x * blockDim.x + threadIdx.x - kExchangeThreads;
+  const int nx = lx - 2, ny = ly - 2;
+  if (nx <= 0 || ny <= 0) return;
+  for (long long q = me; q < (long long)nx * ny; q += workers) update(u, v, ly, 2 + (int)(q / ny), 2 + (int)(q % ny));
+}
+
+// Phase 2: the cells beside the ghost cells (the whole block when it is 1 or 2 cells thin), by every thread.
+template <typename T>
+__device__ void frame(const T* u, T* v, int lx, int ly, long long me, long long threads) {
+  if (lx <= 2 || ly <= 2) {
+    for (long long t = me; t < (long long)lx * ly; t += threads) update(u, v, ly, 1 + (int)(t / ly), 1 + (int)(t % ly));
+    return;
+  }
+  const long long count = 2LL * ly + 2LL * (lx - 2);
+  for (long long t = me; t < count; t += threads) {
+    if (t < ly) {
+      update(u, v, ly, 1, 1 + (int)t);
+    } else if (t < 2 * ly) {
+      update(u, v, ly, lx, 1 + (int)(t - ly));
+    } else {
+      const long long r = t - 2 * ly;
+      update(u, v, ly, 2 + (int)(r / 2), (r % 2) == 0 ? 1 : ly);
+    }
+  }
+}
+
+}  // namespace
+
+template <typename T>
+__global__ void jacobi_exchange_interior(circuslink::Halo<T> halo, T* u, T* v, int lx, int ly, T* send, T* recv,
+                                         int* failed) {
+  exchange_and_interior(halo, u, v, lx, ly, send, recv, failed);
+}
+
+template <typename T>
+__global__ void jacobi_frame(const T* u, T* v, int lx, int ly) {
+  frame(u, v, lx, ly, (long long)blockIdx.x * blockDim.x + threadIdx.x, (long long)gridDim.x * blockDim.x);
+}
+
+// Every iteration in one launch. Every thread reaches every grid_sync (a failed exchange only sets *failed),
+// and after each barrier all threads read *failed and leave together.
+template <typename T>
+__global__ void jacobi_persistent(circuslink::Halo<T> halo, T* u, T* v, int lx, int ly, T* send, T* recv,
+                                  int* failed, circuslink::GridBarrier bar, int iters) {
+  const long long me = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const long long threads = (long long)gridDim.x * blockDim.x;
+  for (int it = 0; it < iters; ++it) {
+    exchange_and_interior(halo, u, v, lx, ly, send, recv, failed);
+    if (!circuslink::grid_sync(bar)) {
+      if (me == 0) atomicExch(failed, 1);
+      return;
+    }
+    if (*static_cast<volatile int*>(failed)) return;
+    frame(u, v, lx, ly, me, threads);
+    if (!circuslink::grid_sync(bar)) {
+      if (me == 0) atomicExch(failed, 1);
+      return;
+    }
+    T* t = u;
+    u = v;
+    v = t;
+  }
+}
+
+template __global__ void jacobi_exchange_interior<float>(circuslink::Halo<float>, float*, float*, int, int, float*,
+                                                         float*, int*);
+template __global__ void jacobi_exchange_interior<double>(circuslink::Halo<double>, double*, double*, int, int,
+                                                          double*, double*, int*);
+template __global__ void jacobi_frame<float>(const float*, float*, int, int);
+template __global__ void jacobi_frame<double>(const double*, double*, int, int);
+template __global__ void jacobi_persistent<float>(circuslink::Halo<float>, float*, float*, int, int, float*, float*,
+                                                  int*, circuslink::GridBarrier, int);
+template __global__ void jacobi_persistent<double>(circuslink::Halo<double>, double*, double*, int, int, double*,
+                                                   double*, int*, circuslink::GridBarrier, int);

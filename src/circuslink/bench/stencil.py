@@ -1,0 +1,433 @@
+"""The 2-D Jacobi stencil of examples/stencil, timed: ``circuslink bench stencil``.
+
+What runs is the example's program itself (a user's fused kernel, written from docs/user-kernels.md), loaded
+from ``examples/stencil`` of the source tree (``--example DIR``: another copy). One row per implementation,
+element type, domain and rank count:
+
+* ``channel-launch``, ``channel-persistent``: the example's device kernels, halos through channels from inside
+  the kernel; two launches an iteration, or one launch for every iteration (back-ends that run kernels);
+* ``host``: the example's host form, numpy (cupy on a GPU) steps and the host channel API: what the cpu
+  back-end runs;
+* ``mpi-host-staged``: the same compute (the example's kernels on a GPU, numpy on the cpu), the halos copied
+  to the host and exchanged with MPI point-to-point (a job under mpirun);
+* ``nvshmem``: a skipped row saying why (circuslink has no NVSHMEM halo kernels for the stencil: no NVSHMEM row).
+
+Each row: ``time_per_iter_us`` (median over ``--samples`` loops of ``--iters`` steps, the slowest rank's, with
+``min_us`` beside it), ``gcells_per_s`` (cells of the global domain updated a second), and against one rank of
+the whole domain on the same device in the same run (a job of its own, the same implementation family):
+``vs_one_rank`` (time over that rank's time) and ``efficiency``, the strong-scaling efficiency
+``t_1 * devices_1 / (t_N * devices_N)`` (devices: GPUs the job uses, or ranks on the cpu; on one shared GPU the
+ideal is 1, and the target "at most 1.2 x the one-rank time" is an efficiency of at least 0.83). Domains up to
+``--check-cells`` cells are also checked bit for bit against numpy. The floor (the probe in the largest job)
+is in ``floor``; the persistent form's time at the smallest domain is printed against 6 x its relaxed
+store+poll latency (exchanges in four directions at once plus the grid barrier).
+
+Targets (one GPU, ranks under MPS): persistent at every size; 64x64 a rank at most 6 x the relaxed store+poll
+floor; 8192x8192 on 2 and 4 ranks at most 1.2 x the one-rank time; channels no slower than NVSHMEM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+
+IMPLS = ("channel-launch", "channel-persistent", "host", "mpi-host-staged", "nvshmem")
+_KERNEL_IMPLS = {"channel-launch": "launch", "channel-persistent": "persistent"}
+_DEFAULT_EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "stencil"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from . import _driver as drv
+
+    drv.add_common_arguments(parser, default_sizes="8", default_nranks=2, default_iters=50, default_warmup=5)
+    parser.add_argument("--domains", default="64x64,1024x1024,8192x8192",
+                        help="global domains NXxNY, comma-separated (default 64x64,1024x1024,8192x8192); with "
+                             "--per-rank, each rank's block instead")
+    parser.add_argument("--per-rank", dest="per_rank", action="store_true",
+                        help="--domains are a rank's blocks: the global domain grows with the rank count")
+    parser.add_argument("--ranks", default=None,
+                        help="rank counts to run, comma-separated (default: --nranks); one rank of the whole domain "
+                             "always runs too")
+    parser.add_argument("--impls", default=",".join(IMPLS), help=f"implementations (default {','.join(IMPLS)})")
+    parser.add_argument("--dtypes", default="float32,float64", help="float32, float64 or both (default both)")
+    parser.add_argument("--samples", type=int, default=10, help="timed loops of --iters steps (default 10)")
+    parser.add_argument("--check-cells", dest="check_cells", type=int, default=1 << 20,
+                        help="domains up to this many cells are checked bit for bit against numpy (default 1M)")
+    parser.add_argument("--example", default=None, help="the examples/stencil folder to time (default: the source "
+                                                         "tree's)")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # a job's JSON output
+
+
+def _domains(text: str) -> list[tuple[int, int]]:
+    out = []
+    for tok in text.split(","):
+        parts = tok.strip().lower().split("x")
+        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ConfigError(f"--domains {text!r}: bad domain {tok.strip()!r} (expected NXxNY, e.g. 1024x1024)")
+        out.append((int(parts[0]), int(parts[1])))
+    return out
+
+
+def _list(text: str, allowed: tuple[str, ...], option: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in items if t not in allowed]
+    if bad or not items:
+        raise ConfigError(f"{option} {text!r}: unknown {', '.join(bad) or 'empty list'} (choose from "
+                          f"{', '.join(allowed)})")
+    return items
+
+
+def _rank_counts(text: str | None, default: int) -> list[int]:
+    if text is None:
+        return [default]
+    try:
+        counts = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise ConfigError(f"--ranks {text!r}: expected rank counts such as 2,4") from None
+    if not counts or min(counts) < 1:
+        raise ConfigError(f"--ranks {text!r}: rank counts must be positive")
+    return counts
+
+
+def load_example(path: str | None) -> Any:
+    """The example's module (examples/stencil/stencil.py), imported from its folder."""
+    root = Path(path) if path else _DEFAULT_EXAMPLE
+    source = root / "stencil.py"
+    if not source.is_file():
+        raise ConfigError(f"bench stencil times the program of examples/stencil, which is not at {root} (a source "
+                          "checkout has it; --example DIR names another copy)")
+    spec = importlib.util.spec_from_file_location("circuslink_stencil_example", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.worker:
+        return _worker(args)
+    impls = _list(args.impls, IMPLS, "--impls")
+    dtypes = _list(args.dtypes, ("float32", "float64"), "--dtypes")
+    domains = _domains(args.domains)
+    counts = _rank_counts(args.ranks, args.nranks)
+    if args.samples < 1:
+        raise ConfigError(f"--samples {args.samples} must be at least 1")
+    load_example(args.example)  # a missing example fails here, once, not in every job
+    return _driver(args, impls, dtypes, domains, counts)
+
+
+# -- the outer process: one job per rank count (and one of one rank), rows merged -------------------------------
+def _driver(args: argparse.Namespace, impls: list[str], dtypes: list[str], domains: list, counts: list[int]) -> int:
+    import circuslink
+
+    from .. import launcher
+    from . import _driver as drv
+
+    world = circuslink.init(args.backend)
+    backend, runs_kernels = world.backend.name, world.backend.runs_kernels
+    results = drv.Results("stencil", world)
+    world.close()
+    iters, warmup, samples = args.iters, args.warmup, args.samples
+    if args.quick:
+        iters, warmup, samples = min(iters, 10), min(warmup, 2), min(samples, 3)
+    results.meta.update(domains=["x".join(map(str, d)) for d in domains], per_rank=args.per_rank, dtypes=dtypes,
+                        impls=impls, ranks=counts, iters=iters, warmup=warmup, samples=samples)
+    rows: list[dict] = []
+    floor = None
+    for n in sorted({1, *counts}):  # one rank of the whole domain is every row's baseline
+        if not runs_kernels:
+            rows += [{"impl": i, "bytes": 0, "nranks": n, "skipped": f"the {backend} back-end runs no device kernels"}
+                     for i in impls if i in _KERNEL_IMPLS]
+        mine = [i for i in impls if i in ("host", *(_KERNEL_IMPLS if runs_kernels else ()))]
+        if mine:
+            drv.progress(f"stencil: {n} rank(s): {', '.join(mine)}")
+            got, got_floor = _job(args, backend, n, mine, dtypes, domains, iters, warmup, samples, False, launcher)
+            rows += got
+            floor = got_floor or floor
+        if "mpi-host-staged" in impls:
+            drv.progress(f"stencil: {n} rank(s): mpi-host-staged")
+            rows += _job(args, backend, n, ["mpi-host-staged"], dtypes, domains, iters, warmup, samples, True,
+                         launcher)[0]
+        if "nvshmem" in impls and n > 1:
+            rows.append({"impl": "nvshmem", "bytes": 0, "nranks": n,
+                         "skipped": "circuslink has no NVSHMEM halo kernels for the stencil: no NVSHMEM row"})
+    _add_scaling(rows)
+    results.floor = floor or {}
+    results.extend(rows)
+    drv.print_table(results.rows, ["impl", "dtype", "domain", "grid", "nranks", "time_per_iter_us", "min_us",
+                                   "gcells_per_s", "vs_one_rank", "efficiency", "checked", "skipped"],
+                    "stencil: 2-D 5-point Jacobi, time per iteration")
+    _summary(results.rows, results.floor)
+    path = results.write_json(args.json)
+    print(f"results: {path}")
+    if args.plot:
+        plotted = [dict(r, series=f"{r['impl']} {r['dtype']} {r['domain']}") for r in results.rows
+                   if r.get("time_per_iter_us")]
+        if plotted:
+            drv.plot(plotted, x="nranks", y="time_per_iter_us", group="series", path=args.plot, logx=False,
+                     title="2-D Jacobi stencil: time per iteration", xlabel="ranks", ylabel="us per iteration")
+    return 0
+
+
+def _job(args: argparse.Namespace, backend: str, n: int, impls: list[str], dtypes: list[str], domains: list,
+         iters: int, warmup: int, samples: int, mpi: bool, launcher: Any) -> tuple[list[dict], dict | None]:
+    """Run one job of ``n`` ranks (under mpirun when ``mpi``); its rows, or one skipped row per impl saying why."""
+    fd, out = tempfile.mkstemp(prefix="circuslink-bench-stencil-", suffix=".json")
+    os.close(fd)
+    worker = [sys.executable, "-m", "circuslink", "bench", "stencil", "--worker", out, "--impls", ",".join(impls),
+              "--dtypes", ",".join(dtypes), "--domains", ",".join("x".join(map(str, d)) for d in domains),
+              "--iters", str(iters), "--warmup", str(warmup), "--samples", str(samples),
+              "--check-cells", str(args.check_cells)] + (["--per-rank"] if args.per_rank else []) + \
+             (["--example", args.example] if args.example else [])
+    env = dict(os.environ, CIRCUSLINK_BACKEND=backend)
+    if mpi:
+        if not launcher.mpirun_available():
+            return [{"impl": i, "bytes": 0, "nranks": n, "skipped": "needs mpirun and mpi4py"} for i in impls], None
+        cmd = launcher.mpirun_command(n, worker, env)
+    else:
+        cmd = [sys.executable, "-m", "circuslink", "run", "-n", str(n), "--backend", backend, "--", *worker]
+    proc = None
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        data = json.load(open(out)) if proc.returncode == 0 and os.path.getsize(out) else None
+    except subprocess.TimeoutExpired:
+        return [{"impl": i, "bytes": 0, "nranks": n, "skipped": "did not finish within 900 s"} for i in impls], None
+    finally:
+        try:
+            os.unlink(out)
+        except OSError:
+            pass
+    if not data:
+        lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+        lines = [ln.split("] ", 1)[1] if ln.startswith("[") and "] " in ln else ln for ln in lines]
+        errors = [ln for ln in lines if "error" in ln.lower()]
+        why = (errors or lines or [f"exit code {proc.returncode}"])[0][-300:]
+        sys.stderr.write(proc.stderr[-2000:])
+        return [{"impl": i, "bytes": 0, "nranks": n, "skipped": why} for i in impls], None
+    return data["rows"], data.get("floor")
+
+
+def _add_scaling(rows: list[dict]) -> None:
+    """``vs_one_rank`` and ``efficiency`` of every timed row against the one-rank row of its family, type and
+    global domain (the channel forms and the host form compare with their own one-rank runs)."""
+    one = {(r["impl"], r["dtype"], r["domain"]): r for r in rows if r.get("nranks") == 1 and r.get("time_per_iter_us")}
+    for r in rows:
+        if not r.get("time_per_iter_us"):
+            continue
+        base = one.get((r["impl"], r["dtype"], r["domain"]))
+        if base is None:
+            continue
+        r["vs_one_rank"] = r["time_per_iter_us"] / base["time_per_iter_us"]
+        r["efficiency"] = (base["time_per_iter_us"] * base["devices"]) / (r["time_per_iter_us"] * r["devices"])
+
+
+def _summary(rows: list[dict], floor: dict) -> None:
+    """The targets' ratios, where the rows exist."""
+    lat = (floor.get("summary") or {}).get("lat_relaxed_us")
+    for r in rows:
+        if r.get("impl") == "channel-persistent" and r.get("time_per_iter_us") and r.get("nranks", 1) > 1:
+            if lat and r.get("local") == "64x64":
+                print(f"persistent, 64x64 a rank, {r['nranks']} ranks, {r['dtype']}: {r['time_per_iter_us']:.2f} us = "
+                      f"{r['time_per_iter_us'] / lat:.1f} x the relaxed store+poll floor ({lat:.3f} us; target <= 6)")
+            if r.get("domain") == "8192x8192" and r.get("vs_one_rank"):
+                print(f"persistent, 8192x8192, {r['nranks']} ranks, {r['dtype']}: {r['vs_one_rank']:.2f} x the "
+                      "one-rank time (target <= 1.2)")
+
+
+# -- one job ----------------------------------------------------------------------------------------------------
+def _worker(args: argparse.Namespace) -> int:
+    import circuslink
+
+    from .. import probe
+
+    world = circuslink.init(args.backend)
+    example = load_example(args.example)
+    impls = _list(args.impls, IMPLS, "--impls")
+    floor = None
+    if world.size > 1 and impls != ["mpi-host-staged"]:
+        floor = probe.measure(world, quick=True, pairs=[(0, 1), (1, 0)])
+    module = example.compile_kernels() if world.backend.runs_kernels else None
+    seed = world.broadcast_object(int(np.random.SeedSequence().entropy % (1 << 31)))
+    devices = len({d for d in world.allgather_object(world.device)}) if world.device is not None else world.size
+    rows = []
+    for local_or_global in _domains(args.domains):
+        for name in _list(args.dtypes, ("float32", "float64"), "--dtypes"):
+            for impl in impls:
+                rows.append(_measure(world, example, module, impl, name, local_or_global, args, seed, devices))
+    if world.rank == 0:
+        with open(args.worker, "w") as f:
+            json.dump({"rows": rows, "floor": floor}, f)
+    world.close()
+    return 0
+
+
+def _measure(world: Any, example: Any, module: Any, impl: str, name: str, domain: tuple[int, int],
+             args: argparse.Namespace, seed: int, devices: int) -> dict:
+    """Time one implementation on one domain; check it against numpy where the domain is small enough."""
+    from ..channels._halo import split_extent
+
+    shape = domain
+    grid = example.process_grid(world.size, shape)
+    if args.per_rank:
+        dims = [int(v) for v in grid.split(":")[1].split("x")]
+        shape = (domain[0] * dims[0], domain[1] * dims[1])
+        grid = f"mesh:{dims[0]}x{dims[1]}"
+    dims = [int(v) for v in grid.split(":")[1].split("x")]
+    local = (split_extent(shape[0], dims[0], 0)[1], split_extent(shape[1], dims[1], 0)[1])  # the largest block
+    halo_bytes = 2 * (local[0] + local[1]) * np.dtype(example.DTYPES[name]).itemsize if world.size > 1 else 0
+    row = {"impl": impl, "bytes": halo_bytes, "dtype": name, "domain": f"{shape[0]}x{shape[1]}", "grid": grid,
+           "nranks": world.size,
+           "local": f"{local[0]}x{local[1]}", "devices": devices, "iters": args.iters, "samples": args.samples}
+    u0 = example.initial(shape, example.DTYPES[name], seed) if shape[0] * shape[1] <= args.check_cells else None
+    stepper = _Stepper(world, example, module, impl, grid, shape, name, u0, seed)
+    try:
+        stepper.steps(args.warmup)
+        times = []
+        for _ in range(args.samples):
+            world.barrier()
+            times.append(stepper.steps(args.iters) / args.iters)
+        slowest = [max(col) for col in zip(*world.allgather_object(times), strict=True)]
+        t = float(np.median(slowest))
+        row.update(time_per_iter_us=t * 1e6, min_us=min(slowest) * 1e6, gcells_per_s=shape[0] * shape[1] / t / 1e9)
+        if u0 is not None:
+            got = stepper.gathered()
+            steps = args.warmup + args.samples * args.iters
+            if world.rank == 0:
+                want = example.reference(u0, steps)[1:-1, 1:-1]
+                if got.tobytes() != want.tobytes():
+                    raise ConfigError(f"stencil {impl} {name} {row['domain']} on {grid}: the result differs from "
+                                      f"numpy's after {steps} steps")
+            row["checked"] = True
+    finally:
+        stepper.close()
+    return row
+
+
+class _Stepper:
+    """One implementation's state on this rank: its block (with ghosts), its halo or MPI neighbours, its kernels."""
+
+    def __init__(self, world: Any, example: Any, module: Any, impl: str, grid: str, shape: tuple[int, int],
+                 dtype_name: str, u0: np.ndarray | None, seed: int) -> None:
+        import circuslink as cl
+
+        self.world, self.example, self.impl, self.shape = world, example, impl, shape
+        self.halo = None
+        if impl == "mpi-host-staged":
+            self.halo = _Grid(world, grid)
+        else:
+            self.halo = cl.channels.open_halo(world, grid, example.C_TYPES[dtype_name], depth=2 * max(shape))
+        if u0 is None:  # too large to hold whole on every rank: this rank's block, from its own seeded cells
+            bx, by = self.halo.block(shape)
+            rng = np.random.default_rng([seed, world.rank])
+            block = rng.random((bx.stop - bx.start + 2, by.stop - by.start + 2)).astype(example.DTYPES[dtype_name])
+        else:
+            block = example.local_block(self.halo, u0)
+        self.run = None
+        if impl in _KERNEL_IMPLS or (impl == "mpi-host-staged" and module is not None):
+            self.run = example.KernelRun(world, self.halo, block, module)
+        self.u = block if self.run is None else None
+
+    def steps(self, n: int) -> float:
+        """``n`` steps; the seconds they took: on the GPU's clock (events around the launches) for the device
+        forms, on the host's for the host-driven ones."""
+        w = self.world
+        if self.impl in _KERNEL_IMPLS:
+            start, stop = w.xp.cuda.Event(), w.xp.cuda.Event()
+            start.record(self.run.stream)
+            self.run.steps(n, _KERNEL_IMPLS[self.impl])
+            stop.record(self.run.stream)
+            self.run.wait(f"the stencil's {self.impl} steps on rank {w.rank}")
+            return w.xp.cuda.get_elapsed_time(start, stop) * 1e-3
+        t0 = time.perf_counter()
+        if self.impl == "host":
+            self.u = self.example.run_host(self.halo, self.u, n)
+            if w.backend.runs_kernels:
+                w.backend.wait_stream(w.xp.cuda.get_current_stream(), None,
+                                      f"the stencil's host steps on rank {w.rank}")
+        else:
+            for _ in range(n):
+                self._mpi_step()
+            if self.run is not None:
+                w.backend.wait_stream(self.run.stream, None, f"the stencil's compute on rank {w.rank}")
+        return time.perf_counter() - t0
+
+    def _mpi_step(self) -> None:
+        """Halos to the host, MPI point-to-point with the neighbours, back; then one step of the same compute."""
+        w, ex = self.world, self.example
+        if self.run is not None:  # a GPU: the example's kernels step; only the halos go through the host
+            u = self.run.bufs[self.run.current]
+            w.backend.wait_stream(self.run.stream, None, f"the stencil's compute on rank {w.rank}")
+            edges = {d: ex.edge(u, d).get() for d in self.halo.directions}
+        else:
+            u = self.u
+            edges = {d: np.ascontiguousarray(ex.edge(u, d)) for d in self.halo.directions}
+        halos = self.halo.exchange_mpi(edges)
+        for d, cells in halos.items():
+            u[ex.ghost_index(d)] = w.xp.asarray(cells) if self.run is not None else cells
+        if self.run is not None:
+            self.run.steps(1, "launch")  # its halo handle has no neighbours: block 0's warps only skip the exchange
+        else:
+            v = u.copy()
+            v[1:-1, 1:-1] = ex.cell_update(u[:-2, 1:-1], u[2:, 1:-1], u[1:-1, :-2], u[1:-1, 2:])
+            self.u = v
+
+    def gathered(self) -> np.ndarray | None:
+        u = self.run.result if self.run is not None else self.u
+        return self.example.gather(self.world, self.halo, u, self.shape)
+
+    def close(self) -> None:
+        if self.halo is not None:
+            self.halo.close()
+
+
+class _Grid:
+    """The MPI baseline's view of the process grid: the halo's geometry (blocks, neighbours) without channels."""
+
+    def __init__(self, world: Any, grid: str) -> None:
+        from .. import topology
+        from ..channels._halo import Halo, neighbours
+
+        if world.mpi_comm is None:
+            raise ConfigError("the mpi-host-staged stencil needs a job started by mpirun")
+        topo = topology.parse(grid)
+        self.world, self.channels = world, None
+        self._geometry = Halo(world, None, topo, tuple(topo.dims), False, "mpi")
+        self._peers = neighbours(topo.dims, False, world.rank)
+        self.directions = self._geometry.directions
+        self.block = self._geometry.block
+
+    def exchange_mpi(self, edges: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+        from ..channels._halo import opposite
+
+        comm, lock = self.world.mpi_comm, self.world.mpi_lock
+        got = {d: np.empty_like(e) for d, e in edges.items()}
+        with lock:
+            reqs = [comm.Irecv(got[d], source=self._peers[d], tag=opposite(d)) for d in self.directions]
+            reqs += [comm.Isend(np.ascontiguousarray(edges[d]), dest=self._peers[d], tag=d) for d in self.directions]
+        from .._wait import wait_until
+
+        def done() -> bool:
+            with lock:
+                return all(r.Test() for r in reqs)
+
+        wait_until(done, None, f"the MPI halo exchange of rank {self.world.rank}")
+        return got
+
+    def device_handle(self) -> np.void:
+        from ..channels._halo import HALO
+
+        return HALO.pack(present=0, dims=2)  # the kernels' halo: no neighbours (MPI moves the halos)
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,110 @@
+"""examples/stencil: the 2-D Jacobi stencil over a process grid with uneven splits, halos through channels.
+
+On the cpu back-end (the host form: numpy and the host channel API) at 1..5 ranks, float32 and float64, bit
+for bit against the whole domain stepped by one numpy process. The device kernels compile with nvcc (with
+the update traced from the example's Python); on a GPU both device forms run at 1, 2 and 4 ranks against the
+same reference. The examples ask the back-end what it can do, never its name.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "stencil"
+INCLUDE = REPO / "src" / "circuslink" / "include"
+NVCC = shutil.which("nvcc")
+
+sys.path.insert(0, str(EXAMPLE))
+import stencil  # noqa: E402
+
+
+def test_the_update_is_traced_into_cxx_in_its_order():
+    assert stencil.cell_update_cxx() == "#define CELL_UPDATE(xm, xp, ym, yp) (T(0.25) * ((xm + xp) + (ym + yp)))\n"
+
+
+def test_reference_steps_the_interior_and_keeps_the_frame(rng):
+    u0 = rng.random((6, 5))
+    got = stencil.reference(u0, 1)
+    want = u0.copy()
+    for i in range(1, 5):
+        for j in range(1, 4):
+            want[i, j] = 0.25 * ((u0[i - 1, j] + u0[i + 1, j]) + (u0[i, j - 1] + u0[i, j + 1]))
+    assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("n,shape,want", [(4, (100, 100), "mesh:2x2"), (2, (10, 100), "mesh:1x2"),
+                                          (6, (300, 200), "mesh:3x2"), (5, (8, 8), "mesh:1x5")])
+def test_process_grid_keeps_blocks_near_square(n, shape, want):
+    assert stencil.process_grid(n, shape) == want
+
+
+CPU_CASES = [  # ranks, size, grid (None: the example's choice), iterations
+    (1, "31x17", None, 9),
+    (2, "19x29", "mesh:1x2", 8),
+    (3, "40x11", "mesh:3x1", 12),
+    (4, "23x21", "mesh:2x2", 10),
+    (5, "17x33", "mesh:1x5", 6),
+]
+
+
+@pytest.mark.parametrize("ranks,size,grid,iters", CPU_CASES)
+def test_host_form_is_bit_exact_on_the_cpu_back_end(spmd, ranks, size, grid, iters):
+    argv = ["--size", size, "--iters", str(iters)] + (["--grid", grid] if grid else [])
+    job = spmd(ranks, f"import runpy, sys\nsys.argv = ['main.py', *{argv!r}]\n"
+                      f"runpy.run_path({str(EXAMPLE / 'main.py')!r}, run_name='__main__')\n", timeout=240)
+    job.check()
+    assert job.output.count("bit-exact against numpy (cpu)") == 2, job.output  # float32 and float64
+
+
+def test_a_device_form_on_the_cpu_back_end_is_refused_in_one_line(spmd):
+    job = spmd(1, f"import runpy, sys\nsys.argv = ['main.py', '--form', 'persistent']\n"
+                  f"runpy.run_path({str(EXAMPLE / 'main.py')!r}, run_name='__main__')\n")
+    assert job.returncode != 0
+    assert "--form persistent runs device kernels, which the cpu back-end does not run; use --form host" in job.output
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+def test_the_kernels_compile(tmp_path):
+    src = tmp_path / "stencil_kernels.cu"
+    src.write_text(stencil.cell_update_cxx() + (EXAMPLE / "kernels.cu").read_text())
+    proc = subprocess.run([NVCC, "-std=c++17", "-arch=sm_90a", f"-I{INCLUDE}", "-c", str(src), "-o",
+                           str(tmp_path / "k.o")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+def test_the_kernels_refuse_to_compile_without_the_traced_update(tmp_path):
+    proc = subprocess.run([NVCC, "-std=c++17", "-arch=sm_90a", f"-I{INCLUDE}", "-c", str(EXAMPLE / "kernels.cu"),
+                           "-o", str(tmp_path / "k.o")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "CELL_UPDATE(xm, xp, ym, yp) comes from stencil.py" in proc.stderr
+
+
+def test_examples_ask_capabilities_not_backend_names():
+    """docs/architecture.md: no code outside the back-end registry tests a back-end's name; examples included."""
+    pattern = re.compile(r"backend\.name\s*(==|!=)|name\s*(==|!=)\s*[\"'](cuda|cpu)[\"']")
+    hits = [f"{p.relative_to(REPO)}:{i}" for p in sorted((REPO / "examples").rglob("*.py"))
+            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not hits, hits
+
+
+GPU_CASES = [(1, "64x48", None), (2, "301x77", "mesh:2x1"), (4, "257x129", "mesh:2x2")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ranks,size,grid", GPU_CASES)
+@pytest.mark.parametrize("form", ["launch", "persistent", "host"])
+def test_device_forms_are_bit_exact_on_a_gpu(spmd, ranks, size, grid, form):
+    argv = ["--size", size, "--iters", "20", "--form", form] + (["--grid", grid] if grid else [])
+    job = spmd(ranks, f"import runpy, sys\nsys.argv = ['main.py', *{argv!r}]\n"
+                      f"runpy.run_path({str(EXAMPLE / 'main.py')!r}, run_name='__main__')\n", backend="cuda",
+               timeout=300)
+    job.check()
+    assert job.output.count("bit-exact against numpy (cuda)") == 2, job.output
+
