@@ -25,9 +25,11 @@
 #                   against the slab all-to-all baselines (copy engine, NVSHMEM program) and the 1-rank ceiling
 #                   (about 2-3 min per rank count; the NVSHMEM program is built once, ~1 min, then cached)
 #   fft-quick       bench fft --quick at 2 ranks (well under a minute; not in "all")
-#   qcd             Wilson-Dirac CG: an 8^4-per-rank solve on a 2x2 grid, and per-iteration time by halo engine
+#   qcd             Wilson-Dirac CG: an 8^4-per-rank solve on a 2x2 grid, and per-iteration time by halo exchange
 #   hops            routed channels: latency and throughput by hop count on line:8 (8 ranks) and torus:4x4 (16)
-#   nodes           2 declared nodes x 2 ranks: MPI alone, the engine link, a channel inside a node, gateway-routed
+#   nodes           2 declared nodes x 2 ranks: the transports' GPU tests (ipc, mpi, nvshmem; gateway-routed
+#                   channels over mpi and nvshmem), then bench nodes: every transport between nodes side by side
+#                   with NVSHMEM put-with-signal and MPI one-way, "+ one hop" references, relays, gateway-routed
 #   stencil         the user-kernel path: persistent grids of 32..240 registers and the stencil example's device forms
 #                   (GPU tests), then bench stencil: 1, 2, 4 ranks at 64^2..8192^2 global, and 8x8..1024^2 a rank at
 #                   2, 4, 8 ranks (persistent form)
@@ -147,6 +149,9 @@ want hops && step hops-line8 cl bench hops -n 8 --topology line:8 --json "$R/hop
   --plot "$R/hops-line8.png"
 want hops && step hops-torus4x4 cl bench hops -n 16 --topology torus:4x4 --iters 5 --json "$R/hops-torus4x4.json" \
   --plot "$R/hops-torus4x4.png"
+want nodes && step nodes-tests env CIRCUSLINK_TIMEOUT=20 timeout -s INT ${TESTS_BUDGET_S:-540} $PY -m pytest -q -rfE \
+  --tb=short -m gpu -p no:cacheprovider --timeout 300 tests/test_transport_nvshmem.py tests/test_transport_ipc.py \
+  tests/test_transport_mpi.py tests/test_gateway_gpu.py
 want nodes && step nodes cl bench nodes -n 4 --ranks-per-node 2 --sizes 8,64,1K,4K,64K,1M,16M,64M \
   --json "$R/nodes.json" --plot "$R/nodes.png"
 want nodes && step nodes-3x2 cl bench nodes -n 6 --ranks-per-node 2 --quick --json "$R/nodes-3x2.json"
@@ -204,7 +209,7 @@ if want x2 explicit; then  # two H200s joined by NVLink, one rank per GPU: the r
   step x2-transpose cl bench transpose -n 2 --quick --json "$R/x2-transpose.json"
   step x2-fft cl bench fft -n 2 --size 8192,16384 --size3 512,1024 --dtype both --json "$R/x2-fft.json" \
     --plot "$R/x2-fft.png"
-  # strong scaling 1 -> 2 GPUs at 32^4 global, and per-iteration time by halo engine at 8^4 and 16^4 local
+  # strong scaling 1 -> 2 GPUs at 32^4 global, and per-iteration time by halo exchange at 8^4 and 16^4 local
   step x2-qcd-32-1gpu cl bench qcd -n 1 --grids 1x1x1x1 --dim 32 32 32 32 --halos rma --samples 3 --iters 20 \
     --json "$R/x2-qcd-32-1gpu.json"
   step x2-qcd-32-2gpu cl bench qcd -n 2 --grids 2x1x1x1 --dim 16 32 32 32 --halos rma,mpi-p2p,nccl --samples 3 \

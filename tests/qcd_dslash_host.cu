@@ -1,5 +1,5 @@
 // Runs the per-site functions of src/circuslink/apps/qcd/dslash.cu on the host, over a whole local lattice,
-// so that tests/test_qcd_kernels.py can compare them with the numpy engine on machines without a GPU.
+// so that tests/test_qcd_kernels.py can compare them with the numpy implementation on machines without a GPU.
 //
 //   qcd_dslash_host DIR    reads DIR/{job.txt, args.bin, in.bin, x.bin, out.bin, gauge.bin, ghost.bin,
 //                          send.bin, sites.bin}, writes DIR/out.bin and DIR/send.bin.

@@ -21,10 +21,10 @@ from circuslink import _abi as abi
 INCLUDE = Path(__file__).resolve().parents[1] / "src" / "circuslink" / "include"
 NVCC = shutil.which("nvcc")
 # Every module that declares tables (importing it registers them).
-TABLE_MODULES = ["circuslink.channels.protocol", "circuslink.rma._layout", "circuslink.trace._layout",
-                 "circuslink.collectives._layout", "circuslink.rma._transpose._cuda", "circuslink.topology._routing",
-                 "circuslink.apps.qcd._cuda", "circuslink.backends._grid",
-                 "circuslink.channels._halo"]
+TABLE_MODULES = ["circuslink.channels.protocol", "circuslink.transport._base", "circuslink.transport.nvshmem",
+                 "circuslink.rma._layout", "circuslink.trace._layout", "circuslink.collectives._layout",
+                 "circuslink.rma._transpose._cuda", "circuslink.topology._routing", "circuslink.apps.qcd._cuda",
+                 "circuslink.backends._grid", "circuslink.channels._halo"]
 
 
 def _registered() -> list[abi.Struct]:
@@ -45,7 +45,8 @@ def test_every_table_matches_its_header(tmp_path):
     structs = _registered()
     names = {s.cxx for s in structs}
     assert {"circuslink::detail::ChannelHandle", "circuslink::RmaQueue", "circuslink::RmaDescriptor",
-            "circuslink::trace::Handle", "circuslink::collectives::Ring", "circuslink::GridBarrier"} <= names
+            "circuslink::trace::Handle", "circuslink::collectives::Ring", "circuslink::transport::Handle",
+            "circuslink::GridBarrier"} <= names
     proc = _compile(abi.static_asserts(structs), tmp_path)
     assert proc.returncode == 0, proc.stderr
 
@@ -86,8 +87,8 @@ CONSTANTS = [
         ("kLLPayload", "LL_PAYLOAD"), ("kKindBulk", "KIND_BULK"), ("kNbytesMask", "NBYTES_MASK"),
         ("kErrNone", "ERR_NONE"), ("kErrDataTimeout", "ERR_DATA_TIMEOUT"), ("kErrCreditTimeout", "ERR_CREDIT_TIMEOUT"),
         ("kErrMisuse", "ERR_MISUSE"), ("kErrAborted", "ERR_ABORTED")]],
-    ("router_types.cuh", "kOutLink", "circuslink.channels.protocol", "ROUTER_OUT_LINK", None),
-    ("router_types.cuh", "kOutEngine", "circuslink.channels.protocol", "ROUTER_OUT_ENGINE", None),
+    ("router_types.cuh", "kHopMapped", "circuslink.channels.protocol", "ROUTER_HOP_MAPPED", None),
+    ("router_types.cuh", "kHopRelay", "circuslink.channels.protocol", "ROUTER_HOP_RELAY", None),
     *[("router_types.cuh", c, "circuslink.channels._routed", py, None) for c, py in [
         ("kVcShift", "VC_SHIFT"), ("kVcMask", "VC_MASK"), ("kCtrl", "KIND_CTRL"), ("kNbytesMask", "ROUTED_NBYTES_MASK"),
         ("kCreditBytes", "CREDIT_PACKET_BYTES"), ("kChainHead", "CHAIN_HEAD"), ("kChainEntries", "CHAIN_ENTRIES"),
@@ -98,7 +99,13 @@ CONSTANTS = [
     *[("route_types.cuh", c, "circuslink.topology._routing", c, None)
       for c in ("NO_RANK", "NO_LINK", "PORT_LOCAL", "PORT_NONE", "MAX_VCS")],
     ("route_types.cuh", "LINK_MAPPED", "circuslink.topology._model", "LINK_MAPPED", None),
-    ("route_types.cuh", "LINK_ENGINE", "circuslink.topology._model", "LINK_ENGINE", None),
+    ("route_types.cuh", "LINK_NETWORK", "circuslink.topology._model", "LINK_NETWORK", None),
+    ("transport_types.cuh", "kModeStore", "circuslink.transport._base", "MODE_STORE", None),
+    ("transport_types.cuh", "kModeProxy", "circuslink.transport._base", "MODE_PROXY", None),
+    *[("transport_types.cuh", c, "circuslink.transport.nvshmem", py, None) for c, py in [
+        ("kProxyStop", "_STOP"), ("kProxyClosing", "_CLOSING"), ("kProxyDiscard", "_DISCARD"),
+        ("kProxyError", "_ERROR"), ("kProxyErrRelay", "_ERR_RELAY"), ("kProxyErrSeqLo", "_ERR_SEQ_LO"),
+        ("kProxyErrSeqHi", "_ERR_SEQ_HI"), ("kProxyControlWords", "_CONTROL_WORDS")]],
 ]
 _CONSTANT = re.compile(r"\b([A-Za-z_]\w*)\s*=\s*(0[xX][0-9a-fA-F]+|\d+)[uUlL]*\s*[,;}\n]")
 

@@ -18,6 +18,7 @@ DOC = REPO / "docs" / "api.md"
 MODULES = {
     "circuslink": ["init", "World", "SymmetricBuffer", "compile", "include_dir"],
     "circuslink.channels": None,
+    "circuslink.transport": None,
     "circuslink.rma": None,
     "circuslink.collectives": None,
     "circuslink.trace": None,
@@ -26,9 +27,9 @@ MODULES = {
 }
 # Classes whose own public methods and properties must each have an entry too.
 CLASSES = ["circuslink.World", "circuslink.SymmetricBuffer", "circuslink.channels.Sender",
-           "circuslink.channels.Receiver", "circuslink.channels.Channels", "circuslink.rma.Window",
-           "circuslink.rma.Queue", "circuslink.collectives.Comm", "circuslink.trace.Tracer", "circuslink.trace.Trace",
-           "circuslink.apps.fft.Plan"]
+           "circuslink.channels.Receiver", "circuslink.channels.Channels", "circuslink.transport.Connection",
+           "circuslink.rma.Window", "circuslink.rma.Queue", "circuslink.collectives.Comm", "circuslink.trace.Tracer",
+           "circuslink.trace.Trace", "circuslink.apps.fft.Plan"]
 ENTRY = re.compile(r"^#### `([\w.]+)(\(.*\))?`\s*$", re.M)
 
 

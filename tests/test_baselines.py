@@ -16,6 +16,7 @@ import circuslink as cl
 from circuslink._wait import Deadline
 from circuslink.bench import baselines
 from circuslink.bench.baselines import _common, _nccl, _nvshmem
+from circuslink.transport import _build
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -491,9 +492,9 @@ def test_mpi_data_check_catches_corruption(spmd):
 # -- NVSHMEM --------------------------------------------------------------------------------------
 def _nvshmem_buildable() -> str | None:
     try:
-        _nvshmem.find_nvshmem()
-        _nvshmem._find_nvcc()
-        _nvshmem._mpi_flags()
+        _build.find_nvshmem()
+        _build.find_nvcc()
+        _build.mpi_flags()
     except cl.BackendError as exc:
         return str(exc)
     return None
@@ -506,7 +507,7 @@ needs_nvshmem_build = pytest.mark.skipif(
 
 
 def test_nvshmem_missing_is_a_backend_error(monkeypatch, tmp_path):
-    monkeypatch.setattr(_nvshmem, "_nvidia_dirs", lambda: [])
+    monkeypatch.setattr(_build, "nvidia_dirs", lambda: [])
     monkeypatch.setenv("NVSHMEM_HOME", str(tmp_path / "nowhere"))
     with pytest.raises(cl.BackendError, match="NVSHMEM not found .*nvidia-nvshmem-cu13"):
         baselines.nvshmem_pingpong([8], 10, 1, out_dir=tmp_path)
@@ -515,7 +516,7 @@ def test_nvshmem_missing_is_a_backend_error(monkeypatch, tmp_path):
 def test_nvshmem_missing_nvcc_is_a_backend_error(monkeypatch, tmp_path):
     monkeypatch.setenv("NVCC", str(tmp_path / "no-nvcc"))
     with pytest.raises(cl.BackendError, match="NVCC=.*no-nvcc.* is not an executable"):
-        _nvshmem._find_nvcc()
+        _build.find_nvcc()
 
 
 def test_nvshmem_run_environment_and_command(monkeypatch, tmp_path):
@@ -698,10 +699,10 @@ def test_mpi_flags_without_mpicc(monkeypatch, tmp_path):
     (tmp_path / "include" / "mpi.h").write_text("/* test */\n")
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "libmpi.so.40").write_bytes(b"")
-    monkeypatch.setattr(_nvshmem.shutil, "which", lambda name, path=None: None)
+    monkeypatch.setattr(_build.shutil, "which", lambda name, path=None: None)
     monkeypatch.setenv("MPI_HOME", str(tmp_path))
-    assert _nvshmem._mpi_flags() == ([f"-I{tmp_path / 'include'}"], [f"-L{tmp_path / 'lib'}", "-lmpi"])
-    monkeypatch.setattr(_nvshmem, "_MPI_GUESSES", ())
+    assert _build.mpi_flags() == ([f"-I{tmp_path / 'include'}"], [f"-L{tmp_path / 'lib'}", "-lmpi"])
+    monkeypatch.setattr(_build, "MPI_GUESSES", ())
     monkeypatch.setenv("MPI_HOME", str(tmp_path / "none"))
     with pytest.raises(cl.BackendError, match="MPI_HOME"):
-        _nvshmem._mpi_flags()
+        _build.mpi_flags()

@@ -216,7 +216,7 @@ def test_disagreeing_ranks_are_named():
         alg.check_array(np.array([True]), "allreduce")
 
 
-# -- the code's shape: engines by capability, kernels in .cu files ----------------------------------
+# -- the code's shape: back-end modules by capability, kernels in .cu files ----------------------------------
 _KERNEL_KEYWORD = "__" + "global__"  # spelt in two so that this file does not match its own check
 _AREA = ["collectives", "trace", "bench/allreduce.py", "bench/baselines"]
 _AREA_TESTS = ["test_collectives.py", "test_trace.py", "test_baselines.py"]
@@ -330,7 +330,7 @@ def test_mismatched_call_fails_with_names(spmd):
     assert "error: allreduce on rank 1 does not match rank 0's call" in job.stdout
 
 
-# -- the Comm: a Resource of its World, its engine, its errors -------------------------------------
+# -- the Comm: a Resource of its World, its back-end module, its errors -------------------------------------
 def test_comm_lifecycle(spmd, seed):
     job = spmd(2, """
         import os
@@ -369,12 +369,12 @@ def test_comm_lifecycle(spmd, seed):
     assert job.stdout.count("ok") == 2
 
 
-def test_engine_handle_and_bad_calls_on_one_rank():
+def test_module_handle_and_bad_calls_on_one_rank():
     from circuslink.collectives import _cpu
 
     w = cl.init(backend="cpu")
     try:
-        assert w.engine("circuslink.collectives") is _cpu
+        assert w.backend_module("circuslink.collectives") is _cpu
         for kwargs, message in [({"rings": 0}, "collectives: rings=0 must be an integer in 1..128"),
                                 ({"rings": True}, "collectives: rings=True must be an integer in 1..128"),
                                 ({"depth_bytes": 8}, "collectives: depth_bytes must be an integer >= 32, got 8")]:
@@ -421,7 +421,7 @@ def test_rings_handle_layout():
 
 # -- the device API: compiled here, run on the GPU machine -----------------------------------------
 def test_kernels_compile_with_the_host_names(tmp_path):
-    """nvcc compiles the host API's kernels instantiated under the name expressions the engine hands
+    """nvcc compiles the host API's kernels instantiated under the name expressions the cuda module hands
     NVRTC, the benchmark's timed loop and the users' kernels of the GPU tests below."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
@@ -541,7 +541,7 @@ def test_bench_allreduce_refuses_a_wrong_result(monkeypatch, tmp_path):
         w.close()
 
 
-# -- the cuda engine's ordering, on fake streams (runs here) ---------------------------------------
+# -- the cuda module's ordering, on fake streams (runs here) ---------------------------------------
 class _FakeStream:
     """Just enough of a cupy Stream to log which stream each operation was issued on."""
 
@@ -616,10 +616,10 @@ def test_cuda_collectives_order_their_stream_after_the_callers(rng):
     run on the collective stream, after the caller's stream."""
     import types
 
-    from circuslink.collectives._cuda import Engine
+    from circuslink.collectives._cuda import Collectives
 
     cp = _FakeCupy()
-    coll = object.__new__(Engine)
+    coll = object.__new__(Collectives)
     coll.cp = cp
     coll.stream = _FakeStream(cp, 7)
     from circuslink.backends.cuda import CudaBackend

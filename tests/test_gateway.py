@@ -1,9 +1,9 @@
-"""Gateway-routed channels (issue 13): routed channels whose route crosses nodes through an engine link.
+"""Gateway-routed channels: routed channels whose route crosses nodes through a relay.
 
-In one process, :class:`EngineNet` runs every rank's forwarding agent (``channels._router_cpu.Agent``) over
-plain arrays, with each engine link's two rings in their own memory and a stand-in for the MPI proxies that
-moves packets from a gateway's out ring into the peer gateway's in ring under the same credits (never more
-than the in ring holds; out-ring slots go back once a packet has crossed). Everything is stepped in a
+In one process, :class:`RelayNet` runs every rank's forwarding agent (``channels._router_cpu.Agent``) over
+plain arrays, with each relay's two rings in their own memory and a stand-in for the transport that moves
+packets from a gateway's out ring into the peer gateway's in ring under the same credits (never more than the
+in ring holds; out-ring slots go back once a packet has crossed). Everything is stepped in a
 seeded random order: all-to-all across nodes byte for byte, routes and placements (no mapped address
 crosses a node), a slow reader, a stalled receiver that holds back only its own channel, the deadlock check.
 The same over MPI, as jobs, is tests/test_gateway_jobs.py.
@@ -22,11 +22,11 @@ from circuslink.channels import protocol as P
 from circuslink.channels._cpu import CpuReceiver, CpuSender
 from circuslink.channels._plan import Plan
 from circuslink.channels._router_cpu import Agent
-from circuslink.links import PacketReader, PacketWriter, Ring, link_layouts
+from circuslink.transport._rings import PacketReader, PacketWriter, Ring, relay_layouts
 
 
 class FakeProxy:
-    """The two MPI proxies of one engine link a <-> b, in one process: packets of a's out ring land in b's in
+    """The transport of one relay a <-> b, in one process: packets of a's out ring land in b's in
     ring (and back), in order, headers unchanged, never more in flight than the in ring has room for."""
 
     def __init__(self, out_ring: Ring, in_ring: Ring, batch: int) -> None:
@@ -53,36 +53,36 @@ class FakeProxy:
         return moved
 
 
-class EngineNet:
-    """Every rank of a topology of nodes in this process: symmetric buffers, engine links, agents, ends."""
+class RelayNet:
+    """Every rank of a topology of nodes in this process: symmetric buffers, relays, agents, ends."""
 
-    def __init__(self, topo: str, links: list, *, vcs=None, link_slots=2, engine_slots=2, batch=1,
+    def __init__(self, topo: str, links: list, *, vcs=None, link_slots=2, relay_slots=2, batch=1,
                  ll_max: int = 512, report_after: float = 0.0) -> None:
         self.topo = T.parse(topo)
         self.links = links
         opts = {link.name: {"ll_max": ll_max} for link in links}
-        self.plan = Plan(links, opts, self.topo, vcs, False, link_slots, engine_slots)
+        self.plan = Plan(links, opts, self.topo, vcs, False, link_slots, relay_slots)
         router = self.plan.router
         n = self.topo.size
         self.bufs = [np.zeros(self.plan.nbytes, np.uint8) for _ in range(n)]
-        self.engine: dict[tuple[int, int], np.ndarray] = {}  # (rank, peer) -> that link's memory at rank
+        self.relay: dict[tuple[int, int], np.ndarray] = {}  # (rank, peer) -> that relay's memory at rank
         self.proxies: list[FakeProxy] = []
-        if router is not None and router.engine_pairs:
-            geo = router.engine_geometry
-            out_lay, in_lay, stride = link_layouts(geo)
-            for a, b in router.engine_pairs:
-                self.engine[(a, b)] = np.zeros(stride, np.uint8)
-                self.engine[(b, a)] = np.zeros(stride, np.uint8)
-            for (a, b), mem in self.engine.items():
-                self.proxies.append(FakeProxy(Ring(mem, out_lay, geo), Ring(self.engine[(b, a)], in_lay, geo), batch))
+        if router is not None and router.relay_pairs:
+            geo = router.relay_geometry
+            out_lay, in_lay, stride = relay_layouts(geo)
+            for a, b in router.relay_pairs:
+                self.relay[(a, b)] = np.zeros(stride, np.uint8)
+                self.relay[(b, a)] = np.zeros(stride, np.uint8)
+            for (a, b), mem in self.relay.items():
+                self.proxies.append(FakeProxy(Ring(mem, out_lay, geo), Ring(self.relay[(b, a)], in_lay, geo), batch))
         self.touched: dict[int, set] = {r: set() for r in range(n)}  # rank -> addresses its agent was given
 
         def view_of(me: int):
             def view(rank, offset, nbytes):
-                peer = R.engine_peer((rank, offset))
-                self.touched[me].add(("engine", peer) if peer is not None else rank)
+                peer = R.relay_peer((rank, offset))
+                self.touched[me].add(("relay", peer) if peer is not None else rank)
                 if peer is not None:
-                    return self.engine[(me, peer)][offset:offset + nbytes]
+                    return self.relay[(me, peer)][offset:offset + nbytes]
                 return self.bufs[rank][offset:offset + nbytes]
             return view
 
@@ -102,7 +102,7 @@ class EngineNet:
     class _Stepper:
         """What ``drive`` steps: the agents and the proxies, as one list."""
 
-        def __init__(self, net: EngineNet) -> None:
+        def __init__(self, net: RelayNet) -> None:
             self.items = net.agents + net.proxies
 
         def __len__(self) -> int:
@@ -129,11 +129,11 @@ def _nodes_of(t) -> dict[int, int]:
                                       ("nodes:3x3,gw=spread", None), ("nodes:2x3,gw=2", None)])
 def test_all_to_all_across_nodes_every_byte(topo, vcs, rng):
     """Every rank sends to every other several messages of random sizes (low-latency and bulk packets mixed)
-    through link rings and engine rings of 2 slots; every channel delivers its bytes exactly, in order, and
-    every packet between nodes crossed an engine link."""
+    through link rings and relay rings of 2 slots; every channel delivers its bytes exactly, in order, and
+    every packet between nodes crossed a relay."""
     t = T.parse(topo)
     links = all_to_all(t.size)
-    net = EngineNet(topo, links, vcs=vcs)
+    net = RelayNet(topo, links, vcs=vcs)
     node = _nodes_of(t)
     crossing = [link for link in links if node[link.src_rank] != node[link.dst_rank]]
     assert crossing and all(net.plan.routed_of(link) for link in crossing)
@@ -147,7 +147,7 @@ def test_routes_through_gateways_map_nothing_across_nodes():
     """On nodes:2x2 (gateways 0 and 2) and nodes:3x2: where the sender is a gateway its own agent drains the
     injection ring (first is the sender), where the receiver is the landing gateway its own agent delivers
     (last is the receiver); no mapped hop is added; every address an agent or an end uses is its own rank's,
-    a mapped neighbour's in its node, or its own engine link's; engine links are opened only where routes
+    a mapped neighbour's in its node, or its own relay's; relays are opened only where routes
     cross."""
     t = T.parse("nodes:2x2")
     plan = Plan(all_to_all(4), {}, t, None, False, None)
@@ -157,8 +157,8 @@ def test_routes_through_gateways_map_nothing_across_nodes():
     assert path[(0, 3)].ranks == (0, 2, 3) and (path[(0, 3)].first, path[(0, 3)].last) == (0, 2)
     assert path[(1, 2)].ranks == (1, 0, 2) and (path[(1, 2)].first, path[(1, 2)].last) == (0, 2)
     assert path[(0, 2)].ranks == (0, 2) and (path[(0, 2)].first, path[(0, 2)].last) == (0, 2)
-    assert [h.link.engine for h in path[(0, 2)].shared_hops] == [True]
-    assert plan.router.engine_pairs == [(0, 2)]
+    assert [h.link.network for h in path[(0, 2)].shared_hops] == [True]
+    assert plan.router.relay_pairs == [(0, 2)]
     for topo in ("nodes:2x2", "nodes:3x2", "nodes:2x(ring:4)"):
         t = T.parse(topo)
         plan = Plan(all_to_all(t.size), {}, t, None, False, None)
@@ -170,28 +170,28 @@ def test_routes_through_gateways_map_nothing_across_nodes():
             addrs = [x for i in a.inputs for x in (i.ring, i.credit, i.slot_credit, i.chain) if x]
             addrs += [x for o in a.outputs if o for x in (o.ring, o.credit, o.down_chain)]
             addrs += [x for c in a.channels if c for x in (c.ring, c.board) if x]
-            engine = {R.engine_peer(x) for x in addrs if R.engine_peer(x) is not None}
-            assert engine == set(plan.router.engine_peers(rank))
-            assert all(node[p] != node[rank] for p in engine)
+            relayed = {R.relay_peer(x) for x in addrs if R.relay_peer(x) is not None}
+            assert relayed == set(plan.router.relay_peers(rank))
+            assert all(node[p] != node[rank] for p in relayed)
             assert {r for r, _ in addrs if r >= 0} <= mapped, (topo, rank)
         for link, _, lay in plan.entries:
             for kind, rank in (("send", link.src_rank), ("recv", link.dst_rank)):
                 w = R.placement(link, lay, kind, plan.routed_of(link))
                 assert {w.ring[0], w.credit[0], w.slot_credits[0]} <= set(R.mapped_neighbours(t, rank)) | {rank}
-    # without channels between nodes no engine link is opened
+    # without channels between nodes no relay is opened
     inside = Plan(all_to_all(4, pairs=[(0, 1), (3, 2)]), {}, T.parse("nodes:2x2"), None, False, None)
     assert inside.router is None
-    # engine ring shape: the largest routed chunk, so an agent never splits a packet
+    # relay ring shape: the largest routed chunk, so an agent never splits a packet
     big = Plan(all_to_all(4, depth=1 << 20), {}, T.parse("nodes:2x2"), None, False, None, 16)
-    assert big.router.engine_geometry.chunk == big.router.link_chunk == 64 << 10
-    assert big.router.engine_geometry.nslots == 16
+    assert big.router.relay_geometry.chunk == big.router.link_chunk == 64 << 10
+    assert big.router.relay_geometry.nslots == 16
 
 
-def test_a_slow_reader_across_the_engine_loses_nothing(rng):
+def test_a_slow_reader_across_a_relay_loses_nothing(rng):
     """nodes:2x2, every rank to every rank of the other node; the readers take what arrived only every fifth
-    round and engine rings hold 2 packets: the writers are held back (end-to-end credits), nothing is lost."""
+    round and relay rings hold 2 packets: the writers are held back (end-to-end credits), nothing is lost."""
     links = all_to_all(4, depth=2048, pairs=[(a, b) for a in range(4) for b in range(4) if a // 2 != b // 2])
-    net = EngineNet("nodes:2x2", links)
+    net = RelayNet("nodes:2x2", links)
     messages = random_messages(links, rng, 6, most=2000)  # each message fits its ring (depth 2048)
     sent = {k: 0 for k in messages}
     got = {k: bytearray() for k in messages}
@@ -225,12 +225,12 @@ def test_a_slow_reader_across_the_engine_loses_nothing(rng):
     assert held > 0  # the writers did wait for credits
 
 
-def test_a_stalled_receiver_holds_back_only_its_own_channel_across_the_engine(rng):
-    """nodes:2x2: channels 1->3 (route 1, 0, 2, 3) and 0->3 (0, 2, 3) share the engine link 0->2; 1->3's receiver
+def test_a_stalled_receiver_holds_back_only_its_own_channel_across_a_relay(rng):
+    """nodes:2x2: channels 1->3 (route 1, 0, 2, 3) and 0->3 (0, 2, 3) share the relay 0->2; 1->3's receiver
     never reads. 0->3 still delivers every byte; 1->3's packets wait in its own injection ring at rank 0, with
-    a chain that says its receiver has not read (end-to-end credits); the engine rings are drained."""
+    a chain that says its receiver has not read (end-to-end credits); the relay rings are drained."""
     links = all_to_all(4, pairs=[(1, 3), (0, 3)])
-    net = EngineNet("nodes:2x2", links)
+    net = RelayNet("nodes:2x2", links)
     messages = random_messages(links, rng, 20)
     outcome, got, want = drive(net.driven(), messages, rng, readers={"c0_3"}, patience=200)
     assert outcome == "complete" and got["c0_3"] == want["c0_3"]
@@ -244,7 +244,7 @@ def test_a_stalled_receiver_holds_back_only_its_own_channel_across_the_engine(rn
     assert chain.flags & R.CHAIN_GATE and chain.count == 1
     text = R.describe_chain(chain, net.plan.router, r, 0)
     assert "its packets wait at rank 0 for its receiver on rank 3 to read (end-to-end credits" in text
-    for p in net.proxies:  # nothing of the stalled channel sits in an engine ring
+    for p in net.proxies:  # nothing of the stalled channel sits in a relay ring
         assert p.out.seq == p.into.seq and int(p.into.r.credit[0]) == p.into.seq
     for a in net.agents:
         for o in a.outputs:
@@ -252,12 +252,12 @@ def test_a_stalled_receiver_holds_back_only_its_own_channel_across_the_engine(rn
                 assert int(o.credit[0]) == o.seq
 
 
-def test_a_head_blocked_on_the_engine_names_the_engine_link(rng):
+def test_a_head_blocked_on_a_relay_names_the_link(rng):
     """nodes:2x2, 1 -> 3 while the proxies are stopped: the packets wait at rank 0 in the channel's injection
-    ring for room in the engine link 0->2, and the chain record says so (it ends there: the landing side is
+    ring for room in the relay 0->2, and the chain record says so (it ends there: the landing side is
     another node's memory)."""
     links = all_to_all(4, pairs=[(1, 3)])
-    net = EngineNet("nodes:2x2", links)
+    net = RelayNet("nodes:2x2", links)
     messages = random_messages(links, rng, 10)
     for _ in range(200):
         for name, msgs in messages.items():
@@ -270,31 +270,31 @@ def test_a_head_blocked_on_the_engine_names_the_engine_link(rng):
         a._publish_chains(float("inf"))
     r = net.plan.routed_of(links[0])
     text = R.describe_chain(net.chain(0, r.lay.chain), net.plan.router, r, 0)
-    assert text == "its packets wait at rank 0 in the injection ring of channel c1_3 for room in 0->2 (engine) vc 0"
+    assert text == "its packets wait at rank 0 in the injection ring of channel c1_3 for room in 0->2 (network) vc 0"
 
 
 @pytest.mark.parametrize("topo", ["nodes:2x2", "nodes:3x2", "nodes:2x(ring:4)", "nodes:4x4,gw=spread"])
 def test_routed_buffers_across_nodes_are_acyclic(topo):
-    """The buffers routed channels use, engine links included, have no cycle with the default virtual
-    channels (what open() checks); the engine links are nodes of that graph."""
+    """The buffers routed channels use, relays included, have no cycle with the default virtual
+    channels (what open() checks); the relays are nodes of that graph."""
     t = T.parse(topo)
     plan = Plan(all_to_all(t.size), {}, t, None, False, None)
     nodes, _ = plan.router.dependencies()
-    engine_ids = {k.id * plan.router.vcs for k in t.links if k.engine}
-    assert engine_ids & set(nodes.tolist())
+    relay_ids = {k.id * plan.router.vcs for k in t.links if k.network}
+    assert relay_ids & set(nodes.tolist())
     assert plan.router.cycle() == []
 
 
-def test_bad_engine_options_are_one_line():
+def test_bad_relay_options_are_one_line():
     from circuslink import channels
 
     class W:  # open() refuses these before any collective call
         size = 4
 
-    for engine, message in [({"nslots": 3}, "engine nslots 3 must be a power of two in 2..65536"),
-                            ({"batch": 0}, r"engine batch 0 must be a number of packets in 1..nslots \(64\)"),
-                            ({"depth": 2}, r"engine: unknown option\(s\) depth \(expected nslots, batch, spin\)"),
-                            ([1], "engine must be a mapping")]:
+    for relay, message in [({"nslots": 3}, "relay nslots 3 must be a power of two in 2..65536"),
+                           ({"batch": 0}, r"relay batch 0 must be a number of packets in 1..nslots \(64\)"),
+                           ({"depth": 2}, r"relay: unknown option\(s\) depth \(expected nslots, batch, spin\)"),
+                           ([1], "relay must be a mapping")]:
         with pytest.raises(ConfigError, match=message):
-            channels._engine_options(engine)
-    assert channels._engine_options(None) == {"nslots": 64, "batch": None, "spin": False}
+            channels._relay_options(relay)
+    assert channels._relay_options(None) == {"nslots": 64, "batch": None, "spin": False}

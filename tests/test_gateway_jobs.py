@@ -1,6 +1,6 @@
-"""Gateway-routed channels as jobs (issue 13): routed channels that cross declared nodes through the gateways
-and a real engine link (MPI proxies), on the cpu back-end, started by mpirun and by ``circuslink run
---ranks-per-node K`` (which starts the job by mpirun when mpirun and mpi4py are installed).
+"""Gateway-routed channels as jobs: routed channels that cross declared nodes through the gateways and a real
+relay (the mpi transport's compiled progress thread), on the cpu back-end, started by mpirun and by
+``circuslink run --ranks-per-node K`` (which starts the job by mpirun when mpirun and mpi4py are installed).
 
 Each job: seeded random sizes, every byte checked; the slow reader; the stalled receiver that holds back only
 its own channel; the refusal, in one line, where no mpirun starts the job. The same decisions in one process
@@ -33,10 +33,11 @@ byte, u4 = element_type("uchar"), element_type("uint4")
 pairs = [(a, b) for a in range(n) for b in range(n) if a != b]
 links = [Link(f"c{a}_{b}", f"c{a}_{b}_in", 2 * k, 2 * k + 1, a, b, u4 if k % 2 else byte, 512)
          for k, (a, b) in enumerate(pairs)]
-ch = channels.open(w, links, topology=f"nodes:{n // 2}x2", link_slots=2, engine={"nslots": 4, "batch": 2})
+ch = channels.open(w, links, topology=f"nodes:{n // 2}x2", link_slots=2, relay={"nslots": 4, "batch": 2})
 assert ch._buf.mapped == w.nodes[w.node], ch._buf.mapped          # no memory mapped across nodes
 gateways = [node[0] for node in w.nodes]
-assert (ch.engine.peers if ch.engine else []) == ([g for g in gateways if g != w.rank] if w.rank in gateways else [])
+assert (ch.relays.peers if ch.relays else []) == ([g for g in gateways if g != w.rank] if w.rank in gateways else [])
+assert set(ch.relays.transports().values() if ch.relays else []) <= {"mpi"}
 def data(link, i):
     g = np.random.default_rng([seed, link.send_id, i])
     return g.integers(0, 256, int(g.integers(1, 1500)) * link.element.nbytes, dtype=np.uint8)
@@ -91,8 +92,8 @@ def _crossing(n: int) -> int:
 @pytest.mark.parametrize("n", [4, 6])
 def test_all_to_all_across_nodes_under_mpirun(spmd, n):
     """2 and 3 declared nodes of 2 ranks under mpirun: every rank to every other (byte and uint4 channels,
-    low-latency and bulk packets, link rings of 2 slots, engine rings of 4); every byte checked against a
-    seeded generator; only the node's memory is mapped; engine links only between gateways."""
+    low-latency and bulk packets, link rings of 2 slots, relay rings of 4); every byte checked against a
+    seeded generator; only the node's memory is mapped; relays only between gateways, carried by mpi."""
     job = spmd(n, ALL_TO_ALL.replace("COUNT", "3"), launcher="mpirun", env=NODES_2, timeout=150).check()
     for r in range(n):
         assert f"routed ok {r} {_crossing(n)} mpirun" in job.stdout, job.output
@@ -105,7 +106,8 @@ def test_circuslink_run_ranks_per_node_starts_the_job_by_mpirun(tmp_path, seed):
     job = _circuslink_run(tmp_path, seed, 4, ALL_TO_ALL.replace("COUNT", "2"), "--ranks-per-node", "2")
     assert job.returncode == 0, job.stdout + job.stderr
     assert ("circuslink run: 4 ranks in 2 nodes of 2 ranks (declared by --ranks-per-node 2): node 0 = ranks 0-1, "
-            "node 1 = ranks 2-3; started by mpirun (the engine between nodes is MPI)") in job.stderr
+            "node 1 = ranks 2-3; started by mpirun; between nodes: transport mpi (chosen by capability: proxied, up "
+            "to the network)") in job.stderr
     for r in range(4):
         assert f"[{r}] routed ok {r} 8 mpirun\n" in job.stdout, job.stdout
 
@@ -123,9 +125,10 @@ w.close()
 """
 
 REFUSAL = ("REFUSED channels.open: channel x goes from rank 1 (node 0) to rank 3 (node 1) through the gateways, and "
-           "the engine between nodes is MPI: this job was started by circuslink run, whose ranks share no MPI "
-           "communicator ({why}); start it under mpirun (circuslink run --ranks-per-node K does so by itself when "
-           "mpirun and mpi4py are installed), e.g. CIRCUSLINK_RANKS_PER_NODE=2 mpirun -np 4 python app.py")
+           "no transport joins nodes in this job (mpi: it needs a job started by mpirun (MPI between the ranks); "
+           "nvshmem: it needs a back-end that runs kernels (GPUs)); this job was started by circuslink run ({why}): "
+           "start it under mpirun (circuslink run --ranks-per-node K does so by itself when mpirun and mpi4py are "
+           "installed), e.g. CIRCUSLINK_RANKS_PER_NODE=2 mpirun -np 4 python app.py")
 
 
 def test_routed_channels_between_nodes_need_mpirun_in_one_line(tmp_path, seed, spmd):
@@ -190,7 +193,7 @@ def say(*a): os.write(1, (" ".join(map(str, a)) + chr(10)).encode())  # one writ
 w = cl.init()
 seed = int(os.environ["CIRCUSLINK_TEST_SEED"])
 ch = channels.open(w, [Link("a", "a_in", 0, 1, 1, 3, element_type("uchar"), 1024)], topology="nodes:2x2",
-                   link_slots=2, engine={"nslots": 2, "batch": 1})
+                   link_slots=2, relay={"nslots": 2, "batch": 1})
 rng = np.random.default_rng(seed)
 msgs = [rng.integers(0, 256, int(rng.integers(1, 1025)), dtype=np.uint8) for _ in range(60)]
 if w.rank == 1:
@@ -225,9 +228,9 @@ w.close()
 
 
 @pytest.mark.mpi
-def test_a_slow_reader_across_the_engine_holds_the_writer_and_loses_nothing(spmd):
-    """nodes:2x2 under mpirun, 1 -> 3 (1, 0, engine, 2, 3), engine rings of 2 packets: while the reader waits
-    the writer stops (end-to-end credits: it never fills the engine), then a slow reader gets every byte."""
+def test_a_slow_reader_across_a_relay_holds_the_writer_and_loses_nothing(spmd):
+    """nodes:2x2 under mpirun, 1 -> 3 (1, 0, relay, 2, 3), relay rings of 2 packets: while the reader waits
+    the writer stops (end-to-end credits: it never fills the relay), then a slow reader gets every byte."""
     job = spmd(4, SLOW_READER, launcher="mpirun", env=NODES_2, timeout=120).check()
     assert "reader got 60" in job.stdout, job.output
     assert "writer held at" in job.stdout
@@ -242,7 +245,7 @@ w = cl.init()
 seed = int(os.environ["CIRCUSLINK_TEST_SEED"])
 byte = element_type("uchar")
 links = [Link("stuck", "stuck_in", 0, 1, 1, 3, byte, 256), Link("live", "live_in", 2, 3, 0, 3, byte, 256)]
-ch = channels.open(w, links, topology="nodes:2x2", link_slots=2, engine={"nslots": 2, "batch": 1}, timeout=3)
+ch = channels.open(w, links, topology="nodes:2x2", link_slots=2, relay={"nslots": 2, "batch": 1}, timeout=3)
 rng = np.random.default_rng(seed)
 live = [rng.integers(0, 256, int(rng.integers(1, 257)), dtype=np.uint8) for _ in range(40)]
 if w.rank == 1:
@@ -265,10 +268,10 @@ w.close()
 
 
 @pytest.mark.mpi
-def test_a_stalled_receiver_holds_back_only_its_own_channel_across_the_engine(spmd):
-    """nodes:2x2 under mpirun: 1 -> 3 and 0 -> 3 share the engine link 0 -> 2; rank 3 never reads 1 -> 3. Every
+def test_a_stalled_receiver_holds_back_only_its_own_channel_across_a_relay(spmd):
+    """nodes:2x2 under mpirun: 1 -> 3 and 0 -> 3 share the relay 0 -> 2; rank 3 never reads 1 -> 3. Every
     byte of 0 -> 3 arrives; 1 -> 3's writer times out, and its error says the packets wait at gateway 0 for the
-    receiver on rank 3 (end-to-end credits), not for the engine."""
+    receiver on rank 3 (end-to-end credits), not for the relay."""
     job = spmd(4, STALLED, launcher="mpirun", env=NODES_2, timeout=120, job_timeout=90).check()
     assert "live got 40" in job.stdout, job.output
     err = next(line for line in job.stdout.splitlines() if line.startswith("ERR"))
@@ -286,7 +289,7 @@ byte = element_type("uchar")
 # 8 channels from node 1 to node 0: their credits go back from gateway 0 (last) to gateway 2 (first)
 pairs = [(a, b) for a in (2, 3) for b in (0, 1)] * 2
 links = [Link(f"c{k}", f"c{k}_in", 2 * k, 2 * k + 1, a, b, byte, 256) for k, (a, b) in enumerate(pairs)]
-ch = channels.open(w, links, topology="nodes:2x2", engine={"nslots": 2, "batch": 1}, timeout=20)
+ch = channels.open(w, links, topology="nodes:2x2", relay={"nslots": 2, "batch": 1}, timeout=20)
 if w.rank == 0:  # rank 0's agent holds back its credit reports until rank 2's agent has stopped
     agent, router = ch._router.agent, ch._router
     held, report = threading.Event(), agent._report_all
@@ -294,7 +297,7 @@ if w.rank == 0:  # rank 0's agent holds back its credit reports until rank 2's a
     stop = router.stop
     def late_stop(timeout):
         time.sleep(1.0)                           # rank 2 stops its agent meanwhile
-        held.set()                                # 8 reports now, for an engine ring of 2 slots
+        held.set()                                # 8 reports now, for a relay ring of 2 slots
         time.sleep(0.5)
         stop(timeout)
     router.stop = late_stop
@@ -312,7 +315,7 @@ w.close()
 @pytest.mark.mpi
 def test_closing_while_a_peer_still_sends_credit_reports(spmd):
     """nodes:2x2: gateway 0's agent sends its 8 last credit reports only after gateway 2's agent has stopped, into
-    an engine ring of 2 slots: the proxy at 2 takes and drops them, and every rank closes."""
+    a relay ring of 2 slots: the transport at 2 takes and drops them, and every rank closes."""
     job = spmd(4, LATE_CREDITS, launcher="mpirun", env=NODES_2, timeout=120, job_timeout=90).check()
     assert job.stdout.count("closed") == 4, job.output
 
@@ -358,7 +361,7 @@ def test_a_rank_failing_in_another_node_during_a_routed_transfer_is_named_by_cir
     assert "circuslink run: the job (started by mpirun) failed with exit code" in job.stderr
 
 
-ENGINE_FAILS = """
+RELAY_FAILS = """
 import os, numpy as np, circuslink as cl
 from mpi4py import MPI
 from circuslink import channels
@@ -367,21 +370,9 @@ def say(*a): os.write(1, (" ".join(map(str, a)) + chr(10)).encode())  # one writ
 w = cl.init()
 byte = element_type("uchar")
 links = [Link("a", "a_in", 0, 1, 0, 3, byte, 4096), Link("b", "b_in", 2, 3, 1, 3, byte, 4096)]
-ch = channels.open(w, links, topology="nodes:2x2", engine={"nslots": 4, "batch": 1}, timeout=3)
-
-class Faulty:                                      # the engine's MPI fails on the third send
-    def __init__(self, comm):
-        self.comm, self.sends = comm, 0
-    def Isend(self, *args):
-        self.sends += 1
-        if self.sends == 3:
-            raise MPI.Exception(MPI.ERR_TRUNCATE)
-        return self.comm.Isend(*args)
-    def __getattr__(self, name):
-        return getattr(self.comm, name)
-
+ch = channels.open(w, links, topology="nodes:2x2", relay={"nslots": 4, "batch": 1}, timeout=3)
 if w.rank == 0:
-    ch.engine._proxy.comm = Faulty(ch.engine._proxy.comm)
+    ch.relays[2]._group._inject_fault(3, MPI.ERR_TRUNCATE)  # the progress thread's third MPI send fails
 w.barrier()
 name = {0: "a", 1: "b"}.get(w.rank)
 if name:
@@ -393,7 +384,7 @@ if name:
     if w.rank == 0:
         try:
             ch["a"].check()                        # every later call says so at once
-        except cl.EngineError as exc:
+        except cl.TransportError as exc:
             say("AGAIN", exc)
 w.barrier(timeout=30)
 ch.release_local()
@@ -402,19 +393,34 @@ w.close()
 
 
 @pytest.mark.mpi
-def test_an_engine_error_during_routed_transfers_names_the_engine_and_both_ranks(spmd):
+def test_a_transport_error_during_routed_transfers_names_the_link_and_the_transport(spmd):
     """nodes:2x2: gateway 0's MPI fails while 0 -> 3 and 1 -> 3 cross: the gateway's writes end at once with the
-    engine's one line (MPI, ranks 0 and 2, the MPI error); rank 1, which holds no engine link, times out with
-    an error that says its packets wait at rank 0 for the engine link 0->2."""
-    job = spmd(4, ENGINE_FAILS, launcher="mpirun", env=NODES_2, timeout=120, job_timeout=90).check()
-    err = next(x for x in job.stdout.splitlines() if x.startswith("ERR 0"))[len("ERR 0 EngineError "):]
+    transport's one line (link, ranks 0 and 2, mpi, the MPI error); rank 1, which holds no relay, times out with
+    an error that says its packets wait at rank 0 for the relay 0->2."""
+    job = spmd(4, RELAY_FAILS, launcher="mpirun", env=NODES_2, timeout=120, job_timeout=90).check()
+    err = next(x for x in job.stdout.splitlines() if x.startswith("ERR 0"))[len("ERR 0 TransportError "):]
     # which send is the third (a batch's meta, its bulk data, a credit) depends on timing
-    assert re.fullmatch(r"engine link \(MPI\) rank 0 <-> rank 2: MPI error in sending "
+    assert re.fullmatch(r"link rank 0 <-> rank 2 \(transport mpi\): MPI error in sending "
                         r"(packets \d+\.\.\d+ to rank 2|control): "
                         r"MPI_ERR_TRUNCATE: message truncated \(error class 15\)", err), err
     assert f"AGAIN {err}" in job.stdout, job.output
     line = next(x for x in job.stdout.splitlines() if x.startswith("ERR 1"))
     assert line.startswith("ERR 1 ChannelError channel b (id 2, rank 1, sender to rank 3, routed 1->0->2->3): "
                            "timed out after 3 s"), line
-    assert line.endswith("its packets wait at rank 0 in the injection ring of channel b for room in 0->2 (engine) "
+    assert line.endswith("its packets wait at rank 0 in the injection ring of channel b for room in 0->2 (network) "
                          "vc 0"), line
+
+
+@pytest.mark.mpi
+def test_circuslink_run_transport_forces_the_transport_between_nodes(tmp_path, seed):
+    """``--transport mpi``: the ranks get CIRCUSLINK_TRANSPORT and the nodes line says it is forced; an unknown
+    name is one line before any rank starts."""
+    job = _circuslink_run(tmp_path, seed, 4, ALL_TO_ALL.replace("COUNT", "1"), "--ranks-per-node", "2",
+                          "--transport", "mpi")
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert "; started by mpirun; between nodes: transport mpi (forced by CIRCUSLINK_TRANSPORT" in job.stderr
+    assert job.stdout.count("routed ok") == 4
+    bad = _circuslink_run(tmp_path, seed, 4, "pass", "--ranks-per-node", "2", "--transport", "ucx")
+    assert bad.returncode == 1 and bad.stdout == ""
+    assert bad.stderr == ("circuslink: error: --transport 'ucx': choose one of ipc, mpi, nvshmem (a plug-in the ranks "
+                          "register themselves: set CIRCUSLINK_TRANSPORT instead)\n")

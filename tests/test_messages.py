@@ -38,7 +38,7 @@ def test_run_help_ends_its_sentence():
     proc = _cli("run", "--help")
     assert proc.returncode == 0
     text = " ".join(proc.stdout.split())
-    assert "(by mpirun when declared nodes need the engine between them)." in text
+    assert "(by mpirun when declared nodes need a transport between them that MPI starts)." in text
 
 
 def test_bench_resources_without_a_gpu_gives_advice_it_can_take():

@@ -1,7 +1,7 @@
 """Nodes (issue 13): ranks grouped into nodes by host name or declared on one machine (circuslink run
 --ranks-per-node K, CIRCUSLINK_RANKS_PER_NODE=K under mpirun); what the world says about them; the check the
 neighbour-only alloc path calls; circuslink run / info showing them; a rank dying in another node ends the
-job naming it, under circuslink run and under mpirun (with the engine links busy).
+job naming it, under circuslink run and under mpirun (with a relay busy).
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ try:
 except cl.ConfigError as exc:
     assert str(exc) == (f"alloc: rank {w.rank} (node {w.node}) cannot map the memory of rank {other}, which is on "
                         f"node {w.node_of(other)} (nodes declared by CIRCUSLINK_RANKS_PER_NODE={K}): memory is "
-                        "mapped only inside a node; traffic between nodes goes through gateway ranks over the engine "
-                        "(MPI), docs/scale.md"), str(exc)
+                        "mapped only inside a node; traffic between nodes goes through gateway ranks over a "
+                        "transport, docs/scale.md"), str(exc)
 for bad in (w.size, -1, "1"):
     try:
         w.node_of(bad)
@@ -151,11 +151,11 @@ def test_a_rank_killed_in_another_node_is_named_under_circuslink_run(spmd):
     assert "circuslink run: rank 3 (node 1) was killed by SIGKILL; ended the other ranks" in job.stderr
 
 
-DIES_WHILE_ENGINE_BUSY = """
+DIES_WHILE_RELAY_BUSY = """
 import os, signal, sys, threading, time, circuslink as cl
-from circuslink import links
+from circuslink import transport
 w = cl.init()
-eng = links.open_engine(w, [(0, 2)], nslots=4, chunk=256)
+eng = transport.open_relays(w, [(0, 2)], nslots=4, chunk=256)
 if w.rank in (0, 2):
     link = eng[2 - w.rank]
     def echo():
@@ -182,7 +182,7 @@ time.sleep(120)
 @pytest.mark.mpi
 @pytest.mark.parametrize("how", ["kill", "raise"])
 def test_a_rank_dying_in_another_node_ends_the_mpi_job_naming_it(spmd, how):
-    job = spmd(4, DIES_WHILE_ENGINE_BUSY, launcher="mpirun", env={"CIRCUSLINK_RANKS_PER_NODE": "2", "HOW": how},
+    job = spmd(4, DIES_WHILE_RELAY_BUSY, launcher="mpirun", env={"CIRCUSLINK_RANKS_PER_NODE": "2", "HOW": how},
                job_timeout=90)
     assert job.returncode != 0
     if how == "kill":

@@ -1,8 +1,8 @@
-"""Topologies of nodes (issue 13): nodes:NxK, nodes:Nx(INNER), gateways, engine links, files with a node per
+"""Topologies of nodes (issue 13): nodes:NxK, nodes:Nx(INNER), gateways, network links, files with a node per
 rank, the hierarchical tables, their virtual-channel classes, the deadlock check and `circuslink route` on them.
 
 References are written here: a route between nodes is the inner route to the gateway the test computes from
-the documented rule, one engine hop, and the inner route from the landing rank; inner routes of grids come
+the documented rule, one network hop, and the inner route from the landing rank; inner routes of grids come
 from the grid routing, which tests/test_topology.py checks against its own references.
 """
 
@@ -56,7 +56,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("spec,lists,inner,rule", CASES, ids=[c[0] for c in CASES])
-def test_routes_go_source_gateway_engine_gateway_destination(spec, lists, inner, rule):
+def test_routes_go_source_gateway_network_gateway_destination(spec, lists, inner, rule):
     t = T.parse(spec)
     inner_t = T.parse(inner) if inner else None
     assert t.kind == "nodes" and t.has_nodes and t.nodes == lists and t.size == sum(map(len, lists))
@@ -64,20 +64,20 @@ def test_routes_go_source_gateway_engine_gateway_destination(spec, lists, inner,
     for s, d in itertools.product(range(t.size), repeat=2):
         hops = r.route(s, d)
         assert [(h.src, h.dst) for h in hops] == reference_route(lists, inner_t, rule, s, d), (s, d)
-        engine = [h for h in hops if h.link.kind == "engine"]
-        assert len(engine) == (t.node_of(s) != t.node_of(d))  # exactly one engine hop between nodes
+        network = [h for h in hops if h.link.kind == "network"]
+        assert len(network) == (t.node_of(s) != t.node_of(d))  # exactly one network hop between nodes
         for h in hops:
             assert h.link.src == h.src and h.link.dst == h.dst
-            assert (t.node_of(h.src) != t.node_of(h.dst)) == h.link.engine  # mapped inside, engine between
+            assert (t.node_of(h.src) != t.node_of(h.dst)) == h.link.network  # mapped inside, network between
         assert r.hops[s, d] == len(hops)
     for a, b in itertools.permutations(range(len(lists)), 2):
         src, dst = t.gateway(a, b)
         assert src == lists[a][local_gateway(rule, a, b, len(lists[a]))]
         assert dst == lists[b][local_gateway(rule, b, a, len(lists[b]))]
-        assert t.link(src, dst).engine and t.link(dst, src).engine
-    engine_links = [k for k in t.links if k.engine]
-    pairs = {frozenset((t.node_of(k.src), t.node_of(k.dst))) for k in engine_links}
-    assert len(pairs) == len(lists) * (len(lists) - 1) // 2 and len(engine_links) == 2 * len(pairs)
+        assert t.link(src, dst).network and t.link(dst, src).network
+    network_links = [k for k in t.links if k.network]
+    pairs = {frozenset((t.node_of(k.src), t.node_of(k.dst))) for k in network_links}
+    assert len(pairs) == len(lists) * (len(lists) - 1) // 2 and len(network_links) == 2 * len(pairs)
     assert T.check(r).acyclic  # the default virtual channels are deadlock-free
 
 
@@ -92,7 +92,7 @@ def test_two_classes_keep_hops_inside_the_destination_apart(spec, lists, inner, 
     r = t.routing(hi)
     for s, d in itertools.product(range(t.size), repeat=2):
         for h in r.route(s, d):
-            if h.link.engine:
+            if h.link.network:
                 assert h.vc == 0
             elif t.node_of(h.src) == t.node_of(d):
                 assert inner_vcs <= h.vc < 2 * inner_vcs  # the upper class, inside the destination's node
@@ -103,10 +103,10 @@ def test_two_classes_keep_hops_inside_the_destination_apart(spec, lists, inner, 
 
 def test_spread_gateways_need_two_classes():
     """With spread gateways a link between two gateways carries hops toward a gateway and last hops: one
-    class has a cycle through three nodes' engine links; two classes break it."""
+    class has a cycle through three nodes' network links; two classes break it."""
     t = T.parse("nodes:4x4,gw=spread")
     one = T.check(t.routing(1))
-    assert not one.acyclic and sum(link.engine for link, _ in one.cycle) >= 2
+    assert not one.acyclic and sum(link.network for link, _ in one.cycle) >= 2
     assert "--vcs 2 (two classes" in one.text()
     assert T.check(t.routing(2)).acyclic
     # every ring inside a node routes with its dateline's 2 VCs: classes multiply them
@@ -124,14 +124,14 @@ def test_all_to_all_traffic_completes_in_order(spec, seed):
         assert all(got == [0, 1, 2] for got in result.delivered)
 
 
-def test_device_ports_say_which_links_cross_the_engine():
+def test_device_ports_say_which_links_cross_the_network():
     t = T.parse("nodes:2x4")
     ports = t.routing().port_table
     for rank in range(t.size):
         for p, port in enumerate(t.ports[rank]):
             assert ports[rank, p]["kind"] == port.kind
-            assert port.kind == (T.LINK_ENGINE if t.node_of(port.peer) != t.node_of(rank) else T.LINK_MAPPED)
-    assert [p.peer for p in t.ports[0] if p.kind == T.LINK_ENGINE] == [4]
+            assert port.kind == (T.LINK_NETWORK if t.node_of(port.peer) != t.node_of(rank) else T.LINK_MAPPED)
+    assert [p.peer for p in t.ports[0] if p.kind == T.LINK_NETWORK] == [4]
     assert all(p.kind == T.LINK_MAPPED for p in t.ports[1])  # not a gateway
     # grids and graphs: every port is mapped
     assert all(p.kind == T.LINK_MAPPED for ports in T.parse("torus:3x3").ports for p in ports)
@@ -160,19 +160,22 @@ def test_nodes_from_files_json_and_edge_list_agree(tmp_path):
     doc = {"name": "two-hosts",
            "nodes": [{"name": "g0", "node": "host0"}, {"name": "g1", "node": "host0"},
                      {"name": "g2", "node": "host1"}, {"name": "g3", "group": "host1"}],
-           "links": [["g0", "g1"], ["g2", "g3"], {"a": "g1", "b": "g2", "kind": "engine"}]}
+           "links": [["g0", "g1"], ["g2", "g3"], {"a": "g1", "b": "g2", "kind": "network"}]}
     (tmp_path / "net.json").write_text(json.dumps(doc))
     (tmp_path / "net.txt").write_text("g0 node=host0\ng1 node=host0\ng2 node=host1\ng3 node=host1\n"
-                                      "g0 g1\ng2 g3 kind=nvlink\ng1 g2 kind=engine\n")
+                                      "g0 g1\ng2 g3 kind=nvlink\ng1 g2 kind=network\n")
     for path in ("net.json", "net.txt"):
         t = T.parse(str(tmp_path / path))
         assert t.kind == "nodes" and t.nodes == [[0, 1], [2, 3]] and t.node_names == ["host0", "host1"]
         assert t.gateway(0, 1) == (1, 2) and t.gateway(1, 0) == (2, 1) and t.gateways() == [1, 2]
-        assert [(h.src, h.dst, h.link.kind) for h in t.routing().route(0, 3)][1] == (1, 2, "engine")
+        assert [(h.src, h.dst, h.link.kind) for h in t.routing().route(0, 3)][1] == (1, 2, "network")
         assert t.groups() == {"host0": [0, 1], "host1": [2, 3]} and t.group(3) == "host1"
         assert T.check(t).acyclic
-    # several engine links between two nodes: the lowest (a, b) carries the traffic
-    t = T.from_edge_list("a node=x\nb node=x\nc node=y\nd node=y\na b\nc d\nb d kind=engine\na c kind=engine\n")
+    # a network link may name its transport (else the registry chooses one by capability)
+    named = T.from_edge_list("a node=x\nb node=y\na b kind=network transport=mpi\n")
+    assert {(k.src, k.dst, k.transport) for k in named.links} == {(0, 1, "mpi"), (1, 0, "mpi")}
+    # several network links between two nodes: the lowest (a, b) carries the traffic
+    t = T.from_edge_list("a node=x\nb node=x\nc node=y\nd node=y\na b\nc d\nb d kind=network\na c kind=network\n")
     assert t.gateway(0, 1) == (0, 2) and t.gateway(1, 0) == (2, 0) and t.gateways() == [0, 1, 2, 3]
 
 
@@ -203,19 +206,25 @@ BAD_FILES = [
     ("both.json", {"nodes": [{"name": "a", "node": "h0", "group": "h0"}], "links": []},
      "nodes[0]: give 'node' or 'group' (its older name), not both"),
     ("inside.json", {"nodes": [{"name": "a", "node": "h0"}, {"name": "b", "node": "h0"}],
-                     "links": [{"a": "a", "b": "b", "kind": "engine"}]},
-     "links[0]: link a-b has kind=engine but both ranks are in node h0"),
-    ("across.json", {"nodes": [{"name": "a", "node": "h0"}, {"name": "b", "node": "h1"}],
                      "links": [{"a": "a", "b": "b", "kind": "network"}]},
-     "links[0]: link a-b joins node h0 and node h1 but has kind=network: the engine carries links between "
-     "nodes (write kind=engine)"),
-    ("nonodes.json", {"nodes": ["a", "b"], "links": [{"a": "a", "b": "b", "kind": "engine"}]},
-     "link a-b has kind=engine, which joins nodes, but no rank names its node"),
+     "links[0]: link a-b has kind=network but both ranks are in node h0"),
+    ("across.json", {"nodes": [{"name": "a", "node": "h0"}, {"name": "b", "node": "h1"}],
+                     "links": [{"a": "a", "b": "b", "kind": "ethernet"}]},
+     "links[0]: link a-b joins node h0 and node h1 but has kind=ethernet: a transport between nodes carries links "
+     "between nodes (write kind=network)"),
+    ("named.txt", "a node=h0\nb node=h0\na b kind=nvlink transport=mpi\n",
+     "named.txt:3: link a-b names transport=mpi but has kind=nvlink: a transport is named on links between nodes "
+     "(kind=network) only"),
+    ("unknown.json", {"nodes": [{"name": "a", "node": "h0"}, {"name": "b", "node": "h1"}],
+                      "links": [{"a": "a", "b": "b", "kind": "network", "transport": "ucx"}]},
+     "links[0]: link a-b: unknown transport 'ucx' (choose one of ipc, mpi, nvshmem"),
+    ("nonodes.json", {"nodes": ["a", "b"], "links": [{"a": "a", "b": "b", "kind": "network"}]},
+     "link a-b has kind=network, which joins nodes, but no rank names its node"),
     ("nogw.json", {"nodes": [{"name": "a", "node": "h0"}, {"name": "b", "node": "h1"},
                              {"name": "c", "node": "h2"}],
-                   "links": [{"a": "a", "b": "b", "kind": "engine"}, {"a": "b", "b": "c", "kind": "engine"}]},
-     "node h0 has no gateway to node h2: no engine link from a rank of h0 to a rank of h2"),
-    ("two.txt", "a node=h0\nb node=h1\na node=h1\na b kind=engine\n", "two.txt:3: node 'a' is in two nodes: h0 ("),
+                   "links": [{"a": "a", "b": "b", "kind": "network"}, {"a": "b", "b": "c", "kind": "network"}]},
+     "node h0 has no gateway to node h2: no network link from a rank of h0 to a rank of h2"),
+    ("two.txt", "a node=h0\nb node=h1\na node=h1\na b kind=network\n", "two.txt:3: node 'a' is in two nodes: h0 ("),
     ("opt.txt", "a b node=h0\n", "'node=' goes on a line of its own"),
     ("empty.txt", "a node=\n", "node= needs a name"),
     ("badopt.txt", "a weight=3\n", "unknown option 'weight' (known: node)"),
@@ -270,35 +279,35 @@ def route(capsys, *argv: str) -> tuple[int, str, str]:
 def test_route_show_prints_kinds_nodes_and_gateways(capsys):
     code, out, _ = route(capsys, "show", "nodes:2x4")
     assert code == 0
-    assert ("nodes:2x4: 8 ranks, 13 bidirectional links (direct, engine); 2 nodes of 4 ranks (full:4 inside; "
+    assert ("nodes:2x4: 8 ranks, 13 bidirectional links (direct, network); 2 nodes of 4 ranks (full:4 inside; "
             "gateways: local rank 0 of each node): node 0 = ranks 0-3 (gateway 0), node 1 = ranks 4-7 (gateway 4)"
             in out)
-    assert "rank 0 [node 0, gateway to node 1]: neighbours 1 (p0), 2 (p1), 3 (p2), 4 (p3, engine)" in out
+    assert "rank 0 [node 0, gateway to node 1]: neighbours 1 (p0), 2 (p1), 3 (p2), 4 (p3, network)" in out
     assert "rank 5 [node 1]: neighbours 4 (p0), 6 (p1), 7 (p2)" in out
     lines = out.splitlines()
     rank1 = lines.index("rank 1 [node 0]: neighbours 0 (p0), 2 (p1), 3 (p2)")
     assert lines[rank1 + 1].split() == ["dst", "next", "port", "vc", "hops", "kind"]
     assert lines[rank1 + 5].split() == ["4", "0", "p0", "0", "2", "mapped"]
     rank0 = next(i for i, line in enumerate(lines) if line.startswith("rank 0 "))
-    assert lines[rank0 + 5].split() == ["4", "4", "p3", "0", "1", "engine"]
-    assert lines[rank0 + 6].split() == ["5", "4", "p3", "0", "2", "engine"]
+    assert lines[rank0 + 5].split() == ["4", "4", "p3", "0", "1", "network"]
+    assert lines[rank0 + 6].split() == ["5", "4", "p3", "0", "2", "network"]
     code, out, _ = route(capsys, "show", "nodes:2x(ring:4)", "--from", "1", "--to", "6")
     assert code == 0 and "rank 1 -> rank 6: 4 hops" in out
-    assert "  hop 2: 0 -> 4  link 2 0->4 (engine)  port p2  vc 0  engine  node 0" in out
+    assert "  hop 2: 0 -> 4  link 2 0->4 (network)  port p2  vc 0  network  node 0" in out
     assert "  hop 3: 4 -> 5  link 10 4->5  port p1  vc 2  mapped  node 1" in out
     code, out, _ = route(capsys, "show", "nodes:2x4", "--json")
     data = json.loads(out)
     assert data["nodes"] == [{"name": "node0", "ranks": [0, 1, 2, 3], "gateways": [0]},
                              {"name": "node1", "ranks": [4, 5, 6, 7], "gateways": [4]}]
-    assert {"from_node": 0, "to_node": 1, "src": 0, "dst": 4} in data["engine_hops"]
-    assert {(k["src"], k["dst"]) for k in data["links"] if k["carrier"] == "engine"} == {(0, 4), (4, 0)}
+    assert {"from_node": 0, "to_node": 1, "src": 0, "dst": 4} in data["network_hops"]
+    assert {(k["src"], k["dst"]) for k in data["links"] if k["carrier"] == "network"} == {(0, 4), (4, 0)}
 
 
 def test_route_check_on_nodes(capsys):
     code, out, _ = route(capsys, "check", "nodes:4x4,gw=spread")
     assert code == 0 and out.startswith("acyclic: nodes:4x4,gw=spread with 2 virtual channels (2 classes")
     code, out, _ = route(capsys, "check", "nodes:4x4,gw=spread", "--vcs", "1")
-    assert code == 1 and "(engine) vc 0" in out and "hint: --vcs 2 (two classes" in out
+    assert code == 1 and "(network) vc 0" in out and "hint: --vcs 2 (two classes" in out
     code, out, err = route(capsys, "check", "nodes:2x(ring:4)", "--vcs", "3")
     assert code == 2 and "3 virtual channels: a topology of nodes uses 2" in err
     code, out, err = route(capsys, "show", "nodes:2x4,gw=9")
@@ -319,9 +328,9 @@ def test_tables_for_a_big_machine_are_fast_and_consistent():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("spec", ["nodes:2x4", "nodes:3x(ring:3),gw=spread"])
-def test_device_agents_see_engine_hops_gpu(spec):
-    """A kernel reads its rank's row of the table and the port table: engine hops are exactly the hops whose
-    link kind is engine (route::crosses_engine), deliveries exactly the diagonal."""
+def test_device_agents_see_network_hops_gpu(spec):
+    """A kernel reads its rank's row of the table and the port table: network hops are exactly the hops whose
+    link kind is network (route::crosses_network), deliveries exactly the diagonal."""
     from pathlib import Path
 
     import cupy as cp
@@ -345,4 +354,4 @@ def test_device_agents_see_engine_hops_gpu(spec):
                 assert got[dst] == 2
                 continue
             hop = r.route(rank, dst)[0]
-            assert got[dst] == int(hop.link.engine) and want_next[dst] == hop.dst, (rank, dst)
+            assert got[dst] == int(hop.link.network) and want_next[dst] == hop.dst, (rank, dst)

@@ -1,7 +1,7 @@
 """The Wilson operator and solver on the cuda back-end (the device machine: one GPU, ranks under MPS).
 
 The GPU operator against the numpy reference on random Haar fields, single and double, on 1, 2 and 4 ranks
-and for every halo engine that the machine has: rma (host-driven), rma-device (the dslash kernel drives
+and for every halo exchange that the machine has: rma (host-driven), rma-device (the dslash kernel drives
 the queue), mpi-p2p and mpi-rma (under mpirun, host-staged), nvshmem (skipped with its reason when it
 cannot be had), nccl (two GPUs). Each job also solves with double, single and (emulated) half sloppy
 precision and with the device-resident CG (a CUDA graph per iteration on one rank and with rma-device), and
@@ -78,14 +78,14 @@ def test_decomposed_gpu_operator_matches_reference(spmd, grid, halo):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("halo", ["mpi-p2p", "mpi-rma"])
-def test_mpi_halo_engines_on_gpu(spmd, halo):
+def test_mpi_halo_exchanges_on_gpu(spmd, halo):
     job = spmd(4, DECOMPOSED.format(grid=(2, 2, 1, 1), dims=DIMS, kappa=KAPPA, halo=halo), backend="cuda",
                launcher="mpirun", timeout=300).check()
     assert "ok grid (2, 2, 1, 1)" in job.output
 
 
 @pytest.mark.timeout(600)  # the first call builds the NVSHMEM shared library with nvcc
-def test_nvshmem_halo_engine(spmd):
+def test_nvshmem_halo_exchange(spmd):
     code = DECOMPOSED.format(grid=(2, 2, 1, 1), dims=DIMS, kappa=KAPPA, halo="nvshmem")
     job = spmd(4, code, backend="cuda", timeout=600)
     job.check()  # NVSHMEM is part of the GPU machine's image: unavailable there is a failure, not a skip
@@ -93,7 +93,7 @@ def test_nvshmem_halo_engine(spmd):
 
 
 @pytest.mark.two_gpus
-def test_nccl_halo_engine(spmd):
+def test_nccl_halo_exchange(spmd):
     job = spmd(2, DECOMPOSED.format(grid=(2, 1, 1, 1), dims=DIMS, kappa=KAPPA, halo="nccl"), backend="cuda",
                timeout=300).check()
     assert "ok grid (2, 1, 1, 1)" in job.output
@@ -197,7 +197,7 @@ world.close()
 @pytest.mark.parametrize("sloppy", ["double", "single"])
 def test_device_resident_cg_agrees_with_the_cpu_solver(spmd, tmp_path, grid, halo, sloppy):
     """The device-resident CG on the GPU (a CUDA graph per iteration on one rank and with rma-device; the host
-    rma engine without graphs) against the host-driven CG of the cpu back-end on the same fields."""
+    rma exchange without graphs) against the host-driven CG of the cpu back-end on the same fields."""
     n = int(np.prod(grid))
     spmd(n, DEVICE_CG.format(grid=grid, halo="rma", every=None, sloppy=sloppy, tag="cpu"), backend="cpu",
          timeout=300).check()

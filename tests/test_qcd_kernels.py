@@ -1,7 +1,7 @@
-"""The GPU dslash's per-site code (apps/qcd/dslash.cu) run on the host against the numpy engine.
+"""The GPU dslash's per-site code (apps/qcd/dslash.cu) run on the host against the numpy back-end module.
 
 The kernels' site functions are ``__host__ __device__``: ``qcd_dslash_host.cu`` (built here with nvcc) runs
-them over a whole local lattice with the exact argument block the cuda engine packs (its ABI table; the
+them over a whole local lattice with the exact argument block the cuda back-end module packs (its ABI table; the
 size is checked against ``sizeof(DslashArgs)``) and the kernels' field layouts. Interior and exterior hops,
 the faces emitted for the next hop, the CG's fused ``p = r + beta p`` + faces, and the plain pack are
 compared with ``_cpu.Dslash`` on random fields, single and double, with and without dagger, for a rank whose

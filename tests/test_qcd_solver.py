@@ -256,15 +256,30 @@ def test_decompositions_give_the_same_operator_and_solution(spmd, seed, tmp_path
         assert np.linalg.norm(x - first) / np.linalg.norm(first) < 1e-8, key
 
 
+def test_the_transport_halo_exchange_inside_a_node(spmd):
+    """Faces over Connections inside one node (ipc): the operator and the solve match the reference as with every
+    other exchange."""
+    job = spmd(4, DECOMPOSED.format(grid=(2, 2, 1, 1), dims=DIMS, kappa=KAPPA, halo="transport"), timeout=180).check()
+    assert "ok grid (2, 2, 1, 1)" in job.output
+
+
+@pytest.mark.mpi
+def test_the_transport_halo_exchange_across_nodes(spmd):
+    """The same across 2 declared nodes under mpirun: ipc inside a node, mpi between the nodes."""
+    job = spmd(4, DECOMPOSED.format(grid=(2, 2, 1, 1), dims=DIMS, kappa=KAPPA, halo="transport"), launcher="mpirun",
+               timeout=180, env={"CIRCUSLINK_RANKS_PER_NODE": "2"}).check()
+    assert "ok grid (2, 2, 1, 1)" in job.output
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("halo", ["mpi-p2p", "mpi-rma"])
-def test_mpi_halo_engines(spmd, halo):
+def test_mpi_halo_exchanges(spmd, halo):
     job = spmd(4, DECOMPOSED.format(grid=(2, 2, 1, 1), dims=DIMS, kappa=KAPPA, halo=halo), launcher="mpirun",
                timeout=120, env={"OMPI_MCA_mpi_yield_when_idle": "1"}).check()
     assert "ok grid (2, 2, 1, 1)" in job.output
 
 
-def test_mpi_halo_engines_refuse_a_job_not_started_by_mpirun(spmd):
+def test_mpi_halo_exchanges_refuse_a_job_not_started_by_mpirun(spmd):
     code = """
 import circuslink as cl
 from circuslink.apps import qcd

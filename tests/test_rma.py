@@ -1,4 +1,4 @@
-"""RMA queues: the same bodies on every back-end (cpu here; cuda on the device machine) and the mpi engine.
+"""RMA queues: the same bodies on every back-end (cpu here; cuda on the device machine) and on MPI-3 windows.
 
 The exchange tests run one body at 2 and 4 ranks: a ring where every rank writes
 contiguous and block-stride pieces to both neighbours, with fresh random data every
@@ -9,7 +9,7 @@ wrong, short, twice or outside its blocks fails.
 
 Then: validation (one-line errors), time-outs (which limit reaches which wait, and what the
 error names), the lifecycle (close, ``with``, release on error, nothing left after a failing
-commit or free), the public hooks (describe, stream/block on engines without streams) and the
+commit or free), the public hooks (describe, stream/block on windows without streams) and the
 device handle's ABI table.
 """
 
@@ -27,7 +27,7 @@ from conftest import BACKENDS, NVCC_TIMEOUT_S, on_backend
 import circuslink as cl
 from circuslink import rma
 
-# (world back-end, CIRCUSLINK_RMA_ENGINE): the cuda engine's two launch methods
+# (world back-end, CIRCUSLINK_RMA_LAUNCH): the cuda back-end's two launch methods
 LAUNCHES = [on_backend("cpu", None), on_backend("cuda", "kernel"), on_backend("cuda", "graph")]
 
 # The ring body. WINDOW layout per rank: [0, 4096) my sources, [4096, 8192) what my
@@ -38,7 +38,7 @@ import numpy as np
 import circuslink as cl
 from circuslink import rma
 
-ENGINE, CYCLES, POST_AT = {engine!r}, {cycles}, {post_at!r}
+MEMORY, CYCLES, POST_AT = {memory!r}, {cycles}, {post_at!r}
 SEED = int(os.environ["CIRCUSLINK_TEST_SEED"])
 world = cl.init()
 me, n = world.rank, world.size
@@ -62,7 +62,7 @@ def sources(rank, cycle):
 def blocks(off, count, block, stride):
     return np.concatenate([np.arange(off + i * stride, off + i * stride + block) for i in range(count)])
 
-win = rma.window_alloc(world, NBYTES, engine=ENGINE)
+win = rma.window_alloc(world, NBYTES, memory=MEMORY)
 win.local[:] = world.xp.asarray(poison(me))
 world.barrier()
 q = rma.Queue.alloc(win)
@@ -103,12 +103,12 @@ print(f"rank {{me}} ok {{CYCLES}} cycles")
 """
 
 
-def _ring(spmd, n, cycles, engine="auto", post_at="start", launcher="circuslink", world_backend="cpu", launch=None,
+def _ring(spmd, n, cycles, memory="mapped", post_at="start", launcher="circuslink", world_backend="cpu", launch=None,
           env=None):
-    code = RING.format(engine=engine, cycles=cycles, post_at=post_at)
+    code = RING.format(memory=memory, cycles=cycles, post_at=post_at)
     env = dict(env or {})
     if launch:
-        env["CIRCUSLINK_RMA_ENGINE"] = launch
+        env["CIRCUSLINK_RMA_LAUNCH"] = launch
     job = spmd(n, code, backend=world_backend, launcher=launcher, timeout=300, env=env).check()
     assert job.output.count(f"ok {cycles} cycles") == n, job.output
 
@@ -135,27 +135,27 @@ def test_post_at_wait(spmd, backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("n", [2, 4])
 def test_mpi_ring_exchange_is_byte_exact(spmd, backend, n):
-    """The mpi engine; on a cuda world it stages through host memory."""
-    _ring(spmd, n, cycles=20, engine="mpi", launcher="mpirun", world_backend=backend)
+    """MPI-3 windows; on a cuda world they stage through host memory."""
+    _ring(spmd, n, cycles=20, memory="mpi3", launcher="mpirun", world_backend=backend)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [2, 4])
 def test_mpi_thousand_cycles(spmd, n):
-    _ring(spmd, n, cycles=1000, engine="mpi", launcher="mpirun")
+    _ring(spmd, n, cycles=1000, memory="mpi3", launcher="mpirun")
 
 
 @pytest.mark.mpi
 def test_mpi_ring_without_single_copy_transport(spmd):
     """The device machines' Open MPI runs with btl_vader_single_copy_mechanism=none, where
     MPI_Win_create over a user buffer fails (MPI_ERR_WIN); our windows must still work."""
-    _ring(spmd, 2, cycles=20, engine="mpi", launcher="mpirun",
+    _ring(spmd, 2, cycles=20, memory="mpi3", launcher="mpirun",
           env={"OMPI_MCA_btl_vader_single_copy_mechanism": "none"})
 
 
 @pytest.mark.mpi
 def test_cpu_queue_under_mpirun(spmd):
-    """The cpu engine does not care who launched the ranks."""
+    """The cpu back-end's windows do not care who launched the ranks."""
     _ring(spmd, 2, cycles=20, launcher="mpirun")
 
 
@@ -307,13 +307,15 @@ def test_window_alloc_errors(world):
     before = world.resources()
     with pytest.raises(cl.RmaError, match="nbytes must be a positive integer"):
         rma.window_alloc(world, 0)
-    with pytest.raises(cl.RmaError, match="unknown engine 'tcp': choose auto or mpi"):
-        rma.window_alloc(world, 64, engine="tcp")
-    # The world's own engine is "auto": naming a back-end is not how one chooses it.
-    with pytest.raises(cl.RmaError, match="unknown engine 'cuda'"):
-        rma.window_alloc(world, 64, engine="cuda")
-    with pytest.raises(cl.RmaError, match=r"window_alloc\(engine='mpi'\) needs a job started by mpirun"):
-        rma.window_alloc(world, 64, engine="mpi")
+    with pytest.raises(cl.RmaError, match="unknown memory 'tcp': choose mapped or mpi3"):
+        rma.window_alloc(world, 64, memory="tcp")
+    # Mapped memory is the world's own: naming a back-end (or a transport) is not how one chooses it.
+    with pytest.raises(cl.RmaError, match="unknown memory 'cuda'"):
+        rma.window_alloc(world, 64, memory="cuda")
+    with pytest.raises(cl.RmaError, match="unknown memory 'mpi'"):
+        rma.window_alloc(world, 64, memory="mpi")
+    with pytest.raises(cl.RmaError, match=r"window_alloc\(memory='mpi3'\) needs a job started by mpirun"):
+        rma.window_alloc(world, 64, memory="mpi3")
     assert world.resources() == before  # refused before anything was allocated
 
 
@@ -333,7 +335,7 @@ def test_describe_reports_the_committed_plan(win):
         q.push(h)
     q.add_origin(0)
     d = q.describe()
-    assert d["state"] == "open" and d["timeout_s"] is None and d["engine"] == "cpu"
+    assert d["state"] == "open" and d["timeout_s"] is None and d["memory"] == "mapped"
     assert d["handles"] == [plain.describe(), forced.describe(), whole.describe()]
     assert "copies" not in d  # no plan before commit
     q.commit(timeout=7.5)
@@ -341,7 +343,7 @@ def test_describe_reports_the_committed_plan(win):
     assert (d["state"], d["timeout_s"], d["targets"], d["origins"], d["post_at"]) == ("committed", 7.5, [0], [0],
                                                                                         "start")
     assert d["queue"] == q.name and d["rank"] == 0 and d["epoch"] == q.epoch
-    # The cpu engine copies a forced tile's pieces one by one, else the whole block at once.
+    # The cpu back-end copies a forced tile's pieces one by one, else the whole block at once.
     assert d["transposes"] == [
         {"handle": forced.id, "dtype": "float32", "rows": 4, "cols": 8, "dst_rank": 0, "tile": (2, 4)},
         {"handle": whole.id, "dtype": "float32", "rows": 2, "cols": 4, "dst_rank": 0, "tile": None}]
@@ -353,20 +355,20 @@ def test_describe_reports_the_committed_plan(win):
     assert q.describe()["state"] == "freed"
 
 
-def test_streams_need_a_device_engine(win):
+def test_streams_need_a_device(win):
     q = rma.Queue.alloc(win)
     q.push(rma.declare_write(win, 0, win, 512, 8, 0))
     q.add_origin(0)
     q.commit()
-    with pytest.raises(cl.RmaError, match=r"start\(stream=\) on rma queue .*: the cpu engine runs on the host and "
-                                          r"has no streams"):
+    with pytest.raises(cl.RmaError, match=r"start\(stream=\) on rma queue .*: the mapped \(cpu\) window runs on the "
+                                          r"host and has no streams"):
         q.start(stream=object())
     assert q.describe()["state"] == "committed"  # refused before anything moved
     q.start()
-    with pytest.raises(cl.RmaError, match=r"wait\(block=False\) on .*the cpu engine runs on the host"):
+    with pytest.raises(cl.RmaError, match=r"wait\(block=False\) on .*the mapped \(cpu\) window runs on the host"):
         q.wait(block=False)
     q.wait()
-    with pytest.raises(cl.RmaError, match="device_handle: .* uses the cpu engine, which runs no kernels"):
+    with pytest.raises(cl.RmaError, match="device_handle: .* uses the mapped \\(cpu\\) window, which runs no kernels"):
         q.device_handle()
     q.check_device()  # nothing recorded, nothing to raise
     q.free()
@@ -448,8 +450,8 @@ def test_error_inside_with_releases_without_waiting(world):
     assert _rma_resources(world) == before
 
 
-def test_failing_engine_commit_leaves_nothing_behind(world, win, monkeypatch, rng):
-    """If the engine fails half-way through commit, what it built is dropped and the queue is open again."""
+def test_failing_commit_leaves_nothing_behind(world, win, monkeypatch, rng):
+    """If the window's module fails half-way through commit, what it built is dropped and the queue is open again."""
     from circuslink.rma import _cpu
 
     real = _cpu.CpuQueue.commit
@@ -457,7 +459,7 @@ def test_failing_engine_commit_leaves_nothing_behind(world, win, monkeypatch, rn
     def half_then_fail(self, *args, **kwargs):
         real(self, *args, **kwargs)
         assert self.chain  # it had built something
-        raise cl.BackendError("engine failed half-way")
+        raise cl.BackendError("commit failed half-way")
 
     q = rma.Queue.alloc(win)
     q.push(rma.declare_write(win, 512, win, 0, 64, 0))
@@ -694,7 +696,7 @@ def test_mpi_origin_stall_is_bounded_and_named(spmd, via):
         from circuslink import rma
 
         world = cl.init()
-        win = rma.window_alloc(world, 64, engine="mpi")
+        win = rma.window_alloc(world, 64, memory="mpi3")
         peer = 1 - world.rank
         q = rma.Queue.alloc(win)
         q.push(rma.declare_write(win, 32, win, 0, 8, peer))
@@ -726,7 +728,7 @@ def test_mpi_refuses_post_at_wait_and_stays_usable(spmd):
 
         world = cl.init()
         me, peer = world.rank, 1 - world.rank
-        win = rma.window_alloc(world, 256, engine="mpi")
+        win = rma.window_alloc(world, 256, memory="mpi3")
         q = rma.Queue.alloc(win)
         q.push(rma.declare_strided_write(win, 128, win, 0, 4, 8, 16, 24, peer))
         q.add_origin(peer)
@@ -750,5 +752,5 @@ def test_mpi_refuses_post_at_wait_and_stays_usable(spmd):
         print("rank", me, "ok")
     """, launcher="mpirun")
     job.check()
-    assert job.output.count("post_at='wait' is not supported by the mpi engine") == 2, job.output
+    assert job.output.count("post_at='wait' is not supported by MPI-3 windows") == 2, job.output
     assert job.output.count(" ok") == 2, job.output

@@ -181,15 +181,15 @@ def test_constructors_and_strings_agree():
 
 def test_custom_graph_from_json_and_edge_list_agree(tmp_path):
     doc = {"nodes": [{"name": "a"}, "b", "c", {"name": "d"}],
-           "links": [["a", "b"], {"a": "b", "b": "c", "kind": "network", "weight": 2}, ["c", "d"], ["d", "a"]]}
+           "links": [["a", "b"], {"a": "b", "b": "c", "kind": "pcie", "weight": 2}, ["c", "d"], ["d", "a"]]}
     (tmp_path / "net.json").write_text(json.dumps(doc))
-    (tmp_path / "net.txt").write_text("# the same network\na b\nb c kind=network weight=2  # slow\n\nc d\nd a\n")
+    (tmp_path / "net.txt").write_text("# the same network\na b\nb c kind=pcie weight=2  # slow\n\nc d\nd a\n")
     j, e = T.parse(str(tmp_path / "net.json")), T.load(str(tmp_path / "net.txt"))
     for t in (j, e):
         assert t.kind == "graph" and t.names == ["a", "b", "c", "d"] and not t.directed
         assert [(k.src, k.dst, k.port, k.kind, k.weight) for k in t.links] == [
-            (0, 1, 0, "direct", 1), (0, 3, 1, "direct", 1), (1, 0, 0, "direct", 1), (1, 2, 1, "network", 2),
-            (2, 1, 0, "network", 2), (2, 3, 1, "direct", 1), (3, 0, 0, "direct", 1), (3, 2, 1, "direct", 1)]
+            (0, 1, 0, "direct", 1), (0, 3, 1, "direct", 1), (1, 0, 0, "direct", 1), (1, 2, 1, "pcie", 2),
+            (2, 1, 0, "pcie", 2), (2, 3, 1, "direct", 1), (3, 0, 0, "direct", 1), (3, 2, 1, "direct", 1)]
         assert t.neighbours(0) == [1, 3] and t.rank_of("c") == 2 and t.rank_of(2) == 2
     assert j.groups() == e.groups() == {} and j.group(2) is None and not j.has_nodes  # see test_nodes_topology.py
     # a count of nodes, and integer names in an edge list are the ranks themselves
@@ -285,7 +285,7 @@ def test_device_tables_hold_the_routes(spec):
         assert (e["next"], e["port"], e["vc"]) == (hop.dst, hop.port, hop.vc)
         p = ports[s, e["port"]]
         assert (p["peer"], p["out_link"]) == (hop.dst, hop.link.id)
-        assert p["kind"] == (T.LINK_ENGINE if hop.link.kind == "engine" else T.LINK_MAPPED)
+        assert p["kind"] == (T.LINK_NETWORK if hop.link.kind == "network" else T.LINK_MAPPED)
         back = ports[hop.dst, p["peer_port"]]
         assert back["peer"] == s and back["out_link"] == p["in_link"]  # the port at the peer faces back
         assert t.links[int(p["in_link"])].src == hop.dst and t.links[int(p["in_link"])].dst == s

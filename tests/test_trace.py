@@ -190,7 +190,7 @@ def test_waveform_png_is_written(tmp_path, rng):
 def test_cpu_tracer_single_rank_drops_and_counts(tmp_path):
     world = cl.init(backend="cpu")
     try:
-        assert world.engine("circuslink.trace") is cl_trace._cpu
+        assert world.backend_module("circuslink.trace") is cl_trace._cpu
         tr = Tracer(world, capacity=16, names={USER + 2: "fft"})
         assert world.resources(Tracer) == [tr]
         assert tr.dropped == 0

@@ -28,7 +28,7 @@ import numpy as np
 import circuslink as cl
 from circuslink import rma
 
-ENGINE, CYCLES = {engine!r}, {cycles}
+MEMORY, CYCLES = {memory!r}, {cycles}
 SEED = int(os.environ["CIRCUSLINK_TEST_SEED"])
 world = cl.init()
 me, n = world.rank, world.size
@@ -84,7 +84,7 @@ def matrix(buf, off, rows, cols, ld, elem):
     words = buf[off: off + extent(rows, cols, ld, elem)].view(WORD[elem])
     return np.lib.stride_tricks.as_strided(words, (rows, cols), (ld * elem, elem), writeable=True)
 
-win = rma.window_alloc(world, NBYTES, engine=ENGINE)
+win = rma.window_alloc(world, NBYTES, memory=MEMORY)
 win.local[:] = world.xp.asarray(poison(me))
 world.barrier()
 q = rma.Queue.alloc(win)
@@ -125,12 +125,12 @@ world.close()
 """
 
 
-def _exchange(spmd, n: int, engine: str = "auto", world_backend: str = "cpu", cycles: int = 3, **kw) -> None:
-    job = spmd(n, EXCHANGE.format(engine=engine, cycles=cycles), backend=world_backend, **kw).check()
+def _exchange(spmd, n: int, memory: str = "mapped", world_backend: str = "cpu", cycles: int = 3, **kw) -> None:
+    job = spmd(n, EXCHANGE.format(memory=memory, cycles=cycles), backend=world_backend, **kw).check()
     assert job.output.count(f"ok {cycles} cycles") == n, job.output
 
 
-# (world back-end, CIRCUSLINK_RMA_ENGINE, ranks, cycles)
+# (world back-end, CIRCUSLINK_RMA_LAUNCH, ranks, cycles)
 EXCHANGES = [on_backend("cpu", None, 2, 3), on_backend("cpu", None, 3, 3)] + [
     on_backend("cuda", launch, n, 20, marks=[pytest.mark.slow] if n == 4 else []) for launch in ("kernel", "graph")
     for n in (2, 4)]
@@ -138,15 +138,15 @@ EXCHANGES = [on_backend("cpu", None, 2, 3), on_backend("cpu", None, 3, 3)] + [
 
 @pytest.mark.parametrize("backend, launch, n, cycles", EXCHANGES)
 def test_transposing_puts_beside_other_writes_are_byte_exact(spmd, backend, launch, n, cycles):
-    env = {"CIRCUSLINK_RMA_ENGINE": launch} if launch else None
+    env = {"CIRCUSLINK_RMA_LAUNCH": launch} if launch else None
     _exchange(spmd, n, world_backend=backend, cycles=cycles, env=env, timeout=300)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_mpi_engine_transposes_with_derived_datatypes(spmd, backend):
+def test_mpi3_windows_transpose_with_derived_datatypes(spmd, backend):
     """MPI derived datatypes do the transpose; on a cuda world the source rows are staged through the host."""
-    _exchange(spmd, 2, engine="mpi", world_backend=backend, launcher="mpirun", timeout=300)
+    _exchange(spmd, 2, memory="mpi3", world_backend=backend, launcher="mpirun", timeout=300)
 
 
 # -- the device call and device-driven queues (GPU) --------------------------------------------
@@ -398,11 +398,11 @@ def test_abi_tables_match_the_header(tmp_path):
     assert proc.returncode == 0, proc.stderr
 
 
-def test_transpose_tiles_are_the_engines_candidates(world):
+def test_transpose_tiles_are_the_back_ends_candidates(world):
     tiles = rma.transpose_tiles(world, "complex64")
     assert tiles and all(m & (m - 1) == 0 and n & (n - 1) == 0 for m, n in tiles)
     assert all(m * (n + 1) * 8 <= 18432 for m, n in tiles)  # every one is a tile= the declaration accepts
-    assert (256, 16) in rma.transpose_tiles(world, "float32")  # the cpu engine's larger candidates
+    assert (256, 16) in rma.transpose_tiles(world, "float32")  # the cpu back-end's larger candidates
     with pytest.raises(cl.RmaError, match="transpose_tiles: dtype 'int8' is not supported"):
         rma.transpose_tiles(world, "int8")
     picks = tm.calibration_tiles(tiles)
@@ -557,7 +557,7 @@ def test_bench_transpose_quick(tmp_path, world):
     res = json.loads(out.read_text())
     impls = {r["impl"] for r in res["rows"]}
     assert impls == {"transpose-put", "contiguous-put", "local-transpose+put", "model"}
-    # The cpu engine moves an unforced put whole (the tile the queue's describe() reports).
+    # The cpu back-end moves an unforced put whole (the tile the queue's describe() reports).
     assert {r["tile"] for r in res["rows"] if r["impl"] == "transpose-put"} == {"whole"}
     for dtype in ("float32", "complex128"):
         model = [r for r in res["rows"] if r["impl"] == "model" and r["dtype"] == dtype]

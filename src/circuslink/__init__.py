@@ -19,12 +19,12 @@ from .errors import (
     ChannelError,
     CompileError,
     ConfigError,
-    EngineError,
     Error,
     PeerError,
     RmaError,
     SpecError,
     TimeoutError,
+    TransportError,
 )
 from .memory import SymmetricBuffer
 from .world import World, init
@@ -33,7 +33,7 @@ __version__ = "0.1.0"
 
 # The areas, reachable as cl.channels, cl.rma, ... and imported on first use (cupy, mpi4py and the
 # device compiler stay unloaded for programs that never touch them).
-AREAS = ("channels", "rma", "collectives", "trace", "links", "spec", "topology", "apps", "probe", "mps")
+AREAS = ("channels", "rma", "collectives", "trace", "transport", "spec", "topology", "apps", "probe", "mps")
 
 
 def __getattr__(name: str):
@@ -55,13 +55,13 @@ __all__ = [
     "ChannelError",
     "CompileError",
     "ConfigError",
-    "EngineError",
     "Error",
     "PeerError",
     "RmaError",
     "SpecError",
     "SymmetricBuffer",
     "TimeoutError",
+    "TransportError",
     "World",
     "__version__",
     "compile",

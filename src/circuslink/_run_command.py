@@ -1,5 +1,5 @@
-"""Start N ranks on this machine, one GPU each on the cuda back-end (by mpirun when declared nodes need the
-engine between them)."""
+"""Start N ranks on this machine, one GPU each on the cuda back-end (by mpirun when declared nodes need a
+transport between them that MPI starts)."""
 
 from __future__ import annotations
 
@@ -17,13 +17,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "start one for the job, else warn and time-slice), on (fail without MPS), off")
     p.add_argument("--ranks-per-node", type=int, default=None, metavar="K",
                    help="declare nodes of K consecutive ranks on this machine (node 0 = ranks 0..K-1, ...): memory "
-                        "is mapped only inside a node, traffic between nodes takes the engine (MPI) through "
+                        "is mapped only inside a node, traffic between nodes takes a transport (--transport) through "
                         "gateway ranks; K must divide N (default: one node per host; sets "
                         "CIRCUSLINK_RANKS_PER_NODE, the variable to use under mpirun)")
     p.add_argument("--launcher", choices=LAUNCHERS, default=None,
                    help="who starts the ranks: auto (default, or CIRCUSLINK_LAUNCHER): mpirun when --ranks-per-node "
-                        "declares several nodes and mpirun and mpi4py are installed (the engine between nodes is "
-                        "MPI, which routed channels between nodes need), else circuslink itself; mpirun; circuslink")
+                        "declares several nodes and mpirun and mpi4py are installed (the mpi transport between nodes "
+                        "needs a job started by mpirun), else circuslink itself; mpirun; circuslink")
+    p.add_argument("--transport", default=None, metavar="NAME",
+                   help="the transport between nodes (sets CIRCUSLINK_TRANSPORT for the ranks): default chosen by "
+                        "capability, nvshmem when it is installed and the ranks run on GPUs, else mpi; "
+                        "circuslink run prints the choice beside the nodes")
     p.add_argument("--tag-output", choices=("all", "others", "none"), default="all",
                    help="prefix output lines with [rank] (default: all)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the program each rank runs")
@@ -34,4 +38,4 @@ def run(args: argparse.Namespace) -> int:
     if command and command[0] == "--":
         command = command[1:]
     return launch(args.nranks, command, backend=args.backend, tag_output=args.tag_output, mps_mode=args.mps,
-                  ranks_per_node=args.ranks_per_node, via=args.launcher)
+                  ranks_per_node=args.ranks_per_node, via=args.launcher, transport=args.transport)

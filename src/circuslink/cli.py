@@ -35,11 +35,11 @@ BENCHMARKS = [
     ("allreduce-like", "circuslink.bench.allreduce_like", "CIRCUS's allreduce-like pipeline"),
     ("allreduce", "circuslink.bench.allreduce", "channel all-reduce against NCCL"),
     ("rma", "circuslink.bench.rma", "persistent RMA queues against MPI-3 RMA, MPI persistent p2p and NCCL"),
-    ("qcd", "circuslink.bench.qcd", "lattice QCD CG per iteration by halo engine and grid; dslash bandwidth"),
+    ("qcd", "circuslink.bench.qcd", "lattice QCD CG per iteration by halo exchange and grid; dslash bandwidth"),
     ("transpose", "circuslink.bench.transpose", "transposing put against contiguous put and local transpose + put"),
     ("fft", "circuslink.bench.fft", "distributed 2-D and 3-D FFT: transposing puts against the slab all-to-all"),
     ("hops", "circuslink.bench.hops", "latency and throughput by hop count over a topology (routed channels)"),
-    ("nodes", "circuslink.bench.nodes", "pingpong inside a node, over the engine link between nodes, and MPI alone"),
+    ("nodes", "circuslink.bench.nodes", "transports between nodes: their own one-way, relays, routed channels"),
     ("stencil", "circuslink.bench.stencil", "2-D Jacobi stencil (examples/stencil): channels in the kernel, host, MPI"),
 ]
 

@@ -48,6 +48,6 @@ class RmaError(Error):
     """An RMA queue was declared or used wrongly."""
 
 
-class EngineError(Error):
-    """The engine between nodes (MPI through the engine links' proxies) failed or timed out. The message names
-    the engine and both ranks of the link."""
+class TransportError(Error):
+    """A transport (circuslink.transport: a connection, or a relay between nodes' gateways) failed or timed out.
+    The message names the link, both ranks and the transport."""

@@ -93,6 +93,7 @@ def launch(
     mps_mode: str = "auto",
     ranks_per_node: int | None = None,
     via: str | None = None,
+    transport: str | None = None,
     rank_bytes: int = 0,
     gpu_bytes: int = 0,
 ) -> int:
@@ -105,9 +106,11 @@ def launch(
     ``CIRCUSLINK_RANKS_PER_NODE`` for the ranks; None keeps the variable's value, if any).
     ``via``: who starts the ranks: "circuslink" (this launcher), "mpirun", or "auto" (None: the
     ``CIRCUSLINK_LAUNCHER`` variable, else auto): mpirun when ``ranks_per_node`` declares more than one node
-    (traffic between nodes takes the engine, MPI, which needs the ranks started by mpirun) and mpirun and
+    (traffic between nodes takes a transport: mpi needs the ranks started by mpirun) and mpirun and
     mpi4py are installed, else this launcher (:func:`choose_launcher`). Under mpirun lines are tagged alike
-    where mpirun is Open MPI's, and mpirun names a rank that fails.
+    where mpirun is Open MPI's, and mpirun names a rank that fails. ``transport``: the transport between nodes,
+    forced (``CIRCUSLINK_TRANSPORT`` for the ranks; default: chosen by capability, nvshmem when it can run,
+    else mpi); the line that shows the nodes says which one they will take.
     ``rank_bytes``: host memory each rank needs beyond its interpreter (a command that relaunches itself
     knows its own need) and ``gpu_bytes`` GPU memory each needs beyond its CUDA context, counted in the
     refusal of a job that does not fit (:func:`check_limits`).
@@ -134,11 +137,17 @@ def launch(
         nodes, node_names, node_how = node_layout(nranks, None, per_node)
     node_of = {r: i for i, ranks in enumerate(nodes) for r in ranks}
     use_mpirun, why = choose_launcher(via, len(nodes), ranks_per_node is not None)
+    forced = _transport_env(transport)
     if per_node is not None:
-        how = "; started by mpirun (the engine between nodes is MPI)" if use_mpirun else ""
+        how = "; started by mpirun" if use_mpirun else ""
+        if len(nodes) > 1:
+            from . import transport as _transport
+
+            context = _transport.Context(runs_kernels=runs_kernels(backend), under_mpi=use_mpirun)
+            how += "; " + _transport.network_choice(context, dict(os.environ, **forced))[1]
         print(f"circuslink run: {nranks} ranks in {describe_nodes(nodes, node_names, node_how)}{how}", file=sys.stderr)
     if use_mpirun:
-        env = dict(extra_env or {}, CIRCUSLINK_BACKEND=backend)
+        env = dict(extra_env or {}, CIRCUSLINK_BACKEND=backend, **forced)
         if ranks_per_node is not None:
             env[ENV_RANKS_PER_NODE] = str(ranks_per_node)
         return _mpirun_job(nranks, command, backend, mps_mode, env, tag_output, node_of if len(nodes) > 1 else None,
@@ -169,6 +178,7 @@ def launch(
         CIRCUSLINK_BACKEND=backend,
         CIRCUSLINK_LAUNCHER_PID=str(os.getpid()),
         PYTHONUNBUFFERED="1",
+        **forced,
         CIRCUSLINK_CORES=str(_sysinfo.cores()),
         # As torchrun sets them, so programs written for torch.distributed find their rank (one machine).
         WORLD_SIZE=str(nranks),
@@ -177,8 +187,8 @@ def launch(
     base_env.update(_NO_MULTICAST)
     if ranks_per_node is not None:
         base_env[ENV_RANKS_PER_NODE] = str(ranks_per_node)
-    if why:  # channels.open names it when a routed channel needs the engine in this job
-        base_env[ENV_ENGINE_WHY] = why
+    if why:  # channels.open names it when a routed channel finds no transport between nodes in this job
+        base_env[ENV_NOT_MPIRUN] = why
     lock = threading.Lock()
     ranks: list[_Rank] = []
     interrupted = {"signal": None}
@@ -376,8 +386,20 @@ def mpirun_available() -> bool:
 
 LAUNCHERS = ("auto", "mpirun", "circuslink")
 ENV_LAUNCHER = "CIRCUSLINK_LAUNCHER"  # the default of circuslink run --launcher
-ENV_ENGINE_WHY = "CIRCUSLINK_ENGINE_WHY"  # why a job of several nodes was not started by mpirun (for messages)
+ENV_NOT_MPIRUN = "CIRCUSLINK_NOT_MPIRUN"  # why a job of several nodes was not started by mpirun (for messages)
 ENV_MPIRUN_JOB_ID = "CIRCUSLINK_MPIRUN_JOB_ID"  # the job id the launcher gave the ranks it started by mpirun
+
+
+def _transport_env(name: str | None) -> dict[str, str]:
+    """``{CIRCUSLINK_TRANSPORT: name}`` for the ranks when ``--transport`` forces one (checked), else ``{}``."""
+    if name is None:
+        return {}
+    from . import transport as _transport
+
+    if name not in _transport.names():
+        raise ConfigError(f"--transport {name!r}: choose one of {', '.join(_transport.names())} (a plug-in the ranks "
+                          f"register themselves: set {_transport.ENV_TRANSPORT} instead)")
+    return {_transport.ENV_TRANSPORT: name}
 
 
 def choose_launcher(via: str | None, nnodes: int, declared_here: bool = True) -> tuple[bool, str | None]:
@@ -385,7 +407,7 @@ def choose_launcher(via: str | None, nnodes: int, declared_here: bool = True) ->
     (None: ``CIRCUSLINK_LAUNCHER``, else auto). Auto takes mpirun for nodes declared on the command line
     (``declared_here``: ``--ranks-per-node K``; nodes the variable declares keep this launcher, the variable
     being how nodes are declared under an mpirun of one's own). ``why not`` is set only when the job has
-    several nodes but is not started by mpirun: the engine between its nodes (MPI) is then missing, and a
+    several nodes but is not started by mpirun: MPI between its nodes is then missing, and a
     routed channel that needs it is refused naming this reason."""
     via = (via or os.environ.get(ENV_LAUNCHER) or "auto").lower()
     if via not in LAUNCHERS:

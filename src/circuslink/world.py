@@ -12,7 +12,11 @@
 Ranks are grouped into **nodes** (:func:`node_layout`): by host name, or in blocks of K consecutive ranks
 when ``CIRCUSLINK_RANKS_PER_NODE=K`` is set (``circuslink run --ranks-per-node K`` sets it), which
 declares node boundaries on one machine. Memory is mapped only inside a node; traffic between nodes
-goes through gateway ranks over an engine (MPI; ``circuslink.links``, docs/scale.md).
+goes through gateway ranks over a transport (``circuslink.transport``, docs/scale.md).
+
+Under mpirun the world's bootstrap initialises MPI once (:class:`MpiSession`, ``world.mpi``): the only
+place outside ``circuslink.transport`` that imports mpi4py. Back-ends and baselines that call MPI themselves
+(RMA's MPI-3 windows, the MPI baselines) take the module, the communicator and the lock from it.
 
 Every collective of Python objects waits through one function (``Bootstrap.exchange``), so
 every one of them has the same time-out and the same error, naming the ranks that did not arrive.
@@ -119,6 +123,47 @@ def describe_nodes(nodes: Sequence[Sequence[int]], names: Sequence[str], how: st
     return f"{shape} ({how}): " + ", ".join(parts)
 
 
+class MpiLock:
+    """The lock every circuslink MPI call holds (MPI runs at THREAD_SERIALIZED). A reentrant lock of Python's,
+    joined by a native one once compiled code calls MPI from its own thread (:meth:`attach`: the mpi transport's
+    progress thread takes the native lock around its calls; Python's holders take it too)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._depth = 0  # nesting of the thread that holds it
+        self._native: tuple[Any, Any] | None = None
+
+    def attach(self, acquire: Any, release: Any) -> None:
+        """Take ``acquire()`` / ``release()`` (a native mutex) on every outermost acquisition from now on."""
+        with self._lock:
+            if self._native is None:
+                self._native = (acquire, release)
+
+    def __enter__(self) -> MpiLock:
+        self._lock.acquire()
+        self._depth += 1
+        if self._depth == 1 and self._native is not None:
+            self._native[0]()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._depth -= 1
+        if self._depth == 0 and self._native is not None:
+            self._native[1]()
+        self._lock.release()
+
+
+class MpiSession:
+    """The job's MPI, initialised once by the world's bootstrap (mpi4py, THREAD_SERIALIZED): ``MPI`` (the
+    module), ``comm`` (COMM_WORLD) and ``lock`` (:class:`MpiLock`, held around every circuslink MPI call that may
+    overlap another thread's)."""
+
+    def __init__(self, mpi_module: Any, comm: Any) -> None:
+        self.MPI = mpi_module
+        self.comm = comm
+        self.lock = MpiLock()
+
+
 class World:
     """The set of ranks of one job. Create it with :func:`circuslink.init`."""
 
@@ -133,7 +178,7 @@ class World:
         backend_name: str | None,
         launched_by: str,
         hosted_store: _store.StoreServer | None = None,
-        mpi_comm: Any = None,
+        mpi: MpiSession | None = None,
         layout: tuple[list[list[int]], list[str], str] | None = None,
     ) -> None:
         self.rank = rank
@@ -144,10 +189,10 @@ class World:
         self.launched_by = launched_by
         self._boot = Bootstrap(rank, size, local_rank, local_size, job_id, store)
         self._hosted_store = hosted_store
-        self._mpi_comm = mpi_comm
-        # Held around every MPI call circuslink makes from a thread other than the main one (the engine
-        # links' proxy) and around the main thread's calls that may overlap it: MPI runs SERIALIZED.
-        self.mpi_lock = threading.RLock()
+        self._mpi = mpi
+        # Held around every MPI call circuslink makes from a thread other than the main one (the mpi transport's
+        # progress thread) and around the main thread's calls that may overlap it: MPI runs SERIALIZED.
+        self.mpi_lock = self._mpi.lock if self._mpi is not None else MpiLock()
         self._closed = False
         self._resources: list = []  # live Resources (circuslink._lifecycle), closed newest first by close()
         self._registries: dict[str, Any] = {}  # per-world state of subsystems (see registry())
@@ -182,14 +227,19 @@ class World:
         SMs to make progress on."""
         return self.backend.sm_budget
 
-    def engine(self, package: str):
-        """The back-end half of a subsystem (``world.engine("circuslink.rma")`` -> ``rma._cuda``)."""
-        return self.backend.engine(package)
+    def backend_module(self, package: str):
+        """This world's back-end module of a subsystem (``world.backend_module("circuslink.rma")``: ``rma._cuda``)."""
+        return self.backend.module(package)
+
+    @property
+    def mpi(self) -> MpiSession | None:
+        """The job's MPI (:class:`MpiSession`) when started by mpirun, else None."""
+        return self._mpi
 
     @property
     def mpi_comm(self):
         """mpi4py's COMM_WORLD when started by mpirun, else None."""
-        return self._mpi_comm
+        return self._mpi.comm if self._mpi is not None else None
 
     def __repr__(self) -> str:
         return (
@@ -247,7 +297,7 @@ class World:
                 raise ConfigError(
                     f"{what}: rank {self.rank} (node {self.node}) cannot map the memory of rank {p}, which is on "
                     f"node {self._node_index[p]} (nodes {self._node_how}): memory is mapped only inside a node; "
-                    "traffic between nodes goes through gateway ranks over the engine (MPI), docs/scale.md")
+                    "traffic between nodes goes through gateway ranks over a transport, docs/scale.md")
             out.add(int(p))
         return sorted(out)
 
@@ -341,10 +391,10 @@ class World:
             for res in reversed(list(self._resources)):
                 res.close(timeout)
             self.barrier(timeout)
-            if self._mpi_comm is not None:
+            if self._mpi is not None:
                 # Under mpirun rank 0 hosts the store: a peer may still be reading the last
                 # barrier's reply when rank 0 would close it, so wait on MPI, bounded, first.
-                _bounded_mpi_barrier(self._mpi_comm, resolve_timeout(timeout), self.rank, self.mpi_lock)
+                _bounded_mpi_barrier(self._mpi.comm, resolve_timeout(timeout), self.rank, self.mpi_lock)
         finally:
             self._closed = True
             self.backend.close()
@@ -390,14 +440,14 @@ def _note_failure(exc_type, exc, tb, _previous=None) -> None:
     _failing = True  # an unhandled error: exit now, do not wait in close() for peers
     (_previous or sys.__excepthook__)(exc_type, exc, tb)
     world = _current
-    if world is not None and world._mpi_comm is not None and world.size > 1:
+    if world is not None and world._mpi is not None and world.size > 1:
         # Under mpirun a rank that leaves with an error would wait in MPI_Finalize for peers that wait for
         # it: abort the job instead, now, naming the rank (mpirun names it too).
         where = f" (node {world.node})" if len(world._nodes) > 1 else ""
         sys.stderr.write(f"circuslink: rank {world.rank}{where} failed ({exc_type.__name__}: {exc}); aborting the "
                          "MPI job\n")
         sys.stderr.flush()
-        world._mpi_comm.Abort(1)
+        world._mpi.comm.Abort(1)
 
 
 def _close_at_exit() -> None:
@@ -467,8 +517,8 @@ def _init_from_mpi(env: dict[str, str], backend: str | None, connect_timeout: fl
     try:
         import mpi4py
 
-        # One thread at a time talks to MPI: the main thread, and the engine links' proxy thread
-        # (circuslink.links) under world.mpi_lock. THREAD_MULTIPLE, mpi4py's default, makes Open MPI
+        # One thread at a time talks to MPI: the main thread, and the mpi transport's progress thread
+        # under world.mpi_lock (MpiLock). THREAD_MULTIPLE, mpi4py's default, makes Open MPI
         # 4.1 refuse one-sided windows on some builds (MPI_ERR_WIN); SERIALIZED takes no locks either.
         mpi4py.rc.thread_level = "serialized"
         from mpi4py import MPI
@@ -500,4 +550,5 @@ def _init_from_mpi(env: dict[str, str], backend: str | None, connect_timeout: fl
     previous = sys.excepthook
     sys.excepthook = lambda t, e, tb: _note_failure(t, e, tb, previous)
     store = _store.StoreClient(address, token, connect_timeout)
-    return World(rank, size, local_rank, local_size, job_id, store, backend, "mpirun", hosted, comm, layout)
+    session = MpiSession(MPI, comm)
+    return World(rank, size, local_rank, local_size, job_id, store, backend, "mpirun", hosted, session, layout)

@@ -51,18 +51,26 @@ def describe_shared_gpus(groups: dict[int, list[int]]) -> str:
     return "; ".join(f"ranks {', '.join(map(str, r))} share GPU {d}" for d, r in sorted(groups.items()))
 
 
-def engine(backend: Backend, package: str) -> ModuleType:
-    """The engine of subsystem ``package`` for ``backend`` (see :meth:`Backend.engine`)."""
-    return backend.engine(package)
+def module(backend: Backend, package: str) -> ModuleType:
+    """``backend``'s module of subsystem ``package`` (see :meth:`Backend.module`)."""
+    return backend.module(package)
 
 
-def runs_kernels(name: str) -> bool:
-    """Whether back-end ``name`` runs device kernels: the capability a launcher or a command line asks
-    before any World exists (GPUs to place ranks on, MPS, GPU memory), so that nothing above this package
-    tests a back-end's name."""
+def resolve_name(name: str | None) -> str:
+    """``name`` checked ("auto" / None: the default back-end of this machine)."""
+    name = (name or "auto").lower()
+    if name == "auto":
+        name = default_backend_name()
     if name not in BACKENDS:
         raise ConfigError(f"unknown back-end {name!r}: choose one of {', '.join(BACKENDS)}")
-    return name == "cuda"
+    return name
+
+
+def runs_kernels(name: str | None) -> bool:
+    """Whether back-end ``name`` ("auto" / None: this machine's default) runs device kernels: the capability
+    a launcher or a command line asks before any World exists (GPUs to place ranks on, MPS, GPU memory,
+    which transports can run), so that nothing above this package tests a back-end's name."""
+    return resolve_name(name) == "cuda"
 
 
 def default_backend_name() -> str:

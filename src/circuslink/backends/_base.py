@@ -1,9 +1,9 @@
 """The back-end interface: what every back-end provides, and the one way subsystems reach it.
 
 A subsystem never asks which back-end it holds. It calls the methods below, and it finds its own
-back-end specific half with :meth:`Backend.engine` (``world.engine("circuslink.rma")`` imports
+back-end module with :meth:`Backend.module` (``world.backend_module("circuslink.rma")`` imports
 ``circuslink.rma._cuda`` on the cuda back-end, ``circuslink.rma._cpu`` on the cpu one). Adding a
-back-end means one file here and one engine file per subsystem, nothing else.
+back-end means one file here and one back-end module per subsystem, nothing else.
 
 A back-end gets the job's :class:`~circuslink._bootstrap.Bootstrap` (rank, size, the store-based
 collectives), not the World: the World sits above its back-end and the back-end never calls up.
@@ -12,9 +12,12 @@ collectives), not the World: the World sits above its back-end and the back-end 
 from __future__ import annotations
 
 import importlib
+import mmap
 from abc import ABC, abstractmethod
 from types import ModuleType
 from typing import Any
+
+import numpy as np
 
 from ..errors import BackendError
 
@@ -40,6 +43,12 @@ class Backend(ABC):
     def alloc(self, nbytes: int, timeout: float | None, peers: frozenset[int] | None = None) -> Any:
         """Collective: a SymmetricBuffer of ``nbytes`` on every rank (zeroed), each mapped by all, or by this
         rank only where ``peers`` (this rank's own set, itself included) names it."""
+
+    def host_memory(self, nbytes: int) -> HostMemory:
+        """``nbytes`` zeroed bytes of this process's host memory that its device code can also reach (the rings
+        of a transport's relays, which a host thread reads): here plain anonymous memory, on a GPU back-end
+        pinned and mapped into the device."""
+        return HostMemory(nbytes)
 
     # -- ordering and waiting ---------------------------------------------------------------------
     def after_caller(self) -> None:
@@ -72,16 +81,33 @@ class Backend(ABC):
     def device_label(self, nranks: int) -> str:
         """A short name for result files: ``cpu-<host>`` or ``<gpu-name>-x<count>``."""
 
-    def engine(self, package: str) -> ModuleType:
-        """The engine of subsystem ``package`` for this back-end: the module ``<package>._<name>``."""
+    def module(self, package: str) -> ModuleType:
+        """This back-end's module of subsystem ``package``: ``<package>._<name>``."""
         module = f"{package}._{self.name}"
         try:
             return importlib.import_module(module)
         except ModuleNotFoundError as exc:
             if exc.name != module:
                 raise
-            raise BackendError(f"{package} has no engine for the {self.name} back-end ({module})") from None
+            raise BackendError(f"{package} has no module for the {self.name} back-end ({module})") from None
 
     def close(self) -> None:
         """Release what the back-end itself holds (its buffers are Resources of the World)."""
         return None
+
+
+class HostMemory:
+    """``nbytes`` zeroed bytes of host memory: ``array`` (uint8, for the host), ``ptr`` (the address device code and
+    compiled code use), :meth:`release`. This one: an anonymous mapping of this process."""
+
+    def __init__(self, nbytes: int) -> None:
+        self._map = mmap.mmap(-1, nbytes)
+        self.array = np.frombuffer(self._map, dtype=np.uint8)
+        self.ptr = int(self.array.ctypes.data)
+
+    def release(self) -> None:
+        self.array = None
+        try:
+            self._map.close()
+        except BufferError:
+            pass  # a caller still holds a view: the mapping goes with it

@@ -21,6 +21,8 @@ from ..memory import SymmetricBuffer
 from . import _grid, _occupancy
 from ._base import Backend
 
+_HOST_ALLOC_PORTABLE = 1
+_HOST_ALLOC_MAPPED = 2
 _ABORT_GRACE_S = 10.0  # after the abort word is set, device waits notice within microseconds
 
 _IPC_LAZY_ENABLE_PEER_ACCESS = 1  # cudaIpcMemLazyEnablePeerAccess
@@ -315,6 +317,10 @@ class CudaBackend(Backend):
     def synchronize(self) -> None:
         self.xp.cuda.Device(self.device).synchronize()
 
+    def host_memory(self, nbytes: int) -> PinnedMemory:
+        """Pinned host memory mapped into this rank's GPU (device code stores into it over PCIe)."""
+        return PinnedMemory(self.xp, self.device, nbytes)
+
     def device_label(self, nranks: int) -> str:
         import re
 
@@ -330,3 +336,24 @@ class CudaBackend(Backend):
             except Exception:
                 pass  # a context already torn down at exit
             self.abort_ptr = 0
+
+
+class PinnedMemory:
+    """``nbytes`` zeroed bytes of pinned host memory mapped into the device: ``array`` for the host, ``ptr`` for
+    kernels and compiled host code (with unified addressing the host address of mapped pinned memory is also its
+    device address; CuPy's runtime module has no cudaHostGetDevicePointer)."""
+
+    def __init__(self, cp: Any, device: int, nbytes: int) -> None:
+        rt = cp.cuda.runtime
+        with cp.cuda.Device(device):
+            self._host = rt.hostAlloc(nbytes, _HOST_ALLOC_PORTABLE | _HOST_ALLOC_MAPPED)
+        self.ptr = int(self._host)
+        self._rt = rt
+        self.array = np.frombuffer((ctypes.c_uint8 * nbytes).from_address(self._host), dtype=np.uint8)
+        self.array[:] = 0
+
+    def release(self) -> None:
+        if self._host:
+            self.array = None
+            self._rt.freeHost(self._host)
+            self._host = 0

@@ -180,9 +180,9 @@ def _case_needs(shape: tuple[int, ...], dtype: str, nranks: int) -> dict[str, fl
             "ceiling": 2 * whole / nranks}                   # one process: the array and cuFFT's work (per rank)
 
 
-def check_memory(world: Any, engine: Any, cfg: Config) -> None:
+def check_memory(world: Any, module: Any, cfg: Config) -> None:
     """Collective: refuse in one line a case that the ranks sharing a device (or the host) cannot hold."""
-    free, what = engine.free_bytes(world)
+    free, what = module.free_bytes(world)
     devices = world.allgather_object((world.device, free))
     on_mine = [r for r, (d, _) in enumerate(devices) if d == world.device]
     have = min(devices[r][1] for r in on_mine)
@@ -253,8 +253,8 @@ def run_rank(world: Any, cfg: Config) -> int:
     from .. import probe
     from . import _driver as drv
 
-    engine = world.engine("circuslink.apps.fft")
-    check_memory(world, engine, cfg)
+    module = world.backend_module("circuslink.apps.fft")
+    check_memory(world, module, cfg)
     results = drv.Results("fft", world)
     drv.progress("fft: measuring the floor (probe)")
     pairs = [(0, 1), (1, 0)] if world.size > 1 else []
@@ -267,10 +267,10 @@ def run_rank(world: Any, cfg: Config) -> int:
     alltoalls = _alltoalls(world, cfg)
     results.meta["alltoalls"] = {a: why or "measured" for a, why in alltoalls.items()}
     for index, (shape, dtype) in enumerate(cfg.cases):
-        x0 = engine.random_array(world, _slab_shape(shape, world), dtype, [seed, index, world.rank])
+        x0 = module.random_array(world, _slab_shape(shape, world), dtype, [seed, index, world.rank])
         drv.progress(f"fft: transpose-put {_label(shape)} {dtype} on {world.size} ranks")
-        results.add(**_measure_ours(world, engine, shape, dtype, cfg, x0))
-        engine.release_memory(world)
+        results.add(**_measure_ours(world, module, shape, dtype, cfg, x0))
+        module.release_memory(world)
         if cfg.baselines:
             for alltoall, why in alltoalls.items():
                 if alltoall == "nvshmem":
@@ -281,14 +281,14 @@ def run_rank(world: Any, cfg: Config) -> int:
                     continue
                 for chunks in cfg.baseline_chunks:
                     drv.progress(f"fft: baseline ({alltoall}, {chunks} chunk(s)) {_label(shape)} {dtype}")
-                    results.add(**_measure_baseline(world, engine, shape, dtype, cfg, x0, alltoall, chunks))
-                    engine.release_memory(world)
+                    results.add(**_measure_baseline(world, module, shape, dtype, cfg, x0, alltoall, chunks))
+                    module.release_memory(world)
         del x0
-        engine.release_memory(world)
+        module.release_memory(world)
     if cfg.baselines and "nvshmem" in alltoalls:
         results.extend(_nvshmem_rows(world, cfg, alltoalls["nvshmem"]))
     if cfg.baselines:
-        results.extend(_ceiling_rows(world, engine, cfg))
+        results.extend(_ceiling_rows(world, module, cfg))
     _compare(results.rows)
     if world.rank == 0:
         shown = [dict(r, max_rel_err=f"{r['max_rel_err']:.1e}") if isinstance(r.get("max_rel_err"), float) else r
@@ -383,14 +383,14 @@ def _finish(row: dict, shape: tuple[int, ...]) -> dict:
     return row
 
 
-def _measure_ours(world: Any, engine: Any, shape: tuple[int, ...], dtype: str, cfg: Config, x0: Any) -> dict:
+def _measure_ours(world: Any, module: Any, shape: tuple[int, ...], dtype: str, cfg: Config, x0: Any) -> dict:
     from ..apps import fft
 
     ins, outs = fft.boxes(shape, world.size, "slab", layout=cfg.layout)
     with fft.Plan(world, ins[world.rank], outs[world.rank], dtype, decomposition="slab", chunks=cfg.chunks) as plan:
         plan.input[...] = x0
         out = plan.forward()
-        err = check_lines(world, engine, x0, plan.inbox, plan.outbox, out, shape, dtype, "transpose-put")
+        err = check_lines(world, module, x0, plan.inbox, plan.outbox, out, shape, dtype, "transpose-put")
         row = _base_row(world, shape, dtype, cfg, "transpose-put", chunks=plan.chunks, max_rel_err=err,
                         **_measure(world, plan, x0, cfg))
         pred = plan.prediction
@@ -410,7 +410,7 @@ def _measure_ours(world: Any, engine: Any, shape: tuple[int, ...], dtype: str, c
     return _finish(row, shape)
 
 
-def _measure_baseline(world: Any, engine: Any, shape: tuple[int, ...], dtype: str, cfg: Config, x0: Any,
+def _measure_baseline(world: Any, module: Any, shape: tuple[int, ...], dtype: str, cfg: Config, x0: Any,
                       alltoall: str, chunks: int) -> dict:
     from .fft_baseline import SlabBaseline
 
@@ -425,7 +425,7 @@ def _measure_baseline(world: Any, engine: Any, shape: tuple[int, ...], dtype: st
         ins, outs = boxes(shape, world.size, "slab", layout=cfg.layout)
         base.input[...] = x0
         out = base.forward()
-        err = check_lines(world, engine, x0, ins[world.rank], outs[world.rank], out, shape, dtype, impl)
+        err = check_lines(world, module, x0, ins[world.rank], outs[world.rank], out, shape, dtype, impl)
         row = _base_row(world, shape, dtype, cfg, impl, alltoall=alltoall, transpose=cfg.transpose,
                         chunks=base.describe()["chunks"][0], max_rel_err=err, **_measure(world, base, x0, cfg))
     finally:
@@ -462,7 +462,7 @@ def _nvshmem_rows(world: Any, cfg: Config, why: str | None) -> list[dict]:
     return world.broadcast_object(rows)
 
 
-def _ceiling_rows(world: Any, engine: Any, cfg: Config) -> list[dict]:
+def _ceiling_rows(world: Any, module: Any, cfg: Config) -> list[dict]:
     """Rank 0: the whole array's transform in a process of its own (the whole GPU) while the others wait."""
     from . import _driver as drv
 
@@ -501,7 +501,7 @@ def _compare(rows: list[dict]) -> None:
             r["vs_1rank"] = r["time_ms"] / ceiling[0]["time_ms"]
 
 
-def check_lines(world: Any, engine: Any, x0: Any, inbox: Any, outbox: Any, out: Any, shape: tuple[int, ...],
+def check_lines(world: Any, module: Any, x0: Any, inbox: Any, outbox: Any, out: Any, shape: tuple[int, ...],
                 dtype: str, what: str, lines: int = 3) -> float:
     """Norm-wise relative error of a few output lines along axis 0 against a direct DFT of the input (float64).
 
@@ -522,7 +522,7 @@ def check_lines(world: Any, engine: Any, x0: Any, inbox: Any, outbox: Any, out: 
             blk = x0[a: a + step].astype(xp.complex128)
             for ph in reversed(phases):
                 blk = blk @ xp.asarray(ph)
-            v.append(engine.to_host(blk))
+            v.append(module.to_host(blk))
         parts.append(np.concatenate(v) if v else np.zeros(0, np.complex128))
     everyone = world.allgather_object((inbox.low[0], parts))
     everyone.sort(key=lambda e: e[0])
@@ -534,7 +534,7 @@ def check_lines(world: Any, engine: Any, x0: Any, inbox: Any, outbox: Any, out: 
         if all(lo <= kk < hi for kk, lo, hi in zip(k, outbox.low[1:], outbox.high[1:], strict=True)) and \
                 not outbox.empty:
             idx = (slice(None),) + tuple(kk - lo for kk, lo in zip(k, outbox.low[1:], strict=True))
-            got = engine.to_host(view[idx]).astype(np.complex128)
+            got = module.to_host(view[idx]).astype(np.complex128)
             sq_diff += float(np.sum(np.abs(got - ref[outbox.low[0]: outbox.high[0]]) ** 2))
     totals = world.allgather_object((sq_diff, sq_ref))
     ref_total = totals[0][1]  # every rank formed the same reference lines

@@ -3,7 +3,7 @@
 The slab scheme (2-D and 3-D, complex-to-complex, forward), on the same boxes as circuslink's plan so the
 output lands in the same layout:
 
-1. cuFFT batched along the local axes (the apps.fft engine's cuFFT plans; numpy on the cpu);
+1. cuFFT batched along the local axes (the apps.fft cuda module's cuFFT plans; numpy on the cpu);
 2. a transpose into a send buffer, per destination rank a contiguous block (``transpose="tiled"``: the
    textbook 32 x 32 shared-memory transpose of bench/kernels/fft_baseline.cu; ``"cupy"``: CuPy's copy
    of a transposed view);
@@ -29,20 +29,18 @@ its own, outside the job's SM shares), as ``python -m circuslink.bench.fft_basel
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .._wait import Deadline
-from ..errors import BackendError, CompileError, ConfigError
+from ..errors import BackendError, ConfigError
 
 ALLTOALLS = ("copy-engine", "nccl", "mpi", "nvshmem")
 TRANSPOSES = ("tiled", "cupy")
@@ -101,7 +99,7 @@ class SlabBaseline:
         self.world, self.xp = world, world.xp
         self.alltoall, self.transpose, self.layout = alltoall, transpose, layout
         self._timeout = timeout
-        self._eng = world.engine("circuslink.apps.fft")
+        self._eng = world.backend_module("circuslink.apps.fft")
         self._gpu = world.xp is not np
         R, me = world.size, world.rank
         self.dtype = fft.check_dtype(dtype, "fft baseline: dtype")
@@ -271,8 +269,7 @@ class SlabBaseline:
                 place(stream)
             return nccl_move
 
-        from mpi4py import MPI
-
+        MPI = self.world.mpi.MPI  # noqa: N806 - the module, from the world's bootstrap
         R = self.world.size
 
         def mpi_move(stream: Any) -> None:
@@ -358,13 +355,13 @@ class SlabBaseline:
 # -- NVSHMEM: the same scheme as its own program ---------------------------------------------------------
 def _cufft_dirs() -> tuple[Path, Path]:
     """(include, lib) folders with cufft.h and libcufft: CUDA_HOME / the toolkit, or the nvidia pip wheels."""
-    from .baselines import _nvshmem
+    from ..transport import _build
 
     candidates = []
     for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
         if home:
             candidates.append((Path(home) / "include", Path(home) / "lib64"))
-    for d in _nvshmem._nvidia_dirs():
+    for d in _build.nvidia_dirs():
         for sub in ("cu13", "cufft", "cu12"):
             candidates.append((d / sub / "include", d / sub / "lib"))
     for inc, lib in candidates:
@@ -377,42 +374,25 @@ def _cufft_dirs() -> tuple[Path, Path]:
 
 def nvshmem_build_command(output: Path) -> list[str]:
     """The nvcc command that builds the NVSHMEM slab FFT into ``output``."""
-    from .baselines import _nvshmem
+    from ..transport import _build
 
-    nv = _nvshmem.find_nvshmem()
-    mpi_compile, mpi_link = _nvshmem._mpi_flags()
+    nv = _build.find_nvshmem()
+    mpi_compile, mpi_link = _build.mpi_flags()
     inc, lib = _cufft_dirs()
     libs = sorted(p.name for p in lib.glob("libcufft.so*"))
     cufft = "-lcufft" if "libcufft.so" in libs else f"-l:{libs[-1]}"
-    return [_nvshmem._find_nvcc(), "-std=c++17", "-rdc=true", "-arch=sm_90a", "-O2", f"-I{nv / 'include'}",
-            f"-I{inc}", *mpi_compile, str(_NVSHMEM_SOURCE), "-o", str(output), *_nvshmem._nvshmem_link_args(nv),
+    return [_build.find_nvcc(), "-std=c++17", "-rdc=true", "-arch=sm_90a", "-O2", f"-I{nv / 'include'}",
+            f"-I{inc}", *mpi_compile, str(_NVSHMEM_SOURCE), "-o", str(output), *_build.nvshmem_link_args(nv),
             "-L", str(lib), cufft, "-Xlinker", f"-rpath={lib}", *mpi_link]
 
 
 def build_nvshmem(folder: Path | None = None) -> Path:
-    """Build the NVSHMEM slab FFT (cached by source and command); return the binary's path."""
-    folder = folder or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "circuslink" / "baselines"
-    sources = _NVSHMEM_SOURCE.read_bytes() + _KERNELS.read_bytes()
-    digest = hashlib.sha256(sources + "\0".join(nvshmem_build_command(Path("OUT"))).encode()).hexdigest()[:16]
-    binary = folder / f"fft_slab_nvshmem-{digest}"
-    if binary.is_file():
-        return binary
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".fft_slab_nvshmem-", dir=folder)
-    os.close(fd)
-    cmd = nvshmem_build_command(Path(tmp))
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    except subprocess.TimeoutExpired:
-        Path(tmp).unlink(missing_ok=True)
-        raise CompileError(f"nvcc did not finish building {_NVSHMEM_SOURCE.name} within 900 s") from None
-    if proc.returncode != 0:
-        Path(tmp).unlink(missing_ok=True)
-        log = (proc.stderr or proc.stdout).strip()
-        raise CompileError(f"nvcc failed to build {_NVSHMEM_SOURCE.name} (command: {' '.join(cmd)}):\n{log}")
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, binary)
-    return binary
+    """Build the NVSHMEM slab FFT (cached by its sources and the command, through the one toolchain of
+    ``circuslink.transport._build``); return the binary's path."""
+    from ..transport import _build
+
+    return _build.build_cached("baselines", "fft_slab_nvshmem", _NVSHMEM_SOURCE, nvshmem_build_command, suffix="",
+                               what="nvcc", folder=folder, includes=[_KERNELS], timeout=900)
 
 
 def nvshmem_slab(nranks: int, cases: list[tuple[tuple[int, ...], str]], iters: int, warmup: int,

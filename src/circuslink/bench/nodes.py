@@ -1,29 +1,30 @@
-"""Pingpong inside a node, across nodes over the engine, and the engine alone: ``circuslink bench nodes``.
+"""Transports between nodes side by side: ``circuslink bench nodes``.
 
-The job is split into declared nodes on one machine (``--ranks-per-node K``; default two nodes), started
-by mpirun since the engine between nodes is MPI. Between the gateways of node 0 and node 1 (their lowest
-ranks, ``a`` and ``b``) it measures one-way time (loops of round trips; median over samples, the fastest
-beside it) and throughput:
+The job is split into declared nodes on one machine (``--ranks-per-node K``; default two nodes), started by
+mpirun. Between the gateways of node 0 and node 1 (their lowest ranks, ``a`` and ``b``) it measures one-way
+time (loops of round trips; median over samples, the fastest beside it) and throughput, in one run:
 
-* ``mpi`` (``mpi-host-staged`` on cuda, as on the device image whose MPI is not CUDA-aware): the engine
-  alone, MPI point-to-point between ``a`` and ``b`` (``bench/baselines/_mpi.py``);
-* ``engine-link``: the engine link's pipe (``circuslink.links``): ``a``'s agent writes the message into its
-  out ring, the proxies carry it over MPI into ``b``'s in ring, ``b``'s agent passes it back the same way.
-  On cuda the agents are kernels (the pingpong kernels of ``bench pingpong`` on the rings' channel
-  handles: one warp, or every warp of a co-resident grid), the rings pinned host memory; on cpu the agents
-  are the ranks' host threads. ``added_us``: its one-way time minus MPI's, what the proxies add;
-* ``intra-node``: a channel pingpong between ranks 0 and 1, inside node 0 (mapped memory: one hop);
-* ``gateway-routed``: a routed channel (docs/routing.md) from a rank of node 0 to a rank of node 1 and one
-  back, opened with ``channels.open(world, links, topology=<the job's nodes>)``: source -> its gateway (a
-  mapped hop) -> the engine link -> the peer gateway, whose agent delivers into the destination's ring. The
-  same pingpong as ``bench pingpong`` on the channels' ends (the host API on cpu; on cuda the pingpong
-  kernels on the ends' device handles, the agents being the router kernels); the source and destination
-  are the second rank of each node (the gateways themselves with one rank a node). ``added_us``: its
-  one-way time minus (MPI + one intra-node hop) at the same size; the targets are ratios of that sum
-  (latency <= 1.3 x) and of MPI's throughput (>= 0.9 x at 16 MiB and more).
+* the transports' own point-to-point, the baselines: ``mpi`` (``mpi-host-staged`` on cuda: MPI between ``a``
+  and ``b``, bench/baselines/_mpi.py) and, where NVSHMEM runs, ``nvshmem-put-signal`` (one thread's
+  put-with-signal: latency) and ``nvshmem-put-signal-block`` (block puts: bandwidth) from the NVSHMEM baseline
+  program (2 PEs);
+* ``intra-node``: a channel pingpong between ranks 0 and 1, inside node 0 (mapped memory: one hop), and the
+  reference rows ``<baseline>+hop``: a baseline's one-way plus that hop at the same size (what a route through the
+  gateways is held to);
+* for every transport that joins nodes in this job (``--transports``; default every one that can run: nvshmem
+  where it does, mpi): ``relay-T``, its relay's pipe (``circuslink.transport.open_relays``): ``a``'s agent writes
+  the message into its out ring, T carries it into ``b``'s in ring, ``b``'s agent passes it back the same way (on
+  cuda the agents are the pingpong kernels of ``bench pingpong`` on the rings' channel handles, on cpu host
+  threads); and ``gateway-routed-T``: a routed channel from a rank of node 0 to a rank of node 1 and one back
+  (docs/routing.md) on the job's nodes whose network links name T: source -> its gateway (a mapped hop) -> T ->
+  the peer gateway, whose agent delivers. ``added_us``: a relay's one-way minus T's baseline; a routed channel's
+  minus (T's baseline + one intra-node hop).
 
-The floor (``circuslink.probe``) of the same run covers the intra-node pair and, on one machine, the
-gateways' pair as mapped memory would give it.
+The targets, per transport (reported, never asserted): gateway-routed 8 B one-way <= 1.3 x (T's baseline one-way
++ one intra-node hop); >= 0.9 x T's baseline bandwidth at 16 MiB and more (nvshmem: its block put). Each
+baseline's figures go to the transport registry's hook (``transport.record_figures``). The floor
+(``circuslink.probe``) of the same run covers the intra-node pair and, on one machine, the gateways' pair as
+mapped memory would give it.
 """
 
 from __future__ import annotations
@@ -40,11 +41,12 @@ from ..errors import ChannelError, ConfigError
 from . import _driver as drv
 
 CPU_MAX = 16 << 20  # the cpu reference's host agents stop here
-TARGET_LATENCY_RATIO = 1.3  # routed latency <= 1.3 x (engine + one intra-node hop)
-TARGET_THROUGHPUT_RATIO = 0.9  # ... and throughput >= 0.9 x the engine's at >= 16 MiB
+TARGET_LATENCY_RATIO = 1.3  # routed latency <= 1.3 x (the transport's own one-way + one intra-node hop)
+TARGET_THROUGHPUT_RATIO = 0.9  # ... and throughput >= 0.9 x the transport's own at >= 16 MiB
 BIG = 16 << 20
 ROUTED_RING_MIN = 8192
 ROUTED_RING_MAX = 16 << 20  # the routed rings hold a message up to here (the grid form needs it whole)
+INTRA = "intra-node"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,9 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="declare nodes of K ranks on this machine (default: half the ranks: two nodes); the "
                              "gateways are the lowest rank of node 0 and of node 1")
     parser.add_argument("--nslots", type=int, default=None, metavar="S",
-                        help="slots of each engine-link ring (default: enough for the largest message, at least 64)")
+                        help="slots of each relay ring (default: enough for the largest message, at least 64)")
     parser.add_argument("--chunk", type=int, default=64 << 10, metavar="BYTES",
-                        help="bulk packet size of the engine-link rings (default 65536)")
+                        help="bulk packet size of the relay rings (default 65536)")
+    parser.add_argument("--transports", default=None, metavar="NAMES",
+                        help="transports between nodes to measure, comma-separated (default: every one that can run "
+                             "in this job)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     k = args.ranks_per_node if args.ranks_per_node is not None else max(1, args.nranks // 2)
     if not inside_job():
         if not mpirun_available():
-            raise ConfigError("bench nodes needs mpirun and mpi4py: the engine between nodes is MPI")
+            raise ConfigError("bench nodes needs mpirun and mpi4py (its MPI baseline, and the mpi transport)")
         if args.nranks // k < 2 or args.nranks % k:
             raise ConfigError(f"bench nodes needs at least 2 whole nodes: -n {args.nranks} with --ranks-per-node {k}")
         return relaunch_self(args.nranks, args.backend, prefer_mpirun=True, mps_mode=args.mps, ranks_per_node=k,
@@ -73,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
     import circuslink
 
     world = circuslink.init(args.backend)
-    if world.mpi_comm is None:
-        raise ConfigError("bench nodes needs a job started by mpirun (the engine between nodes is MPI)")
+    if world.mpi is None:
+        raise ConfigError("bench nodes needs a job started by mpirun (its MPI baseline, and the mpi transport)")
     if len(world.nodes) < 2:
         raise ConfigError(f"bench nodes needs at least 2 nodes; this job has {world.describe_nodes()} (declare them: "
                           "--ranks-per-node K, or CIRCUSLINK_RANKS_PER_NODE=K under mpirun)")
@@ -86,12 +91,15 @@ def run(args: argparse.Namespace) -> int:
             drv.progress(f"nodes: the cpu reference stops at {drv.format_bytes(CPU_MAX)}; skipping {len(dropped)} "
                          "larger size(s)")
     a, b = world.nodes[0][0], world.nodes[1][0]
+    chosen = _transports(world, args.transports)
     results = drv.Results("nodes", world)
     results.meta.update(samples=samples, warmup=warmup, nodes=world.nodes, node_layout=world.describe_nodes(),
                         gateways=[a, b], intra_node_pair=[0, 1] if len(world.nodes[0]) > 1 else None,
+                        transports=chosen,
                         definitions="one_way_us: median over samples of (loop time / 2 x round trips); "
                                     "min_one_way_us: the fastest sample; throughput_GBps: bytes / one_way_us; "
-                                    "added_us: engine-link one-way minus mpi one-way at the same size")
+                                    "added_us: relay-T one-way minus T's baseline, gateway-routed-T one-way minus "
+                                    "(T's baseline + one intra-node hop), at the same size")
     from .. import probe
 
     pairs = [(0, 1), (1, 0)] if len(world.nodes[0]) > 1 else []
@@ -100,21 +108,40 @@ def run(args: argparse.Namespace) -> int:
     drv.progress("nodes: measuring the floor (circuslink.probe)")
     results.floor = probe.measure(world, quick=args.quick, pairs=pairs or None)
     if not args.no_baselines:
-        _engine_alone(world, results, sizes, samples, warmup, a, b)
-    _engine_link(world, results, sizes, samples, warmup, a, b, args)
+        _mpi_alone(world, results, sizes, samples, warmup, a, b)
+        _nvshmem_alone(world, results, sizes, samples)
+        _record_figures(world, results)
     if len(world.nodes[0]) > 1:
         _intra_node(world, results, sizes, samples, warmup)
-    _gateway_routed(world, results, sizes, samples, warmup, args)
+    for name in chosen:
+        _relay_pipe(world, results, sizes, samples, warmup, a, b, args, name)
+        _gateway_routed(world, results, sizes, samples, warmup, args, name)
     if world.rank == 0:
+        _references(results)
         _added(results)
         report(results, args)
     world.close()
     return 0
 
 
-# -- the engine alone ---------------------------------------------------------------------------------
-def _engine_alone(world: Any, results: drv.Results, sizes: list[int], samples: int, warmup: int, a: int,
-                  b: int) -> None:
+def _transports(world: Any, names: str | None) -> list[str]:
+    """The transports between nodes to measure: ``--transports``, else every one that can run in this job."""
+    from .. import transport
+
+    context = transport.Context.of(world)
+    if names is None:
+        return [n for n in transport.names() if transport.why_not_between_nodes(context, n) is None]
+    chosen = [n.strip() for n in names.split(",") if n.strip()]
+    for name in chosen:
+        why = transport.why_not_between_nodes(context, name)
+        if why:
+            raise ConfigError(f"bench nodes --transports: {why}")
+    return chosen
+
+
+# -- the transports' own point-to-point ------------------------------------------------------------------
+def _mpi_alone(world: Any, results: drv.Results, sizes: list[int], samples: int, warmup: int, a: int,
+               b: int) -> None:
     from .baselines import mpi_pingpong
 
     for nbytes in sizes:
@@ -129,58 +156,105 @@ def _engine_alone(world: Any, results: drv.Results, sizes: list[int], samples: i
                         verified=True)
 
 
+def _nvshmem_alone(world: Any, results: drv.Results, sizes: list[int], samples: int) -> None:
+    """NVSHMEM's put-with-signal between 2 PEs (the baseline program; rank 0 runs it while the others wait): one
+    thread's put for latency, block puts for bandwidth. Where it cannot run, a skipped row says why."""
+    if not world.backend.runs_kernels:
+        return
+    if world.rank == 0:
+        from .baselines import nvshmem_pingpong
+
+        drv.progress("nodes: NVSHMEM put-with-signal (the baseline program, 2 PEs)")
+        try:
+            for r in nvshmem_pingpong(sizes, max(20, 10 * samples), 2):
+                results.add(impl=r["impl"], bytes=r["bytes"], one_way_us=r["latency_us"],
+                            throughput_GBps=r["throughput_GBps"], round_trips=r.get("iters"),
+                            verified=r.get("verified", True), blocks=r.get("blocks"))
+        except Exception as exc:  # a baseline that cannot run is reported, not fatal
+            results.add(impl="nvshmem-put-signal", bytes=0, skipped=f"{type(exc).__name__}: {exc}")
+    world.barrier(timeout=3600)  # the others wait while rank 0 runs the NVSHMEM program
+
+
+def _record_figures(world: Any, results: drv.Results) -> None:
+    """Hand each transport's baseline figures (the smallest size's one-way, the largest size's bandwidth) to the
+    registry's hook, on every rank alike (choices made from them must agree)."""
+    from .. import transport
+
+    figures = world.broadcast_object(_baseline_figures(results) if world.rank == 0 else None)
+    for name, (latency, bandwidth) in figures.items():
+        transport.record_figures(world, name, latency, bandwidth)
+    if world.rank == 0:
+        results.meta["measured_figures"] = figures
+
+
+def _baseline_figures(results: drv.Results) -> dict[str, tuple[float, float]]:
+    """Each transport's own figures, from the rows its ``baseline_rows`` name (the registry says which)."""
+    from .. import transport
+
+    out = {}
+    for name in transport.names():
+        impls, bandwidth = transport.baseline_rows(name)
+        lat = [r for r in results.rows if r.get("impl") in impls and "one_way_us" in r]
+        bw = [r for r in results.rows if r.get("impl") in bandwidth and "throughput_GBps" in r]
+        if lat and bw:
+            out[name] = (min(lat, key=lambda r: r["bytes"])["one_way_us"],
+                         max(bw, key=lambda r: r["bytes"])["throughput_GBps"])
+    return out
+
+
 def _trips_for(nbytes: int, gpu: bool) -> int:
     """Round trips per sample: many for small messages, a few for large ones (each sample lasts ~ms)."""
     return max(3, min(200 if gpu else 50, (64 << 20) // max(nbytes, 1) // (8 if gpu else 64)))
 
 
-# -- the engine link's pipe ---------------------------------------------------------------------------
-def _engine_link(world: Any, results: drv.Results, sizes: list[int], samples: int, warmup: int, a: int, b: int,
-                 args: argparse.Namespace) -> None:
-    from .. import links
+# -- a transport's relay: the pipe between the gateways ------------------------------------------------
+def _relay_pipe(world: Any, results: drv.Results, sizes: list[int], samples: int, warmup: int, a: int, b: int,
+                args: argparse.Namespace, name: str) -> None:
+    from .. import transport
     from ..channels import protocol as P
 
     chunk = args.chunk
     nslots = args.nslots or max(64, 1 << (-(-max(sizes) // chunk) - 1).bit_length())
-    engine = links.open_engine(world, [(a, b)], nslots=nslots, chunk=chunk, spin=True)
-    results.meta["engine_link"] = {"nslots": nslots, "chunk": chunk, "ll_max": P.LL_MAX_DEFAULT,
-                                   "ring_bytes": engine.geometry.ring_bytes, "batch": max(1, nslots // 4)}
+    relays = transport.open_relays(world, [(a, b)], nslots=nslots, chunk=chunk, spin=True, transport=name)
+    results.meta.setdefault("relays", {})[name] = {"nslots": nslots, "chunk": chunk, "ll_max": P.LL_MAX_DEFAULT,
+                                                   "ring_bytes": relays.geometry.ring_bytes,
+                                                   "batch": max(1, nslots // 4)}
     try:
-        pipe = _Pipe(world, engine, a, b) if world.rank in (a, b) else None
+        pipe = _Pipe(world, relays, a, b) if world.rank in (a, b) else None
         for nbytes in sizes:
-            drv.progress(f"nodes: engine link {a} <-> {b}, {drv.format_bytes(nbytes)}")
-            for form in _Pipe.forms(world, engine, nbytes):
+            drv.progress(f"nodes: relay {a} <-> {b} over {name}, {drv.format_bytes(nbytes)}")
+            for form in _Pipe.forms(world, relays, nbytes):
                 world.barrier()
                 # a trial on the gateways sets the round trips per sample, agreed through the store
                 trial = pipe.sample(form, nbytes, 4, warmup)[0] / 4 if pipe is not None else 0.0
                 trips = world.broadcast_object(_Pipe.trips(trial, pipe.gpu) if world.rank == a else None, root=a)
                 row, ok = pipe.measure(form, nbytes, trips, samples, warmup) if pipe is not None else (None, True)
                 if not all(world.allgather_object(ok)):  # every rank raises together, none waits
-                    raise ChannelError(f"engine link pingpong {form} {drv.format_bytes(nbytes)}: the bytes that "
-                                       "came back differ from the bytes sent")
+                    raise ChannelError(f"relay pingpong over {name} {form} {drv.format_bytes(nbytes)}: the bytes "
+                                       "that came back differ from the bytes sent")
                 row = world.broadcast_object(row, root=a)
                 if world.rank == 0 and row is not None:
-                    results.add(**dict(row, impl=f"engine-link-{form}"))
+                    results.add(**dict(row, impl=f"relay-{name}-{form}", transport=name))
             if world.rank == 0:
                 mine = [r for r in results.rows if r.get("bytes") == nbytes and
-                        str(r.get("impl", "")).startswith("engine-link-")]
+                        str(r.get("impl", "")).startswith(f"relay-{name}-")]
                 if mine:
-                    results.add(**dict(min(mine, key=lambda r: r["one_way_us"]), impl="engine-link"))
+                    results.add(**dict(min(mine, key=lambda r: r["one_way_us"]), impl=f"relay-{name}"))
         world.barrier()
     finally:
-        engine.close()
+        relays.close()
 
 
 class _Pipe:
-    """The engine-link pingpong on the two gateways: ``a`` writes, ``b`` passes the message straight back."""
+    """The relay pingpong on the two gateways: ``a`` writes, ``b`` passes the message straight back."""
 
-    def __init__(self, world: Any, engine: Any, a: int, b: int) -> None:
+    def __init__(self, world: Any, relays: Any, a: int, b: int) -> None:
         from ..channels import protocol as P
 
-        self.world, self.engine = world, engine
+        self.world, self.relays = world, relays
         self.role = 0 if world.rank == a else 1
         self.peer = b if self.role == 0 else a
-        self.link = engine[self.peer]
+        self.link = relays[self.peer]
         self.gpu = world.backend.runs_kernels
         self.route = P.route_of(0, self.peer)
         self._module = None
@@ -193,12 +267,12 @@ class _Pipe:
             self.blocks_most = world.backend.max_blocks(self._module.get_function("pingpong_grid"), GRID_THREADS)
 
     @staticmethod
-    def forms(world: Any, engine: Any, nbytes: int) -> list[str]:
+    def forms(world: Any, relays: Any, nbytes: int) -> list[str]:
         """``host`` on cpu; on cuda one warp (``warp`` when the message fits a ring, else ``warp2``: separate
         writing and reading warps) and, from 4 KiB while a ring holds the message, the grid."""
         if not world.backend.runs_kernels:
             return ["host"]
-        ring = engine.geometry.ring_bytes
+        ring = relays.geometry.ring_bytes
         out = ["warp" if nbytes <= ring else "warp2"]
         if 4 << 10 <= nbytes <= ring:
             out.append("grid")
@@ -220,7 +294,7 @@ class _Pipe:
             return None, ok
         one_way = [t / (2 * trips) for t in times]
         med = statistics.median(one_way)
-        geo = self.engine.geometry
+        geo = self.relays.geometry
         return dict(form=form, bytes=nbytes, one_way_us=med * 1e6, min_one_way_us=min(one_way) * 1e6,
                     throughput_GBps=nbytes / med / 1e9, samples=samples, round_trips=trips, verified=ok,
                     nslots=geo.nslots, chunk=geo.chunk, ll_max=geo.ll_max), ok
@@ -246,8 +320,14 @@ class _Pipe:
 
     def _ends(self):
         if not hasattr(self, "_tx"):
-            # the stream ends keep their place in the rings from call to call: made once
-            self._tx, self._rx = self.link.stream_sender(self.route), self.link.stream_receiver()
+            # the channel reference's ends on the relay's rings keep their place from call to call: made once
+            from ..channels._cpu import CpuReceiver, CpuSender
+
+            o, i, t = self.link.out_ring, self.link.in_ring, self.link.timeout
+            self._tx = CpuSender("out", self.link.describe(), 0, o.geometry, o.ring, o.credit, o.slot_credits,
+                                 o.send_error, t, self.route)
+            self._rx = CpuReceiver("in", self.link.describe(), 0, i.geometry, i.ring, i.credit, i.slot_credits,
+                                   i.recv_error, t, 0)
         return self._tx, self._rx
 
     def _sample_gpu(self, form: str, nbytes: int, trips: int, warmup: int) -> tuple[float, bool]:
@@ -269,18 +349,17 @@ class _Pipe:
                 threads = 64 if form == "warp2" else 32
                 self._module.get_function("pingpong_" + form)((1,), (threads,), args + (times, status))
             else:
-                packets = -(-nbytes // self.engine.geometry.chunk)
+                packets = -(-nbytes // self.relays.geometry.chunk)
                 blocks = max(1, min(self.blocks_most, -(-packets // (GRID_THREADS // 32))))
                 bar = cp.zeros(2, dtype=cp.uint32)
                 self._module.get_function("pingpong_grid")((blocks,), (GRID_THREADS,), args + (
-                    bar, np.uint64(int(self.engine.timeout * 1e9)), times, status))
-        world.backend.wait_stream(stream, 2 * self.engine.timeout + 5,
-                                  lambda: f"engine link pingpong {form} {drv.format_bytes(nbytes)} on rank "
-                                          f"{world.rank}")
+                    bar, np.uint64(int(self.relays.timeout * 1e9)), times, status))
+        world.backend.wait_stream(stream, 2 * self.relays.timeout + 5,
+                                  lambda: f"relay pingpong {form} {drv.format_bytes(nbytes)} on rank {world.rank}")
         self.link.device_error()
         if int(status.get()[0]) != 1:
-            raise ChannelError(f"engine link pingpong {form} {drv.format_bytes(nbytes)}: a channel call failed on "
-                               f"rank {world.rank}")
+            raise ChannelError(f"relay pingpong {form} {drv.format_bytes(nbytes)}: a channel call failed on rank "
+                               f"{world.rank}")
         if role != 0:
             return 0.0, True
         t0, t1 = (int(v) for v in times.get())
@@ -320,11 +399,11 @@ def routed_pair(world: Any) -> tuple[int, int]:
 
 
 class _Routed:
-    """``gping`` source -> destination and ``gpong`` back, routed through both gateways and the engine link;
+    """``gping`` source -> destination and ``gpong`` back, routed through both gateways and a relay of ``name``;
     the pingpong of ``bench pingpong`` on their ends (one code path: ``cpu_round_trips`` on the host API,
     ``device_round_trips`` on cuda)."""
 
-    def __init__(self, world: Any, sizes: list[int], args: argparse.Namespace) -> None:
+    def __init__(self, world: Any, sizes: list[int], args: argparse.Namespace, name: str) -> None:
         from .. import topology
         from ..channels import Link, element_type
         from ..channels import open as open_channels
@@ -336,10 +415,12 @@ class _Routed:
         byte = element_type("uchar")
         links = [Link("gping", "gping_in", 0, 1, self.src, self.dst, byte, self.ring),
                  Link("gpong", "gpong_in", 2, 3, self.dst, self.src, byte, self.ring)]
-        engine = {"spin": True}
+        relay = {"spin": True}
         if args.nslots:
-            engine["nslots"] = args.nslots
-        self.channels = open_channels(world, links, topology=topology.nodes(world.nodes), engine=engine)
+            relay["nslots"] = args.nslots
+        # the job's nodes, their network links naming the transport measured
+        self.channels = open_channels(world, links, topology=topology.nodes(world.nodes, transport=name), relay=relay)
+        self.name = name
         self.route = self.channels.route("gping")
         self._module = None
         self.blocks_most = 1
@@ -382,16 +463,16 @@ class _Routed:
                 times.append(t)
                 ok = ok and good
         if not all(world.allgather_object(ok)):
-            raise ChannelError(f"gateway-routed pingpong {form} {drv.format_bytes(nbytes)}: the bytes that came back "
-                               "differ from the bytes sent")
+            raise ChannelError(f"gateway-routed pingpong over {self.name} {form} {drv.format_bytes(nbytes)}: the bytes "
+                               "that came back differ from the bytes sent")
         row = None
         if role == 0:
             one_way = [t / (2 * trips) for t in times]
             med = statistics.median(one_way)
             geo = ch["gping"].geometry
-            row = dict(impl=f"gateway-routed-{form}", form=form, bytes=nbytes, one_way_us=med * 1e6,
-                       min_one_way_us=min(one_way) * 1e6, throughput_GBps=nbytes / med / 1e9, samples=samples,
-                       round_trips=trips, verified=True, ranks=[self.src, self.dst], route=self.route,
+            row = dict(impl=f"gateway-routed-{self.name}-{form}", transport=self.name, form=form, bytes=nbytes,
+                       one_way_us=med * 1e6, min_one_way_us=min(one_way) * 1e6, throughput_GBps=nbytes / med / 1e9,
+                       samples=samples, round_trips=trips, verified=True, ranks=[self.src, self.dst], route=self.route,
                        route_back=ch.route("gpong"), nslots=geo.nslots, chunk=geo.chunk, ll_max=geo.ll_max)
         return world.broadcast_object(row, root=self.src)
 
@@ -405,97 +486,122 @@ class _Routed:
         packets = -(-nbytes // tx.geometry.chunk)
         blocks = max(1, min(self.blocks_most, -(-packets // (GRID_THREADS // 32)))) if form == "grid" else 1
         return device_round_trips(self.world, self._module, form, tx, rx, nbytes, role, warmup, trips, blocks,
-                                  f"gateway-routed pingpong {form} {drv.format_bytes(nbytes)}")
+                                  f"gateway-routed pingpong over {self.name} {form} {drv.format_bytes(nbytes)}")
 
 
 def _gateway_routed(world: Any, results: drv.Results, sizes: list[int], samples: int, warmup: int,
-                    args: argparse.Namespace) -> None:
-    routed = _Routed(world, sizes, args)
+                    args: argparse.Namespace, name: str) -> None:
+    routed = _Routed(world, sizes, args, name)
     if world.rank == 0:
-        results.meta["gateway_routed"] = {"ranks": [routed.src, routed.dst], "route": routed.route,
-                                          "ring_bytes": routed.ring}
+        results.meta.setdefault("gateway_routed", {})[name] = {"ranks": [routed.src, routed.dst],
+                                                               "route": routed.route, "ring_bytes": routed.ring}
     try:
         for nbytes in sizes:
-            drv.progress(f"nodes: gateway-routed channel {' -> '.join(map(str, routed.route))}, "
+            drv.progress(f"nodes: gateway-routed channel {' -> '.join(map(str, routed.route))} over {name}, "
                          f"{drv.format_bytes(nbytes)}")
             rows = [routed.measure(form, nbytes, samples, warmup) for form in routed.forms(nbytes)]
             if world.rank == 0:
                 for row in rows:
                     results.add(**row)
-                results.add(**dict(min(rows, key=lambda r: r["one_way_us"]), impl="gateway-routed"))
+                results.add(**dict(min(rows, key=lambda r: r["one_way_us"]), impl=f"gateway-routed-{name}"))
     finally:
         routed.close()
 
 
 # -- the report ---------------------------------------------------------------------------------------
+def _rows(results: drv.Results, impls: tuple[str, ...] | str) -> dict[int, dict]:
+    """``{bytes: row}`` of the measured rows whose impl is one of ``impls``."""
+    impls = (impls,) if isinstance(impls, str) else impls
+    return {r["bytes"]: r for r in results.rows if r.get("impl") in impls and "one_way_us" in r}
+
+
+def _references(results: drv.Results) -> None:
+    """``<baseline>+hop``: each transport's own one-way plus one intra-node channel hop, at every size both have:
+    the reference a route through the gateways is held to (its throughput: the slower of the two)."""
+    from .. import transport
+
+    intra = _rows(results, INTRA)
+    for name in transport.names():
+        base = _rows(results, transport.baseline_rows(name)[0])
+        for nbytes in sorted(set(base) & set(intra)):
+            b, h = base[nbytes], intra[nbytes]
+            one_way = b["one_way_us"] + h["one_way_us"]
+            results.add(impl=f"{b['impl']}+hop", transport=name, bytes=nbytes, one_way_us=one_way,
+                        throughput_GBps=min(b["throughput_GBps"], h["throughput_GBps"]), reference=True)
+
+
 def _added(results: drv.Results) -> None:
-    """``added_us`` and ratios of every engine-link row against MPI at the same size, and of every
-    gateway-routed row against (MPI + one intra-node hop)."""
-    mpi = {r["bytes"]: r for r in results.rows if r.get("impl") in ("mpi", "mpi-host-staged") and "skipped" not in r}
-    intra = {r["bytes"]: r for r in results.rows if r.get("impl") == "intra-node" and "one_way_us" in r}
-    for r in results.rows:
-        base = mpi.get(r.get("bytes"))
-        if not base or "one_way_us" not in r:
-            continue
-        impl = str(r.get("impl", ""))
-        if impl.startswith("engine-link"):
-            r["added_us"] = r["one_way_us"] - base["one_way_us"]
-            r["vs_engine_latency"] = r["one_way_us"] / base["one_way_us"]
-            r["vs_engine_throughput"] = r["throughput_GBps"] / base["throughput_GBps"]
-        elif impl.startswith("gateway-routed"):
-            r["vs_engine_throughput"] = r["throughput_GBps"] / base["throughput_GBps"]
-            hop = intra.get(r["bytes"])
-            if hop:
-                bound = base["one_way_us"] + hop["one_way_us"]
-                r["added_us"] = r["one_way_us"] - bound
-                r["vs_engine_plus_hop_latency"] = r["one_way_us"] / bound
+    """``added_us`` and the ratios of every relay row against its transport's baseline at the same size, and of
+    every gateway-routed row against (baseline + one intra-node hop) and the baseline's bandwidth."""
+    from .. import transport
+
+    intra = _rows(results, INTRA)
+    for name in transport.names():
+        impls, wide = transport.baseline_rows(name)
+        base, bandwidth = _rows(results, impls), _rows(results, wide)
+        for r in results.rows:
+            impl, nbytes = str(r.get("impl", "")), r.get("bytes")
+            if "one_way_us" not in r or nbytes not in base:
+                continue
+            m = base[nbytes]
+            if impl.startswith(f"relay-{name}"):
+                r["added_us"] = r["one_way_us"] - m["one_way_us"]
+                r["vs_transport_latency"] = r["one_way_us"] / m["one_way_us"]
+            elif impl.startswith(f"gateway-routed-{name}"):
+                if nbytes in bandwidth:
+                    r["vs_transport_throughput"] = r["throughput_GBps"] / bandwidth[nbytes]["throughput_GBps"]
+                if nbytes in intra:
+                    bound = m["one_way_us"] + intra[nbytes]["one_way_us"]
+                    r["added_us"] = r["one_way_us"] - bound
+                    r["vs_transport_plus_hop_latency"] = r["one_way_us"] / bound
 
 
 def targets(results: drv.Results) -> dict:
-    """What this run says against the targets (BENCHMARKS.md, "Nodes and the engine link"), and the bound the
-    routed channel must meet."""
-    rows = {(r["impl"], r["bytes"]): r for r in results.rows if "skipped" not in r and "one_way_us" in r}
-    mpi_impl = next((i for i, _ in rows if i in ("mpi", "mpi-host-staged")), None)
-    out: dict[str, Any] = {"lines": []}
-    sizes = sorted({n for _, n in rows})
-    small = [n for n in sizes if n <= 1024 and ("engine-link", n) in rows and (mpi_impl, n) in rows]
-    if small:
-        n = small[0]
-        e, m = rows[("engine-link", n)], rows[(mpi_impl, n)]
-        out["engine_link_small_added_us"] = e["one_way_us"] - m["one_way_us"]
-        out["lines"].append(f"engine link at {drv.format_bytes(n)}: one-way {e['one_way_us']:.2f} us = "
-                            f"{e['one_way_us'] / m['one_way_us']:.2f} x {mpi_impl}'s {m['one_way_us']:.2f} us (the "
-                            f"proxies add {e['one_way_us'] - m['one_way_us']:.2f} us)")
-        intra = rows.get(("intra-node", n))
-        routed = rows.get(("gateway-routed", n))
-        if intra:
-            base = m["one_way_us"] + intra["one_way_us"]
-            out["routed_latency_bound_us"] = TARGET_LATENCY_RATIO * base
-            if routed:
-                ratio = routed["one_way_us"] / base
-                out["routed_latency_ratio"] = ratio
-                out["lines"].append(
-                    f"gateway-routed at {drv.format_bytes(n)}: one-way {routed['one_way_us']:.2f} us = {ratio:.2f} x "
-                    f"({mpi_impl} {m['one_way_us']:.2f} + intra-node hop {intra['one_way_us']:.2f} us); target <= "
-                    f"{TARGET_LATENCY_RATIO} x: {'met' if ratio <= TARGET_LATENCY_RATIO else 'missed'} (adds "
-                    f"{routed['one_way_us'] - base:.2f} us)")
-    for n in [n for n in sizes if n >= BIG and ("gateway-routed", n) in rows and (mpi_impl, n) in rows]:
-        g, m = rows[("gateway-routed", n)], rows[(mpi_impl, n)]
-        ratio = g["throughput_GBps"] / m["throughput_GBps"]
-        out.setdefault("routed_throughput_ratio", {})[n] = ratio
-        out["lines"].append(f"gateway-routed at {drv.format_bytes(n)}: {g['throughput_GBps']:.2f} GB/s = {ratio:.2f} x "
-                            f"{mpi_impl}'s {m['throughput_GBps']:.2f} GB/s; target >= {TARGET_THROUGHPUT_RATIO} x: "
-                            f"{'met' if ratio >= TARGET_THROUGHPUT_RATIO else 'missed'}")
-    big = [n for n in sizes if n >= BIG and ("engine-link", n) in rows and (mpi_impl, n) in rows]
-    for n in big:
-        e, m = rows[("engine-link", n)], rows[(mpi_impl, n)]
-        ratio = e["throughput_GBps"] / m["throughput_GBps"]
-        out.setdefault("engine_link_throughput_ratio", {})[n] = ratio
-        out["lines"].append(f"engine link at {drv.format_bytes(n)}: {e['throughput_GBps']:.2f} GB/s = {ratio:.2f} x "
-                            f"{mpi_impl}'s {m['throughput_GBps']:.2f} GB/s")
-    if not big:
-        out["lines"].append(f"throughput target (>= {TARGET_THROUGHPUT_RATIO} x the engine at >= 16 MiB): no size of "
-                            "16 MiB or more in this run")
+    """What this run says against the targets, per transport: the latency bound and verdict at the smallest size,
+    the throughput verdicts at 16 MiB and more."""
+    from .. import transport
+
+    out: dict[str, Any] = {"lines": [], "transports": {}}
+    intra = _rows(results, INTRA)
+    for name in results.meta.get("transports", []):
+        impls, wide = transport.baseline_rows(name)
+        base, bandwidth = _rows(results, impls), _rows(results, wide)
+        routed, relay = _rows(results, f"gateway-routed-{name}"), _rows(results, f"relay-{name}")
+        verdicts: dict[str, Any] = {}
+        out["transports"][name] = verdicts
+        small = [n for n in sorted(routed) if n <= 1024 and n in base and n in intra]
+        if small:
+            n = small[0]
+            m, h, g = base[n], intra[n], routed[n]
+            bound = m["one_way_us"] + h["one_way_us"]
+            ratio = g["one_way_us"] / bound
+            verdicts.update(latency_bound_us=TARGET_LATENCY_RATIO * bound, latency_ratio=ratio,
+                            latency_met=ratio <= TARGET_LATENCY_RATIO)
+            verdict = "met" if ratio <= TARGET_LATENCY_RATIO else "missed"
+            out["lines"].append(
+                f"gateway-routed over {name} at {drv.format_bytes(n)}: one-way {g['one_way_us']:.2f} us = {ratio:.2f} "
+                f"x ({m['impl']} {m['one_way_us']:.2f} + intra-node hop {h['one_way_us']:.2f} us); target <= "
+                f"{TARGET_LATENCY_RATIO} x: {verdict} (adds {g['one_way_us'] - bound:.2f} us)")
+            if n in relay:
+                r = relay[n]
+                out["lines"].append(f"relay over {name} at {drv.format_bytes(n)}: one-way {r['one_way_us']:.2f} us = "
+                                    f"{r['one_way_us'] / m['one_way_us']:.2f} x {m['impl']}'s {m['one_way_us']:.2f} us")
+        elif routed:
+            out["lines"].append(f"gateway-routed over {name}: no latency verdict (no baseline or intra-node row at a "
+                                "size of 1 KiB or less in this run)")
+        big = [n for n in sorted(routed) if n >= BIG and n in bandwidth]
+        for n in big:
+            g, m = routed[n], bandwidth[n]
+            ratio = g["throughput_GBps"] / m["throughput_GBps"]
+            verdicts.setdefault("throughput_ratio", {})[n] = ratio
+            verdicts.setdefault("throughput_met", {})[n] = ratio >= TARGET_THROUGHPUT_RATIO
+            verdict = "met" if ratio >= TARGET_THROUGHPUT_RATIO else "missed"
+            out["lines"].append(f"gateway-routed over {name} at {drv.format_bytes(n)}: {g['throughput_GBps']:.2f} "
+                                f"GB/s = {ratio:.2f} x {m['impl']}'s {m['throughput_GBps']:.2f} GB/s; target >= "
+                                f"{TARGET_THROUGHPUT_RATIO} x: {verdict}")
+        if routed and not big:
+            out["lines"].append(f"gateway-routed over {name}: no throughput verdict (no size of 16 MiB or more with "
+                                "its baseline in this run)")
     return out
 
 
@@ -512,8 +618,13 @@ def report(results: drv.Results, args: argparse.Namespace) -> None:
             print(line)
 
     def draw(path: str) -> None:
-        shown = [r for r in results.rows if "skipped" not in r and r["impl"] in
-                 ("engine-link", "mpi", "mpi-host-staged", "intra-node", "gateway-routed")]
+        from .. import transport
+
+        names = results.meta.get("transports", [])
+        keep = {INTRA} | {i for n in transport.names() for rows in transport.baseline_rows(n) for i in rows} | \
+            {f"{kind}-{n}" for n in names for kind in ("relay", "gateway-routed")} | \
+            {r["impl"] for r in results.rows if r.get("reference")}
+        shown = [r for r in results.rows if "skipped" not in r and r["impl"] in keep]
         drv.figure(path, [
             drv.panel(shown, "bytes", "one_way_us", "impl", "nodes: one-way time", "message size (bytes)",
                       "one-way time (us, median)"),

@@ -1,4 +1,5 @@
-"""Lattice QCD CG per iteration by halo engine and grid, and the single-rank dslash bandwidth: ``circuslink bench qcd``.
+"""Lattice QCD CG per iteration by halo exchange and grid, and the single-rank dslash bandwidth:
+``circuslink bench qcd``.
 
 Rows:
 
@@ -6,12 +7,12 @@ Rows:
   precision; ``bandwidth_GBps`` by the traffic model of docs/qcd.md (per output site 8 neighbour spinors of
   24 reals, 8 links of 18 reals, 1 spinor written: 360 reals) and ``copy_ratio`` against the probe's local
   copy bandwidth of the same run (the floor).
-* one row per halo engine and grid (``--halos`` x ``--grids``, local lattice ``--dim``): the time of one CG
+* one row per halo exchange and grid (``--halos`` x ``--grids``, local lattice ``--dim``): the time of one CG
   iteration on the even-odd normal equations (4 hops, 2 global reductions, the vector updates), median and
   minimum over ``--samples`` loops of ``--iters`` iterations (the slowest rank's time), the share of it
-  spent waiting on halos (host-side waits; device-side engines show ~0), GFLOP/s by QUDA's count (2,832
+  spent waiting on halos (host-side waits; device-driven exchanges show ~0), GFLOP/s by QUDA's count (2,832
   flops per site per iteration). Each configuration runs as its own job (under mpirun for the MPI
-  engines), so an engine that cannot run here becomes a skipped row with its reason.
+  exchanges), so an exchange that cannot run here becomes a skipped row with its reason.
 * in each such row, where the iteration's time goes: ``dslash_us``, ``halo_us``, ``reduction_us`` and
   ``vector_us`` per iteration (apps/qcd/_phases.py), from ``--samples`` more loops with the split switched
   on: CUDA events on the stream on the cuda back-end (the GPU's timeline, idle gaps included, so a stream
@@ -43,7 +44,7 @@ import numpy as np
 
 from ..errors import ConfigError
 
-_HALOS = "rma,rma-device,mpi-p2p,mpi-rma,nvshmem,nccl"
+_HALOS = "rma,rma-device,transport,mpi-p2p,mpi-rma,nvshmem,nccl"
 _GRIDS = "1x1x1x1,2x1x1x1,2x2x1x1"
 _KAPPA = 0.2  # CG needs ~140 iterations to 1e-12 on a hot 8^4 field: loops of 100 stay far from round-off
 _REALS_PER_SITE = 8 * 24 + 8 * 18 + 24
@@ -53,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from . import _driver as drv
 
     drv.add_common_arguments(parser, default_sizes="8", default_nranks=4, default_iters=100, default_warmup=10)
-    parser.add_argument("--halos", default=_HALOS, help=f"halo engines to compare (default {_HALOS})")
+    parser.add_argument("--halos", default=_HALOS, help=f"halo exchanges to compare (default {_HALOS})")
     parser.add_argument("--grids", default=_GRIDS,
                         help=f"rank grids PXxPYxPZxPT, comma-separated (default {_GRIDS}; 2x2x1x1 is the headline)")
     parser.add_argument("--dim", nargs=4, type=int, default=[8, 8, 8, 8], metavar=("X", "Y", "Z", "T"),
@@ -91,14 +92,14 @@ def _list(text: str, allowed: tuple[str, ...], option: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..apps.qcd._halo import HALO_ENGINES
+    from ..apps.qcd._halo import HALO_EXCHANGES
     from ..apps.qcd._lattice import check_local
     from ..apps.qcd._operator import PRECISIONS
 
     if args.worker:
         return _worker(args)
     grids = _grids(args.grids)
-    halos = _list(args.halos, HALO_ENGINES, "--halos")
+    halos = _list(args.halos, HALO_EXCHANGES, "--halos")
     precs = _list(args.prec, tuple(PRECISIONS), "--prec")
     args.cg_modes = _list(args.cg, ("host", "device"), "--cg")
     check_local(args.dim, "--dim")
@@ -171,7 +172,7 @@ def _driver(args: argparse.Namespace, grids: list, halos: list[str], precs: list
         drv.print_table(results.rows, ["impl", "grid", "prec", "cg", "time_per_iter_us", "time_us", "min_us",
                                        "dslash_us", "halo_us", "reduction_us", "vector_us", "gflops",
                                        "bandwidth_GBps", "copy_ratio", "skipped"],
-                        "qcd: CG iteration by halo engine and grid; dslash bandwidth", args)
+                        "qcd: CG iteration by halo exchange and grid; dslash bandwidth", args)
         _summary(results.rows)
 
     def draw(path: str) -> None:

@@ -13,9 +13,9 @@ kernels, kernel launch: ``q.start(stream=)`` and ``q.wait(stream=, block=False)`
 times inside one CUDA graph capture, event-timed: what a host-driven cycle costs on the GPU
 without Python), ``rma-device`` (start and wait inside one kernel, ``kernels/rma_cycles.cu``,
 through the public ``<circuslink/rma.cuh>`` and ``q.device_handle()``), ``mpi3-rma`` (the mpi
-engine: MPI_Put in PSCW epochs, host-staged with a GPU), ``mpi-persistent-p2p``
+windows: MPI_Put in PSCW epochs, host-staged with a GPU), ``mpi-persistent-p2p``
 (Send_init/Recv_init, Startall, Waitall, host-staged), ``nccl-grouped-sendrecv`` (contiguous
-only), and the floor from ``circuslink probe``. Set CIRCUSLINK_RMA_ENGINE=graph to measure the
+only), and the floor from ``circuslink probe``. Set CIRCUSLINK_RMA_LAUNCH=graph to measure the
 CUDA-graph launch.
 """
 
@@ -135,7 +135,7 @@ def _run_rank(args: argparse.Namespace) -> int:
     drv.progress("rma: measuring the floor (probe)")
     results.floor = probe.measure(world, quick=True, pairs=[(0, 1), (1, 0)])  # the ring's links are alike
     results.meta.update(chains=chains, layouts=layouts, iters=iters, warmup=warmup,
-                        engine=os.environ.get("CIRCUSLINK_RMA_ENGINE", "kernel"),
+                        launch=os.environ.get("CIRCUSLINK_RMA_LAUNCH", "kernel"),
                         mpi_yield_when_idle=os.environ.get("OMPI_MCA_mpi_yield_when_idle"),
                         strided_block=_STRIDED_BLOCK, launched_by=world.launched_by)
     bench = _Bench(world, sizes, chains, iters, warmup, results)
@@ -240,11 +240,11 @@ class _Bench:
             q.wait()
         return time.perf_counter() - t0
 
-    def _run_queue_rows(self, engine: str, impl: str, layouts: list[str], extra_impls: bool) -> None:
+    def _run_queue_rows(self, memory: str, impl: str, layouts: list[str], extra_impls: bool) -> None:
         from .. import rma
         from . import _driver as drv
 
-        win = rma.window_alloc(self.world, self.nbytes, engine=engine)
+        win = rma.window_alloc(self.world, self.nbytes, memory=memory)
         try:
             for layout in layouts:
                 for chain in self.chains:
@@ -314,7 +314,7 @@ class _Bench:
         return done, ns * 1e-9
 
     def ours(self, layouts: list[str]) -> None:
-        self._run_queue_rows("auto", "rma-host", layouts, extra_impls=True)
+        self._run_queue_rows("mapped", "rma-host", layouts, extra_impls=True)
 
     def _skip(self, impl: str, reason: str, layouts: list[str]) -> None:
         for layout in layouts:
@@ -326,7 +326,7 @@ class _Bench:
         if self.world.mpi_comm is None:
             self._skip("mpi3-rma", "not started by mpirun (needs mpirun and mpi4py)", layouts)
             return
-        self._run_queue_rows("mpi", "mpi3-rma", layouts, extra_impls=False)
+        self._run_queue_rows("mpi3", "mpi3-rma", layouts, extra_impls=False)
 
     def mpi_p2p(self) -> None:
         from . import _driver as drv
@@ -336,9 +336,9 @@ class _Bench:
         if comm is None:
             self._skip(impl, "not started by mpirun (needs mpirun and mpi4py)", ["contiguous"])
             return
-        from mpi4py import MPI
-
         from ..rma._mpi import bounded
+
+        MPI = self.world.mpi.MPI  # noqa: N806 - the module, from the world's bootstrap
 
         xp = self.world.xp
         on_gpu = self.world.device is not None  # the data lives on the GPU: stage it as a user of MPI would

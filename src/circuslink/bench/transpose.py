@@ -227,7 +227,7 @@ class _Bench:
 
     @staticmethod
     def _chosen_tile(q: Any) -> str:
-        """The tile the engine committed for the queue's one transposing put ("whole": one copy, no tiles)."""
+        """The tile the window's module committed for the queue's one transposing put ("whole": one copy, no tiles)."""
         tile = q.describe()["transposes"][0]["tile"]
         return "whole" if tile is None else f"{tile[0]}x{tile[1]}"
 
@@ -280,7 +280,7 @@ class _Bench:
         from . import _driver as drv
 
         es = np.dtype(dtype).itemsize
-        tiles = self.rma.transpose_tiles(self.world, dtype)  # the engine's candidates (cpu: larger, one copy each)
+        tiles = self.rma.transpose_tiles(self.world, dtype)  # the module's candidates (cpu: larger, one copy each)
         fit_tiles = tm.calibration_tiles(tiles)
         samples: dict[tuple, tm.Sample] = {}
         for size in (nbytes, max(es * 64, nbytes // 4)):  # a second size pins t0; both with many tiles

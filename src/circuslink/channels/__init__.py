@@ -14,7 +14,9 @@ objects); kernels get ``end.device_handle()``, the by-value device handle ``circ
 ``Receiver<T>`` of ``circuslink/channel.cuh``. A spec can also be built in Python from
 :class:`Link` records (``open(world, [Link(...), ...])``), and :func:`open_halo` opens the channels toward
 every neighbour of a process grid in one call, indexed by direction (``circuslink/halo.cuh``). The protocol
-is in docs/protocol.md; the back-end halves are the engines ``channels._cpu`` (the reference) and ``channels._cuda``.
+is in docs/protocol.md; the back-end modules are ``channels._cpu`` (the reference) and ``channels._cuda``.
+Memory comes from the transport that maps it inside a node (``circuslink.transport.map_memory``: ipc); routes
+between nodes cross relays (``circuslink.transport.open_relays``), whatever transport carries them.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ._ends import Channels, Receiver, Sender
 from ._halo import DIRECTIONS, Halo, open_halo
 from ._model import ElementType, Link, Spec, element_type, struct_type
 from ._plan import OPTIONS, Plan
-from ._routed import ENGINE_SLOTS_DEFAULT, mapped_neighbours
+from ._routed import RELAY_SLOTS_DEFAULT, mapped_neighbours
 
 __all__ = ["DIRECTIONS", "OPTIONS", "Channels", "ElementType", "Halo", "Link", "Receiver", "Sender", "Spec",
            "element_type", "open", "open_halo", "struct_type"]
@@ -56,7 +58,7 @@ def _as_spec(spec_or_links: Any, nranks: int) -> Spec:
 def open(world: Any, spec_or_links: Any, timeout: float | None = None,  # noqa: A001 - channels.open
          options: Mapping[str, Mapping[str, Any]] | None = None, *, topology: Any = None, vcs: int | None = None,
          allow_cycles: bool = False, link_slots: int | None = None,
-         engine: Mapping[str, Any] | None = None) -> Channels:
+         relay: Mapping[str, Any] | None = None) -> Channels:
     """Collective: open every channel of ``spec_or_links`` (a :class:`Spec`, a :class:`Link` or Links).
 
     All rings live in one symmetric allocation. ``timeout`` (seconds, default CIRCUSLINK_TIMEOUT)
@@ -75,10 +77,12 @@ def open(world: Any, spec_or_links: Any, timeout: float | None = None,  # noqa: 
     that name the cycle). ``link_slots``: packets each link ring holds (a power of two, default 8).
 
     On a topology of nodes (``nodes:2x4``, docs/scale.md) a channel between ranks of different nodes goes
-    through the gateways: its engine hop is carried by an engine link (MPI, ``circuslink.links``), which needs a
-    job started by mpirun (``circuslink run --ranks-per-node K`` starts one when mpirun is there). ``engine``
-    shapes the engine links: ``{"nslots": packets per ring (power of two, default 64), "batch": packets per
-    MPI message (default a quarter ring), "spin": proxies poll without sleeping (default False)}``.
+    through the gateways: its network hop crosses a relay (``circuslink.transport``) that a transport between
+    nodes carries: nvshmem where it can run, else mpi (which needs a job started by mpirun: ``circuslink run
+    --ranks-per-node K`` starts one when mpirun is there), or the one the link or ``CIRCUSLINK_TRANSPORT``
+    names. ``relay`` shapes the relays: ``{"nslots": packets per ring (power of two, default 64), "batch":
+    packets per transport message (default a quarter ring), "spin": relays poll without sleeping (default
+    False)}``.
     """
     timeout_s = 0.0 if timeout == 0 else resolve_timeout(timeout)
     host_timeout = timeout_s or default_timeout()
@@ -86,9 +90,9 @@ def open(world: Any, spec_or_links: Any, timeout: float | None = None,  # noqa: 
     topo, vcs = _topology_of(spec, topology, vcs, world.size)
     if topo is not None and topo.has_nodes:
         topo.check_nodes(world.nodes, world.describe_nodes())  # memory is mapped only inside the job's nodes
-    engine_opts = _engine_options(engine)
-    plan = Plan(spec.links, options or {}, topo, vcs, bool(allow_cycles), link_slots, engine_opts["nslots"])
-    gathered = world.allgather_object((plan.digest(), tuple(sorted(engine_opts.items())),
+    relay_opts = _relay_options(relay)
+    plan = Plan(spec.links, options or {}, topo, vcs, bool(allow_cycles), link_slots, relay_opts["nslots"])
+    gathered = world.allgather_object((plan.digest(), tuple(sorted(relay_opts.items())),
                                        world.backend.device_identity), host_timeout)
     digests = [g[:2] for g in gathered]
     if len(set(digests)) != 1:
@@ -97,23 +101,23 @@ def open(world: Any, spec_or_links: Any, timeout: float | None = None,  # noqa: 
     # CIRCUSLINK_SYS_FENCES=1: every bulk packet fences at system scope even on one GPU (a diagnosis switch)
     one_gpu = shares_one_gpu([g[2] for g in gathered]) and os.environ.get("CIRCUSLINK_SYS_FENCES", "") in ("", "0")
     router = plan.router
-    if router is not None and router.engine_pairs:
-        _check_engine_possible(world, plan)
-    peers = None if topo is None else mapped_neighbours(topo, world.rank)
-    buf = world.alloc(plan.nbytes, host_timeout, peers=peers)
-    links_ = None
-    try:
-        if router is not None and router.engine_pairs:
-            from .. import links as _links
+    if router is not None and router.relay_pairs:
+        _check_network_possible(world, plan)
+    from .. import transport
 
-            geo = router.engine_geometry
-            links_ = _links.open_engine(world, router.engine_pairs, nslots=geo.nslots, chunk=geo.chunk,
-                                        ll_max=geo.ll_max, batch=engine_opts["batch"], timeout=host_timeout,
-                                        spin=engine_opts["spin"])
-        channels = Channels(world, spec, plan, buf, timeout_s, host_timeout, links_, one_gpu=one_gpu)
+    peers = None if topo is None else mapped_neighbours(topo, world.rank)
+    buf = transport.map_memory(world, peers, plan.nbytes, host_timeout)
+    relays = None
+    try:
+        if router is not None and router.relay_pairs:
+            geo = router.relay_geometry
+            relays = transport.open_relays(world, router.relay_pairs, nslots=geo.nslots, chunk=geo.chunk,
+                                           ll_max=geo.ll_max, batch=relay_opts["batch"], timeout=host_timeout,
+                                           spin=relay_opts["spin"], transport=router.relay_transports or None)
+        channels = Channels(world, spec, plan, buf, timeout_s, host_timeout, relays, one_gpu=one_gpu)
     except BaseException:
-        if links_ is not None:
-            links_.release_local()
+        if relays is not None:
+            relays.release_local()
         buf.release_local()
         raise
     world.barrier(host_timeout)
@@ -126,47 +130,53 @@ def shares_one_gpu(identities: list[str | None]) -> bool:
     return bool(identities) and identities[0] is not None and len(set(identities)) == 1
 
 
-_ENGINE_KEYS = ("nslots", "batch", "spin")
+_RELAY_KEYS = ("nslots", "batch", "spin")
 
 
-def _engine_options(engine: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The engine links' shape for routed channels that cross nodes, checked (one line per bad key or value)."""
-    if engine is None:
-        engine = {}
-    if not isinstance(engine, Mapping):
-        raise ConfigError(f"channels.open: engine must be a mapping such as {{'nslots': 64}}, got {engine!r}")
-    bad = sorted(set(engine) - set(_ENGINE_KEYS))
+def _relay_options(relay: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The relays' shape for routed channels that cross nodes, checked (one line per bad key or value)."""
+    if relay is None:
+        relay = {}
+    if not isinstance(relay, Mapping):
+        raise ConfigError(f"channels.open: relay must be a mapping such as {{'nslots': 64}}, got {relay!r}")
+    bad = sorted(set(relay) - set(_RELAY_KEYS))
     if bad:
-        raise ConfigError(f"channels.open: engine: unknown option(s) {', '.join(map(str, bad))} (expected "
-                          f"{', '.join(_ENGINE_KEYS)})")
-    nslots = engine.get("nslots", ENGINE_SLOTS_DEFAULT)
+        raise ConfigError(f"channels.open: relay: unknown option(s) {', '.join(map(str, bad))} (expected "
+                          f"{', '.join(_RELAY_KEYS)})")
+    nslots = relay.get("nslots", RELAY_SLOTS_DEFAULT)
     if isinstance(nslots, bool) or not isinstance(nslots, int) or nslots < 2 or nslots & (nslots - 1) \
             or nslots > 1 << 16:
-        raise ConfigError(f"channels.open: engine nslots {nslots!r} must be a power of two in 2..65536")
-    batch = engine.get("batch")
+        raise ConfigError(f"channels.open: relay nslots {nslots!r} must be a power of two in 2..65536")
+    batch = relay.get("batch")
     if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= nslots):
-        raise ConfigError(f"channels.open: engine batch {batch!r} must be a number of packets in 1..nslots ({nslots})")
-    return {"nslots": nslots, "batch": batch, "spin": bool(engine.get("spin", False))}
+        raise ConfigError(f"channels.open: relay batch {batch!r} must be a number of packets in 1..nslots ({nslots})")
+    return {"nslots": nslots, "batch": batch, "spin": bool(relay.get("spin", False))}
 
 
-def _check_engine_possible(world: Any, plan: Plan) -> None:
-    """Refuse, in one line and before any allocation, routed channels that need the engine in a job without
-    MPI between its ranks (every rank computes the same plan, so every rank refuses alike)."""
-    if world.mpi_comm is not None:
-        return
+def _check_network_possible(world: Any, plan: Plan) -> None:
+    """Refuse, in one line and before any allocation, routed channels between nodes in a job where no transport
+    joins nodes (every rank computes the same plan, so every rank refuses alike)."""
+
+    from .. import transport
+    from ..launcher import ENV_NOT_MPIRUN
 
     router = plan.router
-    crossing = next(r for r in router.routed
-                    if any(h.link.engine for h in r.path.hops))
+    names = set(router.relay_transports.values()) or {transport.forced()}
+    context = transport.Context.of(world)
+    reasons = [transport.why_not_between_nodes(context, name) for name in sorted(names, key=str)]
+    if not any(reasons):
+        return
+    crossing = next(r for r in router.routed if any(h.link.network for h in r.path.hops))
     a, b = crossing.link.src_rank, crossing.link.dst_rank
-    why = os.environ.get("CIRCUSLINK_ENGINE_WHY")  # set by circuslink run: why it did not start the job by mpirun
-    how = f"this job was started by {world.launched_by}, whose ranks share no MPI communicator"
+    how = f"this job was started by {world.launched_by}"
+    why = os.environ.get(ENV_NOT_MPIRUN)  # set by circuslink run: why it did not start the job by mpirun
     if why:
         how += f" ({why})"
     raise ConfigError(f"channels.open: channel {crossing.link.name} goes from rank {a} (node {world.node_of(a)}) to "
-                      f"rank {b} (node {world.node_of(b)}) through the gateways, and the engine between nodes is MPI: "
-                      f"{how}; start it under mpirun (circuslink run --ranks-per-node K does so by itself when "
-                      "mpirun and mpi4py are installed), e.g. CIRCUSLINK_RANKS_PER_NODE=2 mpirun -np 4 python app.py")
+                      f"rank {b} (node {world.node_of(b)}) through the gateways, and "
+                      f"{'; '.join(r for r in reasons if r)}; {how}: start it under mpirun (circuslink run "
+                      "--ranks-per-node K does so by itself when mpirun and mpi4py are installed), e.g. "
+                      "CIRCUSLINK_RANKS_PER_NODE=2 mpirun -np 4 python app.py")
 
 
 def _topology_of(spec: Spec, topology: Any, vcs: int | None, nranks: int) -> tuple[Any, int | None]:

@@ -1,4 +1,4 @@
-"""The cpu engine of the channels: the reference implementation of the protocol (docs/protocol.md).
+"""The cpu back-end module of the channels: the reference implementation of the protocol (docs/protocol.md).
 
 Plain numpy over the cpu back-end's shared memory, writing byte for byte what the device code
 writes. Ordering relies on x86's total store order: every numpy assignment below is a separate run
@@ -36,7 +36,7 @@ class _End:
         self.error = error  # u32[4] in this end's memory
         self.timeout_s = timeout_s
         self.route = route
-        self.watch = None  # called between polls of a wait; may raise (a routed end: its rank's engine failed)
+        self.watch = None  # called between polls of a wait; may raise (a routed end: its rank's relay failed)
 
     def _slot(self, seq: int) -> int:
         return (seq % self.geo.nslots) * self.geo.slot_bytes
@@ -183,7 +183,7 @@ class CpuReceiver(_End):
 
 
 class CpuEnd:
-    """Adapts the byte-level reference endpoints to typed arrays (the engine's end object)."""
+    """Adapts the byte-level reference endpoints to typed arrays (the back-end module's end object)."""
 
     handle = None
 

@@ -1,4 +1,4 @@
-"""The cuda engine of the channels: device handles, and the host API through one-block kernels.
+"""The cuda back-end module of the channels: device handles, and the host API through one-block kernels.
 
 ``write`` / ``read`` launch one block of ``host_kernels.cu`` (the same device calls users' kernels
 make) on the world's stream, wait for it (bounded, through the back-end), and turn an error the

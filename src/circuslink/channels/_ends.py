@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from .._lifecycle import Resource
-from ..errors import ChannelError, EngineError
+from ..errors import ChannelError, TransportError
 from . import _routed as R
 from . import protocol as P
 
@@ -49,8 +49,8 @@ class _End:
 
     def check(self) -> None:
         """Raise :class:`ChannelError` if device code recorded an error on this end (on a routed channel the
-        message also says where its packets wait), or :class:`EngineError` if this rank's engine links failed."""
-        self._channels._check_engine()
+        message also says where its packets wait), or :class:`TransportError` if this rank's relays failed."""
+        self._channels._check_relays()
         with self._channels._explained(self):
             self._impl.check()
 
@@ -73,7 +73,7 @@ class Sender(_End):
         Returns when the data is in the receiver's ring; blocks (with a time-out) while the ring is full.
         """
         arr = self._as_elements(data)
-        self._channels._check_engine()
+        self._channels._check_relays()
         with self._channels._explained(self):
             self._impl.write(arr)
 
@@ -111,7 +111,7 @@ class Receiver(_End):
         self._channels._check_open("read")
         if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
             raise ChannelError(f"channel {self.name}: read(n) needs a non-negative integer, got {n!r}")
-        self._channels._check_engine()
+        self._channels._check_relays()
         with self._channels._explained(self):
             return self._impl.read(int(n))
 
@@ -122,7 +122,7 @@ class Channels(Resource):
     _kind = "set of channels"
 
     def __init__(self, world: Any, spec: Any, plan: Any, buf: Any, timeout_s: float, host_timeout_s: float,
-                 engine_links: Any = None, one_gpu: bool = False) -> None:
+                 relays: Any = None, one_gpu: bool = False) -> None:
         self._world = world
         self.one_gpu = one_gpu  # every rank on one GPU: device fences at .gpu scope (docs/protocol.md)
         self.world = world
@@ -134,8 +134,8 @@ class Channels(Resource):
         self._ends: dict[str, _End] = {}
         self._where: dict[str, int] = {}
         self._router = None
-        self._engine = engine_links  # this rank's engine links (links.EngineLinks) when routes cross nodes
-        engine = world.engine("circuslink.channels")
+        self._relays = relays  # this rank's relays (transport.Relays) when routes cross nodes here
+        module = world.backend_module("circuslink.channels")
         for link, geo, lay in plan.entries:
             self._where[link.name] = link.src_rank
             self._where[link.receiver_name] = link.dst_rank
@@ -144,15 +144,15 @@ class Channels(Resource):
                 if rank != world.rank:
                     continue
                 describe = describe_end(link, kind, world.rank, plan.routed_of(link))
-                impl = engine.make_end(self, link, geo, lay, kind, describe)
-                if engine_links is not None and hasattr(impl, "watch"):
-                    impl.watch = self._check_engine  # a host wait on this rank ends at once if the engine fails
+                impl = module.make_end(self, link, geo, lay, kind, describe)
+                if relays is not None and hasattr(impl, "watch"):
+                    impl.watch = self._check_relays  # a host wait on this rank ends at once if a relay fails
                 end = (Sender if kind == "send" else Receiver)(self, link, geo, lay, impl)
                 self._ends[end.name] = end
         if plan.router is not None:
             # The forwarding agent of this rank: it only reads this rank's memory and writes its neighbours',
             # which every rank has allocated (zeroed) by now.
-            self._router = engine.make_router(self)
+            self._router = module.make_router(self)
         self._register(world)
 
     @property
@@ -202,22 +202,25 @@ class Channels(Resource):
 
     def max_blocks(self, kernel: Any, threads: int, shared_bytes: int = 0) -> int:
         """Blocks of ``kernel`` this rank may have resident beside its forwarding agent: the back-end's bound
-        (``world.backend.max_blocks``) less the agent's SM while routed channels are open."""
+        (``world.backend.max_blocks``) less the agent's SM while routed channels are open, and an SM for each block
+        of a relay's proxy kernel on this rank's GPU (a transport that carries relays from device code)."""
         backend = self._world.backend
         most = backend.max_blocks(kernel, threads, shared_bytes)
         if self._router is None or not backend.sm_budget or backend.sm_budget < 2:
             return most
-        return max(1, most * (backend.sm_budget - 1) // backend.sm_budget)  # the bound scaled to one SM fewer
+        reserved = min(1 + (self._relays.device_blocks if self._relays is not None else 0), backend.sm_budget - 1)
+        return max(1, most * (backend.sm_budget - reserved) // backend.sm_budget)  # the bound scaled to fewer SMs
 
     @property
-    def engine(self) -> Any:
-        """This rank's engine links (``links.EngineLinks``) when routed channels cross nodes here, else None."""
-        return self._engine
+    def relays(self) -> Any:
+        """This rank's relays (``transport.Relays``) when routed channels cross nodes here, else None."""
+        return self._relays
 
-    def _check_engine(self) -> None:
-        """Raise the engine's :class:`EngineError` (naming MPI and both ranks) if this rank's engine links failed."""
-        if self._engine is not None and not self._engine.closed:
-            self._engine.check()
+    def _check_relays(self) -> None:
+        """Raise the transport's :class:`TransportError` (naming the link, both ranks and the transport) if one of
+        this rank's relays failed."""
+        if self._relays is not None and not self._relays.closed:
+            self._relays.check()
 
     def _check_router(self) -> None:
         if self._router is not None:
@@ -244,7 +247,7 @@ class Channels(Resource):
             at, offset = routed.path.first, lay.chain
         elif routed.path.first == routed.path.last:
             at, offset = routed.path.last, lay.chain
-        else:  # the link ring (or engine link) the channel arrives on at its last agent
+        else:  # the link ring (or relay) the channel arrives on at its last agent
             hop = routed.path.arrival
             port = self._plan.topology.ports[hop.dst]
             p = next(i for i, pt in enumerate(port) if pt.in_link == hop.link.id)
@@ -300,27 +303,27 @@ class Channels(Resource):
             router.stop(self.host_timeout)
             err = router.check()
             if err:
-                self._close_engine(timeout)
+                self._close_relays(timeout)
                 self._buf.close(timeout)
                 raise ChannelError(f"the forwarding agent had stopped: {err}")
-        self._close_engine(timeout)  # after the agents: they write its out rings until they stop
+        self._close_relays(timeout)  # after the agents: they write its out rings until they stop
         self._buf.close(timeout)
 
-    def _close_engine(self, timeout: float | None) -> None:
-        if self._engine is not None:
-            engine, self._engine = self._engine, None
+    def _close_relays(self, timeout: float | None) -> None:
+        if self._relays is not None:
+            relays, self._relays = self._relays, None
             # The agent here has stopped; peers' agents may still send (credit reports) until theirs stop: taken
             # and dropped, or a peer's flush would wait for in-ring room no agent frees.
-            engine.discard_incoming()
-            engine.close(timeout)
+            relays.discard_incoming()
+            relays.close(timeout)
 
     def _release_local(self) -> None:
         if self._router is not None:
             router, self._router = self._router, None
             router.stop(0)
-        if self._engine is not None:
-            engine, self._engine = self._engine, None
-            engine.release_local()
+        if self._relays is not None:
+            relays, self._relays = self._relays, None
+            relays.release_local()
         self._buf.release_local()
 
 
@@ -336,8 +339,8 @@ class _Explained:
         if exc_type is None or not issubclass(exc_type, ChannelError):
             return False
         try:
-            self.channels._check_engine()  # a failed engine is the cause: say that, naming MPI and both ranks
-        except EngineError as failure:
+            self.channels._check_relays()  # a failed transport is the cause: say that, naming the link and both ranks
+        except TransportError as failure:
             raise failure from None
         if self.channels._plan.routed_of(self.end.link) is None:
             return False

@@ -18,11 +18,11 @@ class Plan:
 
     With a ``topology``, channels whose ends are not mapped neighbours are routed (``_routed``): ``routed`` maps
     their sender's name to their route and ``router`` holds the link rings the forwarding agents share (and the
-    engine links that routes between nodes cross, with ``engine_slots`` packets per ring)."""
+    relays that routes between nodes cross, with ``relay_slots`` packets per ring)."""
 
     def __init__(self, links: list, options: Mapping[str, Mapping[str, Any]], topology: Any = None,
                  vcs: int | None = None, allow_cycles: bool = False, link_slots: int | None = None,
-                 engine_slots: int = R.ENGINE_SLOTS_DEFAULT) -> None:
+                 relay_slots: int = R.RELAY_SLOTS_DEFAULT) -> None:
         known = {n for link in links for n in (link.name, link.receiver_name)}
         for name in options:
             if name not in known:
@@ -53,7 +53,7 @@ class Plan:
             if isinstance(slots, bool) or not isinstance(slots, int) or slots < 2 or slots & (slots - 1) \
                     or slots > 1 << 16:
                 raise ConfigError(f"channels.open: link_slots {link_slots!r} must be a power of two in 2..65536")
-            self.router = R.RouterPlan(topology, routing, list(self.routed.values()), offset, slots, engine_slots)
+            self.router = R.RouterPlan(topology, routing, list(self.routed.values()), offset, slots, relay_slots)
             offset = self.router.end
             if not allow_cycles:
                 cycle = self.router.cycle()

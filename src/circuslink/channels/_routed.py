@@ -17,18 +17,19 @@ ordinary channel (its ring is already in the receiver's memory); any other chann
 
 A route of k hops costs k - 1 agent steps and no extra copy at either end.
 
-**Gateways and the engine** (topologies of nodes, docs/scale.md): a hop whose link has kind ``engine``
-joins two nodes' gateways, whose memory is never mapped. Its upstream agent writes into the gateway's
-engine link's **out ring** (host memory, local) instead of a link ring at the peer, the proxies carry it
-over MPI, and the landing gateway's agent reads the engine link's **in ring** as the input of that port
-(VC 0). Where the route's first hop is an engine hop (the sender is the gateway), ``first`` is the sender's
-own rank: its injection ring is local and its own agent drains it, so no mapped hop is added; likewise
-``last`` is the receiver itself when the last hop is an engine hop. Engine memory is addressed as
-``(ENGINE - peer, offset)`` (a negative rank: the engine link to ``peer``, offsets of
-``links.link_layouts``).
+**Gateways and relays** (topologies of nodes, docs/scale.md): a hop whose link has kind ``network`` joins
+two nodes' gateways, whose memory is never mapped. Its upstream agent writes into the gateway's **relay**
+(``circuslink.transport``): its **out ring** (local memory) instead of a link ring at the peer; the transport
+carries the packets, and the landing gateway's agent reads its relay's **in ring** as the input of that port
+(VC 0). Which transport carries a relay (nvshmem, mpi, ...) the agents never know: an output is a mapped
+hop (stores land in the neighbour's ring, so the agent may deliver there) or a relayed one (the landing agent
+delivers). Where the route's first hop is a network hop (the sender is the gateway), ``first`` is the
+sender's own rank: its injection ring is local and its own agent drains it, so no mapped hop is added;
+likewise ``last`` is the receiver itself when the last hop is a network hop. Relay memory is addressed as
+``(-1 - peer, offset)`` (a negative rank: the relay to ``peer``, offsets of ``transport._rings.relay_layouts``).
 
 Every part is addressed as ``(rank, offset)`` in the channels' one symmetric allocation (the same offsets on
-every rank, only the owner's copy used): the cpu agent turns addresses into numpy views, the cuda engine
+every rank, only the owner's copy used): the cpu agent turns addresses into numpy views, the cuda back-end
 into pointers. Every address an agent or an end uses is its own rank's or a neighbour's, so each rank maps
 only its neighbours.
 """
@@ -51,7 +52,7 @@ ROUTED_NBYTES_MASK = 0x00FFFFFF
 CREDIT_PACKET_BYTES = 8  # the consumed count, u64
 
 LINK_SLOTS_DEFAULT = 8
-ENGINE_SLOTS_DEFAULT = 64  # packets each ring of an engine link holds (MPI's latency needs a deep pipe)
+RELAY_SLOTS_DEFAULT = 64  # packets each ring of a relay holds (a network's latency needs a deep pipe)
 MAX_INPUTS = 1024  # per rank: the cuda agent keeps each input's state in shared memory
 
 # -- chain records: what an agent publishes about an input whose head has waited long ---------------------
@@ -72,22 +73,22 @@ ROLE_LAST = 2  # writes the channel's delivery ring and reads its board
 NO_CHANNEL = 0xFFFF
 
 
-def engine_addr(peer: int, offset: int) -> tuple[int, int]:
-    """The address of byte ``offset`` in the memory of this rank's engine link to ``peer``."""
+def relay_addr(peer: int, offset: int) -> tuple[int, int]:
+    """The address of byte ``offset`` in the memory of this rank's relay to ``peer``."""
     return (-1 - peer, offset)
 
 
-def engine_peer(addr: tuple[int, int]) -> int | None:
-    """The peer of an engine address, None for an address in the symmetric allocation."""
+def relay_peer(addr: tuple[int, int]) -> int | None:
+    """The peer of a relay address, None for an address in the symmetric allocation."""
     return -1 - addr[0] if addr[0] < 0 else None
 
 
 def mapped_neighbours(topology: Any, rank: int) -> list[int]:
     """The ranks whose memory ``rank`` maps on ``topology``: its neighbours across links of every kind but
-    ``engine`` (gateways of different nodes reach each other through the engine, never by mapping)."""
-    from ..topology import LINK_ENGINE
+    ``network`` (gateways of different nodes reach each other through a relay, never by mapping)."""
+    from ..topology import LINK_NETWORK
 
-    return sorted({p.peer for p in topology.ports[rank] if p.peer >= 0 and p.kind != LINK_ENGINE})
+    return sorted({p.peer for p in topology.ports[rank] if p.peer >= 0 and p.kind != LINK_NETWORK})
 
 
 def report_after(timeout_s: float) -> float:
@@ -139,15 +140,15 @@ class Path:
 
     ranks: tuple[int, ...]
     hops: tuple  # topology Hop records
-    first_index: int = 1  # ranks[first_index] is first: 1, or 0 where the first hop is an engine hop
-    last_index: int = -2  # ranks[last_index] is last: len - 2, or len - 1 where the last hop is an engine hop
+    first_index: int = 1  # ranks[first_index] is first: 1, or 0 where the first hop is a network hop
+    last_index: int = -2  # ranks[last_index] is last: len - 2, or len - 1 where the last hop is a network hop
 
     @classmethod
     def of(cls, ranks: tuple[int, ...], hops: tuple) -> Path:
-        """The path of ``hops``: an engine hop at either end moves ``first`` / ``last`` onto the end's own rank,
+        """The path of ``hops``: a network hop at either end moves ``first`` / ``last`` onto the end's own rank,
         whose memory is the only one it can reach on that side."""
-        first = 0 if hops[0].link.engine else 1
-        last = len(ranks) - 1 if hops[-1].link.engine else len(ranks) - 2
+        first = 0 if hops[0].link.network else 1
+        last = len(ranks) - 1 if hops[-1].link.network else len(ranks) - 2
         return cls(tuple(ranks), tuple(hops), first, last)
 
     @property
@@ -160,7 +161,7 @@ class Path:
 
     @property
     def shared_hops(self) -> tuple:
-        """The hops through shared buffers (link rings, engine links): from first's agent to last's."""
+        """The hops through shared buffers (link rings, relays): from first's agent to last's."""
         return self.hops[self.first_index:self.last_index % len(self.ranks)]
 
     @property
@@ -218,7 +219,7 @@ class OutputSpec:
     down_chain: Addr  # the downstream agent's chain record of that ring
     link: int
     vc: int
-    engine: bool = False  # the out ring of this rank's engine link (a proxy carries it to the peer gateway)
+    relay: bool = False  # the out ring of this rank's relay (a transport carries it to the peer gateway's agent)
 
 
 @dataclass
@@ -257,7 +258,7 @@ class RouterPlan:
     """The routed channels of one open() and the link rings they share (identical on every rank)."""
 
     def __init__(self, topology: Any, routing: Any, routed: list[Routed], offset: int, link_slots: int,
-                 engine_slots: int = ENGINE_SLOTS_DEFAULT) -> None:
+                 relay_slots: int = RELAY_SLOTS_DEFAULT) -> None:
         self.topology = topology
         self.routing = routing
         self.vcs = routing.vcs
@@ -272,19 +273,22 @@ class RouterPlan:
         self.ring_bytes = link_slots * self.link_slot_bytes
         self.out_credits = self.link_rings + nrings * self.ring_bytes
         self.link_chains = _align(self.out_credits + 8 * nrings, 256)
-        self.zero_chain = self.link_chains + nrings * CHAIN_BYTES  # never written: a chain that ends (the engine)
+        self.zero_chain = self.link_chains + nrings * CHAIN_BYTES  # never written: a chain that ends (a relay)
         self.end = self.zero_chain + CHAIN_BYTES
-        # The engine links routed packets cross (data routes between first and last, credit routes last ->
-        # first), as sorted rank pairs; every pair is opened with one ring shape: chunks of the largest routed
-        # chunk, so an agent never splits a packet.
-        pairs = set()
+        # The relays routed packets cross (data routes between first and last, credit routes last -> first), as
+        # sorted rank pairs with the transport their link names (None: chosen by capability); every pair is
+        # opened with one ring shape: chunks of the largest routed chunk, so an agent never splits a packet.
+        pairs: dict[tuple[int, int], str | None] = {}
         for r in routed:
             hops = list(r.path.shared_hops)
             if r.path.first != r.path.last:
                 hops += routing.route(r.path.last, r.path.first)
-            pairs.update((min(h.src, h.dst), max(h.src, h.dst)) for h in hops if h.link.engine)
-        self.engine_pairs = sorted(pairs)
-        self.engine_geometry = P.geometry(1, 1, nslots=engine_slots, chunk=self.link_chunk, name="engine link") \
+            for h in hops:
+                if h.link.network:
+                    pairs[(min(h.src, h.dst), max(h.src, h.dst))] = h.link.transport
+        self.relay_pairs = sorted(pairs)
+        self.relay_transports = {pair: name for pair, name in pairs.items() if name is not None}
+        self.relay_geometry = P.geometry(1, 1, nslots=relay_slots, chunk=self.link_chunk, name="relay") \
             if pairs else None
 
     # -- addresses --------------------------------------------------------------------------------------
@@ -297,53 +301,53 @@ class RouterPlan:
     def link_chain(self, port: int, vc: int) -> int:
         return self.link_chains + (port * self.vcs + vc) * CHAIN_BYTES
 
-    def engine_peers(self, rank: int) -> list[int]:
-        """The ranks this rank reaches over engine links the routed channels use."""
-        return sorted({b if a == rank else a for a, b in self.engine_pairs if rank in (a, b)})
+    def relay_peers(self, rank: int) -> list[int]:
+        """The ranks this rank reaches over the relays the routed channels use."""
+        return sorted({b if a == rank else a for a, b in self.relay_pairs if rank in (a, b)})
 
-    def engine_rings(self) -> tuple[Any, Any]:
-        """(out ring layout, in ring layout) inside each engine link's memory."""
-        from ..links import link_layouts
+    def relay_rings(self) -> tuple[Any, Any]:
+        """(out ring layout, in ring layout) inside each relay's memory."""
+        from ..transport._rings import relay_layouts
 
-        out_lay, in_lay, _ = link_layouts(self.engine_geometry)
+        out_lay, in_lay, _ = relay_layouts(self.relay_geometry)
         return out_lay, in_lay
 
     def describe(self) -> str:
         text = (f"{len(self.routed)} routed channel(s) on {self.topology.name}, {self.vcs} virtual channel(s), "
                 f"link rings of {self.link_slots} x {self.link_slot_bytes} B")
-        if self.engine_pairs:
-            text += (f", {len(self.engine_pairs)} engine link(s) of {self.engine_geometry.nslots} x "
-                     f"{self.engine_geometry.slot_bytes} B each way")
+        if self.relay_pairs:
+            text += (f", {len(self.relay_pairs)} relay(s) of {self.relay_geometry.nslots} x "
+                     f"{self.relay_geometry.slot_bytes} B each way")
         return text
 
     def digest_items(self) -> tuple:
         return (self.topology.name, self.topology.size, len(self.topology.links), self.vcs, self.link_slots,
                 tuple((r.link.name, r.path.ranks, tuple(h.vc for h in r.path.hops)) for r in self.routed),
-                tuple(self.engine_pairs), self.engine_geometry)
+                tuple(self.relay_pairs), tuple(sorted(self.relay_transports.items())), self.relay_geometry)
 
     # -- what one rank's agent serves -----------------------------------------------------------------------
     def agent(self, rank: int) -> AgentTables:
-        from ..topology import LINK_ENGINE
+        from ..topology import LINK_NETWORK
 
         t, vcs = self.topology, self.vcs
         ports = t.ports[rank]
         inputs: list[InputSpec] = []
         outputs: list[OutputSpec | None] = [None] * (self.nports * vcs)
-        engine_peers = self.engine_peers(rank)
+        relay_peers = self.relay_peers(rank)
         for p, port in enumerate(ports):
-            if port.kind == LINK_ENGINE:
-                # The engine hop: VC 0 only (the routing tables put every engine hop on VC 0); its input is the
-                # engine link's in ring, its output the out ring, both in this rank's host memory.
-                if port.peer not in engine_peers:
-                    continue  # no routed packet crosses this engine link
-                geo = self.engine_geometry
-                out_lay, in_lay = self.engine_rings()
-                inputs.append(InputSpec(IN_LINK, engine_addr(port.peer, in_lay.ring), geo.nslots, geo.slot_bytes,
-                                        geo.chunk, engine_addr(port.peer, in_lay.ctrl + P.CTRL_CREDIT), None,
+            if port.kind == LINK_NETWORK:
+                # The network hop: VC 0 only (the routing tables put every network hop on VC 0); its input is the
+                # relay's in ring, its output the out ring, both in this rank's relay memory.
+                if port.peer not in relay_peers:
+                    continue  # no routed packet crosses this link
+                geo = self.relay_geometry
+                out_lay, in_lay = self.relay_rings()
+                inputs.append(InputSpec(IN_LINK, relay_addr(port.peer, in_lay.ring), geo.nslots, geo.slot_bytes,
+                                        geo.chunk, relay_addr(port.peer, in_lay.ctrl + P.CTRL_CREDIT), None,
                                         (rank, self.link_chain(p, 0)), port.in_link, 0, NO_CHANNEL, p))
-                outputs[p * vcs] = OutputSpec(p * vcs, engine_addr(port.peer, out_lay.ring), geo.nslots,
+                outputs[p * vcs] = OutputSpec(p * vcs, relay_addr(port.peer, out_lay.ring), geo.nslots,
                                               geo.slot_bytes, geo.chunk,
-                                              engine_addr(port.peer, out_lay.ctrl + P.CTRL_CREDIT),
+                                              relay_addr(port.peer, out_lay.ctrl + P.CTRL_CREDIT),
                                               (rank, self.zero_chain), port.out_link, 0, True)
                 continue
             for v in range(vcs):
@@ -388,9 +392,9 @@ class RouterPlan:
         :func:`circuslink.topology.dependencies`' numbering (``link * vcs + vc``).
 
         A data packet's first buffer (the injection ring) and its last (the delivery ring) are its channel's
-        own; only the link rings between are shared: a route of k hops holds link rings 1 .. k-2 in turn (an
-        engine link at either end of the route is shared too: it is one buffer, out ring then in ring, whose
-        head waits only for the landing gateway's agent). A credit packet from ``last`` to ``first`` crosses
+        own; only the link rings between are shared: a route of k hops holds link rings 1 .. k-2 in turn (a
+        relay at either end of the route is shared too: it is one buffer, out ring then in ring, whose head waits
+        only for the landing gateway's agent). A credit packet from ``last`` to ``first`` crosses
         link rings only and is consumed at its end."""
         vcs = self.vcs
         used: set[int] = set()
@@ -424,7 +428,7 @@ class RouterPlan:
 
 def plan_routes(links: list, topology: Any, vcs: int | None, where: str = "channels.open") -> tuple[Any, set[str]]:
     """(routing, names of the links to route): every link whose ends are distinct and not mapped neighbours
-    (gateways of different nodes are neighbours across an engine link: their channels are routed through it)."""
+    (gateways of different nodes are neighbours across a network link: their channels are routed through it)."""
     routing = topology.routing(vcs)
     routed = set()
     for link in links:

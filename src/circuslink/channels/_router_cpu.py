@@ -188,15 +188,15 @@ class Agent:
         return done
 
     def _delivers(self, dst: int, nxt: int, port: int, vc: int) -> bool:
-        """Whether a data packet for ``dst`` is delivered here: it is at its destination (it crossed the engine
-        into the receiver's own agent), or one mapped hop from it. A last hop across the engine goes into the
-        engine link like any other hop; the landing agent delivers."""
+        """Whether a data packet for ``dst`` is delivered here: it is at its destination (it crossed a relay into
+        the receiver's own agent), or one mapped hop from it. A last hop through a relay goes into the relay's
+        out ring like any other hop; the landing agent delivers."""
         if dst == self.rank:
             return True
         if nxt != dst:
             return False
         out = self.outputs[port * self.vcs + vc] if port >= 0 else None
-        return out is None or not out.spec.engine
+        return out is None or not out.spec.relay
 
     def _check_header(self, inp: _In, q: int, route: int, word: int, nb: int, bulk: bool, ctrl: bool,
                       dst: int) -> None:
@@ -352,12 +352,12 @@ class CpuRouter:
     def __init__(self, channels: Any) -> None:
         plan = channels._plan.router
         buf = channels._buf
-        engine = channels._engine
+        relays = channels._relays
 
         def view(rank: int, offset: int, nbytes: int) -> np.ndarray:
-            peer = R.engine_peer((rank, offset))
-            if peer is not None:  # an engine link's ring in this rank's host memory (the proxy's other side)
-                return engine[peer].memory[offset:offset + nbytes]
+            peer = R.relay_peer((rank, offset))
+            if peer is not None:  # a relay's ring in this rank's memory (the transport's other side)
+                return relays[peer].view(offset, nbytes)
             return buf.peer(rank)[offset:offset + nbytes]
 
         timeout = channels.timeout or channels.host_timeout

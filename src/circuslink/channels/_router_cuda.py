@@ -65,14 +65,14 @@ class CudaRouter:
         tables = plan.agent(self.rank)
         self.tables = tables
 
-        engine = channels._engine
+        relays = channels._relays
 
         def ptr(addr: R.Addr | None) -> int:
             if addr is None:
                 return 0
-            peer = R.engine_peer(addr)
-            if peer is not None:  # an engine link's ring: pinned host memory mapped into the GPU (links._cuda)
-                return engine[peer].ptr + addr[1]
+            peer = R.relay_peer(addr)
+            if peer is not None:  # a relay's ring: wherever its transport keeps it, reachable from this GPU
+                return relays[peer].ptr + addr[1]
             return buf.ptr(addr[0]) + addr[1]
 
         inputs = P.ROUTER_INPUT.array(max(1, len(tables.inputs)))
@@ -83,7 +83,7 @@ class CudaRouter:
         for k, o in enumerate(tables.outputs):
             if o is not None:
                 outputs[k] = (ptr(o.ring), ptr(o.credit), ptr(o.down_chain), o.nslots, o.slot_bytes,
-                              R.entry_of_link(o.link, o.vc), P.ROUTER_OUT_ENGINE if o.engine else P.ROUTER_OUT_LINK)
+                              R.entry_of_link(o.link, o.vc), P.ROUTER_HOP_RELAY if o.relay else P.ROUTER_HOP_MAPPED)
         chans = P.ROUTER_CHANNEL.array(max(1, len(tables.channels)))
         reporters = []
         for k, ch in enumerate(tables.channels):

@@ -202,8 +202,9 @@ ROUTER_AGENT = abi.Struct("circuslink::router::Agent", _ROUTER, [
     ("slice_ns", abi.U64), ("ninputs", abi.U32), ("noutputs", abi.U32),
     ("nchannels", abi.U32), ("nids", abi.U32), ("rank", abi.U32), ("nranks", abi.U32), ("vcs", abi.U32),
     ("nreporters", abi.U32)])
-ROUTER_OUT_LINK = 0  # Output.kind: a link ring in the neighbour's memory
-ROUTER_OUT_ENGINE = 1  # Output.kind: the out ring of this gateway's engine link (host memory, a proxy sends it)
+ROUTER_HOP_MAPPED = 0  # Output.kind: a link ring in the neighbour's mapped memory (the agent may deliver there)
+ROUTER_HOP_RELAY = 1  # Output.kind: the out ring of this gateway's relay (a transport carries it; the landing agent
+#                       delivers)
 # the agent's dynamic shared memory per input, per output and per rank (router_impl.cuh: InS, OutS, Entry)
 ROUTER_SHARED_PER_INPUT = 40
 ROUTER_SHARED_PER_OUTPUT = 16

@@ -17,7 +17,7 @@ by-value ``circuslink::collectives::Rings`` a kernel passes to ``allreduce_grid`
 ``comm.wait(stream)`` waits, bounded, for such a kernel and raises the channel error of a ring
 that stalled. docs/collectives.md has both APIs, the algorithms and the SM-budget rule.
 
-Each back-end has its engine (``world.engine("circuslink.collectives")``): ``_cpu`` runs the ring
+Each back-end has its module (``world.backend_module("circuslink.collectives")``): ``_cpu`` runs the ring
 algorithms from Python (a header goes around the ring first, so ranks that disagree on a call fail
 naming both), ``_cuda`` launches one kernel per call (there the ranks are trusted to agree: a
 mismatch ends in a channel time-out naming the channel). float16 is reduced on the cpu back-end only.
@@ -56,7 +56,7 @@ class Comm(Resource):
         self.world = world
         self.rank = world.rank
         self.size = world.size
-        self._engine = world.engine("circuslink.collectives").Engine(world, depth_bytes, rings, timeout)
+        self._impl = world.backend_module("circuslink.collectives").Collectives(world, depth_bytes, rings, timeout)
         self._register(world)
 
     # -- host API --------------------------------------------------------------------------------
@@ -65,7 +65,7 @@ class Comm(Resource):
         self._check_open("allreduce")
         alg.check_op(op)
         alg.check_array(array, "allreduce")
-        return self._engine.allreduce(array, op)
+        return self._impl.allreduce(array, op)
 
     def broadcast(self, array: Any, root: int = 0) -> Any:
         """``root``'s ``array`` on every rank (each passes an array of the same shape and dtype)."""
@@ -73,12 +73,12 @@ class Comm(Resource):
         if isinstance(root, bool) or not isinstance(root, int | np.integer) or not 0 <= root < self.size:
             raise ConfigError(f"broadcast root={root!r} is out of range for a world of {self.size} ranks")
         alg.check_array(array, "broadcast")
-        return self._engine.broadcast(array, int(root))
+        return self._impl.broadcast(array, int(root))
 
     def barrier(self) -> None:
         """Return once every rank has entered the barrier."""
         self._check_open("barrier")
-        self._engine.barrier()
+        self._impl.barrier()
 
     # -- device API ------------------------------------------------------------------------------
     def device_handle(self, nbytes: int | None = None) -> np.void:
@@ -89,26 +89,26 @@ class Comm(Resource):
         if nbytes is not None and (isinstance(nbytes, bool) or not isinstance(nbytes, int | np.integer)
                                    or nbytes < 0):
             raise ConfigError(f"device_handle: nbytes={nbytes!r} must be a non-negative integer or None")
-        return self._engine.device_handle(None if nbytes is None else int(nbytes))
+        return self._impl.device_handle(None if nbytes is None else int(nbytes))
 
     def wait(self, stream: Any, what: str = "a kernel using the collectives") -> None:
         """Wait, bounded, until ``stream``'s work (a kernel that called the device API) is done, then
         :meth:`check`. On time-out every device wait of this process is aborted and
         :class:`~circuslink.TimeoutError` names ``what`` and the rank."""
         self._check_open("wait")
-        self._engine.wait(stream, what)
+        self._impl.wait(stream, what)
 
     def check(self) -> None:
         """Raise :class:`~circuslink.ChannelError` naming a ring channel whose device code timed out."""
         self._check_open("check")
-        self._engine.check()
+        self._impl.check()
 
     # -- lifecycle (circuslink._lifecycle) ---------------------------------------------------------
     def _close(self, timeout: float | None) -> None:
-        self._engine.close(timeout)
+        self._impl.close(timeout)
 
     def _release_local(self) -> None:
-        self._engine.release_local()
+        self._impl.release_local()
 
 
 def default_comm(world: Any) -> Comm:

@@ -1,4 +1,4 @@
-"""The collectives' engine on back-ends that run no kernels (cpu): the ring algorithms of
+"""The collectives' back-end module on back-ends that run no kernels (cpu): the ring algorithms of
 :mod:`._algorithms`, driven from Python over one ring of byte channels.
 
 Before each all-reduce and broadcast a 16-byte header goes around the ring, so ranks that
@@ -16,7 +16,7 @@ from . import _algorithms as alg
 from ._ring import ChannelRing
 
 
-class Engine:
+class Collectives:
     """One ring of byte channels of ``depth_bytes``; every call runs on the calling thread."""
 
     def __init__(self, world: Any, depth_bytes: int, rings: int | None, timeout: float | None) -> None:

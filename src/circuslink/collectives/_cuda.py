@@ -1,4 +1,4 @@
-"""The collectives' engine on back-ends that run kernels (cuda): collectives.cuh launched from the host,
+"""The collectives' back-end module on back-ends that run kernels (cuda): collectives.cuh launched from the host,
 and the ``circuslink::collectives::Rings`` handle users' kernels receive.
 
 Two sets of rings per communicator: one low-latency ring (LL channels, one block) for messages up
@@ -76,7 +76,7 @@ class DeviceRings:
         self.array = self.scratch = None
 
 
-class Engine:
+class Collectives:
     """The device collectives driven from the host (one kernel launch per call)."""
 
     def __init__(self, world: Any, depth_bytes: int, rings: int | None, timeout: float | None) -> None:

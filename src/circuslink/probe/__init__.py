@@ -53,7 +53,7 @@ _LATENCY_TOLERANCE = 0.10
 
 def measure(world: Any, quick: bool = False, pairs: list[tuple[int, int]] | None = None) -> dict:
     """Collective: the floor between every ordered pair of ranks (or ``pairs``)."""
-    Impl = world.engine("circuslink.probe").Probe
+    Impl = world.backend_module("circuslink.probe").Probe
     if pairs is None:
         pairs = [(a, b) for a in range(world.size) for b in range(world.size) if a != b]
     from ..backends import SHARED_GPU_NOTE, describe_shared_gpus, shared_gpus
@@ -95,6 +95,9 @@ def measure(world: Any, quick: bool = False, pairs: list[tuple[int, int]] | None
     if results:
         first = next((r for r in results if (r["a"], r["b"]) == (0, 1)), results[0])
         floor["summary"] = {k: first[k] for k in METRICS}
+    from .. import transport
+
+    transport.record_floor(world, floor)  # the mapped transports' figures, for choices made from measurements
     return floor
 
 

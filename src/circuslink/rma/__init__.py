@@ -20,12 +20,14 @@ its writes once, commits them into a queue, and then runs each iteration as one
 Transposing puts (UZURA): ``declare_transpose_write`` moves a rows x cols block into a peer
 transposed, in the same queues (docs/transpose.md).
 
-Engines: the world's own (``cpu``: shared memory, the reference; ``cuda``: CUDA IPC over NVLink,
-one launch per start, ``q.start(stream=)`` / ``q.wait(stream=, block=False)`` to enqueue cycles on a
-stream, and ``circuslink::rma_start`` / ``rma_wait`` in ``<circuslink/rma.cuh>`` for kernels that drive
-the queue themselves with ``q.device_handle()``), or ``window_alloc(..., engine="mpi")`` (MPI-3 RMA,
-``MPI_Put`` in post/start/complete/wait epochs). Windows and queues are resources (``close()`` /
-``free()``, ``with``); ``q.describe()`` shows the committed plan. docs/rma.md has the semantics.
+Windows: in mapped memory (the default, from the transport that maps peers inside a node; the back-end's
+module moves the bytes: ``cpu``, shared memory, the reference; ``cuda``, CUDA IPC over NVLink, one launch per
+start, ``q.start(stream=)`` / ``q.wait(stream=, block=False)`` to enqueue cycles on a stream, and
+``circuslink::rma_start`` / ``rma_wait`` in ``<circuslink/rma.cuh>`` for kernels that drive the queue
+themselves with ``q.device_handle()``), or ``window_alloc(..., memory="mpi3")`` (MPI-3 windows, ``MPI_Put`` in
+post/start/complete/wait epochs: the MPI back-end the RMA papers compare against). Windows and queues are
+resources (``close()`` / ``free()``, ``with``); ``q.describe()`` shows the committed plan. docs/rma.md has the
+semantics.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Windows, declared writes and persistent queues: the back-end independent half of circuslink.rma.
 
-Everything a user can get wrong is checked here, once, for every engine; the engines
-(``_cpu.py``, ``_cuda.py``: the world's own, found with ``world.engine("circuslink.rma")``;
-``_mpi.py``: MPI-3 RMA, on request) only move bytes and flip counters.
+Everything a user can get wrong is checked here, once, for every kind of window; the window modules
+(``_cpu.py``, ``_cuda.py``: the back-end's, over the mapped memory of the transport inside a node, found with
+``world.backend_module("circuslink.rma")``; ``_mpi.py``: MPI-3 windows, on request) only move bytes and flip
+counters.
 
 Epochs. Every queue counts its start/wait cycles (epoch 1, 2, ...). A target *posts*
 epoch e (tells its origins "you may write into me now") and an origin writes its data,
@@ -33,32 +34,35 @@ from .._lifecycle import Resource
 from .._wait import Deadline
 from ..errors import RmaError
 
-ENGINES = ("auto", "mpi")
+MEMORY = ("mapped", "mpi3")  # where a window lives: circuslink's mapped memory, or an MPI-3 window
 POST_AT = ("start", "wait")
 _handle_ids = itertools.count(1)
 _WINDOW_COUNTER = "circuslink.rma.windows"  # World.registry key: window numbers, per world
 
 
-def _engine_module(world: Any, engine: str):
-    """The engine module: the world's own (``rma._cpu`` / ``rma._cuda``) or ``rma._mpi``."""
-    if engine == "mpi":
+def _window_module(world: Any, memory: str):
+    """The module that runs windows of ``memory``: the back-end's (``rma._cpu`` / ``rma._cuda``) for mapped memory,
+    ``rma._mpi`` for MPI-3 windows."""
+    if memory == "mpi3":
         return importlib.import_module(f"{__package__}._mpi")
-    return world.engine(__package__)
+    return world.backend_module(__package__)
 
 
 # -- windows ------------------------------------------------------------------------------------
 class Window(Resource):
     """A region of every rank's memory that remote writes may target. Create with :func:`window_alloc`."""
 
-    def __init__(self, world: Any, nbytes: int, engine: str, impl: Any, index: int) -> None:
+    def __init__(self, world: Any, nbytes: int, memory: str, impl: Any, index: int) -> None:
         self.world = world
         self.nbytes = nbytes
-        self.engine = engine  # "mpi", or the world's back-end name (a label: code asks the engine, not the name)
+        self.memory = memory  # "mapped" or "mpi3"
+        # for messages only (code asks the window's module, never the label)
+        self.label = f"mapped ({world.backend.name})" if memory == "mapped" else "MPI-3"
         self.index = index
         self._kind = f"rma window {index}"
         self._impl = impl
         self._queues: list[Queue] = []
-        self._active_queue: Queue | None = None  # engines with one access epoch per window (MPI)
+        self._active_queue: Queue | None = None  # windows with one access epoch at a time (MPI-3)
         self._queue_count = 0
 
     @property
@@ -111,28 +115,29 @@ class Window(Resource):
         self._impl.release_local()
 
     def __repr__(self) -> str:
-        return f"Window(index={self.index}, nbytes={self.nbytes}, engine={self.engine!r}, rank={self.world.rank})"
+        return f"Window(index={self.index}, nbytes={self.nbytes}, memory={self.memory!r}, rank={self.world.rank})"
 
 
-def window_alloc(world: Any, nbytes: int, engine: str = "auto", timeout: float | None = None) -> Window:
+def window_alloc(world: Any, nbytes: int, memory: str = "mapped", timeout: float | None = None) -> Window:
     """Collective: a window of ``nbytes`` (zeroed) on every rank.
 
-    ``engine``: "auto" (the world's own: shared memory on cpu, CUDA IPC on cuda) or "mpi"
-    (MPI-3 RMA; needs a job started by mpirun; on a world with a GPU the data lives on the
-    GPU and is staged through host memory). ``timeout`` bounds the collective allocation.
+    ``memory``: "mapped" (the memory the transport inside a node maps, ``circuslink.transport.map_memory``:
+    shared memory on cpu, CUDA IPC on cuda) or "mpi3" (an MPI-3 window, the MPI back-end of the RMA papers;
+    needs a job started by mpirun; on a world with a GPU the data lives on the GPU and is staged through host
+    memory). ``timeout`` bounds the collective allocation.
     """
     if not isinstance(nbytes, int | np.integer) or isinstance(nbytes, bool) or nbytes <= 0:
         raise RmaError(f"window_alloc: nbytes must be a positive integer, got {nbytes!r}")
     nbytes = int(nbytes)
-    name = engine.lower() if isinstance(engine, str) else engine
-    if name not in ENGINES:
-        raise RmaError(f"window_alloc: unknown engine {engine!r}: choose {' or '.join(ENGINES)}")
-    module = _engine_module(world, name)
+    name = memory.lower() if isinstance(memory, str) else memory
+    if name not in MEMORY:
+        raise RmaError(f"window_alloc: unknown memory {memory!r}: choose {' or '.join(MEMORY)}")
+    module = _window_module(world, name)
     deadline = Deadline.after(timeout)
     impl = module.open_window(world, nbytes, deadline)
     # The same order of allocation on every rank, so the same number names the same window everywhere.
     index = next(world.registry(_WINDOW_COUNTER, lambda: itertools.count(1)))
-    win = Window(world, nbytes, "mpi" if name == "mpi" else world.backend.name, impl, index)
+    win = Window(world, nbytes, name, impl, index)
     win._register(world)
     return win
 
@@ -218,10 +223,10 @@ def declare_strided_write(
         if not isinstance(w, Window):
             raise RmaError(f"declare_write: {role} must be a Window from rma.window_alloc, got {type(w).__name__}")
         w._check()
-    if src_window.world is not dst_window.world or src_window.engine != dst_window.engine:
+    if src_window.world is not dst_window.world or src_window.memory != dst_window.memory:
         raise RmaError(
-            f"declare_write: src_window {src_window.index} ({src_window.engine}) and dst_window "
-            f"{dst_window.index} ({dst_window.engine}) must belong to the same world and back-end"
+            f"declare_write: src_window {src_window.index} ({src_window.label}) and dst_window "
+            f"{dst_window.index} ({dst_window.label}) must belong to the same world and memory"
         )
     dst_offset = _int_arg("dst_offset", dst_offset, 0)
     src_offset = _int_arg("src_offset", src_offset, 0)
@@ -473,7 +478,7 @@ class Queue(Resource):
     def start(self, stream: Any = None) -> None:
         """Post my window to my origins and run my writes (host-driven).
 
-        ``stream`` (engines that run on a device only): enqueue the start on this stream, ordered
+        ``stream`` (windows whose module runs on a device only): enqueue the start on this stream, ordered
         after the work already on it and returning at once, e.g. inside a CUDA graph capture; by
         default it runs on the world's stream, after the caller's current stream.
         """
@@ -486,7 +491,7 @@ class Queue(Resource):
         active = self.window._active_queue
         if active is not None and active is not self and self.window._impl.one_epoch_per_window:
             raise RmaError(
-                f"start on {self._where()}: {active.name} has an epoch in flight on the same {self.window.engine} "
+                f"start on {self._where()}: {active.name} has an epoch in flight on the same {self.window.label} "
                 "window; wait() for it first (MPI allows one access epoch per window)"
             )
         self.epoch += 1
@@ -497,8 +502,8 @@ class Queue(Resource):
     def wait(self, timeout: float | None = None, stream: Any = None, block: bool = True) -> None:
         """Return once my writes are complete and every origin's writes for this epoch have arrived.
 
-        ``timeout`` overrides the queue's time-out for this call. ``stream`` (device engines):
-        enqueue the wait on this stream instead of the world's. ``block=False`` (device engines)
+        ``timeout`` overrides the queue's time-out for this call. ``stream`` (on a device only):
+        enqueue the wait on this stream instead of the world's. ``block=False`` (on a device only)
         enqueues the wait and returns at once: work queued after it on the same stream runs once
         the epoch is complete; a time-out it records is raised by :meth:`check_device` (or the
         next blocking wait). The queue may be started again right away.
@@ -518,7 +523,7 @@ class Queue(Resource):
     def _check_stream(self, op: str, stream: Any, block: bool = True) -> None:
         if (stream is not None or not block) and not self.window._impl.runs_on_streams:
             what = "stream=" if stream is not None else "block=False"
-            raise RmaError(f"{op}({what}) on {self._where()}: the {self.window.engine} engine runs on the host "
+            raise RmaError(f"{op}({what}) on {self._where()}: the {self.window.label} window runs on the host "
                            "and has no streams; leave stream=None and block=True")
 
     def clear(self) -> None:
@@ -557,12 +562,12 @@ class Queue(Resource):
 
     # plan and device-driven ----------------------------------------------------------------
     def describe(self) -> dict:
-        """The queue and, once committed, the plan the engine built: a dict for logs and benchmarks.
+        """The queue and, once committed, the plan its window's module built: a dict for logs and benchmarks.
 
-        Keys: ``queue``, ``rank``, ``engine``, ``state``, ``epoch``, ``post_at``, ``timeout_s``,
+        Keys: ``queue``, ``rank``, ``memory``, ``state``, ``epoch``, ``post_at``, ``timeout_s``,
         ``targets``, ``origins``, ``handles`` (their descriptions), ``transposes`` (one entry per
-        transposing put: handle id, dtype, rows, cols and ``tile``, the (m, n) the engine uses, None
-        where it moves the block whole); once committed, the engine's own (cuda: ``launch``
+        transposing put: handle id, dtype, rows, cols and ``tile``, the (m, n) the module uses, None
+        where it moves the block whole); once committed, the module's own (cuda: ``launch``
         "kernel" or "graph", ``grid``, ``threads``, ``work_units``).
         """
         from ._transpose import is_transpose
@@ -572,7 +577,7 @@ class Queue(Resource):
         tiles = plan.pop("tiles", {})
         transposes = [{"handle": h.id, "dtype": h.dtype, "rows": h.rows, "cols": h.cols, "dst_rank": h.dst_rank,
                        "tile": tiles.get(h.id, h.tile)} for h in self._handles if is_transpose(h)]
-        return {"queue": self.name, "rank": self.world.rank, "engine": self.window.engine, "state": state,
+        return {"queue": self.name, "rank": self.world.rank, "memory": self.window.memory, "state": state,
                 "epoch": self.epoch, "post_at": self.post_at, "timeout_s": self.timeout,
                 "targets": list(self.targets), "origins": list(self._origins),
                 "handles": [h.describe() for h in self._handles], "transposes": transposes, **plan}
@@ -586,7 +591,7 @@ class Queue(Resource):
         if self._state == _OPEN:
             raise RmaError(f"device_handle before commit on {self._where()}")
         if not hasattr(self._impl, "device_handle"):
-            raise RmaError(f"device_handle: {self.name} uses the {self.window.engine} engine, which runs no "
+            raise RmaError(f"device_handle: {self.name} uses the {self.window.label} window, which runs no "
                            "kernels; device-driven queues need a world whose back-end runs kernels")
         return self._impl.device_handle()
 

@@ -1,4 +1,5 @@
-"""The cpu engine: the reference semantics of RMA queues, over the cpu back-end's shared memory.
+"""The cpu back-end's RMA windows: the reference semantics of RMA queues, over the shared memory the ipc
+transport maps (its CPU form).
 
 A window is a :class:`~circuslink.SymmetricBuffer`; a queue adds one symmetric array of
 uint64 counters per rank: ``[0, size)`` arrival counters (slot o is raised by origin o
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from .. import transport
 from .._wait import Deadline, wait_until
 from ._transpose import _cpu as transposes
 from ._transpose import is_transpose
@@ -31,17 +33,17 @@ def _view(arr: np.ndarray, offset: int, count: int, block: int, stride: int) -> 
 
 
 def open_window(world: Any, nbytes: int, deadline: Deadline) -> CpuWindow:
-    """The engine's half of ``rma.window_alloc`` (collective)."""
+    """This module's half of ``rma.window_alloc`` (collective)."""
     return CpuWindow(world, nbytes, deadline)
 
 
 class CpuWindow:
-    runs_on_streams = False  # start(stream=) / wait(block=False) need a device engine
+    runs_on_streams = False  # start(stream=) / wait(block=False) need a back-end with streams
     one_epoch_per_window = False
 
     def __init__(self, world: Any, nbytes: int, deadline: Deadline) -> None:
         self.world = world
-        self.buf = world.alloc(nbytes, deadline)
+        self.buf = transport.map_memory(world, None, nbytes, deadline)
 
     @property
     def local(self) -> np.ndarray:
@@ -66,7 +68,7 @@ class CpuQueue:
         self.window = window
         size = self.world.size
         self.size = size
-        self.signals = self.world.alloc(2 * size * 8, deadline)
+        self.signals = transport.map_memory(self.world, None, 2 * size * 8, deadline)
         self.mine = self.signals.view(np.uint64)
         self.peers = {r: self.signals.view(np.uint64, r) for r in range(size)}
         self.queue: Any = None

@@ -1,4 +1,5 @@
-"""The cuda engine: RMA queues inside a node, over CUDA IPC peer memory (NVLink).
+"""The cuda back-end's RMA windows: queues inside a node, over the mapped memory of the ipc transport (CUDA IPC
+peer memory, NVLink).
 
 commit() packs the chain once into device memory (an ``RmaQueue`` followed by its
 descriptors and counter addresses, byte for byte as ``include/circuslink/detail/rma_types.cuh``
@@ -11,7 +12,7 @@ lays them out, from the ABI tables of ``_layout.py``). Then every cycle is cheap
 * launch "graph": start() launches one CUDA graph built at commit: a post kernel, one
   copy-engine 2-D copy (cudaMemcpy2DAsync, peer) per handle, a signal kernel.
 
-Choose with ``CIRCUSLINK_RMA_ENGINE=kernel|graph`` (read at commit) so the two can be
+Choose with ``CIRCUSLINK_RMA_LAUNCH=kernel|graph`` (read at commit) so the two can be
 measured against each other without code changes. Every kernel takes the queue's device
 handle (``circuslink::RmaHandle``, :data:`~._layout.HANDLE`) by value; kernels of users drive a
 queue themselves through ``circuslink::rma_start`` / ``rma_wait`` and ``Queue.device_handle()``.
@@ -29,13 +30,14 @@ from typing import Any
 
 import numpy as np
 
+from .. import transport
 from .._wait import Deadline, timeout_error
 from ..errors import RmaError
 from ._layout import CHUNK_BYTES, DESCRIPTOR, HANDLE, QUEUE
 from ._transpose import _cuda as transposes
 from ._transpose import is_transpose
 
-ENGINES = ("kernel", "graph")
+LAUNCHES = ("kernel", "graph")
 _KERNELS = Path(__file__).with_name("rma_kernels.cu")
 _THREADS = 256
 _module = None
@@ -64,15 +66,16 @@ def _alignment(*values: int) -> int:
     return align
 
 
-def engine_name() -> str:
-    name = os.environ.get("CIRCUSLINK_RMA_ENGINE", "kernel").strip().lower() or "kernel"
-    if name not in ENGINES:
-        raise RmaError(f"CIRCUSLINK_RMA_ENGINE={name!r}: choose one of {', '.join(ENGINES)}")
+def launch_mode() -> str:
+    """How start() launches a cycle: ``CIRCUSLINK_RMA_LAUNCH`` (default "kernel")."""
+    name = os.environ.get("CIRCUSLINK_RMA_LAUNCH", "kernel").strip().lower() or "kernel"
+    if name not in LAUNCHES:
+        raise RmaError(f"CIRCUSLINK_RMA_LAUNCH={name!r}: choose one of {', '.join(LAUNCHES)}")
     return name
 
 
 def open_window(world: Any, nbytes: int, deadline: Deadline) -> CudaWindow:
-    """The engine's half of ``rma.window_alloc`` (collective)."""
+    """This module's half of ``rma.window_alloc`` (collective)."""
     return CudaWindow(world, nbytes, deadline)
 
 
@@ -82,7 +85,7 @@ class CudaWindow:
 
     def __init__(self, world: Any, nbytes: int, deadline: Deadline) -> None:
         self.world = world
-        self.buf = world.alloc(nbytes, deadline)
+        self.buf = transport.map_memory(world, None, nbytes, deadline)
 
     @property
     def local(self):
@@ -106,7 +109,7 @@ class CudaQueue:
         self.window = window
         self.size = self.world.size
         self.stream = self.world.backend.stream
-        self.signals = self.world.alloc(2 * self.size * 8, deadline)
+        self.signals = transport.map_memory(self.world, None, 2 * self.size * 8, deadline)
         self.error_ptr = 0
         try:
             with self.stream:  # the kernels that use it run on this stream: no race with the null stream
@@ -128,7 +131,7 @@ class CudaQueue:
         self.grid = 1
         self.units = 0
         self.tiles: dict[int, tuple[int, int]] = {}
-        self.engine = "kernel"
+        self.launch = "kernel"
 
     def _stream_wait(self, stream: Any, deadline: Deadline, what: str) -> None:
         self.world.backend.wait_stream(stream, deadline, lambda: f"{self.queue._where() if self.queue else 'rma'}: "
@@ -143,7 +146,7 @@ class CudaQueue:
     def commit(self, queue: Any, base: int, post_at: str, incoming: dict, deadline: Deadline) -> None:
         cp = self.cp
         self.queue = queue
-        self.engine = engine_name()
+        self.launch = launch_mode()
         me, size = self.world.rank, self.size
         handles = sorted((h for h in queue.handles if not is_transpose(h)), key=lambda h: h.dst_rank)
         # Transposing puts: their own descriptors, run by the same start launch after the copies.
@@ -220,7 +223,7 @@ class CudaQueue:
             for o in origins:
                 cp.cuda.runtime.memcpy(sig.ptr(o) + 8 * (size + me), one.ctypes.data, 8,
                                        cp.cuda.runtime.memcpyHostToDevice)
-        if self.engine == "graph":
+        if self.launch == "graph":
             self.graph = self._build_graph(kernels)
 
     def _build_graph(self, kernels: Any):
@@ -253,7 +256,7 @@ class CudaQueue:
         return out
 
     def describe(self) -> dict:
-        return {"launch": self.engine, "grid": self.grid, "threads": _THREADS, "work_units": self.units,
+        return {"launch": self.launch, "grid": self.grid, "threads": _THREADS, "work_units": self.units,
                 "tiles": dict(self.tiles)}
 
     # cycles --------------------------------------------------------------------------------

@@ -1,4 +1,7 @@
-"""The mpi engine: MPI-3 RMA, as the paper's MPI back-end (``MPI_Put`` inside PSCW epochs).
+"""MPI-3 windows: the RMA papers' MPI back-end (``MPI_Put`` inside PSCW epochs), ``window_alloc(memory="mpi3")``.
+
+A back-end of RMA, not a transport: it is the comparison the persistent queues are measured against, and it
+takes MPI from the world's bootstrap (``world.mpi``: the module, COMM_WORLD), which initialised it once.
 
 A window is ``MPI.Win.Allocate``: MPI owns the host memory, so Open MPI can serve it with its
 shared-memory one-sided component inside a node. (``MPI_Win_create`` over our own buffer needs
@@ -40,12 +43,6 @@ from ._transpose import _mpi as transposes
 from ._transpose import is_transpose
 
 What = str | Callable[[], str]
-
-
-def _mpi():
-    from mpi4py import MPI
-
-    return MPI
 
 
 def _text(what: What) -> str:
@@ -138,7 +135,7 @@ def _collective_stall(where: str, call: str, world: Any) -> str:
 
 
 def open_window(world: Any, nbytes: int, deadline: Deadline) -> MpiWindow:
-    """The engine's half of ``rma.window_alloc(engine="mpi")`` (collective)."""
+    """This module's half of ``rma.window_alloc(memory="mpi3")`` (collective)."""
     return MpiWindow(world, nbytes, deadline)
 
 
@@ -147,10 +144,9 @@ class MpiWindow:
     one_epoch_per_window = True  # MPI allows one access epoch per window
 
     def __init__(self, world: Any, nbytes: int, deadline: Deadline) -> None:
-        comm = world.mpi_comm
-        if comm is None:
-            raise RmaError("window_alloc(engine='mpi') needs a job started by mpirun (world.mpi_comm is None)")
-        MPI = _mpi()
+        if world.mpi is None:
+            raise RmaError("window_alloc(memory='mpi3') needs a job started by mpirun (world.mpi is None)")
+        comm, MPI = world.mpi.comm, world.mpi.MPI
         self.world = world
         self.comm = comm
         self.nbytes = nbytes
@@ -160,7 +156,7 @@ class MpiWindow:
         self.win = None
         self.group = None
         calls = "MPI_Win_allocate + MPI_Barrier"
-        with bounded(deadline, lambda: _collective_stall("window_alloc(engine='mpi')", calls, world)):
+        with bounded(deadline, lambda: _collective_stall("window_alloc(memory='mpi3')", calls, world)):
             self.win = MPI.Win.Allocate(nbytes, disp_unit=1, comm=comm)
             self.host = np.frombuffer(self.win.tomemory(), dtype=np.uint8, count=nbytes)
             self.host[:] = 0
@@ -177,7 +173,7 @@ class MpiWindow:
     def close(self, deadline: Deadline) -> None:
         if self.win is not None:
             world = self.world
-            with bounded(deadline, lambda: _collective_stall("window free (engine='mpi')", "MPI_Win_free", world)):
+            with bounded(deadline, lambda: _collective_stall("window free (memory='mpi3')", "MPI_Win_free", world)):
                 self.host = None  # a view of MPI's memory, which Free releases
                 self.win.Free()  # collective
             self.win = None
@@ -221,8 +217,8 @@ class MpiQueue:
         if post_at == "wait":
             # An exposure epoch left open by wait() could only be closed by every origin
             # running an empty access epoch; MPI's PSCW has no cheaper way, so we refuse.
-            raise RmaError(f"commit of {queue.name}: post_at='wait' is not supported by the mpi engine")
-        MPI = _mpi()
+            raise RmaError(f"commit of {queue.name}: post_at='wait' is not supported by MPI-3 windows")
+        MPI = self.world.mpi.MPI
         self.queue = queue
         self.post_at = post_at
         win = self.window

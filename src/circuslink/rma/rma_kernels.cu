@@ -1,12 +1,12 @@
-// Kernels of the cuda RMA engine (circuslink/rma/_cuda.py compiles this file with NVRTC). Each takes
+// Kernels of the cuda back-end's RMA windows (circuslink/rma/_cuda.py compiles this file with NVRTC). Each takes
 // the queue's device handle (circuslink::RmaHandle) by value, as user kernels do.
 //
-//   kernel engine: start = one launch of circuslink_rma_start (post, wait for the
+//   kernel launch: start = one launch of circuslink_rma_start (post, wait for the
 //                  targets' posts, every CTA copies its share of the chain, the last CTA
 //                  raises the arrival counters); wait = one launch of circuslink_rma_wait.
 //                  circuslink_rma_start_transposeN: the same, then the transposing puts' tiles
 //                  (N: their element size, 0 when mixed).
-//   graph engine:  start = one CUDA graph: circuslink_rma_prologue (post, wait for posts),
+//   graph launch:  start = one CUDA graph: circuslink_rma_prologue (post, wait for posts),
 //                  a 2-D copy-engine copy per handle, circuslink_rma_epilogue (signal).
 // Device-driven cycles are the user's kernels, through <circuslink/rma.cuh>.
 #include <circuslink/rma.cuh>
@@ -16,7 +16,7 @@ using circuslink::RmaHandle;
 using circuslink::RmaQueue;
 namespace cd = circuslink::detail;
 
-// The start launch (a 1-D grid of 1-D blocks, launched by the engine); kTransposes (the element size
+// The start launch (a 1-D grid of 1-D blocks, launched by rma/_cuda.py); kTransposes (the element size
 // of the queue's transposing puts, 0 for mixed sizes, -1 for none) adds their tiles after the copies,
 // in kernels of their own: the tiles' shared memory and registers would cost the plain copy its occupancy.
 template <int kTransposes>

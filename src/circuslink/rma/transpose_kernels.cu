@@ -2,7 +2,7 @@
 // this file with NVRTC):
 //
 //   circuslink_transpose_chainN: every block turns its share of a chain's tiles (block b takes
-//       tiles b, b + gridDim.x, ...). The graph engine runs it as the node between the copies and
+//       tiles b, b + gridDim.x, ...). The graph launch runs it as the node between the copies and
 //       the signal; local transposes (the tile model's calibration, the local-transpose baseline
 //       of the benchmarks) run it on a chain whose destination is this rank's own memory.
 #include <circuslink/transpose.cuh>

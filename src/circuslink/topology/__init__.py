@@ -2,7 +2,7 @@
 
     from circuslink import topology
     t = topology.parse("torus:4x4")           # or ring:8, line:4, mesh:4x4, full:8, a JSON or edge-list file
-    n = topology.parse("nodes:2x4")           # 2 nodes of 4 (all-to-all inside), engine links between gateways
+    n = topology.parse("nodes:2x4")           # 2 nodes of 4 (all-to-all inside), network links between gateways
     n.nodes, n.gateway(0, 1)                  # [[0, 1, 2, 3], [4, 5, 6, 7]], (0, 4)
     topology.nodes(world.nodes, "ring:2")     # the job's own nodes (world.nodes), a ring inside each
     t.neighbours(5)                           # the ranks whose memory rank 5 maps
@@ -22,12 +22,12 @@ from ._deadlock import check as _check
 from ._files import from_edge_list, from_json
 from ._files import load as load
 from ._model import (
-    ENGINE_KIND,
     KINDS,
-    LINK_ENGINE,
     LINK_KIND_NAMES,
     LINK_MAPPED,
+    LINK_NETWORK,
     MAX_RANKS,
+    NETWORK_KIND,
     STRING_KINDS,
     Link,
     Port,
@@ -73,10 +73,10 @@ def check(topology: Topology | str | Routing, vcs: int | None = None) -> CheckRe
 
 
 __all__ = [
-    "ENGINE_KIND",
+    "NETWORK_KIND",
     "ENTRY",
     "KINDS",
-    "LINK_ENGINE",
+    "LINK_NETWORK",
     "LINK_KIND_NAMES",
     "LINK_MAPPED",
     "MAX_RANKS",

@@ -7,7 +7,7 @@ JSON (``.json``, or any file whose first character is ``{``)::
      "directed": false}                          # optional: links are bidirectional by default
 
 A node may also be ``{"name": "a", "node": "host0"}`` (``"group"`` is the older name): the ranks of a
-topology of nodes, with mapped links inside a node and ``kind=engine`` links between nodes (their ends
+topology of nodes, with mapped links inside a node and ``kind=network`` links between nodes (their ends
 are the gateways; see ``_nodes``).
 
 Edge list (any other file)::
@@ -32,14 +32,14 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ._model import DEFAULT_LINK_KIND, ENGINE_KIND, MAX_LINKS, MAX_RANKS, Link, Topology, TopologyError
+from ._model import DEFAULT_LINK_KIND, MAX_LINKS, MAX_RANKS, NETWORK_KIND, Link, Topology, TopologyError
 
 MAX_FILE_BYTES = 16 << 20
 MAX_WEIGHT = 1e9  # path sums stay exact enough and finite
 _JSON_KEYS = ("nodes", "links", "directed", "name", "description", "comment")
 _NODE_KEYS = ("name", "node", "group")
-_LINK_KEYS = ("a", "b", "kind", "weight")
-_OPTION_KEYS = ("kind", "weight")
+_LINK_KEYS = ("a", "b", "kind", "weight", "transport")
+_OPTION_KEYS = ("kind", "weight", "transport")
 _NODE_OPTION_KEYS = ("node",)
 _INT_NAME = re.compile(r"^(0|[1-9][0-9]*)$")
 
@@ -139,7 +139,7 @@ def from_json(text: str, where: str = "<json>") -> Topology:
         if isinstance(item, list):
             if len(item) != 2:
                 raise TopologyError(f"{at}: a link is [a, b] or {{\"a\": .., \"b\": ..}}, got a list of {len(item)}")
-            edges.append((item[0], item[1], DEFAULT_LINK_KIND, 1.0, at))
+            edges.append((item[0], item[1], DEFAULT_LINK_KIND, 1.0, at, None))
         elif isinstance(item, dict):
             bad = [k for k in item if k not in _LINK_KEYS]
             if bad:
@@ -147,7 +147,8 @@ def from_json(text: str, where: str = "<json>") -> Topology:
             for end in ("a", "b"):
                 if end not in item:
                     raise TopologyError(f"{at}: missing {end!r} (a link is {{\"a\": .., \"b\": ..}})")
-            edges.append((item["a"], item["b"], item.get("kind", DEFAULT_LINK_KIND), item.get("weight", 1.0), at))
+            edges.append((item["a"], item["b"], item.get("kind", DEFAULT_LINK_KIND), item.get("weight", 1.0), at,
+                          item.get("transport")))
         else:
             raise TopologyError(f"{at}: a link is [a, b] or {{\"a\": .., \"b\": ..}}, got a JSON {_json_type(item)}")
     return _build(node_arg, edges, directed=directed, name=name, groups=groups, where=where)
@@ -213,7 +214,7 @@ def from_edge_list(text: str, where: str = "<edges>") -> Topology:
                 except ValueError:
                     raise TopologyError(f"{at}: weight {options['weight']!r} is not a number") from None
             kind = options.get("kind", DEFAULT_LINK_KIND)
-            edges.append((names[0], names[1], kind, weight, at))
+            edges.append((names[0], names[1], kind, weight, at, options.get("transport")))
     if not order:
         raise TopologyError(f"{where}: no nodes (expected lines 'a b', one link each)")
     if all(_INT_NAME.match(n) for n in order):
@@ -249,14 +250,16 @@ def build_graph(nodes: Iterable[Any] | int, links: Iterable[Any], *, directed: b
         if isinstance(item, dict):
             bad = [k for k in item if k not in _LINK_KEYS]
             if bad or "a" not in item or "b" not in item:
-                raise TopologyError(f"{at}: a link is (a, b) or a dict with keys a, b[, kind, weight]")
-            edges.append((item["a"], item["b"], item.get("kind", DEFAULT_LINK_KIND), item.get("weight", 1.0), at))
+                raise TopologyError(f"{at}: a link is (a, b) or a dict with keys a, b[, kind, weight, transport]")
+            edges.append((item["a"], item["b"], item.get("kind", DEFAULT_LINK_KIND), item.get("weight", 1.0), at,
+                          item.get("transport")))
         else:
             try:
                 a, b = item
             except (TypeError, ValueError):
-                raise TopologyError(f"{at}: a link is (a, b) or a dict with keys a, b[, kind, weight]") from None
-            edges.append((a, b, DEFAULT_LINK_KIND, 1.0, at))
+                raise TopologyError(f"{at}: a link is (a, b) or a dict with keys a, b[, kind, weight, transport]") \
+                    from None
+            edges.append((a, b, DEFAULT_LINK_KIND, 1.0, at, None))
     if not isinstance(nodes, int):
         nodes = [_node_name(n, f"{where}: nodes[{i}]") for i, n in enumerate(nodes)]
     return _build(nodes, edges, directed=directed, name=name, groups=groups, where=where)
@@ -291,8 +294,8 @@ def _build(nodes: list[str] | int, edges: list[tuple], *, directed: bool, name: 
                                 "give every rank its node")
 
     pairs: dict[tuple[int, int], str] = {}
-    directed_links: list[tuple[int, int, str, float]] = []
-    for a, b, kind, weight, at in edges:
+    directed_links: list[tuple[int, int, str, float, str | None]] = []
+    for a, b, kind, weight, at, transport in edges:
         ra, rb = (_lookup(rank_of, _node_name(v, at), at, names) for v in (a, b))
         if ra == rb:
             raise TopologyError(f"{at}: self-loop: node {names[ra]!r} linked to itself")
@@ -305,23 +308,24 @@ def _build(nodes: list[str] | int, edges: list[tuple], *, directed: bool, name: 
         if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight <= MAX_WEIGHT:
             raise TopologyError(f"{at}: weight must be a positive number up to {MAX_WEIGHT:g}, got {weight!r}"[:200])
         if not isinstance(kind, str) or not kind.strip() or len(kind) > 64 or any(c.isspace() for c in kind):
-            raise TopologyError(f"{at}: kind must be a short word such as nvlink or engine, got {kind!r}")
+            raise TopologyError(f"{at}: kind must be a short word such as nvlink or network, got {kind!r}")
         _check_kind(kind, ra, rb, names, groups, at)
-        directed_links.append((ra, rb, kind, float(weight)))
+        _check_transport(transport, kind, ra, rb, names, at)
+        directed_links.append((ra, rb, kind, float(weight), transport))
         if not directed:
-            directed_links.append((rb, ra, kind, float(weight)))
+            directed_links.append((rb, ra, kind, float(weight), transport))
     if len(directed_links) > MAX_LINKS:
         raise TopologyError(f"{where}: {len(directed_links)} directed links; at most {MAX_LINKS}")
     # Ports: one per neighbour (a rank linked to or from this one), numbered by the neighbour's rank, so the
     # numbering does not depend on file order and a port names both directions of a bidirectional link.
     neighbours: list[set[int]] = [set() for _ in names]
-    for src, dst, _, _ in directed_links:
+    for src, dst, _, _, _ in directed_links:
         neighbours[src].add(dst)
         neighbours[dst].add(src)
     port_of = [{nb: p for p, nb in enumerate(sorted(nbs))} for nbs in neighbours]
     directed_links.sort(key=lambda k: (k[0], k[1]))
-    links = [Link(i, src, dst, port_of[src][dst], kind=kind, weight=weight)
-             for i, (src, dst, kind, weight) in enumerate(directed_links)]
+    links = [Link(i, src, dst, port_of[src][dst], kind=kind, weight=weight, transport=transport)
+             for i, (src, dst, kind, weight, transport) in enumerate(directed_links)]
     topology = Topology("graph", names, links, name=name, directed=directed, groups=groups)
     if groups is None:
         return topology
@@ -331,21 +335,36 @@ def _build(nodes: list[str] | int, edges: list[tuple], *, directed: bool, name: 
 
 
 def _check_kind(kind: str, a: int, b: int, names: list[str], groups: Sequence[str | None] | None, at: str) -> None:
-    """Engine links join nodes, mapped links stay inside one: one line naming the link and its nodes."""
-    engine = kind == ENGINE_KIND
+    """Network links join nodes, mapped links stay inside one: one line naming the link and its nodes."""
+    network = kind == NETWORK_KIND
     if groups is None:
-        if engine:
-            raise TopologyError(f"{at}: link {names[a]}-{names[b]} has kind=engine, which joins nodes, but no rank "
+        if network:
+            raise TopologyError(f"{at}: link {names[a]}-{names[b]} has kind=network, which joins nodes, but no rank "
                                 "names its node (give every rank its node: 'a node=host0', {\"name\": .., "
                                 "\"node\": ..})")
         return
     ga, gb = groups[a], groups[b]
-    if engine and ga == gb:
-        raise TopologyError(f"{at}: link {names[a]}-{names[b]} has kind=engine but both ranks are in node {ga}: "
-                            "inside a node links are mapped memory (engine links join nodes)")
-    if not engine and ga != gb:
+    if network and ga == gb:
+        raise TopologyError(f"{at}: link {names[a]}-{names[b]} has kind=network but both ranks are in node {ga}: "
+                            "inside a node links are mapped memory (network links join nodes)")
+    if not network and ga != gb:
         raise TopologyError(f"{at}: link {names[a]}-{names[b]} joins node {ga} and node {gb} but has kind={kind}: "
-                            "the engine carries links between nodes (write kind=engine)")
+                            "a transport between nodes carries links between nodes (write kind=network)")
+
+
+def _check_transport(transport: Any, kind: str, a: int, b: int, names: list[str], at: str) -> None:
+    """A link may name the transport that carries it between nodes (``transport=mpi``): a registered one, on a
+    network link only."""
+    if transport is None:
+        return
+    from .. import transport as _transport
+
+    if kind != NETWORK_KIND:
+        raise TopologyError(f"{at}: link {names[a]}-{names[b]} names transport={transport} but has kind={kind}: a "
+                            "transport is named on links between nodes (kind=network) only")
+    if transport not in _transport.names():
+        raise TopologyError(f"{at}: link {names[a]}-{names[b]}: unknown transport {transport!r} (choose one of "
+                            f"{', '.join(_transport.names())})")
 
 
 def _lookup(rank_of: dict[str, int], node: str, at: str, names: list[str]) -> int:

@@ -3,12 +3,13 @@
 A :class:`Topology` is plain data. Built-in kinds are grids: ``line:N`` and ``mesh:XxY`` (no wrap-around),
 ``ring:N`` and ``torus:XxY`` (wrap-around in every dimension of 3 or more ranks); ``full:N`` (every rank
 linked to every other); and ``nodes:NxK`` / ``nodes:Nx(INNER)`` (ranks grouped into nodes, joined between
-nodes by engine links through gateway ranks: :mod:`circuslink.topology._nodes`). Custom graphs come from
+nodes by network links through gateway ranks: :mod:`circuslink.topology._nodes`). Custom graphs come from
 :func:`graph` (Python) or a file (:mod:`circuslink.topology._files`). Routing lives in ``_routing``.
 
-Every link has a kind: the word ``engine`` marks a link between nodes that an engine (MPI) carries; every
+Every link has a kind: the word ``network`` marks a link between nodes that a transport carries (docs/scale.md:
+nvshmem or mpi, chosen by capability, or the one the link names in its ``transport``); every
 other word (``direct``, the default; ``mapped``, ``nvlink``, ``pcie``... as labels) is a link through
-mapped memory. Ports carry the code (:data:`LINK_MAPPED`, :data:`LINK_ENGINE`) for the device.
+mapped memory. Ports carry the code (:data:`LINK_MAPPED`, :data:`LINK_NETWORK`) for the device.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ STRING_KINDS = (*KINDS, "full", "nodes")  # every kind:dims string
 MAX_RANKS = 1024  # the host computes full ranks x ranks tables; the header's dst_rank field has 16 bits
 MAX_LINKS = 1 << 16
 DEFAULT_LINK_KIND = "direct"
-ENGINE_KIND = "engine"  # the link kind carried by the engine between nodes (MPI)
+NETWORK_KIND = "network"  # the link kind between nodes, carried by a transport (circuslink.transport)
 LINK_MAPPED = 0  # Port.kind: the peer's memory is mapped (loads and stores)
-LINK_ENGINE = 1  # Port.kind: packets cross through the engine (a proxy on each gateway, MPI between them)
-LINK_KIND_NAMES = {LINK_MAPPED: "mapped", LINK_ENGINE: ENGINE_KIND}
+LINK_NETWORK = 1  # Port.kind: packets cross into the gateway's relay, which a transport carries to the peer's
+LINK_KIND_NAMES = {LINK_MAPPED: "mapped", LINK_NETWORK: NETWORK_KIND}
 DIM_NAMES = "xyzw"
 _SPEC_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_-]*)\s*:(.*)$")
 _DIMS_RE = re.compile(r"^[0-9]+(x[0-9]+)*$")
@@ -49,7 +50,8 @@ class Link:
 
     ``id`` indexes :attr:`Topology.links`. A bidirectional connection is two links. On grids ``dim`` is
     the dimension (0 = x), ``sign`` the direction (+1 or -1) and ``dateline`` marks the wrap-around link
-    of a ring (the one from the last coordinate to 0 going +, from 0 to the last going -).
+    of a ring (the one from the last coordinate to 0 going +, from 0 to the last going -). ``transport``: the
+    transport a network link names (a file's ``transport=mpi``), None where the registry chooses one.
     """
 
     id: int
@@ -61,21 +63,22 @@ class Link:
     dim: int = -1
     sign: int = 0
     dateline: bool = False
+    transport: str | None = None
 
     @property
-    def engine(self) -> bool:
-        """True when the engine (MPI) carries this link: it joins two nodes and maps no memory."""
-        return self.kind == ENGINE_KIND
+    def network(self) -> bool:
+        """True when a transport between nodes carries this link: it joins two nodes and maps no memory."""
+        return self.kind == NETWORK_KIND
 
     @property
     def kind_code(self) -> int:
-        """:data:`LINK_ENGINE` or :data:`LINK_MAPPED` (what the device's port table holds)."""
-        return LINK_ENGINE if self.engine else LINK_MAPPED
+        """:data:`LINK_NETWORK` or :data:`LINK_MAPPED` (what the device's port table holds)."""
+        return LINK_NETWORK if self.network else LINK_MAPPED
 
 
 class Port(NamedTuple):
     """One port of a rank: the neighbour behind it, the link ids each way (-1: none) and the links' kind
-    (:data:`LINK_MAPPED` or :data:`LINK_ENGINE`)."""
+    (:data:`LINK_MAPPED` or :data:`LINK_NETWORK`)."""
 
     peer: int
     out_link: int
@@ -258,7 +261,7 @@ class Topology:
 
     def gateway(self, src_node: int, dst_node: int) -> tuple[int, int]:
         """``(a, b)``: packets from node ``src_node`` to node ``dst_node`` leave from gateway rank ``a`` over
-        the engine link ``a -> b`` and land on rank ``b`` (a gateway of ``dst_node``)."""
+        the network link ``a -> b`` and land on rank ``b`` (a gateway of ``dst_node``)."""
         info = self.node_info
         n = len(info.ranks) if info is not None else 1
         for what, node in (("source node", src_node), ("destination node", dst_node)):
@@ -269,8 +272,8 @@ class Topology:
         return info.hop[src_node][dst_node]
 
     def gateways(self, node: int | None = None) -> list[int]:
-        """The gateway ranks (ranks with an engine link) of ``node``, or of every node, sorted."""
-        ranks = {k.src for k in self.links if k.engine} | {k.dst for k in self.links if k.engine}
+        """The gateway ranks (ranks with an network link) of ``node``, or of every node, sorted."""
+        ranks = {k.src for k in self.links if k.network} | {k.dst for k in self.links if k.network}
         if node is not None:
             ranks &= set(self.nodes[node])
         return sorted(ranks)
@@ -338,7 +341,7 @@ class Topology:
         """Boolean ``reach[src, dst]``: some path of links leads from src to dst."""
         if self.is_grid:
             return np.ones((self.size, self.size), dtype=bool)  # grids are connected by construction
-        if self.node_info is not None:  # routes between nodes take exactly one engine hop: follow the tables
+        if self.node_info is not None:  # routes between nodes take exactly one network hop: follow the tables
             from ._routing import _paths
 
             return _paths(self).next >= 0

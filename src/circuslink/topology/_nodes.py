@@ -1,11 +1,12 @@
-"""Topologies of nodes: ranks grouped into nodes, mapped links inside a node, engine links between nodes.
+"""Topologies of nodes: ranks grouped into nodes, mapped links inside a node, network links between nodes.
 
 A job that outgrows one machine keeps its channel code: inside a node ranks map each other's memory (the
 links of an *inner* topology: ``full`` for one NVSwitch machine, a ring, a torus, or a file's own links);
-between nodes a packet goes from its source to a **gateway** rank of its node, over the **engine** (MPI:
-``circuslink.links``) to a gateway of the destination node, and on to its destination. This is the route
-of the PCIe + optical FPGA router (FPGA1 -PCIe-> FPGA2 -optical-> FPGA3, forwarding at the gateway) and of
-NCCL's PXN (NVLink to the GPU next to the right NIC, then the network); see docs/scale.md.
+between nodes a packet goes from its source to a **gateway** rank of its node, over a **transport** between
+nodes (nvshmem or mpi: ``circuslink.transport``) to a gateway of the destination node, and on to its
+destination. This is the route of the PCIe + optical FPGA router (FPGA1 -PCIe-> FPGA2 -optical-> FPGA3,
+forwarding at the gateway) and of NCCL's PXN (NVLink to the GPU next to the right NIC, then the network);
+see docs/scale.md.
 
 Forms:
 
@@ -16,20 +17,20 @@ Forms:
   from node A to node B leave from A's local rank ``B mod K`` (rail-aligned, as PXN spreads node pairs over
   the GPUs next to each NIC);
 * :func:`nodes` in Python also takes the job's node lists (``world.nodes``) and per-node gateways;
-* a file whose ranks each name their ``node``: mapped links inside nodes, ``kind=engine`` links between
-  them; the engine links' ends are the gateways.
+* a file whose ranks each name their ``node``: mapped links inside nodes, ``kind=network`` links between
+  them; the network links' ends are the gateways.
 
-One engine link joins the gateways of each pair of nodes, both ways; every route between nodes takes
-exactly one engine hop. Routing tables are indexed ``(rank, dst)`` like every other topology:
+One network link joins the gateways of each pair of nodes, both ways; every route between nodes takes
+exactly one network hop. Routing tables are indexed ``(rank, dst)`` like every other topology:
 
 * same node: the inner topology's own route;
-* other node: the inner route to this node's gateway toward the destination's node, then the engine link,
+* other node: the inner route to this node's gateway toward the destination's node, then the network link,
   then the inner route from the landing gateway.
 
 Virtual channels: the inner topology's VCs, times one or two **classes**. With two classes, hops of
 packets inside their destination's node use the upper class and hops toward a gateway the lower one (the
-engine hop uses VC 0); a packet never goes from the upper class back to the lower one, so with the inner
-topology's own VCs deadlock-free, the whole is: inner hops toward a gateway -> engine -> inner hops inside
+network hop uses VC 0); a packet never goes from the upper class back to the lower one, so with the inner
+topology's own VCs deadlock-free, the whole is: inner hops toward a gateway -> network -> inner hops inside
 the destination node, a chain without a cycle. One class suffices when nodes are all-to-all inside and each
 node has one gateway (a link into the gateway then only leads out of the node, a link out of it only
 delivers); with spread gateways a link between two gateways carries both kinds of hop, and one class has a
@@ -45,8 +46,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._model import (
-    ENGINE_KIND,
     MAX_RANKS,
+    NETWORK_KIND,
     Link,
     Topology,
     TopologyError,
@@ -63,7 +64,7 @@ _EXAMPLE = "nodes:2x4, nodes:2x(ring:4) or nodes:8x8,gw=spread"
 @dataclass
 class NodeInfo:
     """What a topology of nodes adds to its links: which ranks form each node, the topology inside each node
-    (over local ranks 0..k-1, mapped links only) and, for every ordered pair of nodes, the engine hop."""
+    (over local ranks 0..k-1, mapped links only) and, for every ordered pair of nodes, the network hop."""
 
     ranks: list[list[int]]  # node -> its ranks, ascending
     names: list[str]
@@ -113,7 +114,7 @@ class NodeInfo:
 # ---- constructors -------------------------------------------------------------------------------
 
 def nodes(layout: int | Sequence[Sequence[int]], inner: int | str | Topology | None = None, *,
-          gateway: int | str | Sequence[int] = 0, name: str | None = None) -> Topology:
+          gateway: int | str | Sequence[int] = 0, name: str | None = None, transport: str | None = None) -> Topology:
     """A topology of nodes joined through gateways.
 
     ``layout``: a node count N (with ``inner`` giving the nodes' size or topology; node i holds ranks
@@ -121,8 +122,14 @@ def nodes(layout: int | Sequence[Sequence[int]], inner: int | str | Topology | N
     ``inner``: K (every rank of a node linked to every other, ``full:K``), a kind:dims string or a
     :class:`Topology` of the node's size; None with rank lists: ``full`` of each node's size.
     ``gateway``: the local rank every node's traffic leaves from (default 0), ``"spread"`` (node A reaches
-    node B from its local rank ``B mod K``) or one local rank per node.
+    node B from its local rank ``B mod K``) or one local rank per node. ``transport``: the transport every network
+    link names (None: the registry chooses one by capability when channels open).
     """
+    if transport is not None:
+        from ..transport import names as transports
+
+        if transport not in transports():
+            raise TopologyError(f"nodes: unknown transport {transport!r} (choose one of {', '.join(transports())})")
     if isinstance(layout, bool):
         raise TopologyError(f"nodes: a node count or the nodes' rank lists, not {layout!r}")
     if isinstance(layout, int | np.integer):
@@ -159,8 +166,9 @@ def nodes(layout: int | Sequence[Sequence[int]], inner: int | str | Topology | N
         else:
             auto = "nodes:" + "|".join(_span(r) for r in lists)
     hop, rule, suffix = _gateways(lists, gateway, name or auto)
+    over = f" over {transport}" if transport is not None else ""
     return _assemble(lists, [f"node{i}" for i in range(len(lists))], inners, hop, rule,
-                     name or (auto + suffix))
+                     (name or (auto + suffix)) + over, transport)
 
 
 def parse_nodes(text: str) -> Topology:
@@ -218,8 +226,8 @@ def _inner_topology(inner: int | str | Topology, where: str | None) -> Topology:
                             f"{type(inner).__name__}")
     if topo.has_nodes:
         raise TopologyError(f"{where or 'nodes'}: a topology of nodes ({topo.name}) cannot sit inside a node")
-    if any(k.engine for k in topo.links):
-        raise TopologyError(f"{where or 'nodes'}: {topo.name} has engine links; inside a node links are mapped")
+    if any(k.network for k in topo.links):
+        raise TopologyError(f"{where or 'nodes'}: {topo.name} has network links; inside a node links are mapped")
     return topo
 
 
@@ -289,8 +297,8 @@ def _gateways(lists: list[list[int]], gateway: int | str | Sequence[int],
 
 
 def _assemble(lists: list[list[int]], names: list[str], inners: list[Topology], hop: list[list[tuple[int, int]]],
-              rule: str, name: str) -> Topology:
-    """The topology: inner links node by node, one engine link each way per pair of nodes, ports numbered by
+              rule: str, name: str, transport: str | None = None) -> Topology:
+    """The topology: inner links node by node, one network link each way per pair of nodes, ports numbered by
     neighbour rank (as on graphs)."""
     size = sum(len(r) for r in lists)
     pairs: dict[tuple[int, int], tuple[str, float]] = {}
@@ -301,23 +309,24 @@ def _assemble(lists: list[list[int]], names: list[str], inners: list[Topology], 
         for b in range(len(lists)):
             if a != b:
                 src, dst = hop[a][b]
-                pairs[(src, dst)] = (ENGINE_KIND, 1.0)
-                pairs[(dst, src)] = (ENGINE_KIND, 1.0)  # every engine link both ways
+                pairs[(src, dst)] = (NETWORK_KIND, 1.0)
+                pairs[(dst, src)] = (NETWORK_KIND, 1.0)  # every network link both ways
     neighbours: list[set[int]] = [set() for _ in range(size)]
     for src, dst in pairs:
         neighbours[src].add(dst)
         neighbours[dst].add(src)
     port_of = [{nb: p for p, nb in enumerate(sorted(nbs))} for nbs in neighbours]
-    links = [Link(i, src, dst, port_of[src][dst], kind=kind, weight=weight)
+    links = [Link(i, src, dst, port_of[src][dst], kind=kind, weight=weight,
+                  transport=transport if kind == NETWORK_KIND else None)
              for i, ((src, dst), (kind, weight)) in enumerate(sorted(pairs.items()))]
     info = NodeInfo([list(r) for r in lists], names, list(inners), hop, rule)
     return Topology("nodes", [str(r) for r in range(size)], links, name=name, node_info=info)
 
 
 def from_file_nodes(topology: Topology, node_names: list[str], where: str) -> Topology:
-    """A file's graph whose ranks each name their node (links already checked: mapped inside nodes, engine
-    between them) as a topology of nodes. Every pair of nodes must be joined by an engine link; the lowest
-    ``(a, b)`` engine link from node A to node B carries A's traffic to B."""
+    """A file's graph whose ranks each name their node (links already checked: mapped inside nodes, network
+    between them) as a topology of nodes. Every pair of nodes must be joined by an network link; the lowest
+    ``(a, b)`` network link from node A to node B carries A's traffic to B."""
     order: list[str] = []
     for g in node_names:
         if g not in order:
@@ -330,22 +339,22 @@ def from_file_nodes(topology: Topology, node_names: list[str], where: str) -> To
     inners = []
     for i, ranks in enumerate(lists):
         inside = [(local[i][k.src], local[i][k.dst], k.kind, k.weight) for k in topology.links
-                  if not k.engine and k.src in local[i] and k.dst in local[i]]
+                  if not k.network and k.src in local[i] and k.dst in local[i]]
         inners.append(_inner_graph(len(ranks), inside, f"{where}: node {order[i]}", topology.directed))
     n = len(lists)
     hop: list[list[tuple[int, int]]] = [[(-1, -1)] * n for _ in range(n)]
     node_of = {r: i for i, ranks in enumerate(lists) for r in ranks}
-    for k in sorted((k for k in topology.links if k.engine), key=lambda k: (k.src, k.dst)):
+    for k in sorted((k for k in topology.links if k.network), key=lambda k: (k.src, k.dst)):
         a, b = node_of[k.src], node_of[k.dst]
         if hop[a][b] == (-1, -1):
             hop[a][b] = (k.src, k.dst)
     for a in range(n):
         for b in range(n):
             if a != b and hop[a][b] == (-1, -1):
-                raise TopologyError(f"{where}: node {order[a]} has no gateway to node {order[b]}: no engine link "
+                raise TopologyError(f"{where}: node {order[a]} has no gateway to node {order[b]}: no network link "
                                     f"from a rank of {order[a]} to a rank of {order[b]} (a route between nodes "
-                                    "takes one engine hop between their gateways: add a link with kind=engine)")
-    info = NodeInfo(lists, order, inners, hop, "the ends of the engine links")
+                                    "takes one network hop between their gateways: add a link with kind=network)")
+    info = NodeInfo(lists, order, inners, hop, "the ends of the network links")
     return Topology("nodes", topology.names, topology.links, name=topology.name, directed=topology.directed,
                     node_info=info)
 

@@ -110,7 +110,7 @@ def _paths(topology: Topology) -> _Paths:
     return cached
 
 
-# ---- topologies of nodes: inner routes, gateways, one engine hop ----------------------------------
+# ---- topologies of nodes: inner routes, gateways, one network hop ----------------------------------
 
 def _inner_vcs(topology: Topology) -> int:
     """The virtual channels every node's inner topology routes with (its default)."""
@@ -128,8 +128,8 @@ def _node_tables(topology: Topology) -> tuple[_Paths, np.ndarray]:
     """(paths, inner VC of every hop) of a topology of nodes (module docstring of ``_nodes``); cached.
 
     Same node: the inner topology's route. Other node: the inner route to this node's gateway toward the
-    destination's node, the engine link, then the inner route from the landing rank. The VC array holds
-    the inner VC of each hop (0 on engine hops); :class:`Routing` adds the class."""
+    destination's node, the network link, then the inner route from the landing rank. The VC array holds
+    the inner VC of each hop (0 on network hops); :class:`Routing` adds the class."""
     cached = getattr(topology, "_node_cache", None)
     if cached is not None:
         return cached
@@ -311,7 +311,7 @@ class Routing:
         if topology.has_nodes:
             inner_algorithms = {t.routing().algorithm for t in topology.node_info.inner if t.size > 1}
             inside = inner_algorithms.pop() if len(inner_algorithms) == 1 else "each node's own routing"
-            self.algorithm = f"through gateways (to the gateway, one engine hop, on; inside nodes: {inside})"
+            self.algorithm = f"through gateways (to the gateway, one network hop, on; inside nodes: {inside})"
         elif topology.is_grid:
             order = ", then ".join(_dim_name(k) for k in range(len(topology.dims)))
             self.algorithm = f"dimension order ({order})" if len(topology.dims) > 1 else "shortest way"
@@ -402,7 +402,7 @@ class Routing:
     @property
     def port_table(self) -> np.ndarray:
         """``(nranks, nports)`` array of :data:`PORT` (16 bytes: out_link, in_link u32; peer, peer_port u16;
-        kind u8: LINK_MAPPED or LINK_ENGINE), NO_LINK / NO_RANK where a port is absent."""
+        kind u8: LINK_MAPPED or LINK_NETWORK), NO_LINK / NO_RANK where a port is absent."""
         t = self.topology
         out = PORT.array(t.size * max(t.nports, 1)).reshape(t.size, max(t.nports, 1))
         out["out_link"] = out["in_link"] = NO_LINK
@@ -435,7 +435,7 @@ class Routing:
             info = t.node_info
             out["nodes"] = [{"name": name, "ranks": ranks, "gateways": t.gateways(i)}
                             for i, (name, ranks) in enumerate(zip(info.names, info.ranks, strict=True))]
-            out["engine_hops"] = [{"from_node": a, "to_node": b, "src": info.hop[a][b][0], "dst": info.hop[a][b][1]}
+            out["network_hops"] = [{"from_node": a, "to_node": b, "src": info.hop[a][b][0], "dst": info.hop[a][b][1]}
                                   for a in range(len(info.ranks)) for b in range(len(info.ranks)) if a != b]
         return out
 

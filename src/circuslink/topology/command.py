@@ -5,7 +5,7 @@ between two ranks with its links and virtual channels. ``route check TOPOLOGY`` 
 dependency graph of all routes and prints ``acyclic: ...`` or one cycle. ``TOPOLOGY`` is ``ring:N``,
 ``line:N``, ``mesh:XxY``, ``torus:XxY``, ``full:N``, ``nodes:NxK``, ``nodes:Nx(INNER)[,gw=G|spread]`` or a file
 (JSON or edge list, docs/routing.md). On topologies of nodes the tables say each hop's link kind (``mapped``
-or ``engine``) and the headings each rank's node and the nodes it is a gateway to.
+or ``network``) and the headings each rank's node and the nodes it is a gateway to.
 
 Exit codes: 0 fine (acyclic), 1 a cycle was found, 2 bad input (one line naming the problem),
 3 an internal error (a bug: please report it with the input).
@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from .._argtypes import output_file_or_stdout
 from ..errors import Error
-from . import LINK_ENGINE, LINK_KIND_NAMES, parse
+from . import LINK_KIND_NAMES, LINK_NETWORK, parse
 from . import check as check_routing
 
 EXIT_OK, EXIT_CYCLE, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
@@ -130,9 +130,9 @@ def _show(args: argparse.Namespace) -> int:
         _emit(args, "\n".join(lines), lambda: data)
         return EXIT_OK
     ranks = [t.rank_of(args.rank)] if args.rank is not None else list(range(t.size))
-    kinds = t.has_nodes or any(k.engine for k in t.links)
+    kinds = t.has_nodes or any(k.network for k in t.links)
     lines = [t.describe(), f"routing: {r.describe().split(': ', 1)[1]}; table[rank][dst] = next rank, out port, "
-             "virtual channel, hops to go" + (", link kind (mapped memory or the engine)" if kinds else "")]
+             "virtual channel, hops to go" + (", link kind (mapped memory or the network)" if kinds else "")]
     named = any(name != str(i) for i, name in enumerate(t.names))
     for rank in ranks:
         lines.append("")
@@ -180,11 +180,11 @@ def _rank_heading(t, rank: int) -> str:
         if port.peer < 0:
             continue
         arrows = ("" if port.out_link >= 0 else " in only") if port.in_link >= 0 else " out only"
-        engine = ", engine" if port.kind == LINK_ENGINE else ""
-        nbs.append(f"{t.names[port.peer]} ({t.port_label(rank, p)}{engine}{arrows})")
+        network = ", network" if port.kind == LINK_NETWORK else ""
+        nbs.append(f"{t.names[port.peer]} ({t.port_label(rank, p)}{network}{arrows})")
     return f"rank {rank}{where}: neighbours {', '.join(nbs) if nbs else 'none'}"
 
 
 def _carrier(link) -> str:
-    """``mapped`` or ``engine``: how a hop's packets cross its link."""
+    """``mapped`` or ``network``: how a hop's packets cross its link."""
     return LINK_KIND_NAMES[link.kind_code]

@@ -9,7 +9,7 @@ measures its offset to rank 0 with an NTP-style exchange through symmetric memor
 
 Causality puts rank 0's time at ``tb`` inside [t1, t2], so ``offset = tb - (t1 + t2) / 2``
 is off by at most ``(t2 - t1) / 2``; of ``rounds`` exchanges the one with the shortest
-round trip wins, and half its round trip is the stated residual. Each back-end's engine runs
+round trip wins, and half its round trip is the stated residual. Each back-end's module runs
 the exchange its own way (``trace/_cpu.py``: Python over shared memory, tens of us;
 ``trace/_cuda.py``: two one-thread kernels polling over NVLink, ~1-3 us round trip; ranks on
 rank 0's GPU read the very same %globaltimer and skip it). The pairs take turns, each started

@@ -1,4 +1,4 @@
-"""The tracer's engine on back-ends that run no kernels (cpu): Python records events into a numpy
+"""The tracer's back-end module on back-ends that run no kernels (cpu): Python records events into a numpy
 ring with the same layout the device writes, and the clock exchange runs in Python over a small
 symmetric buffer."""
 

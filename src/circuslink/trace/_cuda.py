@@ -1,4 +1,4 @@
-"""The tracer's engine on back-ends that run kernels (cuda): kernels record into a ring in device
+"""The tracer's back-end module on back-ends that run kernels (cuda): kernels record into a ring in device
 memory through the by-value ``circuslink::trace::Handle``, and the clock exchange runs in two
 one-thread kernels polling over NVLink (``clock_kernels.cu``)."""
 

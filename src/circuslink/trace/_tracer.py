@@ -2,7 +2,7 @@
 synchronises clocks and collects everything into one :class:`~circuslink.trace.Trace`.
 
 What differs by back-end (where the ring lives, who records, how clocks are exchanged) is the
-engine's: ``world.engine("circuslink.trace")`` gives ``trace/_cpu.py`` or ``trace/_cuda.py``."""
+back-end module: ``world.backend_module("circuslink.trace")`` gives ``trace/_cpu.py`` or ``trace/_cuda.py``."""
 
 from __future__ import annotations
 
@@ -55,11 +55,11 @@ class Tracer(Resource):
         self.capacity = int(capacity)
         self.names = dict(names or {})
         self.last: Trace | None = None
-        self._engine = world.engine("circuslink.trace").Recorder(world, self.capacity, _clock_ns)
+        self._impl = world.backend_module("circuslink.trace").Recorder(world, self.capacity, _clock_ns)
         try:
-            self._samples = [self._engine.sync(Deadline.after(timeout))]
+            self._samples = [self._impl.sync(Deadline.after(timeout))]
         except BaseException:
-            self._engine.release_local()
+            self._impl.release_local()
             raise
         self._register(world)
 
@@ -68,7 +68,7 @@ class Tracer(Resource):
         """The ``circuslink::trace::Handle`` to pass to a kernel (a 24-byte numpy struct,
         which CuPy passes by value)."""
         self._check_open("device_handle")
-        return self._engine.device_handle()
+        return self._impl.device_handle()
 
     @staticmethod
     def null_handle() -> np.void:
@@ -83,7 +83,7 @@ class Tracer(Resource):
             raise ConfigError(
                 f"trace event {event} / phase {phase} out of range (event 1..{L.MAX_EVENT}, phase 0..2)"
             )
-        self._engine.record(event, phase, arg, block)
+        self._impl.record(event, phase, arg, block)
 
     def instant(self, event: int, arg: int = 0, block: int = 0) -> None:
         self.record(event, L.PHASE_INSTANT, arg, block)
@@ -108,13 +108,13 @@ class Tracer(Resource):
     def dropped(self) -> int:
         """Events of this rank that did not fit in the ring so far."""
         self._check_open("dropped")
-        return max(0, self._engine.local()[1] - self.capacity)
+        return max(0, self._impl.local()[1] - self.capacity)
 
     def reset(self) -> None:
         """Forget this rank's recorded events (not collective). Where kernels record, call it
         between kernels, not while one that records is running."""
         self._check_open("reset")
-        self._engine.reset()
+        self._impl.reset()
 
     def collect(self, timeout: float | None = None) -> Trace:
         """Collective: re-synchronise clocks, gather every rank's events and merge them on
@@ -122,8 +122,8 @@ class Tracer(Resource):
         ``timeout`` bounds every wait of the call together."""
         self._check_open("collect")
         deadline = Deadline.after(timeout)
-        self._samples.append(self._engine.sync(deadline))
-        raw, attempted = self._engine.local()
+        self._samples.append(self._impl.sync(deadline))
+        raw, attempted = self._impl.local()
         everyone = self.world.allgather_object((raw.tobytes(), attempted, self.names), deadline)
         per_rank = [np.frombuffer(b, dtype=L.RECORD_DTYPE) for b, _, _ in everyone]
         # Each rank's own view of its offset is what counts; samples[0] is rank 0's list
@@ -164,7 +164,7 @@ class Tracer(Resource):
 
     # -- lifecycle (circuslink._lifecycle) ---------------------------------------------------------
     def _close(self, timeout: float | None) -> None:
-        self._engine.close(timeout)
+        self._impl.close(timeout)
 
     def _release_local(self) -> None:
-        self._engine.release_local()
+        self._impl.release_local()

@@ -1,4 +1,4 @@
-"""The FFT's cpu engine (the reference): numpy's FFTs over the last axes of a box, host memory limits, and a
+"""The FFT's cpu back-end module (the reference): numpy's FFTs over the last axes of a box, host memory limits, and a
 runner that does every step in order on the host."""
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def free_bytes(world: Any) -> tuple[int, str]:
 
 
 def tile_model(world: Any, dtype: str) -> Any:
-    """The cpu engine has no tile model (its transposes are single numpy copies)."""
+    """The cpu module has no tile model (its transposes are single numpy copies)."""
     return None
 
 

@@ -1,8 +1,8 @@
-"""The FFT's cuda engine: cuFFT (through CuPy's plan objects) over the last axes of a box, and a runner with two
+"""The FFT's cuda module: cuFFT (through CuPy's plan objects) over the last axes of a box, and a runner with two
 streams, so that a stage's transforms overlap with the puts of its chunks.
 
 Streams. Transforms (and the final scaling) run on the plan's own *compute* stream; RMA queues start and
-wait on the world's stream (the *comm* stream, where the cuda RMA engine keeps its state). A chunk's put
+wait on the world's stream (the *comm* stream, where the cuda RMA module keeps its state). A chunk's put
 waits, on the GPU, for the event its transform recorded; the next stage's transforms wait for the event
 recorded after every queue of the exchange has been waited for (``Queue.wait(stream=, block=False)``).
 The host blocks once, at the end, bounded by the plan's time-out, then asks every queue for an error its
@@ -60,7 +60,7 @@ def make_fft(world: Any, kind: str, src: Any, dst: Any, count: int, inverse: boo
              ) -> Callable[[], None] | None:
     """A callable that transforms ``src`` over its last ``count`` axes into ``dst`` on the current stream (the
     runner makes it the compute stream); None when there is nothing to transform. ``kind`` as in the cpu
-    engine; the inverse is unnormalised."""
+    module; the inverse is unnormalised."""
     if src.size == 0 or dst.size == 0:
         return None
     for label, a in (("source", src), ("destination", dst)):

@@ -10,7 +10,7 @@ alternate regions, so a reshape never writes where it reads. Forward:
 (reshapes only where the boxes differ; c2c transforms in place). Backward runs the same arrays in reverse.
 A reshape that follows a transform is cut into chunks along the slowest storage axis of its source: chunk
 j's transform, then chunk j's puts, so that the puts of one chunk overlap the transform of the next (the
-cuda engine's two streams). How many chunks: the tile model's prediction of the puts beside the measured
+cuda module's two streams). How many chunks: the tile model's prediction of the puts beside the measured
 transform time; where it cannot tell the candidates apart (ranks sharing one GPU share its bandwidth), the
 candidates are measured, as the tile model measures close tiles.
 """
@@ -151,12 +151,12 @@ class Plan(Resource):
         self.decomposition, self.grid = self._decomposition(decomposition, grid, d, inboxes)
         self.stages = bx.stages(self.cshape, R, self.decomposition, self.grid, inboxes, outboxes,
                                 self.shape[-1] if self.real else None)
-        self._engine = world.engine("circuslink.apps.fft")
+        self._impl = world.backend_module("circuslink.apps.fft")
         self._arrays = self._lay_out()
         e_max = max(DTYPES[a.dtype] * b.size for a in self._arrays for b in a.boxes)
         self._region = max(_ALIGN, -(-e_max // _ALIGN) * _ALIGN)
         regions = 3 if scheme == "local-transpose" else 2
-        check_memory(world, self._engine, regions * self._region + self._engine.EXTRA_REGIONS * self._region
+        check_memory(world, self._impl, regions * self._region + self._impl.EXTRA_REGIONS * self._region
                      + int(reserve_bytes), self._describe_problem())
         self.window = rma.window_alloc(world, regions * self._region, timeout=timeout)
         self._queues_all: list = []
@@ -168,9 +168,9 @@ class Plan(Resource):
                 off = a.region * self._region
                 a.view = local[off: off + box.size * DTYPES[a.dtype]].view(world.xp.dtype(a.dtype)).reshape(
                     box.storage_shape)
-            self._runner = self._engine.Runner(world)
+            self._runner = self._impl.Runner(world)
             self.prediction: dict = {}
-            self._cache: dict = {}  # cuFFT plans of this plan's transforms (engine-specific)
+            self._cache: dict = {}  # cuFFT plans of this plan's transforms (back-end-specific)
             self._prebuilt: list | None = None
             self.chunks = self._choose_chunks(chunks)
             forward = self._prebuilt or self._forward(self.chunks)
@@ -235,7 +235,7 @@ class Plan(Resource):
     def _fft_ops(self, op: tuple, parts: int, cache: dict) -> list:
         """One transform per chunk of ``dst``'s slowest storage axis (``src`` is cut the same way)."""
         kind, src, dst, count, inverse = op
-        eng, world = self._engine, self.world
+        eng, world = self._impl, self.world
         if parts == 1:
             return [eng.make_fft(world, kind, src.view, dst.view, count, inverse, cache)]
         ops = []
@@ -321,8 +321,8 @@ class Plan(Resource):
                                                            p.rows, p.cols, src.dtype, t))
                     else:  # local transpose into the staging region, then block puts of whole rows
                         base = 2 * self._region // e
-                        stage = self._engine.strided(flat, base + staged, (p.cols, p.rows), (p.rows, 1))
-                        source = self._engine.strided(flat, src.region * self._region // e + p.src,
+                        stage = self._impl.strided(flat, base + staged, (p.cols, p.rows), (p.rows, 1))
+                        source = self._impl.strided(flat, src.region * self._region // e + p.src,
                                                       (p.rows, p.cols), (p.src_ld, 1))
                         packs.append(rma.plan_local_transpose(world, stage, source))
                         q.push(rma.declare_strided_write(self.window, do, self.window, 2 * self._region + staged * e,
@@ -344,11 +344,11 @@ class Plan(Resource):
                            default=1))
         if chunks is not None:
             return max(1, min(int(chunks), limit))
-        model = self._engine.tile_model(self.world, self.cdtype) if len(self.stages) > 1 else None
+        model = self._impl.tile_model(self.world, self.cdtype) if len(self.stages) > 1 else None
         if model is None:
             return 1
         candidates = [k for k in _CHUNK_CANDIDATES if k <= limit]
-        shared = self._engine.same_memory(self.world)
+        shared = self._impl.same_memory(self.world)
         fft_s, put_s = self._stage_costs(model)
         bounds = {}
         for k in candidates:
@@ -385,7 +385,7 @@ class Plan(Resource):
             if nxt is None:
                 continue
             ops = self._fft_ops(self._transform(k, False), 1, self._cache)
-            f = sum(self._engine.time_op(self.world, op) for op in ops if op is not None)
+            f = sum(self._impl.time_op(self.world, op) for op in ops if op is not None)
             pieces = []
             mine = here.boxes[me]
             for t in range(self.world.size):
@@ -429,7 +429,7 @@ class Plan(Resource):
         """The tile model's seconds for each forward reshape with the tiles the queues committed."""
         from ...rma import _tile_model as tm
 
-        model = self._engine.tile_model(self.world, self.cdtype) if len(self._arrays) > 1 else None
+        model = self._impl.tile_model(self.world, self.cdtype) if len(self._arrays) > 1 else None
         if model is None:
             return
         total = 0.0
@@ -606,14 +606,14 @@ def require_gpu_memory(nranks: int, each: float, what: str, advice: str) -> None
                            advice)
 
 
-def check_memory(world: Any, engine: Any, nbytes: int, problem: str) -> None:
+def check_memory(world: Any, module: Any, nbytes: int, problem: str) -> None:
     """Collective: refuse, before allocating, a plan that the ranks sharing a device (or the host) cannot hold.
 
     Every rank reports its device, need and free bytes; each group of ranks on one device needs the sum
     of their needs. Every rank raises the same one-line error.
     """
     need = int(nbytes) + _MARGIN
-    free, what = engine.free_bytes(world)
+    free, what = module.free_bytes(world)
     everyone = world.allgather_object((world.device, need, free, what))
     groups: dict[Any, list[int]] = {}
     for rank, (device, _, _, _) in enumerate(everyone):

@@ -276,7 +276,7 @@ def transform_file(world: Any, args: argparse.Namespace, ndim: int) -> None:
     if isinstance(job, str):
         raise ConfigError(job)
     me, xp = world.rank, world.xp
-    eng = world.engine("circuslink.apps.fft")
+    eng = world.backend_module("circuslink.apps.fft")
     t0 = time.perf_counter()
     nbytes = job.bytes_per_rank()
     plan = _plan.Plan(world, job.inboxes[me], job.outboxes[me], job.dtype, decomposition=job.decomposition,

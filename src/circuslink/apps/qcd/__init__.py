@@ -30,7 +30,7 @@ from __future__ import annotations
 from ._gaugefile import GaugeFile, link_trace, plaquette, write_ildg
 from ._gaugefile import peek as peek_gauge
 from ._gaugefile import read as read_gauge
-from ._halo import HALO_ENGINES
+from ._halo import HALO_EXCHANGES
 from ._io import gather, scatter
 from ._lattice import Lattice
 from ._operator import PRECISIONS, WilsonOperator
@@ -55,7 +55,7 @@ __all__ = [
     "DIRECTIONS",
     "FLOPS_PER_SITE_CG",
     "FLOPS_PER_SITE_DSLASH",
-    "HALO_ENGINES",
+    "HALO_EXCHANGES",
     "PRECISIONS",
     "ConvergenceError",
     "GaugeFile",

@@ -1,9 +1,9 @@
-"""The cpu engine of the distributed Wilson operator: the even-odd hopping term in numpy.
+"""The cpu back-end module of the distributed Wilson operator: the even-odd hopping term in numpy.
 
-It follows the GPU engine step for step, so the cpu back-end checks the same algorithm: spin-projected half
+It follows the GPU module step for step, so the cpu back-end checks the same algorithm: spin-projected half
 spinors on the faces (``h = psi_upper + s A_mu psi_lower``, 12 reals; the lower half comes back as
 ``s A_mu^dagger h``), the backward faces multiplied by ``U^dagger`` before they travel, the interior computed
-between the halo engine's ``start()`` and ``wait()``, the ghost terms added after. Fields are checkerboard
+between the halo exchange's ``start()`` and ``wait()``, the ghost terms added after. Fields are checkerboard
 halves ``(Vh, 4, 3)``.
 """
 
@@ -19,7 +19,7 @@ from ._lattice import Lattice
 from ._phases import NO_PHASES, HostPhases
 from ._reference import GAMMA_BLOCK
 
-Phases = HostPhases  # the time split of this engine: the host clock
+Phases = HostPhases  # the time split of this back-end module: the host clock
 
 
 def project(psi: np.ndarray, mu: int, s: int) -> np.ndarray:
@@ -35,7 +35,7 @@ def reconstruct(h: np.ndarray, mu: int, s: int) -> np.ndarray:
 
 
 class Dslash:
-    """``out = a x + b D_{p <- 1-p} in`` for checkerboard halves, with halos from a halo engine (or none)."""
+    """``out = a x + b D_{p <- 1-p} in`` for checkerboard halves, with halos from a halo exchange (or none)."""
 
     def __init__(self, world: Any, lattice: Lattice, gauge: np.ndarray, dtype: Any, halo: Any) -> None:
         self.world = world

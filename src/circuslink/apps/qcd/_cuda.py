@@ -1,11 +1,11 @@
-"""The cuda engine of the distributed Wilson operator: the kernels of ``dslash.cu`` driven from the host.
+"""The cuda back-end module of the distributed Wilson operator: the kernels of ``dslash.cu`` driven from the host.
 
 Fields live on the GPU in the kernels' layout: one parity of a spinor field is ``(12 / W, Vh, W)`` complex
 with ``W`` complex numbers per 16-byte vector (2 in single, 1 in double), so a thread loads its site with 6
 float4 or 12 double2 loads, coalesced across the warp; the gauge field is ``(parity, mu, 9, Vh)``. Fields are
 converted at the boundary (``from_half`` / ``to_half``); the vector updates of the solver do not care.
 
-A hop with a halo engine is: ``start()`` (the faces the previous kernel wrote leave), the interior kernel on
+A hop with a halo exchange is: ``start()`` (the faces the previous kernel wrote leave), the interior kernel on
 the caller's stream (the RMA copy runs on the world's stream meanwhile), ``wait()``, the exterior kernel
 (ghost terms of the boundary sites, then the faces of the result for the next hop). With ``rma-device`` the
 whole hop is one launch whose block 0 starts and waits on the queue itself.
@@ -85,11 +85,11 @@ class EventPhases:
         return dict(self.seconds)
 
 
-Phases = EventPhases  # the time split of this engine: CUDA events
+Phases = EventPhases  # the time split of this back-end module: CUDA events
 
 
 class Dslash:
-    """``out = a x + b D_{p <- 1-p} in`` on the GPU, with halos from a halo engine (or none)."""
+    """``out = a x + b D_{p <- 1-p} in`` on the GPU, with halos from a halo exchange (or none)."""
 
     def __init__(self, world: Any, lattice: Lattice, gauge: Any, dtype: Any, halo: Any) -> None:
         import cupy as cp

@@ -1,8 +1,8 @@
-"""Halo engines: one interface, six ways to move the faces of a spinor field to the neighbouring ranks.
+"""Halo exchanges: one interface, seven ways to move the faces of a spinor field to the neighbouring ranks.
 
-Every engine owns a send array and a ghost array, both ``(6, S)`` complex (the layout of ``_lattice``): the
+Every exchange owns a send array and a ghost array, both ``(6, S)`` complex (the layout of ``_lattice``): the
 kernel that produces a field writes its projected faces into ``send``; ``start()`` sends them; ``wait()``
-returns ``ghost`` once every neighbour's faces have arrived. The operator does not know which engine it has
+returns ``ghost`` once every neighbour's faces have arrived. The operator does not know which exchange it has
 (the device-driven one says ``device_driven`` and hands its queue to the dslash kernel instead).
 
 =============  ==================================================================================================
@@ -10,9 +10,11 @@ returns ``ghost`` once every neighbour's faces have arrived. The operator does n
                by S in the send and in the ghost array: no packing), declared and committed once
 ``rma-device`` the same queue, started and waited on by the dslash kernel itself (``circuslink::rma_start`` /
                ``rma_wait``): no host call per hop (cuda)
+``transport``  Connections to the neighbours (``circuslink.transport``, chosen by capability: ipc inside a node,
+               nvshmem or mpi between nodes): a put per face component, a signal per face
 ``mpi-p2p``    MPI persistent point-to-point (``Send_init`` / ``Recv_init`` with vector datatypes,
                ``Startall`` / ``Waitall``), host-staged on the GPU (needs mpirun)
-``mpi-rma``    the same RMA queue on ``window_alloc(..., engine="mpi")``: MPI-3 ``MPI_Put`` in PSCW epochs
+``mpi-rma``    the same RMA queue on ``window_alloc(..., memory="mpi3")``: MPI-3 ``MPI_Put`` in PSCW epochs
                (needs mpirun)
 ``nvshmem``    NVSHMEM puts with a signal per face, from a small shared library built with nvcc at first use
                (cuda; see ``_nvshmem_halo``)
@@ -31,22 +33,22 @@ from ..._lifecycle import Resource
 from ...errors import ConfigError
 from ._lattice import Lattice
 
-HALO_ENGINES = ("rma", "rma-device", "mpi-p2p", "mpi-rma", "nvshmem", "nccl")
+HALO_EXCHANGES = ("rma", "rma-device", "transport", "mpi-p2p", "mpi-rma", "nvshmem", "nccl")
 NEEDS_MPIRUN = ("mpi-p2p", "mpi-rma")
 NEEDS_GPU = ("rma-device", "nvshmem", "nccl")
 
 
-def check_engine(name: str) -> str:
-    if name not in HALO_ENGINES:
-        raise ConfigError(f"--halo {name!r}: choose one of {', '.join(HALO_ENGINES)}")
+def check_exchange(name: str) -> str:
+    if name not in HALO_EXCHANGES:
+        raise ConfigError(f"--halo {name!r}: choose one of {', '.join(HALO_EXCHANGES)}")
     return name
 
 
 def make_halo(name: str, world: Any, lattice: Lattice, dtype: Any) -> Halo | None:
-    """Collective: the halo engine ``name`` for fields of ``dtype``; None when no direction is partitioned."""
-    check_engine(name)
+    """Collective: the halo exchange ``name`` for fields of ``dtype``; None when no direction is partitioned."""
+    check_exchange(name)
     if lattice.face_total == 0:
-        return None  # one rank in every direction: nothing travels, any engine will do
+        return None  # one rank in every direction: nothing travels, any exchange will do
     if name in NEEDS_MPIRUN and world.mpi_comm is None:
         raise ConfigError(f"--halo {name} needs a job started by mpirun (MPI's COMM_WORLD); this one was started "
                           f"by {world.launched_by}: run it with mpirun, or let 'circuslink qcd' start itself")
@@ -54,11 +56,13 @@ def make_halo(name: str, world: Any, lattice: Lattice, dtype: Any) -> Halo | Non
         raise ConfigError(f"--halo {name} needs the cuda back-end (GPU memory); this job runs on "
                           f"{world.backend.name}")
     if name in ("rma", "rma-device"):
-        return RmaHalo(world, lattice, dtype, "auto", device_driven=name == "rma-device")
+        return RmaHalo(world, lattice, dtype, "mapped", device_driven=name == "rma-device")
     if name == "mpi-rma":
-        return RmaHalo(world, lattice, dtype, "mpi")
+        return RmaHalo(world, lattice, dtype, "mpi3")
     if name == "mpi-p2p":
         return MpiP2PHalo(world, lattice, dtype)
+    if name == "transport":
+        return ConnectionHalo(world, lattice, dtype)
     if name == "nccl":
         from ._halo_cuda import NcclHalo
 
@@ -82,11 +86,11 @@ def transfers(lattice: Lattice) -> list[tuple[int, int, int, int]]:
 
 
 class Halo(Resource):
-    """What every engine provides: ``send``, ``start()``, ``wait() -> ghost``, ``wait_seconds``."""
+    """What every exchange provides: ``send``, ``start()``, ``wait() -> ghost``, ``wait_seconds``."""
 
     name = "halo"
     device_driven = False
-    _kind = "halo engine"
+    _kind = "halo exchange"
 
     def __init__(self, world: Any, lattice: Lattice, dtype: Any) -> None:
         self.world = world
@@ -116,19 +120,19 @@ class RmaHalo(Halo):
 
     The window holds ``[send (6, S) | ghost (6, S)]``. Face (mu, d) of the send array is 6 blocks (one per
     spin-colour component) of ``n`` complex numbers, ``S`` apart; it lands in the same slot of the
-    neighbour's ghost array, also ``S`` apart: one ``declare_strided_write``, no packing. ``engine="mpi"``
-    makes it MPI-3 RMA (the mpi-rma engine)."""
+    neighbour's ghost array, also ``S`` apart: one ``declare_strided_write``, no packing. ``memory="mpi3"``
+    makes it MPI-3 RMA (the mpi-rma exchange)."""
 
-    def __init__(self, world: Any, lattice: Lattice, dtype: Any, engine: str, device_driven: bool = False) -> None:
+    def __init__(self, world: Any, lattice: Lattice, dtype: Any, memory: str, device_driven: bool = False) -> None:
         super().__init__(world, lattice, dtype)
         from ... import rma
 
-        self.name = "mpi-rma" if engine == "mpi" else ("rma-device" if device_driven else "rma")
+        self.name = "mpi-rma" if memory == "mpi3" else ("rma-device" if device_driven else "rma")
         self.device_driven = device_driven
         item = self.dtype.itemsize
         S = self.faces
         region = 6 * S * item
-        self.window = rma.window_alloc(world, 2 * region, engine=engine)
+        self.window = rma.window_alloc(world, 2 * region, memory=memory)
         fields = self.window.view(self.dtype)
         self.send = fields[: 6 * S].reshape(6, S)
         self.ghost = fields[6 * S: 12 * S].reshape(6, S)
@@ -164,6 +168,67 @@ class RmaHalo(Halo):
         self.send = self.ghost = None
 
 
+class ConnectionHalo(Halo):
+    """Faces through Connections (``circuslink.transport``): to each neighbour, the 6 component blocks of a face
+    (``n`` complex numbers each, ``S`` apart in the send array) are puts into its inbox, laid out as the ghost
+    array, the last one with the face's signal set to the epoch; ``wait()`` waits for every incoming face's
+    signal and copies the blocks into the ghost array. Two inbox halves alternate by epoch parity: a neighbour is
+    at most one epoch ahead (its next faces follow my next start, which follows my last read)."""
+
+    name = "transport"
+
+    def __init__(self, world: Any, lattice: Lattice, dtype: Any) -> None:
+        super().__init__(world, lattice, dtype)
+        from ... import transport
+
+        self.plan = transfers(lattice)
+        S, xp = self.faces, world.xp
+        self.region = 6 * S * self.dtype.itemsize
+        peers = sorted({t[2] for t in self.plan} | {t[3] for t in self.plan})
+        # slot k of my ghost array is filled by the rank that sends its slot k to me: signal k on that connection
+        self.group = transport.connect(world, peers, nbytes=2 * self.region, nsignals=max(1, len(self.plan)))
+        self.send = xp.zeros((6, S), dtype=self.dtype)
+        self.ghost = xp.zeros((6, S), dtype=self.dtype)
+        self.epoch = 0
+
+    def start(self) -> None:
+        self.epoch += 1
+        half, item, S = (self.epoch & 1) * self.region, self.dtype.itemsize, self.faces
+        for k, (offset, n, dst, _) in enumerate(self.plan):
+            conn = self.group[dst]
+            for c in range(6):
+                block = self.send[c, offset:offset + n]
+                at = half + (c * S + offset) * item
+                if c < 5:
+                    conn.put(at, block)
+                else:
+                    conn.put_with_signal(at, block, k, self.epoch)
+
+    def wait(self):
+        def arrive() -> None:
+            half, item, S, xp = (self.epoch & 1) * self.region, self.dtype.itemsize, self.faces, self.world.xp
+            for k, (offset, n, _, src) in enumerate(self.plan):
+                conn = self.group[src]
+                conn.wait(k, self.epoch)
+                inbox = conn.inbox()
+                for c in range(6):
+                    at = half + (c * S + offset) * item
+                    self.ghost[c, offset:offset + n] = xp.asarray(inbox[at:at + n * item]).view(self.dtype)
+            for conn in self.group.connections.values():
+                conn.flush()  # my faces have left: the send array may be written again
+
+        self._timed_wait(arrive)
+        return self.ghost
+
+    def _close(self, timeout: float | None) -> None:
+        self.send = self.ghost = None
+        self.group.close(timeout)
+
+    def _release_local(self) -> None:
+        self.send = self.ghost = None
+        self.group.release_local()
+
+
 class MpiP2PHalo(Halo):
     """MPI persistent point-to-point: one ``Send_init`` / ``Recv_init`` per face, on host buffers.
 
@@ -175,9 +240,7 @@ class MpiP2PHalo(Halo):
 
     def __init__(self, world: Any, lattice: Lattice, dtype: Any) -> None:
         super().__init__(world, lattice, dtype)
-        from mpi4py import MPI
-
-        self._mpi = MPI
+        MPI = self._mpi = world.mpi.MPI  # the world's bootstrap initialised MPI
         S = self.faces
         xp = world.xp
         self.send_host = np.zeros((6, S), dtype=self.dtype)

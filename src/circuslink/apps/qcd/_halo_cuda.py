@@ -1,4 +1,4 @@
-"""The halo engines that exist only on GPUs: NCCL grouped send/recv and NVSHMEM puts with signals.
+"""The halo exchanges that exist only on GPUs: NCCL grouped send/recv and NVSHMEM puts with signals.
 
 Both keep the operator's contract (``send``, ``start()``, ``wait() -> ghost``) and keep the GPU busy: the
 transfers run on a stream of their own that waits (on the GPU) for the kernel that wrote the faces, and
@@ -9,18 +9,14 @@ never blocks. Their ``wait_seconds`` is therefore only the host's share (near ze
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import importlib.util
 import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ...errors import BackendError, CompileError, ConfigError
+from ...transport import _build
 from ._halo import Halo, transfers
 from ._lattice import Lattice
 
@@ -107,56 +103,17 @@ _FACE = np.dtype([("offset", "<u8"), ("count", "<u8"), ("dst", "<i4"), ("src", "
 _lib = None
 
 
-def find_nvshmem() -> Path:
-    """NVSHMEM's folder (``include/nvshmem.h``, ``lib``): ``NVSHMEM_HOME`` or the nvidia-nvshmem pip package."""
-    candidates = [Path(os.environ["NVSHMEM_HOME"])] if os.environ.get("NVSHMEM_HOME") else []
-    spec = importlib.util.find_spec("nvidia")
-    if spec is not None and spec.submodule_search_locations:
-        candidates += [Path(p) / "nvshmem" for p in spec.submodule_search_locations]
-    for c in candidates:
-        if (c / "include" / "nvshmem.h").is_file() and (c / "lib").is_dir():
-            return c
-    raise BackendError("--halo nvshmem is unavailable: NVSHMEM not found (pip install nvidia-nvshmem-cu13 or set "
-                       f"NVSHMEM_HOME; looked in {', '.join(map(str, candidates)) or 'no nvidia/ package'})")
-
-
-def _nvcc() -> str:
-    for candidate in (os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
-        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    raise BackendError("--halo nvshmem is unavailable: nvcc not found (set NVCC or put the CUDA toolkit on PATH)")
-
-
 def build_command(output: Path) -> list[str]:
-    nv = find_nvshmem()
-    lib = nv / "lib"
-    hosts = sorted(p.name for p in lib.glob("libnvshmem_host.so*"))
-    if not hosts or not (lib / "libnvshmem_device.a").exists():
-        raise BackendError(f"--halo nvshmem is unavailable: {lib} lacks libnvshmem_host.so or libnvshmem_device.a")
-    host = "-lnvshmem_host" if "libnvshmem_host.so" in hosts else f"-l:{hosts[-1]}"
-    return [_nvcc(), "-std=c++17", "-rdc=true", "-shared", "-Xcompiler", "-fPIC", "-arch=sm_90a", "-O2",
-            f"-I{nv / 'include'}", str(_SOURCE), "-o", str(output), "-L", str(lib), host, "-lnvshmem_device",
-            "-Xlinker", f"-rpath={lib}"]
+    """nvcc -rdc against NVSHMEM, found by the one toolchain (``circuslink.transport._build``)."""
+    nv = _build.find_nvshmem()
+    return [_build.find_nvcc(), "-std=c++17", "-rdc=true", "-shared", "-Xcompiler", "-fPIC", "-arch=sm_90a", "-O2",
+            f"-I{nv / 'include'}", str(_SOURCE), "-o", str(output), *_build.nvshmem_link_args(nv)]
 
 
 def build_library(folder: Path | None = None) -> Path:
-    """Build the engine's shared library (cached by source and command); return its path."""
-    folder = folder or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "circuslink" / "qcd"
-    digest = hashlib.sha256(_SOURCE.read_bytes() + "\0".join(build_command(Path("OUT"))).encode()).hexdigest()[:16]
-    target = folder / f"libqcd_nvshmem-{digest}.so"
-    if target.is_file():
-        return target
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".libqcd_nvshmem-", suffix=".so", dir=folder)
-    os.close(fd)
-    cmd = build_command(Path(tmp))
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        Path(tmp).unlink(missing_ok=True)
-        log = (proc.stderr or proc.stdout).strip()
-        raise CompileError(f"--halo nvshmem: nvcc failed to build {_SOURCE.name}: {log}")
-    os.replace(tmp, target)
-    return target
+    """Build the NVSHMEM halo exchange's shared library (cached by source and command); return its path."""
+    return _build.build_cached("qcd", "libqcd_nvshmem", _SOURCE, build_command, what="--halo nvshmem: nvcc",
+                               folder=folder)
 
 
 def _library(world: Any) -> Any:
@@ -168,7 +125,7 @@ def _library(world: Any) -> Any:
     if world.rank == 0:
         try:
             path = str(build_library())
-        except (BackendError, CompileError, OSError, subprocess.SubprocessError) as exc:
+        except (BackendError, CompileError, OSError) as exc:
             error = str(exc).splitlines()[0]
     path, error = world.broadcast_object((path, error))
     if error:

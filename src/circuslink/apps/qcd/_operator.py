@@ -1,6 +1,6 @@
-"""The distributed Wilson operator: one rank's part of ``M = 1 - kappa D``, even-odd, over any halo engine.
+"""The distributed Wilson operator: one rank's part of ``M = 1 - kappa D``, even-odd, over any halo exchange.
 
-The back-end half (``_cpu.Dslash`` or ``_cuda.Dslash``, from ``world.engine``) computes one hop
+The back-end half (``_cpu.Dslash`` or ``_cuda.Dslash``, from ``world.backend_module``) computes one hop
 ``out = a x + b D_{p <- 1-p} in`` on checkerboard halves in its own field layout; this file strings hops
 into the operators the solver needs:
 
@@ -8,12 +8,12 @@ into the operators the solver needs:
 * ``M_pc = 1 - kappa^2 D_eo D_oe`` on the even sites and its adjoint (the hops with ``dagger``);
 * the normal operator ``M_pc^dagger M_pc`` of the CG.
 
-Precisions: ``double`` and ``single`` are the engines' kernels; ``half`` is QUDA's 16-bit fixed point with a
+Precisions: ``double`` and ``single`` are the back-end modules' kernels; ``half`` is QUDA's 16-bit fixed point with a
 norm per site, emulated (``_half``): single-precision kernels whose every written value is rounded onto the
 half grid. The solver calls the vector updates and reductions through the operator, so that rounding and the
 time split (``_phases``) happen in one place.
 
-Faces. A hop needs the projected faces of its input in the halo engine's send array. A hop can write the
+Faces. A hop needs the projected faces of its input in the halo exchange's send array. A hop can write the
 faces of its own output for the next hop (``emit``), and the CG's ``p = r + beta p`` writes those of ``p``;
 only a field that comes from outside (a source, a file) is packed on its own (``pack``).
 """
@@ -46,7 +46,7 @@ def check_precision(name: str, option: str = "--prec") -> Any:
 
 
 class WilsonOperator(Resource):
-    """Collective to create and close: the operator of one precision on ``world``, with its halo engine."""
+    """Collective to create and close: the operator of one precision on ``world``, with its halo exchange."""
 
     _kind = "qcd operator"
 
@@ -61,10 +61,10 @@ class WilsonOperator(Resource):
         self.xp = world.xp
         self.halo = make_halo(halo, world, lattice, self.dtype)
         self.halo_name = halo
-        self._engine = world.engine("circuslink.apps.qcd")
+        self._impl = world.backend_module("circuslink.apps.qcd")
         if self.half:
             gauge = quantize_gauge(gauge.get() if hasattr(gauge, "get") else gauge)
-        self.d = self._engine.Dslash(world, lattice, gauge, self.dtype, self.halo)
+        self.d = self._impl.Dslash(world, lattice, gauge, self.dtype, self.halo)
         self.phases = NO_PHASES
         self._tmp = [self.d.new_field() for _ in range(3)]
         self._register(world)
@@ -72,7 +72,7 @@ class WilsonOperator(Resource):
     # -- the time split ---------------------------------------------------------------------------
     def new_phases(self) -> Any:
         """A fresh time split on this back-end's clock (host clock on cpu, CUDA events on cuda)."""
-        return self._engine.Phases()
+        return self._impl.Phases()
 
     def time_phases(self, phases: Any) -> None:
         """Mark this operator's hops into ``phases`` (``_phases.NO_PHASES`` stops)."""
@@ -90,14 +90,14 @@ class WilsonOperator(Resource):
 
     # -- fields -----------------------------------------------------------------------------
     def split(self, psi: Any) -> tuple[Any, Any]:
-        """A local field (T, Z, Y, X, 4, 3) -> its checkerboard halves in the engine's layout and precision."""
+        """A local field (T, Z, Y, X, 4, 3) -> its checkerboard halves in the back-end module's layout and precision."""
         even, odd = self.lat.split(self.xp.asarray(psi))
         out = self.d.from_half(even), self.d.from_half(odd)
         self._round(*out)
         return out
 
     def join(self, even: Any, odd: Any) -> Any:
-        """The local field (T, Z, Y, X, 4, 3) from halves in the engine's layout."""
+        """The local field (T, Z, Y, X, 4, 3) from halves in the back-end module's layout."""
         return self.lat.join(self.d.to_half(even), self.d.to_half(odd))
 
     def convert(self, field: Any, source: WilsonOperator) -> Any:

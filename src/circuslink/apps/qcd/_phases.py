@@ -12,7 +12,7 @@ phase that caused it: the stream waiting for a halo is halo time). The operator 
 ``vector``     the vector updates (x, r, p) and precision conversions
 =============  ================================================================================================
 
-The host clock (``HostPhases``) serves the cpu back-end; the cuda engine marks with CUDA events on the
+The host clock (``HostPhases``) serves the cpu back-end; the cuda module marks with CUDA events on the
 stream instead (``_cuda.EventPhases``), so its split is the GPU's timeline, not the host's waits.
 """
 

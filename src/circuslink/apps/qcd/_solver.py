@@ -137,7 +137,7 @@ class _HostIterations:
 
 
 class _BatchedIterations:
-    """The device-resident CG: alpha, beta and |r|^2 stay with the engine (device memory on cuda, summed over
+    """The device-resident CG: alpha, beta and |r|^2 stay with the back-end module (device memory on cuda, summed over
     ranks by the device collectives; a numpy array and the host collectives on cpu), and the host looks at
     them every ``check_every`` iterations (``_cgstate``). On cuda one iteration is captured once as a CUDA
     graph and replayed, where its halos need no host (one rank, or ``rma-device``). A reliable update that

@@ -10,7 +10,7 @@ true residual, GFLOPS, seconds, and where an iteration's time goes. ``circuslink
 plaquette FILE`` reads and checks a configuration and prints its plaquette.
 
 Started outside a job, the command checks its input, then starts the grid's ranks itself (under mpirun
-when the halo engine needs MPI) and reports their outcome in one line.
+when the halo exchange needs MPI) and reports their outcome in one line.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 
 from ..._argtypes import non_negative_int, output_file, output_file_or_stdout, positive_float, positive_int
 from ...errors import ConfigError
-from ._halo import HALO_ENGINES, NEEDS_GPU, NEEDS_MPIRUN
+from ._halo import HALO_EXCHANGES, NEEDS_GPU, NEEDS_MPIRUN
 from ._lattice import check_local, fmt, local_from_global
 from ._operator import PRECISIONS
 from ._phases import PHASES
@@ -85,9 +85,10 @@ def _common(p: argparse.ArgumentParser, precisions: tuple[str, ...], prec_help: 
                    help="the lattice of EACH rank, as QUDA's --dim (default 8 8 8 8, or the files' lattice over "
                         "the grid); every extent even; the global lattice is --dim times --gridsize")
     p.add_argument("--prec", choices=precisions, default="double", help=prec_help)
-    p.add_argument("--halo", choices=HALO_ENGINES, default="rma",
-                   help="halo engine: rma (circuslink RMA queue, host-driven), rma-device (the dslash kernel "
-                        "drives the queue; cuda), mpi-p2p (MPI persistent send/recv; mpirun), mpi-rma "
+    p.add_argument("--halo", choices=HALO_EXCHANGES, default="rma",
+                   help="halo exchange: rma (circuslink RMA queue, host-driven), rma-device (the dslash kernel "
+                        "drives the queue; cuda), transport (Connections to the neighbours, chosen by capability), "
+                        "mpi-p2p (MPI persistent send/recv; mpirun), mpi-rma "
                         "(MPI-3 RMA; mpirun), nvshmem (cuda), nccl (cuda, one GPU per rank). Default rma")
     mass = p.add_mutually_exclusive_group()
     mass.add_argument("--kappa", type=_float, default=KAPPA_DEFAULT,

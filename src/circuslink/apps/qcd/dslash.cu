@@ -27,7 +27,7 @@
 #include <circuslink/rma.cuh>
 
 // The per-site functions are __host__ __device__ so that a host program can run them over a lattice and
-// compare them with the numpy engine (tests/qcd_dslash_host.cu): the kernels' index arithmetic, layouts and
+// compare them with the numpy back-end module (tests/qcd_dslash_host.cu): the kernels' index arithmetic, layouts and
 // spin algebra are checked on machines without a GPU.
 #ifdef __CUDA_ARCH__
 #define QCD_LDG(p) __ldg(p)

@@ -1,4 +1,4 @@
-// The nvshmem halo engine's shared library (apps/qcd/_halo_cuda.py builds it with nvcc at first use and
+// The nvshmem halo exchange's shared library (apps/qcd/_halo_cuda.py builds it with nvcc at first use and
 // loads it with ctypes). Without NVSHMEM's headers on the include path it compiles to nothing, so the
 // package's compile check of every .cu file passes on machines without NVSHMEM.
 //

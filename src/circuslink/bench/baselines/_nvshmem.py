@@ -1,7 +1,7 @@
 """NVSHMEM put-with-signal pingpong: build ``nvshmem_pingpong.cu`` with nvcc and run it under mpirun.
 
-Build (the image's NVSHMEM wheel), NV = the ``nvidia/nvshmem`` folder of site-packages (or
-``NVSHMEM_HOME``)::
+Build (the image's NVSHMEM wheel, found by the one toolchain of ``circuslink.transport._build``), NV = the
+``nvidia/nvshmem`` folder of site-packages (or ``NVSHMEM_HOME``)::
 
     nvcc -std=c++17 -rdc=true -arch=sm_90a -O2 -I$NV/include $(mpicc --showme:compile) \\
         nvshmem_pingpong.cu -o BIN -L$NV/lib -l:libnvshmem_host.so.3 -lnvshmem_device \\
@@ -18,24 +18,21 @@ so a second call (or a second benchmark) does not rebuild it.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import json
 import os
 import shutil
 import signal
 import subprocess
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ..._wait import Deadline
-from ...errors import BackendError, CompileError, ConfigError, TimeoutError
+from ...errors import BackendError, ConfigError, TimeoutError
+from ...transport import _build
 from ._common import MULTICAST_OFF, check_counts, check_sizes, fresh_seed
 
 SOURCE = Path(__file__).with_name("nvshmem_pingpong.cu")
 _ARCH = "sm_90a"
-_COMPILE_TIMEOUT_S = 600.0
 _HEAP_SLACK = 64 << 20  # NVSHMEM's own allocations next to our two buffers
 # What identifies an enclosing job's rank to Open MPI / PMIx: a nested mpirun must not inherit it.
 # Other OMPI_MCA_* settings (the machine's MPI configuration, e.g. plm_rsh_agent) are kept.
@@ -46,142 +43,28 @@ _ENV_OF_ENCLOSING_JOB = (
 )
 
 
-def _nvidia_dirs() -> list[Path]:
-    spec = importlib.util.find_spec("nvidia")
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    return [Path(p) for p in spec.submodule_search_locations]
-
-
 def find_nvshmem() -> Path:
-    """NVSHMEM's folder (with ``include/nvshmem.h`` and ``lib``): ``NVSHMEM_HOME`` or the pip package."""
-    candidates = []
-    if os.environ.get("NVSHMEM_HOME"):
-        candidates.append(Path(os.environ["NVSHMEM_HOME"]))
-    candidates += [d / "nvshmem" for d in _nvidia_dirs()]
-    for c in candidates:
-        if (c / "include" / "nvshmem.h").is_file() and (c / "lib").is_dir():
-            return c
-    looked = ", ".join(str(c) for c in candidates) or "no nvidia/ package folder found"
-    raise BackendError(f"NVSHMEM not found (looked in {looked}): pip install nvidia-nvshmem-cu13 or set NVSHMEM_HOME")
-
-
-def _nvshmem_link_args(nv: Path) -> list[str]:
-    """Link flags for the host library (a versioned .so in the pip wheel) and the static device library."""
-    lib = nv / "lib"
-    if (lib / "libnvshmem_host.so").exists():
-        host = ["-lnvshmem_host"]
-    else:
-        versioned = sorted(p.name for p in lib.glob("libnvshmem_host.so.*"))
-        if not versioned:
-            raise BackendError(f"NVSHMEM host library libnvshmem_host.so* not found in {lib}")
-        host = [f"-l:{versioned[0]}"]
-    if not (lib / "libnvshmem_device.a").exists():
-        raise BackendError(f"NVSHMEM device library libnvshmem_device.a not found in {lib}")
-    return ["-L", str(lib), *host, "-lnvshmem_device", "-Xlinker", f"-rpath={lib}"]
-
-
-def _find_nvcc() -> str:
-    explicit = os.environ.get("NVCC")
-    if explicit:
-        if Path(explicit).is_file() and os.access(explicit, os.X_OK):
-            return explicit
-        raise BackendError(f"NVCC={explicit!r} is not an executable file")
-    for candidate in (shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
-        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    raise BackendError("nvcc not found (set NVCC, put it on PATH, or install the CUDA toolkit)")
-
-
-_MPI_GUESSES = ("/usr/lib/x86_64-linux-gnu/openmpi", "/usr/lib/aarch64-linux-gnu/openmpi", "/usr/local",
-                "/opt/openmpi", "/usr/lib64/openmpi", "/usr")
-
-
-def _mpi_flags() -> tuple[list[str], list[str]]:
-    """MPI's compile and link flags: ``mpicc --showme:compile`` / ``--showme:link`` (Open MPI).
-
-    Without mpicc (an image with the MPI runtime and headers but no compiler wrapper), ``MPI_HOME``
-    or a few usual prefixes are searched for ``include/mpi.h`` and ``lib/libmpi.so``.
-    """
-    mpicc = shutil.which("mpicc")
-    if mpicc is None:
-        return _mpi_flags_from_prefix()
-    flags = []
-    for what in ("compile", "link"):
-        try:
-            out = subprocess.run([mpicc, f"--showme:{what}"], capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.SubprocessError) as exc:
-            raise BackendError(f"mpicc --showme:{what} failed: {exc}") from None
-        if out.returncode != 0:
-            raise BackendError(f"mpicc --showme:{what} failed (is this Open MPI?): {out.stderr.strip()}")
-        flags.append(out.stdout.split())
-    # nvcc does not understand gcc's -Wl,/-pthread spellings: keep only -I, -L, -l.
-    compile_flags = [f for f in flags[0] if f.startswith("-I")]
-    link_flags = [f for f in flags[1] if f.startswith(("-L", "-l"))]
-    if not any(f.startswith("-lmpi") for f in link_flags):
-        link_flags.append("-lmpi")
-    return compile_flags, link_flags
-
-
-def _mpi_flags_from_prefix() -> tuple[list[str], list[str]]:
-    prefixes = ([os.environ["MPI_HOME"]] if os.environ.get("MPI_HOME") else []) + list(_MPI_GUESSES)
-    for prefix in map(Path, prefixes):
-        includes = [d for d in (prefix / "include", prefix / "include" / "openmpi") if d.is_dir()]
-        libs = [d for d in (prefix / "lib", prefix / "lib64") if any(d.glob("libmpi.so*"))]
-        if (prefix / "include" / "mpi.h").is_file() and libs:
-            return [f"-I{d}" for d in includes], [f"-L{libs[0]}", "-lmpi"]
-    raise BackendError(
-        "neither mpicc nor MPI's mpi.h + libmpi.so were found (set MPI_HOME): the NVSHMEM baseline "
-        "links against MPI for its bootstrap"
-    )
-
-
-def _default_build_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "circuslink" / "baselines"
+    """NVSHMEM's folder: the one toolchain's rule (``circuslink.transport._build``)."""
+    return _build.find_nvshmem()
 
 
 def build_command(output: Path) -> list[str]:
     """The nvcc command that builds the baseline into ``output``."""
-    nv = find_nvshmem()
-    mpi_compile, mpi_link = _mpi_flags()
+    nv = _build.find_nvshmem()
+    mpi_compile, mpi_link = _build.mpi_flags()
     return [
-        _find_nvcc(), "-std=c++17", "-rdc=true", f"-arch={_ARCH}", "-O2",
+        _build.find_nvcc(), "-std=c++17", "-rdc=true", f"-arch={_ARCH}", "-O2",
         f"-I{nv / 'include'}", *mpi_compile,
         str(SOURCE), "-o", str(output),
-        *_nvshmem_link_args(nv), *mpi_link,
+        *_build.nvshmem_link_args(nv), *mpi_link,
     ]
 
 
 def build_nvshmem_pingpong(build_dir: str | os.PathLike | None = None, force: bool = False) -> Path:
-    """Build the NVSHMEM pingpong (cached by source and command); return the binary's path."""
-    folder = Path(build_dir) if build_dir else _default_build_dir()
-    probe_cmd = build_command(folder / "BIN")
-    digest = hashlib.sha256(SOURCE.read_bytes() + "\0".join(probe_cmd).encode()).hexdigest()[:16]
-    binary = folder / f"nvshmem_pingpong-{digest}"
-    if binary.is_file() and not force:
-        return binary
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise BackendError(f"cannot create the build folder {str(folder)!r}: {exc.strerror or exc}") from None
-    # Build into a temporary name and rename, so a concurrent caller never runs half a binary.
-    fd, tmp_name = tempfile.mkstemp(prefix=".nvshmem_pingpong-", dir=folder)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    cmd = build_command(tmp)
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_COMPILE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        tmp.unlink(missing_ok=True)
-        raise CompileError(f"nvcc did not finish building {SOURCE.name} within {_COMPILE_TIMEOUT_S:g} s") from None
-    if proc.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        log = (proc.stderr or proc.stdout).strip()
-        raise CompileError(f"nvcc failed to build {SOURCE.name} (command: {' '.join(cmd)}):\n{log}")
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, binary)
-    return binary
+    """Build the NVSHMEM pingpong (cached by source and command, ``~/.cache/circuslink/baselines`` unless
+    ``build_dir``); return the binary's path."""
+    return _build.build_cached("baselines", "nvshmem_pingpong", SOURCE, build_command, suffix="", what="nvcc",
+                               folder=Path(build_dir) if build_dir else None, force=force)
 
 
 def _job_env(nv: Path, max_bytes: int) -> dict[str, str]:

@@ -2,7 +2,7 @@
 //
 //   circuslink::route::Entry e = circuslink::route::next_hop(table, dst);
 //   if (e.port == circuslink::route::PORT_LOCAL) { /* deliver */ }
-//   else if (circuslink::route::crosses_engine(table, e)) { /* into this gateway's engine out ring */ }
+//   else if (circuslink::route::crosses_network(table, e)) { /* into this gateway's relay out ring */ }
 //   else { /* into e.next's ring (ports[e.port].peer_port, e.vc) */ }
 #pragma once
 
@@ -22,11 +22,11 @@ __device__ __forceinline__ const Port* port_of(const Table& t, const Entry& e) {
   return e.port < t.nports ? &t.ports[e.port] : nullptr;
 }
 
-// Whether the hop of an entry crosses to another node through the engine (the gateway's engine link
+// Whether the hop of an entry crosses to another node through a transport (the gateway's relay
 // carries it) rather than into a mapped neighbour's ring.
-__device__ __forceinline__ bool crosses_engine(const Table& t, const Entry& e) {
+__device__ __forceinline__ bool crosses_network(const Table& t, const Entry& e) {
   const Port* p = port_of(t, e);
-  return p != nullptr && p->kind == LINK_ENGINE;
+  return p != nullptr && p->kind == LINK_NETWORK;
 }
 
 }  // namespace route

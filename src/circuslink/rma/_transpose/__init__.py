@@ -10,7 +10,7 @@ dimension ``dst_ld``::
 The handle is a :class:`~circuslink.rma.MsgHandle` whose block-stride fields describe its
 destination footprint (``cols`` blocks of ``rows * elem`` bytes, ``dst_ld * elem`` apart), so the
 queue's checks (overlap at push, clashes between origins at commit) and the targets' staging
-treat it like any other write. The engines move it: ``_cpu`` (numpy, the reference), ``_cuda``
+treat it like any other write. The window modules move it: ``_cpu`` (numpy, the reference), ``_cuda``
 (tiles turned in shared memory inside the start launch), ``_mpi`` (MPI derived datatypes).
 """
 
@@ -44,7 +44,7 @@ class TransposeHandle(MsgHandle):
     src_ld: int = 0
     dst_ld: int = 0
     dtype: str = ""
-    tile: tuple[int, int] | None = None  # (m, n) forced by the caller; None: the engine's choice
+    tile: tuple[int, int] | None = None  # (m, n) forced by the caller; None: the module's choice
 
     @property
     def elem_bytes(self) -> int:
@@ -122,10 +122,10 @@ def declare_transpose_write(
         if not isinstance(w, Window):
             raise RmaError(f"{_WHAT}: {role} must be a Window from rma.window_alloc, got {type(w).__name__}")
         w._check()
-    if src_window.world is not dst_window.world or src_window.engine != dst_window.engine:
+    if src_window.world is not dst_window.world or src_window.memory != dst_window.memory:
         raise RmaError(
-            f"{_WHAT}: src_window {src_window.index} ({src_window.engine}) and dst_window "
-            f"{dst_window.index} ({dst_window.engine}) must belong to the same world and back-end"
+            f"{_WHAT}: src_window {src_window.index} ({src_window.label}) and dst_window "
+            f"{dst_window.index} ({dst_window.label}) must belong to the same world and memory"
         )
     name = dtype_name(dtype)
     if name is None:
@@ -197,14 +197,14 @@ def plan_local_transpose(world: Any, dst: Any, src: Any, tile: tuple[int, int] |
             raise RmaError(f"{what}: {label} must be row-major with unit stride along a row (strides {a.strides})")
     if tile is not None:
         tile = check_tile(tile, DTYPES[name], what)
-    return world.engine("circuslink.rma._transpose").plan_local_transpose(world, dst, src, tile)
+    return world.backend_module("circuslink.rma._transpose").plan_local_transpose(world, dst, src, tile)
 
 
 def transpose_tiles(world: Any, dtype: Any) -> list[tuple[int, int]]:
-    """The tile shapes (m source rows, n source columns) that the world's engine chooses among for a
+    """The tile shapes (m source rows, n source columns) that the world's back-end module chooses among for a
     transposing put of ``dtype`` elements (what ``tile=`` may force; the benchmark times each)."""
     name = dtype_name(dtype)
     if name is None:
         raise RmaError(f"transpose_tiles: dtype {dtype!r} is not supported: use float32, float64, complex64 or "
                        "complex128")
-    return list(world.engine("circuslink.rma._transpose").tile_candidates(DTYPES[name]))
+    return list(world.backend_module("circuslink.rma._transpose").tile_candidates(DTYPES[name]))

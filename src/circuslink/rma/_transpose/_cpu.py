@@ -1,4 +1,4 @@
-"""Transposing puts on the cpu engine (the reference): numpy copies between strided views.
+"""Transposing puts on the cpu back-end (the reference): numpy copies between strided views.
 
 A put is ``dst_view[...] = src_view.T`` where both views are built once at commit over the
 windows' shared memory (``as_strided``, nothing packed). Elements move as unsigned integers of

@@ -1,4 +1,4 @@
-"""Transposing puts on the cuda engine: descriptors in device memory, tiles from the tile model.
+"""Transposing puts on the cuda back-end: descriptors in device memory, tiles from the tile model.
 
 At commit the queue's transposing puts become one :data:`TRANSPOSE_CHAIN` (a header and an array
 of :data:`TRANSPOSE_DESCRIPTOR`, uploaded once) that the start launch reads through
@@ -185,7 +185,7 @@ class DeviceChain:
         return max(at_least, min(self.total_tiles, resident))
 
     def launch(self, stream: Any = None) -> None:
-        """Turn the chain on ``stream`` (the current stream when None): the graph engine's node and local transposes."""
+        """Turn the chain on ``stream`` (the current stream when None): the graph launch's node and local transposes."""
         if not self.pieces:
             return
         if stream is None:
@@ -196,7 +196,7 @@ class DeviceChain:
 
 def queue_chain(world: Any, handles: Sequence[TransposeHandle], src_ptr: Callable[[TransposeHandle], int],
                 dst_ptr: Callable[[TransposeHandle], int], deadline: Deadline | None = None) -> DeviceChain:
-    """The chain of a queue's transposing puts (addresses from the engine, tiles from the model; the
+    """The chain of a queue's transposing puts (addresses from the window's module, tiles from the model; the
     calibration's waits bounded by ``deadline``, the commit's)."""
     pieces = []
     for h in handles:

@@ -1,4 +1,4 @@
-"""Transposing puts on the mpi engine: one ``MPI_Put`` whose origin datatype walks the source by columns.
+"""Transposing puts on MPI-3 windows: one ``MPI_Put`` whose origin datatype walks the source by columns.
 
 The origin datatype visits the block column by column (a vector of ``rows`` elements at stride
 ``src_ld``, resized to one element so that consecutive columns start one element apart, repeated
@@ -6,7 +6,7 @@ The origin datatype visits the block column by column (a vector of ``rows`` elem
 vector of ``cols`` rows of ``rows`` elements at stride ``dst_ld``). Both type signatures are
 ``rows * cols`` elements, so MPI performs the transpose itself, with no local copy, and the
 datatypes are built once at commit. On a cuda world the source rows are staged device -> host
-first (one 2-D copy), like every other write of the mpi engine.
+first (one 2-D copy), like every other write to an MPI-3 window.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def put(h: TransposeHandle, src: Any, MPI: Any) -> tuple[list, tuple, list, tupl
     """(origin, target, committed datatypes to free, staging pattern) of one transposing put.
 
     ``src`` is the source window's MpiWindow (``host`` is its MPI memory). The staging pattern
-    is (window, offset, count, block bytes, stride) of the source rows, as the engine stages.
+    is (window, offset, count, block bytes, stride) of the source rows, as the window's module stages.
     """
     elem = h.elem_bytes
     word = MPI.BYTE.Create_contiguous(elem)

@@ -1,4 +1,4 @@
-// circuslink/detail/rma_impl.cuh: the inline code behind circuslink/rma.cuh and the cuda engine's
+// circuslink/detail/rma_impl.cuh: the inline code behind circuslink/rma.cuh and the cuda back-end's RMA module's
 // kernels (circuslink/rma/rma_kernels.cu). Every block-cooperative function here is correct for any
 // block shape: threads are numbered by their linear index in the block (block_thread()), and warps
 // are cut from it, the last one possibly partial.

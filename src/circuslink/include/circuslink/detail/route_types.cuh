@@ -19,8 +19,8 @@ enum : unsigned int {
 // Port::kind: how packets cross the link behind a port (docs/routing.md, "Nodes").
 enum : unsigned char {
   LINK_MAPPED = 0u,  // the peer's memory is mapped: store packets into its ring, as on every link
-  LINK_ENGINE = 1u   // the link joins two nodes: hand packets to this gateway's engine link (its out ring;
-                     // a host proxy carries them over MPI into the peer gateway's in ring)
+  LINK_NETWORK = 1u  // the link joins two nodes: hand packets to this gateway's relay (its out ring; a
+                     // transport carries them into the peer gateway's in ring)
 };
 
 // table[rank][dst]: where a packet at `rank` bound for `dst` goes next. 4 bytes: one 32-bit load.
@@ -37,7 +37,7 @@ struct Port {
   unsigned int in_link;      // link id peer -> rank
   unsigned short peer;       // the neighbour's rank (NO_RANK: the port is unused)
   unsigned short peer_port;  // the port at the peer that faces this rank
-  unsigned char kind;        // LINK_MAPPED or LINK_ENGINE (appended: the fields above keep their offsets)
+  unsigned char kind;        // LINK_MAPPED or LINK_NETWORK (appended: the fields above keep their offsets)
 };
 
 // What a kernel receives by value: this rank's row of the table and its ports, in device memory.

@@ -11,11 +11,10 @@
 // other warps wait at a named barrier for a job), then warp 0 publishes their headers after one release
 // fence. The cpu reference is channels/_router_cpu.py: the same decisions in the same order.
 //
-// Gateways (docs/scale.md): an output may be this rank's engine link (Output::kind == kOutEngine: its out ring
-// in pinned host memory, which a host proxy sends over MPI) and an input its in ring; the agent treats them as
-// link rings (the same stores, flags and credits, over PCIe). The only decision they change: a packet whose
-// next hop is its destination across an engine link is forwarded into the engine, and the landing agent, on
-// the destination itself, delivers it.
+// Gateways (docs/scale.md): an output may be this rank's relay (Output::kind == kHopRelay: its out ring, which
+// a transport carries to the peer gateway) and an input its in ring; the agent treats them as link rings (the
+// same stores, flags and credits). The only decision they change: a packet whose next hop is its destination
+// through a relay is forwarded into the relay, and the landing agent, on the destination itself, delivers it.
 //
 // Waits: the agent itself never waits for a peer except for a low-latency packet's data units that lag their
 // header (bounded by timeout_ns); the host stops it through a host-mapped word, and the back-end's abort word
@@ -197,10 +196,10 @@ __device__ u32 decide(const Agent& a, Ctx& c, u32 i, Move& mv, u64 u0, u64 u1) {
     return kActTaken;
   }
   const route::Entry e = c.entries[dst];
-  // Deliver here when the packet is at its destination (it crossed the engine into the receiver's own agent)
-  // or one mapped hop from it; a last hop across the engine goes into the engine link like any other hop.
+  // Deliver here when the packet is at its destination (it crossed a relay into the receiver's own agent) or
+  // one mapped hop from it; a last hop through a relay goes into the relay like any other hop.
   bool deliver = !ctrl && (dst == a.rank || e.next == dst);
-  if (deliver && dst != a.rank && e.port < c.nports && a.outputs[(u32)e.port * a.vcs + e.vc].kind == kOutEngine)
+  if (deliver && dst != a.rank && e.port < c.nports && a.outputs[(u32)e.port * a.vcs + e.vc].kind == kHopRelay)
     deliver = false;
   if (deliver) {  // the last hop: straight into the channel's delivery ring
     const u32 ci = inject ? in.channel : (rid < a.nids ? a.channel_of_id[rid] : kNoChannel);

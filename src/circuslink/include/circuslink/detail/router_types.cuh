@@ -47,17 +47,17 @@ enum : unsigned int {
   kErrNoLink = 3,             // no link out toward the destination
   kErrUnits = 4,              // a low-latency packet's header arrived, its data did not (time-out)
   kErrAborted = 5,            // the host's abort word was set
-  // Output::kind
-  kOutLink = 0,               // a link ring in the neighbour's memory
-  kOutEngine = 1,             // the out ring of this gateway's engine link (pinned host memory; a proxy sends it)
+  // Output::kind: how a hop reaches the next agent, whatever transport carries it
+  kHopMapped = 0,             // a link ring in the neighbour's mapped memory: the agent may deliver there
+  kHopRelay = 1,              // the out ring of this gateway's relay: a transport carries it, the landing agent delivers
 };
 
-// One input ring of this rank's agent (64 bytes). The in ring of a gateway's engine link is an input like a
-// link ring (kInLink, the engine port's VC 0) in pinned host memory: its proxy writes the packets and reads
+// One input ring of this rank's agent (64 bytes). The in ring of a gateway's relay is an input like a link ring
+// (kInLink, the network port's VC 0), wherever its transport keeps it: the transport writes the packets and reads
 // the consumed count back from `credit`.
 struct Input {
-  unsigned char* ring;            // in this rank's memory (or its engine link's in ring)
-  unsigned long long* credit;     // the writer's in-order credit counter (a neighbour's memory; engine: host)
+  unsigned char* ring;            // in this rank's memory (or its relay's in ring)
+  unsigned long long* credit;     // the writer's in-order credit counter (a neighbour's memory; relay: its own)
   unsigned int* slot_credit;      // injection rings: the sender's slot credits; link rings: null
   unsigned int* chain;            // this input's chain record (this rank's memory)
   unsigned int nslots;            // power of two
@@ -70,16 +70,16 @@ struct Input {
 };
 
 // One output, index port * vcs + vc (48 bytes); ring null where the port has no link out. On a port whose
-// link joins two nodes (route::LINK_ENGINE) output (port, 0) is the gateway's engine link: its out ring in
-// pinned host memory, whose consumed count the proxy returns as MPI sends complete (docs/scale.md).
+// link joins two nodes (route::LINK_NETWORK) output (port, 0) is the gateway's relay: its out ring, whose
+// consumed count the transport returns as its sends complete (docs/scale.md).
 struct Output {
-  unsigned char* ring;            // the link ring at the neighbour, or the engine link's out ring
-  unsigned long long* credit;     // consumed count, written by the downstream agent (engine: by the proxy)
-  const unsigned int* down_chain; // the downstream agent's chain record of that ring (engine: an empty one)
+  unsigned char* ring;            // the link ring at the neighbour, or the relay's out ring
+  unsigned long long* credit;     // consumed count, written by the downstream agent (relay: by the transport)
+  const unsigned int* down_chain; // the downstream agent's chain record of that ring (relay: an empty one)
   unsigned int nslots;
   unsigned int slot_bytes;
   unsigned int entry;             // the chain entry naming this ring
-  unsigned int kind;              // kOutLink or kOutEngine
+  unsigned int kind;              // kHopMapped or kHopRelay
 };
 
 // A routed channel as this rank's agent sees it (40 bytes); role 0 where this rank has none.

@@ -1,87 +1,37 @@
-"""Engine links (issue 13): packet pipes between gateway ranks of different nodes over MPI.
+"""The mpi transport: its compiled progress thread moves relay packets and connection puts over MPI.
 
-In one process: the packet reader and writer write and read the channel format byte for byte as the
-channel reference does. Under mpirun (2 declared nodes x 2 ranks, and 3 x 2): random packets of every
-size and both kinds cross both ways at once, byte-exact and in order; a paused reader holds the writer
-to exactly two rings of packets (its in ring and the writer's out ring) and nothing is lost; a reader that
-never reads and an MPI call that fails end in one line naming MPI and both ranks.
+Under mpirun (2 declared nodes x 2 ranks, and 3 x 2): random packets of every size and both kinds cross both
+ways at once through relays, byte-exact and in order; a paused reader holds the writer to exactly two rings of
+packets (its in ring and the writer's out ring) and nothing is lost; channel ends on a relay's rings; a reader
+that never reads and an MPI call that fails end in one line naming the link, both ranks and the transport;
+connections put, put-with-signal, signal, wait and flush byte-exact; the progress thread is built once and cached.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from circuslink.channels import _cpu as ref
+from circuslink import BackendError
 from circuslink.channels import protocol as P
-from circuslink.links import PacketReader, PacketWriter, Ring
+from circuslink.transport import Context, _build
+from circuslink.transport import mpi as tmpi
 
-NODES_2X2 = {"CIRCUSLINK_RANKS_PER_NODE": "2"}
-
-
-def _ring(geo: P.RingGeometry) -> tuple[np.ndarray, Ring]:
-    lay = P.layout(0, geo)
-    mem = np.zeros(lay.end, dtype=np.uint8)
-    return mem, Ring(mem, lay, geo)
-
-
-def test_packets_and_channel_ends_write_the_same_bytes(rng):
-    """A packet writer given the packets a channel write call makes leaves the ring byte-identical to the
-    channel reference's; the channel reader reads the packet writer's ring, the packet reader the channel's."""
-    geo = P.geometry(1, 1, nslots=4, chunk=256, ll_max=300)
-    mem_ch, ring_ch = _ring(geo)
-    mem_pk, ring_pk = _ring(geo)
-    route = P.route_of(7, 3)
-    tx = ref.CpuSender("t", "test sender", 1, geo, ring_ch.ring, ring_ch.credit, ring_ch.slot_credits,
-                       ring_ch.send_error, 5.0, route)
-    rx_pk = PacketReader(ring_ch)
-    writer = PacketWriter(ring_pk)
-    rx_ch = ref.CpuReceiver("r", "test receiver", 1, geo, ring_pk.ring, ring_pk.credit, ring_pk.slot_credits,
-                            ring_pk.recv_error, 5.0, 0)
-    for size in [1, 5, 120, 121, 300, 301, 1000, 4, 256, 257, 99]:
-        data = rng.bytes(size)
-        bulk, sizes = P.split_write(size, geo)
-        tx.write_bytes(data)
-        at = 0
-        for n in sizes:
-            writer.put(route, data[at:at + n], bulk, 5.0, "packet writer")
-            at += n
-        assert np.array_equal(mem_ch, mem_pk)  # the same stores: identical rings, credits untouched
-        got = b""
-        for n in sizes:
-            r, word, payload = rx_pk.get(5.0, "packet reader")
-            assert r == route and (word & P.KIND_BULK != 0) == bulk and word & 0xFFFFFF == n
-            got += payload
-        assert got == data
-        assert rx_ch.read_bytes(size) == data
-        ring_ch.credit[0] = rx_pk.seq  # the packet reader gave the slots back; mirror the channel's credits
-    assert writer.seq == tx.seq == rx_pk.seq
-
-
-def test_packet_reader_waits_for_every_unit_of_a_low_latency_packet():
-    geo = P.geometry(1, 1, nslots=2, chunk=256)
-    _, ring = _ring(geo)
-    writer, reader = PacketWriter(ring), PacketReader(ring)
-    writer.put(5, bytes(range(100)), False, 5.0, "w")
-    head = ring.head(0)
-    ring.words[head + 5 + 2 * 20] = 0  # unit 22's flag not there yet: the packet is not complete
-    assert not reader.poll()
-    ring.words[head + 5 + 2 * 20] = P.flag_of(0)
-    assert reader.poll() and reader.get(5.0, "r")[2] == bytes(range(100))
+NODES_2X2 = {"CIRCUSLINK_RANKS_PER_NODE": "2", "CIRCUSLINK_TRANSPORT": "mpi"}
 
 
 # ---- under mpirun -----------------------------------------------------------------------------------
 
 CROSS = """
 import os, threading, numpy as np, circuslink as cl
-from circuslink import links, topology
+from circuslink import transport
 def say(*a): os.write(1, (" ".join(map(str, a)) + chr(10)).encode())  # one write: lines never interleave
 seed = int(os.environ["CIRCUSLINK_TEST_SEED"])
 w = cl.init()
-t = topology.nodes(w.nodes)                      # full inside each node, gateways = local rank 0
-eng = links.open_engine(w, t, nslots=NSLOTS, chunk=1024, batch=BATCH)
-gateways = [n[0] for n in w.nodes]
+gateways = [n[0] for n in w.nodes]              # local rank 0 of each node, every pair of them joined
+eng = transport.open_relays(w, [(a, b) for a in gateways for b in gateways if a < b], nslots=NSLOTS, chunk=1024,
+                            batch=BATCH)
 assert sorted(eng.peers) == ([g for g in gateways if g != w.rank] if w.rank in gateways else [])
+assert set(eng.transports().values()) <= {"mpi"}
 
 def packets(src, dst):
     rng = np.random.default_rng([seed, src, dst])
@@ -137,13 +87,13 @@ def test_random_packets_cross_both_ways_byte_exact(spmd, nranks, nslots, batch):
 
 BACK_PRESSURE = """
 import os, threading, time, numpy as np, circuslink as cl
-from circuslink import links
+from circuslink import transport
 from circuslink._wait import wait_until
 def say(*a): os.write(1, (" ".join(map(str, a)) + chr(10)).encode())  # one write: lines never interleave
 seed = int(os.environ["CIRCUSLINK_TEST_SEED"])
 w = cl.init()
 N = 8
-eng = links.open_engine(w, [(0, 2)], nslots=N, chunk=512, batch=2)
+eng = transport.open_relays(w, [(0, 2)], nslots=N, chunk=512, batch=2)
 rng = np.random.default_rng(seed)
 pk = [(i, rng.bytes(int(rng.integers(1, 513)))) for i in range(5 * N)]
 if w.rank == 0:
@@ -189,24 +139,26 @@ def test_slow_reader_holds_the_writer_and_loses_nothing(spmd):
 
 STREAMS = """
 import os, numpy as np, circuslink as cl
-from circuslink import links
-from circuslink.channels import protocol as P
+from circuslink import transport
+from circuslink.channels import _cpu as ref, protocol as P
 def say(*a): os.write(1, (" ".join(map(str, a)) + chr(10)).encode())  # one write: lines never interleave
 seed = int(os.environ["CIRCUSLINK_TEST_SEED"])
 w = cl.init()
-eng = links.open_engine(w, [(1, 3)], nslots=8, chunk=256, ll_max=200)
+eng = transport.open_relays(w, [(1, 3)], nslots=8, chunk=256, ll_max=200)
 rng = np.random.default_rng(seed)
 sizes = [1, 119, 120, 121, 200, 201, 1000, 3000, 7]
 data = [rng.bytes(n) for n in sizes]
 if w.rank in (1, 3):
     link = eng[4 - w.rank]
+    o, i = link.out_ring, link.in_ring   # the channel reference's ends on the relay's rings
     if w.rank == 1:
-        tx = link.stream_sender(P.route_of(9, 3))
+        tx = ref.CpuSender("tx", "out ring", 0, o.geometry, o.ring, o.credit, o.slot_credits, o.send_error, 30.0,
+                           P.route_of(9, 3))
         for d in data:
             tx.write_bytes(d)                      # low-latency up to 200 bytes, bulk above
         say("sent")
     else:
-        rx = link.stream_receiver()
+        rx = ref.CpuReceiver("rx", "in ring", 0, i.geometry, i.ring, i.credit, i.slot_credits, i.recv_error, 30.0, 0)
         for d in data:
             assert rx.read_bytes(len(d)) == d
         say("stream ok")
@@ -216,23 +168,25 @@ w.close()
 
 
 @pytest.mark.mpi
-def test_channel_stream_ends_on_the_rings(spmd):
+def test_channel_ends_on_the_rings(spmd):
+    """The channel reference's ends write the out ring and read the in ring: low-latency and bulk packets
+    cross byte for byte (a relay carries the channel format unchanged)."""
     job = spmd(4, STREAMS, launcher="mpirun", env=NODES_2X2, timeout=120).check()
     assert "stream ok" in job.stdout
 
 
 STALL = """
 import os, circuslink as cl
-from circuslink import links
+from circuslink import transport
 def say(*a): os.write(1, (" ".join(map(str, a)) + chr(10)).encode())  # one write: lines never interleave
 w = cl.init()
-eng = links.open_engine(w, [(0, 2)], nslots=4, chunk=256, timeout=2)
+eng = transport.open_relays(w, [(0, 2)], nslots=4, chunk=256, timeout=2)
 if w.rank == 0:
     wr = eng[2].writer()
     try:
         for i in range(100):
             wr.put(i, b"x" * 10)                     # rank 2 never reads
-    except cl.EngineError as exc:
+    except cl.TransportError as exc:
         say("ERROR", exc)
 w.barrier()
 eng.release_local()
@@ -241,44 +195,32 @@ w.close()
 
 
 @pytest.mark.mpi
-def test_a_reader_that_never_reads_times_out_naming_mpi_and_both_ranks(spmd):
+def test_a_reader_that_never_reads_times_out_naming_the_link_and_the_transport(spmd):
     job = spmd(4, STALL, launcher="mpirun", env=NODES_2X2, timeout=120).check()
     line = next(x for x in job.stdout.splitlines() if x.startswith("ERROR"))
-    assert line == ("ERROR engine link (MPI) rank 0 <-> rank 2: rank 2's in ring stayed full for 2 s (its agent "
+    assert line == ("ERROR link rank 0 <-> rank 2 (transport mpi): rank 2's in ring stayed full for 2 s (its agent "
                     "stopped taking packets; packet 4 waits to cross)"), line
 
 
 MPI_FAILS = """
 import os, circuslink as cl
 from mpi4py import MPI
-from circuslink import links
+from circuslink import transport
 def say(*a): os.write(1, (" ".join(map(str, a)) + chr(10)).encode())  # one write: lines never interleave
 w = cl.init()
-eng = links.open_engine(w, [(0, 2)], nslots=4, chunk=256)
-
-class Faulty:                                      # the engine's MPI fails on the third send
-    def __init__(self, comm):
-        self.comm, self.sends = comm, 0
-    def Isend(self, *args):
-        self.sends += 1
-        if self.sends == 3:
-            raise MPI.Exception(MPI.ERR_TRUNCATE)
-        return self.comm.Isend(*args)
-    def __getattr__(self, name):
-        return getattr(self.comm, name)
-
+eng = transport.open_relays(w, [(0, 2)], nslots=4, chunk=256)
 if w.rank == 0:
-    eng._proxy.comm = Faulty(eng._proxy.comm)
+    eng[2]._group._inject_fault(3, MPI.ERR_TRUNCATE)  # the progress thread's third MPI send fails
     wr, rd = eng[2].writer(), eng[2].reader()
     try:
         for i in range(50):
             wr.put(i, b"y" * 200)
         rd.get()
-    except cl.EngineError as exc:
+    except cl.TransportError as exc:
         say("ERROR", exc)
     try:
-        eng[2].stream_sender(0).write_bytes(b"z")  # every later call says so at once
-    except cl.EngineError as exc:
+        eng[2].writer().put(0, b"z")  # every later call says so at once
+    except cl.TransportError as exc:
         say("AGAIN", exc)
     say("agent record", int(eng[2].out_ring.send_error[0]))
 w.barrier()
@@ -288,9 +230,9 @@ w.close()
 
 
 @pytest.mark.mpi
-def test_an_mpi_error_is_one_line_naming_mpi_and_both_ranks(spmd):
+def test_an_mpi_error_is_one_line_naming_the_link_and_the_transport(spmd):
     job = spmd(4, MPI_FAILS, launcher="mpirun", env=NODES_2X2, timeout=120).check()
-    want = ("engine link (MPI) rank 0 <-> rank 2: MPI error in sending packets 1..1 to rank 2: MPI_ERR_TRUNCATE: "
+    want = ("link rank 0 <-> rank 2 (transport mpi): MPI error in sending packets 1..1 to rank 2: MPI_ERR_TRUNCATE: "
             "message truncated (error class 15)")
     assert f"ERROR {want}" in job.stdout and f"AGAIN {want}" in job.stdout, job.output
     assert f"agent record {P.ERR_ABORTED}" in job.stdout  # device agents stop waiting too
@@ -298,17 +240,18 @@ def test_an_mpi_error_is_one_line_naming_mpi_and_both_ranks(spmd):
 
 OPEN_ERRORS = """
 import os, circuslink as cl
-from circuslink import links
+from circuslink import transport
 def say(*a): os.write(1, (" ".join(map(str, a)) + chr(10)).encode())  # one write: lines never interleave
 w = cl.init()
 for args, kwargs in [(([(0, 1)],), {}), (([(0, 0)],), {}), (([(0, 9)],), {}), ((["x"],), {}),
-                     (([(0, 2)],), {"batch": 0}), (([(0, 2)],), {"nslots": 3})]:
+                     (([(0, 2)],), {"batch": 0}), (([(0, 2)],), {"nslots": 3}), (([(0, 2)],), {"transport": "ucx"}),
+                     (([(0, 2)],), {"transport": "ipc"})]:
     try:
-        links.open_engine(w, *args, **kwargs)
+        transport.open_relays(w, *args, **kwargs)
     except cl.ConfigError as exc:
         say("REFUSED", exc)
 try:
-    links.open_engine(w, [(0, 2)] if w.rank else [(0, 3)])
+    transport.open_relays(w, [(0, 2)] if w.rank else [(0, 3)])
 except cl.ConfigError as exc:
     say("DIFFER", exc)
 w.close()
@@ -316,31 +259,111 @@ w.close()
 
 
 @pytest.mark.mpi
-def test_bad_engine_links_are_refused_in_one_line(spmd):
+def test_bad_relays_are_refused_in_one_line(spmd):
     job = spmd(4, OPEN_ERRORS, launcher="mpirun", env=NODES_2X2, timeout=120).check()
     out = job.stdout
-    assert "REFUSED engine links: ranks 0 and 1 are both in node 0: the engine joins nodes" in out
-    assert "REFUSED engine links: a link joins two ranks, got (0, 0)" in out
-    assert "REFUSED engine links: rank 9 is not a rank of this world of 4" in out
-    assert "REFUSED engine links: 'x' is not an (a, b) pair of ranks" in out
-    assert "REFUSED engine links: batch 0 must be a number of packets in 1..nslots (64)" in out
-    assert "REFUSED engine links: nslots 3 must be a power of two" in out
-    assert "DIFFER open_engine is collective and needs the same links and ring shape on every rank" in out
+    assert "REFUSED relays: ranks 0 and 1 are both in node 0: relays join nodes" in out
+    assert "REFUSED relays: a relay joins two ranks, got (0, 0)" in out
+    assert "REFUSED relays: rank 9 is not a rank of this world of 4" in out
+    assert "REFUSED relays: 'x' is not an (a, b) pair of ranks" in out
+    assert "REFUSED relays: batch 0 must be a number of packets in 1..nslots (64)" in out
+    assert "REFUSED relays: nslots 3 must be a power of two" in out
+    assert "REFUSED unknown transport 'ucx': choose one of ipc, mpi, nvshmem" in out
+    assert ("REFUSED relays: rank 0 <-> rank 2: transport ipc cannot be used: it joins ranks up to the same node, and "
+            "this pair is joined by the network") in out
+    assert "DIFFER open_relays is collective and needs the same pairs and ring shape on every rank" in out
 
 
-def test_engine_links_need_mpirun(spmd):
+def test_relays_need_a_transport_between_nodes(spmd):
+    """Under circuslink run (no MPI between the ranks) on the cpu back-end nothing joins nodes: one line per
+    transport saying why."""
     job = spmd(4, """
         import circuslink as cl
-        from circuslink import links
+        from circuslink import transport
         w = cl.init()
         try:
-            links.open_engine(w, [(0, 2)])
+            transport.open_relays(w, [(0, 2)])
         except cl.ConfigError as exc:
             print("REFUSED", exc)
         w.close()
-    """, env=NODES_2X2).check()
-    assert ("REFUSED engine links need MPI between the nodes: start the job with mpirun (this job was started by "
-            "circuslink run, whose ranks share no MPI communicator)") in job.stdout
+    """, env={"CIRCUSLINK_RANKS_PER_NODE": "2"}).check()
+    assert ("REFUSED relays: rank 0 <-> rank 2: no transport joins ranks across the network in this job (mpi: it "
+            "needs a job started by mpirun (MPI between the ranks); nvshmem: it needs a back-end that runs kernels "
+            "(GPUs))") in job.stdout
+
+
+CONNECT = """
+import os, numpy as np, circuslink as cl
+from circuslink import transport
+def say(*a): os.write(1, (" ".join(map(str, a)) + chr(10)).encode())  # one write: lines never interleave
+seed = int(os.environ["CIRCUSLINK_TEST_SEED"])
+w = cl.init()
+peers = [p for p in range(w.size) if p != w.rank]          # everyone to everyone: inside nodes and across
+group = transport.connect(w, peers, nbytes=1 << 16, nsignals=4, transport="mpi")
+def data(src, dst, k):
+    g = np.random.default_rng([seed, src, dst, k])
+    return g.integers(0, 256, int(g.integers(1, 20000)), dtype=np.uint8)
+for k in range(5):                                       # 5 rounds: put, put-with-signal, then the peer reads
+    for p in peers:
+        conn = group[p]
+        d = data(w.rank, p, k)
+        half = len(d) // 2
+        conn.put(0, d[:half])                            # no signal: ordered before the next signal anyway
+        conn.put_with_signal(half, d[half:], 1, k + 1)
+    for p in peers:
+        conn = group[p]
+        assert conn.wait(1, k + 1) == k + 1
+        want = data(p, w.rank, k)
+        assert bytes(conn.inbox()[:len(want)]) == want.tobytes(), (p, k)
+    w.barrier()                                          # everyone has read round k before round k + 1 lands
+for p in peers:
+    group[p].signal(3, 1000 + w.rank)
+    group[p].flush()
+for p in peers:
+    assert group[p].wait(3, 1000 + p) == 1000 + p
+    assert group[p].capabilities.proxied and group[p].transport.name == "mpi"
+try:
+    group[peers[0]].put(1 << 16, b"x")
+except cl.ConfigError as exc:
+    say("RANGE", exc)
+group.close()
+say("connections ok", w.rank)
+w.close()
+"""
+
+
+@pytest.mark.mpi
+def test_connections_put_signal_wait_flush_byte_exact(spmd):
+    """4 ranks in 2 declared nodes, every rank connected to every other over mpi: 5 rounds of random-sized puts
+    (a plain put, then a put-with-signal) land byte-exact once the signal is seen; signals and flush; a put past
+    the inbox is one line."""
+    job = spmd(4, CONNECT, launcher="mpirun", env=NODES_2X2, timeout=150).check()
+    assert job.stdout.count("connections ok") == 4, job.output
+    assert ("RANGE link rank 0 <-> rank 1 (transport mpi): a put of 1 bytes at offset 65536 does not fit the peer's "
+            "inbox of 65536 bytes") in job.stdout
+
+
+def test_the_progress_thread_is_built_once_and_cached(tmp_path, monkeypatch):
+    """The progress thread is compiled on first use into the user's cache folder, named by the hash of its source and
+    command; a second build finds it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = _build.build_cached("transport", "libcircuslink_mpi", tmpi.SOURCE, tmpi._command)
+    assert first.parent == tmp_path / "circuslink" / "transport" and first.name.startswith("libcircuslink_mpi-")
+    stamp = first.stat().st_mtime_ns
+    assert _build.build_cached("transport", "libcircuslink_mpi", tmpi.SOURCE, tmpi._command) == first
+    assert first.stat().st_mtime_ns == stamp
+
+
+def test_no_compiler_is_one_line(monkeypatch):
+    """Without any C++ compiler the mpi transport says so in one line, as the reason it cannot run."""
+    monkeypatch.setattr(_build.shutil, "which", lambda name, path=None: None)
+    monkeypatch.delenv("CXX", raising=False)
+    with pytest.raises(BackendError, match=r"^no C\+\+ compiler to build against MPI \(looked for mpicxx"):
+        _build.find_mpi_cxx()
+    why = tmpi.MpiTransport.unavailable(Context(runs_kernels=False, under_mpi=True))
+    assert why.startswith("its progress thread cannot be built: no C++ compiler") and "\n" not in why
+    assert tmpi.MpiTransport.unavailable(Context(runs_kernels=False, under_mpi=False)) == \
+        "it needs a job started by mpirun (MPI between the ranks)"
 
 
 # ---- on the GPU (run on the device machine: ranks share its GPU under MPS) ------------------------
@@ -348,7 +371,7 @@ def test_engine_links_need_mpirun(spmd):
 @pytest.mark.gpu
 @pytest.mark.mpi
 def test_packets_cross_on_pinned_rings_gpu(spmd):
-    """The cuda engine: rings in pinned, mapped host memory; host agents, every byte checked."""
+    """On cuda: rings in pinned, mapped host memory; host agents, every byte checked."""
     code = CROSS.replace("NSLOTS", "8").replace("BATCH", "2").replace("COUNT", "200")
     job = spmd(4, code, backend="cuda", launcher="mpirun", env=NODES_2X2, timeout=240).check()
     assert "crossed 0 1" in job.stdout and "crossed 2 1" in job.stdout
@@ -356,12 +379,12 @@ def test_packets_cross_on_pinned_rings_gpu(spmd):
 
 DEVICE_AGENTS = """
 import os, numpy as np, cupy as cp, circuslink as cl
-from circuslink import links
+from circuslink import transport
 from circuslink.bench.pingpong import GRID_THREADS, KERNELS
 from circuslink.channels import protocol as P
 def say(*a): os.write(1, (" ".join(map(str, a)) + chr(10)).encode())
 w = cl.init()
-eng = links.open_engine(w, [(0, 2)], nslots=16, chunk=64 << 10, timeout=20)
+eng = transport.open_relays(w, [(0, 2)], nslots=16, chunk=64 << 10, timeout=20, transport="mpi")
 if w.rank in (0, 2):
     role, link = (0, eng[2]) if w.rank == 0 else (1, eng[0])
     mod = cl.compile(KERNELS.read_text())
@@ -397,7 +420,7 @@ w.close()
 
 @pytest.mark.gpu
 @pytest.mark.mpi
-def test_device_agents_pingpong_through_the_engine_gpu(spmd):
+def test_device_agents_pingpong_through_an_mpi_relay_gpu(spmd):
     """Kernels on the two gateways use the rings' channel handles as any channel end (one warp; separate
     writing and reading warps for a message larger than a ring; a co-resident grid); every byte checked."""
     job = spmd(4, DEVICE_AGENTS, backend="cuda", launcher="mpirun", env=NODES_2X2, timeout=300).check()

@@ -4,9 +4,10 @@ A channel end moves a byte stream; a forwarding hop moves **packets**: the route
 channel) and the size-and-kind word travel with the payload, so the next hop knows where the packet goes.
 These classes read and write one ring packet by packet on the host, byte for byte as the channel ends do
 (``channels/_cpu.py``: data before the flags that publish them, bulk payload before its header; x86's total
-store order keeps the host's stores in that order, and the device's fences order its own). The engine
-link's proxy reads its out ring with a :class:`PacketReader` and writes its in ring with a
-:class:`PacketWriter`; host agents use the other halves.
+store order keeps the host's stores in that order, and the device's fences order its own). A relay
+(``_relay.py``) reads its out ring with a :class:`PacketReader` and writes its in ring with a
+:class:`PacketWriter`; host agents use the other halves. The mpi transport's compiled progress thread
+(``mpi_progress.cpp``) and the nvshmem proxy kernel (``nvshmem_proxy.cu``) do the same in compiled code.
 
 Sizes: ``nbytes = word2 & 0xFFFFFF`` (a packet holds at most a 1 MiB chunk), so a routed header that keeps
 its virtual channel in bits 24..27 of word 2 (docs/routing.md) crosses unchanged.
@@ -25,8 +26,8 @@ SIZE_MASK = 0x00FFFFFF  # payload bytes in header word 2 (bits 24..27 may hold a
 LL_WORDS = P.LL_UNITS - 2  # 30 payload words of a low-latency packet
 
 
-def link_layouts(geometry: P.RingGeometry) -> tuple[P.ChannelLayout, P.ChannelLayout, int]:
-    """Where one engine link's two rings sit in its block of host memory: (out ring, in ring, block bytes).
+def relay_layouts(geometry: P.RingGeometry) -> tuple[P.ChannelLayout, P.ChannelLayout, int]:
+    """Where one relay's two rings sit in its block of memory: (out ring, in ring, block bytes).
     Each ring has a channel's layout (control block with the credit counter and both ends' error records,
     slot credits, slots); the forwarding agents address them by these offsets (docs/routing.md)."""
     out_lay = P.layout(0, geometry)
