@@ -156,7 +156,6 @@ def _relay_options(relay: Mapping[str, Any] | None) -> dict[str, Any]:
 def _check_network_possible(world: Any, plan: Plan) -> None:
     """Refuse, in one line and before any allocation, routed channels between nodes in a job where no transport
     joins nodes (every rank computes the same plan, so every rank refuses alike)."""
-
     from .. import transport
     from ..launcher import ENV_NOT_MPIRUN
 
