@@ -45,6 +45,18 @@ def on_backend(backend: str, *values, marks=(), id=None):
 BACKENDS = [on_backend("cpu"), on_backend("cuda")]  # @pytest.mark.parametrize("backend", BACKENDS)
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie still answers kill(0): its state says otherwise)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
 @pytest.fixture
 def seed(request) -> int:
     """This test's random seed: CIRCUSLINK_TEST_SEED if set, else fresh; reported on failure."""

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import pid_alive
 
 FAKES = Path(__file__).parent / "fakes"
 
@@ -142,21 +143,10 @@ def test_killed_launcher_leaves_no_shared_memory(tmp_path):
     proc.kill()
     proc.communicate(timeout=30)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (_left(tmp_path) or any(_alive(p) for p in pids.values())):
+    while time.monotonic() < deadline and (_left(tmp_path) or any(pid_alive(p) for p in pids.values())):
         time.sleep(0.1)
-    assert not any(_alive(p) for p in pids.values())
+    assert not any(pid_alive(p) for p in pids.values())
     assert _left(tmp_path) == []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 class _StalledPeers:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import pid_alive
 
 FAKES = Path(__file__).parent / "fakes"
 
@@ -49,24 +50,12 @@ def _daemon_events(log: Path) -> list[list[str]]:
     return [line.split() for line in log.read_text().splitlines()] if log.exists() else []
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie still answers kill(0): look at its state
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
-
-
 def _assert_stopped(log: Path, tmp: Path) -> None:
     events = _daemon_events(log)
     starts = [e for e in events if e[0] == "start"]
     quits = [e for e in events if e[0] == "quit"]
     assert len(starts) == 1 and len(quits) == 1, events
-    assert not _pid_alive(int(starts[0][1])), "the MPS daemon outlived the job"
+    assert not pid_alive(int(starts[0][1])), "the MPS daemon outlived the job"
     assert not list(tmp.glob("circuslink-mps-*")), "the job's MPS directory was left behind"
 
 
@@ -165,8 +154,8 @@ def test_killed_or_interrupted_launcher_leaves_nothing_running(fake_gpu, sig):
     proc.send_signal(sig)
     proc.wait(timeout=30)
     deadline = time.monotonic() + 15
-    while any(_pid_alive(p) for p in pids) or len(_daemon_events(log)) < 2 or list(tmp.glob("circuslink-mps-*")):
-        assert time.monotonic() < deadline, f"after {sig.name}: ranks {[p for p in pids if _pid_alive(p)]} alive, " \
+    while any(pid_alive(p) for p in pids) or len(_daemon_events(log)) < 2 or list(tmp.glob("circuslink-mps-*")):
+        assert time.monotonic() < deadline, f"after {sig.name}: ranks {[p for p in pids if pid_alive(p)]} alive, " \
                                             f"daemon events {_daemon_events(log)}"
         time.sleep(0.05)
     _assert_stopped(log, tmp)
