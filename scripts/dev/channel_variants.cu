@@ -39,32 +39,6 @@ __device__ void pp(Tx tx, Rx rx, const unsigned char* src, unsigned char* dst, u
   in.close();
   if (!ok && threadIdx.x == 0) atomicExch(status, 0);
 }
-// The bare store+poll loop on the channel's own ring slots and flags (no credits, no state): where the
-// channel's memory sits is then the only difference from the floor.
-__device__ void lean(Tx tx, Rx rx, unsigned long long n, int role, int warmup, int iters, unsigned long long* times) {
-  using namespace circuslink::detail;
-  if (threadIdx.x >= 32) return;
-  const unsigned lane = lane_id(), half = lane >> 4, sub = lane & 15u;
-  long long c0 = 0;
-  for (int it = 0; it < warmup + iters; ++it) {
-    const unsigned long long seq = it + 1000003ull * (times[3] + 1);
-    const unsigned flag = (unsigned)(2 * seq + 1);  // never the same for consecutive iterations
-    if (role == 0) {
-      if (it == warmup && lane == 0) { times[0] = now_ns(); c0 = clock64(); }
-      if (half == 0 && 8 * sub < n + 8) st_units2(slot_of(tx.h, seq) + 16 * sub, unit(sub, flag), unit((unsigned)n, flag));
-    }
-    unsigned long long a = 0, b = 0;
-    while (true) {
-      if (half == 0 && 8 * sub < n + 8) ld_units2(slot_of(rx.h, seq) + 16 * sub, a, b);
-      if (__all_sync(0xffffffffu, !(half == 0 && 8 * sub < n + 8) || (unit_flag(a) == flag && unit_flag(b) == flag))) break;
-    }
-    if (role == 1 && half == 0 && 8 * sub < n + 8) st_units2(slot_of(tx.h, seq) + 16 * sub, unit((unsigned)a, flag), unit((unsigned)b, flag));
-  }
-  if (role == 0 && lane == 0) { times[1] = now_ns(); times[2] = clock64() - c0; }
-}
-extern "C" __global__ void v_lean(Tx tx, Rx rx, const unsigned char* src, unsigned char* dst, unsigned long long n,
-                                  int role, int w, int it, unsigned long long* t, int* st) { lean(tx, rx, n, role, w, it, t); }
-
 #define ARGS Tx tx, Rx rx, const unsigned char* src, unsigned char* dst, unsigned long long n, int role, int w, int it, unsigned long long* t, int* st
 #define PASS tx, rx, src, dst, n, role, w, it, t, st
 extern "C" __global__ void v_bench(ARGS) { pp<0, 0, 0>(PASS); }
