@@ -26,7 +26,7 @@ links = [Link("ping", "ping_in", 1, 2, 0, 1, byte, 65536), Link("pong", "pong_in
 ch = open_channels(w, links)
 tx, rx = (ch["ping"], ch["pong_in"]) if w.rank == 0 else (ch["pong"], ch["ping_in"])
 rows = []
-for rep, name in enumerate(("v_bench", "v_src_shared", "v_both_shared", "v_read_write_echo", "v_bench")):
+for name in ("v_bench", "v_src_shared", "v_both_shared", "v_read_write_echo", "v_bench"):
     for n in (8, 120, 1024):
         samples = []
         for _ in range(11):
