@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -163,8 +164,61 @@ def spmd(tmp_path, request):
                 cmd.insert(1, "--tag-output")
         else:
             raise ValueError(launcher)
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=job_timeout or timeout,
-                              cwd=str(tmp_path))
-        return Job(proc)
+        return Job(run_job(cmd, env=full_env, cwd=str(tmp_path), timeout=_within_test_budget(request,
+                                                                                          job_timeout or timeout)))
 
     return run
+
+
+_STOP_GRACE_S = 15.0  # a launcher given SIGINT ends its ranks within its own grace (3 s) and cleans up
+
+
+def _within_test_budget(request, seconds: float) -> float:
+    """``seconds``, cut to end 10 s before this test's pytest-timeout: the job's own time-out then fires first,
+    stopping the job cleanly and keeping its output, instead of pytest-timeout killing the launcher outright."""
+    marker = request.node.get_closest_marker("timeout")
+    limit = marker.args[0] if marker and marker.args else request.config.getoption("timeout", None) \
+        or request.config.getini("timeout")
+    try:
+        limit = float(limit)
+    except (TypeError, ValueError):
+        return seconds
+    return min(seconds, limit - 10) if limit > 20 else seconds
+
+
+def run_job(cmd: list[str], env: dict, cwd: str, timeout: float) -> subprocess.CompletedProcess:
+    """Run a launcher (``circuslink run``, ``mpirun``) in its own session and always stop it cleanly.
+
+    On a time-out, or anything else that ends the wait (pytest-timeout, Ctrl-C), the launcher gets SIGINT
+    so that it ends its ranks itself, then its whole session gets SIGKILL after a grace period. Killing the
+    launcher alone (what ``subprocess.run`` does) leaves ranks that die mid-kernel by PR_SET_PDEATHSIG; on a
+    GPU under MPS such a death can take the MPS server down for the jobs that follow."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException as exc:
+        _stop_session(proc)
+        try:
+            out, err = proc.communicate(timeout=_STOP_GRACE_S)
+        except subprocess.TimeoutExpired:  # a process outside the session holds the pipes: report without them
+            out, err = "", "(no output: the job's pipes stayed open after it was stopped)"
+        if isinstance(exc, subprocess.TimeoutExpired):
+            pytest.fail(f"job timed out after {timeout:g} s and was stopped: {' '.join(cmd[:6])} ...\n"
+                        f"{out}{err}", pytrace=False)
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _stop_session(proc: subprocess.Popen) -> None:
+    try:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=_STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    except ProcessLookupError:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -13,27 +13,39 @@ def test_include_dir_holds_the_headers():
     assert (Path(cl.include_dir()) / "circuslink" / "detail" / "sync.cuh").is_file()
 
 
+# The GPU tests run in a child process: a CUDA context in pytest's own process would make it a client
+# of the run's MPS server for the rest of the session, so a fault in any later job would leave the
+# server refusing every job after it (it recovers only once all its clients have exited).
 @pytest.mark.gpu
-def test_compile_and_run_with_our_headers():
-    import cupy as cp
-    import numpy as np
-
-    module = cl.compile(r'''
-        #include <circuslink/detail/sync.cuh>
-        extern "C" __global__ void stamp(unsigned int* out, unsigned int v) {
-          circuslink::detail::st_release_sys(out + threadIdx.x, v + threadIdx.x);
-        }
-    ''')
-    out = cp.zeros(32, dtype=cp.uint32)
-    v = int(np.random.default_rng().integers(1, 1 << 30))
-    module.get_function("stamp")((1,), (32,), (out, np.uint32(v)))
-    assert out.get().tolist() == [v + i for i in range(32)]
+def test_compile_and_run_with_our_headers(spmd):
+    job = spmd(1, r"""
+        import cupy as cp, numpy as np, circuslink as cl
+        module = cl.compile('''
+            #include <circuslink/detail/sync.cuh>
+            extern "C" __global__ void stamp(unsigned int* out, unsigned int v) {
+              circuslink::detail::st_release_sys(out + threadIdx.x, v + threadIdx.x);
+            }
+        ''')
+        out = cp.zeros(32, dtype=cp.uint32)
+        v = int(np.random.default_rng().integers(1, 1 << 30))
+        module.get_function("stamp")((1,), (32,), (out, np.uint32(v)))
+        assert out.get().tolist() == [v + i for i in range(32)], out.get().tolist()
+        print("stamped")
+    """, backend="cuda", job_timeout=120).check()
+    assert "stamped" in job.stdout
 
 
 @pytest.mark.gpu
-def test_compile_error_shows_the_log():
-    with pytest.raises(cl.CompileError, match="undefined_symbol_xyz"):
-        cl.compile('extern "C" __global__ void k() { undefined_symbol_xyz(); }')
+def test_compile_error_shows_the_log(spmd):
+    job = spmd(1, r"""
+        import circuslink as cl
+        try:
+            cl.compile('extern "C" __global__ void k() { undefined_symbol_xyz(); }')
+        except cl.CompileError as exc:
+            assert "undefined_symbol_xyz" in str(exc), exc
+            print("refused")
+    """, backend="cuda", job_timeout=120).check()
+    assert "refused" in job.stdout
 
 
 def test_compile_without_cupy_or_gpu_is_a_clear_error():

@@ -133,3 +133,24 @@ def test_rank_lines_reads_each_ranks_output_by_its_tag(spmd, launcher):
     job = spmd(3, RANK_LINES, launcher=launcher, tag=True).check()
     for r in range(3):
         assert job.rank_lines(r) == [f"rank {r} line {i} end" for i in range(50)], job.output
+
+
+def test_a_job_that_times_out_is_stopped_with_its_ranks(tmp_path):
+    """conftest.run_job: a job past its time-out fails its test with the output so far, and neither the launcher
+    nor any rank outlives it (a rank left running mid-kernel would disturb the jobs after it on a shared GPU)."""
+    import sys
+
+    from conftest import pid_alive, run_job
+
+    script = tmp_path / "sleeper.py"
+    script.write_text("import os, time\nprint('pid', os.getpid(), flush=True)\ntime.sleep(120)\n")
+    cmd = [sys.executable, "-m", "circuslink", "run", "-n", "2", "--backend", "cpu", "--", sys.executable, str(script)]
+    with pytest.raises(pytest.fail.Exception, match="timed out after 4 s and was stopped") as info:
+        run_job(cmd, env=dict(__import__("os").environ), cwd=str(tmp_path), timeout=4)
+    pids = [int(line.split()[-1]) for line in str(info.value).splitlines() if " pid " in f" {line}"]
+    assert len(pids) == 2, str(info.value)
+    import time
+    deadline = time.monotonic() + 10
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(pid_alive(p) for p in pids), f"ranks {pids} outlived their stopped job"
