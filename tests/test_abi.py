@@ -94,7 +94,9 @@ CONSTANTS = [
         ("kCreditBytes", "CREDIT_PACKET_BYTES"), ("kChainHead", "CHAIN_HEAD"), ("kChainEntries", "CHAIN_ENTRIES"),
         ("kChainBlocked", "CHAIN_BLOCKED"), ("kChainGate", "CHAIN_GATE"), ("kChainDelivery", "CHAIN_DELIVERY"),
         ("kEntryChannel", "ENTRY_CHANNEL"), ("kInLink", "IN_LINK"), ("kInInject", "IN_INJECT"),
-        ("kRoleFirst", "ROLE_FIRST"), ("kRoleLast", "ROLE_LAST"), ("kNoChannel", "NO_CHANNEL")]],
+        ("kRoleFirst", "ROLE_FIRST"), ("kRoleLast", "ROLE_LAST"), ("kNoChannel", "NO_CHANNEL"),
+        ("kNoInput", "NO_INPUT")]],
+    ("router_types.cuh", "kAgentGpuScope", "circuslink.channels.protocol", "ROUTER_GPU_SCOPE", None),
     ("router_types.cuh", "kChainWords", "circuslink.channels._routed", "CHAIN_BYTES", lambda v: v // 4),
     *[("route_types.cuh", c, "circuslink.topology._routing", c, None)
       for c in ("NO_RANK", "NO_LINK", "PORT_LOCAL", "PORT_NONE", "MAX_VCS")],

@@ -18,7 +18,7 @@ import numpy as np
 from .._wait import Deadline, wait_until
 from ..errors import BackendError, ConfigError, TimeoutError
 from ..memory import SymmetricBuffer
-from . import _grid, _occupancy
+from . import _grid, _occupancy, _resident
 from ._base import Backend
 
 _HOST_ALLOC_PORTABLE = 1
@@ -122,6 +122,7 @@ class CudaBackend(Backend):
         # this process when its own bounded wait for a kernel gives up. With unified addressing the
         # host pointer of mapped memory is also its device pointer.
         rt = cp.cuda.runtime
+        self.resident = _resident.Registry()  # resident kernels (the agent): paused around device-wide syncs
         self.abort_ptr = rt.hostAlloc(8, rt.hostAllocMapped)
         self._abort = np.frombuffer((ctypes.c_uint32 * 2).from_address(self.abort_ptr), dtype=np.uint32)
         self._abort[:] = 0
@@ -242,7 +243,8 @@ class CudaBackend(Backend):
             try:
                 base = rt.malloc(nbytes)
                 rt.memset(base, 0, nbytes)
-                rt.deviceSynchronize()
+                with self.resident.paused():
+                    rt.deviceSynchronize()
                 handle = bytes(rt.ipcGetMemHandle(base))
             except Exception as exc:  # CUDA's out-of-memory and friends: say it in one line, on every rank
                 failure = f"rank {world.rank} (GPU {self.device}): {exc}"
@@ -288,13 +290,13 @@ class CudaBackend(Backend):
             self._close_handles(state["opened"])
             state["opened"] = []
             if state["base"] is not None:
-                with cp.cuda.Device(self.device):
+                with cp.cuda.Device(self.device), self.resident.paused():
                     rt.deviceSynchronize()
                     rt.free(state["base"])
                 state["base"] = None
 
         def release_all(timeout: float | None = None) -> None:
-            with cp.cuda.Device(self.device):
+            with cp.cuda.Device(self.device), self.resident.paused():
                 rt.deviceSynchronize()  # my kernels no longer touch peers' memory
             self._close_handles(state["opened"])
             state["opened"] = []

@@ -202,13 +202,14 @@ class Channels(Resource):
 
     def max_blocks(self, kernel: Any, threads: int, shared_bytes: int = 0) -> int:
         """Blocks of ``kernel`` this rank may have resident beside its forwarding agent: the back-end's bound
-        (``world.backend.max_blocks``) less the agent's SM while routed channels are open, and an SM for each block
+        (``world.backend.max_blocks``) less the agent's SMs while routed channels are open, and an SM for each block
         of a relay's proxy kernel on this rank's GPU (a transport that carries relays from device code)."""
         backend = self._world.backend
         most = backend.max_blocks(kernel, threads, shared_bytes)
         if self._router is None or not backend.sm_budget or backend.sm_budget < 2:
             return most
-        reserved = min(1 + (self._relays.device_blocks if self._relays is not None else 0), backend.sm_budget - 1)
+        proxies = self._relays.device_blocks if self._relays is not None else 0
+        reserved = min(getattr(self._router, "sms", 1) + proxies, backend.sm_budget - 1)
         return max(1, most * (backend.sm_budget - reserved) // backend.sm_budget)  # the bound scaled to fewer SMs
 
     @property

@@ -71,6 +71,7 @@ IN_INJECT = 1
 ROLE_FIRST = 1  # drains the channel's injection ring and holds its gate
 ROLE_LAST = 2  # writes the channel's delivery ring and reads its board
 NO_CHANNEL = 0xFFFF
+NO_INPUT = 0xFFFFFFFF  # ChannelSpec.arrival where this rank does not deliver the channel
 
 
 def relay_addr(peer: int, offset: int) -> tuple[int, int]:
@@ -234,6 +235,8 @@ class ChannelSpec:
     last: int
     ring: Addr | None = None  # ROLE_LAST: the delivery ring at the receiver
     board: Addr | None = None  # ROLE_LAST, or ROLE_FIRST when first == last: the board (in this rank's memory)
+    arrival: int = NO_INPUT  # ROLE_LAST: the input its packets arrive on (the cuda agent's warp of that input alone
+    #                          delivers and reports it); NO_INPUT elsewhere
 
 
 @dataclass
@@ -377,6 +380,13 @@ class RouterPlan:
                 inputs.append(InputSpec(IN_INJECT, (rank, lay.inj), geo.nslots, geo.slot_bytes, geo.chunk,
                                         (link.src_rank, lay.ctrl + P.CTRL_CREDIT), (link.src_rank, lay.slot_credits),
                                         (rank, lay.chain), -1, 0, r.index))
+        by_link = {(s.link, s.vc): k for k, s in enumerate(inputs) if s.kind == IN_LINK}
+        by_channel = {s.channel: k for k, s in enumerate(inputs) if s.kind == IN_INJECT}
+        for r in self.routed:
+            spec = channels[r.index]
+            if spec is not None and spec.role & ROLE_LAST:
+                hop = r.path.arrival
+                spec.arrival = by_channel[r.index] if hop is None else by_link[(hop.link.id, hop.vc)]
         if len(inputs) > MAX_INPUTS:
             raise ConfigError(f"channels.open: rank {rank}'s forwarding agent would serve {len(inputs)} input rings "
                               f"(at most {MAX_INPUTS}): fewer routed channels through one rank, please")

@@ -189,23 +189,32 @@ ROUTER_OUTPUT = abi.Struct("circuslink::router::Output", _ROUTER, [
     ("entry", abi.U32), ("kind", abi.U32)])
 ROUTER_CHANNEL = abi.Struct("circuslink::router::Channel", _ROUTER, [
     ("ring", abi.PTR), ("board", abi.PTR), ("nslots", abi.U32), ("slot_bytes", abi.U32), ("route", abi.U32),
-    ("role", abi.U32), ("first", abi.U32), ("pad", abi.U32)])
+    ("role", abi.U32), ("first", abi.U32), ("arrival", abi.U32)])
 ROUTER_STATE = abi.Struct("circuslink::router::ChannelState", _ROUTER, [
     ("delivered", abi.U64), ("consumed", abi.U64), ("reported", abi.U64), ("gate", abi.U64)])
 ROUTER_INPUT_STATE = abi.Struct("circuslink::router::InputState", _ROUTER, [
     ("seq", abi.U64), ("since", abi.U64), ("blocked", abi.U32), ("published", abi.U32)])
 ROUTER_OUTPUT_STATE = abi.Struct("circuslink::router::OutputState", _ROUTER, [("seq", abi.U64), ("cache", abi.U64)])
+ROUTER_JOB = abi.Struct("circuslink::router::Job", _ROUTER, [
+    ("src", abi.PTR), ("dst", abi.PTR), ("posted", abi.U64), ("done", abi.U64), ("nb", abi.U32), ("route", abi.U32),
+    ("word", abi.U32), ("flag", abi.U32), ("rewrite", abi.U32), ("pad0", abi.U32), ("pad1", abi.U32),
+    ("pad2", abi.U32)])
+ROUTER_COPY_STATE = abi.Struct("circuslink::router::CopyState", _ROUTER, [
+    ("next", abi.U64), ("launches", abi.U32), ("arrived", abi.U32), ("dead", abi.U32), ("pad0", abi.U32),
+    ("pad1", abi.U32), ("pad2", abi.U32)])
 ROUTER_AGENT = abi.Struct("circuslink::router::Agent", _ROUTER, [
     ("inputs", abi.PTR), ("outputs", abi.PTR), ("channels", abi.PTR), ("state", abi.PTR), ("input_state", abi.PTR),
     ("output_state", abi.PTR), ("entries", abi.PTR), ("channel_of_id", abi.PTR), ("reporters", abi.PTR),
     ("control", abi.PTR), ("abort", abi.PTR), ("timeout_ns", abi.U64), ("report_after_ns", abi.U64),
-    ("slice_ns", abi.U64), ("ninputs", abi.U32), ("noutputs", abi.U32),
+    ("slice_ns", abi.U64), ("jobs", abi.PTR), ("copy", abi.PTR), ("njobs", abi.U32), ("ncopy", abi.U32),
+    ("flags", abi.U32), ("pad", abi.U32), ("ninputs", abi.U32), ("noutputs", abi.U32),
     ("nchannels", abi.U32), ("nids", abi.U32), ("rank", abi.U32), ("nranks", abi.U32), ("vcs", abi.U32),
     ("nreporters", abi.U32)])
 ROUTER_HOP_MAPPED = 0  # Output.kind: a link ring in the neighbour's mapped memory (the agent may deliver there)
 ROUTER_HOP_RELAY = 1  # Output.kind: the out ring of this gateway's relay (a transport carries it; the landing agent
 #                       delivers)
+ROUTER_GPU_SCOPE = 1  # Agent.flags: every rank shares this GPU (bulk fences at .gpu scope)
 # the agent's dynamic shared memory per input, per output and per rank (router_impl.cuh: InS, OutS, Entry)
-ROUTER_SHARED_PER_INPUT = 40
+ROUTER_SHARED_PER_INPUT = 152
 ROUTER_SHARED_PER_OUTPUT = 16
 ROUTER_SHARED_PER_RANK = 4

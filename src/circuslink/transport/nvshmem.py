@@ -22,8 +22,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +30,7 @@ import numpy as np
 from .. import _abi as abi
 from .._lifecycle import Resource
 from .._wait import Deadline, wait_until
+from ..backends._resident import ResidentKernel
 from ..errors import BackendError, TransportError
 from . import _build
 from ._base import HANDLE, MODE_PROXY, MODE_STORE, Capabilities, Connection, Context, Part, Scope, Transport
@@ -320,7 +319,7 @@ class NvshmemRelays(RelayGroup):
         base = self._part.alloc(most * stride)
         credits = self._part.alloc(16 * most)  # per relay: the peer's consumed count, its goodbye
         self._running = False
-        self._pump: threading.Thread | None = None
+        self._pump: ResidentKernel | None = None
         self.stream = cp.cuda.Stream(non_blocking=True)
         table = RELAY_ENTRY.array(max(1, len(peers)))
         for i, peer in enumerate(peers):
@@ -351,9 +350,10 @@ class NvshmemRelays(RelayGroup):
         world.barrier(timeout)  # every rank's rings exist (zeroed) before any proxy puts into them
         if peers:
             self._running = True
-            self._pump = threading.Thread(target=self._keep_running, args=(world.device,), daemon=True,
-                                          name=f"circuslink-nvshmem-proxy-{world.rank}")
-            self._pump.start()
+            # resident like the forwarding agent (one mechanism: backends/_resident.py); its launches end by
+            # themselves after a slice, so a device-wide synchronization waits at most one
+            self._pump = ResidentKernel(world.backend, world.device, self.stream, self._launch,
+                                        f"circuslink-nvshmem-proxy-{world.rank}", self._failed)
 
     def _launch(self) -> None:
         rc = self._lib.circuslink_nvshmem_proxy_launch(self._args.ctypes.data, self.stream.ptr)
@@ -361,23 +361,8 @@ class NvshmemRelays(RelayGroup):
             self.error = TransportError(f"relay (transport nvshmem) of rank {self.world.rank}: the proxy kernel "
                                         f"failed to launch (CUDA error {rc})")
 
-    def _keep_running(self, device: int) -> None:
-        """Keep two slices queued on the proxy's stream until stopped, done or failed (as the agent's pump)."""
-        import cupy as cp
-
-        with cp.cuda.Device(device):
-            queued: list[Any] = []
-            while self._running and not self.control[_ERROR] and self.error is None:
-                if len(queued) < 2:
-                    self._launch()
-                    event = cp.cuda.Event(disable_timing=True)
-                    event.record(self.stream)
-                    queued.append(event)
-                    continue
-                if queued[0].done:
-                    queued.pop(0)
-                    continue
-                time.sleep(SLICE_S / 20)
+    def _failed(self) -> bool:
+        return self.control is None or bool(self.control[_ERROR]) or self.error is not None
 
     def check(self) -> None:
         if self.error is None and self.control is not None and self.control[_ERROR]:
@@ -429,7 +414,7 @@ class NvshmemRelays(RelayGroup):
             self.control[_STOP] = 1
         self._running = False
         if self._pump is not None:
-            self._pump.join(max(timeout, 0.1))
+            self._pump.stop(max(timeout, 0.1))
         self.world.backend.wait_stream(self.stream, timeout, f"the nvshmem proxy of rank {self.world.rank}: it did "
                                                              "not stop")
 

@@ -6,7 +6,7 @@
 // between the ranks of its route. What it serves, per rank, is circuslink::router::Agent
 // (detail/router_types.cuh), built by the host from the routing tables (route.cuh).
 //
-//     extern "C" __global__ void agent(circuslink::router::Agent a) {   // one block, blockDim.x % 32 == 0
+//     extern "C" __global__ void agent(circuslink::router::Agent a) {   // 1 + a.ncopy blocks, blockDim.x % 32 == 0
 //       extern __shared__ __align__(16) unsigned char smem[];          // router::shared_bytes(...) bytes
 //       circuslink::router::run_agent(a, smem);
 //     }
@@ -20,7 +20,7 @@
 namespace circuslink {
 namespace router {
 
-// Serve this rank's inputs until the host sets the stop word (or the abort word); every thread of the block.
+// Serve this rank's inputs until the host sets the stop or yield word (or the abort word); every thread of the grid.
 __device__ __forceinline__ void run_agent(const Agent& a, unsigned char* smem) { impl::run(a, smem); }
 
 }  // namespace router

@@ -1,25 +1,42 @@
 // circuslink/detail/router_impl.cuh - the forwarding agent (docs/routing.md, "Forwarding").
 //
-// One block per rank, relaunched back to back in slices (what it keeps between launches is in device memory:
-// InputState, OutputState, ChannelState), so that it behaves as a persistent kernel while a device-wide
-// synchronization elsewhere in the process still returns. Warp 0 is the router: pass after pass its lanes
-// poll the head of every input ring (lane i: inputs i, i + 32, ...; one 8-byte load of the header's unit 1
-// each, local memory), and for each ready input it moves up to kBurst packets, never waiting on an output: a
-// head whose next buffer is full, or whose channel's receiver has not freed room (end-to-end credits), is
-// left for the next pass, so one blocked head never holds up another input. Low-latency packets are
-// re-flagged unit by unit by warp 0 (one store per lane); bulk packets are copied by the whole block (the
-// other warps wait at a named barrier for a job), then warp 0 publishes their headers after one release
-// fence. The cpu reference is channels/_router_cpu.py: the same decisions in the same order.
+// A grid of 1 + ncopy blocks per rank, resident for the job (a launch ends only when the host asks, kCtlYield, or
+// after slice_ns; what it keeps between launches is in device memory: InputState, OutputState, ChannelState,
+// CopyState).
+//
+// Block 0 routes. Every warp owns the inputs i with i % warps == warp and serves them in turn; an input's state
+// (InS) lives in shared memory and only its warp touches it, so the per-packet path takes no lock:
+//   - the poll is the packet: the warp loads the head slot's 256-byte low-latency area in one round (lane u:
+//     unit u), the header's flags say whether it arrived, and a low-latency packet is already in the lanes'
+//     registers when lane 0 has decided where it goes (the routing table row and the output claims are in
+//     shared memory);
+//   - cut-through: a low-latency packet is stored onward at once (one store per lane, new flags, no fence); a
+//     bulk packet is handed to a copy block as a job (its output slot already claimed, so the output ring's
+//     order is fixed at the decision); the warp goes on polling;
+//   - bookkeeping after: the input's slots go back to its writer (credits) once the packets before them are
+//     stored onward and their jobs done, after the burst; credit reports, chain records and the host's words
+//     are read between passes, never between a poll and its store.
+// Outputs (link rings, relays) are shared by the warps: a slot is claimed by a compare-and-swap on the output's
+// sequence number in shared memory, against the downstream credit cached beside it.
+//
+// Blocks 1..ncopy copy bulk packets: ticket t is copy block 1 + t % ncopy's, in a ring of njobs jobs (several
+// per block: while a block copies one, the router posts the next). A copy block copies the payload (16-byte
+// vectors, all of a 64 KiB packet's loads in flight at once), fences at the scope where the ranks live (.gpu
+// when they share one GPU, kAgentGpuScope) and publishes the header itself. Without copy blocks (ncopy 0) the
+// routing warp copies its own bulk packets.
+//
+// The agent never waits on an output: a head whose next buffer is full, or whose channel's receiver has not
+// freed room (end-to-end credits), is left for the next pass, so one blocked head never holds up another input.
+// Its only waits are bounded by timeout_ns: a low-latency packet's data units that lag their header, a job slot
+// still being copied, the copy blocks' arrival. The cpu reference is channels/_router_cpu.py: the same decisions.
 //
 // Gateways (docs/scale.md): an output may be this rank's relay (Output::kind == kHopRelay: its out ring, which
 // a transport carries to the peer gateway) and an input its in ring; the agent treats them as link rings (the
 // same stores, flags and credits). The only decision they change: a packet whose next hop is its destination
 // through a relay is forwarded into the relay, and the landing agent, on the destination itself, delivers it.
 //
-// Waits: the agent itself never waits for a peer except for a low-latency packet's data units that lag their
-// header (bounded by timeout_ns); the host stops it through a host-mapped word, and the back-end's abort word
-// ends it too. What a long-blocked head waits on is published as a chain record (the input, the buffer it
-// waits for, and that buffer's own chain read from the neighbour), so the host can name a stall or a cycle.
+// What a long-blocked head waits on is published as a chain record (the input, the buffer it waits for, and
+// that buffer's own chain read from the neighbour), so the host can name a stall or a cycle.
 #pragma once
 
 #include "channel_impl.cuh"
@@ -34,48 +51,50 @@ using circuslink::detail::u32;
 using circuslink::detail::u64;
 
 constexpr u32 kBurst = 8;         // packets of one input per visit
-constexpr u32 kJobMax = 8;        // bulk packets copied by the block per job (one release fence)
+constexpr u32 kPend = 6;          // bulk jobs of one input in flight (its slots go back in order as they finish)
 constexpr u32 kReportEvery = 8;   // passes between credit reports while busy
-constexpr u32 kControlEvery = 64; // passes between reads of the host-mapped stop and abort words
+constexpr u32 kControlEvery = 64; // passes between reads of the host-mapped stop, yield and abort words
 constexpr u32 kChainEvery = 16;   // idle passes between chain publications
+constexpr u32 kCopyDepth = 8;     // 16-byte loads in flight per thread of a copy block
 
-// An input's state, in shared memory.
+// An input's state, in shared memory (its warp's alone).
 struct InS {
   unsigned char* ring;
-  u64 seq;      // next packet to take
-  u64 since;    // %globaltimer when its head last became blocked
-  u32 mask;     // nslots - 1
+  u64 seq;              // next packet to take
+  u64 freed;            // packets handed back to the writer
+  u64 since;            // %globaltimer when its head last became blocked
+  u64 pend_seq[kPend];  // the packet of each bulk job in flight, oldest at pend_head
+  u64 pend_tick[kPend]; // its ticket
+  u32 mask;             // nslots - 1
   u32 slot_bytes;
-  u32 blocked;  // kBlk* | index, 0: not blocked
+  u32 blocked;          // kBlk* | index, 0: not blocked
   u32 published;
+  u32 pend_head;
+  u32 npend;
 };
 struct OutS {
-  u64 seq;      // next slot to write
-  u64 cache;    // the downstream consumed count last read
+  u64 seq;      // next slot to write (claimed by compare-and-swap: every routing warp may write any output)
+  u64 cache;    // the downstream consumed count last read (raised with atomicMax)
 };
 // channels/protocol.py sizes the dynamic shared memory with these (ROUTER_SHARED_PER_*)
-static_assert(sizeof(InS) == 40 && sizeof(OutS) == 16 && sizeof(route::Entry) == 4, "router shared memory layout");
+static_assert(sizeof(InS) == 152 && sizeof(OutS) == 16 && sizeof(route::Entry) == 4, "router shared memory layout");
 enum : u32 { kBlkGate = 0x80000000u, kBlkDeliver = 0x40000000u, kBlkOut = 0x20000000u, kBlkIndex = 0x0000FFFFu };
 
-// A batch of bulk packets the whole block copies (shared memory).
-struct Job {
-  const unsigned char* src[kJobMax];  // input slots
-  unsigned char* dst[kJobMax];        // output slots
-  u32 nb[kJobMax];
-  u32 route[kJobMax];
-  u32 word[kJobMax];
-  u32 flag[kJobMax];
-  u32 rewrite[kJobMax];
-  u32 n;
-  u32 stop;
+// Block 0's shared words beside the dynamic arrays.
+struct Shared {
+  u64 tick;      // the next copy ticket
+  u32 quit;      // every warp leaves its loop
+  u32 failed;    // the first error claimed the control words
 };
 
 struct Ctx {
   InS* in;
   OutS* out;
   route::Entry* entries;
-  Job* job;
+  Shared* sh;
   u32 nports;
+  u32 warp;
+  u32 warps;
 };
 
 // What lane 0 decided about an input's head packet.
@@ -87,23 +106,30 @@ struct Move {
   u32 deliver;  // the channel delivered to (a credit report may follow), kNoChannel if none
 };
 
-__device__ __forceinline__ void named_barrier(u32 id, u32 count) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
-}
 __device__ __forceinline__ u64 shfl64(u64 v) { return __shfl_sync(0xffffffffu, v, 0); }
 __device__ __forceinline__ u32 shfl32(u32 v) { return __shfl_sync(0xffffffffu, v, 0); }
+__device__ __forceinline__ u32 ld_shared_u32(const u32* p) { return *(const volatile u32*)p; }
+__device__ __forceinline__ u64 ld_shared_u64(const u64* p) { return *(const volatile u64*)p; }
 
-// Record the agent's first error in the host-mapped control words (only warp 0's lane 0 calls it, so no
-// atomic is needed on host memory); the code is stored last, after the details it covers.
-__device__ __forceinline__ void fail(const Agent& a, u32 code, u32 input, u64 seq, u32 word) {
+// Release / acquire at the scope where the agent's peers live (the ranks whose rings it reads and writes).
+__device__ __forceinline__ void fence_scope(const Agent& a) {
+  if (a.flags & kAgentGpuScope) circuslink::detail::fence_acq_rel_gpu();
+  else circuslink::detail::fence_acq_rel_sys();
+}
+
+// Record the agent's first error in the host-mapped control words (the first caller claims them), the code
+// last, after the details it covers; every warp of the router block then leaves.
+__device__ void fail(const Agent& a, Ctx& c, u32 code, u32 input, u64 seq, u32 word) {
   using namespace circuslink::detail;
-  if (ld_relaxed(a.control + kCtlError) != 0u) return;
-  st_relaxed(a.control + kCtlInput, input);
-  st_relaxed(a.control + kCtlSeq, (u32)seq);
-  st_relaxed(a.control + kCtlWord, word);
-  __threadfence_system();
-  st_relaxed(a.control + kCtlError, code);
-  __threadfence_system();
+  if (atomicCAS(&c.sh->failed, 0u, 1u) == 0u && ld_relaxed(a.control + kCtlError) == 0u) {
+    st_relaxed(a.control + kCtlInput, input);
+    st_relaxed(a.control + kCtlSeq, (u32)seq);
+    st_relaxed(a.control + kCtlWord, word);
+    __threadfence_system();
+    st_relaxed(a.control + kCtlError, code);
+    __threadfence_system();
+  }
+  *(volatile u32*)&c.sh->quit = 1u;
 }
 
 __device__ __forceinline__ void block(InS& s, u32 why) {
@@ -121,6 +147,7 @@ __device__ __forceinline__ void unblock(const Agent& a, u32 i, InS& s) {
 }
 
 // The receiver's in-order consumed count, from its slot credits on the board (any read form stores them).
+// Only the warp of the channel's arrival input calls it.
 __device__ u64 scan_board(const Channel& ch, ChannelState& st) {
   u64 p = st.consumed;
   const u32 mask = ch.nslots - 1u;
@@ -131,16 +158,43 @@ __device__ u64 scan_board(const Channel& ch, ChannelState& st) {
   return p;
 }
 
-__device__ __forceinline__ bool out_room(const Output& o, OutS& s) {
-  if (s.seq < s.cache + o.nslots) return true;
-  s.cache = circuslink::detail::ld_relaxed_u64(o.credit);
-  return s.seq < s.cache + o.nslots;
+// The gate (the receiver's consumed count as known at first) is written by the warp of the input the credit
+// packets arrive on and read by the warp of the injection ring: volatile both ways, raised only.
+__device__ __forceinline__ u64 gate_of(const ChannelState& st) {
+  return circuslink::detail::ld_relaxed_u64(&st.gate);
+}
+__device__ __forceinline__ void raise_gate(ChannelState& st, u64 v) {
+  if (v > gate_of(st)) circuslink::detail::st_relaxed_u64(&st.gate, v);
 }
 
-// Lane 0: what to do with input i's head, whose units 0 and 1 (the header) the warp loaded. Fills mv and
+// Claim the next slot of output o if the downstream ring has room; ~0 if not. Any routing warp may call it.
+__device__ u64 claim_out(const Output& o, OutS& s) {
+  u64 q = ld_shared_u64(&s.seq);
+  while (true) {
+    if (q >= ld_shared_u64(&s.cache) + o.nslots) {
+      const u64 fresh = circuslink::detail::ld_relaxed_u64(o.credit);
+      atomicMax(&s.cache, fresh);
+      if (q >= fresh + o.nslots) return ~0ull;
+    }
+    const u64 seen = atomicCAS(&s.seq, q, q + 1);
+    if (seen == q) return q;
+    q = seen;
+  }
+}
+
+// Whether a bulk packet of input s can be handed to a copy block now (a job slot is free and the input has
+// room for one more job in flight); without copy blocks the warp copies it itself.
+__device__ __forceinline__ bool job_room(const Agent& a, const Ctx& c, const InS& s) {
+  if (a.ncopy == 0) return true;
+  if (s.npend >= kPend) return false;
+  const u64 t = ld_shared_u64(&c.sh->tick);
+  return t < a.njobs || circuslink::detail::ld_relaxed_u64(&a.jobs[t % a.njobs].done) >= t - a.njobs + 1;
+}
+
+// Lane 0: what to do with input i's head packet, whose header units u0, u1 the warp loaded. Fills mv and
 // advances the states it claims (the output slot, the delivery slot, the input's seq). kActStop: nothing to
 // take now (not arrived, or blocked).
-__device__ u32 decide(const Agent& a, Ctx& c, u32 i, Move& mv, u64 u0, u64 u1) {
+__device__ u32 decide(const Agent& a, Ctx& c, u32 i, Move& mv, u64 u0, u64 u1, u64 u2, u64 u3) {
   using namespace circuslink::detail;
   InS& s = c.in[i];
   const Input& in = a.inputs[i];
@@ -154,16 +208,17 @@ __device__ u32 decide(const Agent& a, Ctx& c, u32 i, Move& mv, u64 u0, u64 u1) {
   const bool inject = in.kind == kInInject;
   if (nb == 0 || nb > (bulk ? in.chunk : (u32)kLLPayload) || dst >= a.nranks || (word & 0x60000000u) ||
       (ctrl && nb != kCreditBytes) || (inject && (ctrl || (word & kVcMask)))) {
-    fail(a, kErrHeader, i, q, word);
+    fail(a, c, kErrHeader, i, q, word);
     return kActError;
   }
+  if (bulk && !job_room(a, c, s)) return kActStop;  // a copy block frees a job soon: not a wait on a buffer
   if (inject) {
     const u32 ci = in.channel;
     const Channel& ch = a.channels[ci];
     ChannelState& st = a.state[ci];
-    if (q >= st.gate + ch.nslots) {
-      if (ch.role & kRoleLast) st.gate = scan_board(ch, st);  // first == last: the board is here
-      if (q >= st.gate + ch.nslots) {
+    if (q >= gate_of(st) + ch.nslots) {
+      if (ch.role & kRoleLast) raise_gate(st, scan_board(ch, st));  // first == last: the board is here
+      if (q >= gate_of(st) + ch.nslots) {
         block(s, kBlkGate | ci);
         return kActStop;
       }
@@ -173,24 +228,22 @@ __device__ u32 decide(const Agent& a, Ctx& c, u32 i, Move& mv, u64 u0, u64 u1) {
   if (ctrl && dst == a.rank) {  // a credit packet for a channel whose injection ring drains here
     const u32 ci = rid < a.nids ? a.channel_of_id[rid] : kNoChannel;
     if (ci == kNoChannel || !(a.channels[ci].role & kRoleFirst)) {
-      fail(a, kErrChannel, i, q, rid);
+      fail(a, c, kErrChannel, i, q, rid);
       return kActError;
     }
-    u64 lo = ld_unit(slot + 2 * kUnitBytes), hi = ld_unit(slot + 3 * kUnitBytes);
+    u64 lo = u2, hi = u3;
     if ((u32)(lo >> 32) != flag || (u32)(hi >> 32) != flag) {
       Deadline d = Deadline::after(a.timeout_ns, a.abort);
       while ((u32)(lo >> 32) != flag || (u32)(hi >> 32) != flag) {
         if (d.expired()) {
-          fail(a, d.aborted() ? kErrAborted : kErrUnits, i, q, word);
+          fail(a, c, d.aborted() ? kErrAborted : kErrUnits, i, q, word);
           return kActError;
         }
         lo = ld_unit(slot + 2 * kUnitBytes);
         hi = ld_unit(slot + 3 * kUnitBytes);
       }
     }
-    const u64 count = (u64)(u32)lo | ((u64)(u32)hi << 32);
-    ChannelState& st = a.state[ci];
-    if (count > st.gate) st.gate = count;
+    raise_gate(a.state[ci], (u64)(u32)lo | ((u64)(u32)hi << 32));
     s.seq = q + 1;
     unblock(a, i, s);
     return kActTaken;
@@ -204,7 +257,7 @@ __device__ u32 decide(const Agent& a, Ctx& c, u32 i, Move& mv, u64 u0, u64 u1) {
   if (deliver) {  // the last hop: straight into the channel's delivery ring
     const u32 ci = inject ? in.channel : (rid < a.nids ? a.channel_of_id[rid] : kNoChannel);
     if (ci == kNoChannel || !(a.channels[ci].role & kRoleLast)) {
-      fail(a, kErrChannel, i, q, rid);
+      fail(a, c, kErrChannel, i, q, rid);
       return kActError;
     }
     const Channel& ch = a.channels[ci];
@@ -223,21 +276,20 @@ __device__ u32 decide(const Agent& a, Ctx& c, u32 i, Move& mv, u64 u0, u64 u1) {
     mv.deliver = (ch.role & kRoleFirst) ? (u32)kNoChannel : ci;
   } else {
     if (e.port >= c.nports) {
-      fail(a, kErrNoLink, i, q, dst);
+      fail(a, c, kErrNoLink, i, q, dst);
       return kActError;
     }
     const u32 o = (u32)e.port * a.vcs + e.vc;
     const Output& out = a.outputs[o];
     if (out.ring == nullptr) {
-      fail(a, kErrNoLink, i, q, dst);
+      fail(a, c, kErrNoLink, i, q, dst);
       return kActError;
     }
-    OutS& os = c.out[o];
-    if (!out_room(out, os)) {
+    const u64 ss = claim_out(out, c.out[o]);
+    if (ss == ~0ull) {
       block(s, kBlkOut | o);
       return kActStop;
     }
-    const u64 ss = os.seq++;
     mv.dst = out.ring + ((u32)ss & (out.nslots - 1u)) * out.slot_bytes;
     mv.flag = flag_of(ss);
     mv.rewrite = rewrites_all(ss, out.nslots) ? 1u : 0u;
@@ -248,77 +300,93 @@ __device__ u32 decide(const Agent& a, Ctx& c, u32 i, Move& mv, u64 u0, u64 u1) {
   mv.route = route;
   s.seq = q + 1;
   unblock(a, i, s);
-  // acquire: the block's payload loads (after the job's barrier) follow this header, as a reader's do
-  if (bulk) fence_acq_rel_sys();
   return bulk ? kActBulk : kActLL;
 }
 
-// Every thread of the block: copy the job's bulk payloads (16-byte vectors, zero padding included, eight
-// loads in flight) and, on a rewrite lap, the low-latency units of their slots.
-__device__ void copy_job(const Job& job) {
+// Copy a bulk payload (16-byte vectors, zero padding included) with `count` threads, `depth` loads in flight
+// each; then, on a rewrite lap, re-flag the slot's low-latency units.
+template <u32 kDepth>
+__device__ __forceinline__ void copy_payload(const unsigned char* src_slot, unsigned char* dst_slot, u32 nb,
+                                             u32 rewrite, u32 flag, u32 t, u32 count) {
   using namespace circuslink::detail;
-  const u32 t = threadIdx.x, T = blockDim.x;
-  for (u32 k = 0; k < job.n; ++k) {
-    const unsigned char* src = job.src[k] + kLLAreaBytes;
-    unsigned char* dst = job.dst[k] + kLLAreaBytes;
-    const u32 nvec = (job.nb[k] + 15u) / 16u;
-    u32 v = t;
-    for (; v + 7 * T < nvec; v += 8 * T) {  // one SM copies: eight loads in flight per thread keep it busy
-      U4 w[8];
+  const unsigned char* src = src_slot + kLLAreaBytes;
+  unsigned char* dst = dst_slot + kLLAreaBytes;
+  const u32 nvec = (nb + 15u) / 16u;
+  u32 v = t;
+  for (; v + (kDepth - 1) * count < nvec; v += kDepth * count) {
+    U4 w[kDepth];
 #pragma unroll
-      for (u32 j = 0; j < 8; ++j) w[j] = ld_cg_v4(src + 16ull * (v + j * T));
+    for (u32 j = 0; j < kDepth; ++j) w[j] = ld_cg_v4(src + 16ull * (v + j * count));
 #pragma unroll
-      for (u32 j = 0; j < 8; ++j) st_v4(dst + 16ull * (v + j * T), w[j]);
-    }
-    for (; v + 3 * T < nvec; v += 4 * T) {
-      U4 w[4];
-#pragma unroll
-      for (u32 j = 0; j < 4; ++j) w[j] = ld_cg_v4(src + 16ull * (v + j * T));
-#pragma unroll
-      for (u32 j = 0; j < 4; ++j) st_v4(dst + 16ull * (v + j * T), w[j]);
-    }
-    for (; v < nvec; v += T) st_v4(dst + 16ull * v, ld_cg_v4(src + 16ull * v));
-    if (job.rewrite[k])
-      for (u32 u = 2 + t; u < kLLUnits; u += T) st_unit(job.dst[k] + u * kUnitBytes, 0u, job.flag[k]);
+    for (u32 j = 0; j < kDepth; ++j) st_v4(dst + 16ull * (v + j * count), w[j]);
   }
+  for (; v < nvec; v += count) st_v4(dst + 16ull * v, ld_cg_v4(src + 16ull * v));
+  if (rewrite)
+    for (u32 u = 2 + t; u < kLLUnits; u += count) st_unit(dst_slot + u * kUnitBytes, 0u, flag);
 }
 
-// Warp 0 (all lanes): run the queued bulk copies with the whole block, then publish their headers.
-__device__ void flush(Ctx& c) {
+// Lane 0: hand a claimed bulk packet of input i to its copy block (a ticket, the job, one fence, posted).
+// The fence both acquires the payload the upstream writer released with the header and releases the job.
+__device__ bool post_job(const Agent& a, Ctx& c, u32 i, const Move& mv) {
   using namespace circuslink::detail;
+  InS& s = c.in[i];
+  const u64 t = atomicAdd(&c.sh->tick, 1ull);
+  Job* j = a.jobs + (t % a.njobs);
+  if (t >= a.njobs && ld_relaxed_u64(&j->done) < t - a.njobs + 1) {  // rare: job_room saw it free, another warp won
+    Deadline d = Deadline::after(a.timeout_ns, a.abort);
+    while (ld_relaxed_u64(&j->done) < t - a.njobs + 1) {
+      if (d.expired()) {
+        fail(a, c, d.aborted() ? kErrAborted : kErrCopy, i, s.seq - 1, (u32)t);
+        return false;
+      }
+    }
+  }
+  j->src = mv.src;
+  j->dst = mv.dst;
+  j->nb = mv.nb;
+  j->route = mv.route;
+  j->word = mv.word;
+  j->flag = mv.flag;
+  j->rewrite = mv.rewrite;
+  fence_scope(a);
+  st_relaxed_u64(&j->posted, t + 1);
+  const u32 k = (s.pend_head + s.npend) % kPend;
+  s.pend_seq[k] = s.seq - 1;
+  s.pend_tick[k] = t;
+  ++s.npend;
+  return true;
+}
+
+// Warp (all lanes): copy a bulk packet itself (no copy blocks), then publish its header after one fence.
+__device__ void copy_here(const Agent& a, const Move& mv) {
+  using namespace circuslink::detail;
+  fence_scope(a);  // acquire: the payload loads follow the header the warp saw
+  copy_payload<4>(mv.src, mv.dst, mv.nb, mv.rewrite, mv.flag, lane_id(), 32);
   __syncwarp();
-  Job& job = *c.job;
-  if (job.n == 0) return;
-  named_barrier(1, blockDim.x);  // the other warps take the job
-  copy_job(job);
-  named_barrier(2, blockDim.x);  // every payload store is done (and ordered before lane 0's fence)
   if (lane_id() == 0) {
-    fence_acq_rel_sys();
-    for (u32 k = 0; k < job.n; ++k) st_header(job.dst[k], job.route[k], job.flag[k], job.word[k]);
-    job.n = 0;
+    fence_scope(a);
+    st_header(mv.dst, mv.route, mv.flag, mv.word);
   }
   __syncwarp();
 }
 
-// Warp 0: re-flag one low-latency packet into its output slot (lane u: unit u, already loaded as `v` with
-// the header), waiting (bounded) for data units that lag their header.
-__device__ bool ll_move(const Agent& a, u32 i, u64 q, const Move& mv, u64 v) {
+// Warp: re-flag one low-latency packet into its output slot (lane u: unit u, already loaded as `v` by the
+// poll), waiting (bounded) for data units that lag their header.
+__device__ bool ll_move(const Agent& a, Ctx& c, u32 i, u64 q, const Move& mv, u64 v) {
   using namespace circuslink::detail;
   const u32 lane = lane_id();
   const u32 want = flag_of(q);
   const bool mine = lane >= 2 && (lane - 2) * 4 < mv.nb;
   bool ok = true;
-  if (mine) {
-    if ((u32)(v >> 32) != want) {
-      Deadline d = Deadline::after(a.timeout_ns, a.abort);
-      while (true) {
-        v = ld_unit(mv.src + lane * kUnitBytes);
-        if ((u32)(v >> 32) == want) break;
-        if (d.expired()) {
-          fail(a, d.aborted() ? kErrAborted : kErrUnits, i, q, mv.word);
-          ok = false;
-          break;
-        }
+  if (mine && (u32)(v >> 32) != want) {
+    Deadline d = Deadline::after(a.timeout_ns, a.abort);
+    while (true) {
+      v = ld_unit(mv.src + lane * kUnitBytes);
+      if ((u32)(v >> 32) == want) break;
+      if (d.expired()) {
+        fail(a, c, d.aborted() ? kErrAborted : kErrUnits, i, q, mv.word);
+        ok = false;
+        break;
       }
     }
   }
@@ -333,20 +401,47 @@ __device__ bool ll_move(const Agent& a, u32 i, u64 q, const Move& mv, u64 v) {
   return true;
 }
 
-// Warp 0: hand input i's packets [from, to) back to their writer (slot credits for injection rings, and the
-// in-order count).
-__device__ void give_back(const Agent& a, u32 i, u64 from, u64 to) {
+// Warp: hand input i's packets that are stored onward (and whose jobs are done) back to their writer: slot
+// credits for injection rings, and the in-order count. With `wait`, first wait (bounded) for every job.
+__device__ bool give_back(const Agent& a, Ctx& c, u32 i, bool wait) {
   using namespace circuslink::detail;
-  if (to == from) return;
+  u64 from = 0, to = 0;
+  bool ok = true;
+  if (lane_id() == 0) {
+    InS& s = c.in[i];
+    Deadline d = Deadline::after(a.timeout_ns, a.abort);
+    while (s.npend) {
+      const u64 t = s.pend_tick[s.pend_head];
+      if (ld_relaxed_u64(&a.jobs[t % a.njobs].done) < t + 1) {
+        if (!wait) break;
+        if (d.expired()) {
+          fail(a, c, d.aborted() ? kErrAborted : kErrCopy, i, s.pend_seq[s.pend_head], (u32)t);
+          ok = false;
+          break;
+        }
+        continue;
+      }
+      s.pend_head = (s.pend_head + 1) % kPend;
+      --s.npend;
+    }
+    from = s.freed;
+    to = s.npend ? s.pend_seq[s.pend_head] : s.seq;
+    s.freed = to;
+  }
+  from = shfl64(from);
+  to = shfl64(to);
+  ok = shfl32(ok ? 1u : 0u) != 0u;
+  if (to == from) return ok;
   const Input& in = a.inputs[i];
   if (in.slot_credit != nullptr)
     for (u64 q = from + lane_id(); q < to; q += 32) st_relaxed(in.slot_credit + ((u32)q & (in.nslots - 1u)), flag_of(q));
   __syncwarp();
   if (lane_id() == 0) st_relaxed_u64(in.credit, to);
+  return ok;
 }
 
-// Warp 0: send channel ci's consumed count to its first rank once it moved by `threshold` (kRoleLast,
-// first elsewhere). Never waits: without room in the output, the next pass tries again.
+// Warp: send channel ci's consumed count to its first rank once it moved by `threshold` (kRoleLast, first
+// elsewhere; only the warp of the channel's arrival input). Never waits: without room, the next pass tries.
 __device__ void report(const Agent& a, Ctx& c, u32 ci, u64 threshold) {
   using namespace circuslink::detail;
   const u32 lane = lane_id();
@@ -359,16 +454,18 @@ __device__ void report(const Agent& a, Ctx& c, u32 ci, u64 threshold) {
     if (count - st.reported >= threshold && count > st.reported) {
       const route::Entry e = c.entries[ch.first];
       const u32 o = (u32)e.port * a.vcs + e.vc;
-      if (e.port < c.nports && a.outputs[o].ring != nullptr && out_room(a.outputs[o], c.out[o])) {
+      if (e.port < c.nports && a.outputs[o].ring != nullptr) {
         const Output& out = a.outputs[o];
-        const u64 ss = c.out[o].seq++;
-        slot = (u64)(out.ring + ((u32)ss & (out.nslots - 1u)) * out.slot_bytes);
-        flag = flag_of(ss);
-        rewrite = rewrites_all(ss, out.nslots) ? 1u : 0u;
-        route = (ch.route & 0xFFFFu) | (ch.first << 16);
-        vc = e.vc;
-        st.reported = count;
-        go = 1;
+        const u64 ss = claim_out(out, c.out[o]);
+        if (ss != ~0ull) {
+          slot = (u64)(out.ring + ((u32)ss & (out.nslots - 1u)) * out.slot_bytes);
+          flag = flag_of(ss);
+          rewrite = rewrites_all(ss, out.nslots) ? 1u : 0u;
+          route = (ch.route & 0xFFFFu) | (ch.first << 16);
+          vc = e.vc;
+          st.reported = count;
+          go = 1;
+        }
       }
     }
   }
@@ -386,37 +483,29 @@ __device__ void report(const Agent& a, Ctx& c, u32 ci, u64 threshold) {
   else if (rewrite) st_unit(p + lane * kUnitBytes, 0u, flag);
 }
 
-// Warp 0: serve input i: up to kBurst packets. Returns the packets taken, or ~0u on an agent error.
+__device__ __forceinline__ u64 quarter_ring(const Channel& ch) { return ch.nslots / 4 ? ch.nslots / 4 : 1; }
+
+// Warp: serve input i: up to kBurst packets, each polled in one load of its low-latency area and stored onward
+// (or posted to a copy block) before anything else; then the slots go back. Returns the packets taken, or ~0u
+// on an agent error.
 __device__ u32 serve(const Agent& a, Ctx& c, u32 i) {
-  const u32 lane = circuslink::detail::lane_id();
-  const u64 first_seq = shfl64(lane == 0 ? c.in[i].seq : 0ull);
+  using namespace circuslink::detail;
+  const u32 lane = lane_id();
   u32 done = 0, deliver = kNoChannel;
   bool error = false;
   while (done < kBurst) {
     Move mv{};
     u32 act = kActStop;
-    // One load round for the head slot's 32 units: the header for lane 0's decision and, for a low-latency
-    // packet, every lane's unit to re-flag (the poll saw unit 1 arrive, so the rest is on its way or there).
     __syncwarp();
     const InS& s = c.in[i];
-    const u64 q = shfl64(lane == 0 ? s.seq : 0ull);  // lane 0 owns the state; the others take its view
-    const u64 unit = circuslink::detail::ld_unit(s.ring + ((u32)q & s.mask) * s.slot_bytes +
-                                                 lane * circuslink::detail::kUnitBytes);
+    const u64 q = s.seq;  // every lane reads its warp's own state
+    const u64 unit = ld_unit(s.ring + ((u32)q & s.mask) * s.slot_bytes + lane * kUnitBytes);
     const u64 u0 = __shfl_sync(0xffffffffu, unit, 0), u1 = __shfl_sync(0xffffffffu, unit, 1);
+    if ((u32)(u0 >> 32) != flag_of(q) || (u32)(u1 >> 32) != flag_of(q)) break;  // not arrived: the common miss
+    const u64 u2 = __shfl_sync(0xffffffffu, unit, 2), u3 = __shfl_sync(0xffffffffu, unit, 3);
     if (lane == 0) {
-      act = decide(a, c, i, mv, u0, u1);
-      if (act == kActBulk) {  // queue it: the block copies a batch, one fence publishes them all
-        Job& job = *c.job;
-        const u32 k = job.n;
-        job.src[k] = mv.src;
-        job.dst[k] = mv.dst;
-        job.nb[k] = mv.nb;
-        job.route[k] = mv.route;
-        job.word[k] = mv.word;
-        job.flag[k] = mv.flag;
-        job.rewrite[k] = mv.rewrite;
-        job.n = k + 1;
-      }
+      act = decide(a, c, i, mv, u0, u1, u2, u3);
+      if (act == kActBulk && a.ncopy != 0 && !post_job(a, c, i, mv)) act = kActError;
       if ((act == kActLL || act == kActBulk) && mv.deliver != kNoChannel) deliver = mv.deliver;
     }
     act = shfl32(act);
@@ -426,8 +515,7 @@ __device__ u32 serve(const Agent& a, Ctx& c, u32 i) {
       break;
     }
     ++done;
-    if (act == kActLL) {
-      flush(c);  // bulk packets taken before it are published first: this input's order holds
+    if (act == kActLL || (act == kActBulk && a.ncopy == 0)) {
       mv.src = reinterpret_cast<unsigned char*>(shfl64((u64)mv.src));
       mv.dst = reinterpret_cast<unsigned char*>(shfl64((u64)mv.dst));
       mv.nb = shfl32(mv.nb);
@@ -435,28 +523,29 @@ __device__ u32 serve(const Agent& a, Ctx& c, u32 i) {
       mv.word = shfl32(mv.word);
       mv.flag = shfl32(mv.flag);
       mv.rewrite = shfl32(mv.rewrite);
-      if (!ll_move(a, i, q, mv, unit)) {
+      if (act == kActBulk) {
+        copy_here(a, mv);
+      } else if (!ll_move(a, c, i, q, mv, unit)) {
         error = true;
         break;
       }
-    } else if (act == kActBulk) {
-      const u32 queued = shfl32(lane == 0 ? c.job->n : 0u);
-      if (queued == kJobMax) flush(c);
     }
   }
-  flush(c);
-  const u64 last_seq = shfl64(lane == 0 ? c.in[i].seq : 0ull);
-  give_back(a, i, first_seq, last_seq);
+  if (done == 0 && !error) {
+    if (c.in[i].npend && !give_back(a, c, i, false)) error = true;  // jobs finished since the last visit
+    return error ? ~0u : 0u;
+  }
+  if (!give_back(a, c, i, false)) error = true;
   deliver = shfl32(deliver);
-  if (deliver != kNoChannel) report(a, c, deliver, (u64)(a.channels[deliver].nslots / 4 ? a.channels[deliver].nslots / 4 : 1));
+  if (deliver != kNoChannel) report(a, c, deliver, quarter_ring(a.channels[deliver]));
   return error ? ~0u : done;
 }
 
-// Lane 0: publish what each input blocked longer than report_after_ns waits on (idle passes only).
+// Lane 0: publish what each of this warp's inputs blocked longer than report_after_ns waits on (idle passes).
 __device__ void publish_chains(const Agent& a, Ctx& c) {
   using namespace circuslink::detail;
   const u64 now = globaltimer_ns();
-  for (u32 i = 0; i < a.ninputs; ++i) {
+  for (u32 i = c.warp; i < a.ninputs; i += c.warps) {
     InS& s = c.in[i];
     if (!s.blocked || now - s.since < a.report_after_ns) continue;
     unsigned int* rec = a.inputs[i].chain;
@@ -499,99 +588,161 @@ __device__ void publish_chains(const Agent& a, Ctx& c) {
   }
 }
 
-// The agent: call from every thread of one block (blockDim.x a multiple of 32), with dynamic shared memory
-// of shared_bytes(ninputs, noutputs, nranks) bytes.
-__device__ void run(const Agent& a, unsigned char* smem) {
+// Blocks 1..ncopy: copy the jobs of tickets t with t % ncopy == blockIdx.x - 1, in ticket order, until the
+// router block ends the launch (CopyState::launches moves) or the agent fails.
+__device__ void run_copy(const Agent& a) {
   using namespace circuslink::detail;
   __shared__ Job job;
-  const u32 warp = threadIdx.x / 32, lane = lane_id();
+  __shared__ u64 first;
+  __shared__ u32 launch, leave;
+  const u32 b = blockIdx.x - 1, C = a.ncopy, t0 = threadIdx.x, T = blockDim.x;
+  if (t0 == 0) {
+    launch = ld_relaxed(&a.copy->launches);   // stable until this block has arrived
+    const u64 base = ld_relaxed_u64(&a.copy->next);
+    first = base + (u64)((b + C - (u32)(base % C)) % C);
+    __threadfence();
+    atomicAdd(&a.copy->arrived, 1u);
+  }
+  __syncthreads();
+  for (u64 t = first;; t += C) {
+    Job* j = a.jobs + (t % a.njobs);
+    if (t0 == 0) {
+      u32 spins = 0;
+      leave = 0;
+      while (ld_relaxed_u64(&j->posted) != t + 1) {
+        if (++spins % 64 == 0 && (ld_relaxed(&a.copy->launches) != launch || ld_relaxed(&a.copy->dead) ||
+                                  (a.abort != nullptr && *a.abort != 0u))) {
+          // the router block ends a launch only once every ticket it took is done: t was never taken
+          leave = ld_relaxed_u64(&j->posted) != t + 1;
+          if (leave) break;
+        }
+      }
+      if (!leave) {
+        fence_scope(a);  // acquire the job, and through the router's fence the payload
+        job.src = *(unsigned char* const volatile*)&j->src;
+        job.dst = *(unsigned char* const volatile*)&j->dst;
+        job.nb = *(const volatile u32*)&j->nb;
+        job.route = *(const volatile u32*)&j->route;
+        job.word = *(const volatile u32*)&j->word;
+        job.flag = *(const volatile u32*)&j->flag;
+        job.rewrite = *(const volatile u32*)&j->rewrite;
+      }
+    }
+    __syncthreads();
+    if (leave) return;
+    copy_payload<kCopyDepth>(job.src, job.dst, job.nb, job.rewrite, job.flag, t0, T);
+    __syncthreads();  // every payload store of the block before thread 0's release
+    if (t0 == 0) {
+      fence_scope(a);
+      st_header(job.dst, job.route, job.flag, job.word);
+      st_relaxed_u64(&j->done, t + 1);
+    }
+  }
+}
+
+// The agent: call from every thread of every block (blockDim.x a multiple of 32; block 0 routes with
+// shared_bytes(ninputs, noutputs, nranks) bytes of dynamic shared memory, blocks 1..ncopy copy).
+__device__ void run(const Agent& a, unsigned char* smem) {
+  using namespace circuslink::detail;
+  if (blockIdx.x != 0) {
+    if (blockIdx.x <= a.ncopy) run_copy(a);
+    return;
+  }
+  __shared__ Shared sh;
+  __shared__ u32 launch;
   Ctx c;
   c.in = reinterpret_cast<InS*>(smem);
   c.out = reinterpret_cast<OutS*>(smem + sizeof(InS) * a.ninputs);
   c.entries = reinterpret_cast<route::Entry*>(smem + sizeof(InS) * a.ninputs + sizeof(OutS) * a.noutputs);
-  c.job = &job;
+  c.sh = &sh;
   c.nports = a.vcs ? a.noutputs / a.vcs : 0;
-  if (warp != 0) {  // the copying warps: take jobs until warp 0 posts the stop
-    while (true) {
-      named_barrier(1, blockDim.x);
-      if (job.stop) break;
-      copy_job(job);
-      named_barrier(2, blockDim.x);
-    }
-    return;
-  }
-  for (u32 i = lane; i < a.ninputs; i += 32) {  // the state the previous slice left
+  c.warp = threadIdx.x / 32;
+  c.warps = blockDim.x / 32;
+  const u32 lane = lane_id();
+  for (u32 i = threadIdx.x; i < a.ninputs; i += blockDim.x) {  // the state the previous launch left
     const Input& in = a.inputs[i];
     const InputState& p = a.input_state[i];
-    c.in[i] = InS{in.ring, p.seq, p.since, in.nslots - 1u, in.slot_bytes, p.blocked, p.published};
+    InS& s = c.in[i];
+    s.ring = in.ring;
+    s.seq = s.freed = p.seq;  // a launch ends with every job done and every slot handed back
+    s.since = p.since;
+    s.mask = in.nslots - 1u;
+    s.slot_bytes = in.slot_bytes;
+    s.blocked = p.blocked;
+    s.published = p.published;
+    s.pend_head = s.npend = 0;
   }
-  for (u32 o = lane; o < a.noutputs; o += 32) c.out[o] = OutS{a.output_state[o].seq, a.output_state[o].cache};
-  for (u32 r = lane; r < a.nranks; r += 32) c.entries[r] = a.entries[r];
-  if (lane == 0) {
-    job.n = 0;
-    job.stop = 0;
+  for (u32 o = threadIdx.x; o < a.noutputs; o += blockDim.x)
+    c.out[o] = OutS{a.output_state[o].seq, a.output_state[o].cache};
+  for (u32 r = threadIdx.x; r < a.nranks; r += blockDim.x) c.entries[r] = a.entries[r];
+  if (threadIdx.x == 0) {
+    sh.tick = a.ncopy ? ld_relaxed_u64(&a.copy->next) : 0ull;
+    sh.quit = 0;
+    sh.failed = 0;
+    launch = a.ncopy ? ld_relaxed(&a.copy->launches) : 0u;
     st_relaxed(a.control + kCtlState, 1u);
   }
-  __syncwarp();
-  const u64 slice_end = globaltimer_ns() + a.slice_ns;
+  __syncthreads();
+  const u64 slice_end = a.slice_ns ? globaltimer_ns() + a.slice_ns : ~0ull;
   u32 pass = 0;
-  bool stop = false;
-  while (!stop) {
+  while (!ld_shared_u32(&sh.quit)) {
     u32 moved = 0;
-    for (u32 base = 0; base < a.ninputs && !stop; base += 32) {
-      const u32 i = base + lane;
-      bool ready = false;
-      if (i < a.ninputs) {
-        const InS& s = c.in[i];
-        const u64 u1 = ld_unit(s.ring + ((u32)s.seq & s.mask) * s.slot_bytes + kUnitBytes);
-        ready = (u32)(u1 >> 32) == flag_of(s.seq);
-      }
-      u32 mask = __ballot_sync(0xffffffffu, ready);
-      while (mask) {
-        const u32 k = __ffs(mask) - 1;
-        mask &= mask - 1;
-        const u32 got = serve(a, c, base + k);
-        if (got == ~0u) {
-          stop = true;
-          break;
-        }
-        moved += got;
-      }
+    for (u32 i = c.warp; i < a.ninputs; i += c.warps) {
+      const u32 got = serve(a, c, i);
+      if (got == ~0u) break;  // fail() set quit
+      moved += got;
     }
+    if (ld_shared_u32(&sh.quit)) break;
     ++pass;
-    if (!stop && (moved == 0 || pass % kReportEvery == 0)) {
-      // credit reports: every channel this rank delivers whose gate is elsewhere
+    if (moved == 0 || pass % kReportEvery == 0) {
+      // credit reports of the channels this rank delivers whose gate is elsewhere, on their arrival input's warp
       for (u32 k = 0; k < a.nreporters; ++k) {
         const u32 ci = a.reporters[k];
-        const u32 quarter = a.channels[ci].nslots / 4;
-        report(a, c, ci, moved == 0 ? 1ull : (u64)(quarter ? quarter : 1));
+        const Channel& ch = a.channels[ci];
+        if (ch.arrival % c.warps != c.warp) continue;
+        report(a, c, ci, moved == 0 ? 1ull : quarter_ring(ch));
       }
     }
     if (moved == 0 && pass % kChainEvery == 0) {
       if (lane == 0) publish_chains(a, c);
       __syncwarp();
     }
-    if (pass % kControlEvery == 0) {
-      u32 quit = 0;
+    if (c.warp == 0 && pass % kControlEvery == 0) {
       if (lane == 0) {
-        if (ld_relaxed(a.control + kCtlStop) != 0u || globaltimer_ns() > slice_end) quit = 1;
-        if (a.abort != nullptr && *a.abort != 0u) {
-          fail(a, kErrAborted, 0xFFFFFFFFu, 0, 0);
-          quit = 1;
-        }
+        if (ld_relaxed(a.control + kCtlStop) != 0u || ld_relaxed(a.control + kCtlYield) != 0u ||
+            globaltimer_ns() > slice_end)
+          *(volatile u32*)&sh.quit = 1u;
+        if (a.abort != nullptr && *a.abort != 0u) fail(a, c, kErrAborted, 0xFFFFFFFFu, 0, 0);
       }
-      if (shfl32(quit)) stop = true;
+      __syncwarp();
     }
   }
-  if (lane == 0) job.stop = 1;
-  __syncwarp();
-  named_barrier(1, blockDim.x);  // release the copying warps
-  for (u32 i = lane; i < a.ninputs; i += 32) {  // for the next slice
+  // The end of a launch: every job done and every slot handed back, then the state for the next launch.
+  for (u32 i = c.warp; i < a.ninputs; i += c.warps) give_back(a, c, i, sh.failed == 0);
+  __syncthreads();
+  for (u32 i = threadIdx.x; i < a.ninputs; i += blockDim.x) {
     const InS& s = c.in[i];
     a.input_state[i] = InputState{s.seq, s.since, s.blocked, s.published};
   }
-  for (u32 o = lane; o < a.noutputs; o += 32) a.output_state[o] = OutputState{c.out[o].seq, c.out[o].cache};
-  if (lane == 0) {
+  for (u32 o = threadIdx.x; o < a.noutputs; o += blockDim.x)
+    a.output_state[o] = OutputState{c.out[o].seq, c.out[o].cache};
+  if (threadIdx.x == 0) {
+    if (a.ncopy) {
+      // Every copy block of this launch must have started before the launch ends (a block that started later
+      // would wait for the next launch, which waits for it): bounded, and a failure leaves them all at once.
+      const u32 want = a.ncopy * (launch + 1u);
+      Deadline d = Deadline::after(a.timeout_ns, a.abort);
+      while (ld_relaxed(&a.copy->arrived) < want) {
+        if (d.expired()) {
+          fail(a, c, d.aborted() ? kErrAborted : kErrCopy, 0xFFFFFFFFu, 0, a.ncopy);
+          break;
+        }
+      }
+      if (sh.failed) st_relaxed(&a.copy->dead, 1u);
+      st_relaxed_u64(&a.copy->next, ld_shared_u64(&sh.tick));
+      __threadfence();
+      st_relaxed(&a.copy->launches, launch + 1u);
+    }
     __threadfence_system();
     st_relaxed(a.control + kCtlState, 2u);
   }
@@ -599,7 +750,7 @@ __device__ void run(const Agent& a, unsigned char* smem) {
 
 }  // namespace impl
 
-// Dynamic shared memory the agent needs.
+// Dynamic shared memory the router block needs.
 __host__ __device__ constexpr unsigned int shared_bytes(unsigned int ninputs, unsigned int noutputs,
                                                         unsigned int nranks) {
   return (unsigned int)(sizeof(impl::InS) * ninputs + sizeof(impl::OutS) * noutputs + sizeof(route::Entry) * nranks);

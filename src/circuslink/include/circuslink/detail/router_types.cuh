@@ -39,6 +39,7 @@ enum : unsigned int {
   kCtlInput = 3,              // the input it concerns
   kCtlSeq = 4,                // packet seq (low 32 bits)
   kCtlWord = 5,               // the header word, or the channel id
+  kCtlYield = 6,              // host writes: store the state and end this launch (a device-wide sync waits)
   kCtlWords = 8,
   // error codes
   kErrNone = 0,
@@ -47,9 +48,13 @@ enum : unsigned int {
   kErrNoLink = 3,             // no link out toward the destination
   kErrUnits = 4,              // a low-latency packet's header arrived, its data did not (time-out)
   kErrAborted = 5,            // the host's abort word was set
+  kErrCopy = 6,               // a bulk copy job did not complete (a copy block never ran) within the time-out
   // Output::kind: how a hop reaches the next agent, whatever transport carries it
   kHopMapped = 0,             // a link ring in the neighbour's mapped memory: the agent may deliver there
   kHopRelay = 1,              // the out ring of this gateway's relay: a transport carries it, the landing agent delivers
+  // Agent::flags
+  kAgentGpuScope = 1,         // every rank shares this GPU (channels.shares_one_gpu): bulk fences at .gpu, not .sys
+  kNoInput = 0xFFFFFFFFu,     // Channel::arrival where this rank does not deliver the channel
 };
 
 // One input ring of this rank's agent (64 bytes). The in ring of a gateway's relay is an input like a link ring
@@ -91,7 +96,8 @@ struct Channel {
   unsigned int route;             // recv_id | dst << 16
   unsigned int role;              // kRoleFirst | kRoleLast
   unsigned int first;             // the rank holding its gate (credit packets go there)
-  unsigned int pad;
+  unsigned int arrival;           // kRoleLast: the input its packets arrive on (its warp alone delivers and
+                                  // reports the channel); kNoInput otherwise
 };
 
 // The agent's state per routed channel (device memory, zeroed by the host).
@@ -103,8 +109,9 @@ struct ChannelState {
 };
 
 // What an agent keeps of each input and output from one launch to the next (device memory, zeroed by the
-// host): the agent runs in slices of slice_ns, launched back to back on its own stream, so that a
-// device-wide synchronization elsewhere in the process (cudaDeviceSynchronize, cudaFree) returns.
+// host): the agent stays resident for the job, but ends its launch when the host asks (kCtlYield: a
+// device-wide synchronization of this process is waiting) or after slice_ns (a bound for synchronizations the
+// host does not see), and the host launches it again at once (backends/_resident.py).
 struct InputState {
   unsigned long long seq;         // next packet to take
   unsigned long long since;       // %globaltimer when its head last became blocked
@@ -116,7 +123,32 @@ struct OutputState {
   unsigned long long cache;       // the downstream consumed count last read
 };
 
-// What the agent kernel receives, by value (144 bytes).
+// A bulk packet handed to the copy blocks (device memory, 64 bytes): ticket t lives in jobs[t % njobs] and is
+// copied by copy block 1 + t % ncopy. `posted` and `done` hold ticket + 1, so a slot's previous occupant never
+// looks like the current one.
+struct Job {
+  const unsigned char* src;       // the input slot
+  unsigned char* dst;             // the output (or delivery) slot
+  unsigned long long posted;      // ticket + 1 once the fields below are written (the router block)
+  unsigned long long done;        // ticket + 1 once the payload is copied and the header published (a copy block)
+  unsigned int nb;
+  unsigned int route;
+  unsigned int word;
+  unsigned int flag;
+  unsigned int rewrite;           // a rewrite lap: the copy block re-flags the slot's low-latency units too
+  unsigned int pad0, pad1, pad2;
+};
+
+// The copy blocks' shared counters (device memory, zeroed by the host; kept from one launch to the next).
+struct CopyState {
+  unsigned long long next;        // the first ticket of the next launch (the router block stores it at its end)
+  unsigned int launches;          // launches ended: a copy block leaves when it moves past the count it started with
+  unsigned int arrived;           // copy blocks started, over all launches (the router block waits for its ncopy)
+  unsigned int dead;              // the agent failed: copy blocks leave at once
+  unsigned int pad0, pad1, pad2;
+};
+
+// What the agent kernel receives, by value (176 bytes).
 struct Agent {
   const Input* inputs;
   const Output* outputs;          // nports * vcs
@@ -131,7 +163,13 @@ struct Agent {
   const volatile unsigned int* abort;   // the back-end's abort word (host-mapped)
   unsigned long long timeout_ns;  // a low-latency packet's data may lag its header this long
   unsigned long long report_after_ns;  // a head blocked this long gets its chain published
-  unsigned long long slice_ns;    // one launch runs this long, then stores its state and exits
+  unsigned long long slice_ns;    // a launch ends after this long at most (0: only when the host asks)
+  Job* jobs;                      // njobs bulk copy jobs
+  CopyState* copy;
+  unsigned int njobs;             // a multiple of ncopy (0 when ncopy is 0)
+  unsigned int ncopy;             // copy blocks (blocks 1..ncopy of the grid); 0: the routing warps copy themselves
+  unsigned int flags;             // kAgent*
+  unsigned int pad;
   unsigned int ninputs;
   unsigned int noutputs;
   unsigned int nchannels;
