@@ -754,3 +754,41 @@ def test_mpi_refuses_post_at_wait_and_stays_usable(spmd):
     job.check()
     assert job.output.count("post_at='wait' is not supported by MPI-3 windows") == 2, job.output
     assert job.output.count(" ok") == 2, job.output
+
+
+def _copy_blocks(mem: np.ndarray, blocks) -> None:
+    for src, dst, count, block, ss, ds in blocks:
+        for b in range(count):
+            mem[dst + b * ds: dst + b * ds + block] = mem[src + b * ss: src + b * ss + block]
+
+
+def test_small_chain_words_copy_exactly_what_the_blocks_do(rng):
+    """A small chain committed as words (one aligned 8- or 16-byte load and store per device thread) moves the
+    same bytes as the descriptors, byte for byte, for random aligned chains of contiguous and block-stride
+    writes; misaligned or large chains keep the descriptors."""
+    from circuslink.rma._cuda import small_chain_words
+
+    for _ in range(200):
+        width = int(rng.choice([8, 16]))
+        blocks, src_at, dst_at = [], 0, 1 << 15
+        for _ in range(int(rng.integers(1, 9))):
+            count = int(rng.integers(1, 5))
+            block = width * int(rng.integers(1, 5))
+            ss = block + width * int(rng.integers(0, 3)) if count > 1 else block
+            ds = block + width * int(rng.integers(0, 3)) if count > 1 else block
+            blocks.append((src_at, dst_at, count, block, ss, ds))
+            src_at += count * ss + width * int(rng.integers(0, 3))
+            dst_at += count * ds + width * int(rng.integers(0, 3))
+        words, got_width = small_chain_words(blocks)
+        total = sum(c * b for _, _, c, b, _, _ in blocks)
+        assert got_width >= width and len(words) == total // got_width
+        mem = rng.integers(0, 256, 1 << 16, dtype=np.uint8)
+        want = mem.copy()
+        _copy_blocks(want, blocks)
+        for src, dst in words:  # what the device's threads do, one word each
+            mem[dst: dst + got_width] = mem[src: src + got_width]
+        assert np.array_equal(mem, want)
+    assert small_chain_words([(0, 4096, 1, 12, 12, 12)])[1] == 0             # 12 B: no common 8-byte width
+    assert small_chain_words([(8, 4096, 3, 8, 12, 8)])[1] == 0               # a stride breaks the alignment
+    assert small_chain_words([(0, 1 << 20, 1, 4104, 4104, 4104)])[1] == 0     # more than a small chain
+    assert small_chain_words([])[1] == 0

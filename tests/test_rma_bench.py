@@ -25,11 +25,14 @@ def test_bench_rma_quick_cpu(tmp_path):
     data = _bench(tmp_path, 2)
     assert data["benchmark"] == "rma" and data["nranks"] == 2 and data["floor"]["backend"] == "cpu"
     ours = [r for r in data["rows"] if r["impl"] == "rma-host"]
-    # every layout x chain x size, each with a positive time and consistent bandwidth
+    # every layout x chain x size, each with a positive time and consistent bandwidth, a median over samples
+    # with the fastest sample beside it
     assert {(r["layout"], r["chain"], r["bytes"]) for r in ours} == {
         (lay, c, s) for lay in ("contiguous", "strided") for c in (1, 8) for s in (8, 2048)}
     for r in ours:
         assert r["neighbours"] == 1 and r["total_bytes"] == r["chain"] * r["bytes"] and "skipped" not in r
+        assert r["samples"] == 5 and 0 < r["time_min_us"] <= r["time_us"], r
+    assert data["meta"]["targets"]["lines"], data["meta"]
     impls = {r["impl"] for r in data["rows"]}
     assert {"mpi3-rma", "mpi-persistent-p2p", "nccl-grouped-sendrecv"} <= impls
     # The cpu back-end runs no kernels: no graphed or device-driven rows, NCCL skipped saying why.
@@ -103,3 +106,57 @@ def test_bench_rma_long_chains_under_mps_gpu(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [r for r in json.loads(out.read_text())["rows"] if r["impl"] == "rma-host"]
     assert sorted(r["bytes"] for r in rows) == [256 << 10, 512 << 10, 1 << 20]
+
+
+def test_bench_rma_defaults_stay_small():
+    """`bench rma -n 2` at its old defaults ran 160 queue configurations per impl (20 sizes x 4 chains x 2
+    layouts), up to 64 MiB a cycle x 220 cycles, host-staged for MPI: minutes, not a hang. Now a chain writes
+    at most --max-chain-bytes (16 MiB) and a sample at most 256 MiB: the whole plan is bounded."""
+    import argparse
+
+    import circuslink as cl
+    from circuslink.bench import _driver as drv
+    from circuslink.bench.rma import _SAMPLE_BYTES, _Bench, _max_chain, _pairs, _parse_chains, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args([])
+    sizes, chains = drv.parse_sizes(args.sizes), _parse_chains(args.chains)
+    pairs = _pairs(chains, sizes, _max_chain(args))
+    assert (8, 8) in pairs and (1, 16 << 20) in pairs and len(pairs) <= 12, pairs
+    assert all(c * s <= 16 << 20 for c, s in pairs)
+    with pytest.raises(cl.ConfigError, match="--max-chain-bytes 8: every chain x size writes more"):
+        _pairs([2], [8], 8)
+    bench = _Bench.__new__(_Bench)
+    bench.iters, bench.samples, bench.targets = args.iters, min(args.samples, args.iters), [(1, 0)]
+    assert bench.samples >= 10
+    moved = sum((bench._ops(c, s) * bench.samples + args.warmup) * c * s for c, s in pairs)
+    assert moved <= 2 * len(pairs) * _SAMPLE_BYTES * 11 // 10, moved  # per impl and layout, warm-up included
+    assert all(bench._ops(c, s) * c * s <= max(_SAMPLE_BYTES, c * s) for c, s in pairs)
+
+
+def test_bench_rma_targets_read_the_rows():
+    """The verdicts: ratios to this run's floor, MPI-3 RMA and copy engine, from the medians of the rows."""
+    from circuslink.bench.rma import targets
+
+    def row(impl, layout, chain, nbytes, us, neighbours=1):
+        total = chain * nbytes * neighbours
+        return {"impl": impl, "layout": layout, "chain": chain, "bytes": nbytes, "time_us": us,
+                "throughput_GBps": total / us / 1e3, "neighbours": neighbours}
+
+    floor = {"summary": {"lat_relaxed_us": 0.28, "ce_GBps": 500.0}}
+    rows = [row("rma-device", "contiguous", 8, 8, 0.80), row("rma-host-graphed", "contiguous", 1, 8, 6.0),
+            row("rma-host-graphed", "contiguous", 8, 8, 12.0), row("mpi3-rma", "contiguous", 1, 8, 94.0),
+            row("mpi3-rma", "contiguous", 8, 8, 415.0),
+            row("rma-host-graphed", "contiguous", 1, 16 << 20, 16 * 1.048576 * 1e6 / 1e3 / 450),  # 450 GB/s
+            row("rma-host-graphed", "contiguous", 1, 1 << 20, 10.0),
+            row("rma-host-graphed", "strided", 1, 1 << 20, 20.0),
+            {"impl": "nccl-grouped-sendrecv", "chain": 1, "bytes": 8, "skipped": "needs GPUs"}]
+    out = targets(rows, floor)
+    assert abs(out["device_8x8_vs_floor"] - 0.80 / 0.28) < 1e-9
+    assert out["graphed_8B_us"] == 12.0 and abs(out["small_vs_mpi3"] - 6.0 / 94.0) < 1e-9
+    assert abs(out["large_vs_copy_engine"] - 0.9) < 1e-6 and out["strided_vs_contiguous"] == 0.5
+    verdicts = [line.rsplit(": ", 1)[1] for line in out["lines"]]
+    assert verdicts == ["met", "MISSED", "met", "met", "MISSED"], out["lines"]
+    empty = targets([], None)
+    assert all(line.endswith("not measured") for line in empty["lines"]) and len(empty["lines"]) == 5

@@ -4,19 +4,28 @@ Every rank writes a chain of k writes of s bytes to each neighbour in a ring (a 
 exchange: with 2 ranks, the two write into each other; with more, each rank writes to its
 left and its right neighbour and receives from both), for k in --chains and s in --sizes,
 contiguous and block-stride ("strided": blocks of min(s, 512) B, source stride 2 blocks,
-destination stride 3, no packing). One row per impl x layout x chain x size; ``time_us`` is
-the start-to-wait time of one cycle (mean over --iters, the slowest rank),
-``throughput_GBps`` the bytes one rank writes per cycle (``total_bytes``) over that time.
+destination stride 3, no packing); a chain never holds more than --max-chain-bytes (16 MiB; pairs
+k x s beyond it are left out), so the run stays short. One row per
+impl x layout x chain x size. Timing as nccl-tests does it: a handshake cycle (on the device for the
+device-driven and graphed forms) before the clock, then --samples samples of --iters/--samples cycles
+each (fewer for chains of many MiB: a sample moves at most 256 MiB); each sample's time is the slowest
+rank's, ``time_us`` is their median per cycle and ``time_min_us`` the fastest sample;
+``throughput_GBps`` the bytes one rank writes per cycle (``total_bytes``) over the median time.
+The run's floor (``circuslink probe``) is in the results, and the verdicts against the targets
+(device-driven 8 x 8 B <= 3 x the relaxed floor, graphed <= 10 us, both <= 0.1 x MPI-3 RMA,
+16 MiB chains >= 0.8 x the floor's copy-engine bandwidth, strided >= 0.8 x contiguous) are printed
+and stored under ``meta["targets"]``.
 
-impls: ``rma-host`` (start(); wait() from Python), ``rma-host-graphed`` (back-ends that run
-kernels, kernel launch: ``q.start(stream=)`` and ``q.wait(stream=, block=False)`` enqueued --iters
-times inside one CUDA graph capture, event-timed: what a host-driven cycle costs on the GPU
-without Python), ``rma-device`` (start and wait inside one kernel, ``kernels/rma_cycles.cu``,
-through the public ``<circuslink/rma.cuh>`` and ``q.device_handle()``), ``mpi3-rma`` (the mpi
+impls: ``rma-host`` (start(); wait() from Python: one graph launch and a bounded wait on a back-end
+that runs kernels), ``rma-host-graphed`` (back-ends that run kernels: ``q.start(stream=)`` and
+``q.wait(stream=, block=False)`` enqueued for a sample's cycles inside one CUDA graph capture,
+event-timed: what a host-driven cycle costs on the GPU without Python), ``rma-device`` (start and
+wait inside one kernel, ``kernels/rma_cycles.cu``, through the public ``<circuslink/rma.cuh>`` and
+``q.device_handle()``), ``mpi3-rma`` (the mpi
 windows: MPI_Put in PSCW epochs, host-staged with a GPU), ``mpi-persistent-p2p``
 (Send_init/Recv_init, Startall, Waitall, host-staged), ``nccl-grouped-sendrecv`` (contiguous
-only), and the floor from ``circuslink probe``. Set CIRCUSLINK_RMA_LAUNCH=graph to measure the
-CUDA-graph launch.
+only), and the floor from ``circuslink probe``. Set CIRCUSLINK_RMA_LAUNCH=graph to copy with the copy
+engine instead of SM copies (both are one graph launch a cycle).
 """
 
 from __future__ import annotations
@@ -32,16 +41,25 @@ import numpy as np
 from .._wait import Deadline
 from ..errors import ConfigError, RmaError
 
-_CHAINS = "1,4,8,16"
+_CHAINS = "1,8"
+_SIZES = "8,64,4K,64K,1M,16M"
 _STRIDED_BLOCK = 512
+_SAMPLES = 10
+_MAX_CHAIN = "16M"
+_SAMPLE_BYTES = 256 << 20  # a sample of a long chain moves at most this much: the run stays short
 _KERNEL_FILE = Path(__file__).parent / "kernels" / "rma_cycles.cu"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from . import _driver as drv
 
-    drv.add_common_arguments(parser, default_sizes="8:4M", default_iters=200, default_warmup=20)
+    drv.add_common_arguments(parser, default_sizes=_SIZES, default_iters=200, default_warmup=20)
     parser.add_argument("--chains", default=_CHAINS, help=f"writes per chain (default {_CHAINS})")
+    parser.add_argument("--max-chain-bytes", default=_MAX_CHAIN,
+                        help=f"leave out chains x sizes that write more than this per neighbour (default {_MAX_CHAIN})")
+    parser.add_argument("--samples", type=drv.positive_int, default=_SAMPLES,
+                        help=f"samples per row, --iters cycles split among them (default {_SAMPLES}); the "
+                             "median and the minimum are reported")
     parser.add_argument("--layouts", default="contiguous,strided", help="contiguous, strided or both")
 
 
@@ -53,6 +71,15 @@ def _parse_chains(text: str) -> list[int]:
             raise ConfigError(f"--chains {text!r}: bad chain length {tok!r} (positive integers, e.g. 1,4,8,16)")
         out.append(int(tok))
     return out
+
+
+def _max_chain(args: argparse.Namespace) -> int:
+    from . import _driver as drv
+
+    values = drv.parse_sizes(args.max_chain_bytes)
+    if len(values) != 1:
+        raise ConfigError(f"--max-chain-bytes {args.max_chain_bytes!r}: one size, e.g. 16M")
+    return values[0]
 
 
 def _layout(layout: str, nbytes: int) -> tuple[int, int, int, int]:
@@ -69,9 +96,12 @@ def run(args: argparse.Namespace) -> int:
 
     if not launcher.inside_job():
         _yield_when_idle(args.nranks)
-        chains = max(_parse_chains(args.chains))  # a window holds a chain of writes to each neighbour, both ways
+        pairs = _pairs(_parse_chains(args.chains), drv.parse_sizes(args.sizes), _max_chain(args))
+        # A window holds, per neighbour, a source region of 2 x and a slot of 3 x the longest chain, with both
+        # neighbours: 10 x, in units of the largest size.
+        longest = max(c * s for c, s in pairs) / max(drv.parse_sizes(args.sizes))
         return launcher.relaunch_self(args.nranks, args.backend, prefer_mpirun=True, mps_mode=args.mps,
-                                      **drv.memory_per_rank(args, 4 * chains, 1 << 20))
+                                      **drv.memory_per_rank(args, 10 * longest, 1 << 20))
     return _run_rank(args)
 
 
@@ -137,8 +167,10 @@ def _run_rank(args: argparse.Namespace) -> int:
     results.meta.update(chains=chains, layouts=layouts, iters=iters, warmup=warmup,
                         launch=os.environ.get("CIRCUSLINK_RMA_LAUNCH", "kernel"),
                         mpi_yield_when_idle=os.environ.get("OMPI_MCA_mpi_yield_when_idle"),
-                        strided_block=_STRIDED_BLOCK, launched_by=world.launched_by)
-    bench = _Bench(world, sizes, chains, iters, warmup, results)
+                        strided_block=_STRIDED_BLOCK, launched_by=world.launched_by,
+                        samples=min(args.samples, iters), sample_bytes_max=_SAMPLE_BYTES)
+    bench = _Bench(world, sizes, chains, iters, warmup, results, samples=min(args.samples, iters),
+                   max_chain=_max_chain(args))
     bench.ours(layouts)
     if not args.no_baselines:
         bench.mpi3_rma(layouts)
@@ -156,21 +188,48 @@ def _run_rank(args: argparse.Namespace) -> int:
                                             "us per cycle"))
             drv.figure(path, panels)
 
-        drv.finish(results, args, lambda: drv.print_table(
-            results.rows, ["impl", "layout", "chain", "bytes", "time_us", "throughput_GBps", "skipped"],
-            "rma: start-to-wait per cycle", args), draw)
+        results.meta["targets"] = targets(results.rows, results.floor)
+
+        def report() -> None:
+            drv.print_table(results.rows, ["impl", "layout", "chain", "bytes", "time_us", "time_min_us",
+                                           "throughput_GBps", "skipped"],
+                            "rma: start-to-wait per cycle (median over samples, slowest rank)", args)
+            for line in results.meta["targets"]["lines"]:
+                print(line)
+
+        drv.finish(results, args, report, draw)
     world.barrier()
     _end_of_job(world)
     return 0
 
 
+def _pairs(chains: list[int], sizes: list[int], most: int) -> list[tuple[int, int]]:
+    """(chain, size) of every row: chains writing more than ``most`` bytes are left out (they would only make
+    the window and the run larger; the same bytes are measured as fewer, larger writes). Refused if none is
+    left."""
+    pairs = [(c, s) for c in chains for s in sizes if c * s <= most]
+    if not pairs:
+        raise ConfigError(f"--max-chain-bytes {most}: every chain x size writes more; raise it or shorten --chains")
+    return pairs
+
+
+def _summary(per_rank: list[list[float]], ops: int) -> dict:
+    """Median / minimum per cycle over samples, each sample the slowest rank's (seconds -> us)."""
+    slowest = [max(t) / ops for t in zip(*per_rank, strict=True)]
+    return {"seconds": float(np.median(slowest)), "time_min_us": min(slowest) * 1e6, "samples": len(slowest),
+            "cycles_per_sample": ops}
+
+
 class _Bench:
-    def __init__(self, world: Any, sizes: list[int], chains: list[int], iters: int, warmup: int, results: Any):
+    def __init__(self, world: Any, sizes: list[int], chains: list[int], iters: int, warmup: int, results: Any,
+                 samples: int = _SAMPLES, max_chain: int = 16 << 20):
         self.world = world
         self.sizes = sizes
         self.chains = chains
+        self.pairs = _pairs(chains, sizes, max_chain)
         self.iters = iters
         self.warmup = warmup
+        self.samples = max(1, min(samples, iters))
         self.results = results
         n, me = world.size, world.rank
         self.right, self.left = (me + 1) % n, (me - 1) % n
@@ -181,14 +240,16 @@ class _Bench:
         # `targets`: the left neighbour writes to its right (me) from its region 0 into my slot 0.
         self.incoming = [(self.left, 0, 0)] + ([(self.right, 1, 1)] if n > 2 else [])
         self.origins = sorted({self.left, self.right})
-        biggest = max(sizes) * max(chains)
+        biggest = max(c * s for c, s in self.pairs)
         self.region = 2 * biggest            # strided sources span two blocks per block
         self.src_bytes = len(self.targets) * self.region  # one source region per target
         self.slot_bytes = 3 * biggest
         self.nbytes = self.src_bytes + 2 * self.slot_bytes
 
-    def _max_over_ranks(self, value: float) -> float:
-        return max(self.world.allgather_object(value))
+    def _ops(self, chain: int, nbytes: int) -> int:
+        """Cycles per sample: --iters split among the samples, fewer when a sample would move > 256 MiB."""
+        per_cycle = chain * nbytes * len(self.targets)
+        return max(1, min(self.iters // self.samples, _SAMPLE_BYTES // max(1, per_cycle)))
 
     def _row(self, impl: str, layout: str, chain: int, nbytes: int, seconds: float, **extra: Any) -> None:
         us = seconds * 1e6
@@ -196,6 +257,11 @@ class _Bench:
         self.results.add(impl=impl, layout=layout, chain=chain, bytes=nbytes, total_bytes=total, time_us=us,
                          latency_us=us, throughput_GBps=total / seconds / 1e9 if seconds > 0 else None,
                          neighbours=len(self.targets), **extra)
+
+    def _sampled_row(self, impl: str, layout: str, chain: int, nbytes: int, mine: list[float], ops: int) -> None:
+        """A row from my per-sample seconds (collective: the slowest rank's samples)."""
+        stats = _summary(self.world.allgather_object(mine), ops)
+        self._row(impl, layout, chain, nbytes, stats.pop("seconds"), **stats)
 
     def _declare(self, rma: Any, win: Any, layout: str, chain: int, nbytes: int):
         q = rma.Queue.alloc(win)
@@ -247,80 +313,82 @@ class _Bench:
         win = rma.window_alloc(self.world, self.nbytes, memory=memory)
         try:
             for layout in layouts:
-                for chain in self.chains:
-                    for nbytes in self.sizes:
-                        drv.progress(f"rma: {impl} {layout} chain {chain} x {drv.format_bytes(nbytes)}")
-                        seed = int(self.world.broadcast_object(int(np.random.SeedSequence().entropy % (1 << 31))))
-                        self._fill(win, seed)
-                        q = self._declare(rma, win, layout, chain, nbytes)
-                        q.commit()
-                        self._cycles(q, self.warmup)
-                        self.world.barrier()
-                        t = self._max_over_ranks(self._cycles(q, self.iters) / self.iters)
-                        self._verify(win, layout, chain, nbytes, seed)
-                        self._row(impl, layout, chain, nbytes, t)
-                        if extra_impls and self.world.backend.runs_kernels:
-                            self._device_rows(q, layout, chain, nbytes)
-                        self.world.barrier()
-                        q.free()
+                for chain, nbytes in self.pairs:
+                    drv.progress(f"rma: {impl} {layout} chain {chain} x {drv.format_bytes(nbytes)}")
+                    seed = int(self.world.broadcast_object(int(np.random.SeedSequence().entropy % (1 << 31))))
+                    self._fill(win, seed)
+                    q = self._declare(rma, win, layout, chain, nbytes)
+                    q.commit()
+                    self._cycles(q, self.warmup)
+                    self.world.barrier()
+                    self._cycles(q, 1)  # the handshake: every rank is past it before the first sample's clock
+                    ops = self._ops(chain, nbytes)
+                    mine = [self._cycles(q, ops) for _ in range(self.samples)]
+                    self._verify(win, layout, chain, nbytes, seed)
+                    self._sampled_row(impl, layout, chain, nbytes, mine, ops)
+                    if extra_impls and self.world.backend.runs_kernels:
+                        self._device_rows(q, layout, chain, nbytes, ops)
+                    self.world.barrier()
+                    q.free()
         finally:
             win.free()
 
-    def _device_rows(self, q: Any, layout: str, chain: int, nbytes: int) -> None:
+    def _device_rows(self, q: Any, layout: str, chain: int, nbytes: int, ops: int) -> None:
         """rma-host-graphed and rma-device, through the queue's public hooks."""
         import cupy as cp
 
         stream = self.world.backend.stream
-        if q.describe()["launch"] == "kernel":  # a graph launch is not captured into another graph
-            capture = cp.cuda.Stream(non_blocking=True)
-            capture.begin_capture()
-            try:
-                for _ in range(self.iters):
-                    q.start(stream=capture)
-                    q.wait(stream=capture, block=False)  # each captured wait keeps the queue's time-out
-            finally:
-                graph = capture.end_capture()
-            self.world.barrier()
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            start.record(stream)
+        capture = cp.cuda.Stream(non_blocking=True)
+        capture.begin_capture()
+        try:
+            for _ in range(ops):
+                q.start(stream=capture)
+                q.wait(stream=capture, block=False)  # each captured wait keeps the queue's time-out
+        finally:
+            graph = capture.end_capture()
+        self.world.barrier()
+        graph.launch(stream)  # the handshake: the first sample's clock starts once every rank has cycled
+        events = [cp.cuda.Event() for _ in range(self.samples + 1)]
+        events[0].record(stream)
+        for k in range(self.samples):
             graph.launch(stream)
-            end.record(stream)
-            q.check_device()  # waits for the world's stream (bounded), raises a recorded time-out
-            t = self._max_over_ranks(cp.cuda.get_elapsed_time(start, end) * 1e-3 / self.iters)
-            self._row("rma-host-graphed", layout, chain, nbytes, t)
+            events[k + 1].record(stream)
+        q.check_device()  # waits for the world's stream (bounded), raises a recorded time-out
+        mine = [cp.cuda.get_elapsed_time(events[k], events[k + 1]) * 1e-3 for k in range(self.samples)]
+        self._sampled_row("rma-host-graphed", layout, chain, nbytes, mine, ops)
         self.world.barrier()
-        self._device_cycles(q, self.warmup)
+        self._device_cycles(q, min(self.warmup, ops), 1)
         self.world.barrier()
-        done, seconds = self._device_cycles(q, self.iters)
-        if done != self.iters:
-            raise RmaError(f"bench rma: device-driven cycles stopped after {done} of {self.iters}")
-        self._row("rma-device", layout, chain, nbytes, self._max_over_ranks(seconds / done))
+        done, mine = self._device_cycles(q, ops, self.samples)
+        if done != ops * self.samples:
+            raise RmaError(f"bench rma: device-driven cycles stopped after {done} of {ops * self.samples}")
+        self._sampled_row("rma-device", layout, chain, nbytes, mine, ops)
 
-    def _device_cycles(self, q: Any, iters: int) -> tuple[int, float]:
-        """``iters`` start+wait cycles inside one kernel (one block): (cycles done, seconds for all)."""
+    def _device_cycles(self, q: Any, ops: int, samples: int) -> tuple[int, list[float]]:
+        """A handshake cycle, then ``samples`` x ``ops`` start+wait cycles inside one kernel (one block):
+        (cycles done after the handshake, seconds of each sample)."""
         import cupy as cp
 
         if getattr(self, "_k_cycles", None) is None:
             from ..device_code import compile as compile_device
 
             self._k_cycles = compile_device(_KERNEL_FILE.read_text()).get_function("bench_rma_device_cycles")
-        out = cp.zeros(2, dtype=cp.uint64)
+        out = cp.zeros(1 + samples, dtype=cp.uint64)
         backend = self.world.backend
         backend.after_caller()  # `out` was zeroed on the caller's stream
         with backend.stream:
-            self._k_cycles((1,), (256,), (q.device_handle(), np.uint64(iters), out))
+            self._k_cycles((1,), (256,), (q.device_handle(), np.uint64(ops), np.uint64(samples), out))
         q.check_device()
-        done, ns = (int(x) for x in out.get(stream=backend.stream))
-        return done, ns * 1e-9
+        got = [int(x) for x in out.get(stream=backend.stream)]
+        return got[0], [ns * 1e-9 for ns in got[1:]]
 
     def ours(self, layouts: list[str]) -> None:
         self._run_queue_rows("mapped", "rma-host", layouts, extra_impls=True)
 
     def _skip(self, impl: str, reason: str, layouts: list[str]) -> None:
         for layout in layouts:
-            for chain in self.chains:
-                for nbytes in self.sizes:
-                    self.results.add(impl=impl, layout=layout, chain=chain, bytes=nbytes, skipped=reason)
+            for chain, nbytes in self.pairs:
+                self.results.add(impl=impl, layout=layout, chain=chain, bytes=nbytes, skipped=reason)
 
     def mpi3_rma(self, layouts: list[str]) -> None:
         if self.world.mpi_comm is None:
@@ -342,59 +410,61 @@ class _Bench:
 
         xp = self.world.xp
         on_gpu = self.world.device is not None  # the data lives on the GPU: stage it as a user of MPI would
-        for chain in self.chains:
-            for nbytes in self.sizes:
-                drv.progress(f"rma: {impl} chain {chain} x {drv.format_bytes(nbytes)}")
-                total = len(self.targets) * chain * nbytes
-                send_host = np.random.default_rng().integers(0, 256, total, dtype=np.uint8)
-                recv_host = np.zeros(total, dtype=np.uint8)
-                send_dev = xp.asarray(send_host) if on_gpu else None
-                recv_dev = xp.zeros(total, dtype=np.uint8) if on_gpu else None
-                reqs = []
-                # Send j goes to target j; the matching receive (tag = slot, write) comes from the
-                # neighbour on the other side, which sends me its own part j.
-                for j, ((target, slot), (origin, _, my_slot)) in enumerate(zip(self.targets, self.incoming,
-                                                                               strict=True)):
-                    for i in range(chain):
-                        part = slice((j * chain + i) * nbytes, (j * chain + i + 1) * nbytes)
-                        reqs.append(comm.Recv_init(recv_host[part], origin, tag=my_slot * chain + i))
-                        reqs.append(comm.Send_init(send_host[part], target, tag=slot * chain + i))
+        for chain, nbytes in self.pairs:
+            drv.progress(f"rma: {impl} chain {chain} x {drv.format_bytes(nbytes)}")
+            total = len(self.targets) * chain * nbytes
+            send_host = np.random.default_rng().integers(0, 256, total, dtype=np.uint8)
+            recv_host = np.zeros(total, dtype=np.uint8)
+            send_dev = xp.asarray(send_host) if on_gpu else None
+            recv_dev = xp.zeros(total, dtype=np.uint8) if on_gpu else None
+            reqs = []
+            # Send j goes to target j; the matching receive (tag = slot, write) comes from the
+            # neighbour on the other side, which sends me its own part j.
+            for j, ((target, slot), (origin, _, my_slot)) in enumerate(zip(self.targets, self.incoming,
+                                                                           strict=True)):
+                for i in range(chain):
+                    part = slice((j * chain + i) * nbytes, (j * chain + i + 1) * nbytes)
+                    reqs.append(comm.Recv_init(recv_host[part], origin, tag=my_slot * chain + i))
+                    reqs.append(comm.Send_init(send_host[part], target, tag=slot * chain + i))
 
-                def stalled(chain=chain, nbytes=nbytes) -> str:
-                    return (f"bench rma: {impl} (chain {chain} x {nbytes} B) on rank {self.world.rank}: MPI_Waitall "
-                            f"waiting for neighbour rank(s) {', '.join(map(str, self.origins))}")
+            def stalled(chain=chain, nbytes=nbytes) -> str:
+                return (f"bench rma: {impl} (chain {chain} x {nbytes} B) on rank {self.world.rank}: MPI_Waitall "
+                        f"waiting for neighbour rank(s) {', '.join(map(str, self.origins))}")
 
-                def cycle(reqs=reqs, send_dev=send_dev, send_host=send_host, recv_dev=recv_dev,
-                          recv_host=recv_host) -> None:
-                    if on_gpu:  # stage out, exchange, stage in: what a user of a non-CUDA-aware MPI does
-                        send_dev.get(out=send_host)
-                    MPI.Prequest.Startall(reqs)
-                    MPI.Request.Waitall(reqs)
-                    if on_gpu:
-                        recv_dev.set(recv_host)
-                        xp.cuda.get_current_stream().synchronize()
+            def cycle(reqs=reqs, send_dev=send_dev, send_host=send_host, recv_dev=recv_dev,
+                      recv_host=recv_host) -> None:
+                if on_gpu:  # stage out, exchange, stage in: what a user of a non-CUDA-aware MPI does
+                    send_dev.get(out=send_host)
+                MPI.Prequest.Startall(reqs)
+                MPI.Request.Waitall(reqs)
+                if on_gpu:
+                    recv_dev.set(recv_host)
+                    xp.cuda.get_current_stream().synchronize()
 
-                # Waitall itself (not a Test loop) is what a user of MPI measures; the watchdog bounds
-                # each loop of cycles (arming it per cycle would add ~1 us to a ~3 us exchange).
-                with bounded(Deadline.after(None), stalled):
-                    for _ in range(self.warmup):
-                        cycle()
-                self.world.barrier()
-                with bounded(Deadline.after(None), stalled):
+            # Waitall itself (not a Test loop) is what a user of MPI measures; the watchdog bounds
+            # each loop of cycles (arming it per cycle would add ~1 us to a ~3 us exchange).
+            with bounded(Deadline.after(None), stalled):
+                for _ in range(self.warmup):
+                    cycle()
+            self.world.barrier()
+            ops = self._ops(chain, nbytes)
+            mine = []
+            with bounded(Deadline.after(None), stalled):
+                cycle()  # the handshake
+                for _ in range(self.samples):
                     t0 = time.perf_counter()
-                    for _ in range(self.iters):
+                    for _ in range(ops):
                         cycle()
-                    t1 = time.perf_counter()
-                t = self._max_over_ranks((t1 - t0) / self.iters)
-                sent = self.world.allgather_object(send_host.tobytes())
-                for j, (origin, region, _) in enumerate(self.incoming):
-                    want = sent[origin][region * chain * nbytes: (region + 1) * chain * nbytes]
-                    if recv_host[j * chain * nbytes: (j + 1) * chain * nbytes].tobytes() != want:
-                        raise RmaError(f"bench rma: {impl} on rank {self.world.rank} received wrong bytes "
-                                       f"from rank {origin}")
-                for r in reqs:
-                    r.Free()
-                self._row(impl, "contiguous", chain, nbytes, t)
+                    mine.append(time.perf_counter() - t0)
+            sent = self.world.allgather_object(send_host.tobytes())
+            for j, (origin, region, _) in enumerate(self.incoming):
+                want = sent[origin][region * chain * nbytes: (region + 1) * chain * nbytes]
+                if recv_host[j * chain * nbytes: (j + 1) * chain * nbytes].tobytes() != want:
+                    raise RmaError(f"bench rma: {impl} on rank {self.world.rank} received wrong bytes "
+                                   f"from rank {origin}")
+            for r in reqs:
+                r.Free()
+            self._sampled_row(impl, "contiguous", chain, nbytes, mine, ops)
 
     def nccl(self) -> None:
         from . import _driver as drv
@@ -404,11 +474,71 @@ class _Bench:
             return
         from .baselines import nccl_grouped_sendrecv
 
-        for chain in self.chains:
-            for nbytes in self.sizes:
-                drv.progress(f"rma: nccl-grouped-sendrecv chain {chain} x {drv.format_bytes(nbytes)}")
-                plan = [(target, nbytes) for target, _ in self.targets for _ in range(chain)]
-                row = nccl_grouped_sendrecv(self.world, plan, self.iters, self.warmup)
-                row = dict(row, layout="contiguous", chain=chain, bytes=nbytes,
-                           total_bytes=len(self.targets) * chain * nbytes, neighbours=len(self.targets))
-                self.results.add(**row)
+        for chain, nbytes in self.pairs:
+            drv.progress(f"rma: nccl-grouped-sendrecv chain {chain} x {drv.format_bytes(nbytes)}")
+            plan = [(target, nbytes) for target, _ in self.targets for _ in range(chain)]
+            row = nccl_grouped_sendrecv(self.world, plan, self.iters, self.warmup)
+            row = dict(row, layout="contiguous", chain=chain, bytes=nbytes,
+                       total_bytes=len(self.targets) * chain * nbytes, neighbours=len(self.targets))
+            self.results.add(**row)
+
+
+# The targets of persistent RMA queues at chaining-DMA cost (docs/rma.md, "Benchmark").
+DEVICE_VS_FLOOR = 3.0       # device-driven chain of 8 x 8 B, start to wait, at most this many relaxed floors
+GRAPHED_MAX_US = 10.0       # host-driven (graphed) start to wait
+VS_MPI3_MAX = 0.1           # both, against MPI-3 RMA's cycle of the same chain
+LARGE_CHAIN_BYTES = 16 << 20
+LARGE_VS_CE = 0.8           # 16 MiB chains, against the floor's copy-engine bandwidth
+STRIDED_VS_CONTIGUOUS = 0.8  # strided against contiguous at the same bytes (throughput)
+
+
+def targets(rows: list[dict], floor: dict | None) -> dict:
+    """The verdicts of a run: ``lines`` (one printable line each, 'met' / 'MISSED' / 'not measured') and the
+    ratios they rest on. Medians of the slowest rank; the floor is this run's (pair 0 -> 1)."""
+    summary = (floor or {}).get("summary") or {}
+    lat, ce = summary.get("lat_relaxed_us"), summary.get("ce_GBps")
+    timed = {(r["impl"], r.get("layout"), r.get("chain"), r.get("bytes")): r for r in rows
+             if r.get("time_us") and "skipped" not in r}
+    out: dict[str, Any] = {"lines": []}
+
+    def line(name: str, value: float | None, ok: bool | None, text: str) -> None:
+        out[name] = value
+        verdict = "not measured" if ok is None else ("met" if ok else "MISSED")
+        out["lines"].append(f"target: {text}: {verdict}")
+
+    device = timed.get(("rma-device", "contiguous", 8, 8))
+    ratio = device["time_us"] / lat if device and lat else None
+    line("device_8x8_vs_floor", ratio, None if ratio is None else ratio <= DEVICE_VS_FLOOR,
+         f"device-driven 8 x 8 B start-to-wait <= {DEVICE_VS_FLOOR:g} x the relaxed floor"
+         + (f" ({device['time_us']:.3f} us = {ratio:.2f} x {lat:.3f} us)" if ratio is not None else ""))
+    graphed = [timed[k] for k in (("rma-host-graphed", "contiguous", c, 8) for c in (1, 8)) if k in timed]
+    worst = max((r["time_us"] for r in graphed), default=None)
+    line("graphed_8B_us", worst, None if worst is None else worst <= GRAPHED_MAX_US,
+         f"host-driven (graphed) 1 and 8 x 8 B start-to-wait <= {GRAPHED_MAX_US:g} us"
+         + (f" (worst {worst:.2f} us)" if worst is not None else ""))
+    vs = []
+    for impl in ("rma-device", "rma-host-graphed"):
+        for chain in (1, 8):
+            ours, mpi = timed.get((impl, "contiguous", chain, 8)), timed.get(("mpi3-rma", "contiguous", chain, 8))
+            if ours and mpi:
+                vs.append(ours["time_us"] / mpi["time_us"])
+    worst = max(vs, default=None)
+    line("small_vs_mpi3", worst, None if worst is None else worst <= VS_MPI3_MAX,
+         f"device-driven and graphed 8 B chains <= {VS_MPI3_MAX:g} x MPI-3 RMA"
+         + (f" (worst {worst:.3f} x)" if worst is not None else ""))
+    large = [r for k, r in timed.items() if k[0] == "rma-host-graphed" and k[1] == "contiguous"
+             and k[2] * k[3] == LARGE_CHAIN_BYTES]
+    worst = min((r["throughput_GBps"] / r["neighbours"] / ce for r in large), default=None) if ce else None
+    line("large_vs_copy_engine", worst, None if worst is None else worst >= LARGE_VS_CE,
+         f"16 MiB chains (graphed, per neighbour) >= {LARGE_VS_CE:g} x the copy-engine bandwidth"
+         + (f" (worst {worst:.2f} x {ce:.0f} GB/s)" if worst is not None else ""))
+    ratios = []
+    for (impl, layout, chain, nbytes), r in timed.items():
+        contiguous = timed.get((impl, "contiguous", chain, nbytes))
+        if impl == "rma-host-graphed" and layout == "strided" and nbytes >= 64 << 10 and contiguous:
+            ratios.append(contiguous["time_us"] / r["time_us"])
+    worst = min(ratios, default=None)
+    line("strided_vs_contiguous", worst, None if worst is None else worst >= STRIDED_VS_CONTIGUOUS,
+         f"strided >= {STRIDED_VS_CONTIGUOUS:g} x contiguous at the same bytes (graphed, 64 KiB and up)"
+         + (f" (worst {worst:.2f} x)" if worst is not None else ""))
+    return out

@@ -98,8 +98,7 @@ def open(world: Any, spec_or_links: Any, timeout: float | None = None,  # noqa: 
     if len(set(digests)) != 1:
         groups = ", ".join(f"rank {r}: {d[0]}" for r, d in enumerate(digests))
         raise ConfigError(f"channels.open is collective and needs the same spec and options on every rank ({groups})")
-    # CIRCUSLINK_SYS_FENCES=1: every bulk packet fences at system scope even on one GPU (a diagnosis switch)
-    one_gpu = shares_one_gpu([g[2] for g in gathered]) and os.environ.get("CIRCUSLINK_SYS_FENCES", "") in ("", "0")
+    one_gpu = fences_at_gpu_scope([g[2] for g in gathered])
     router = plan.router
     if router is not None and router.relay_pairs:
         _check_network_possible(world, plan)
@@ -128,6 +127,13 @@ def shares_one_gpu(identities: list[str | None]) -> bool:
     """Whether every rank's memory is on one GPU (ranks under MPS): then bulk packets need only .gpu-scoped
     fences (docs/protocol.md). ``identities``: each rank's ``backend.device_identity`` (None without a GPU)."""
     return bool(identities) and identities[0] is not None and len(set(identities)) == 1
+
+
+def fences_at_gpu_scope(identities: list[str | None]) -> bool:
+    """Whether device code shared by these ranks (channels' bulk packets, RMA queues' counters) may release and
+    acquire at .gpu scope: every rank on one GPU, unless CIRCUSLINK_SYS_FENCES=1 (a diagnosis switch) asks for
+    .sys everywhere."""
+    return shares_one_gpu(identities) and os.environ.get("CIRCUSLINK_SYS_FENCES", "") in ("", "0")
 
 
 _RELAY_KEYS = ("nslots", "batch", "spin")

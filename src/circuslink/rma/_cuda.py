@@ -3,17 +3,22 @@ peer memory, NVLink).
 
 commit() packs the chain once into device memory (an ``RmaQueue`` followed by its
 descriptors and counter addresses, byte for byte as ``include/circuslink/detail/rma_types.cuh``
-lays them out, from the ABI tables of ``_layout.py``). Then every cycle is cheap:
+lays them out, from the ABI tables of ``_layout.py``), and captures one whole cycle (its start, then
+its wait) as one CUDA graph. Then every host-driven cycle is one graph launch: start() launches it (after
+the caller's stream) and wait() only waits for the world's stream, bounded, and raises what the device
+recorded. Two ways to copy, read at commit from ``CIRCUSLINK_RMA_LAUNCH``:
 
-* launch "kernel" (default): start() is one launch of a copy kernel that posts, waits
-  for the targets' posts, copies the chain (strided blocks directly, no packing) and
-  raises the targets' arrival counters; wait() is one launch of a one-block wait kernel
-  and a bounded wait for the stream.
-* launch "graph": start() launches one CUDA graph built at commit: a post kernel, one
-  copy-engine 2-D copy (cudaMemcpy2DAsync, peer) per handle, a signal kernel.
+* "kernel" (default): SM copies. The start kernel posts, waits for the targets' posts, copies the
+  chain (block-stride writes straight from strided source to strided destination, no packing; a
+  small chain as one aligned 8- or 16-byte word per thread) and raises the targets' arrival counters.
+* "graph": copy-engine copies. A post kernel, one 2-D copy (cudaMemcpy2DAsync, peer) per handle, a
+  signal kernel.
 
-Choose with ``CIRCUSLINK_RMA_LAUNCH=kernel|graph`` (read at commit) so the two can be
-measured against each other without code changes. Every kernel takes the queue's device
+``start(stream=)`` enqueues the start alone on the caller's stream (capturable into the caller's own
+graph) and ``wait(stream=)`` the one-block wait kernel. Counters release and acquire at .gpu scope
+when every rank shares one GPU (ranks under MPS), else at .sys scope.
+
+The copy method can thus be measured both ways without code changes. Every kernel takes the queue's device
 handle (``circuslink::RmaHandle``, :data:`~._layout.HANDLE`) by value; kernels of users drive a
 queue themselves through ``circuslink::rma_start`` / ``rma_wait`` and ``Queue.device_handle()``.
 Device-side waits time out (the queue's time-out, or the one given to wait()) and record the
@@ -32,8 +37,8 @@ import numpy as np
 
 from .. import transport
 from .._wait import Deadline, timeout_error
-from ..errors import RmaError
-from ._layout import CHUNK_BYTES, DESCRIPTOR, HANDLE, QUEUE
+from ..errors import RmaError, TimeoutError
+from ._layout import CHUNK_BYTES, DESCRIPTOR, GPU_SCOPE, HANDLE, QUEUE, SMALL_CHAIN_BYTES, WORD
 from ._transpose import _cuda as transposes
 from ._transpose import is_transpose
 
@@ -84,7 +89,11 @@ class CudaWindow:
     one_epoch_per_window = False
 
     def __init__(self, world: Any, nbytes: int, deadline: Deadline) -> None:
+        from ..channels import fences_at_gpu_scope
+
         self.world = world
+        # Every rank on one GPU (ranks under MPS): the queues' counters release / acquire at .gpu scope.
+        self.gpu_scope = fences_at_gpu_scope(world.allgather_object(world.backend.device_identity, deadline))
         self.buf = transport.map_memory(world, None, nbytes, deadline)
 
     @property
@@ -123,9 +132,11 @@ class CudaQueue:
         self.error[:] = 0
         self.handle_mem = None
         self.handle: np.void | None = None
-        self.graph = None
+        self.graph = None          # one whole cycle (start, then wait), captured at commit: what start() launches
+        self.graph_cycle = False   # the epoch in flight was started by that graph: its wait is already enqueued
         self.tchain = None
         self.queue: Any = None
+        self.words = 0
         self.handles: list = []
         self.n_origins = 0
         self.grid = 1
@@ -166,6 +177,7 @@ class CudaQueue:
             descs[i] = (src, dst, h.count, h.block_bytes, h.src_stride, h.dst_stride, units, per_block,
                         _alignment(src, dst, h.block_bytes, *strides))
             units += h.count * per_block
+        words, word_bytes = small_chain_words(self._blocks(handles))
         targets = list(queue.targets)
         origins = list(queue.origins)
         sig = self.signals
@@ -175,6 +187,7 @@ class CudaQueue:
             np.array([sig.ptr(t) + 8 * me for t in targets], dtype=np.uint64).tobytes(),
             np.array(origins, dtype=np.uint64).tobytes(),
             np.array([sig.ptr(o) + 8 * (size + me) for o in origins], dtype=np.uint64).tobytes(),
+            words.tobytes(),
         ]
         header = -(-QUEUE.size // 16) * 16
         offsets, at = [], header
@@ -193,6 +206,8 @@ class CudaQueue:
             "timeout_ns": max(1, int(deadline.limit * 1e9)), "post_at_wait": int(post_at == "wait"),
             "abort": self.world.backend.abort_ptr,
             "transposes": self.tchain.ptr,
+            "flags": GPU_SCOPE if self.window.gpu_scope else 0,
+            "words": base_ptr + offsets[5] if len(words) else 0, "n_words": len(words), "word_bytes": word_bytes,
         }
         blob = bytearray(at)
         blob[:QUEUE.size] = QUEUE.pack(**fields).tobytes()
@@ -205,6 +220,7 @@ class CudaQueue:
         self.handles = handles
         self.n_origins = len(origins)
         self.units = units
+        self.words = len(words)
         with self.stream:
             self.state[:] = cp.array([base, 0, 0], dtype=cp.uint64)
         self.error[:] = 0
@@ -213,7 +229,9 @@ class CudaQueue:
         self.k_start = kernels.get_function(self.tchain.start_kernel_name("circuslink_rma_start"))
         # Every CTA of the start kernel waits for the targets' posts: never more CTAs than this rank's
         # SM share holds at once, or they could take the SMs a target needs to post.
-        self.grid = max(1, min(-(-units // warps), self.world.backend.max_blocks(self.k_start, _THREADS)))
+        # A small chain is one CTA's words (no count of finished CTAs, no fence between them).
+        self.grid = 1 if len(words) else max(1, min(-(-units // warps),
+                                                     self.world.backend.max_blocks(self.k_start, _THREADS)))
         self.grid = self.tchain.grid(self.k_start, self.grid)
         self.k_wait = kernels.get_function("circuslink_rma_wait")
         self._stream_wait(self.stream, deadline, "setting up the queue's state on the device")
@@ -223,41 +241,61 @@ class CudaQueue:
             for o in origins:
                 cp.cuda.runtime.memcpy(sig.ptr(o) + 8 * (size + me), one.ctypes.data, 8,
                                        cp.cuda.runtime.memcpyHostToDevice)
-        if self.launch == "graph":
-            self.graph = self._build_graph(kernels)
+        self.k_prologue = kernels.get_function("circuslink_rma_prologue")
+        self.k_epilogue = kernels.get_function("circuslink_rma_epilogue")
+        self.graph = self._capture_cycle(deadline)
 
-    def _build_graph(self, kernels: Any):
-        cp = self.cp
-        rt = cp.cuda.runtime
-        capture = cp.cuda.Stream(non_blocking=True)
+    def _capture_cycle(self, deadline: Deadline):
+        """One whole host-driven cycle as one CUDA graph, captured once: start() is then one graph launch
+        (one driver call, no per-kernel argument packing in Python) and wait() only waits for it.
+
+        The wait node carries the queue's time-out (commit's); wait(timeout=) bounds the host's wait and,
+        past it, ends the device wait through the abort word."""
+        capture = self.cp.cuda.Stream(non_blocking=True)
         capture.begin_capture()
         try:
-            with capture:
-                kernels.get_function("circuslink_rma_prologue")((1,), (64,), (self.handle,))
-                for d in self._descs_host():
-                    rt.memcpy2DAsync(int(d["dst"]), int(d["dst_stride"]), int(d["src"]), int(d["src_stride"]),
-                                     int(d["block_bytes"]), int(d["count"]), rt.memcpyDefault, capture.ptr)
-                self.tchain.launch()  # the transposing puts: one kernel node
-                kernels.get_function("circuslink_rma_epilogue")((1,), (64,), (self.handle,))
+            self._enqueue_start(capture)
+            self._enqueue_wait(capture, max(1, int(deadline.limit * 1e9)))
         finally:
             graph = capture.end_capture()
         graph.upload(self.stream)
         return graph
 
-    def _descs_host(self) -> list:
-        out = []
+    def _enqueue_start(self, stream: Any) -> None:
+        """The start of a cycle on ``stream`` (capturable): the SM copy kernel ("kernel"), or post kernel,
+        copy-engine 2-D copies, transposing puts and signal kernel ("graph")."""
+        if self.launch == "kernel":
+            with stream:
+                self.k_start((self.grid,), (_THREADS,), (self.handle,))
+            return
+        rt = self.cp.cuda.runtime
+        with stream:
+            self.k_prologue((1,), (64,), (self.handle,))
+            for d in self._descs_host():
+                rt.memcpy2DAsync(int(d["dst"]), int(d["dst_stride"]), int(d["src"]), int(d["src_stride"]),
+                                 int(d["block_bytes"]), int(d["count"]), rt.memcpyDefault, stream.ptr)
+            self.tchain.launch(stream)  # the transposing puts: one kernel node
+            self.k_epilogue((1,), (64,), (self.handle,))
+
+    def _enqueue_wait(self, stream: Any, timeout_ns: int) -> None:
+        if self.n_origins:
+            with stream:
+                self.k_wait((1,), (max(32, min(_THREADS, self.n_origins)),), (self.handle, np.uint64(timeout_ns)))
+
+    def _blocks(self, handles: list) -> list[tuple[int, int, int, int, int, int]]:
+        """(src, dst, count, block_bytes, src_stride, dst_stride) of each plain write, as device addresses."""
         me = self.world.rank
-        for h in self.handles:
-            out.append({"src": h.src_window._impl.buf.ptr(me) + h.src_offset,
-                        "dst": self.window.buf.ptr(h.dst_rank) + h.dst_offset,
-                        "count": h.count, "block_bytes": h.block_bytes,
-                        "src_stride": h.src_stride if h.count > 1 else h.block_bytes,
-                        "dst_stride": h.dst_stride if h.count > 1 else h.block_bytes})
-        return out
+        return [(h.src_window._impl.buf.ptr(me) + h.src_offset, self.window.buf.ptr(h.dst_rank) + h.dst_offset,
+                 h.count, h.block_bytes, h.src_stride if h.count > 1 else h.block_bytes,
+                 h.dst_stride if h.count > 1 else h.block_bytes) for h in handles]
+
+    def _descs_host(self) -> list:
+        keys = ("src", "dst", "count", "block_bytes", "src_stride", "dst_stride")
+        return [dict(zip(keys, b, strict=True)) for b in self._blocks(self.handles)]
 
     def describe(self) -> dict:
         return {"launch": self.launch, "grid": self.grid, "threads": _THREADS, "work_units": self.units,
-                "tiles": dict(self.tiles)}
+                "words": self.words, "scope": "gpu" if self.window.gpu_scope else "sys", "tiles": dict(self.tiles)}
 
     # cycles --------------------------------------------------------------------------------
     def start(self, epoch: int, deadline: Deadline, stream: Any) -> None:
@@ -265,25 +303,40 @@ class CudaQueue:
             # The caller has just written the sources on its own stream (CuPy's null stream by
             # default): the copy must not read them before they land.
             self.world.backend.after_caller()
-            stream = self.stream
-        if self.graph is not None:
-            self.graph.launch(stream)
-        else:
-            with stream:
-                self.k_start((self.grid,), (_THREADS,), (self.handle,))
+            self.graph.launch(self.stream)  # the whole cycle, its wait included: wait() only waits
+            self.graph_cycle = True
+            return
+        # A stream of the caller's (maybe capturing into a graph of its own): the start alone, enqueued.
+        self.graph_cycle = False
+        self._enqueue_start(stream)
 
     def wait(self, epoch: int, deadline: Deadline, stream: Any, block: bool) -> None:
-        stream = self.stream if stream is None else stream
-        if self.n_origins:
-            timeout_ns = max(1, int(deadline.remaining() * 1e9))
-            with stream:
-                self.k_wait((1,), (max(32, min(_THREADS, self.n_origins)),), (self.handle, np.uint64(timeout_ns)))
+        if self.graph_cycle:
+            # start() launched the wait node already (with the queue's time-out) on the world's stream.
+            self.graph_cycle = False
+            if stream is not None and stream.ptr != self.stream.ptr:
+                ev = self.cp.cuda.Event(disable_timing=True)
+                ev.record(self.stream)
+                stream.wait_event(ev)  # work the caller queues on `stream` runs once the epoch is complete
+        else:
+            stream = self.stream if stream is None else stream
+            self._enqueue_wait(stream, max(1, int(deadline.remaining() * 1e9)))
+            if not block:
+                return
         if not block:
             return
-        # The wait kernel gives up at the deadline on its own and records who stalled; the host's bound is
-        # the backstop (the same limit again, plus slack), after which the abort word ends it.
+        # The device wait gives up at its deadline on its own and records who stalled. The host's bound is
+        # the call's deadline plus the queue's limit and slack; a shorter wait(timeout=) than the queue's ends
+        # the device wait through the abort word at the call's deadline instead.
         backstop = Deadline(deadline.at + deadline.limit + 5.0, 2 * deadline.limit + 5.0)
-        self._stream_wait(stream, backstop, f"epoch {epoch}'s wait kernel did not finish")
+        if self.queue is not None and deadline.limit < self.queue.timeout:
+            backstop = deadline
+        try:
+            self._stream_wait(self.stream if stream is None else stream, backstop,
+                              f"epoch {epoch}'s wait kernel did not finish")
+        except TimeoutError:
+            self._raise_recorded(deadline, "")  # the device's record names the origin that stalled
+            raise
         self._raise_recorded(deadline, "")
 
     def _raise_recorded(self, deadline: Deadline, how: str) -> None:
@@ -319,6 +372,7 @@ class CudaQueue:
         self.handle_mem = None
         self.handle = None
         self.graph = None
+        self.graph_cycle = False
         self.tchain = None
         self.tiles = {}
 
@@ -338,3 +392,23 @@ class CudaQueue:
             self.error = None
             self.cp.cuda.runtime.freeHost(self.error_ptr)
             self.error_ptr = 0
+
+
+def small_chain_words(blocks: list[tuple[int, int, int, int, int, int]]) -> tuple[np.ndarray, int]:
+    """A small chain as words (``RmaWord`` rows, word bytes): every block of every plain write, (src, dst,
+    count, block_bytes, src_stride, dst_stride), cut into aligned 8- or 16-byte words, when the chain holds
+    at most SMALL_CHAIN_BYTES and every address, block and stride allows one width for all. Otherwise an
+    empty table and 0: the warps walk the descriptors."""
+    empty = WORD.array(0), 0
+    if not blocks or sum(count * block for _, _, count, block, _, _ in blocks) > SMALL_CHAIN_BYTES:
+        return empty
+    width = min(_alignment(src, dst, block, *((ss, ds) if count > 1 else ()))
+                for src, dst, count, block, ss, ds in blocks)
+    if width < 8:
+        return empty
+    rows = [(src + b * ss + k, dst + b * ds + k)
+            for src, dst, count, block, ss, ds in blocks for b in range(count) for k in range(0, block, width)]
+    words = WORD.array(len(rows))
+    for i, row in enumerate(rows):
+        words[i] = row
+    return words, width

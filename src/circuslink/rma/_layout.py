@@ -23,6 +23,10 @@ QUEUE = abi.Struct("circuslink::RmaQueue", HEADER, [
     ("descs", abi.PTR), ("n_descs", abi.U64), ("total_units", abi.U64), ("signals", abi.PTR), ("size", abi.U64),
     ("targets", abi.PTR), ("arrival_at_target", abi.PTR), ("n_targets", abi.U64), ("origins", abi.PTR),
     ("post_at_origin", abi.PTR), ("n_origins", abi.U64), ("state", abi.PTR), ("error", abi.PTR),
-    ("timeout_ns", abi.U64), ("post_at_wait", abi.U64), ("abort", abi.PTR), ("transposes", abi.PTR)])
+    ("timeout_ns", abi.U64), ("post_at_wait", abi.U64), ("abort", abi.PTR), ("transposes", abi.PTR),
+    ("flags", abi.U64), ("words", abi.PTR), ("n_words", abi.U64), ("word_bytes", abi.U64)])
+WORD = abi.Struct("circuslink::RmaWord", HEADER, [("src", abi.U64), ("dst", abi.U64)])
+GPU_SCOPE = 1  # kRmaGpuScope: the counters release / acquire at .gpu scope (every rank on one GPU)
+SMALL_CHAIN_BYTES = 4096  # kRmaSmallChainBytes: plain writes up to this many bytes are committed as words
 # The device handle: what Queue.device_handle() returns and kernels take by value (rma_start / rma_wait).
 HANDLE = abi.Struct("circuslink::RmaHandle", HEADER, [("queue", abi.PTR)])

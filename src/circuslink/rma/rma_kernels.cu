@@ -22,31 +22,38 @@ namespace cd = circuslink::detail;
 template <int kTransposes>
 __device__ __forceinline__ void rma_start_launch(const RmaQueue& q) {
   const unsigned long long epoch = q.state->epoch + 1;
-  if (blockIdx.x == 0 && !q.post_at_wait) cd::rma_raise(q.post_at_origin, q.n_origins, epoch);
+  if (blockIdx.x == 0 && !q.post_at_wait) cd::rma_raise(q, q.post_at_origin, q.n_origins, epoch);
   const bool ok = cd::rma_wait_counters(q, q.targets, q.size, q.n_targets, epoch, 1ull, q.timeout_ns);
   const unsigned int threads = cd::block_threads(), t = cd::block_thread();
   const unsigned long long warps_per_block = (threads + 31u) / 32u;
   if (ok) {
-    const unsigned int rest = threads - (t / 32u) * 32u;
-    cd::rma_copy_chain(q, blockIdx.x * warps_per_block + t / 32u, gridDim.x * warps_per_block, t % 32u,
-                       rest < 32u ? rest : 32u);
+    if (q.words != nullptr) {  // a small chain: one word per thread of the grid
+      cd::rma_copy_words(q, static_cast<unsigned long long>(blockIdx.x) * threads + t,
+                         static_cast<unsigned long long>(gridDim.x) * threads);
+    } else {
+      const unsigned int rest = threads - (t / 32u) * 32u;
+      cd::rma_copy_chain(q, blockIdx.x * warps_per_block + t / 32u, gridDim.x * warps_per_block, t % 32u,
+                         rest < 32u ? rest : 32u);
+    }
     if constexpr (kTransposes >= 0) {
       cd::transpose_chain<kTransposes>(*q.transposes, blockIdx.x, gridDim.x);
     }
   }
   __syncthreads();
   __shared__ int last;
-  if (t == 0) {
+  if (gridDim.x == 1u) {
+    last = 1;  // one CTA (every small chain): no count, its barrier above orders the copies before the signal
+  } else if (t == 0) {
     // Release this CTA's copies (bar.sync above makes the fence cover every thread's),
     // then count; the CTA that counts last acquires everyone's and signals.
-    __threadfence_system();
+    cd::rma_fence(q);
     last = atomicAdd(&q.state->done_ctas, 1ull) == gridDim.x - 1ull;
-    if (last) __threadfence_system();
+    if (last) cd::rma_fence(q);
   }
   __syncthreads();
   if (!last) return;
   const bool failed = cd::ld_relaxed_u64(&q.state->failed) != 0ull;
-  if (!failed) cd::rma_raise(q.arrival_at_target, q.n_targets, epoch);
+  if (!failed) cd::rma_raise(q, q.arrival_at_target, q.n_targets, epoch);
   __syncthreads();
   if (t == 0) {
     q.state->done_ctas = 0ull;  // every CTA of this launch has counted; the next launch starts at 0
@@ -75,7 +82,7 @@ extern "C" __global__ void circuslink_rma_wait(RmaHandle h, unsigned long long t
 extern "C" __global__ void circuslink_rma_prologue(RmaHandle h) {
   const RmaQueue& q = *h.queue;
   const unsigned long long epoch = q.state->epoch + 1;
-  if (!q.post_at_wait) cd::rma_raise(q.post_at_origin, q.n_origins, epoch);
+  if (!q.post_at_wait) cd::rma_raise(q, q.post_at_origin, q.n_origins, epoch);
   cd::rma_wait_counters(q, q.targets, q.size, q.n_targets, epoch, 1ull, q.timeout_ns);
 }
 
@@ -83,10 +90,10 @@ extern "C" __global__ void circuslink_rma_epilogue(RmaHandle h) {
   const RmaQueue& q = *h.queue;
   const unsigned long long epoch = q.state->epoch + 1;
   // The copy-engine copies before this node have completed (graph order); make sure the
-  // counters are not seen before them by any observer.
-  __threadfence_system();
+  // counters are not seen before them by any observer (at the queue's scope).
+  cd::rma_fence(q);
   const bool failed = cd::ld_relaxed_u64(&q.state->failed) != 0ull;
-  if (!failed) cd::rma_raise(q.arrival_at_target, q.n_targets, epoch);
+  if (!failed) cd::rma_raise(q, q.arrival_at_target, q.n_targets, epoch);
   __syncthreads();
   if (cd::block_thread() == 0) q.state->epoch = epoch;
 }

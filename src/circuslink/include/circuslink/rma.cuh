@@ -46,7 +46,7 @@ __device__ __forceinline__ bool rma_start_queue(const RmaQueue& q) {
     return false;
   }
 #endif
-  if (!q.post_at_wait) rma_raise(q.post_at_origin, q.n_origins, epoch);
+  if (!q.post_at_wait) rma_raise(q, q.post_at_origin, q.n_origins, epoch);
   const bool ok = rma_wait_counters(q, q.targets, q.size, q.n_targets, epoch, 1ull, q.timeout_ns);
   if (ok) {
     rma_copy_chain_block(q);
@@ -54,7 +54,7 @@ __device__ __forceinline__ bool rma_start_queue(const RmaQueue& q) {
     if (q.transposes != nullptr) transpose_chain<0>(*q.transposes, 0, 1);
 #endif
     __syncthreads();
-    rma_raise(q.arrival_at_target, q.n_targets, epoch);
+    rma_raise(q, q.arrival_at_target, q.n_targets, epoch);
   }
   __syncthreads();  // every thread has read state->epoch
   if (block_thread() == 0) q.state->epoch = epoch;

@@ -103,8 +103,6 @@ __device__ __forceinline__ void st_header(void* p, u32 route, u32 flag, u32 word
 // Release / acquire for bulk packets, at the scope where the two ends live: .gpu when they share a
 // GPU (ranks under MPS), .sys otherwise (peer GPUs, host memory). Not the sequentially consistent
 // fence (__threadfence_system), which costs far more.
-__device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
-__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 __device__ __forceinline__ void fence_for(const ChannelHandle& h) {
   if (h.flags & kHandleGpuScope) fence_acq_rel_gpu();
   else fence_acq_rel_sys();

@@ -13,6 +13,23 @@ struct RmaTransposeChain;  // detail/transpose_types.cuh: the queue's transposin
 // one large block is copied by many warps and many small blocks by one warp each.
 constexpr unsigned long long kRmaChunkBytes = 4096;
 
+// RmaQueue::flags.
+// kRmaGpuScope: every rank of the queue's world shares one GPU (ranks under MPS), so the counters release
+// and acquire at .gpu scope; otherwise at .sys scope, whose fence drains to the system's coherence point
+// and costs microseconds (the host decides at window_alloc, as channels do for kHandleGpuScope).
+constexpr unsigned long long kRmaGpuScope = 1ull;
+
+// A small chain (at most this many bytes of plain writes, every block a whole number of aligned 8- or
+// 16-byte words) is committed as a list of words: thread i of the start copies word i with one load and
+// one store, instead of a warp walking a descriptor each (a binary search and dependent loads).
+constexpr unsigned long long kRmaSmallChainBytes = 4096;
+
+// One word of a small chain (RmaQueue::words): a load from src, a store to dst, RmaQueue::word_bytes wide.
+struct RmaWord {
+  unsigned long long src;
+  unsigned long long dst;
+};
+
 // One declared write, as the copy kernel reads it (64 bytes).
 struct RmaDescriptor {
   unsigned long long src;          // my source address
@@ -65,6 +82,10 @@ struct RmaQueue {
   unsigned long long post_at_wait;                  // 1: post epoch e+1 at the end of wait(e)
   const volatile unsigned int* abort;               // host-mapped: set by the host to end every wait
   const RmaTransposeChain* transposes;              // transposing puts (nullptr: none), after the copies
+  unsigned long long flags;                         // kRmaGpuScope
+  const RmaWord* words;                             // the plain writes as words (small chains), else nullptr
+  unsigned long long n_words;
+  unsigned long long word_bytes;                    // 8 or 16 (0 without words)
 };
 
 // The device handle of a committed queue: what Queue.device_handle() returns (a numpy scalar of this

@@ -64,6 +64,19 @@ __device__ __forceinline__ unsigned long long ld_acquire_sys_u64(const unsigned 
   return v;
 }
 
+// The same at .gpu scope: enough when writer and reader are on one GPU (ranks under MPS share its L2),
+// and far cheaper: a .sys fence waits until earlier writes reach the system's coherence point.
+__device__ __forceinline__ void st_release_gpu_u64(unsigned long long* p, unsigned long long v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ unsigned long long ld_acquire_gpu_u64(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+
 // A deadline for device-side waits. Reading %globaltimer costs more than a poll, so it
 // is read once every `kCheckEvery` calls of expired(). Two backstops make sure a wait ends:
 // `now + timeout` saturates instead of wrapping (a huge time-out means "very long", never "already
