@@ -30,9 +30,10 @@
 #   nodes           2 declared nodes x 2 ranks: the transports' GPU tests (ipc, mpi, nvshmem; gateway-routed
 #                   channels over mpi and nvshmem), then bench nodes: every transport between nodes side by side
 #                   with NVSHMEM put-with-signal and MPI one-way, "+ one hop" references, relays, gateway-routed
-#   stencil         the user-kernel path: persistent grids of 32..240 registers and the stencil example's device forms
-#                   (GPU tests), then bench stencil: 1, 2, 4 ranks at 64^2..8192^2 global, and 8x8..1024^2 a rank at
-#                   2, 4, 8 ranks (persistent form)
+#   stencil         the user-kernel path: persistent grids of 32..240 registers, the non-blocking channel calls,
+#                   the stencil example's device forms and its NVSHMEM baseline (GPU tests), then bench stencil
+#                   (channels beside NVSHMEM and MPI): 1, 2, 4 ranks at 64^2..8192^2 global, and 8x8..1024^2 a rank
+#                   at 2, 4, 8 ranks (persistent form)
 #   all             every stage above
 #   smoke           every benchmark in its --quick form, each bounded to 90 s (errors show at once; not in "all")
 #   before          the regression tests of the MPS hangs against an older tree ($OLD_TREE, e.g.
@@ -158,7 +159,8 @@ want nodes && step nodes cl bench nodes -n 4 --ranks-per-node 2 --sizes 8,64,1K,
   --json "$R/nodes.json" --plot "$R/nodes.png"
 want nodes && step nodes-3x2 cl bench nodes -n 6 --ranks-per-node 2 --quick --json "$R/nodes-3x2.json"
 want stencil && step stencil-tests env CIRCUSLINK_TIMEOUT=20 timeout -s INT 400 $PY -m pytest -q -rfE --tb=short \
-  -m gpu -p no:cacheprovider --timeout 300 tests/test_resident_gpu.py tests/test_stencil_example.py
+  -m gpu -p no:cacheprovider --timeout 300 tests/test_resident_gpu.py tests/test_stencil_example.py \
+  tests/test_channels_try_gpu.py tests/test_stencil_bench.py
 want stencil && step stencil cl bench stencil --ranks 2,4 --domains 64x64,1024x1024,8192x8192 \
   --json "$R/stencil.json" --plot "$R/stencil.png"
 want stencil && step stencil-per-rank cl bench stencil --ranks 2,4,8 --per-rank --domains 8x8,64x64,1024x1024 \

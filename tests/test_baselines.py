@@ -540,6 +540,38 @@ def test_nvshmem_run_environment_and_command(monkeypatch, tmp_path):
         assert {"LD_LIBRARY_PATH", "NVSHMEM_BOOTSTRAP", "NVSHMEM_DISABLE_NVLS", "NCCL_NVLS_ENABLE"} <= set(exported)
 
 
+def test_nvshmem_stencil_refuses_bad_arguments_in_one_line(tmp_path):
+    with pytest.raises(cl.ConfigError, match=r"px \* py == 4 PEs"):
+        baselines.nvshmem_stencil(4, [((64, 64), (2, 1))], out_dir=tmp_path)
+    with pytest.raises(cl.ConfigError, match="at least one cell a PE"):
+        baselines.nvshmem_stencil(2, [((1, 64), (2, 1))], out_dir=tmp_path)
+    with pytest.raises(cl.ConfigError, match="dtypes are float32 / float64"):
+        baselines.nvshmem_stencil(1, [((8, 8), (1, 1))], dtypes=("float16",), out_dir=tmp_path)
+
+
+def test_nvshmem_stencil_runs_more_pes_than_two(monkeypatch, tmp_path):
+    if not shutil.which("mpirun"):
+        pytest.skip("mpirun not found")
+    env = _nvshmem._job_env(tmp_path, 0)
+    cmd = _nvshmem.mpirun_command(tmp_path / "bin", ["domains=8x8:2x2"], env, npes=4)
+    assert cmd[1:5] == ["--allow-run-as-root", "-np", "4", "--oversubscribe"] and env["NVSHMEM_DISABLE_NVLS"] == "1"
+
+
+def test_nvshmem_stencil_updates_cells_as_the_example_does():
+    """The baseline's default CELL_UPDATE is the example's cell_update() traced to C++: the same arithmetic."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("stencil_example", root / "examples" / "stencil" / "stencil.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    source = (root / "src" / "circuslink" / "bench" / "baselines" / "nvshmem_stencil.cu").read_text()
+    default = re.search(r"#ifndef CELL_UPDATE\n(#define CELL_UPDATE.*)\n#endif", source).group(1)
+    assert default.strip() == example.cell_update_cxx().strip()
+
+
 def test_nvshmem_output_parsing():
     rng = np.random.default_rng()
     lat = float(rng.random() * 3)
@@ -578,6 +610,22 @@ def test_nvshmem_baseline_compiles_and_is_cached(nvshmem_build_dir):
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
         assert proc.returncode != 0
         assert "nvshmem_pingpong: PE 0: unknown argument colour" in proc.stderr
+
+
+@needs_nvshmem_build
+def test_nvshmem_stencil_compiles_and_checks_its_arguments(nvshmem_build_dir):
+    binary = baselines.build_nvshmem_stencil(nvshmem_build_dir)
+    assert binary.is_file() and os.access(binary, os.X_OK)
+    assert baselines.build_nvshmem_stencil(nvshmem_build_dir) == binary  # cached
+    if shutil.which("mpirun"):  # the program's own checks run before any CUDA call
+        env = _nvshmem._job_env(_nvshmem.find_nvshmem(), 0)
+        for args, why in ((["domains=8x8:1x1", "colour=blue"], "unknown argument colour"),
+                          (["domains=8x8"], "domains: 8x8 is not NXxNY:PXxPY"),
+                          (["domains=4x8:8x1"], "fewer cells than PEs along an axis")):
+            cmd = _nvshmem.mpirun_command(binary, args, env, npes=1)
+            cmd.insert(1, "--oversubscribe")
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+            assert proc.returncode != 0 and "nvshmem_stencil: PE 0: " in proc.stderr and why in proc.stderr, proc.stderr
 
 
 @needs_nvshmem_build

@@ -40,6 +40,15 @@ def test_kernel_compiles(kernel, tmp_path):
     _nvcc(kernel, tmp_path)
 
 
+# Test kernels on the public API whose GPU tests CI cannot run: a compile error shows here first.
+TEST_KERNELS = [Path(__file__).with_name("kernels") / "nonblocking.cu"]
+
+
+@pytest.mark.parametrize("kernel", TEST_KERNELS, ids=lambda p: p.name)
+def test_test_kernel_compiles(kernel, tmp_path):
+    _nvcc(kernel, tmp_path)
+
+
 # Kernels the library launches with 512 threads a block: at 512 threads an SM's 65,536 registers
 # allow 128 a thread, and a kernel over that fails at launch (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, seen
 # on the H100 with allreduce_loop at 142). __launch_bounds__(512) makes the compiler keep under it.

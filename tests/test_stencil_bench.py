@@ -36,7 +36,7 @@ def test_host_form_rows_at_one_and_three_ranks(tmp_path):
         assert r["efficiency"] == pytest.approx(1.0 / (r["nranks"] * r["vs_one_rank"]))  # cpu: a device a rank
     skipped = {(r["impl"], r["skipped"]) for r in data["rows"] if "skipped" in r}
     assert ("channel-persistent", "the cpu back-end runs no device kernels") in skipped
-    assert ("nvshmem", "circuslink has no NVSHMEM halo kernels for the stencil: no NVSHMEM row") in skipped
+    assert ("nvshmem", "the cpu back-end runs no device kernels") in skipped
 
 
 @pytest.mark.mpi
@@ -60,6 +60,25 @@ def test_scaling_is_against_one_rank_of_the_same_family_and_domain():
     assert rows[2]["efficiency"] == 1.25 and "efficiency" not in rows[3]  # no float64 one-rank row
 
 
+def test_channel_rows_are_compared_with_nvshmem_of_the_same_form_type_domain_and_ranks(capsys):
+    def row(impl, t, dtype="float32", domain="64x64", n=2):
+        return {"impl": impl, "dtype": dtype, "domain": domain, "nranks": n, "time_per_iter_us": t}
+
+    rows = [row("channel-persistent", 6.0), row("channel-launch", 30.0), row("nvshmem-persistent", 8.0),
+            row("nvshmem-launch", 20.0), row("channel-persistent", 5.0, n=4), row("nvshmem-persistent", 4.0, n=4),
+            row("channel-persistent", 5.0, dtype="float64"), row("host", 9.0),
+            {"impl": "nvshmem", "bytes": 0, "nranks": 8, "skipped": "why"}]
+    bench._add_vs_nvshmem(rows)
+    assert rows[0]["vs_nvshmem"] == 0.75 and rows[1]["vs_nvshmem"] == 1.5 and rows[4]["vs_nvshmem"] == 1.25
+    assert "vs_nvshmem" not in rows[6] and "vs_nvshmem" not in rows[7]  # no float64 NVSHMEM row; not a channel row
+    assert not any("vs_nvshmem" in r for r in rows if r["impl"].startswith("nvshmem"))
+    bench._summary(rows, {})
+    out = capsys.readouterr().out
+    assert "channel-persistent, 64x64, 2 ranks, float32: 0.75 x the NVSHMEM stencil's time (target <= 1.0): met" in out
+    assert "channels vs NVSHMEM, worst: 1.50 x (channel-launch, 64x64, 2 ranks, float32" in out
+    assert out.rstrip().endswith("MISSED")
+
+
 @pytest.mark.parametrize("option,text,why", [
     ("--domains", "64x", "bad domain '64x'"),
     ("--impls", "host,cuda-graph", "unknown cuda-graph"),
@@ -74,3 +93,23 @@ def test_bad_options_are_one_line(tmp_path, option, text, why):
 def test_a_missing_example_is_named(tmp_path):
     with pytest.raises(ConfigError, match="bench stencil times the program of examples/stencil, which is not at"):
         bench.load_example(str(tmp_path))
+
+
+@pytest.mark.gpu
+def test_channel_and_nvshmem_stencils_side_by_side_gpu(tmp_path):
+    """Both forms through channels and through NVSHMEM in the same jobs (1 and 2 ranks, an uneven split), every
+    domain checked bit for bit, the channel rows compared with NVSHMEM's."""
+    out = tmp_path / "stencil.json"
+    proc = subprocess.run([sys.executable, "-m", "circuslink", "bench", "stencil", "--backend", "cuda", "--json",
+                           str(out), "--iters", "5", "--samples", "3", "--warmup", "1", "--ranks", "2", "--domains",
+                           "64x64,33x70", "--impls", "channel-launch,channel-persistent,nvshmem"],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert not [r for r in rows if "skipped" in r], [r for r in rows if "skipped" in r]
+    for impl in ("nvshmem-launch", "nvshmem-persistent"):
+        got = {(r["nranks"], r["domain"], r["dtype"]) for r in rows if r["impl"] == impl}
+        assert got == {(n, d, t) for n in (1, 2) for d in ("64x64", "33x70") for t in ("float32", "float64")}, impl
+    assert all(r.get("checked") for r in rows), [r for r in rows if not r.get("checked")]
+    assert all(r["vs_nvshmem"] > 0 for r in rows if r["impl"].startswith("channel-"))
+    assert "x the NVSHMEM stencil's time (target <= 1.0)" in proc.stdout

@@ -42,6 +42,16 @@ extern "C" __global__ void session_read_warp(Receiver<float> rx, float* x, unsig
   ok[threadIdx.x] = s.read_warp(x, n);
   s.close();
 }
+extern "C" __global__ void try_write_warp(Sender<float> tx, const float* x, unsigned long long n, int* ok) {
+  ok[threadIdx.x] = tx.try_write_warp(x, n);
+}
+extern "C" __global__ void try_read_warp(Receiver<float> rx, float* x, unsigned long long n, int* ok) {
+  ok[threadIdx.x] = rx.try_read_warp(x, n);
+}
+extern "C" __global__ void test_one(Receiver<float> rx, unsigned long long n, int* ok) { ok[threadIdx.x] = rx.test(n); }
+extern "C" __global__ void test_warp(Receiver<float> rx, unsigned long long n, int* ok) {
+  ok[threadIdx.x] = rx.test_warp(n);
+}
 extern "C" __global__ void grid_sync(GridBarrier bar, int* ok) { ok[threadIdx.x] = circuslink::grid_sync(bar); }
 extern "C" __global__ void halo_write_read_warp(circuslink::Halo<float> halo, float* x, unsigned long long n, int* ok) {
   ok[threadIdx.x] = halo.to[circuslink::kPlusX].write_warp(x, n) && halo.from[circuslink::kPlusX].read_warp(x, n);

@@ -10,7 +10,11 @@ element type, domain and rank count:
   back-end runs;
 * ``mpi-host-staged``: the same compute (the example's kernels on a GPU, numpy on the cpu), the halos copied
   to the host and exchanged with MPI point-to-point (a job under mpirun);
-* ``nvshmem``: a skipped row saying why (circuslink has no NVSHMEM halo kernels for the stencil: no NVSHMEM row).
+* ``nvshmem``: rows ``nvshmem-launch`` and ``nvshmem-persistent``, the same stencil, layout and kernel structure
+  with its halos through NVSHMEM put-with-signal (``baselines/nvshmem_stencil.cu``), run by rank 0 of the same
+  job under mpirun with as many PEs as the job has ranks, so they share the GPU as the ranks do (MPS, the same
+  share of SMs); checked bit for bit against the whole domain on one GPU up to ``--check-cells`` cells. Every
+  channel row gets ``vs_nvshmem``: its time over the NVSHMEM row of the same form, type, domain and ranks.
 
 Each row: ``time_per_iter_us`` (median over ``--samples`` loops of ``--iters`` steps, the slowest rank's, with
 ``min_us`` beside it), ``gcells_per_s`` (cells of the global domain updated a second), and against one rank of
@@ -149,7 +153,10 @@ def _driver(args: argparse.Namespace, impls: list[str], dtypes: list[str], domai
         if not runs_kernels:
             rows += [{"impl": i, "bytes": 0, "nranks": n, "skipped": f"the {backend} back-end runs no device kernels"}
                      for i in impls if i in _KERNEL_IMPLS]
-        mine = [i for i in impls if i in ("host", *(_KERNEL_IMPLS if runs_kernels else ()))]
+        if not runs_kernels and "nvshmem" in impls:
+            rows.append({"impl": "nvshmem", "bytes": 0, "nranks": n,
+                         "skipped": f"the {backend} back-end runs no device kernels"})
+        mine = [i for i in impls if i in ("host", *((*_KERNEL_IMPLS, "nvshmem") if runs_kernels else ()))]
         if mine:
             drv.progress(f"stencil: {n} rank(s): {', '.join(mine)}")
             got, got_floor = _job(args, backend, n, mine, dtypes, domains, iters, warmup, samples, False, launcher)
@@ -159,14 +166,12 @@ def _driver(args: argparse.Namespace, impls: list[str], dtypes: list[str], domai
             drv.progress(f"stencil: {n} rank(s): mpi-host-staged")
             rows += _job(args, backend, n, ["mpi-host-staged"], dtypes, domains, iters, warmup, samples, True,
                          launcher)[0]
-        if "nvshmem" in impls and n > 1:
-            rows.append({"impl": "nvshmem", "bytes": 0, "nranks": n,
-                         "skipped": "circuslink has no NVSHMEM halo kernels for the stencil: no NVSHMEM row"})
     _add_scaling(rows)
+    _add_vs_nvshmem(rows)
     results.floor = floor or {}
     results.extend(rows)
     drv.print_table(results.rows, ["impl", "dtype", "domain", "grid", "nranks", "time_per_iter_us", "min_us",
-                                   "gcells_per_s", "vs_one_rank", "efficiency", "checked", "skipped"],
+                                   "gcells_per_s", "vs_one_rank", "efficiency", "vs_nvshmem", "checked", "skipped"],
                     "stencil: 2-D 5-point Jacobi, time per iteration")
     _summary(results.rows, results.floor)
     path = results.write_json(args.json)
@@ -232,17 +237,48 @@ def _add_scaling(rows: list[dict]) -> None:
         r["efficiency"] = (base["time_per_iter_us"] * base["devices"]) / (r["time_per_iter_us"] * r["devices"])
 
 
+def _add_vs_nvshmem(rows: list[dict]) -> None:
+    """``vs_nvshmem`` of every timed channel row: its time over the NVSHMEM row of the same form, type, domain and
+    rank count (both measured in the same job)."""
+    peer = {(r["impl"], r.get("dtype"), r.get("domain"), r.get("nranks")): r for r in rows
+            if r.get("impl", "").startswith("nvshmem-") and r.get("time_per_iter_us")}
+    for r in rows:
+        form = _KERNEL_IMPLS.get(r.get("impl"))
+        base = peer.get((f"nvshmem-{form}", r.get("dtype"), r.get("domain"), r.get("nranks"))) if form else None
+        if base is not None and r.get("time_per_iter_us"):
+            r["vs_nvshmem"] = r["time_per_iter_us"] / base["time_per_iter_us"]
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
 def _summary(rows: list[dict], floor: dict) -> None:
-    """The targets' ratios, where the rows exist."""
+    """The targets' ratios and verdicts, where the rows exist."""
     lat = (floor.get("summary") or {}).get("lat_relaxed_us")
     for r in rows:
         if r.get("impl") == "channel-persistent" and r.get("time_per_iter_us") and r.get("nranks", 1) > 1:
             if lat and r.get("local") == "64x64":
+                ratio = r["time_per_iter_us"] / lat
                 print(f"persistent, 64x64 a rank, {r['nranks']} ranks, {r['dtype']}: {r['time_per_iter_us']:.2f} us = "
-                      f"{r['time_per_iter_us'] / lat:.1f} x the relaxed store+poll floor ({lat:.3f} us; target <= 6)")
+                      f"{ratio:.1f} x the relaxed store+poll floor ({lat:.3f} us; target <= 6): {_verdict(ratio <= 6)}")
             if r.get("domain") == "8192x8192" and r.get("vs_one_rank"):
                 print(f"persistent, 8192x8192, {r['nranks']} ranks, {r['dtype']}: {r['vs_one_rank']:.2f} x the "
-                      "one-rank time (target <= 1.2)")
+                      f"one-rank time (target <= 1.2): {_verdict(r['vs_one_rank'] <= 1.2)}")
+    persistent = [r for r in rows if r.get("impl") == "channel-persistent" and r.get("nranks", 1) > 1]
+    if persistent:
+        ran = [r for r in persistent if r.get("time_per_iter_us")]
+        print(f"persistent form ran at {len(ran)} of {len(persistent)} sizes x rank counts x types (target: every "
+              f"one): {_verdict(len(ran) == len(persistent))}")
+    compared = [r for r in rows if r.get("vs_nvshmem")]
+    for r in compared:
+        print(f"{r['impl']}, {r['domain']}, {r['nranks']} ranks, {r['dtype']}: {r['vs_nvshmem']:.2f} x the NVSHMEM "
+              f"stencil's time (target <= 1.0): {_verdict(r['vs_nvshmem'] <= 1.0)}")
+    if compared:
+        worst = max(compared, key=lambda r: r["vs_nvshmem"])
+        print(f"channels vs NVSHMEM, worst: {worst['vs_nvshmem']:.2f} x ({worst['impl']}, {worst['domain']}, "
+              f"{worst['nranks']} ranks, {worst['dtype']}; target <= 1.0 at every size): "
+              f"{_verdict(worst['vs_nvshmem'] <= 1.0)}")
 
 
 # -- one job ----------------------------------------------------------------------------------------------------
@@ -261,10 +297,14 @@ def _worker(args: argparse.Namespace) -> int:
     seed = world.broadcast_object(int(np.random.SeedSequence().entropy % (1 << 31)))
     devices = len({d for d in world.allgather_object(world.device)}) if world.device is not None else world.size
     rows = []
+    dtypes = _list(args.dtypes, ("float32", "float64"), "--dtypes")
     for local_or_global in _domains(args.domains):
-        for name in _list(args.dtypes, ("float32", "float64"), "--dtypes"):
+        for name in dtypes:
             for impl in impls:
-                rows.append(_measure(world, example, module, impl, name, local_or_global, args, seed, devices))
+                if impl != "nvshmem":
+                    rows.append(_measure(world, example, module, impl, name, local_or_global, args, seed, devices))
+    if "nvshmem" in impls and world.backend.runs_kernels:
+        rows += _nvshmem_rows(world, example, args, dtypes, devices)
     if world.rank == 0:
         with open(args.worker, "w") as f:
             json.dump({"rows": rows, "floor": floor}, f)
@@ -272,18 +312,45 @@ def _worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _layout(nranks: int, example: Any, domain: tuple[int, int], per_rank: bool) -> tuple[tuple[int, int], str,
+                                                                                        list[int]]:
+    """The global domain, its process grid ``mesh:PXxPY`` and ``[PX, PY]`` for ``domain`` (a rank's block when
+    ``per_rank``)."""
+    shape = domain
+    grid = example.process_grid(nranks, shape)
+    dims = [int(v) for v in grid.split(":")[1].split("x")]
+    if per_rank:
+        shape = (domain[0] * dims[0], domain[1] * dims[1])
+    return shape, f"mesh:{dims[0]}x{dims[1]}", dims
+
+
+def _nvshmem_rows(world: Any, example: Any, args: argparse.Namespace, dtypes: list[str], devices: int) -> list[dict]:
+    """The NVSHMEM stencil at every domain, run by rank 0 with as many PEs as the job has ranks while the others
+    wait; its rows, or one skipped row saying why it could not run."""
+    from . import baselines
+
+    rows: list[dict] = []
+    world.barrier()
+    if world.rank == 0:
+        layouts = [_layout(world.size, example, d, args.per_rank) for d in _domains(args.domains)]
+        try:
+            rows = baselines.nvshmem_stencil(world.size, [(shape, tuple(dims)) for shape, _, dims in layouts],
+                                             dtypes=dtypes, iters=args.iters, warmup=args.warmup,
+                                             samples=args.samples, check_cells=args.check_cells, timeout=600)
+        except Exception as exc:  # a baseline that cannot run is reported, not fatal
+            rows = [{"impl": "nvshmem", "bytes": 0, "nranks": world.size, "skipped": f"{type(exc).__name__}: {exc}"}]
+        for r in rows:
+            r.setdefault("devices", devices)
+    world.barrier(timeout=3600)  # the others wait while rank 0 runs the NVSHMEM program
+    return rows
+
+
 def _measure(world: Any, example: Any, module: Any, impl: str, name: str, domain: tuple[int, int],
              args: argparse.Namespace, seed: int, devices: int) -> dict:
     """Time one implementation on one domain; check it against numpy where the domain is small enough."""
     from ..channels._halo import split_extent
 
-    shape = domain
-    grid = example.process_grid(world.size, shape)
-    if args.per_rank:
-        dims = [int(v) for v in grid.split(":")[1].split("x")]
-        shape = (domain[0] * dims[0], domain[1] * dims[1])
-        grid = f"mesh:{dims[0]}x{dims[1]}"
-    dims = [int(v) for v in grid.split(":")[1].split("x")]
+    shape, grid, dims = _layout(world.size, example, domain, args.per_rank)
     local = (split_extent(shape[0], dims[0], 0)[1], split_extent(shape[1], dims[1], 0)[1])  # the largest block
     halo_bytes = 2 * (local[0] + local[1]) * np.dtype(example.DTYPES[name]).itemsize if world.size > 1 else 0
     row = {"impl": impl, "bytes": halo_bytes, "dtype": name, "domain": f"{shape[0]}x{shape[1]}", "grid": grid,

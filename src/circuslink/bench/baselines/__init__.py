@@ -7,6 +7,9 @@
   memory (the device image's MPI is not CUDA-aware). Collective; needs mpirun.
 * :func:`nvshmem_pingpong`: NVSHMEM put-with-signal, a small CUDA program
   (``nvshmem_pingpong.cu``) built with nvcc and run under mpirun. Called from one process.
+* :func:`nvshmem_stencil`: the 2-D Jacobi stencil of examples/stencil with its halos through NVSHMEM
+  put-with-signal (``nvshmem_stencil.cu``), launch and persistent forms, N PEs under mpirun. Called from
+  one process.
 
 NVLink multicast stays off in all of them (``NCCL_NVLS_ENABLE=0``, ``NVSHMEM_DISABLE_NVLS=1``).
 A baseline that cannot run returns rows with ``"skipped": "<reason>"`` (NCCL) or ``[]`` with a
@@ -19,15 +22,17 @@ from __future__ import annotations
 from ._common import MULTICAST_OFF, disable_multicast
 from ._mpi import mpi_pingpong
 from ._nccl import nccl_allreduce, nccl_grouped_sendrecv, nccl_pingpong
-from ._nvshmem import build_nvshmem_pingpong, nvshmem_pingpong
+from ._nvshmem import build_nvshmem_pingpong, build_nvshmem_stencil, nvshmem_pingpong, nvshmem_stencil
 
 __all__ = [
     "MULTICAST_OFF",
     "build_nvshmem_pingpong",
+    "build_nvshmem_stencil",
     "disable_multicast",
     "mpi_pingpong",
     "nccl_allreduce",
     "nccl_grouped_sendrecv",
     "nccl_pingpong",
     "nvshmem_pingpong",
+    "nvshmem_stencil",
 ]

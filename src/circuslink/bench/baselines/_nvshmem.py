@@ -1,4 +1,5 @@
-"""NVSHMEM put-with-signal pingpong: build ``nvshmem_pingpong.cu`` with nvcc and run it under mpirun.
+"""NVSHMEM baselines: build a CUDA program with nvcc and run it under mpirun. ``nvshmem_pingpong.cu`` (put-with-signal
+pingpong, 2 PEs) and ``nvshmem_stencil.cu`` (the 2-D Jacobi stencil of examples/stencil with NVSHMEM halos, N PEs).
 
 Build (the image's NVSHMEM wheel, found by the one toolchain of ``circuslink.transport._build``), NV = the
 ``nvidia/nvshmem`` folder of site-packages (or ``NVSHMEM_HOME``)::
@@ -32,6 +33,7 @@ from ...transport import _build
 from ._common import MULTICAST_OFF, check_counts, check_sizes, fresh_seed
 
 SOURCE = Path(__file__).with_name("nvshmem_pingpong.cu")
+STENCIL_SOURCE = Path(__file__).with_name("nvshmem_stencil.cu")
 _ARCH = "sm_90a"
 _HEAP_SLACK = 64 << 20  # NVSHMEM's own allocations next to our two buffers
 # What identifies an enclosing job's rank to Open MPI / PMIx: a nested mpirun must not inherit it.
@@ -48,14 +50,15 @@ def find_nvshmem() -> Path:
     return _build.find_nvshmem()
 
 
-def build_command(output: Path) -> list[str]:
-    """The nvcc command that builds the baseline into ``output``."""
+def build_command(output: Path, source: Path | None = None) -> list[str]:
+    """The nvcc command that builds a baseline program (default the pingpong) into ``output``."""
+    source = source or SOURCE
     nv = _build.find_nvshmem()
     mpi_compile, mpi_link = _build.mpi_flags()
     return [
         _build.find_nvcc(), "-std=c++17", "-rdc=true", f"-arch={_ARCH}", "-O2",
         f"-I{nv / 'include'}", *mpi_compile,
-        str(SOURCE), "-o", str(output),
+        str(source), "-o", str(output),
         *_build.nvshmem_link_args(nv), *mpi_link,
     ]
 
@@ -64,6 +67,13 @@ def build_nvshmem_pingpong(build_dir: str | os.PathLike | None = None, force: bo
     """Build the NVSHMEM pingpong (cached by source and command, ``~/.cache/circuslink/baselines`` unless
     ``build_dir``); return the binary's path."""
     return _build.build_cached("baselines", "nvshmem_pingpong", SOURCE, build_command, suffix="", what="nvcc",
+                               folder=Path(build_dir) if build_dir else None, force=force)
+
+
+def build_nvshmem_stencil(build_dir: str | os.PathLike | None = None, force: bool = False) -> Path:
+    """Build the NVSHMEM stencil (cached as :func:`build_nvshmem_pingpong` is); return the binary's path."""
+    return _build.build_cached("baselines", "nvshmem_stencil", STENCIL_SOURCE,
+                               lambda out: build_command(out, STENCIL_SOURCE), suffix="", what="nvcc",
                                folder=Path(build_dir) if build_dir else None, force=force)
 
 
@@ -80,15 +90,17 @@ def _job_env(nv: Path, max_bytes: int) -> dict[str, str]:
     return env
 
 
-def mpirun_command(binary: Path, args: Sequence[str], env: dict[str, str]) -> list[str]:
-    """``mpirun --allow-run-as-root -np 2 -x VAR ... BINARY ARGS`` for the two PEs."""
+def mpirun_command(binary: Path, args: Sequence[str], env: dict[str, str], npes: int = 2) -> list[str]:
+    """``mpirun --allow-run-as-root -np NPES -x VAR ... BINARY ARGS`` for the PEs (the pingpong's 2 by default)."""
     mpirun = shutil.which("mpirun", path=env.get("PATH"))
     if mpirun is None:
-        raise BackendError("mpirun not found: the NVSHMEM baseline runs its 2 PEs under Open MPI's mpirun")
+        raise BackendError(f"mpirun not found: the NVSHMEM baseline runs its {npes} PEs under Open MPI's mpirun")
     exported = ["LD_LIBRARY_PATH", "NVSHMEM_BOOTSTRAP", "NVSHMEM_DISABLE_NVLS", "NCCL_NVLS_ENABLE",
                 "NVSHMEM_SYMMETRIC_SIZE"]
     exported += [k for k in ("CUDA_VISIBLE_DEVICES", "NVSHMEM_DEBUG") if k in env]
-    cmd = [mpirun, "--allow-run-as-root", "-np", "2"]
+    cmd = [mpirun, "--allow-run-as-root", "-np", str(npes)]
+    if npes > 2:
+        cmd.append("--oversubscribe")  # the PEs share a GPU (under MPS); the machine may have fewer cores
     for name in exported:
         cmd += ["-x", name]
     return [*cmd, str(binary), *args]
@@ -154,7 +166,59 @@ def nvshmem_pingpong(
     args = [f"sizes={','.join(map(str, sizes))}", f"iters={iters}", f"warmup={warmup}", f"samples={samples}",
             f"messages={messages}", f"bytes_per_sample={bytes_per_sample}", f"seed={fresh_seed()}",
             f"thread_max={thread_max}", f"modes={','.join(modes)}"]
-    cmd = mpirun_command(binary, args, env)
+    return _run("nvshmem_pingpong", binary, mpirun_command(binary, args, env), env, timeout, 2,
+                lambda row: f"{row['impl']} {row['bytes']} B")
+
+
+def nvshmem_stencil(
+    npes: int,
+    domains: Sequence[tuple[tuple[int, int], tuple[int, int]]],
+    dtypes: Sequence[str] = ("float32", "float64"),
+    forms: Sequence[str] = ("launch", "persistent"),
+    iters: int = 50,
+    warmup: int = 5,
+    samples: int = 10,
+    check_cells: int = 1 << 20,
+    out_dir: str | os.PathLike | None = None,
+    timeout: float | None = None,
+) -> list[dict]:
+    """Run the 2-D Jacobi stencil with NVSHMEM halos on ``npes`` PEs (``nvshmem_stencil.cu``); called from ONE
+    process, not collectively (the PEs share its GPU as the caller's job's ranks do: MPS and its share of the
+    SMs come from the caller's environment).
+
+    ``domains``: ``((nx, ny), (px, py))`` global domains with their process grids (``px * py == npes``). Rows,
+    one per domain, dtype and form: ``{"impl": "nvshmem-launch" | "nvshmem-persistent", "dtype", "domain",
+    "grid", "nranks", "local", "time_per_iter_us", "min_us", "gcells_per_s", "iters", "samples", "blocks",
+    "checked"}``: the median and the fastest over ``samples`` loops of ``iters`` iterations, each the slowest
+    PE's (CUDA events around the loop, after an MPI barrier); domains up to ``check_cells`` cells are checked
+    bit for bit against the whole domain run on one GPU (the program fails otherwise). Raises BackendError
+    when nvcc, NVSHMEM, mpicc or mpirun are missing or the run fails, and TimeoutError past ``timeout``
+    (default CIRCUSLINK_TIMEOUT)."""
+    check_counts(iters, warmup, "nvshmem_stencil")
+    if not isinstance(npes, int) or npes < 1:
+        raise ConfigError(f"nvshmem_stencil: npes must be a positive integer, got {npes!r}")
+    bad = [d for d in domains if d[1][0] * d[1][1] != npes or d[0][0] < d[1][0] or d[0][1] < d[1][1]]
+    if bad or not domains:
+        raise ConfigError(f"nvshmem_stencil: domains must be ((nx, ny), (px, py)) with px * py == {npes} PEs and "
+                          f"at least one cell a PE, got {list(bad or domains)!r}")
+    unknown = [x for x in (*dtypes, *forms) if x not in ("float32", "float64", "launch", "persistent")]
+    if unknown or not dtypes or not forms:
+        raise ConfigError(f"nvshmem_stencil: dtypes are float32 / float64 and forms launch / persistent, got "
+                          f"{list(dtypes)!r} and {list(forms)!r}")
+    nv = find_nvshmem()
+    binary = build_nvshmem_stencil(out_dir)
+    env = _job_env(nv, 0)
+    args = ["domains=" + ",".join(f"{nx}x{ny}:{px}x{py}" for (nx, ny), (px, py) in domains),
+            f"dtypes={','.join(dtypes)}", f"forms={','.join(forms)}", f"iters={iters}", f"warmup={warmup}",
+            f"samples={samples}", f"seed={fresh_seed() >> 1}", f"check_cells={check_cells}"]
+    return _run("nvshmem_stencil", binary, mpirun_command(binary, args, env, npes), env, timeout, npes,
+                lambda row: f"{row['impl']} {row['dtype']} {row['domain']}")
+
+
+def _run(name: str, binary: Path, cmd: list[str], env: dict[str, str], timeout: float | None, npes: int,
+         describe) -> list[dict]:
+    """Run a baseline program under mpirun, bounded; its rows (each with the NVSHMEM version), or one line saying
+    why not (the last row that finished, on a time-out)."""
     deadline = Deadline.after(timeout)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
@@ -165,38 +229,38 @@ def nvshmem_pingpong(
         _kill_group(proc)
         stdout, stderr = proc.communicate()
         _, done = parse_output(stdout or "")
-        last = f"{done[-1]['impl']} {done[-1]['bytes']} B" if done else "nothing"
+        last = describe(done[-1]) if done else "nothing"
         raise TimeoutError(
-            f"nvshmem_pingpong (2 PEs under mpirun) did not finish within {deadline.limit:g} s; last finished: {last}"
-            f"{_tail(stderr)}"
+            f"{name} ({npes} PEs under mpirun) did not finish within {deadline.limit:g} s; last finished: {last}"
+            f"{_tail(stderr, name=name)}"
         ) from None
-    _save_log(binary.parent, cmd, stdout, stderr)
+    _save_log(name, binary.parent, cmd, stdout, stderr)
     if proc.returncode != 0:
-        raise BackendError(f"nvshmem_pingpong failed (exit code {proc.returncode}){_tail(stderr, stdout)}"
-                           f" (full output in {binary.parent / 'nvshmem_pingpong.log'})")
+        raise BackendError(f"{name} failed (exit code {proc.returncode}){_tail(stderr, stdout, name=name)}"
+                           f" (full output in {binary.parent / (name + '.log')})")
     info, rows = parse_output(stdout)
     if not rows:
-        raise BackendError(f"nvshmem_pingpong printed no results{_tail(stderr, stdout)}")
+        raise BackendError(f"{name} printed no results{_tail(stderr, stdout, name=name)}")
     for row in rows:
         if info.get("nvshmem_header_version"):
             row["nvshmem_version"] = info["nvshmem_header_version"]
     return rows
 
 
-def _save_log(folder: Path, cmd: Sequence[str], stdout: str, stderr: str) -> None:
+def _save_log(name: str, folder: Path, cmd: Sequence[str], stdout: str, stderr: str) -> None:
     """Keep the last run's full output next to the binary (NVSHMEM's warnings explain odd figures)."""
     try:
-        (folder / "nvshmem_pingpong.log").write_text(
+        (folder / f"{name}.log").write_text(
             "$ " + " ".join(cmd) + "\n--- stdout\n" + (stdout or "") + "--- stderr\n" + (stderr or "")
         )
     except OSError:
         pass  # the log is a convenience; the result or the error already reached the caller
 
 
-def _tail(*texts: str | None, lines: int = 8) -> str:
-    """The program's own error lines if any, else the last lines of its output."""
+def _tail(*texts: str | None, lines: int = 8, name: str = "nvshmem_pingpong") -> str:
+    """The program's (``name``'s) own error lines if any, else the last lines of its output."""
     all_lines = [ln for t in texts if t for ln in t.strip().splitlines()]
-    ours = [ln for ln in all_lines if ln.startswith("nvshmem_pingpong:")]
+    ours = [ln for ln in all_lines if ln.startswith(f"{name}:")]
     chosen = ours or all_lines[-lines:]
     return (": " + " | ".join(chosen[:lines])) if chosen else ""
 

@@ -37,12 +37,21 @@
 // A grid session may use part of the grid: tx.grid_session(w, W) for the group's warps w = 0..W-1
 // (say, half the warps write while the other half read the reply).
 // Only one group may use one end at a time (calls on an end are sequential).
+// Non-blocking forms, for a thread that polls a halo between chunks of its own work (no warp set aside):
+//   try_write_warp / try_write_block / try_write(v)   write only if the credits for all of it are there now
+//   try_read_warp / try_read_block / try_read(&v)     read only if all n elements have arrived
+//   rx.test(n) / rx.test_warp(n)                      have n elements arrived? (nothing consumed)
+//   tx.test()                                         has the reader consumed everything written so far?
+// A try_* call that cannot finish without a wait returns false at once, having moved and recorded nothing;
+// failed() tells that "not now" from a failure. When it returns true it did what the blocking call does.
+// A try_write of more packets than the ring holds can never go at once: misuse, recorded.
 #pragma once
 
 #include "detail/channel_types.cuh"
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #include "detail/channel_impl.cuh"
+#include "detail/channel_try.cuh"
 #endif
 
 namespace circuslink {
@@ -73,6 +82,19 @@ struct Sender {
   __device__ bool write(const T& v) const {
     return detail::write<detail::ThreadG>(h, reinterpret_cast<const unsigned char*>(&v), sizeof(T));
   }
+  // Non-blocking: false at once (nothing written, nothing recorded) unless the credits are there now.
+  __device__ bool try_write_warp(const T* src, unsigned long long n) const {
+    return detail::try_write<detail::WarpG>(h, reinterpret_cast<const unsigned char*>(src), n * sizeof(T));
+  }
+  __device__ bool try_write_block(const T* src, unsigned long long n) const {
+    return detail::try_write<detail::BlockG>(h, reinterpret_cast<const unsigned char*>(src), n * sizeof(T));
+  }
+  __device__ bool try_write(const T& v) const {
+    return detail::try_write<detail::ThreadG>(h, reinterpret_cast<const unsigned char*>(&v), sizeof(T));
+  }
+  // One thread: the reader has consumed every element written so far (a plain read hands its credits back
+  // when it returns; a read session every half ring and at close()).
+  __device__ bool test() const { return detail::all_consumed(h); }
   // Every write publishes all its bytes; flush only reports whether this end is healthy.
   __device__ bool flush() const { return !detail::has_error(h); }
   __device__ bool ok() const { return !detail::has_error(h); }
@@ -112,6 +134,26 @@ struct Receiver {
     read(&v);
     return v;
   }
+  // Non-blocking: false at once (nothing consumed, nothing recorded) unless all n elements have arrived.
+  __device__ bool try_read_warp(T* dst, unsigned long long n) const {
+    return detail::try_read<detail::WarpG>(h, reinterpret_cast<unsigned char*>(dst), n * sizeof(T));
+  }
+  __device__ bool try_read_block(T* dst, unsigned long long n) const {
+    return detail::try_read<detail::BlockG>(h, reinterpret_cast<unsigned char*>(dst), n * sizeof(T));
+  }
+  __device__ bool try_read(T* out) const {
+    return detail::try_read<detail::ThreadG>(h, reinterpret_cast<unsigned char*>(out), sizeof(T));
+  }
+  // Have n elements arrived (a read of n would not wait)? Nothing is consumed. test: one thread, unit by
+  // unit; test_warp: a full warp, one load a packet.
+  __device__ bool test(unsigned long long n = 1) const {
+    const detail::RecvState st = detail::load_recv_state(h);
+    return detail::arrived<1>(h, st.seq, st.offset, n * sizeof(T));
+  }
+  __device__ bool test_warp(unsigned long long n = 1) const {
+    const detail::RecvState st = detail::load_recv_state(h);
+    return detail::arrived<32>(h, st.seq, st.offset, n * sizeof(T));
+  }
   __device__ bool ok() const { return !detail::has_error(h); }
   __device__ bool failed() const { return detail::has_error(h); }
   __device__ RecvSession<T> session() const;
@@ -137,6 +179,15 @@ struct SendSession {
   __device__ bool write(const T& v) {
     return detail::write_st<detail::ThreadG>(h, st, reinterpret_cast<const unsigned char*>(&v), sizeof(T));
   }
+  __device__ bool try_write_warp(const T* src, unsigned long long n) {
+    return detail::try_write_st<detail::WarpG>(h, st, reinterpret_cast<const unsigned char*>(src), n * sizeof(T));
+  }
+  __device__ bool try_write_block(const T* src, unsigned long long n) {
+    return detail::try_write_st<detail::BlockG>(h, st, reinterpret_cast<const unsigned char*>(src), n * sizeof(T));
+  }
+  __device__ bool try_write(const T& v) {
+    return detail::try_write_st<detail::ThreadG>(h, st, reinterpret_cast<const unsigned char*>(&v), sizeof(T));
+  }
   // Stores the state back (every thread of the group calls it; one lane of each warp stores).
   __device__ void close() const {
     if (detail::lowest_active_lane()) detail::save_send_state(h, st);
@@ -158,6 +209,19 @@ struct RecvSession {
   }
   __device__ bool read(T* out) {
     return detail::read_st<detail::ThreadG>(h, st, reinterpret_cast<unsigned char*>(out), sizeof(T));
+  }
+  __device__ bool try_read_warp(T* dst, unsigned long long n) {
+    return detail::try_read_st<detail::WarpG>(h, st, reinterpret_cast<unsigned char*>(dst), n * sizeof(T));
+  }
+  __device__ bool try_read_block(T* dst, unsigned long long n) {
+    return detail::try_read_st<detail::BlockG>(h, st, reinterpret_cast<unsigned char*>(dst), n * sizeof(T));
+  }
+  __device__ bool try_read(T* out) {
+    return detail::try_read_st<detail::ThreadG>(h, st, reinterpret_cast<unsigned char*>(out), sizeof(T));
+  }
+  // A full warp: have n elements arrived? (nothing consumed)
+  __device__ bool test_warp(unsigned long long n = 1) const {
+    return detail::arrived<32>(h, st.seq, st.offset, n * sizeof(T));
   }
   // Wait until the next packet has arrived, without consuming it (one thread; a benchmark's clock).
   __device__ bool peek() const { return detail::peek_packet(h, st.seq); }
