@@ -26,7 +26,8 @@
 #                   (about 2-3 min per rank count; the NVSHMEM program is built once, ~1 min, then cached)
 #   fft-quick       bench fft --quick at 2 ranks (well under a minute; not in "all")
 #   qcd             Wilson-Dirac CG: an 8^4-per-rank solve on a 2x2 grid, and per-iteration time by halo exchange
-#   hops            routed channels: latency and throughput by hop count on line:8, ring:8 (8 ranks), torus:4x4, mesh:4x4 (16)
+#   hops            routed channels: latency and throughput by hop count on line:8, ring:8 (8 ranks), torus:4x4, mesh:4x4 (16);
+#                   the many-to-many load on torus:4x4: 10^6 packets, every byte checked (bounded by LOAD_STEP_S, 180 s)
 #   nodes           2 declared nodes x 2 ranks: the transports' GPU tests (ipc, mpi, nvshmem; gateway-routed
 #                   channels over mpi and nvshmem), then bench nodes: every transport between nodes side by side
 #                   with NVSHMEM put-with-signal and MPI one-way, "+ one hop" references, relays, gateway-routed
@@ -152,6 +153,8 @@ want hops && step hops-ring8 cl bench hops -n 8 --topology ring:8 --sizes 1M --j
 want hops && step hops-torus4x4 cl bench hops -n 16 --topology torus:4x4 --json "$R/hops-torus4x4.json" \
   --plot "$R/hops-torus4x4.png"
 want hops && step hops-mesh4x4 cl bench hops -n 16 --topology mesh:4x4 --sizes 1M --json "$R/hops-mesh4x4.json"
+want hops && STEP_S=${LOAD_STEP_S:-180} step hops-load-torus4x4 cl bench hops -n 16 --topology torus:4x4 --load-only \
+  --load-packets 1000000 --json "$R/hops-load-torus4x4.json" --plot "$R/hops-load-torus4x4.png"
 want nodes && step nodes-tests env CIRCUSLINK_TIMEOUT=20 timeout -s INT ${TESTS_BUDGET_S:-540} $PY -m pytest -q -rfE \
   --tb=short -m gpu -p no:cacheprovider --timeout 300 tests/test_transport_nvshmem.py tests/test_transport_ipc.py \
   tests/test_transport_mpi.py tests/test_gateway_gpu.py
