@@ -598,8 +598,9 @@ namespace {
 // part that does not come records the rank it waited for.
 __device__ bool rank_sum(const CgResidentArgs& A, const volatile unsigned int* abort, double& value) {
   if (A.size <= 1) return true;
-  const unsigned long long q = *A.seq + 1ull;
-  *A.seq = q;
+  // (volatile: the previous sum's last block, which wrote the count, may have run on another SM)
+  const unsigned long long q = *static_cast<volatile unsigned long long*>(A.seq) + 1ull;
+  *static_cast<volatile unsigned long long*>(A.seq) = q;
   const unsigned long long bank = (q & 1ull) * static_cast<unsigned long long>(A.size);
   for (int r = 0; r < A.size; ++r) {
     unsigned long long* slot = A.peers[r] + 2ull * (bank + A.rank);
