@@ -9,9 +9,10 @@ fields live (device memory on cuda): nothing is read back inside an iteration. E
 
 and the host reads the array every ``check_every`` iterations (on cuda: when the resident kernel that runs
 them ends). A converged or stalled CG, or one whose reliable update is due, freezes (alpha = 0, p kept:
-``SKIP``), so the iterations queued after it change nothing (the resident kernel ends instead). The slots and flags are mirrored by
-``include/circuslink/qcd/dslash_types.cuh`` (``CgSlot``, ``CgFlag``), where ``qcd_cg_scalars`` applies the same
-step on the device; tests/test_qcd_kernels.py runs that step on the host against :func:`scalar_step`.
+``SKIP``), so the iterations queued after it change nothing (the resident kernel ends instead). The slots
+and flags are mirrored by ``include/circuslink/qcd/dslash_types.cuh`` (``CgSlot``, ``CgFlag``), where
+``cg_scalar_step`` in dslash.cu applies the same step on the device; tests/test_qcd_kernels.py runs that step
+on the host against :func:`scalar_step`.
 """
 
 from __future__ import annotations
