@@ -147,6 +147,8 @@ want fft-quick explicit && STEP_S=120 step fft-quick cl bench fft -n 2 --quick -
 want qcd && step qcd-invert cl qcd invert --dim 8 8 8 8 --gridsize 2 2 1 1 --prec double --prec-sloppy single \
   --halo rma --verify --json "$R/qcd-invert.json"
 want qcd && step qcd cl bench qcd --json "$R/qcd.json" --plot "$R/qcd.png"
+want qcd && step qcd-device cl bench qcd --cg device --halos rma-device --lattices 8,16,32 \
+  --json "$R/qcd-device.json"
 want hops && step hops-line8 cl bench hops -n 8 --topology line:8 --json "$R/hops-line8.json" \
   --plot "$R/hops-line8.png"
 want hops && step hops-ring8 cl bench hops -n 8 --topology ring:8 --sizes 1M --json "$R/hops-ring8.json"

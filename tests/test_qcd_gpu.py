@@ -4,7 +4,7 @@ The GPU operator against the numpy reference on random Haar fields, single and d
 and for every halo exchange that the machine has: rma (host-driven), rma-device (the dslash kernel drives
 the queue), mpi-p2p and mpi-rma (under mpirun, host-staged), nvshmem (skipped with its reason when it
 cannot be had), nccl (two GPUs). Each job also solves with double, single and (emulated) half sloppy
-precision and with the device-resident CG (a CUDA graph per iteration on one rank and with rma-device), and
+precision and with the device-resident CG (one resident kernel per batch on one rank and with rma-device), and
 checks every solution's residual under the reference operator; the device-resident CG is also compared with
 the cpu back-end's solver on the same fields.
 """
@@ -140,7 +140,7 @@ def test_cli_invert_and_apply_on_gpu(tmp_path, seed, prec):
                "1", "1", "--prec-sloppy", prec, "--tol", "1e-9", "--verify", "--output", "x.npy", "--cg", cg,
                "--halo", "rma-device", "--json", "row.json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    loop = "device graph" if cg == "device" else "host"
+    loop = "device resident" if cg == "device" else "host"
     assert "back-end cuda" in proc.stdout and "(ok)" in proc.stdout and f"CG loop {loop}," in proc.stdout
     row = json.loads((tmp_path / "row.json").read_text())["rows"][0]
     assert row["cg"] == loop and row["true_residual"] <= 1e-9
@@ -196,14 +196,14 @@ world.close()
 @pytest.mark.parametrize("grid, halo", [((1, 1, 1, 1), "rma"), ((2, 1, 1, 1), "rma-device"), ((2, 2, 1, 1), "rma")])
 @pytest.mark.parametrize("sloppy", ["double", "single"])
 def test_device_resident_cg_agrees_with_the_cpu_solver(spmd, tmp_path, grid, halo, sloppy):
-    """The device-resident CG on the GPU (a CUDA graph per iteration on one rank and with rma-device; the host
-    rma exchange without graphs) against the host-driven CG of the cpu back-end on the same fields."""
+    """The device-resident CG on the GPU (one resident kernel per batch on one rank and with rma-device; a launch
+    per step with the host's rma exchange) against the host-driven CG of the cpu back-end on the same fields."""
     n = int(np.prod(grid))
     spmd(n, DEVICE_CG.format(grid=grid, halo="rma", every=None, sloppy=sloppy, tag="cpu"), backend="cpu",
          timeout=300).check()
     job = spmd(n, DEVICE_CG.format(grid=grid, halo=halo, every=10, sloppy=sloppy, tag="gpu"), backend="cuda",
                timeout=300).check()
-    loop = "device graph" if halo == "rma-device" or n == 1 else "device"
+    loop = "device resident" if halo == "rma-device" or n == 1 else "device"
     assert f"ok gpu: loop {loop}," in job.output, job.output
     cpu, gpu = np.load(tmp_path / "x_cpu.npy"), np.load(tmp_path / "x_gpu.npy")
     assert np.linalg.norm(gpu - cpu) / np.linalg.norm(cpu) < 1e-8

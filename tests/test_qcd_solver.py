@@ -188,8 +188,8 @@ from circuslink.apps.qcd._lattice import local_from_global
 seed = int(os.environ["CIRCUSLINK_TEST_SEED"])
 GRID, DIMS, KAPPA, HALO = {grid!r}, {dims!r}, {kappa!r}, {halo!r}
 world = cl.init()
-# a CUDA graph per iteration where the halos need no host
-GRAPH = world.device is not None and (HALO == "rma-device" or GRID == (1, 1, 1, 1))
+# the resident kernel where the halos need no host
+RESIDENT = world.device is not None and (HALO == "rma-device" or GRID == (1, 1, 1, 1))
 U = qcd.random_gauge(DIMS, seed) if world.rank == 0 else None
 b = qcd.random_spinor(DIMS, seed + 1) if world.rank == 0 else None
 local = local_from_global(DIMS, GRID)
@@ -206,7 +206,7 @@ solutions = {{}}
 for name, sloppy, every in (("double", None, None), ("single", single, None), ("half", half, None),
                             ("double-device", None, 7), ("single-device", single, 7)):
     res = qcd.solve(op, b_local, tol=1e-10, niter=1000, sloppy=sloppy, phases=op.new_phases(), check_every=every)
-    assert res.loop == ("host" if every is None else ("device graph" if GRAPH else "device")), res.loop
+    assert res.loop == ("host" if every is None else ("device resident" if RESIDENT else "device")), res.loop
     solutions[name] = (res, qcd.gather(world, lat, res.x, qcd.spinor_shape(DIMS)))
 applied_single = qcd.gather(world, lat, single.apply(b_local), qcd.spinor_shape(DIMS))
 applied_half = qcd.gather(world, lat, half.apply(b_local), qcd.spinor_shape(DIMS))

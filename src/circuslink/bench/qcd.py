@@ -20,12 +20,19 @@ Rows:
   a little, so those loops' own time is ``timed_iter_us``, beside the unmarked ``time_per_iter_us``.
 
 ``--cg host,device`` adds the device-resident CG (``apps/qcd/_solver.py``: alpha, beta and |r|^2 never leave
-the device, the host looks every ``--check-every`` iterations, an iteration is a CUDA graph where its halos
-need no host), with ``cg`` in each row; the summary gives its ratio to the host-driven loop.
+the device, the host looks every ``--check-every`` iterations; where the halos need no host those iterations
+are one resident kernel, whose split comes from block 0's globaltimer stamps), with ``cg`` in each row; the
+summary gives its ratio to the host-driven loop.
+
+``--lattices 16,32`` (global lattices, ``L`` for L^4 or ``XxYxZxT``) runs the same global lattice on every
+grid (strong scaling: the local lattice is the global one divided by the grid) instead of ``--dim`` per rank.
 
 Targets (one GPU, ranks under MPS; the TCA paper's QUDA CG on RMA halos against MPI-3 RMA): dslash bandwidth
 >= 0.7 x the local copy; at 8^4 local on a 2x2 grid, rma <= 0.45 x mpi-rma per iteration and no slower than
-nvshmem.
+nvshmem. The device-resident CG, single precision: on one rank 8^4 <= 60 us an iteration and 32^4 <= 3.0 x one
+full 32^4 dslash (two hops of the bandwidth row, same run); the same global lattice on 2x1x1x1 and 2x2x1x1 <=
+1.25 x the one-rank time at 32^4 and <= 1.5 x at 16^4. The summary prints a verdict line per target it has
+rows for.
 """
 
 from __future__ import annotations
@@ -60,13 +67,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dim", nargs=4, type=int, default=[8, 8, 8, 8], metavar=("X", "Y", "Z", "T"),
                         help="local lattice per rank (default 8 8 8 8)")
     parser.add_argument("--prec", default="single", help="single, double or both: single,double (default single)")
-    parser.add_argument("--samples", type=int, default=7, help="timed loops of --iters iterations (default 7)")
+    parser.add_argument("--samples", type=int, default=10, help="timed loops of --iters iterations (default 10)")
+    parser.add_argument("--lattices", default=None,
+                        help="global lattices run on every grid (strong scaling), comma-separated: L (L^4) or "
+                             "XxYxZxT, e.g. 16,32; replaces --dim (the local lattice per rank)")
     parser.add_argument("--bw-dim", nargs=4, type=int, default=None, metavar=("X", "Y", "Z", "T"),
                         help="lattice of the single-rank dslash bandwidth rows (default 32^4 on cuda, 8^4 on cpu)")
     parser.add_argument("--cg", default="host",
                         help="host, device or both: host,device (default host). device: the device-resident CG "
-                             "(alpha, beta, |r|^2 on the device, a CUDA graph per iteration where the halos need "
-                             "no host, the host looking every --check-every iterations)")
+                             "(alpha, beta, |r|^2 on the device, the host looking every --check-every iterations; "
+                             "those iterations are one resident kernel where the halos need no host)")
     parser.add_argument("--check-every", type=int, default=10,
                         help="iterations between the host's looks in the device-resident CG (default 10)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # a configuration's job: its JSON file
@@ -80,6 +90,28 @@ def _grids(text: str) -> list[tuple[int, int, int, int]]:
             raise ConfigError(f"--grids {text!r}: bad grid {tok.strip()!r} (expected PXxPYxPZxPT, e.g. 2x2x1x1)")
         out.append(tuple(int(p) for p in parts))
     return out
+
+
+def _lattices(text: str | None) -> list[tuple[int, int, int, int]]:
+    if not text:
+        return []
+    out = []
+    for tok in text.split(","):
+        parts = tok.strip().lower().split("x")
+        if len(parts) == 1:
+            parts = parts * 4
+        if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ConfigError(f"--lattices {text!r}: bad lattice {tok.strip()!r} (expected L or XxYxZxT, e.g. 32)")
+        out.append(tuple(int(p) for p in parts))
+    return out
+
+
+def _local_dims(lattice: tuple, grid: tuple) -> tuple:
+    """The local lattice of ``grid`` for a global one (refused in one line where the grid does not divide it)."""
+    if any(n % g for n, g in zip(lattice, grid, strict=True)):
+        raise ConfigError(f"--lattices: grid {'x'.join(map(str, grid))} does not divide the lattice "
+                          f"{'x'.join(map(str, lattice))}")
+    return tuple(n // g for n, g in zip(lattice, grid, strict=True))
 
 
 def _list(text: str, allowed: tuple[str, ...], option: str) -> list[str]:
@@ -103,6 +135,10 @@ def run(args: argparse.Namespace) -> int:
     precs = _list(args.prec, tuple(PRECISIONS), "--prec")
     args.cg_modes = _list(args.cg, ("host", "device"), "--cg")
     check_local(args.dim, "--dim")
+    args.lattice_list = _lattices(args.lattices)
+    for lattice in args.lattice_list:
+        for grid in grids:
+            check_local(_local_dims(lattice, grid), "--lattices (local lattice)")
     if args.samples < 1:
         raise ConfigError(f"--samples {args.samples} must be at least 1")
     if args.check_every < 1:
@@ -122,10 +158,11 @@ def _check_memory(args: argparse.Namespace, grids: list) -> None:
     from ..backends import default_backend_name
 
     backend = args.backend or os.environ.get("CIRCUSLINK_BACKEND") or default_backend_name()
-    local, grid = tuple(args.dim), max(grids, key=lambda g: int(np.prod(g)))
-    check_memory("bench qcd", {"local": local, "global": tuple(d * p for d, p in zip(local, grid, strict=True)),
-                               "nranks": int(np.prod(grid)), "backend": backend},
-                 "use a smaller local lattice (--dim) or fewer ranks (--grids)")
+    grid = max(grids, key=lambda g: int(np.prod(g)))
+    for local in [tuple(args.dim)] + [_local_dims(lat, grid) for lat in _lattices(args.lattices)]:
+        check_memory("bench qcd", {"local": local, "global": tuple(d * p for d, p in zip(local, grid, strict=True)),
+                                   "nranks": int(np.prod(grid)), "backend": backend},
+                     "use a smaller local lattice (--dim, --lattices) or fewer ranks (--grids)")
 
 
 # -- the outer process: floor, bandwidth rows, one job per configuration -------------------------------------
@@ -156,8 +193,9 @@ def _driver(args: argparse.Namespace, grids: list, halos: list[str], precs: list
     backend = world.backend.name
     on_gpu = world.device is not None
     world.close()
-    for cg, prec, grid in itertools.product(args.cg_modes, precs, grids):
+    for lattice, cg, prec, grid in itertools.product(args.lattice_list or [None], args.cg_modes, precs, grids):
         nranks = int(np.prod(grid))
+        dim = tuple(args.dim) if lattice is None else _local_dims(lattice, grid)
         for halo in (halos if nranks > 1 else ["none"]):
             gtext = "x".join(map(str, grid))
             why = (f"--halo {halo} needs the cuda back-end" if halo in NEEDS_GPU and not on_gpu
@@ -166,10 +204,10 @@ def _driver(args: argparse.Namespace, grids: list, halos: list[str], precs: list
                 results.add(impl=halo, bytes=0, grid=gtext, prec=prec, nranks=nranks, cg=cg, skipped=why)
                 continue
             drv.progress(f"qcd: {halo} on grid {gtext}, {prec}, CG loop {cg}")
-            results.extend(_configuration(args, backend, grid, halo, prec, cg, iters, warmup, samples, launcher))
+            results.extend(_configuration(args, backend, grid, dim, halo, prec, cg, iters, warmup, samples, launcher))
 
     def text() -> None:
-        drv.print_table(results.rows, ["impl", "grid", "prec", "cg", "time_per_iter_us", "time_us", "min_us",
+        drv.print_table(results.rows, ["impl", "lattice", "grid", "prec", "cg", "time_per_iter_us", "time_us", "min_us",
                                        "dslash_us", "halo_us", "reduction_us", "vector_us", "gflops",
                                        "bandwidth_GBps", "copy_ratio", "skipped"],
                         "qcd: CG iteration by halo exchange and grid; dslash bandwidth", args)
@@ -190,7 +228,7 @@ def _summary(rows: list[dict]) -> None:
     """The targets' ratios, where the rows exist."""
     def find(impl: str, grid: str, prec: str, cg: str = "host") -> float | None:
         for r in rows:
-            if (r.get("impl"), r.get("grid"), r.get("prec"), r.get("cg", "host")) == (impl, grid, prec, cg) \
+            if (r.get("impl"), r.get("grid"), r.get("prec"), r.get("cg", "host").split()[0]) == (impl, grid, prec, cg) \
                     and r.get("time_per_iter_us"):
                 return float(r["time_per_iter_us"])
         return None
@@ -210,6 +248,36 @@ def _summary(rows: list[dict]) -> None:
         if r.get("impl") == "dslash" and r.get("copy_ratio"):
             print(f"dslash {r['prec']}: {r['bandwidth_GBps']:.1f} GB/s = {r['copy_ratio']:.2f} x the local copy "
                   "(target >= 0.7)")
+    _device_cg_verdicts(rows)
+
+
+def _verdict(text: str, value: float, limit: float) -> None:
+    print(f"{text} = {value:.3f} (target <= {limit:g}): {'met' if value <= limit else 'MISSED'}")
+
+
+def _device_cg_verdicts(rows: list[dict]) -> None:
+    """The device-resident CG's targets (single precision, medians of the slowest rank), where the rows exist."""
+    def iteration(lattice: str, grid: str) -> float | None:
+        for r in rows:
+            if (r.get("lattice"), r.get("grid"), r.get("prec"), r.get("cg")) == \
+                    (lattice, grid, "single", "device resident") and r.get("time_per_iter_us"):
+                return float(r["time_per_iter_us"])
+        return None
+
+    one = iteration("8x8x8x8", "1x1x1x1")
+    if one:
+        _verdict("8^4 on 1 rank: device-resident CG us per iteration", one, 60.0)
+    hop = next((float(r["time_us"]) for r in rows if r.get("impl") == "dslash" and r.get("prec") == "single"
+                and r.get("lattice") == "32x32x32x32"), None)
+    big = iteration("32x32x32x32", "1x1x1x1")
+    if hop and big:
+        _verdict("32^4 on 1 rank: CG iteration / one full dslash (2 hops)", big / (2 * hop), 3.0)
+    for lattice, limit in (("32x32x32x32", 1.25), ("16x16x16x16", 1.5)):
+        base = iteration(lattice, "1x1x1x1")
+        for grid in ("2x1x1x1", "2x2x1x1"):
+            t = iteration(lattice, grid)
+            if base and t:
+                _verdict(f"{lattice} on {grid} / on 1x1x1x1 per iteration", t / base, limit)
 
 
 def _timer(world: Any):
@@ -265,8 +333,8 @@ def _dslash_bandwidth(world: Any, dims: tuple, prec: str, iters: int, samples: i
             "local_copy_GBps": copy, "nranks": 1}
 
 
-def _configuration(args: argparse.Namespace, backend: str, grid: tuple, halo: str, prec: str, cg: str, iters: int,
-                   warmup: int, samples: int, launcher: Any) -> list[dict]:
+def _configuration(args: argparse.Namespace, backend: str, grid: tuple, dim: tuple, halo: str, prec: str, cg: str,
+                   iters: int, warmup: int, samples: int, launcher: Any) -> list[dict]:
     from ..apps.qcd._halo import NEEDS_MPIRUN
 
     nranks = int(np.prod(grid))
@@ -275,7 +343,7 @@ def _configuration(args: argparse.Namespace, backend: str, grid: tuple, halo: st
     fd, out = tempfile.mkstemp(prefix="circuslink-bench-qcd-", suffix=".json")
     os.close(fd)
     worker = [sys.executable, "-m", "circuslink", "bench", "qcd", "--worker", out, "--grids", gtext, "--halos",
-              "rma" if halo == "none" else halo, "--prec", prec, "--dim", *map(str, args.dim), "--iters", str(iters),
+              "rma" if halo == "none" else halo, "--prec", prec, "--dim", *map(str, dim), "--iters", str(iters),
               "--warmup", str(warmup), "--samples", str(samples), "--cg", cg, "--check-every", str(args.check_every)]
     env = dict(os.environ, CIRCUSLINK_BACKEND=backend, NCCL_NVLS_ENABLE="0", NVSHMEM_DISABLE_NVLS="1")
     if halo in NEEDS_MPIRUN:
@@ -339,9 +407,10 @@ def _worker(args: argparse.Namespace) -> int:
     start, stop = _timer(world)
 
     device = args.cg == "device"
-    # The device-resident loop: as a CUDA graph where it can be (timed), and without (marked for the split).
-    batched = {graph: _BatchedIterations(op, x, r, p, ap, 0.0, args.check_every, graph) for graph in (True, False)} \
-        if device else {}
+    # The device-resident loop: unmarked (timed), and marked for the split (a resident kernel stamps its phases
+    # on block 0's clock).
+    batched = {marked: _BatchedIterations(op, x, r, p, ap, 0.0, args.check_every, timed=marked)
+               for marked in (False, True)} if device else {}
 
     def iterations(n: int, marked: bool = False) -> float:
         """n CG iterations from a fresh start; returns seconds (this rank)."""
@@ -352,7 +421,7 @@ def _worker(args: argparse.Namespace) -> int:
         op.phases.mark(None)  # the split covers the timed iterations only, not this preparation
         rr = op.norm2(r)
         if device:
-            it = batched[not marked]
+            it = batched[marked]
             it.restart(rr, 0.0)
         op.synchronize()
         world.barrier()
@@ -387,6 +456,8 @@ def _worker(args: argparse.Namespace) -> int:
     op.time_phases(phases)
     timed = [iterations(args.iters, marked=True) / args.iters for _ in range(args.samples)]
     split = phases.totals()
+    for name, sec in (batched[True].device_split() if device else {}).items():
+        split[name] = split.get(name, 0.0) + sec
     op.time_phases(NO_PHASES)
     names = sorted(split)
     # The slowest rank's split (per-phase maxima over ranks would not add up to anyone's iteration).
@@ -404,8 +475,9 @@ def _worker(args: argparse.Namespace) -> int:
            "samples": args.samples, "launched_by": world.launched_by,
            **{f"{n}_us": v * 1e6 for n, v in zip(names, per_iter_split[:-1], strict=True)},
            "timed_iter_us": float(per_iter_split[-1]) * 1e6,
-           "split_clock": "cuda events" if world.device is not None else "host",
-           "cg": ("device graph" if batched[True].graph else "device") if device else "host",
+           "split_clock": ("globaltimer" if device and batched[True].resident is not None
+                           else "cuda events" if world.device is not None else "host"),
+           "cg": ("device resident" if batched[True].resident is not None else "device") if device else "host",
            "check_every": args.check_every if device else None}
     op.close()
     if world.rank == 0:

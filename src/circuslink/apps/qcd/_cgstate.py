@@ -7,10 +7,12 @@ fields live (device memory on cuda): nothing is read back inside an iteration. E
     x += alpha p, r -= alpha Ap, |r|^2 (local) -> s[LOCAL];  step 1: global sum, beta, rr, flags
     p = r + beta p (skipped once frozen)
 
-and the host reads the array every ``check_every`` iterations. A converged or stalled CG freezes (alpha = 0,
-p kept: ``SKIP``), so the iterations queued after it change nothing. The slots and flags are mirrored by
-``include/circuslink/qcd/dslash_types.cuh`` (``CgSlot``, ``CgFlag``), where ``qcd_cg_scalars`` applies the same
-step on the device; tests/test_qcd_kernels.py runs that step on the host against :func:`scalar_step`.
+and the host reads the array every ``check_every`` iterations (on cuda: when the resident kernel that runs
+them ends). A converged or stalled CG, or one whose reliable update is due, freezes (alpha = 0, p kept:
+``SKIP``), so the iterations queued after it change nothing (the resident kernel ends instead). The slots
+and flags are mirrored by ``include/circuslink/qcd/dslash_types.cuh`` (``CgSlot``, ``CgFlag``), where
+``cg_scalar_step`` in dslash.cu applies the same step on the device; tests/test_qcd_kernels.py runs that step
+on the host against :func:`scalar_step`.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ LOCAL, RR, ALPHA, BETA, STOP, MAX_RR, ITERATIONS, FLAGS = range(8)
 SLOTS = 16  # the array's length (room to grow without changing its allocation)
 # FLAGS bits: iterated |r|^2 <= stop; dropped by delta^2 since the last update; <p, Ap> <= 0; and SKIP: this
 # iteration began frozen (or stalled at its start), so its p = r + beta p is skipped. The iteration that
-# converges still updates p, so that p is the direction that follows the last r.
+# converges (or calls for a reliable update) still updates p, so that p is the direction that follows the
+# last r. Each of the three freezes the CG until the host looks: a due reliable update is made at once, as the
+# host-driven CG makes it, so the batched CG does the same iterations.
 CONVERGED, DUE, STALLED, SKIP = 1, 2, 4, 8
-FROZEN = CONVERGED | STALLED
+FROZEN = CONVERGED | DUE | STALLED
 
 
 def scalar_step(s: Any, step: int, delta2: float) -> None:

@@ -228,11 +228,9 @@ class Dslash:
     def write_state(self, s: np.ndarray, values: np.ndarray) -> None:
         s[:] = values
 
-    def can_capture(self) -> bool:
-        return False  # no graphs on the host
-
-    def capture(self, fn: Any) -> Any:
-        return fn
+    def cg_resident(self, normal: Any, x: Any, r: Any, p: Any, ap: Any, s: Any, delta2: float, parity: int,
+                    timed: bool) -> None:
+        return None  # no kernels: the batched CG runs its steps one by one, with the host collectives
 
     def synchronize(self) -> None:
         pass

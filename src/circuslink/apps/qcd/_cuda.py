@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from ..._abi import F64, I32, PTR, Struct
+from ..._abi import F64, I32, I64, PTR, U64, Struct
 from ..._config import default_timeout
+from ..._wait import Deadline
 from ...errors import TimeoutError
 from . import _cgstate as cg
 from ._lattice import Lattice
@@ -32,6 +33,15 @@ DSLASH_ARGS = Struct("circuslink::qcd::DslashArgs", "circuslink/qcd/dslash_types
     ("dims", I32, 4), ("face_offset", I32, 8), ("vh", I32), ("faces", I32), ("n_sites", I32), ("parity", I32),
     ("dagger", I32), ("emit", I32), ("partitioned", I32), ("has_x", I32),
 ])
+
+#: The resident CG kernel's arguments (CgResidentArgs in the same header), passed by value.
+CG_RESIDENT_ARGS = Struct("circuslink::qcd::CgResidentArgs", "circuslink/qcd/dslash_types.cuh", [
+    ("hops", PTR), ("x", PTR), ("r", PTR), ("p", PTR), ("ap", PTR), ("s", PTR), ("partial", PTR), ("done", PTR),
+    ("phase_ns", PTR), ("peers", PTR), ("seq", PTR), ("status", PTR), ("n", I64), ("delta2", F64),
+    ("timeout_ns", U64), ("rank", I32), ("size", I32), ("iterations", I32), ("halo", I32),
+])
+# CgStatus codes the resident kernel and qcd_cg_scalars record
+_CG_HALO_FAILED, _CG_BARRIER_FAILED, _CG_SUM_FAILED = 1, 2, 3
 
 _SOURCE = Path(__file__).with_name("dslash.cu")
 THREADS = 256
@@ -114,7 +124,11 @@ class Dslash:
         self.k_axpy_norm_state = get(f"qcd_axpy_norm_state_{self.suffix}")
         self.k_xpay_pack_state = get(f"qcd_xpay_pack_state_{self.suffix}")
         self.k_cg_scalars = get("qcd_cg_scalars")
-        self.cg_comm = None
+        self.k_cg_resident = get(f"qcd_cg_resident_{self.suffix}")
+        self.cg_sums = None      # the slots of the CG's sums over ranks (symmetric memory), made by cg_state
+        self.cg_base: dict[str, Any] = {}
+        self._recording: list[tuple[Any, Any]] | None = None
+        self.wait_ns = int(default_timeout() * 1e9)
         vh = lattice.half
         links = np.moveaxis(gauge.get() if hasattr(gauge, "get") else np.asarray(gauge), 0, 4)  # (T,Z,Y,X,mu,3,3)
         halves = lattice.split(np.ascontiguousarray(links))
@@ -192,6 +206,11 @@ class Dslash:
         """``out = a x + b D_{parity <- 1-parity} inp``; see _cpu.Dslash.apply."""
         halo, phases = self.halo, self.phases
         interior = self._hop_args("interior", out, inp, parity, dagger, a, x, b, None)
+        if self._recording is not None:  # the resident CG takes the hop's arguments instead of a launch
+            ghost = halo.ghost if halo is not None else None
+            self._recording.append((interior, self._hop_args("exterior", out, inp, parity, dagger, a, x, b, emit,
+                                                             ghost)))
+            return
         if halo is None:
             phases.mark("dslash")
             self.k_interior((self._blocks(self.lat.half),), (THREADS,), (interior,))
@@ -257,17 +276,23 @@ class Dslash:
                          (*views, np.float64(alpha), np.int64(n), self.partial, self.done, result))
         return result
 
-    # -- the device-resident CG (_cgstate): scalars in device memory, summed by the device collectives ----
+    # -- the device-resident CG (_cgstate): scalars in device memory, summed over ranks on the device ---------
     def cg_state(self):
-        """Collective (the first time): the scalars' array, and a communicator of their own for the sums (its
-        low-latency ring; one bandwidth ring, which no call here uses)."""
-        if self.cg_comm is None:
-            from ... import collectives
-
-            self.cg_comm = collectives.Comm(self.world, rings=1)
-            self.cg_rings = self.cg_comm.device_handle(8)  # 8 bytes a sum: the low-latency ring
-            self.cg_status = self.cp.zeros(1, dtype=self.cp.int32)
-        return self.cp.zeros(cg.SLOTS, dtype=self.cp.float64)
+        """Collective (the first time): the scalars' array, and the slots of the sums over ranks (two banks of
+        {value, sequence number} per rank in symmetric memory: ``rank_sum`` in dslash.cu)."""
+        cp = self.cp
+        if self.cg_sums is None:
+            size = self.world.size
+            self.cg_sums = self.world.alloc(2 * 2 * size * 8) if size > 1 else None
+            ptrs = self.cg_sums.ptrs if self.cg_sums is not None else [0]
+            self.cg_peers = cp.asarray(np.array(ptrs, dtype=np.uint64))
+            self.cg_seq = cp.zeros(1, dtype=cp.uint64)
+            self.cg_status = cp.zeros(2, dtype=cp.int32)
+            self.cg_phase_ns = cp.zeros(len(PHASES), dtype=cp.uint64)
+            self.cg_base = {"peers": _ptr(self.cg_peers), "seq": _ptr(self.cg_seq), "status": _ptr(self.cg_status),
+                            "partial": _ptr(self.partial), "done": _ptr(self.done), "timeout_ns": self.wait_ns,
+                            "rank": self.world.rank, "size": size}
+        return cp.zeros(cg.SLOTS, dtype=cp.float64)
 
     def dot_into(self, a: Any, b: Any, s: Any) -> None:
         ra, rb = a.reshape(-1).view(self.real), b.reshape(-1).view(self.real)
@@ -275,9 +300,8 @@ class Dslash:
         self.k_dot((self._reduce_grid(n),), (THREADS,), (ra, rb, np.int64(n), self.partial, self.done, s))
 
     def cg_scalars(self, s: Any, step: int, delta2: float) -> None:
-        # One block: the low-latency ring is read by one warp; the block's other warps wait at its barriers.
-        self.k_cg_scalars((1,), (THREADS,), (self.cg_rings, s, np.int32(step), np.float64(delta2),
-                                             self.cg_status))
+        args = CG_RESIDENT_ARGS.pack(**self.cg_base, s=_ptr(s), delta2=delta2)
+        self.k_cg_scalars((1,), (32,), (args, np.int32(step), np.uint64(self.world.backend.abort_ptr)))
 
     def axpy_norm_state(self, x: Any, r: Any, p: Any, ap: Any, s: Any) -> None:
         views = [f.reshape(-1).view(self.real) for f in (x, r, p, ap)]
@@ -285,44 +309,51 @@ class Dslash:
         self.k_axpy_norm_state((self._reduce_grid(n),), (THREADS,),
                                (*views, s, np.int64(n), self.partial, self.done))
 
-    def xpay_pack_state(self, p: Any, r: Any, s: Any, parity: int, dagger: bool) -> None:
-        args = self._pack_args(("xpay", _ptr(p), _ptr(r), parity, bool(dagger)), out=_ptr(p), **{"in": _ptr(p)},
+    def _xpay_state_args(self, p: Any, r: Any, parity: int, dagger: bool):
+        return self._pack_args(("xpay", _ptr(p), _ptr(r), parity, bool(dagger)), out=_ptr(p), **{"in": _ptr(p)},
                                x=_ptr(r), send=self.send_ptr if self.halo is not None else 0, sites=0,
                                n_sites=0, parity=parity, dagger=int(bool(dagger)), has_x=1)
+
+    def xpay_pack_state(self, p: Any, r: Any, s: Any, parity: int, dagger: bool) -> None:
+        args = self._xpay_state_args(p, r, parity, dagger)
         self.k_xpay_pack_state((self._blocks(self.lat.half),), (THREADS,), (args, s))
+
+    def cg_resident(self, normal: Any, x: Any, r: Any, p: Any, ap: Any, s: Any, delta2: float, parity: int,
+                    timed: bool) -> ResidentCG | None:
+        """The resident CG over these fields (``normal(ap, p)``: the operator's hops, recorded, not run), or
+        None where the halos need the host between hops (host-driven exchanges). ``timed``: block 0 stamps
+        the phases (a few globaltimer reads an iteration)."""
+        if self.halo is not None and not self.halo.device_driven:
+            return None
+        self._recording = []
+        try:
+            normal(ap, p)
+        finally:
+            hops, self._recording = self._recording, None
+        if len(hops) != 4:
+            raise AssertionError(f"the normal operator made {len(hops)} hops, the resident CG runs 4")
+        return ResidentCG(self, hops, x, r, p, ap, s, delta2, parity, timed)
 
     def read_state(self, s: Any) -> np.ndarray:
         """The scalars, after a bounded wait for the work queued so far (the one host wait of a batch)."""
-        self.cg_comm.wait(self.cp.cuda.get_current_stream(), f"the device-resident CG on rank {self.world.rank}")
+        rank = self.world.rank
+        self.world.backend.wait_stream(self.cp.cuda.get_current_stream(), Deadline.after(None),
+                                       lambda: f"qcd device-resident CG on rank {rank}: its kernels did not finish")
         self.synchronize()  # a device-driven halo that timed out, named by its queue
-        if int(self.cg_status.get()[0]):
-            self.cg_comm.check()  # the ring channel that stalled
-            raise TimeoutError(f"qcd device-resident CG on rank {self.world.rank}: a global sum failed on the "
-                               "device")
+        code, peer = (int(v) for v in self.cg_status.get())
+        if code:
+            self.cg_status.fill(0)
+            if code == _CG_HALO_FAILED and self.halo is not None:
+                self.halo.check_device()  # raises the queue's error, naming the rank that stalled
+            what = {_CG_HALO_FAILED: "the RMA queue's start or wait",
+                    _CG_BARRIER_FAILED: "a grid barrier between its phases",
+                    _CG_SUM_FAILED: f"a global sum waiting for rank {peer}'s part"}.get(code, f"status {code}")
+            raise TimeoutError(f"qcd device-resident CG on rank {rank}: {what} timed out "
+                               "(CIRCUSLINK_TIMEOUT sets the limit)")
         return s.get()
 
     def write_state(self, s: Any, values: np.ndarray) -> None:
         s.set(np.asarray(values, dtype=np.float64))
-
-    def can_capture(self) -> bool:
-        """An iteration can be a CUDA graph when its halos need no host: one rank, or the device-driven queue."""
-        return self.halo is None or bool(self.halo.device_driven)
-
-    def capture(self, fn: Any) -> Any:
-        """``fn``'s launches captured once as a CUDA graph; returns what replays it on the current stream."""
-        cp = self.cp
-        caller = cp.cuda.get_current_stream()
-        side = cp.cuda.Stream(non_blocking=True)
-        ready = cp.cuda.Event(disable_timing=True)
-        ready.record(caller)
-        side.wait_event(ready)  # the capture sees the fields as the caller's stream left them
-        with side:
-            side.begin_capture()
-            try:
-                fn()
-            finally:
-                graph = side.end_capture()
-        return lambda: graph.launch(cp.cuda.get_current_stream())
 
     def synchronize(self) -> None:
         self.cp.cuda.get_current_stream().synchronize()
@@ -338,6 +369,51 @@ class Dslash:
 
     def close(self) -> None:
         self._args.clear()
-        if self.cg_comm is not None:
-            self.cg_comm.close()
-            self.cg_comm = None
+        if self.cg_sums is not None:
+            self.cg_sums.close()
+            self.cg_sums = None
+
+
+class ResidentCG:
+    """The resident CG kernel of one solve's fields: ``run(k)`` launches up to ``k`` iterations as one co-resident
+    grid (``backend.launch_resident``), which ends early once the scalars freeze (converged, stalled, or a reliable
+    update due); ``split()`` the phases' seconds on block 0's clock since the start."""
+
+    def __init__(self, d: Dslash, hops: list[tuple[Any, Any]], x: Any, r: Any, p: Any, ap: Any, s: Any,
+                 delta2: float, parity: int, timed: bool) -> None:
+        cp = d.cp
+        self.d = d
+        table = np.array([i for i, _ in hops] + [e for _, e in hops] + [d._xpay_state_args(p, r, parity, False)],
+                         dtype=DSLASH_ARGS.dtype)
+        self.hops = cp.asarray(table.view(np.uint8))  # kept alive as long as the kernel may read it
+        backend = d.world.backend
+        self.fn = d.k_cg_resident
+        # One site a thread where the rank's share of the GPU holds that many blocks; grid-stride beyond.
+        self.blocks = max(1, min(int(backend.max_blocks(self.fn, THREADS)), d._blocks(d.lat.half)))
+        self.barrier = backend.grid_barrier(timeout=None)
+        self.queue = d.halo.device_handle() if d.halo is not None else np.uint64(0)  # RmaHandle{nullptr}: no halos
+        self.timed = timed
+        d.cg_phase_ns.fill(0)
+        views = [f.reshape(-1).view(d.real) for f in (x, r, p, ap)]
+        self.base = dict(d.cg_base, hops=_ptr(self.hops), x=_ptr(views[0]), r=_ptr(views[1]), p=_ptr(views[2]),
+                         ap=_ptr(views[3]), s=_ptr(s), n=int(views[0].size), delta2=delta2,
+                         phase_ns=_ptr(d.cg_phase_ns) if timed else 0, halo=int(d.halo is not None))
+        self._args: dict[int, Any] = {}
+
+    def run(self, iterations: int) -> None:
+        args = self._args.get(iterations)
+        if args is None:
+            args = self._args[iterations] = CG_RESIDENT_ARGS.pack(**self.base, iterations=iterations)
+        self.d.world.backend.launch_resident(self.fn, self.blocks, THREADS,
+                                             (args, self.barrier.device_handle(), self.queue))
+
+    def count(self, iterations: int) -> None:
+        """``iterations`` ran inside the kernel: their halo exchanges (4 hops each) happened without a host call."""
+        if self.d.halo is not None:
+            self.d.halo.exchanges += 4 * iterations
+
+    def split(self) -> dict[str, float]:
+        if not self.timed:
+            return {}
+        ns = self.d.cg_phase_ns.get()
+        return {name: float(v) * 1e-9 for name, v in zip(PHASES, ns, strict=True)}

@@ -63,7 +63,8 @@ class SolveResult:
     niter: int
     history: list[float] = field(default_factory=list)  # true residual at each full-system check
     phase_seconds: dict[str, float] = field(default_factory=dict)  # dslash, halo, reduction, vector (slowest rank)
-    loop: str = "host"           # "host", "device" (scalars on the device, looked at every k) or "device graph"
+    loop: str = "host"           # "host", "device" (scalars on the device, looked at every k: a launch per step)
+    #                              or "device resident" (k iterations in one resident kernel)
 
     def gflops(self, global_volume: int) -> float:
         return self.iterations * FLOPS_PER_SITE_CG * global_volume / self.seconds / 1e9 if self.seconds > 0 else 0.0
@@ -100,7 +101,7 @@ class _HostIterations:
         self.S, self.x_s, self.r_s, self.p, self.ap = S, x_s, r_s, p, ap
         self.delta2 = delta * delta
         self.rr = self.rr_prev = self.stop = self.max_rr = 0.0  # rr: the iterated |r|^2
-        self.graph = False
+        self.resident = None
 
     def restart(self, rr: float, stop: float) -> None:
         self.rr = self.max_rr = rr
@@ -138,14 +139,18 @@ class _HostIterations:
 
 class _BatchedIterations:
     """The device-resident CG: alpha, beta and |r|^2 stay with the back-end module (device memory on cuda, summed over
-    ranks by the device collectives; a numpy array and the host collectives on cpu), and the host looks at
-    them every ``check_every`` iterations (``_cgstate``). On cuda one iteration is captured once as a CUDA
-    graph and replayed, where its halos need no host (one rank, or ``rma-device``). A reliable update that
-    falls due waits for the next look; the search direction then takes the new residual in place of the
-    iterated one (``p += r_new - r_s``), as if the last ``p = r + beta p`` had used it."""
+    ranks on the device; a numpy array and the host collectives on cpu), and the host looks at them every
+    ``check_every`` iterations (``_cgstate``). On cuda, where the halos need no host between hops (one rank, or
+    ``rma-device``), the ``check_every`` iterations are one resident kernel that checks the scalars itself after
+    every iteration and ends as soon as they freeze; elsewhere each step is a launch. A reliable update that
+    falls due freezes the CG until the host looks; the search direction then takes the new residual in place
+    of the iterated one (``p += r_new - r_s``), as if the last ``p = r + beta p`` had used it.
+
+    Collective to create (the sums' slots), before the solve's clock starts: the fields are the solve's, filled
+    later."""
 
     def __init__(self, S: WilsonOperator, x_s: Any, r_s: Any, p: Any, ap: Any, delta: float, check_every: int,
-                 graph: bool) -> None:
+                 timed: bool = False) -> None:
         if S.half:
             from ...errors import ConfigError
 
@@ -155,11 +160,14 @@ class _BatchedIterations:
         self.delta2 = delta * delta
         self.check_every = check_every
         self.d = S.d
-        self.state = self.d.cg_state()  # collective on cuda (the communicator of the scalars' sums)
-        self.graph = graph and self.d.can_capture()
-        self._replay = self.d.capture(self._iteration) if self.graph else self._iteration
+        self.state = self.d.cg_state()  # collective on cuda (the slots of the sums over ranks)
+        self.resident = self.d.cg_resident(S.normal, x_s, r_s, p, ap, self.state, self.delta2, EVEN, timed)
         self._iterations = 0
         self.rr = 0.0  # the iterated |r|^2 at the last look
+
+    def device_split(self) -> dict[str, float]:
+        """The resident kernel's own time split (block 0's clock), where it was asked for; else empty."""
+        return self.resident.split() if self.resident is not None else {}
 
     def _iteration(self) -> None:
         S, d, s = self.S, self.d, self.state
@@ -183,10 +191,17 @@ class _BatchedIterations:
         self.rr = rr
 
     def run(self, budget: int) -> tuple[int, str | None]:
-        for _ in range(min(budget, self.check_every)):
-            self._replay()
+        batch = min(budget, self.check_every)
+        if self.resident is not None:
+            self.S.phases.mark(None)  # the kernel's time is split by its own clock, not by the stream's events
+            self.resident.run(batch)
+        else:
+            for _ in range(batch):
+                self._iteration()
         s = self.d.read_state(self.state)  # the one wait of a batch
         done = int(s[cg.ITERATIONS]) - self._iterations
+        if self.resident is not None:
+            self.resident.count(done)
         self._iterations = int(s[cg.ITERATIONS])
         self.rr = float(s[cg.RR])
         flags = int(s[cg.FLAGS])
@@ -206,15 +221,15 @@ class _BatchedIterations:
 
 
 def solve(precise: WilsonOperator, b: Any, tol: float, niter: int, sloppy: WilsonOperator | None = None,
-          delta: float = DEFAULT_DELTA, progress: Any = None, phases: Any = None, check_every: int | None = None,
-          graph: bool = True) -> SolveResult:
+          delta: float = DEFAULT_DELTA, progress: Any = None, phases: Any = None,
+          check_every: int | None = None) -> SolveResult:
     """Collective: solve ``M x = b`` for a local source ``b`` (T, Z, Y, X, 4, 3) to ``|b - M x| / |b| <= tol``.
 
     ``precise`` keeps the solution and computes the true residuals; ``sloppy`` (default: the same) runs the
     iterations. ``check_every`` (an int) runs the device-resident CG, which looks at its scalars every that
-    many iterations (``graph``: as CUDA graphs where it can); None the host-driven one. ``phases``
-    (``precise.new_phases()``) receives the time split (not inside CUDA graphs). Does not raise on
-    non-convergence: the result says ``converged=False``."""
+    many iterations (as one resident kernel where the halos need no host); None the host-driven one. ``phases``
+    (``precise.new_phases()``) receives the time split (the resident kernel's from its own clock). Does not
+    raise on non-convergence: the result says ``converged=False``."""
     P = precise
     S = sloppy or precise
     check_sloppy(P.precision, S.precision)
@@ -222,6 +237,14 @@ def solve(precise: WilsonOperator, b: Any, tol: float, niter: int, sloppy: Wilso
         from ...errors import ConfigError
 
         raise ConfigError(f"--check-every {check_every} must be at least 1")
+    if S is P:
+        delta = 0.0                  # one precision: a reliable update only where the iterated residual converged
+    # The iterations' fields and (collective) machinery before the clock starts.
+    x_s, r_s, p, ap = S.zeros(), S.zeros(), S.zeros(), S.zeros()
+    if check_every is None:
+        it: Any = _HostIterations(S, x_s, r_s, p, ap, delta)
+    else:
+        it = _BatchedIterations(S, x_s, r_s, p, ap, delta, check_every, timed=phases is not None)
     waits0 = P.halo_wait_seconds + (S.halo_wait_seconds if S is not P else 0.0)
     P.world.barrier()
     P.synchronize()
@@ -237,16 +260,10 @@ def solve(precise: WilsonOperator, b: Any, tol: float, niter: int, sloppy: Wilso
     rhs2 = P.norm2(rhs)
     work = (P.zeros(), P.zeros(), P.zeros())
     y, r, ay = P.zeros(), rhs.copy(), P.zeros()
-    x_s, r_s, ap = S.zeros(), S.convert(r, P), S.zeros()
-    p = r_s.copy()
+    r_s[...] = S.convert(r, P)
+    p[...] = r_s
     S.pack(p, EVEN, False)
-    if S is P:
-        delta = 0.0                  # one precision: a reliable update only where the iterated residual converged
-    if check_every is None:
-        it: Any = _HostIterations(S, x_s, r_s, p, ap, delta)
-    else:
-        it = _BatchedIterations(S, x_s, r_s, p, ap, delta, check_every, graph)
-    timing = phases is not None and not it.graph  # CUDA graphs are timed whole
+    timing = phases is not None
     if timing:
         for op in {id(P): P, id(S): S}.values():
             op.time_phases(phases)
@@ -307,6 +324,8 @@ def solve(precise: WilsonOperator, b: Any, tol: float, niter: int, sloppy: Wilso
     P.synchronize()
     seconds = time.perf_counter() - t0
     split = phases.totals() if timing else {}
+    for name, sec in (it.device_split() if timing and it.resident is not None else {}).items():
+        split[name] = split.get(name, 0.0) + sec
     if timing:
         for op in {id(P): P, id(S): S}.values():
             op.time_phases(NO_PHASES)
@@ -323,4 +342,4 @@ def solve(precise: WilsonOperator, b: Any, tol: float, niter: int, sloppy: Wilso
     return SolveResult(x=P.join(y, x_o), converged=converged, iterations=iterations, iterated_residual=iterated,
                        true_residual=true, seconds=seconds, halo_wait_seconds=waits, reliable_updates=updates,
                        tol=tol, niter=niter, history=history, phase_seconds=split,
-                       loop="host" if check_every is None else ("device graph" if it.graph else "device"))
+                       loop="host" if check_every is None else ("device resident" if it.resident else "device"))

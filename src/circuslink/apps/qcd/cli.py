@@ -124,9 +124,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           f"{DEFAULT_DELTA}, QUDA's)")
     inv.add_argument("--cg", choices=("host", "device"), default="host",
                      help="host: the host reads alpha, beta and |r|^2 at every reduction (default); device: they "
-                          "stay on the device (global sums by the device collectives; on the cpu back-end the same "
-                          "algorithm with the host collectives), the host looks every --check-every iterations, "
-                          "and each iteration is a CUDA graph where its halos need no host (one rank, rma-device)")
+                          "stay on the device (global sums on the device; on the cpu back-end the same algorithm with "
+                          "the host collectives), the host looks every --check-every iterations, and those "
+                          "iterations are one resident kernel where the halos need no host (one rank, rma-device)")
     inv.add_argument("--check-every", type=positive_int, default=10,
                      help="--cg device: iterations between the host's looks at the residual (default 10)")
     inv.add_argument("--tol", type=positive_float, default=1e-7,
@@ -468,7 +468,7 @@ def _invert(world: Any, args: argparse.Namespace, plan: dict) -> str | None:
             results_file = results.Results("qcd-invert", world)
             face_bytes = 6 * np.dtype(PRECISIONS[sloppy_prec]).itemsize * lattice.face_total  # 12 reals a site
             per_phase = {f"{n}_us": v / res.iterations * 1e6 if res.iterations else 0.0 for n, v in split.items()}
-            if not split:  # not marked (--no-split, or CUDA graphs, which are timed whole)
+            if not split:  # not marked (--no-split)
                 per_phase = dict.fromkeys((f"{n}_us" for n in PHASES), None)
             results_file.add(impl=args.halo if lattice.face_total else "none", bytes=int(face_bytes),
                              grid=fmt(plan["grid"]), local=fmt(plan["local"]), lattice=fmt(plan["global"]),

@@ -21,8 +21,8 @@
 // (dagger: the signs flip), DeGrand-Rossi gammas g_mu = ((0, A_mu), (A_mu^dagger, 0)) with A_x = i s1,
 // A_y = -i s2, A_z = i s3, A_t = 1. The half spinor of (1 + s g_mu) psi is h = psi_up + s A_mu psi_down
 // (2 spins x 3 colours = 12 reals); the lower half is s A_mu^dagger h.
-#include <circuslink/collectives.cuh>
 #include <circuslink/detail/sync.cuh>
+#include <circuslink/grid.cuh>
 #include <circuslink/qcd/dslash_types.cuh>
 #include <circuslink/rma.cuh>
 
@@ -132,6 +132,17 @@ QCD_HD void store_spinor(double* f, int vh, int i, const Spinor<double>& s) {
     q.x = s.c[k].re;
     q.y = s.c[k].im;
     v[(unsigned long long)k * vh + i] = q;
+  }
+}
+
+// A field that a hop reads: through the read-only cache (kLdg), or - inside the resident CG kernel, where
+// the field was written earlier in the same launch by other blocks - with plain loads.
+template <bool kLdg, typename R>
+QCD_HD void load_field(const R* f, int vh, int i, Spinor<R>& s) {
+  if (kLdg) {
+    load_spinor(f, vh, i, s);
+  } else {
+    load_spinor_rw(f, vh, i, s);
   }
 }
 
@@ -286,7 +297,7 @@ QCD_HD bool partitioned(const DslashArgs& A, int mu) { return (A.partitioned >> 
 
 // -- the hop --------------------------------------------------------------------------------------------
 // Every hop of site `cb` whose neighbour lives on this rank (all of them when nothing is partitioned).
-template <typename R>
+template <typename R, bool kLdg = true>
 QCD_HD void interior_site(const DslashArgs& A, int cb) {
   const R* in = static_cast<const R*>(A.in);
   const R* gauge = static_cast<const R*>(A.gauge);
@@ -306,7 +317,7 @@ QCD_HD void interior_site(const DslashArgs& A, int cb) {
         int n[4] = {s.c[0], s.c[1], s.c[2], s.c[3]};
         n[mu] = edge ? 0 : s.c[mu] + 1;
         Spinor<R> psi;
-        load_spinor(in, A.vh, checkerboard_index(A, n), psi);
+        load_field<kLdg>(in, A.vh, checkerboard_index(A, n), psi);
         Half<R> h, uh;
         project(mu, s_up, psi, h);
         if (edge && A.fwd_sign[mu] < 0) {  // crossed the antiperiodic t boundary (the local wrap)
@@ -326,7 +337,7 @@ QCD_HD void interior_site(const DslashArgs& A, int cb) {
         n[mu] = edge ? L - 1 : s.c[mu] - 1;
         const int nb = checkerboard_index(A, n);
         Spinor<R> psi;
-        load_spinor(in, A.vh, nb, psi);
+        load_field<kLdg>(in, A.vh, nb, psi);
         Half<R> h, uh;
         project(mu, -s_up, psi, h);
         if (edge && A.bwd_sign[mu] < 0) {
@@ -344,7 +355,7 @@ QCD_HD void interior_site(const DslashArgs& A, int cb) {
   const R b = R(A.b);
   if (A.has_x) {
     Spinor<R> x;
-    load_spinor(static_cast<const R*>(A.x), A.vh, cb, x);
+    load_field<kLdg>(static_cast<const R*>(A.x), A.vh, cb, x);
     const R a = R(A.a);
 #pragma unroll
     for (int k = 0; k < 12; ++k) out.c[k] = a * x.c[k] + b * acc.c[k];
@@ -418,13 +429,13 @@ QCD_HD void exterior_site(const DslashArgs& A, int cb) {
   if (A.emit >= 0) emit_faces(A, s, cb, p, A.emit, o);
 }
 
-template <typename R>
+template <typename R, bool kLdg = true>
 QCD_HD void xpay_pack_site(const DslashArgs& A, int cb, double beta_) {
   Spinor<R> p;
   R* out = static_cast<R*>(A.out);
   if (A.has_x) {  // p = x + beta p
     Spinor<R> x;
-    load_spinor(static_cast<const R*>(A.x), A.vh, cb, x);
+    load_field<kLdg>(static_cast<const R*>(A.x), A.vh, cb, x);
     load_spinor_rw(out, A.vh, cb, p);
     const R beta = R(beta_);
 #pragma unroll
@@ -491,7 +502,9 @@ __device__ __forceinline__ void device_driven(const DslashArgs& I, const DslashA
 // -- reductions: sum over blocks by the last block to finish ------------------------------------------
 constexpr int kReduceThreads = 256;
 
-__device__ __forceinline__ void finish_sum(double v, double* partial, unsigned int* done, double* result) {
+// Every thread of every block brings its part v; true on thread 0 of the last block to finish, which gets
+// the total (the block sums added in block order: the same total whatever order the blocks finish in).
+__device__ __forceinline__ bool block_total(double v, double* partial, unsigned int* done, double& total) {
   __shared__ double sums[kReduceThreads / 32];
   __shared__ bool last;
   for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
@@ -505,13 +518,18 @@ __device__ __forceinline__ void finish_sum(double v, double* partial, unsigned i
     last = atomicAdd(done, 1u) == gridDim.x - 1;
   }
   __syncthreads();
-  if (last && threadIdx.x == 0) {
-    __threadfence();
-    double t = 0;
-    for (unsigned int b = 0; b < gridDim.x; ++b) t += static_cast<volatile double*>(partial)[b];
-    *result = t;
-    *done = 0;  // ready for the next launch
-  }
+  if (!(last && threadIdx.x == 0)) return false;
+  __threadfence();
+  double t = 0;
+  for (unsigned int b = 0; b < gridDim.x; ++b) t += static_cast<volatile double*>(partial)[b];
+  total = t;
+  *done = 0;  // ready for the next reduction
+  return true;
+}
+
+__device__ __forceinline__ void finish_sum(double v, double* partial, unsigned int* done, double* result) {
+  double t;
+  if (block_total(v, partial, done, t)) *result = t;
 }
 
 template <typename R>
@@ -545,7 +563,7 @@ __device__ __forceinline__ void axpy_norm(R* x, R* r, const R* p, const R* ap, d
 QCD_HD void cg_scalar_step(double* s, int step, double delta2) {
   int flags = static_cast<int>(s[kCgFlags]);
   const double g = s[kCgLocal];
-  const int frozen = kCgConverged | kCgStalled;
+  const int frozen = kCgFrozen;
   if (step == 0) {
     if (flags & frozen) {
       s[kCgFlags] = static_cast<double>(flags | kCgSkip);
@@ -568,23 +586,178 @@ QCD_HD void cg_scalar_step(double* s, int step, double delta2) {
   s[kCgFlags] = static_cast<double>(flags);
 }
 
+namespace {
+
+// -- the resident CG: the global sums, and an iteration inside one launch --------------------------------
+// A sum over ranks of one double, by thread 0 of one block. Each rank's buffer (symmetric memory, mapped by
+// every rank) holds two banks of one slot per rank: {value, sequence number}. Sum number q writes my part
+// into slot `rank` of bank q & 1 of every rank's buffer (the value, then the number with a system-scope
+// release), waits until every slot of bank q & 1 of mine carries q, and adds them in rank order, so every
+// rank gets bitwise the same total. Two banks suffice: a rank writes its part of sum q + 2 only after it has
+// read every part of sum q + 1, which every rank writes only after it has read all of sum q. Bounded: a
+// part that does not come records the rank it waited for.
+__device__ bool rank_sum(const CgResidentArgs& A, const volatile unsigned int* abort, double& value) {
+  if (A.size <= 1) return true;
+  // (volatile: the previous sum's last block, which wrote the count, may have run on another SM)
+  const unsigned long long q = *static_cast<volatile unsigned long long*>(A.seq) + 1ull;
+  *static_cast<volatile unsigned long long*>(A.seq) = q;
+  const unsigned long long bank = (q & 1ull) * static_cast<unsigned long long>(A.size);
+  for (int r = 0; r < A.size; ++r) {
+    unsigned long long* slot = A.peers[r] + 2ull * (bank + A.rank);
+    detail::st_relaxed_u64(slot, static_cast<unsigned long long>(__double_as_longlong(value)));
+    detail::st_release_sys_u64(slot + 1, q);
+  }
+  const unsigned long long* mine = A.peers[A.rank];
+  double total = 0.0;
+  for (int r = 0; r < A.size; ++r) {
+    const unsigned long long* slot = mine + 2ull * (bank + r);
+    detail::Deadline deadline = detail::Deadline::after(A.timeout_ns, abort);
+    if (!detail::spin_until([&] { return detail::ld_relaxed_u64(slot + 1) >= q; }, deadline)) {
+      A.status[1] = r;
+      atomicExch(A.status, kCgSumFailed);
+      return false;
+    }
+    (void)detail::ld_acquire_sys_u64(slot + 1);
+    total += __longlong_as_double(static_cast<long long>(detail::ld_relaxed_u64(slot)));
+  }
+  value = total;
+  return true;
+}
+
+// Block sums of v, then (the last block to finish) the sum over ranks into s[kCgLocal] and the scalars' step.
+// The caller's grid barrier makes the new scalars visible to every block.
+__device__ __forceinline__ void reduce_step(const CgResidentArgs& A, const volatile unsigned int* abort, double v,
+                                            int step) {
+  double total;
+  if (!block_total(v, A.partial, A.done, total)) return;
+  if (!rank_sum(A, abort, total)) return;
+  A.s[kCgLocal] = total;
+  cg_scalar_step(A.s, step, A.delta2);
+}
+
+__device__ __forceinline__ int flags_of(const double* s) {
+  return static_cast<int>(static_cast<const volatile double*>(s)[kCgFlags]);
+}
+
+// Block 0's clock: the time since its last lap goes to `phase`. Block 0 drives the halos and waits at every
+// grid barrier, so its laps add up to the launch's whole time.
+struct Laps {
+  unsigned long long* ns;
+  unsigned long long since;
+  __device__ __forceinline__ void lap(int phase) {
+    if (ns == nullptr) return;
+    const unsigned long long now = detail::globaltimer_ns();
+    ns[phase] += now - since;
+    since = now;
+  }
+};
+
+template <typename R>
+__device__ void cg_resident(const CgResidentArgs& A, const GridBarrier& bar, RmaHandle q) {
+  const int first = blockIdx.x * blockDim.x + threadIdx.x, stride = gridDim.x * blockDim.x;
+  Laps laps{blockIdx.x == 0 && threadIdx.x == 0 ? A.phase_ns : nullptr, 0ull};
+  if (laps.ns != nullptr) laps.since = detail::globaltimer_ns();
+  const volatile int* status = A.status;
+  __shared__ int ok;
+  R* x = static_cast<R*>(A.x);
+  R* r = static_cast<R*>(A.r);
+  const R* p = static_cast<const R*>(A.p);
+  const R* ap = static_cast<const R*>(A.ap);
+  for (int it = 0; it < A.iterations; ++it) {
+    if (flags_of(A.s) & kCgFrozen) break;  // the same decision on every block and every rank
+    // A p = M_pc^dagger M_pc p: four hops, each interior first while block 0 moves the faces, then the
+    // exterior once they have landed. Fields written in this launch are read with plain loads.
+    for (int h = 0; h < 4; ++h) {
+      const DslashArgs& I = A.hops[h];
+      if (A.halo) {
+        if (blockIdx.x == 0) {
+          const bool started = rma_start(q);
+          if (threadIdx.x == 0) ok = started;
+          laps.lap(kPhaseHalo);
+        }
+        for (int cb = first; cb < I.vh; cb += stride) interior_site<R, false>(I, cb);
+        if (blockIdx.x == 0) {
+          laps.lap(kPhaseDslash);
+          __syncthreads();
+          const bool arrived = ok && rma_wait(q);
+          if (!arrived && threadIdx.x == 0) atomicExch(A.status, kCgHaloFailed);
+        }
+        if (!grid_sync(bar)) {
+          if (threadIdx.x == 0) atomicExch(A.status, kCgBarrierFailed);
+          return;
+        }
+        laps.lap(kPhaseHalo);
+        if (*status != kCgOk) return;  // every block sees it after the barrier
+        const DslashArgs& E = A.hops[4 + h];
+        for (int j = first; j < E.n_sites; j += stride) exterior_site<R>(E, E.sites[j]);
+      } else {
+        for (int cb = first; cb < I.vh; cb += stride) interior_site<R, false>(I, cb);
+      }
+      if (!grid_sync(bar)) {
+        if (threadIdx.x == 0) atomicExch(A.status, kCgBarrierFailed);
+        return;
+      }
+      laps.lap(kPhaseDslash);
+    }
+    // <p, A p>, summed over ranks: alpha.
+    double v = 0.0;
+    for (long long i = first; i < A.n; i += stride) v += (double)p[i] * (double)ap[i];
+    reduce_step(A, bar.abort, v, 0);
+    if (!grid_sync(bar) || *status != kCgOk) {
+      if (threadIdx.x == 0 && *status == kCgOk) atomicExch(A.status, kCgBarrierFailed);
+      return;
+    }
+    laps.lap(kPhaseReduction);
+    // x += alpha p, r -= alpha A p, |r|^2 summed over ranks: beta, the count and the flags.
+    const R alpha = R(static_cast<const volatile double*>(A.s)[kCgAlpha]);
+    v = 0.0;
+    for (long long i = first; i < A.n; i += stride) {
+      x[i] += alpha * p[i];
+      const R ri = r[i] - alpha * ap[i];
+      r[i] = ri;
+      v += (double)ri * (double)ri;
+    }
+    laps.lap(kPhaseVector);
+    reduce_step(A, bar.abort, v, 1);
+    if (!grid_sync(bar) || *status != kCgOk) {
+      if (threadIdx.x == 0 && *status == kCgOk) atomicExch(A.status, kCgBarrierFailed);
+      return;
+    }
+    laps.lap(kPhaseReduction);
+    // p = r + beta p and its faces for the next iteration's first hop (skipped once frozen at its start).
+    if (!(flags_of(A.s) & kCgSkip)) {
+      const DslashArgs& P = A.hops[8];
+      const double beta = static_cast<const volatile double*>(A.s)[kCgBeta];
+      for (int cb = first; cb < P.vh; cb += stride) xpay_pack_site<R, false>(P, cb, beta);
+    }
+    if (!grid_sync(bar)) {
+      if (threadIdx.x == 0) atomicExch(A.status, kCgBarrierFailed);
+      return;
+    }
+    laps.lap(kPhaseVector);
+  }
+}
+
+}  // namespace
+
 }  // namespace qcd
 }  // namespace circuslink
 
 using circuslink::RmaHandle;
 using circuslink::qcd::DslashArgs;
 
-// The device-resident CG's reduction step: one block. Every rank passes the same `rings` (the low-latency
-// ring of a communicator of its own), so every rank computes bitwise the same scalars and flags.
-extern "C" __global__ void qcd_cg_scalars(circuslink::collectives::Rings rings, double* s, int step, double delta2,
-                                          int* status) {
-  if (!circuslink::collectives::allreduce_block(rings[0], s + circuslink::qcd::kCgLocal, 1ull,
-                                                circuslink::collectives::Sum())) {
-    if (threadIdx.x == 0) atomicExch(status, 1);
-    return;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) circuslink::qcd::cg_scalar_step(s, step, delta2);
+using circuslink::GridBarrier;
+using circuslink::qcd::CgResidentArgs;
+
+// The batched CG's reduction step where its halos need the host (so the iteration is a chain of launches):
+// one thread sums s[kCgLocal] over ranks as the resident kernel does, then steps the scalars. Every rank
+// computes bitwise the same scalars and flags.
+extern "C" __global__ void qcd_cg_scalars(CgResidentArgs A, int step, const unsigned int* abort) {
+  if (threadIdx.x != 0) return;
+  double total = A.s[circuslink::qcd::kCgLocal];
+  if (!circuslink::qcd::rank_sum(A, abort, total)) return;
+  A.s[circuslink::qcd::kCgLocal] = total;
+  circuslink::qcd::cg_scalar_step(A.s, step, A.delta2);
 }
 
 // Registers: 256-thread blocks, at least MIN_BLOCKS of them per SM (double needs the cap to keep 2 blocks).
@@ -631,6 +804,11 @@ extern "C" __global__ void qcd_cg_scalars(circuslink::collectives::Rings rings, 
     if (static_cast<int>(s[kCgFlags]) & kCgSkip) return;                                                       \
     const int j = blockIdx.x * blockDim.x + threadIdx.x;                                                      \
     if (j < A.vh) xpay_pack_site<R>(A, j, s[kCgBeta]);                                                         \
+  }                                                                                                            \
+  /* The resident CG: up to A.iterations iterations in one co-resident launch (launch_resident). */          \
+  extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS)                                                \
+      qcd_cg_resident_##SUFFIX(CgResidentArgs A, GridBarrier bar, RmaHandle q) {                              \
+    circuslink::qcd::cg_resident<R>(A, bar, q);                                                                \
   }
 
 QCD_KERNELS(f, float, 3)

@@ -50,9 +50,39 @@ enum CgSlot : int {
 };
 enum CgFlag : int {
   kCgConverged = 1,   // |r|^2 <= stop: the CG freezes (alpha = 0, p kept) until the host looks
-  kCgDue = 2,         // |r|^2 < delta^2 max |r|^2: a reliable update is due at the host's next look
+  kCgDue = 2,         // |r|^2 < delta^2 max |r|^2: frozen until the host's next look makes the reliable update
   kCgStalled = 4,     // <p, Ap> <= 0: frozen; the host restarts from the true residual
   kCgSkip = 8,        // this iteration began frozen: its p = r + beta p is skipped
+  kCgFrozen = kCgConverged | kCgDue | kCgStalled,
+};
+
+// The resident CG kernel's arguments (qcd_cg_resident_*, by value; the host's table is
+// apps/qcd/_cuda.py, CG_RESIDENT_ARGS). One launch runs up to `iterations` CG iterations and ends early
+// once the scalars freeze: hops, halos (the rank's RMA queue, from block 0), reductions over ranks and
+// the vector updates all happen inside it, separated by grid barriers.
+enum CgPhase : int { kPhaseDslash = 0, kPhaseHalo = 1, kPhaseReduction = 2, kPhaseVector = 3, kPhases = 4 };
+enum CgStatus : int { kCgOk = 0, kCgHaloFailed = 1, kCgBarrierFailed = 2, kCgSumFailed = 3 };
+
+struct CgResidentArgs {
+  const DslashArgs* hops;             // device array of 9: the 4 hops' interiors, their exteriors, p = r + beta p
+  void* x;                            // the iterated increment, residual, direction and A p (the sloppy
+  void* r;                            // precision's reals, n of each)
+  const void* p;
+  const void* ap;
+  double* s;                          // the scalars (CgSlot)
+  double* partial;                    // one double per block (block sums of a reduction)
+  unsigned int* done;                 // blocks done with a reduction (the last one adds up; back to 0)
+  unsigned long long* phase_ns;       // kPhases accumulators on block 0's clock (globaltimer)
+  unsigned long long* const* peers;   // every rank's sum slots, mapped here (rank order; mine included)
+  unsigned long long* seq;            // this rank's count of global sums (every rank makes the same ones)
+  int* status;                        // [CgStatus, the rank a sum waited for]
+  long long n;                        // reals in one field
+  double delta2;                      // the reliable-update threshold squared
+  unsigned long long timeout_ns;      // a wait for a peer's part of a sum gives up after this long
+  int rank;
+  int size;
+  int iterations;                     // at most this many iterations in this launch
+  int halo;                           // 1: partitioned directions: the hops exchange faces through the queue
 };
 
 }  // namespace qcd
