@@ -140,6 +140,24 @@ def test_use_device_names_the_mps_pipe_when_the_gpu_stays_unavailable(monkeypatc
         _use_device(cp, 1, wait_s=0.3)
 
 
+def test_use_device_waits_the_longer_of_15_s_and_circuslink_timeout(monkeypatch):
+    """A client killed mid-kernel keeps the MPS server down past 15 s: the next job's ranks wait as long as the
+    job's own waits (CIRCUSLINK_TIMEOUT), never less than 15 s."""
+    from circuslink.backends import cuda
+
+    assert cuda._unavailable_wait_s({}) == 120.0
+    assert cuda._unavailable_wait_s({"CIRCUSLINK_TIMEOUT": "20"}) == 20.0
+    assert cuda._unavailable_wait_s({"CIRCUSLINK_TIMEOUT": "2"}) == 15.0
+    monkeypatch.setenv("CIRCUSLINK_TIMEOUT", "0.4")
+    monkeypatch.setattr(cuda, "_UNAVAILABLE_WAIT_S", 0.2)  # the floor, shortened so that the test is quick
+    cp, _ = fake_cupy(fail_times=10**6)
+    with pytest.raises(BackendError, match=r"GPU 0 is busy or unavailable to this process for 0.4 s "):
+        cuda._use_device(cp, 0)
+    monkeypatch.setenv("CIRCUSLINK_TIMEOUT", "0.1")
+    with pytest.raises(BackendError, match=r"GPU 0 is busy or unavailable to this process for 0.2 s "):
+        cuda._use_device(cp, 0)
+
+
 def test_use_device_passes_other_errors_through():
     from circuslink.backends.cuda import _use_device
 

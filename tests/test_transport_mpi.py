@@ -383,8 +383,9 @@ from circuslink import transport
 from circuslink.bench.pingpong import GRID_THREADS, KERNELS
 from circuslink.channels import protocol as P
 def say(*a): os.write(1, (" ".join(map(str, a)) + chr(10)).encode())
+LINK_TIMEOUT = 20  # every device wait on the relay's rings, and the progress threads' waits
 w = cl.init()
-eng = transport.open_relays(w, [(0, 2)], nslots=16, chunk=64 << 10, timeout=20, transport="mpi")
+eng = transport.open_relays(w, [(0, 2)], nslots=16, chunk=64 << 10, timeout=LINK_TIMEOUT, transport="mpi")
 if w.rank in (0, 2):
     role, link = (0, eng[2]) if w.rank == 0 else (1, eng[0])
     mod = cl.compile(KERNELS.read_text())
@@ -395,24 +396,31 @@ if w.rank in (0, 2):
                     (1 << 20, "grid")]:
         with stream:
             status = cp.ones(1, dtype=cp.int32)
-            times = cp.zeros(2, dtype=cp.uint64)
+            times = cp.zeros(3, dtype=cp.uint64)  # the warp forms also store their SM cycles in times[2]
             src = cp.random.RandomState(n).randint(0, 256, n, dtype=cp.uint8)
             dst = cp.zeros(n, dtype=cp.uint8)
             args = (tx, rx, src, dst, np.uint64(n), np.int32(role), np.int32(2), np.int32(20))
             if form == "grid":
                 blocks = max(1, min(most, 4))
                 mod.get_function("pingpong_grid")((blocks,), (GRID_THREADS,), args + (
-                    cp.zeros(2, dtype=cp.uint32), np.uint64(20 * 10**9), times, status))
+                    cp.zeros(2, dtype=cp.uint32), np.uint64(LINK_TIMEOUT * 10**9), times, status))
             else:
                 mod.get_function("pingpong_" + form)((1,), (64 if form == "warp2" else 32,), args + (times, status))
-        w.backend.wait_stream(stream, 60, lambda: f"device agents {form} {n} on rank {w.rank}")
-        link.device_error()
+        # Longer than the device waits, so that a stalled ring ends the kernel with its own error, raised naming
+        # the link, before the host gives up (and then the host's time-out names the link as well).
+        try:
+            w.backend.wait_stream(stream, 2 * LINK_TIMEOUT + 5,
+                                  lambda: f"device agents {form} {n} on rank {w.rank} ({link.describe()})")
+        finally:
+            link.device_error()
         assert int(status.get()[0]) == 1, (form, n)
         if role == 0:
             assert bool(cp.array_equal(src, dst).get()), (form, n)
-            t0, t1 = (int(v) for v in times.get())
+            t0, t1 = (int(v) for v in times.get()[:2])
             say("OK", form, n, f"{(t1 - t0) / 40 / 1e3:.2f} us one-way")
-w.barrier()
+# Ranks 1 and 3 wait here while 0 and 2 compile and measure (seconds when healthy): longer than a stalled ring
+# takes to end rank 0's or 2's kernel with an error naming the link, which must be the failure reported.
+w.barrier(timeout=120)
 eng.close()
 w.close()
 """

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .._config import default_timeout
 from .._wait import Deadline, wait_until
 from ..errors import BackendError, ConfigError, TimeoutError
 from ..memory import SymmetricBuffer
@@ -35,14 +36,26 @@ def _cupy():
     return cupy
 
 
-_UNAVAILABLE_WAIT_S = 15.0
+_UNAVAILABLE_WAIT_S = 15.0  # the least a new rank waits for a GPU that MPS reports busy or unavailable
 
 
-def _use_device(cp: Any, device: int, wait_s: float = _UNAVAILABLE_WAIT_S) -> None:
+def _unavailable_wait_s(env: dict[str, str] | None = None) -> float:
+    """How long a new rank waits for a GPU that MPS reports "busy or unavailable": the longer of 15 s and
+    CIRCUSLINK_TIMEOUT (``env``: default this process's). A killed client takes the MPS server down until the
+    server's other clients are gone, and those are the clients of a job that is itself ending on its own
+    waits, which CIRCUSLINK_TIMEOUT bounds; 15 s was too short after a client died mid-kernel (the next
+    job's ranks gave up while the old server was still being torn down, seen on an H200)."""
+    return max(_UNAVAILABLE_WAIT_S, default_timeout(env))
+
+
+def _use_device(cp: Any, device: int, wait_s: float | None = None) -> None:
     """Make ``device`` current. Under MPS a GPU is "busy or unavailable" to new clients for a while after
     a client was killed (its server is torn down, and the control daemon starts a new one once the old
     server's clients are gone: seen on an H100 after an MPI job aborted, 2026-11-24), so wait up to
-    ``wait_s`` for that before failing with one line that says so."""
+    ``wait_s`` (default :func:`_unavailable_wait_s`: the longer of 15 s and CIRCUSLINK_TIMEOUT) for that
+    before failing with one line that says so."""
+    if wait_s is None:
+        wait_s = _unavailable_wait_s()
     runtime = cp.cuda.runtime
     last: Exception | None = None
 
