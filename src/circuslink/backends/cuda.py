@@ -139,7 +139,10 @@ class CudaBackend(Backend):
         self.abort_ptr = rt.hostAlloc(8, rt.hostAllocMapped)
         self._abort = np.frombuffer((ctypes.c_uint32 * 2).from_address(self.abort_ptr), dtype=np.uint32)
         self._abort[:] = 0
-        self._cooperative = True  # launch_resident launches cooperatively until the driver says it cannot
+        # launch_resident launches cooperatively until the driver says it cannot; CIRCUSLINK_COOPERATIVE=0 makes
+        # it a plain launch of the checked grid (an A/B switch: with four ranks under MPS a persistent stencil
+        # grid was seen not to start until the other ranks' grids had ended).
+        self._cooperative = os.environ.get("CIRCUSLINK_COOPERATIVE", "1") != "0"
 
     def wait_stream(self, stream: Any, deadline: Deadline | float | None, what) -> None:
         """Wait, bounded, until ``stream`` has finished its work; on time-out set the abort word (every
