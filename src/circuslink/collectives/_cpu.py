@@ -17,7 +17,7 @@ from ..errors import ConfigError
 from . import _algorithms as alg
 from . import _layout as lay
 from ._ring import ChannelRing
-from ._select import choose, oneshot_max
+from ._select import oneshot_max, resolve
 from ._team import Team
 
 DEFAULT_STAGE_BYTES = 256 << 10  # two-shot pieces: Python copies, so a small stage costs little
@@ -50,21 +50,10 @@ class Collectives:
     def _ports(self) -> tuple[Any, Any, int]:
         return self.ring.right, self.ring.left, self.ring.piece
 
-    def algorithm(self, nbytes: int, wanted: str | None) -> str:
-        if wanted is None:
-            return choose(nbytes, self.size, self.team is not None)
-        if wanted != "ring" and self.team is None:
-            raise ConfigError(f"allreduce: algorithm={wanted!r} needs ranks that share memory; these do not "
-                              "(use 'ring')")
-        if wanted == "oneshot" and nbytes > lay.LL_MAX_BYTES:
-            raise ConfigError(f"allreduce: algorithm='oneshot' moves at most {lay.LL_MAX_BYTES} bytes per rank, "
-                              f"not {nbytes}")
-        return wanted
-
     def allreduce(self, array: np.ndarray, op: str, algorithm: str | None = None, bf16: bool = False) -> np.ndarray:
         right, left, piece = self._ports()
         alg.check_agreement(self.rank, self.size, right, left, "allreduce", array, op=op)
-        how = self.algorithm(array.nbytes, algorithm)
+        how = resolve(array.nbytes, self.size, self.team is not None, algorithm)
         if self.size == 1 or array.size == 0:
             return np.array(array, copy=True)
         if how == "oneshot":
@@ -106,7 +95,8 @@ class Collectives:
         raise ConfigError(f"device_handle() is for kernels, and the {self.world.backend.name} back-end runs none: "
                           "call comm.allreduce / broadcast / barrier")
 
-    device_team = device_handle
+    def device_team(self) -> np.void:
+        raise ConfigError(f"device_team() is for kernels, and the {self.world.backend.name} back-end runs none")
 
     def check(self) -> None:
         self.ring.check()

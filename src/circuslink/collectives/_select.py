@@ -17,6 +17,7 @@ NVLS switch from one-shot to two-shot.
 
 from __future__ import annotations
 
+from ..errors import ConfigError
 from ._layout import LL_MAX_BYTES
 
 ALGORITHMS = ("oneshot", "twoshot", "ring")
@@ -38,3 +39,14 @@ def choose(nbytes: int, nranks: int, shares_memory: bool) -> str:
     if not shares_memory:
         return "ring"
     return "oneshot" if nbytes <= oneshot_max(nranks) else "twoshot"
+
+
+def resolve(nbytes: int, nranks: int, shares_memory: bool, wanted: str | None) -> str:
+    """``wanted`` checked against what the ranks can run, or :func:`choose`'s pick when it is None."""
+    if wanted is None:
+        return choose(nbytes, nranks, shares_memory)
+    if wanted != "ring" and not shares_memory:
+        raise ConfigError(f"allreduce: algorithm={wanted!r} needs ranks that share memory; these do not (use 'ring')")
+    if wanted == "oneshot" and nbytes > LL_MAX_BYTES:
+        raise ConfigError(f"allreduce: algorithm='oneshot' moves at most {LL_MAX_BYTES} bytes per rank, not {nbytes}")
+    return wanted
