@@ -1,7 +1,8 @@
 """Every all-reduce algorithm (one-shot, two-shot, ring) and the shared-memory reduce-scatter,
 all-gather, broadcast and barrier, byte-exact against a numpy fold in the order each algorithm
 documents, at 2, 3, 4 and 8 ranks on the cpu back-end, with sizes that do not divide evenly and a
-small stage so that the two-shot runs in several pieces. bfloat16 (uint16 bit patterns) is checked
+small stage so that the two-shot runs in several pieces; on the GPU machine the same job runs the
+device kernels (collectives.cuh's Team forms) under MPS and must match the same numpy fold bitwise. bfloat16 (uint16 bit patterns) is checked
 against the round-to-nearest-even reference of ``_reduce``, and that reference against float64.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import on_backend
 
 from circuslink.collectives import _reduce as red
 from circuslink.collectives._algorithms import segments
@@ -25,6 +27,9 @@ r, n = w.rank, w.size
 seed = int(os.environ["CIRCUSLINK_TEST_SEED"])
 comm = collectives.Comm(w, stage_bytes=4096)        # two-shot pieces of 4 KiB: several per call
 DTYPES = ("float32", "float64", "bfloat16", "int32")
+
+def host(a):
+    return a.get() if hasattr(a, "get") else a
 
 def inputs(dtype, count, salt):
     g = [np.random.default_rng([seed, salt, q]) for q in range(n)]
@@ -50,19 +55,19 @@ for dtype in DTYPES:
             want = red.fold(op, xs, bf16)
             algos = ["twoshot", "ring"] + (["oneshot"] if xs[0].nbytes <= 64 << 10 else [])
             for algo in algos:
-                got = comm.allreduce(xs[r], op, algorithm=algo, dtype="bfloat16" if bf16 else None)
+                got = host(comm.allreduce(xs[r], op, algorithm=algo, dtype="bfloat16" if bf16 else None))
                 exp = ring_expected(xs, op, bf16) if algo == "ring" else want
                 assert got.dtype == xs[r].dtype and got.tobytes() == exp.tobytes(), (algo, dtype, count, op)
-            got = comm.allreduce(xs[r], op, dtype="bfloat16" if bf16 else None)   # picked by size
+            got = host(comm.allreduce(xs[r], op, dtype="bfloat16" if bf16 else None))   # picked by size
             assert got.tobytes() == want.tobytes(), ("auto", dtype, count, op)
     # reduce-scatter: block r of size equal blocks; all-gather; broadcast from the last rank
     count = 1001
     xs = inputs(dtype, count * n, 999)
-    got = comm.reduce_scatter(xs[r], "sum", dtype="bfloat16" if bf16 else None)
+    got = host(comm.reduce_scatter(xs[r], "sum", dtype="bfloat16" if bf16 else None))
     assert got.tobytes() == red.fold("sum", xs, bf16)[r * count:(r + 1) * count].tobytes(), dtype
-    got = comm.all_gather(xs[r][:count])
+    got = host(comm.all_gather(xs[r][:count]))
     assert got.tobytes() == np.concatenate([x[:count] for x in xs]).tobytes(), dtype
-    got = comm.broadcast(xs[r], root=n - 1)
+    got = host(comm.broadcast(xs[r], root=n - 1))
     assert got.tobytes() == xs[n - 1].tobytes(), dtype
 for _ in range(3):
     comm.barrier()
@@ -72,9 +77,10 @@ w.close()
 """
 
 
-@pytest.mark.parametrize("n", [2, 3, 4, 8])
-def test_every_algorithm_is_exact(spmd, n):
-    job = spmd(n, _BODY, job_timeout=600).check()
+@pytest.mark.parametrize("backend, n", [on_backend("cpu", n, id=f"cpu-{n}") for n in (2, 3, 4, 8)] + [
+    on_backend("cuda", n, id=f"cuda-{n}") for n in (2, 4, 8)])
+def test_every_algorithm_is_exact(spmd, backend, n):
+    job = spmd(n, _BODY, backend=backend, job_timeout=600).check()
     assert job.stdout.count("ok") == n
 
 
