@@ -7,6 +7,8 @@
   memory (the device image's MPI is not CUDA-aware). Collective; needs mpirun.
 * :func:`nvshmem_pingpong`: NVSHMEM put-with-signal, a small CUDA program
   (``nvshmem_pingpong.cu``) built with nvcc and run under mpirun. Called from one process.
+* :func:`nvshmem_allreduce`: NVSHMEM's float32 sum reductions on n PEs, on a stream and from a kernel
+  (``nvshmem_allreduce.cu``). Called from one process.
 
 NVLink multicast stays off in all of them (``NCCL_NVLS_ENABLE=0``, ``NVSHMEM_DISABLE_NVLS=1``).
 A baseline that cannot run returns rows with ``"skipped": "<reason>"`` (NCCL) or ``[]`` with a
@@ -19,7 +21,7 @@ from __future__ import annotations
 from ._common import MULTICAST_OFF, disable_multicast
 from ._mpi import mpi_pingpong
 from ._nccl import nccl_allreduce, nccl_grouped_sendrecv, nccl_pingpong
-from ._nvshmem import build_nvshmem_pingpong, nvshmem_pingpong
+from ._nvshmem import build_nvshmem_pingpong, nvshmem_allreduce, nvshmem_pingpong
 
 __all__ = [
     "MULTICAST_OFF",
@@ -29,5 +31,6 @@ __all__ = [
     "nccl_allreduce",
     "nccl_grouped_sendrecv",
     "nccl_pingpong",
+    "nvshmem_allreduce",
     "nvshmem_pingpong",
 ]

@@ -1,4 +1,5 @@
-"""NVSHMEM put-with-signal pingpong: build ``nvshmem_pingpong.cu`` with nvcc and run it under mpirun.
+"""NVSHMEM baselines: build ``nvshmem_pingpong.cu`` (put-with-signal pingpong, 2 PEs) or
+``nvshmem_allreduce.cu`` (float32 sum reductions, n PEs) with nvcc and run them under mpirun.
 
 Build (the image's NVSHMEM wheel, found by the one toolchain of ``circuslink.transport._build``), NV = the
 ``nvidia/nvshmem`` folder of site-packages (or ``NVSHMEM_HOME``)::
@@ -32,6 +33,7 @@ from ...transport import _build
 from ._common import MULTICAST_OFF, check_counts, check_sizes, fresh_seed
 
 SOURCE = Path(__file__).with_name("nvshmem_pingpong.cu")
+ALLREDUCE_SOURCE = Path(__file__).with_name("nvshmem_allreduce.cu")
 _ARCH = "sm_90a"
 _HEAP_SLACK = 64 << 20  # NVSHMEM's own allocations next to our two buffers
 # What identifies an enclosing job's rank to Open MPI / PMIx: a nested mpirun must not inherit it.
@@ -48,14 +50,14 @@ def find_nvshmem() -> Path:
     return _build.find_nvshmem()
 
 
-def build_command(output: Path) -> list[str]:
-    """The nvcc command that builds the baseline into ``output``."""
+def build_command(output: Path, source: Path = SOURCE) -> list[str]:
+    """The nvcc command that builds a baseline (``source``) into ``output``."""
     nv = _build.find_nvshmem()
     mpi_compile, mpi_link = _build.mpi_flags()
     return [
         _build.find_nvcc(), "-std=c++17", "-rdc=true", f"-arch={_ARCH}", "-O2",
         f"-I{nv / 'include'}", *mpi_compile,
-        str(SOURCE), "-o", str(output),
+        str(source), "-o", str(output),
         *_build.nvshmem_link_args(nv), *mpi_link,
     ]
 
@@ -80,15 +82,17 @@ def _job_env(nv: Path, max_bytes: int) -> dict[str, str]:
     return env
 
 
-def mpirun_command(binary: Path, args: Sequence[str], env: dict[str, str]) -> list[str]:
-    """``mpirun --allow-run-as-root -np 2 -x VAR ... BINARY ARGS`` for the two PEs."""
+def mpirun_command(binary: Path, args: Sequence[str], env: dict[str, str], npes: int = 2) -> list[str]:
+    """``mpirun --allow-run-as-root -np N -x VAR ... BINARY ARGS`` for the PEs (2 unless ``npes``)."""
     mpirun = shutil.which("mpirun", path=env.get("PATH"))
     if mpirun is None:
         raise BackendError("mpirun not found: the NVSHMEM baseline runs its 2 PEs under Open MPI's mpirun")
     exported = ["LD_LIBRARY_PATH", "NVSHMEM_BOOTSTRAP", "NVSHMEM_DISABLE_NVLS", "NCCL_NVLS_ENABLE",
                 "NVSHMEM_SYMMETRIC_SIZE"]
-    exported += [k for k in ("CUDA_VISIBLE_DEVICES", "NVSHMEM_DEBUG") if k in env]
-    cmd = [mpirun, "--allow-run-as-root", "-np", "2"]
+    exported += [k for k in ("CUDA_VISIBLE_DEVICES", "NVSHMEM_DEBUG", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") if k in env]
+    cmd = [mpirun, "--allow-run-as-root", "-np", str(npes)]
+    if npes > 2:
+        cmd.append("--oversubscribe")  # PEs share the GPU (and, where there are few, the cores)
     for name in exported:
         cmd += ["-x", name]
     return [*cmd, str(binary), *args]
@@ -155,6 +159,40 @@ def nvshmem_pingpong(
             f"messages={messages}", f"bytes_per_sample={bytes_per_sample}", f"seed={fresh_seed()}",
             f"thread_max={thread_max}", f"modes={','.join(modes)}"]
     cmd = mpirun_command(binary, args, env)
+    return _run_program("nvshmem_pingpong", binary, cmd, env, timeout)
+
+
+def nvshmem_allreduce(sizes: Iterable[int], npes: int, iters: int, warmup: int, samples: int = 10,
+                      forms: Sequence[str] = ("stream", "device"), bytes_per_sample: int = 1 << 30,
+                      out_dir: str | os.PathLike | None = None, timeout: float | None = None) -> list[dict]:
+    """NVSHMEM's float32 sum reductions on ``npes`` PEs (``nvshmem_allreduce.cu``); called from ONE process.
+
+    Rows: ``{"impl": "nvshmem-reduce-stream"`` (``nvshmemx_float_sum_reduce_on_stream``, event-timed) or
+    ``"nvshmem-reduce-device"`` (``nvshmemx_float_sum_reduce_block`` called from a kernel after a device-side
+    barrier, %globaltimer-timed), ``"bytes", "count", "nranks", "time_us"`` (median over ``samples`` of the
+    slowest PE's time per operation), ``"min_time_us", "algbw_GBps", "busbw_GBps", "iters", "samples",
+    "verified"}``. Under MPS every PE gets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / npes (NVSHMEM runs
+    collectives only then: "not supported with limited MPG" otherwise). Raises as :func:`nvshmem_pingpong`.
+    """
+    sizes = check_sizes(sizes, "nvshmem_allreduce")
+    check_counts(iters, warmup, "nvshmem_allreduce")
+    if isinstance(npes, bool) or not isinstance(npes, int) or npes < 1:
+        raise ConfigError(f"nvshmem_allreduce: npes must be a positive integer, got {npes!r}")
+    if not forms or any(f not in ("stream", "device") for f in forms):
+        raise ConfigError(f"nvshmem_allreduce: forms must be some of 'stream', 'device', got {list(forms)!r}")
+    nv = find_nvshmem()
+    binary = _build.build_cached("baselines", "nvshmem_allreduce", ALLREDUCE_SOURCE,
+                                 lambda out: build_command(out, ALLREDUCE_SOURCE), suffix="", what="nvcc",
+                                 folder=Path(out_dir) if out_dir else None)
+    env = _job_env(nv, max(sizes))
+    env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, 100 // npes))
+    args = [f"sizes={','.join(map(str, sizes))}", f"iters={iters}", f"warmup={warmup}", f"samples={samples}",
+            f"bytes_per_sample={bytes_per_sample}", f"forms={','.join(forms)}"]
+    return _run_program("nvshmem_allreduce", binary, mpirun_command(binary, args, env, npes), env, timeout)
+
+
+def _run_program(name: str, binary: Path, cmd: list[str], env: dict[str, str], timeout: float | None) -> list[dict]:
+    """Run a baseline program to its end (bounded), keep its log, and return its JSON rows."""
     deadline = Deadline.after(timeout)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
@@ -167,36 +205,36 @@ def nvshmem_pingpong(
         _, done = parse_output(stdout or "")
         last = f"{done[-1]['impl']} {done[-1]['bytes']} B" if done else "nothing"
         raise TimeoutError(
-            f"nvshmem_pingpong (2 PEs under mpirun) did not finish within {deadline.limit:g} s; last finished: {last}"
-            f"{_tail(stderr)}"
+            f"{name} (under mpirun) did not finish within {deadline.limit:g} s; last finished: {last}"
+            f"{_tail(stderr, name=name)}"
         ) from None
-    _save_log(binary.parent, cmd, stdout, stderr)
+    _save_log(binary.parent, name, cmd, stdout, stderr)
     if proc.returncode != 0:
-        raise BackendError(f"nvshmem_pingpong failed (exit code {proc.returncode}){_tail(stderr, stdout)}"
-                           f" (full output in {binary.parent / 'nvshmem_pingpong.log'})")
+        raise BackendError(f"{name} failed (exit code {proc.returncode}){_tail(stderr, stdout, name=name)}"
+                           f" (full output in {binary.parent / (name + '.log')})")
     info, rows = parse_output(stdout)
     if not rows:
-        raise BackendError(f"nvshmem_pingpong printed no results{_tail(stderr, stdout)}")
+        raise BackendError(f"{name} printed no results{_tail(stderr, stdout, name=name)}")
     for row in rows:
         if info.get("nvshmem_header_version"):
             row["nvshmem_version"] = info["nvshmem_header_version"]
     return rows
 
 
-def _save_log(folder: Path, cmd: Sequence[str], stdout: str, stderr: str) -> None:
+def _save_log(folder: Path, name: str, cmd: Sequence[str], stdout: str, stderr: str) -> None:
     """Keep the last run's full output next to the binary (NVSHMEM's warnings explain odd figures)."""
     try:
-        (folder / "nvshmem_pingpong.log").write_text(
+        (folder / f"{name}.log").write_text(
             "$ " + " ".join(cmd) + "\n--- stdout\n" + (stdout or "") + "--- stderr\n" + (stderr or "")
         )
     except OSError:
         pass  # the log is a convenience; the result or the error already reached the caller
 
 
-def _tail(*texts: str | None, lines: int = 8) -> str:
+def _tail(*texts: str | None, lines: int = 8, name: str = "nvshmem_pingpong") -> str:
     """The program's own error lines if any, else the last lines of its output."""
     all_lines = [ln for t in texts if t for ln in t.strip().splitlines()]
-    ours = [ln for ln in all_lines if ln.startswith("nvshmem_pingpong:")]
+    ours = [ln for ln in all_lines if ln.startswith(name + ":")]
     chosen = ours or all_lines[-lines:]
     return (": " + " | ".join(chosen[:lines])) if chosen else ""
 
