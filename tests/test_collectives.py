@@ -502,13 +502,19 @@ def test_bench_allreduce_cpu(tmp_path):
 
     env = dict(os.environ, CIRCUSLINK_TIMEOUT="60")
     proc = subprocess.run([sys.executable, "-m", "circuslink", "bench", "allreduce", "--backend", "cpu", "-n", "3",
-                           "--sizes", "8,4K", "--iters", "2", "--warmup", "1", "--json", str(tmp_path / "r.json"),
+                           "--sizes", "8,4K", "--iters", "2", "--warmup", "1", "--samples", "10",
+                           "--json", str(tmp_path / "r.json"),
                            "--trace", str(tmp_path / "t.json")], capture_output=True, text=True, timeout=170,
                           cwd=str(tmp_path), env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads((tmp_path / "r.json").read_text())
-    assert res["nranks"] == 3 and res["backend"] == "cpu" and [r["bytes"] for r in res["rows"]] == [8, 4096]
-    assert all(r["verified"] and r["impl"] == "channel" and r["iters"] == 2 for r in res["rows"])
+    assert res["nranks"] == 3 and res["backend"] == "cpu"
+    assert sorted((r["bytes"], r["impl"]) for r in res["rows"]) == [
+        (b, a) for b in (8, 4096) for a in ("oneshot", "ring", "twoshot")]
+    assert all(r["verified"] and r["iters"] == 2 and r["samples"] == 10 for r in res["rows"])
+    assert all(r["min_time_us"] <= r["time_us"] and r["busbw_GBps"] == r["algbw_GBps"] * 4 / 3 for r in res["rows"])
+    assert [r["impl"] for r in res["rows"] if r["picked"]] == ["oneshot", "oneshot"]  # the switch table at 3 ranks
+    assert [t["target"] for t in res["meta"]["targets"]][0] == "8 B <= 6x the relaxed floor"
     trace = json.loads((tmp_path / "t.json").read_text())
     spans = [e for e in trace["traceEvents"] if e.get("name") == "allreduce" and e["ph"] == "X"]
     assert sorted({e["pid"] for e in spans}) == [0, 1, 2] and len(spans) == 3 * 5  # 5 traced operations per rank
@@ -527,15 +533,15 @@ def test_bench_allreduce_refuses_a_wrong_result(monkeypatch, tmp_path):
                               "--json", str(tmp_path / "r.json")])
     real = collectives.Comm.allreduce
 
-    def off_by_one(self, array, op="sum"):
-        out = real(self, array, op)
+    def off_by_one(self, array, op="sum", **kw):
+        out = real(self, array, op, **kw)
         out[-1] += 1
         return out
 
     monkeypatch.setattr(collectives.Comm, "allreduce", off_by_one)
     w = cl.init(backend="cpu")
     try:
-        with pytest.raises(cl.ChannelError, match=r"allreduce of 64 B: wrong result on rank\(s\) \[0\]"):
+        with pytest.raises(cl.ChannelError, match=r"allreduce \(ring\) of 64 B: wrong result on rank\(s\) \[0\]"):
             bench._run(w, args)
     finally:
         w.close()

@@ -2,8 +2,9 @@
 all-gather, broadcast and barrier, byte-exact against a numpy fold in the order each algorithm
 documents, at 2, 3, 4 and 8 ranks on the cpu back-end, with sizes that do not divide evenly and a
 small stage so that the two-shot runs in several pieces; on the GPU machine the same job runs the
-device kernels (collectives.cuh's Team forms) under MPS and must match the same numpy fold bitwise. bfloat16 (uint16 bit patterns) is checked
-against the round-to-nearest-even reference of ``_reduce``, and that reference against float64.
+device kernels (collectives.cuh's Team forms) under MPS and must match the same numpy fold bitwise.
+bfloat16 (uint16 bit patterns) is checked against the round-to-nearest-even reference of ``_reduce``,
+and that reference against its definition (no nearer bfloat16, ties to even, NaN kept).
 """
 
 from __future__ import annotations

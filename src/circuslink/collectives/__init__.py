@@ -73,6 +73,12 @@ class Comm(Resource):
                                                                                stage_bytes)
         self._register(world)
 
+    @property
+    def shares_memory(self) -> bool:
+        """Whether this communicator's ranks map each other's memory (the one-shot / two-shot algorithms and
+        :meth:`device_team`); otherwise every collective runs over the rings."""
+        return self._impl.team is not None
+
     # -- host API --------------------------------------------------------------------------------
     def allreduce(self, array: Any, op: str = "sum", algorithm: str | None = None, dtype: str | None = None) -> Any:
         """The element-wise reduction of every rank's ``array`` (a new array, same shape).
