@@ -90,6 +90,9 @@ class DeviceTeam:
         """Raise ChannelError naming the peer and slot of a wait that timed out (then the team is unusable:
         the ranks' call numbers disagree; close the Comm)."""
         err = [int(v) for v in self.error.get()]
+        if err[0] == 4:
+            raise ChannelError(f"{what} on rank {self.world.rank}: allreduce_stage was given more than the stage's "
+                               f"{self.handle['stage_bytes']} bytes (Comm(stage_bytes=...) sets it)")
         if err[0]:
             kind = lay.ERROR_KINDS.get(err[0], f"wait {err[0]}")
             where = f" (chunk {err[2]})" if err[0] == 2 else (f" (block {err[2]})" if err[0] == 3 else "")

@@ -31,7 +31,7 @@ COUNTER_GRID, COUNTER_BARRIER, COUNTER_CHUNK = 0, 2, 3
 COUNTERS = COUNTER_CHUNK + LL_CHUNKS
 # The error record (4 words): what timed out, the peer, the slot (LL chunk) and the call number.
 ERROR_WORDS = 4
-ERROR_KINDS = {1: "barrier flag", 2: "one-shot slot", 3: "grid barrier"}
+ERROR_KINDS = {1: "barrier flag", 2: "one-shot slot", 3: "grid barrier", 4: "stage"}
 
 
 def team_offsets(size: int, stage_bytes: int) -> dict[str, int]:

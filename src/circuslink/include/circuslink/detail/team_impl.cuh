@@ -305,6 +305,10 @@ __device__ bool allreduce_stage(const Team& t, unsigned long long n, Op op) {
   using detail::u64;
   T* mine = detail::stage_of<T>(t, t.rank);
   if (t.size == 1) return true;
+  if (n * sizeof(T) > t.stage_bytes) {  // a caller's error: say so rather than run past the stage
+    if (detail::grid_thread() == 0) detail::team_fail(t, kTeamErrorStage, t.rank, 0, 0);
+    return false;
+  }
   if (!detail::team_sync(t)) return false;
   u64 lo, hi;
   detail::team_segment(n, sizeof(T), t.size, t.rank, lo, hi);
