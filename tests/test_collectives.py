@@ -427,12 +427,16 @@ def test_kernels_compile_with_the_host_names(tmp_path):
     if nvcc is None:
         pytest.skip("needs nvcc")
     from circuslink.bench.allreduce import _LOOP_TYPES
-    from circuslink.collectives._cuda import C_TYPES, OP_TYPES, allreduce_kernel
+    from circuslink.collectives._cuda import C_TYPES, OP_TYPES, allreduce_kernel, team_kernel
 
     lines = [f'#include "{USER_KERNELS.with_name("instantiate.cu")}"']
-    # Two of the ten dtypes (the rest differ only in the C++ type name): nvcc takes ~5 s per dtype.
-    for name in ("int8", "float64"):
-        lines += [f"CL_INSTANTIATE_ALLREDUCE({C_TYPES[name]}, {allreduce_kernel(name, op)})" for op in OP_TYPES]
+    # Three of the eleven dtypes (the rest differ only in the C++ type name): nvcc takes ~5 s per dtype.
+    for name in ("int8", "float64", "bfloat16"):
+        t = C_TYPES[name]
+        lines += [f"CL_INSTANTIATE_ALLREDUCE({t}, {allreduce_kernel(name, op)})" for op in OP_TYPES]
+        lines += [f"CL_INSTANTIATE_TEAM_ALLREDUCE({t}, {team_kernel('allreduce', name, op)})" for op in OP_TYPES]
+        lines += [f"CL_INSTANTIATE_TEAM_REDUCE_SCATTER({t}, {team_kernel('reduce_scatter', name, op)})"
+                  for op in OP_TYPES]
     lines += [f"CL_INSTANTIATE_LOOP({t})" for t in _LOOP_TYPES.values()]
     src = tmp_path / "kernels.cu"
     src.write_text("\n".join(lines) + "\n")
@@ -637,6 +641,7 @@ def test_cuda_collectives_order_their_stream_after_the_callers(rng):
     coll.world = types.SimpleNamespace(size=4, rank=0, backend=backend)
     coll.status = _FakeStatus(cp)
     coll.ll_ring = coll.bw_ring = types.SimpleNamespace(channels=None)
+    coll.team = None  # the ring path (ranks that share no memory)
     rings = types.SimpleNamespace(handle=np.zeros((), np.uint64)[()], count=1)
     coll.ll = coll.bw = rings
 
