@@ -498,6 +498,43 @@ def test_device_api_in_users_kernels(spmd):
     assert job.stdout.count("ok") == 2
 
 
+@pytest.mark.gpu
+def test_team_in_users_kernels(spmd):
+    """comm.device_team() in a user's co-resident grid: an in-kernel all-reduce by size (one-shot, then two-shot
+    over a stage smaller than the message), the symmetric form on the stage, a reduce-scatter and barriers."""
+    job = spmd(2, f"""
+        import numpy as np, cupy as cp
+        import circuslink as cl
+        from circuslink import collectives
+        w = cl.init()
+        comm = collectives.Comm(w, stage_bytes=1 << 16)
+        assert comm.shares_memory
+        mod = cl.compile(open({str(USER_KERNELS)!r}).read(), name_expressions=["team_fused<float>"])
+        fn = mod.get_function("team_fused<float>")
+        stream = cp.cuda.Stream(non_blocking=True)
+        team = comm.device_team()
+        for n, m, grid in [(1000, 100, 1), (200_000, 16_000, 4)]:
+            x, y = cp.zeros(n, dtype=cp.float32), cp.zeros(m, dtype=cp.float32)
+            part = cp.zeros(n // w.size, dtype=cp.float32)
+            status = cp.zeros(1, dtype=cp.int32)
+            cp.cuda.get_current_stream().synchronize()
+            w.backend.launch_resident(fn, grid, (128, 2), (team, np.int32(w.rank), x, np.uint64(n), y, np.uint64(m),
+                                                          part, status), stream=stream)
+            comm.wait(stream, "team_fused")
+            assert int(status.get()[0]) == 0
+            i = np.arange(n)
+            want = sum(r + 1 for r in range(w.size)) * (i % 1000).astype(np.float32)
+            assert np.array_equal(x.get(), want), n
+            assert np.array_equal(y.get(), np.full(m, w.size, np.float32)), m
+            k = n // w.size
+            assert np.array_equal(part.get(), want[w.rank * k:(w.rank + 1) * k]), n   # every rank's x is the same
+        comm.close()
+        print("ok", w.rank)
+        w.close()
+    """, backend="cuda", job_timeout=300).check()
+    assert job.stdout.count("ok") == 2
+
+
 # -- circuslink bench allreduce ---------------------------------------------------------------------
 def test_bench_allreduce_cpu(tmp_path):
     import json

@@ -21,3 +21,5 @@
 template __global__ void fused<float>(cc::Rings, int, float*, unsigned long long, int*);
 template __global__ void grid_calls<unsigned int>(cc::Rings, unsigned int*, unsigned long long, unsigned int*,
                                                   unsigned long long, unsigned int, int*);
+template __global__ void team_fused<float>(cc::Team, int, float*, unsigned long long, float*, unsigned long long, float*,
+                                           int*);
