@@ -115,3 +115,62 @@ def test_segments_match_the_two_shot_pieces(rng):
         seg = segments(count, 4, parts)
         assert seg[0][0] == 0 and seg[-1][1] == count
         assert all(a[1] == b[0] for a, b in zip(seg, seg[1:], strict=False))
+
+
+def test_a_missing_peer_is_named(spmd):
+    """A team wait that times out names the peer and what it waited for (here rank 1 never enters the barrier)."""
+    job = spmd(2, """
+        import circuslink as cl
+        from circuslink import collectives
+        w = cl.init()
+        comm = collectives.Comm(w, timeout=2)
+        if w.rank == 0:
+            try:
+                comm.barrier()
+            except cl.TimeoutError as exc:
+                print("error:", exc)
+        w.barrier(timeout=30)
+        comm.close()
+        w.close()
+    """).check()
+    assert ("error: collectives barrier on rank 0: rank 1's barrier flag (call 1) did not arrive: timed out after 2 s"
+            in job.stdout), job.stdout
+
+
+def test_bad_calls_are_one_line():
+    import circuslink as cl
+    from circuslink import collectives
+
+    w = cl.init(backend="cpu")
+    try:
+        comm = collectives.Comm(w)
+        x = np.zeros(6, dtype=np.float32)
+        for call, match in [
+            (lambda: comm.allreduce(x, algorithm="tree"), "algorithm='tree' is not one of oneshot, twoshot, ring"),
+            (lambda: comm.allreduce(x, algorithm="oneshot"), "needs ranks that share memory"),
+            (lambda: comm.allreduce(x, dtype="bfloat16"), "needs a uint16 array of bit patterns, got float32"),
+            (lambda: comm.allreduce(x.view(np.uint16), dtype="half"), "dtype='half' is not supported"),
+            (lambda: collectives.Comm(w, stage_bytes=1000), "stage_bytes=1000 must be a positive multiple of 4096"),
+            (lambda: comm.device_team(), "device_team\\(\\) is for kernels"),
+        ]:
+            with pytest.raises(cl.ConfigError, match=match):
+                call()
+        assert not comm.shares_memory  # one rank: nothing to share, the rings serve
+        assert comm.allreduce(x + 1, algorithm="ring").tolist() == [1.0] * 6
+        comm.close()
+    finally:
+        w.close()
+
+
+def test_oneshot_refuses_more_than_its_slots(spmd):
+    job = spmd(2, """
+        import numpy as np, circuslink as cl
+        from circuslink import collectives
+        w = cl.init()
+        try:
+            collectives.allreduce(w, np.zeros((64 << 10) // 4 + 1, dtype=np.float32), algorithm="oneshot")
+        except cl.ConfigError as exc:
+            print("error:", exc)
+        w.close()
+    """).check()
+    assert job.stdout.count("error: allreduce: algorithm='oneshot' moves at most 65536 bytes per rank, not 65540") == 2
