@@ -48,7 +48,8 @@ _DEFAULT = "circuslink.collectives.default"  # the world's registry key of its d
 
 
 class Comm(Resource):
-    """Rings of channels over a world, for collectives. Collective to create and to close.
+    """Rings of channels over a world and, where its ranks map each other's memory, a team buffer, for
+    collectives. Collective to create and to close.
 
     ``depth_bytes``: buffer of each ring channel where the host drives the rings (cpu); ``rings``:
     bandwidth rings (one block each) where kernels drive them (cuda, default 64); ``timeout``
@@ -146,7 +147,8 @@ class Comm(Resource):
         self._impl.wait(stream, what)
 
     def check(self) -> None:
-        """Raise :class:`~circuslink.ChannelError` naming a ring channel whose device code timed out."""
+        """Raise :class:`~circuslink.ChannelError` naming a ring channel, or the peer and slot of a team wait, whose
+        device code timed out."""
         self._check_open("check")
         self._impl.check()
 
