@@ -754,3 +754,34 @@ def test_mpi_flags_without_mpicc(monkeypatch, tmp_path):
     monkeypatch.setenv("MPI_HOME", str(tmp_path / "none"))
     with pytest.raises(cl.BackendError, match="MPI_HOME"):
         _build.mpi_flags()
+
+
+def test_nvshmem_allreduce_runs_n_pes_with_their_mps_share(monkeypatch, tmp_path):
+    """The all-reduce baseline: -np n, every PE's MPS share 100 / n (NVSHMEM's collectives need it), NVLS off."""
+    seen = {}
+    monkeypatch.setattr(_nvshmem, "find_nvshmem", lambda: tmp_path / "nvshmem")
+    monkeypatch.setattr(_build, "build_cached", lambda *a, **k: tmp_path / "bin")
+    monkeypatch.setattr(shutil, "which", lambda name, path=None: "/usr/bin/" + name)
+
+    def fake_run(name, binary, cmd, env, timeout):
+        seen.update(name=name, cmd=cmd, env=env)
+        return [{"impl": "nvshmem-reduce-stream", "bytes": 8}]
+
+    monkeypatch.setattr(_nvshmem, "_run_program", fake_run)
+    rows = baselines.nvshmem_allreduce([8, 4096], 4, 10, 1, samples=12)
+    assert rows and seen["name"] == "nvshmem_allreduce"
+    cmd, env = seen["cmd"], seen["env"]
+    assert cmd[1:4] == ["--allow-run-as-root", "-np", "4"]
+    exported = [cmd[i + 1] for i, a in enumerate(cmd) if a == "-x"]
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in exported and env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert env["NVSHMEM_DISABLE_NVLS"] == "1"
+    assert "sizes=8,4096" in cmd and "samples=12" in cmd and "forms=stream,device" in cmd
+    with pytest.raises(cl.ConfigError, match="forms must be some of"):
+        baselines.nvshmem_allreduce([8], 2, 10, 1, forms=("host",))
+
+
+@needs_nvshmem_build
+def test_nvshmem_allreduce_compiles(tmp_path):
+    cmd = _nvshmem.build_command(tmp_path / "bin", _nvshmem.ALLREDUCE_SOURCE)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr

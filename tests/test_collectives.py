@@ -427,12 +427,16 @@ def test_kernels_compile_with_the_host_names(tmp_path):
     if nvcc is None:
         pytest.skip("needs nvcc")
     from circuslink.bench.allreduce import _LOOP_TYPES
-    from circuslink.collectives._cuda import C_TYPES, OP_TYPES, allreduce_kernel
+    from circuslink.collectives._cuda import C_TYPES, OP_TYPES, allreduce_kernel, team_kernel
 
     lines = [f'#include "{USER_KERNELS.with_name("instantiate.cu")}"']
-    # Two of the ten dtypes (the rest differ only in the C++ type name): nvcc takes ~5 s per dtype.
-    for name in ("int8", "float64"):
-        lines += [f"CL_INSTANTIATE_ALLREDUCE({C_TYPES[name]}, {allreduce_kernel(name, op)})" for op in OP_TYPES]
+    # Three of the eleven dtypes (the rest differ only in the C++ type name): nvcc takes ~5 s per dtype.
+    for name in ("int8", "float64", "bfloat16"):
+        t = C_TYPES[name]
+        lines += [f"CL_INSTANTIATE_ALLREDUCE({t}, {allreduce_kernel(name, op)})" for op in OP_TYPES]
+        lines += [f"CL_INSTANTIATE_TEAM_ALLREDUCE({t}, {team_kernel('allreduce', name, op)})" for op in OP_TYPES]
+        lines += [f"CL_INSTANTIATE_TEAM_REDUCE_SCATTER({t}, {team_kernel('reduce_scatter', name, op)})"
+                  for op in OP_TYPES]
     lines += [f"CL_INSTANTIATE_LOOP({t})" for t in _LOOP_TYPES.values()]
     src = tmp_path / "kernels.cu"
     src.write_text("\n".join(lines) + "\n")
@@ -494,6 +498,43 @@ def test_device_api_in_users_kernels(spmd):
     assert job.stdout.count("ok") == 2
 
 
+@pytest.mark.gpu
+def test_team_in_users_kernels(spmd):
+    """comm.device_team() in a user's co-resident grid: an in-kernel all-reduce by size (one-shot, then two-shot
+    over a stage smaller than the message), the symmetric form on the stage, a reduce-scatter and barriers."""
+    job = spmd(2, f"""
+        import numpy as np, cupy as cp
+        import circuslink as cl
+        from circuslink import collectives
+        w = cl.init()
+        comm = collectives.Comm(w, stage_bytes=1 << 16)
+        assert comm.shares_memory
+        mod = cl.compile(open({str(USER_KERNELS)!r}).read(), name_expressions=["team_fused<float>"])
+        fn = mod.get_function("team_fused<float>")
+        stream = cp.cuda.Stream(non_blocking=True)
+        team = comm.device_team()
+        for n, m, grid in [(1000, 100, 1), (200_000, 16_000, 4)]:
+            x, y = cp.zeros(n, dtype=cp.float32), cp.zeros(m, dtype=cp.float32)
+            part = cp.zeros(n // w.size, dtype=cp.float32)
+            status = cp.zeros(1, dtype=cp.int32)
+            cp.cuda.get_current_stream().synchronize()
+            w.backend.launch_resident(fn, grid, (128, 2), (team, np.int32(w.rank), x, np.uint64(n), y, np.uint64(m),
+                                                          part, status), stream=stream)
+            comm.wait(stream, "team_fused")
+            assert int(status.get()[0]) == 0
+            i = np.arange(n)
+            want = sum(r + 1 for r in range(w.size)) * (i % 1000).astype(np.float32)
+            assert np.array_equal(x.get(), want), n
+            assert np.array_equal(y.get(), np.full(m, w.size, np.float32)), m
+            k = n // w.size
+            assert np.array_equal(part.get(), want[w.rank * k:(w.rank + 1) * k]), n   # every rank's x is the same
+        comm.close()
+        print("ok", w.rank)
+        w.close()
+    """, backend="cuda", job_timeout=300).check()
+    assert job.stdout.count("ok") == 2
+
+
 # -- circuslink bench allreduce ---------------------------------------------------------------------
 def test_bench_allreduce_cpu(tmp_path):
     import json
@@ -502,13 +543,19 @@ def test_bench_allreduce_cpu(tmp_path):
 
     env = dict(os.environ, CIRCUSLINK_TIMEOUT="60")
     proc = subprocess.run([sys.executable, "-m", "circuslink", "bench", "allreduce", "--backend", "cpu", "-n", "3",
-                           "--sizes", "8,4K", "--iters", "2", "--warmup", "1", "--json", str(tmp_path / "r.json"),
+                           "--sizes", "8,4K", "--iters", "2", "--warmup", "1", "--samples", "10",
+                           "--json", str(tmp_path / "r.json"),
                            "--trace", str(tmp_path / "t.json")], capture_output=True, text=True, timeout=170,
                           cwd=str(tmp_path), env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads((tmp_path / "r.json").read_text())
-    assert res["nranks"] == 3 and res["backend"] == "cpu" and [r["bytes"] for r in res["rows"]] == [8, 4096]
-    assert all(r["verified"] and r["impl"] == "channel" and r["iters"] == 2 for r in res["rows"])
+    assert res["nranks"] == 3 and res["backend"] == "cpu"
+    assert sorted((r["bytes"], r["impl"]) for r in res["rows"]) == [
+        (b, a) for b in (8, 4096) for a in ("oneshot", "ring", "twoshot")]
+    assert all(r["verified"] and r["iters"] == 2 and r["samples"] == 10 for r in res["rows"])
+    assert all(r["min_time_us"] <= r["time_us"] and r["busbw_GBps"] == r["algbw_GBps"] * 4 / 3 for r in res["rows"])
+    assert [r["impl"] for r in res["rows"] if r["picked"]] == ["oneshot", "oneshot"]  # the switch table at 3 ranks
+    assert [t["target"] for t in res["meta"]["targets"]][0] == "8 B <= 6x the relaxed floor"
     trace = json.loads((tmp_path / "t.json").read_text())
     spans = [e for e in trace["traceEvents"] if e.get("name") == "allreduce" and e["ph"] == "X"]
     assert sorted({e["pid"] for e in spans}) == [0, 1, 2] and len(spans) == 3 * 5  # 5 traced operations per rank
@@ -527,15 +574,15 @@ def test_bench_allreduce_refuses_a_wrong_result(monkeypatch, tmp_path):
                               "--json", str(tmp_path / "r.json")])
     real = collectives.Comm.allreduce
 
-    def off_by_one(self, array, op="sum"):
-        out = real(self, array, op)
+    def off_by_one(self, array, op="sum", **kw):
+        out = real(self, array, op, **kw)
         out[-1] += 1
         return out
 
     monkeypatch.setattr(collectives.Comm, "allreduce", off_by_one)
     w = cl.init(backend="cpu")
     try:
-        with pytest.raises(cl.ChannelError, match=r"allreduce of 64 B: wrong result on rank\(s\) \[0\]"):
+        with pytest.raises(cl.ChannelError, match=r"allreduce \(ring\) of 64 B: wrong result on rank\(s\) \[0\]"):
             bench._run(w, args)
     finally:
         w.close()
@@ -631,6 +678,7 @@ def test_cuda_collectives_order_their_stream_after_the_callers(rng):
     coll.world = types.SimpleNamespace(size=4, rank=0, backend=backend)
     coll.status = _FakeStatus(cp)
     coll.ll_ring = coll.bw_ring = types.SimpleNamespace(channels=None)
+    coll.team = None  # the ring path (ranks that share no memory)
     rings = types.SimpleNamespace(handle=np.zeros((), np.uint64)[()], count=1)
     coll.ll = coll.bw = rings
 

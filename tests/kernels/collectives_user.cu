@@ -40,3 +40,21 @@ __global__ void grid_calls(cc::Rings rings, T* x, unsigned long long n, T* y, un
   if (ok && linear_block() == 0) ok = cc::barrier_block(rings);
   if (!ok && linear_thread() == 0) atomicExch(status, 1);
 }
+
+// The shared-memory team (comm.device_team()) in a user's grid: compute, all-reduce by size in place,
+// keep computing; then the symmetric form on the stage (write the stage, allreduce_stage, read it),
+// a reduce-scatter and a barrier. Every thread of a co-resident grid (launch_resident).
+template <class T>
+__global__ void __launch_bounds__(512) team_fused(cc::Team team, int rank, T* x, unsigned long long n, T* y,
+                                                  unsigned long long m, T* part, int* status) {
+  const unsigned long long g = (unsigned long long)linear_block() * block_size() + linear_thread();
+  const unsigned long long step = (unsigned long long)gridDim.x * gridDim.y * gridDim.z * block_size();
+  for (unsigned long long i = g; i < n; i += step) x[i] = (T)(rank + 1) * (T)(i % 1000);
+  bool ok = cc::barrier(team) && cc::allreduce(team, x, n, cc::Sum());  // the barrier: every block wrote x
+  T* stage = cc::stage<T>(team);
+  for (unsigned long long i = g; ok && i < m; i += step) stage[i] = (T)(rank + 1);
+  ok = ok && cc::barrier(team) && cc::allreduce_stage<T>(team, m, cc::Max());
+  for (unsigned long long i = g; ok && i < m; i += step) y[i] = stage[i];
+  ok = ok && cc::barrier(team) && cc::reduce_scatter(team, x, part, n / team.size, cc::Min());
+  if (!ok && linear_thread() == 0) atomicExch(status, 1);
+}

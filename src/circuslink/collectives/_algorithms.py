@@ -21,6 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import ConfigError
+from ._reduce import combine
 
 
 def _xp(a):
@@ -94,16 +95,18 @@ def segments(nelems: int, itemsize: int, parts: int) -> list[tuple[int, int]]:
 
 
 def ring_allreduce(
-    rank: int, nranks: int, right: SendPort, left: RecvPort, data: np.ndarray, op: str, piece: int
+    rank: int, nranks: int, right: SendPort, left: RecvPort, data: np.ndarray, op: str, piece: int,
+    bf16: bool = False,
 ) -> np.ndarray:
     """Reduce-scatter then all-gather around the ring; returns a new reduced array.
 
     Every rank ends with bitwise the same result: each segment is reduced once, in ring
-    order, by the rank that ends up owning it, and then copied to the others.
+    order, by the rank that ends up owning it, and then copied to the others. Segment s is
+    folded starting from rank s's part: op(...op(op(x_s, x_s+1), x_s+2)..., x_s-1), ranks mod n,
+    with the device functor's op (``_reduce.combine``; ``bf16``: uint16 bit patterns of bfloat16).
     """
     check_op(op)
     xp = _xp(data)
-    fn = {"sum": xp.add, "max": xp.maximum, "min": xp.minimum}[op]
     acc = xp.array(data, copy=True).reshape(-1)
     if nranks == 1 or acc.size == 0:
         return acc.reshape(np.shape(data))
@@ -114,7 +117,7 @@ def ring_allreduce(
         s_lo, s_hi = seg[(rank - step) % nranks]
         r_lo, r_hi = seg[(rank - step - 1) % nranks]
         got = exchange(right, left, raw[s_lo * item:s_hi * item], (r_hi - r_lo) * item, piece)
-        fn(acc[r_lo:r_hi], got.view(acc.dtype), out=acc[r_lo:r_hi])
+        acc[r_lo:r_hi] = combine(op, acc[r_lo:r_hi], got.view(acc.dtype), bf16)
     for step in range(nranks - 1):
         s_lo, s_hi = seg[(rank + 1 - step) % nranks]
         r_lo, r_hi = seg[(rank - step) % nranks]
@@ -175,7 +178,7 @@ def _expect_token(got: np.ndarray, rank: int) -> None:
 # disagree on what they are doing fail with a message instead of reducing garbage.
 _HEADER = np.dtype([("kind", "u1"), ("op", "u1"), ("root", "u1"), ("item", "u1"), ("dtype", "S4"),
                     ("count", "<u8")])
-_KIND_CODES = {"allreduce": 1, "broadcast": 2}
+_KIND_CODES = {"allreduce": 1, "broadcast": 2, "reduce_scatter": 3, "all_gather": 4}
 _OP_CODES = {None: 0, "sum": 1, "max": 2, "min": 3}
 
 

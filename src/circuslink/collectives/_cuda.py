@@ -1,5 +1,10 @@
 """The collectives' back-end module on back-ends that run kernels (cuda): collectives.cuh launched from the host,
-and the ``circuslink::collectives::Rings`` handle users' kernels receive.
+and the ``circuslink::collectives::Team`` and ``Rings`` handles users' kernels receive.
+
+Where every rank maps every other rank's memory (one GPU under MPS, one node) a team buffer (CUDA IPC,
+``world.alloc``) carries the one-shot and two-shot algorithms, reduce-scatter, all-gather, broadcast and
+barrier, picked by size from ``_select``; each call is one cooperative launch of
+``collectives_kernels.cu``. The rings below serve ``algorithm="ring"`` and ranks that share no memory.
 
 Two sets of rings per communicator: one low-latency ring (LL channels, one block) for messages up
 to :data:`LL_MAX_BYTES`, and ``rings`` bandwidth-mode rings (1 MiB BW channels, one block each, each
@@ -17,8 +22,14 @@ import numpy as np
 from .._config import default_timeout
 from .._wait import Deadline
 from ..errors import ChannelError, ConfigError
+from . import _layout as lay
+from ._cpu import shares_memory
 from ._layout import RING, RINGS
 from ._ring import ChannelRing
+from ._select import oneshot_max, resolve
+
+DEFAULT_STAGE_BYTES = 32 << 20  # two-shot pieces; also what allreduce_stage may reduce in one call
+TEAM_MAX_BLOCKS = 64  # two-shot grids: enough 512-thread blocks to saturate the memory system
 
 # LL reads are done by one warp, two 120-byte packets per poll round: unbeatable for a few
 # packets, slow beyond (~0.5 GB/s). So LL only up to 1 KiB (9 packets); above, every block of
@@ -34,7 +45,7 @@ THREADS = 512
 C_TYPES = {
     "int8": "signed char", "uint8": "unsigned char", "int16": "short", "uint16": "unsigned short",
     "int32": "int", "uint32": "unsigned int", "int64": "long long", "uint64": "unsigned long long",
-    "float32": "float", "float64": "double",
+    "float32": "float", "float64": "double", "bfloat16": "circuslink::collectives::bf16",
 }
 OP_TYPES = {"sum": "Sum", "max": "Max", "min": "Min"}
 KERNELS = Path(__file__).with_name("collectives_kernels.cu")
@@ -45,10 +56,54 @@ def allreduce_kernel(dtype_name: str, op: str) -> str:
     return f"cl_allreduce<{C_TYPES[dtype_name]}, circuslink::collectives::{OP_TYPES[op]}>"
 
 
+def team_kernel(kind: str, dtype_name: str, op: str) -> str:
+    """``cl_team_allreduce<float, circuslink::collectives::Sum>`` and ``cl_team_reduce_scatter<...>``."""
+    return f"cl_team_{kind}<{C_TYPES[dtype_name]}, circuslink::collectives::{OP_TYPES[op]}>"
+
+
 def kernel_names(dtype_name: str) -> list[str]:
-    """The templates one module instantiates: the dtype's three all-reduces. (Broadcast and barrier are
-    extern "C": CuPy finds an unlisted name as it is.)"""
-    return [allreduce_kernel(dtype_name, op) for op in OP_TYPES]
+    """The templates one module instantiates: the dtype's ring and team all-reduces and reduce-scatters.
+    (Broadcast, all-gather and barrier are extern "C": CuPy finds an unlisted name as it is.)"""
+    return [allreduce_kernel(dtype_name, op) for op in OP_TYPES] + [
+        team_kernel(kind, dtype_name, op) for kind in ("allreduce", "reduce_scatter") for op in OP_TYPES]
+
+
+class DeviceTeam:
+    """The team buffer (every rank's, mapped into every rank), this rank's private counters and error
+    record, and the by-value ``Team`` handle."""
+
+    def __init__(self, world: Any, stage_bytes: int, timeout: float | None) -> None:
+        from ..backends._grid import timeout_ns
+
+        cp = world.xp
+        self.world = world
+        self.buf = world.alloc(lay.team_offsets(world.size, stage_bytes)["total"], timeout)
+        self.peers = cp.asarray(np.array(self.buf.ptrs, dtype=np.uint64))
+        self.counters = cp.zeros(lay.COUNTERS, dtype=cp.uint32)
+        self.error = cp.zeros(lay.ERROR_WORDS, dtype=cp.uint32)
+        self.handle = lay.TEAM.pack(
+            peers=self.peers.data.ptr, counters=self.counters.data.ptr, error=self.error.data.ptr,
+            abort=world.backend.abort_ptr, timeout_ns=timeout_ns(timeout), stage_bytes=stage_bytes,
+            oneshot_max=oneshot_max(world.size), rank=world.rank, size=world.size)
+
+    def check(self, what: str) -> None:
+        """Raise ChannelError naming the peer and slot of a wait that timed out (then the team is unusable:
+        the ranks' call numbers disagree; close the Comm)."""
+        err = [int(v) for v in self.error.get()]
+        if err[0] == 4:
+            raise ChannelError(f"{what} on rank {self.world.rank}: allreduce_stage was given more than the stage's "
+                               f"{self.handle['stage_bytes']} bytes (Comm(stage_bytes=...) sets it)")
+        if err[0]:
+            kind = lay.ERROR_KINDS.get(err[0], f"wait {err[0]}")
+            where = f" (chunk {err[2]})" if err[0] == 2 else (f" (block {err[2]})" if err[0] == 3 else "")
+            raise ChannelError(f"{what} on rank {self.world.rank}: the device wait for rank {err[1]}'s {kind}{where}, "
+                               f"call {err[3]}, timed out; the communicator's ranks no longer agree: close it")
+
+    def release(self, timeout: float | None, local: bool) -> None:
+        buf, self.buf = self.buf, None
+        self.peers = self.counters = self.error = None
+        if buf is not None:
+            buf._release_local() if local else buf.close(timeout)
 
 
 class DeviceRings:
@@ -79,7 +134,8 @@ class DeviceRings:
 class Collectives:
     """The device collectives driven from the host (one kernel launch per call)."""
 
-    def __init__(self, world: Any, depth_bytes: int, rings: int | None, timeout: float | None) -> None:
+    def __init__(self, world: Any, depth_bytes: int, rings: int | None, timeout: float | None,
+                 stage_bytes: int | None = None) -> None:
         from ..device_code import compile as compile_device
 
         self.cp = world.xp
@@ -88,7 +144,10 @@ class Collectives:
         n = world.size
         self.ll_ring = self.bw_ring = None
         self.ll = self.bw = None
+        self.team = None
         try:
+            if n > 1 and shares_memory(world):
+                self.team = DeviceTeam(world, stage_bytes or DEFAULT_STAGE_BYTES, timeout)
             self.ll_ring = ChannelRing(world, LL_DEPTH_BYTES, timeout, count=1, tag=".ll", id_base=0x8000)
             self.bw_ring = ChannelRing(world, BW_DEPTH_BYTES, timeout, count=rings or DEFAULT_RINGS, tag=".bw",
                                        id_base=0x8000 + 2 * n)
@@ -118,7 +177,15 @@ class Collectives:
     def device_handle(self, nbytes: int | None) -> np.void:
         return self.rings_for(nbytes).handle
 
+    def device_team(self) -> np.void:
+        if self.team is None:
+            raise ConfigError(f"device_team: rank {self.world.rank}'s world does not map every rank's memory "
+                              "(several nodes, or a single rank): use device_handle() and the ring forms")
+        return self.team.handle
+
     def check(self) -> None:
+        if self.team is not None:
+            self.team.check("a collective")
         for ring in (self.ll_ring, self.bw_ring):
             if ring is not None and ring.channels is not None:
                 ring.channels.check()  # raises ChannelError naming the channel that stalled
@@ -140,9 +207,59 @@ class Collectives:
         if int(self.status.get()[0]):
             raise ChannelError(f"{what} on rank {self.world.rank} failed in device code")
 
-    def allreduce(self, array: Any, op: str) -> Any:
+    def _team_launch(self, name: str, nbytes: int, args: tuple, what: str, dtype_name: str = "uint8",
+                     oneshot: bool = False) -> None:
+        fn = self._module(dtype_name).get_function(name)
+        most = self.world.backend.max_blocks(fn, THREADS)
+        want = -(-nbytes // lay.LL_CHUNK_BYTES) if oneshot else -(-nbytes // (THREADS * 16 * 4))
+        grid = max(1, min(most, want, TEAM_MAX_BLOCKS if not oneshot else lay.LL_CHUNKS))
+        self.world.backend.launch_resident(fn, grid, THREADS, (self.team.handle,) + args, stream=self.stream)
+        self.wait(self.stream, what)
+        self.team.check(what)
+
+    def _device_copy(self, array: Any, bf16: bool) -> tuple[Any, str]:
+        name = "bfloat16" if bf16 else np.dtype(array.dtype).name
+        if name not in C_TYPES:
+            raise ConfigError(f"dtype {name} is not supported on the {self.world.backend.name} back-end "
+                              f"(supported: {', '.join(C_TYPES)})")
+        self.world.backend.after_caller()
+        with self.stream:  # a copy (of a strided or host array) lands before the kernel that reads it
+            src = self.cp.ascontiguousarray(self.cp.asarray(array))
+        return src, name
+
+    def reduce_scatter(self, array: Any, op: str, bf16: bool = False) -> Any:
+        src, name = self._device_copy(array, bf16)
+        count = src.size // self.world.size
+        if self.team is None:
+            lo = self.world.rank * count
+            return self.allreduce(src, op, "ring", bf16).reshape(-1)[lo:lo + count]
+        out = self.cp.empty(count, dtype=src.dtype)
+        if count:
+            self._team_launch(team_kernel("reduce_scatter", name, op), src.nbytes,
+                              (src, out, np.uint64(count)), "reduce_scatter", name)
+        return out
+
+    def all_gather(self, array: Any) -> Any:
+        src, _ = self._device_copy(array.reshape(-1).view(np.uint8) if array.size else array, False)
+        if self.team is None:
+            return self.cp.concatenate([self.broadcast(src, q).reshape(-1) for q in range(self.world.size)]).view(
+                array.dtype)
+        out = self.cp.empty(src.size * self.world.size, dtype=self.cp.uint8)
+        if src.size:
+            self._team_launch("cl_team_all_gather", out.nbytes, (src, out, np.uint64(src.size)), "all_gather")
+        return out.view(array.dtype)
+
+    def allreduce(self, array: Any, op: str, algorithm: str | None = None, bf16: bool = False) -> Any:
         cp = self.cp
-        name = np.dtype(array.dtype).name
+        name = "bfloat16" if bf16 else np.dtype(array.dtype).name
+        how = resolve(array.nbytes, self.world.size, self.team is not None, algorithm)
+        if how != "ring" and name in C_TYPES and self.world.size > 1 and array.size:
+            src, name = self._device_copy(array, bf16)
+            out = cp.empty_like(src)
+            self._team_launch(team_kernel("allreduce", name, op), src.nbytes,
+                              (src, out, np.uint64(src.size), np.int32(1 if how == "oneshot" else 2)),
+                              "allreduce", name, oneshot=how == "oneshot")
+            return out
         if name not in C_TYPES:
             raise ConfigError(f"allreduce: dtype {name} is not supported on the {self.world.backend.name} back-end "
                               f"(supported: {', '.join(C_TYPES)})")
@@ -166,6 +283,10 @@ class Collectives:
             self.stream.synchronize()
             return out
         raw = out.reshape(-1).view(cp.uint8)
+        if self.team is not None:
+            self._team_launch("cl_team_broadcast", raw.nbytes, (raw, np.uint64(raw.size), np.uint32(root)),
+                              "broadcast")
+            return out
         rings = self.rings_for(raw.nbytes)
         self._launch("cl_broadcast", rings.count, (rings.handle, raw, np.uint64(raw.size), np.uint32(root)),
                      "broadcast")
@@ -174,18 +295,25 @@ class Collectives:
     def barrier(self) -> None:
         if self.world.size > 1:
             self.world.backend.after_caller()  # a barrier also orders the caller's earlier work
+            if self.team is not None:
+                self._team_launch("cl_team_barrier", 0, (), "barrier")
+                return
             self._launch("cl_barrier", 1, (self.ll.handle,), "barrier")
 
     def close(self, timeout: float | None) -> None:
         for ring in (self.ll_ring, self.bw_ring):
             if ring is not None:
                 ring.close(timeout)
+        if self.team is not None:
+            self.team.release(timeout, local=False)
         self._drop_device_memory()
 
     def release_local(self) -> None:
         for ring in (self.ll_ring, self.bw_ring):
             if ring is not None:
                 ring.release_local()
+        if self.team is not None:
+            self.team.release(None, local=True)
         self._drop_device_memory()
 
     def _drop_device_memory(self) -> None:

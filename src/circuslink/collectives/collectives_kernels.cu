@@ -26,3 +26,36 @@ extern "C" __global__ void __launch_bounds__(512) cl_broadcast(circuslink::colle
 extern "C" __global__ void __launch_bounds__(512) cl_barrier(circuslink::collectives::Rings rings, int* status) {
   if (!circuslink::collectives::barrier_block(rings)) cl_fail(status);
 }
+
+// The shared-memory team (Team handle): algo 0 = by size (the handle's switch point), 1 = one-shot,
+// 2 = two-shot. Failures are in the team's error record (the host reads it and names peer and slot).
+template <class T, class Op>
+__global__ void __launch_bounds__(512) cl_team_allreduce(circuslink::collectives::Team team, const T* in, T* out,
+                                                         unsigned long long n, int algo) {
+  namespace cc = circuslink::collectives;
+  if (algo == 1) cc::allreduce_oneshot(team, in, out, n, Op());
+  else if (algo == 2) cc::allreduce_twoshot(team, in, out, n, Op());
+  else cc::allreduce(team, in, out, n, Op());
+}
+
+template <class T, class Op>
+__global__ void __launch_bounds__(512) cl_team_reduce_scatter(circuslink::collectives::Team team, const T* in, T* out,
+                                                              unsigned long long count) {
+  circuslink::collectives::reduce_scatter(team, in, out, count, Op());
+}
+
+extern "C" __global__ void __launch_bounds__(512) cl_team_all_gather(circuslink::collectives::Team team,
+                                                                     const unsigned char* in, unsigned char* out,
+                                                                     unsigned long long count) {
+  circuslink::collectives::all_gather(team, in, out, count);
+}
+
+extern "C" __global__ void __launch_bounds__(512) cl_team_broadcast(circuslink::collectives::Team team,
+                                                                    unsigned char* data, unsigned long long n,
+                                                                    unsigned int root) {
+  circuslink::collectives::broadcast(team, data, n, root);
+}
+
+extern "C" __global__ void __launch_bounds__(512) cl_team_barrier(circuslink::collectives::Team team) {
+  circuslink::collectives::barrier(team);
+}

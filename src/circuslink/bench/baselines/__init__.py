@@ -10,6 +10,8 @@
 * :func:`nvshmem_stencil`: the 2-D Jacobi stencil of examples/stencil with its halos through NVSHMEM
   put-with-signal (``nvshmem_stencil.cu``), launch and persistent forms, N PEs under mpirun. Called from
   one process.
+* :func:`nvshmem_allreduce`: NVSHMEM's float32 sum reductions on n PEs, on a stream and from a kernel
+  (``nvshmem_allreduce.cu``). Called from one process.
 
 NVLink multicast stays off in all of them (``NCCL_NVLS_ENABLE=0``, ``NVSHMEM_DISABLE_NVLS=1``).
 A baseline that cannot run returns rows with ``"skipped": "<reason>"`` (NCCL) or ``[]`` with a
@@ -22,7 +24,13 @@ from __future__ import annotations
 from ._common import MULTICAST_OFF, disable_multicast
 from ._mpi import mpi_pingpong
 from ._nccl import nccl_allreduce, nccl_grouped_sendrecv, nccl_pingpong
-from ._nvshmem import build_nvshmem_pingpong, build_nvshmem_stencil, nvshmem_pingpong, nvshmem_stencil
+from ._nvshmem import (
+                       build_nvshmem_pingpong,
+                       build_nvshmem_stencil,
+                       nvshmem_allreduce,
+                       nvshmem_pingpong,
+                       nvshmem_stencil,
+)
 
 __all__ = [
     "MULTICAST_OFF",
@@ -33,6 +41,7 @@ __all__ = [
     "nccl_allreduce",
     "nccl_grouped_sendrecv",
     "nccl_pingpong",
+    "nvshmem_allreduce",
     "nvshmem_pingpong",
     "nvshmem_stencil",
 ]

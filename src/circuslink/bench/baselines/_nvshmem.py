@@ -1,5 +1,6 @@
 """NVSHMEM baselines: build a CUDA program with nvcc and run it under mpirun. ``nvshmem_pingpong.cu`` (put-with-signal
-pingpong, 2 PEs) and ``nvshmem_stencil.cu`` (the 2-D Jacobi stencil of examples/stencil with NVSHMEM halos, N PEs).
+pingpong, 2 PEs), ``nvshmem_stencil.cu`` (the 2-D Jacobi stencil of examples/stencil with NVSHMEM halos, N PEs) and
+``nvshmem_allreduce.cu`` (float32 sum reductions, N PEs).
 
 Build (the image's NVSHMEM wheel, found by the one toolchain of ``circuslink.transport._build``), NV = the
 ``nvidia/nvshmem`` folder of site-packages (or ``NVSHMEM_HOME``)::
@@ -34,6 +35,7 @@ from ._common import MULTICAST_OFF, check_counts, check_sizes, fresh_seed
 
 SOURCE = Path(__file__).with_name("nvshmem_pingpong.cu")
 STENCIL_SOURCE = Path(__file__).with_name("nvshmem_stencil.cu")
+ALLREDUCE_SOURCE = Path(__file__).with_name("nvshmem_allreduce.cu")
 _ARCH = "sm_90a"
 _HEAP_SLACK = 64 << 20  # NVSHMEM's own allocations next to our two buffers
 # What identifies an enclosing job's rank to Open MPI / PMIx: a nested mpirun must not inherit it.
@@ -97,7 +99,7 @@ def mpirun_command(binary: Path, args: Sequence[str], env: dict[str, str], npes:
         raise BackendError(f"mpirun not found: the NVSHMEM baseline runs its {npes} PEs under Open MPI's mpirun")
     exported = ["LD_LIBRARY_PATH", "NVSHMEM_BOOTSTRAP", "NVSHMEM_DISABLE_NVLS", "NCCL_NVLS_ENABLE",
                 "NVSHMEM_SYMMETRIC_SIZE"]
-    exported += [k for k in ("CUDA_VISIBLE_DEVICES", "NVSHMEM_DEBUG") if k in env]
+    exported += [k for k in ("CUDA_VISIBLE_DEVICES", "NVSHMEM_DEBUG", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") if k in env]
     cmd = [mpirun, "--allow-run-as-root", "-np", str(npes)]
     if npes > 2:
         cmd.append("--oversubscribe")  # the PEs share a GPU (under MPS); the machine may have fewer cores
@@ -213,6 +215,36 @@ def nvshmem_stencil(
             f"samples={samples}", f"seed={fresh_seed() >> 1}", f"check_cells={check_cells}"]
     return _run("nvshmem_stencil", binary, mpirun_command(binary, args, env, npes), env, timeout, npes,
                 lambda row: f"{row['impl']} {row['dtype']} {row['domain']}")
+
+
+def nvshmem_allreduce(sizes: Iterable[int], npes: int, iters: int, warmup: int, samples: int = 10,
+                      forms: Sequence[str] = ("stream", "device"), bytes_per_sample: int = 1 << 30,
+                      out_dir: str | os.PathLike | None = None, timeout: float | None = None) -> list[dict]:
+    """NVSHMEM's float32 sum reductions on ``npes`` PEs (``nvshmem_allreduce.cu``); called from ONE process.
+
+    Rows: ``{"impl": "nvshmem-reduce-stream"`` (``nvshmemx_float_sum_reduce_on_stream``, event-timed) or
+    ``"nvshmem-reduce-device"`` (``nvshmemx_float_sum_reduce_block`` called from a kernel after a device-side
+    barrier, %globaltimer-timed), ``"bytes", "count", "nranks", "time_us"`` (median over ``samples`` of the
+    slowest PE's time per operation), ``"min_time_us", "algbw_GBps", "busbw_GBps", "iters", "samples",
+    "verified"}``. Under MPS every PE gets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / npes (NVSHMEM runs
+    collectives only then: "not supported with limited MPG" otherwise). Raises as :func:`nvshmem_pingpong`.
+    """
+    sizes = check_sizes(sizes, "nvshmem_allreduce")
+    check_counts(iters, warmup, "nvshmem_allreduce")
+    if isinstance(npes, bool) or not isinstance(npes, int) or npes < 1:
+        raise ConfigError(f"nvshmem_allreduce: npes must be a positive integer, got {npes!r}")
+    if not forms or any(f not in ("stream", "device") for f in forms):
+        raise ConfigError(f"nvshmem_allreduce: forms must be some of 'stream', 'device', got {list(forms)!r}")
+    nv = find_nvshmem()
+    binary = _build.build_cached("baselines", "nvshmem_allreduce", ALLREDUCE_SOURCE,
+                                 lambda out: build_command(out, ALLREDUCE_SOURCE), suffix="", what="nvcc",
+                                 folder=Path(out_dir) if out_dir else None)
+    env = _job_env(nv, max(sizes))
+    env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, 100 // npes))
+    args = [f"sizes={','.join(map(str, sizes))}", f"iters={iters}", f"warmup={warmup}", f"samples={samples}",
+            f"bytes_per_sample={bytes_per_sample}", f"forms={','.join(forms)}"]
+    return _run("nvshmem_allreduce", binary, mpirun_command(binary, args, env, npes), env, timeout, npes,
+                lambda row: f"{row['impl']} {row['bytes']} B")
 
 
 def _run(name: str, binary: Path, cmd: list[str], env: dict[str, str], timeout: float | None, npes: int,

@@ -1,32 +1,57 @@
-// The timed loop of `circuslink bench allreduce` (circuslink/bench/allreduce.py): `iters` in-place sum
+// The timed loops of `circuslink bench allreduce` (circuslink/bench/allreduce.py): `iters` in-place sum
 // all-reduces back to back in one launch, as a user's kernel would call them, through the public
-// device API alone (collectives.cuh, trace.cuh). Instantiated by name: allreduce_loop<float>, <int>.
+// device API alone (collectives.cuh, trace.cuh). Every loop starts with the team's device-side barrier
+// (cc::barrier: every block of every rank has arrived) before its clock, as nccl-tests barriers before
+// timing. Instantiated by name: allreduce_loop<float>, team_allreduce_loop<float>, ... (int too).
 #include <circuslink/collectives.cuh>
 #include <circuslink/trace.cuh>
 
 namespace cc = circuslink::collectives;
 namespace tr = circuslink::trace;
 
-// t[0] / t[1]: the first block's start / the last block's end (ns; the host sets them to ~0 / 0).
-// Each block records a USER span per operation (nothing with the null trace handle). failed: set
-// to 1 when a call returns false (a channel wait timed out; the host raises the channel's error).
+// t[0] / t[1]: after the barrier (block 0) / the last block's end (ns; the host zeroes them). failed: 1 when a
+// call returns false (a wait timed out; the host raises the channel's or the team's error).
+__device__ __forceinline__ void loop_end(unsigned long long* t, unsigned long long t0) {
+  __syncthreads();
+  if (circuslink::detail::block_thread() == 0) {
+    if (blockIdx.x == 0) t[0] = t0;
+    atomicMax(t + 1, tr::now_ns());
+  }
+}
+
+__device__ __forceinline__ void loop_fail(int* failed) {
+  if (circuslink::detail::block_thread() == 0) atomicExch(failed, 1);
+}
+
+// The ring over channels (rings: comm.device_handle(nbytes)); the team only for the barrier before the
+// clock (a team of size 1, a zeroed handle, where ranks share no memory: no barrier).
 template <class T>
-__global__ void __launch_bounds__(512) allreduce_loop(cc::Rings rings, T* data, unsigned long long n, unsigned int iters,
-                               unsigned long long* t, tr::Handle trace, int* failed) {
-  const bool leader = threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0;
-  if (blockIdx.x >= rings.count) return;  // a block without a slice would time nothing
+__global__ void __launch_bounds__(512) allreduce_loop(cc::Rings rings, cc::Team team, T* data, unsigned long long n,
+                                                      unsigned int iters, unsigned long long* t, tr::Handle trace,
+                                                      int* failed) {
+  if (!cc::barrier(team)) return loop_fail(failed);
   const unsigned long long t0 = tr::now_ns();
   for (unsigned int i = 0; i < iters; ++i) {
     tr::record_block(trace, tr::USER, tr::PHASE_BEGIN, i);
-    if (!cc::allreduce_grid(rings, data, n, cc::Sum())) {
-      if (leader) atomicExch(failed, 1);
-      return;
-    }
+    if (!cc::allreduce_grid(rings, data, n, cc::Sum())) return loop_fail(failed);
     tr::record_block(trace, tr::USER, tr::PHASE_END, i);
   }
-  __syncthreads();
-  if (leader) {
-    atomicMin(t, t0);
-    atomicMax(t + 1, tr::now_ns());
+  loop_end(t, t0);
+}
+
+// The team: algo 1 = one-shot on `data` (any device memory), 2 = two-shot in place on the stage (the
+// symmetric form: the data was copied there by the first call, outside the clock).
+template <class T>
+__global__ void __launch_bounds__(512) team_allreduce_loop(cc::Team team, T* data, unsigned long long n,
+                                                           unsigned int iters, int algo, unsigned long long* t,
+                                                           int* failed) {
+  if (algo == 2) circuslink::collectives::detail::grid_copy(cc::stage<T>(team), data, n);
+  if (!cc::barrier(team)) return loop_fail(failed);
+  const unsigned long long t0 = tr::now_ns();
+  for (unsigned int i = 0; i < iters; ++i) {
+    const bool ok = algo == 1 ? cc::allreduce_oneshot(team, data, data, n, cc::Sum())
+                              : cc::allreduce_stage<T>(team, n, cc::Sum());
+    if (!ok) return loop_fail(failed);
   }
+  loop_end(t, t0);
 }

@@ -1,5 +1,22 @@
-// circuslink/collectives.cuh - all-reduce, broadcast and barrier inside users' kernels, over channels.
+// circuslink/collectives.cuh - collectives inside users' kernels: over shared memory (Team) or channels (Rings).
 //
+// Team (ranks that map each other's memory: one GPU under MPS, one node): comm.device_team() on the
+// host, by value. Every thread of the grid calls (the grid co-resident: world.backend.max_blocks /
+// launch_resident), every rank the same calls in the same order; each returns false on every thread
+// when a wait timed out, and the rank's error record names the peer and the slot (comm.check()).
+//
+//   cc::allreduce(team, in, out, n, op)    one-shot up to team.oneshot_max bytes (LL lines into every peer's
+//   cc::allreduce(team, data, n, op)       slots, one round trip), two-shot above (reduce-scatter + all-gather
+//                                          loading the peers' stages in place); out may be in
+//   cc::allreduce_oneshot / allreduce_twoshot(team, in, out, n, op)    a chosen algorithm
+//   cc::allreduce_stage(team, n, op)       in place on cc::stage<T>(team)[0, n) (symmetric memory; no copy in)
+//   cc::reduce_scatter(team, in, out, count, op)  in: size blocks of count; out: block rank, reduced
+//   cc::all_gather(team, in, out, count)   out[q * count + i] = rank q's in[i]
+//   cc::broadcast(team, data, n, root)     cc::barrier(team)
+// Ops cc::Sum / Max / Min over any arithmetic T and cc::bf16; every rank folds in rank order, so all get
+// bitwise the same result (and the same as the cpu back-end).
+//
+// Rings (any ranks, routed topologies too):
 // A kernel receives a circuslink::collectives::Rings handle by value: on the host,
 // circuslink.collectives.Comm(world).device_handle(nbytes) (a 16-byte struct CuPy passes as it is).
 // It names `count` rings of byte channels; each Ring is one rank's place in one ring (a Sender to
@@ -37,4 +54,5 @@
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #include "detail/collectives_impl.cuh"
+#include "detail/team_impl.cuh"
 #endif

@@ -1,0 +1,403 @@
+// circuslink/detail/team_impl.cuh - the shared-memory collectives of collectives.cuh (Team): one-shot and
+// two-shot all-reduce, reduce-scatter, all-gather, broadcast and barrier. The cpu back-end runs the same
+// steps from Python (collectives/_team.py), which is the reference these follow.
+#pragma once
+
+#include "../grid.cuh"
+#include "collectives_types.cuh"
+#include "sync.cuh"
+
+namespace circuslink {
+namespace collectives {
+namespace detail {
+
+typedef unsigned long long u64;
+using circuslink::detail::block_thread;
+using circuslink::detail::block_threads;
+
+__device__ __forceinline__ unsigned int team_block() { return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z); }
+__device__ __forceinline__ unsigned int team_blocks() { return gridDim.x * gridDim.y * gridDim.z; }
+__device__ __forceinline__ u64 grid_thread() { return (u64)team_block() * block_threads() + block_thread(); }
+__device__ __forceinline__ u64 grid_threads() { return (u64)team_blocks() * block_threads(); }
+
+template <class T>
+__device__ __forceinline__ T* stage_of(const Team& t, unsigned int q) {
+  return reinterpret_cast<T*>(t.peers[q] + team_stage_offset(t.size));
+}
+
+// The first failure of this rank is recorded (what, peer, slot, call); the host raises it naming them.
+__device__ __forceinline__ void team_fail(const Team& t, unsigned int what, unsigned int peer, unsigned int slot,
+                                          unsigned int call) {
+  if (atomicCAS(t.error, 0u, what) == 0u) {
+    t.error[1] = peer;
+    t.error[2] = slot;
+    t.error[3] = call;
+    __threadfence();
+  }
+}
+__device__ __forceinline__ bool team_failed(const Team& t) {
+  return circuslink::detail::ld_relaxed(t.error) != 0u;
+}
+
+// Every thread of one block: store my call number into my word of every rank's barrier flags, then
+// wait until every rank's word in mine has reached it.
+__device__ inline bool team_barrier_block(const Team& t) {
+  __shared__ unsigned int call_s;
+  __shared__ int ok_s;
+  const unsigned int tid = block_thread();
+  if (tid == 0) {
+    call_s = t.counters[kTeamCounterBarrier] + 1u;
+    t.counters[kTeamCounterBarrier] = call_s;
+    ok_s = 1;
+  }
+  __syncthreads();
+  const unsigned int call = call_s;
+  __threadfence_system();  // this grid's writes (seen by this block through the grid barrier) first
+  for (unsigned int q = tid; q < t.size; q += block_threads()) {
+    unsigned int* theirs = reinterpret_cast<unsigned int*>(t.peers[q]) + t.rank;
+    circuslink::detail::st_release_sys(theirs, call);
+  }
+  for (unsigned int q = tid; q < t.size; q += block_threads()) {
+    const unsigned int* mine = reinterpret_cast<const unsigned int*>(t.peers[t.rank]) + q;
+    circuslink::detail::Deadline d = circuslink::detail::Deadline::after(t.timeout_ns, t.abort);
+    if (!circuslink::detail::spin_until(
+            [&] { return static_cast<int>(circuslink::detail::ld_acquire_sys(mine) - call) >= 0; }, d)) {
+      team_fail(t, kTeamErrorBarrier, q, 0, call);
+      ok_s = 0;
+    }
+  }
+  __syncthreads();
+  return ok_s != 0;
+}
+
+// Every thread of the grid: every block of every rank has arrived (and its writes are visible).
+// Block 0 meets the other ranks between two grid barriers.
+__device__ inline bool team_sync(const Team& t) {
+  if (team_blocks() == 1) return team_barrier_block(t) && !team_failed(t);
+  if (!circuslink::grid_sync(t.counters + kTeamCounterGrid, t.timeout_ns, t.abort)) {
+    if (block_thread() == 0) team_fail(t, kTeamErrorGrid, t.rank, team_block(), 0);
+    return false;
+  }
+  if (team_block() == 0) team_barrier_block(t);  // a failure is in t.error, read by every block below
+  if (!circuslink::grid_sync(t.counters + kTeamCounterGrid, t.timeout_ns, t.abort)) {
+    if (block_thread() == 0) team_fail(t, kTeamErrorGrid, t.rank, team_block(), 0);
+    return false;
+  }
+  __shared__ int failed_s;
+  if (block_thread() == 0) failed_s = team_failed(t);
+  __syncthreads();
+  return failed_s == 0;
+}
+
+// Element-wise op over a 16-byte vector of T.
+template <class T, class Op>
+__device__ __forceinline__ uint4 vec_op(uint4 a, uint4 b, Op op) {
+  T* pa = reinterpret_cast<T*>(&a);
+  const T* pb = reinterpret_cast<const T*>(&b);
+#pragma unroll
+  for (unsigned int k = 0; k < 16 / sizeof(T); ++k) pa[k] = op(pa[k], pb[k]);
+  return a;
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<u64>(p) & 15u) == 0; }
+
+// A load at L2 (ld.global.cg) of any 1-, 2-, 4- or 8-byte T (no standard headers: NVRTC compiles this).
+template <unsigned int Bytes> struct word_of;
+template <> struct word_of<1> { typedef unsigned char type; };
+template <> struct word_of<2> { typedef unsigned short type; };
+template <> struct word_of<4> { typedef unsigned int type; };
+template <> struct word_of<8> { typedef unsigned long long type; };
+template <class T>
+__device__ __forceinline__ T ld_cg(const T* p) {
+  typedef typename word_of<sizeof(T)>::type W;
+  union { W w; T v; } u;
+  u.w = __ldcg(reinterpret_cast<const W*>(p));
+  return u.v;
+}
+
+// Every thread of the grid: dst[0, n) = src[0, n); 16-byte vectors where both are aligned. Loads at L2
+// (ld.global.cg): peers' memory is written by other SMs, so no L1 copy may be trusted.
+template <class T>
+__device__ void grid_copy(T* dst, const T* src, u64 n) {
+  const u64 i0 = grid_thread(), step = grid_threads();
+  u64 done = 0;
+  if (aligned16(dst) && aligned16(src) && sizeof(T) <= 16) {
+    const u64 vecs = n * sizeof(T) / 16;
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    for (u64 i = i0; i < vecs; i += step) d[i] = __ldcg(s + i);
+    done = vecs * 16 / sizeof(T);
+  }
+  for (u64 i = done + i0; i < n; i += step) dst[i] = ld_cg(src + i);
+}
+
+// Every thread of the grid: dst[i] = op(...op(op(stage_0[off + i], stage_1[off + i]), ...), stage_n-1[off + i])
+// for i in [0, n): rank order, as every algorithm reduces (collectives/_reduce.py, fold).
+template <class T, class Op>
+__device__ void grid_fold(const Team& t, u64 off, u64 n, T* dst, Op op) {
+  const u64 i0 = grid_thread(), step = grid_threads();
+  u64 done = 0;
+  if (aligned16(dst) && ((off * sizeof(T)) & 15u) == 0 && sizeof(T) <= 16) {
+    const u64 vecs = n * sizeof(T) / 16;
+    for (u64 i = i0; i < vecs; i += step) {
+      uint4 acc = __ldcg(reinterpret_cast<const uint4*>(stage_of<T>(t, 0) + off) + i);
+      for (unsigned int q = 1; q < t.size; ++q)
+        acc = vec_op<T>(acc, __ldcg(reinterpret_cast<const uint4*>(stage_of<T>(t, q) + off) + i), op);
+      reinterpret_cast<uint4*>(dst)[i] = acc;
+    }
+    done = vecs * 16 / sizeof(T);
+  }
+  for (u64 i = done + i0; i < n; i += step) {
+    T acc = ld_cg(stage_of<T>(t, 0) + off + i);
+    for (unsigned int q = 1; q < t.size; ++q) acc = op(acc, ld_cg(stage_of<T>(t, q) + off + i));
+    dst[i] = acc;
+  }
+}
+
+// [lo, hi) of segment i: the cut of collectives_impl.cuh's detail::segment (whole 16-byte units).
+__device__ __forceinline__ void team_segment(u64 count, unsigned int elem, unsigned int parts, unsigned int i, u64& lo,
+                                             u64& hi) {
+  const u64 per_unit = elem >= 16 ? 1 : 16 / elem;
+  const u64 units = count / per_unit, base = units / parts, extra = units % parts;
+  lo = (i * base + (i < extra ? i : extra)) * per_unit;
+  hi = i + 1 == parts ? count : lo + (base + (i < extra ? 1 : 0)) * per_unit;
+}
+
+// Elements per stage piece when the stage is cut in `parts` (whole 16-byte units).
+template <class T>
+__device__ __forceinline__ u64 piece_elems(const Team& t, unsigned int parts) {
+  const u64 unit = sizeof(T) >= 16 ? 1 : 16 / sizeof(T);
+  const u64 units = t.stage_bytes / parts / 16;
+  return (units ? units : 1) * unit;
+}
+
+// One LL line: {data0, flag, data1, flag}, stored and loaded as one 16-byte vector (each 8-byte half
+// carries its own flag, so a half seen with the flag has its data).
+__device__ __forceinline__ void ll_store(uint4* p, unsigned int d0, unsigned int d1, unsigned int flag) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(d0), "r"(flag), "r"(d1), "r"(flag)
+               : "memory");
+}
+__device__ __forceinline__ uint4 ll_load(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ uint4* ll_slot(const Team& t, unsigned int owner, unsigned int chunk, unsigned int parity,
+                                          unsigned int src) {
+  return reinterpret_cast<uint4*>(t.peers[owner] + team_ll_offset(t.size)) +
+         ((static_cast<u64>(chunk) * 2 + parity) * t.size + src) * kLLLines;
+}
+
+// Op over the `valid` bytes of an 8-byte unit (whole elements), as two words.
+template <class T, class Op>
+__device__ __forceinline__ u64 unit_op(u64 a, u64 b, unsigned int valid, Op op) {
+  T* pa = reinterpret_cast<T*>(&a);
+  const T* pb = reinterpret_cast<const T*>(&b);
+  for (unsigned int k = 0; k < 8 / sizeof(T) && k * sizeof(T) < valid; ++k) pa[k] = op(pa[k], pb[k]);
+  return a;
+}
+
+}  // namespace detail
+
+// ---- one-shot (LL) -------------------------------------------------------------------------------------
+// Every thread of the grid, n * sizeof(T) <= kLLChunks * kLLChunkBytes, sizeof(T) <= 8: out = op over every
+// rank's in (out may be in). Chunk c (1 KiB) is block c mod G's; each of its threads stores one 16-byte
+// LL line into every peer's slot for me, then folds every rank's line in rank order as it arrives. The
+// chunk's call number (private, per chunk: whichever block handles it next continues the count) is the
+// flag, and its parity picks one of two slot sets, so nothing is ever reset: one round trip a call.
+template <class T, class Op>
+__device__ bool allreduce_oneshot(const Team& t, const T* in, T* out, unsigned long long n, Op op) {
+  using detail::u64;
+  const u64 nbytes = n * sizeof(T);
+  const unsigned int chunks = static_cast<unsigned int>((nbytes + kLLChunkBytes - 1) / kLLChunkBytes);
+  const unsigned int tid = detail::block_thread();
+  __shared__ unsigned int call_s;
+  int failed = 0;
+  for (unsigned int c = detail::team_block(); c < chunks; c += detail::team_blocks()) {
+    if (tid == 0) call_s = t.counters[kTeamCounterChunk + c] + 1u;
+    __syncthreads();
+    const unsigned int call = call_s, parity = call & 1u;
+    const u64 lo = static_cast<u64>(c) * kLLChunkBytes;
+    const u64 bytes = nbytes - lo < kLLChunkBytes ? nbytes - lo : kLLChunkBytes;
+    const unsigned int lines = static_cast<unsigned int>((bytes + 7) / 8);
+    for (unsigned int line = tid; line < lines; line += detail::block_threads()) {
+      const u64 off = lo + static_cast<u64>(line) * 8;
+      const unsigned int valid = nbytes - off < 8 ? static_cast<unsigned int>(nbytes - off) : 8u;
+      u64 mine = 0;
+      const unsigned char* src = reinterpret_cast<const unsigned char*>(in) + off;
+      if (valid == 8 && (reinterpret_cast<u64>(src) & 7u) == 0) {
+        mine = *reinterpret_cast<const u64*>(src);
+      } else {
+        for (unsigned int b = 0; b < valid; ++b) mine |= static_cast<u64>(src[b]) << (8 * b);
+      }
+      for (unsigned int k = 1; k < t.size; ++k) {  // peers in the order rank + 1, rank + 2, ...: spread the stores
+        const unsigned int q = (t.rank + k) % t.size;
+        detail::ll_store(detail::ll_slot(t, q, c, parity, t.rank) + line, static_cast<unsigned int>(mine),
+                         static_cast<unsigned int>(mine >> 32), call);
+      }
+      u64 acc = 0;
+      for (unsigned int q = 0; q < t.size && !failed; ++q) {
+        u64 v = mine;
+        if (q != t.rank) {
+          const uint4* slot = detail::ll_slot(t, t.rank, c, parity, q) + line;
+          uint4 got;
+          circuslink::detail::Deadline d = circuslink::detail::Deadline::after(t.timeout_ns, t.abort);
+          if (!circuslink::detail::spin_until([&] {
+                got = detail::ll_load(slot);
+                return got.y == call && got.w == call;
+              }, d)) {
+            detail::team_fail(t, kTeamErrorSlot, q, c, call);
+            failed = 1;
+            break;
+          }
+          v = static_cast<u64>(got.x) | (static_cast<u64>(got.z) << 32);
+        }
+        acc = q == 0 ? v : detail::unit_op<T>(acc, v, valid, op);
+      }
+      if (failed) break;
+      unsigned char* dst = reinterpret_cast<unsigned char*>(out) + off;
+      if (valid == 8 && (reinterpret_cast<u64>(dst) & 7u) == 0) {
+        *reinterpret_cast<u64*>(dst) = acc;
+      } else {
+        for (unsigned int b = 0; b < valid; ++b) dst[b] = static_cast<unsigned char>(acc >> (8 * b));
+      }
+    }
+    if (__syncthreads_or(failed)) return false;
+    if (tid == 0) t.counters[kTeamCounterChunk + c] = call;
+  }
+  return true;
+}
+
+// ---- two-shot ------------------------------------------------------------------------------------------
+// Every thread of the grid: out = op over every rank's in (out may be in), in pieces of the stage. Per
+// piece: copy in to my stage; barrier; reduce my segment, loading every rank's stage in place, into my
+// stage; barrier; gather every rank's segment from its stage into out; barrier (the stage is free again).
+// No scratch pass: each reduced byte is written once, where its readers load it.
+template <class T, class Op>
+__device__ bool allreduce_twoshot(const Team& t, const T* in, T* out, unsigned long long n, Op op) {
+  using detail::u64;
+  const u64 cap = detail::piece_elems<T>(t, 1);
+  T* mine = detail::stage_of<T>(t, t.rank);
+  for (u64 base = 0; base < n; base += cap) {
+    const u64 m = n - base < cap ? n - base : cap;
+    detail::grid_copy(mine, in + base, m);
+    if (!detail::team_sync(t)) return false;
+    u64 lo, hi;
+    detail::team_segment(m, sizeof(T), t.size, t.rank, lo, hi);
+    detail::grid_fold(t, lo, hi - lo, mine + lo, op);
+    if (!detail::team_sync(t)) return false;
+    for (unsigned int k = 0; k < t.size; ++k) {
+      const unsigned int q = (t.rank + k) % t.size;
+      detail::team_segment(m, sizeof(T), t.size, q, lo, hi);
+      detail::grid_copy(out + base + lo, detail::stage_of<T>(t, q) + lo, hi - lo);
+    }
+    if (!detail::team_sync(t)) return false;
+  }
+  return true;
+}
+
+// Every thread of the grid, in place on data already in my stage (stage<T>(team)[0, n), n * sizeof(T) <=
+// stage_bytes): the symmetric form, as NVSHMEM's collectives on symmetric memory: no copy in, each rank
+// gathers the others' segments into its own stage. The caller's writes to the stage precede the call.
+template <class T, class Op>
+__device__ bool allreduce_stage(const Team& t, unsigned long long n, Op op) {
+  using detail::u64;
+  T* mine = detail::stage_of<T>(t, t.rank);
+  if (t.size == 1) return true;
+  if (n * sizeof(T) > t.stage_bytes) {  // a caller's error: say so rather than run past the stage
+    if (detail::grid_thread() == 0) detail::team_fail(t, kTeamErrorStage, t.rank, 0, 0);
+    return false;
+  }
+  if (!detail::team_sync(t)) return false;
+  u64 lo, hi;
+  detail::team_segment(n, sizeof(T), t.size, t.rank, lo, hi);
+  detail::grid_fold(t, lo, hi - lo, mine + lo, op);
+  if (!detail::team_sync(t)) return false;
+  for (unsigned int k = 1; k < t.size; ++k) {
+    const unsigned int q = (t.rank + k) % t.size;
+    detail::team_segment(n, sizeof(T), t.size, q, lo, hi);
+    detail::grid_copy(mine + lo, detail::stage_of<T>(t, q) + lo, hi - lo);
+  }
+  return detail::team_sync(t);
+}
+
+// This rank's stage (device memory every rank maps), for allreduce_stage.
+template <class T>
+__device__ __forceinline__ T* stage(const Team& t) { return detail::stage_of<T>(t, t.rank); }
+
+// Every thread of the grid: the all-reduce picked by size (one-shot up to t.oneshot_max bytes, which
+// the host fills from its switch table, collectives/_select.py; two-shot above).
+template <class T, class Op>
+__device__ bool allreduce(const Team& t, const T* in, T* out, unsigned long long n, Op op) {
+  if (t.size == 1 || n == 0) {
+    if (in != out) detail::grid_copy(out, in, n);
+    return true;
+  }
+  if (sizeof(T) <= 8 && n * sizeof(T) <= t.oneshot_max &&
+      n * sizeof(T) <= static_cast<unsigned long long>(kLLChunks) * kLLChunkBytes)
+    return allreduce_oneshot(t, in, out, n, op);
+  return allreduce_twoshot(t, in, out, n, op);
+}
+template <class T, class Op>
+__device__ bool allreduce(const Team& t, T* data, unsigned long long n, Op op) {
+  return allreduce(t, static_cast<const T*>(data), data, n, op);
+}
+
+// Every thread of the grid: in holds size blocks of `count` elements; out[0, count) = block `rank` reduced
+// over every rank (rank order). Per piece: my blocks' piece into my stage (block q at q x piece); barrier;
+// fold my block from every stage; barrier.
+template <class T, class Op>
+__device__ bool reduce_scatter(const Team& t, const T* in, T* out, unsigned long long count, Op op) {
+  using detail::u64;
+  const u64 cap = detail::piece_elems<T>(t, t.size);
+  T* mine = detail::stage_of<T>(t, t.rank);
+  for (u64 base = 0; base < count; base += cap) {
+    const u64 m = count - base < cap ? count - base : cap;
+    for (unsigned int q = 0; q < t.size; ++q) detail::grid_copy(mine + q * cap, in + q * count + base, m);
+    if (!detail::team_sync(t)) return false;
+    detail::grid_fold(t, t.rank * cap, m, out + base, op);
+    if (!detail::team_sync(t)) return false;
+  }
+  return true;
+}
+
+// Every thread of the grid: out[q * count + i] = rank q's in[i].
+template <class T>
+__device__ bool all_gather(const Team& t, const T* in, T* out, unsigned long long count) {
+  using detail::u64;
+  const u64 cap = detail::piece_elems<T>(t, 1);
+  T* mine = detail::stage_of<T>(t, t.rank);
+  for (u64 base = 0; base < count; base += cap) {
+    const u64 m = count - base < cap ? count - base : cap;
+    detail::grid_copy(mine, in + base, m);
+    if (!detail::team_sync(t)) return false;
+    for (unsigned int k = 0; k < t.size; ++k) {
+      const unsigned int q = (t.rank + k) % t.size;
+      detail::grid_copy(out + q * count + base, detail::stage_of<T>(t, q), m);
+    }
+    if (!detail::team_sync(t)) return false;
+  }
+  return true;
+}
+
+// Every thread of the grid: root's data[0, n) on every rank.
+template <class T>
+__device__ bool broadcast(const Team& t, T* data, unsigned long long n, unsigned int root) {
+  using detail::u64;
+  const u64 cap = detail::piece_elems<T>(t, 1);
+  for (u64 base = 0; base < n; base += cap) {
+    const u64 m = n - base < cap ? n - base : cap;
+    if (t.rank == root) detail::grid_copy(detail::stage_of<T>(t, t.rank), data + base, m);
+    if (!detail::team_sync(t)) return false;
+    if (t.rank != root) detail::grid_copy(data + base, detail::stage_of<T>(t, root), m);
+    if (!detail::team_sync(t)) return false;
+  }
+  return true;
+}
+
+// Every thread of the grid: returns once every block of every rank has arrived.
+__device__ inline bool barrier(const Team& t) { return t.size == 1 || detail::team_sync(t); }
+
+}  // namespace collectives
+}  // namespace circuslink
