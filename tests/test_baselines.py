@@ -763,13 +763,13 @@ def test_nvshmem_allreduce_runs_n_pes_with_their_mps_share(monkeypatch, tmp_path
     monkeypatch.setattr(_build, "build_cached", lambda *a, **k: tmp_path / "bin")
     monkeypatch.setattr(shutil, "which", lambda name, path=None: "/usr/bin/" + name)
 
-    def fake_run(name, binary, cmd, env, timeout):
-        seen.update(name=name, cmd=cmd, env=env)
+    def fake_run(name, binary, cmd, env, timeout, npes, describe):
+        seen.update(name=name, cmd=cmd, env=env, npes=npes)
         return [{"impl": "nvshmem-reduce-stream", "bytes": 8}]
 
-    monkeypatch.setattr(_nvshmem, "_run_program", fake_run)
+    monkeypatch.setattr(_nvshmem, "_run", fake_run)
     rows = baselines.nvshmem_allreduce([8, 4096], 4, 10, 1, samples=12)
-    assert rows and seen["name"] == "nvshmem_allreduce"
+    assert rows and seen["name"] == "nvshmem_allreduce" and seen["npes"] == 4
     cmd, env = seen["cmd"], seen["env"]
     assert cmd[1:4] == ["--allow-run-as-root", "-np", "4"]
     exported = [cmd[i + 1] for i, a in enumerate(cmd) if a == "-x"]
