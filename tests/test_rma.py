@@ -131,6 +131,68 @@ def test_post_at_wait(spmd, backend):
     _ring(spmd, 2, cycles=50, post_at="wait", world_backend=backend)
 
 
+# Queues one after another on one window. Each queue's epochs count from where the last one on its
+# counters left off; a freed queue's memory (its chain, its graph, its counters) may come back to the
+# next one from a pool. Every rank rebuilds its whole window from the seeds across all queues: a later
+# queue that writes a freed queue's region, or whose wait returns before its writes land, fails.
+SUCCESSIVE = """
+import os
+import numpy as np
+import circuslink as cl
+from circuslink import rma
+
+SEED = int(os.environ["CIRCUSLINK_TEST_SEED"])
+world = cl.init()
+me, n = world.rank, world.size
+right, left = (me + 1) % n, (me - 1) % n
+win = rma.window_alloc(world, 1 << 14)
+expected = np.random.default_rng([SEED, 5, me]).integers(0, 256, 1 << 14, dtype=np.uint8)
+win.local[:] = world.xp.asarray(expected)
+world.barrier()
+# (writes (src, dst, count, block, src_stride, dst_stride), post_at): the third queue overwrites part of
+# the first one's region, the second one is 16-byte words only.
+QUEUES = [([(i * 16, 8192 + i * 24, 1, 8, 8, 8) for i in range(8)] + [(512, 8992, 5, 8, 24, 40)], "start"),
+          ([(1024 + i * 64, 12288 + i * 48, 1, 32, 32, 32) for i in range(4)] + [(2048, 12800, 3, 16, 48, 32)],
+           "wait"),
+          ([(3000, 8200, 1, 100, 100, 100), (3200, 9100, 4, 40, 50, 64)], "start")]
+for k, (writes, post_at) in enumerate(QUEUES):
+    q = rma.Queue.alloc(win)
+    for src, dst, count, block, ss, ds in writes:
+        if count == 1:
+            q.push(rma.declare_write(win, dst, win, src, block, right))
+        else:
+            q.push(rma.declare_strided_write(win, dst, win, src, count, block, ss, ds, right))
+    q.add_origin(left)
+    q.commit(post_at=post_at, timeout=30)
+    for cycle in range(20):
+        mine = np.random.default_rng([SEED, k, cycle, me]).integers(0, 256, 4096, dtype=np.uint8)
+        theirs = np.random.default_rng([SEED, k, cycle, left]).integers(0, 256, 4096, dtype=np.uint8)
+        win.local[:4096] = world.xp.asarray(mine)
+        expected[:4096] = mine
+        q.start()
+        q.wait()
+        for src, dst, count, block, ss, ds in writes:
+            for b in range(count):
+                expected[dst + b * ds: dst + b * ds + block] = theirs[src + b * ss: src + b * ss + block]
+        got = win.local.get() if hasattr(win.local, "get") else np.asarray(win.local)
+        bad = np.flatnonzero(got != expected)
+        assert not len(bad), f"rank {me} queue {k} cycle {cycle}: {len(bad)} bytes differ, first at {bad[:8]}"
+        world.barrier()  # every rank has read this epoch before anyone's next start overwrites it
+    q.free()
+win.free()
+world.close()
+print(f"rank {me} successive queues ok")
+"""
+
+
+@pytest.mark.parametrize("backend, launch", LAUNCHES)
+@pytest.mark.parametrize("n", [2, 3])
+def test_successive_queues_on_one_window_are_byte_exact(spmd, backend, launch, n):
+    env = {"CIRCUSLINK_RMA_LAUNCH": launch} if launch else {}
+    job = spmd(n, SUCCESSIVE, backend=backend, timeout=300, env=env).check()
+    assert job.output.count("successive queues ok") == n, job.output
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("n", [2, 4])

@@ -265,6 +265,9 @@ win.local[:] = world.xp.asarray(poison)
 # 16-byte aligned blocks only.
 CHAINS = [([(i * 16, 8192 + i * 24, 1, 8, 8, 8) for i in range(8)] + [(512, 9000 - 9000 % 8, 5, 8, 24, 40)], 8),
           ([(1024 + i * 64, 12288 + i * 48, 1, 32, 32, 32) for i in range(4)] + [(2048, 12800, 3, 16, 48, 32)], 16)]
+# What my window must hold, rebuilt from the seeds alone, across both queues: the first queue's last
+# bytes stay where it wrote them after it is freed (the second one must not touch them).
+window = poison.copy()
 for k, (writes, width) in enumerate(CHAINS):
     q = rma.Queue.alloc(win)
     for src, dst, count, block, ss, ds in writes:
@@ -279,7 +282,6 @@ for k, (writes, width) in enumerate(CHAINS):
     one_gpu = len(set(world.allgather_object(world.backend.device_identity))) == 1
     assert plan["words"] == total // width and plan["grid"] == 1, plan
     assert plan["scope"] == ("gpu" if one_gpu else "sys"), plan
-    window = poison.copy()   # what my window must hold, rebuilt from the seeds alone
     for cycle in range(50):
         mine = np.random.default_rng([seed, k, cycle, me]).integers(0, 256, 4096, dtype=np.uint8)
         theirs = np.random.default_rng([seed, k, cycle, peer]).integers(0, 256, 4096, dtype=np.uint8)
