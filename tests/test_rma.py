@@ -26,6 +26,7 @@ from conftest import BACKENDS, NVCC_TIMEOUT_S, on_backend
 
 import circuslink as cl
 from circuslink import rma
+from circuslink.rma._layout import CHUNK_BYTES
 
 # (world back-end, CIRCUSLINK_RMA_LAUNCH): the cuda back-end's two launch methods
 LAUNCHES = [on_backend("cpu", None), on_backend("cuda", "kernel"), on_backend("cuda", "graph")]
@@ -37,6 +38,7 @@ import os
 import numpy as np
 import circuslink as cl
 from circuslink import rma
+from circuslink.rma._layout import CHUNK_BYTES
 
 MEMORY, CYCLES, POST_AT = {memory!r}, {cycles}, {post_at!r}
 SEED = int(os.environ["CIRCUSLINK_TEST_SEED"])
@@ -140,6 +142,7 @@ import os
 import numpy as np
 import circuslink as cl
 from circuslink import rma
+from circuslink.rma._layout import CHUNK_BYTES
 
 SEED = int(os.environ["CIRCUSLINK_TEST_SEED"])
 world = cl.init()
@@ -545,6 +548,7 @@ LIFECYCLE = """
 import time
 import circuslink as cl
 from circuslink import rma
+from circuslink.rma._layout import CHUNK_BYTES
 world = cl.init()
 me = world.rank
 
@@ -676,6 +680,7 @@ def test_commit_finds_two_origins_writing_the_same_bytes(spmd):
 WAIT_TIMEOUT = """
 import circuslink as cl
 from circuslink import rma
+from circuslink.rma._layout import CHUNK_BYTES
 world = cl.init()
 win = rma.window_alloc(world, 256)
 q = rma.Queue.alloc(win)
@@ -716,6 +721,7 @@ def test_wait_times_out_naming_the_silent_origin(spmd, backend):
 START_TIMEOUT = """
 import circuslink as cl
 from circuslink import rma
+from circuslink.rma._layout import CHUNK_BYTES
 world = cl.init()
 win = rma.window_alloc(world, 256)
 q = rma.Queue.alloc(win)
@@ -854,3 +860,63 @@ def test_small_chain_words_copy_exactly_what_the_blocks_do(rng):
     assert small_chain_words([(8, 4096, 3, 8, 12, 8)])[1] == 0               # a stride breaks the alignment
     assert small_chain_words([(0, 1 << 20, 1, 4104, 4104, 4104)])[1] == 0     # more than a small chain
     assert small_chain_words([])[1] == 0
+
+
+def _copy_unit(mem, desc, k):
+    """What one warp does with unit k of a descriptor (rma_copy_unit), in numpy."""
+    src, dst, count, block_bytes, ss, ds, per_block, per_unit = desc
+    if per_unit > 1:
+        first = k * per_unit
+        for b in range(first, min(count, first + per_unit)):
+            mem[dst + b * ds: dst + b * ds + block_bytes] = mem[src + b * ss: src + b * ss + block_bytes]
+        return
+    block, offset = divmod(k, per_block)
+    offset *= CHUNK_BYTES
+    n = min(CHUNK_BYTES, block_bytes - offset)
+    mem[dst + block * ds + offset: dst + block * ds + offset + n] = mem[src + block * ss + offset:
+                                                                       src + block * ss + offset + n]
+
+
+def test_work_units_cover_every_block_once(rng):
+    """The units a chain is cut into (pieces of large blocks, several small blocks to a unit) copy every byte
+    of every block exactly once, whatever the block size against the 4 KiB unit."""
+    from circuslink.rma._layout import work_units
+
+    for _ in range(300):
+        block = int(rng.choice([1, 8, 100, 512, 2048, 2049, 4096, 5000, 12288]))
+        count = int(rng.integers(1, 40))
+        ss = block + int(rng.integers(0, 64))
+        ds = block + int(rng.integers(0, 64))
+        units, per_block, per_unit = work_units(count, block)
+        assert units >= 1 and (per_unit == 1 or per_block == 1)
+        assert per_unit * block <= max(CHUNK_BYTES, block)          # a unit never holds more than 4 KiB of blocks
+        src, dst = 0, count * ss + 16
+        size = dst + count * ds + 16
+        mem = rng.integers(0, 256, size, dtype=np.uint8)
+        want = mem.copy()
+        _copy_blocks(want, [(src, dst, count, block, ss, ds)])
+        for k in range(units):
+            _copy_unit(mem, (src, dst, count, block, ss, ds, per_block, per_unit), k)
+        assert np.array_equal(mem, want), (count, block, ss, ds)
+    assert work_units(64, 100) == (2, 1, 40)        # 64 blocks of 100 B: 40 to a unit
+    assert work_units(1, 100) == (1, 1, 1)
+    assert work_units(3, 10000) == (9, 3, 1)        # 10,000 B blocks: 3 pieces each
+
+
+def test_auto_launch_picks_the_copy_engine_for_large_chains_of_large_blocks(monkeypatch):
+    from circuslink.rma._cuda import COPY_ENGINE_FROM, choose_launch
+
+    assert choose_launch("auto", [(1, 8)] * 8) == "kernel"
+    assert choose_launch("auto", [(1, COPY_ENGINE_FROM)]) == "graph"
+    assert choose_launch("auto", [(1, COPY_ENGINE_FROM - 4096)]) == "kernel"
+    assert choose_launch("auto", [(1 << 15, 512)]) == "kernel"      # 16 MiB in 512 B rows: SM copies
+    assert choose_launch("kernel", [(1, 1 << 24)]) == "kernel" and choose_launch("graph", [(1, 8)]) == "graph"
+    monkeypatch.setenv("CIRCUSLINK_RMA_COPY_ENGINE_FROM", "65536")
+    assert choose_launch("auto", [(1, 65536)]) == "graph"
+    monkeypatch.setenv("CIRCUSLINK_RMA_COPY_ENGINE_FROM", "64K")
+    with pytest.raises(cl.RmaError, match="CIRCUSLINK_RMA_COPY_ENGINE_FROM='64K'"):
+        choose_launch("auto", [(1, 65536)])
+    monkeypatch.setenv("CIRCUSLINK_RMA_LAUNCH", "dma")
+    from circuslink.rma._cuda import launch_mode
+    with pytest.raises(cl.RmaError, match="CIRCUSLINK_RMA_LAUNCH='dma': choose one of auto, kernel, graph"):
+        launch_mode()

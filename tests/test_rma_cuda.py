@@ -118,7 +118,7 @@ q.add_origin(peer)
 q.commit(timeout=30)
 plan = q.describe()
 assert plan["launch"] == "kernel" and plan["threads"] == 256 and plan["timeout_s"] == 30, plan
-assert 1 <= plan["grid"] and plan["work_units"] == 64, plan
+assert 1 <= plan["grid"] and plan["work_units"] == 2, plan   # 64 blocks of 100 B, 40 to a 4 KiB unit
 
 def fill(cycle):
     data = np.random.default_rng([seed, me, cycle]).integers(0, 256, 8192, dtype=np.uint8)
@@ -245,7 +245,8 @@ def test_start_kernel_leaves_a_late_peer_room_to_post(spmd):
     """Every CTA of a start kernel spins until its targets post: the peer's start kernel, which posts,
     must still find SMs. Rank 1 always starts 0.2 s late, so rank 0's whole grid is spinning when it
     does (grids fit the rank's SM share; the late peer has its own share)."""
-    job = spmd(2, LATE_PEER, backend="cuda", timeout=240, env={"CIRCUSLINK_TIMEOUT": "20"}).check()
+    job = spmd(2, LATE_PEER, backend="cuda", timeout=240,
+               env={"CIRCUSLINK_TIMEOUT": "20", "CIRCUSLINK_RMA_LAUNCH": "kernel"}).check()
     assert job.output.count("late peer ok") == 2, job.output
 
 

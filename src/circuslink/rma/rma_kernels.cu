@@ -20,21 +20,17 @@ namespace cd = circuslink::detail;
 // of the queue's transposing puts, 0 for mixed sizes, -1 for none) adds their tiles after the copies,
 // in kernels of their own: the tiles' shared memory and registers would cost the plain copy its occupancy.
 template <int kTransposes>
-__device__ __forceinline__ void rma_start_launch(const RmaQueue& q) {
+__device__ __forceinline__ void rma_start_launch(const RmaQueue q) {
   const unsigned long long epoch = q.state->epoch + 1;
-  if (blockIdx.x == 0 && !q.post_at_wait) cd::rma_raise(q, q.post_at_origin, q.n_origins, epoch);
-  const bool ok = cd::rma_wait_counters(q, q.targets, q.size, q.n_targets, epoch, 1ull, q.timeout_ns);
   const unsigned int threads = cd::block_threads(), t = cd::block_thread();
-  const unsigned long long warps_per_block = (threads + 31u) / 32u;
+  const unsigned long long first = static_cast<unsigned long long>(blockIdx.x) * threads + t;
+  const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * threads;
+  const cd::RmaAhead a = cd::rma_start_ahead(q, first, stride);  // before anything waits
+  if (blockIdx.x == 0 && !q.post_at_wait) cd::rma_raise(q, q.post_at_origin, q.n_origins, epoch, a.post);
+  const bool ok = cd::rma_wait_counters(q, q.targets, q.size, q.n_targets, epoch, 1ull, q.timeout_ns, a.poll);
   if (ok) {
-    if (q.words != nullptr) {  // a small chain: one word per thread of the grid
-      cd::rma_copy_words(q, static_cast<unsigned long long>(blockIdx.x) * threads + t,
-                         static_cast<unsigned long long>(gridDim.x) * threads);
-    } else {
-      const unsigned int rest = threads - (t / 32u) * 32u;
-      cd::rma_copy_chain(q, blockIdx.x * warps_per_block + t / 32u, gridDim.x * warps_per_block, t % 32u,
-                         rest < 32u ? rest : 32u);
-    }
+    if (q.words != nullptr) cd::rma_copy_words(q, first, stride, a.words);  // a small chain: words over the grid
+    else cd::rma_copy_descriptors(q, blockIdx.x, gridDim.x);
     if constexpr (kTransposes >= 0) {
       cd::transpose_chain<kTransposes>(*q.transposes, blockIdx.x, gridDim.x);
     }
@@ -53,7 +49,7 @@ __device__ __forceinline__ void rma_start_launch(const RmaQueue& q) {
   __syncthreads();
   if (!last) return;
   const bool failed = cd::ld_relaxed_u64(&q.state->failed) != 0ull;
-  if (!failed) cd::rma_raise(q, q.arrival_at_target, q.n_targets, epoch);
+  if (!failed) cd::rma_raise(q, q.arrival_at_target, q.n_targets, epoch, a.raise);
   __syncthreads();
   if (t == 0) {
     q.state->done_ctas = 0ull;  // every CTA of this launch has counted; the next launch starts at 0
@@ -80,20 +76,25 @@ extern "C" __global__ void circuslink_rma_wait(RmaHandle h, unsigned long long t
 }
 
 extern "C" __global__ void circuslink_rma_prologue(RmaHandle h) {
-  const RmaQueue& q = *h.queue;
+  const RmaQueue q = *h.queue;
   const unsigned long long epoch = q.state->epoch + 1;
-  if (!q.post_at_wait) cd::rma_raise(q, q.post_at_origin, q.n_origins, epoch);
-  cd::rma_wait_counters(q, q.targets, q.size, q.n_targets, epoch, 1ull, q.timeout_ns);
+  const unsigned long long t = cd::block_thread();
+  const cd::RmaPoll poll = cd::rma_poll_slot(q, q.targets, q.size, q.n_targets, t);
+  if (!q.post_at_wait) {
+    cd::rma_raise(q, q.post_at_origin, q.n_origins, epoch, cd::rma_remote_slot(q.post_at_origin, q.n_origins, t));
+  }
+  cd::rma_wait_counters(q, q.targets, q.size, q.n_targets, epoch, 1ull, q.timeout_ns, poll);
 }
 
 extern "C" __global__ void circuslink_rma_epilogue(RmaHandle h) {
-  const RmaQueue& q = *h.queue;
+  const RmaQueue q = *h.queue;
   const unsigned long long epoch = q.state->epoch + 1;
+  unsigned long long* raise = cd::rma_remote_slot(q.arrival_at_target, q.n_targets, cd::block_thread());
   // The copy-engine copies before this node have completed (graph order); make sure the
   // counters are not seen before them by any observer (at the queue's scope).
   cd::rma_fence(q);
   const bool failed = cd::ld_relaxed_u64(&q.state->failed) != 0ull;
-  if (!failed) cd::rma_raise(q, q.arrival_at_target, q.n_targets, epoch);
+  if (!failed) cd::rma_raise(q, q.arrival_at_target, q.n_targets, epoch, raise);
   __syncthreads();
   if (cd::block_thread() == 0) q.state->epoch = epoch;
 }

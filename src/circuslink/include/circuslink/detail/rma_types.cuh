@@ -9,8 +9,9 @@ namespace circuslink {
 
 struct RmaTransposeChain;  // detail/transpose_types.cuh: the queue's transposing puts
 
-// Work is cut into units of at most this many bytes (one warp copies one unit), so that
-// one large block is copied by many warps and many small blocks by one warp each.
+// Work is cut into units of at most this many bytes (one warp copies one unit), so that one large
+// block is copied by many warps, and blocks of at most half of it go several to a unit
+// (RmaDescriptor::blocks_per_unit): a warp keeps a unit's worth of loads in flight either way.
 constexpr unsigned long long kRmaChunkBytes = 4096;
 
 // RmaQueue::flags.
@@ -30,7 +31,7 @@ struct RmaWord {
   unsigned long long dst;
 };
 
-// One declared write, as the copy kernel reads it (64 bytes).
+// One declared write, as the copy kernel reads it (72 bytes).
 struct RmaDescriptor {
   unsigned long long src;          // my source address
   unsigned long long dst;          // destination, the target's memory mapped here (CUDA IPC)
@@ -39,8 +40,10 @@ struct RmaDescriptor {
   unsigned long long src_stride;   // bytes between block starts
   unsigned long long dst_stride;
   unsigned long long unit_begin;   // first work unit of this descriptor (prefix sum over the chain)
-  unsigned int units_per_block;    // ceil(block_bytes / kRmaChunkBytes)
+  unsigned int units_per_block;    // ceil(block_bytes / kRmaChunkBytes) (1 when blocks_per_unit > 1)
   unsigned int align;              // widest access all addresses, sizes and strides allow: 16, 8, 4, 2, 1
+  unsigned int blocks_per_unit;    // whole blocks per unit: kRmaChunkBytes / block_bytes for small blocks, else 1
+  unsigned int reserved;
 };
 
 // Per-queue state that lives in this rank's device memory and survives launches.
