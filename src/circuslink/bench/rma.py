@@ -24,9 +24,11 @@ wait inside one kernel, ``kernels/rma_cycles.cu``, through the public ``<circusl
 ``q.device_handle()``), ``mpi3-rma`` (the mpi
 windows: MPI_Put in PSCW epochs, host-staged with a GPU), ``mpi-persistent-p2p``
 (Send_init/Recv_init, Startall, Waitall, host-staged), ``nccl-grouped-sendrecv`` (contiguous
-only), and the floor from ``circuslink probe``. Set CIRCUSLINK_RMA_LAUNCH=graph to copy with the copy
-engine, =kernel for SM copies, at every size (default auto: the copy engine for large chains of large
-blocks, ``launch`` in each row; both are one graph launch a cycle). Device-driven chains of at least
+only), ``nvshmem-put-signal-chain`` / ``-grid`` (NVSHMEM put-with-signal chains in the same ring with
+the same post / write / signal protocol, one thread or a grid, ``baselines.nvshmem_rma_chains``), and
+the floor from ``circuslink probe``. Set CIRCUSLINK_RMA_LAUNCH=graph to copy with the copy engine,
+=kernel for SM copies, at every size (default auto: the copy engine for large chains of large blocks,
+``launch`` in each row; both are one graph launch a cycle). Device-driven chains of at least
 DEVICE_GRID_FROM_BYTES a cycle run on a co-resident grid (``device_blocks`` in the row).
 """
 
@@ -181,6 +183,7 @@ def _run_rank(args: argparse.Namespace) -> int:
         bench.mpi3_rma(layouts)
         bench.mpi_p2p()
         bench.nccl()
+        bench.nvshmem(layouts)
     if world.rank == 0:
         def draw(path: str) -> None:  # one panel per chain length
             panels = []
@@ -501,6 +504,32 @@ class _Bench:
                        total_bytes=len(self.targets) * chain * nbytes, neighbours=len(self.targets))
             self.results.add(**row)
 
+
+    def nvshmem(self, layouts: list[str]) -> None:
+        """NVSHMEM put-with-signal chains of the same pairs and layouts, in a ring of as many PEs as the job has
+        ranks, run by rank 0 while the others wait; rows as ours (or one skipped row saying why not)."""
+        from . import _driver as drv
+
+        if not self.world.backend.runs_kernels:
+            self._skip("nvshmem-put-signal-chain", "needs GPUs (the cuda back-end)", layouts)
+            return
+        from .baselines import nvshmem_rma_chains
+
+        self.world.barrier()
+        if self.world.rank == 0:
+            drv.progress(f"rma: nvshmem put-with-signal chains on {self.world.size} PEs")
+            try:
+                rows = nvshmem_rma_chains(self.world.size, self.pairs, layouts=layouts, iters=self.iters,
+                                          warmup=self.warmup, samples=self.samples, sample_bytes=_SAMPLE_BYTES,
+                                          timeout=NVSHMEM_TIMEOUT_S)
+            except Exception as exc:  # a baseline that cannot run is reported, not fatal
+                rows = [{"impl": "nvshmem-put-signal-chain", "bytes": 0, "skipped": f"{type(exc).__name__}: {exc}"}]
+            for row in rows:
+                self.results.add(**row)
+        self.world.barrier(timeout=3600)  # the others wait while rank 0 runs the NVSHMEM program
+
+
+NVSHMEM_TIMEOUT_S = 300
 
 # The targets of persistent RMA queues at chaining-DMA cost (docs/rma.md, "Benchmark").
 DEVICE_VS_FLOOR = 3.0       # device-driven chain of 8 x 8 B, start to wait, at most this many relaxed floors

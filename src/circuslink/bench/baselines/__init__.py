@@ -10,6 +10,8 @@
 * :func:`nvshmem_stencil`: the 2-D Jacobi stencil of examples/stencil with its halos through NVSHMEM
   put-with-signal (``nvshmem_stencil.cu``), launch and persistent forms, N PEs under mpirun. Called from
   one process.
+* :func:`nvshmem_rma_chains`: put-with-signal chains in a ring of N PEs (``nvshmem_rma_chain.cu``), the
+  exchange of ``bench rma``. Called from one process.
 
 NVLink multicast stays off in all of them (``NCCL_NVLS_ENABLE=0``, ``NVSHMEM_DISABLE_NVLS=1``).
 A baseline that cannot run returns rows with ``"skipped": "<reason>"`` (NCCL) or ``[]`` with a
@@ -22,11 +24,19 @@ from __future__ import annotations
 from ._common import MULTICAST_OFF, disable_multicast
 from ._mpi import mpi_pingpong
 from ._nccl import nccl_allreduce, nccl_grouped_sendrecv, nccl_pingpong
-from ._nvshmem import build_nvshmem_pingpong, build_nvshmem_stencil, nvshmem_pingpong, nvshmem_stencil
+from ._nvshmem import (
+    build_nvshmem_pingpong,
+    build_nvshmem_rma_chain,
+    build_nvshmem_stencil,
+    nvshmem_pingpong,
+    nvshmem_rma_chains,
+    nvshmem_stencil,
+)
 
 __all__ = [
     "MULTICAST_OFF",
     "build_nvshmem_pingpong",
+    "build_nvshmem_rma_chain",
     "build_nvshmem_stencil",
     "disable_multicast",
     "mpi_pingpong",
@@ -34,5 +44,6 @@ __all__ = [
     "nccl_grouped_sendrecv",
     "nccl_pingpong",
     "nvshmem_pingpong",
+    "nvshmem_rma_chains",
     "nvshmem_stencil",
 ]
