@@ -54,8 +54,16 @@ __device__ __forceinline__ bool rma_start_blocks(const RmaQueue q, unsigned long
   }
 #endif
   const unsigned long long t = block_thread(), threads = block_threads();
-  a = rma_start_ahead(q, index * threads + t, blocks * threads);
-  if (index == 0 && !q.post_at_wait) rma_raise(q, q.post_at_origin, q.n_origins, epoch, a.post);
+  a.poll = rma_poll_slot(q, q.targets, q.size, q.n_targets, t);
+  a.raise = rma_remote_slot(q.arrival_at_target, q.n_targets, t);
+  if (index == 0 && !q.post_at_wait) {
+    rma_raise(q, q.post_at_origin, q.n_origins, epoch, rma_remote_slot(q.post_at_origin, q.n_origins, t));
+  }
+  if (q.words != nullptr) {
+    // The block's threads wrote the sources before the call: they are read ahead, so meet first.
+    __syncthreads();
+    rma_load_words_ahead(q, index * threads + t, blocks * threads, a.words);
+  }
   const bool ok = rma_wait_counters(q, q.targets, q.size, q.n_targets, epoch, 1ull, q.timeout_ns, a.poll);
   if (ok) {
     if (q.words != nullptr) rma_copy_words(q, index * threads + t, blocks * threads, a.words);
@@ -94,8 +102,9 @@ __device__ __forceinline__ bool rma_wait(RmaHandle queue) {
 // with world.backend.launch_resident, at most world.backend.max_blocks blocks: the blocks wait for the
 // targets' posts, so they must all run at once), with the grid's barrier (world.backend.grid_barrier()).
 // The blocks share the copy; after a grid barrier block 0 raises the arrivals. rma_wait_grid: block 0
-// waits, then the barrier makes the incoming bytes visible to every block. False on every thread of a
-// block whose wait timed out, or on every thread when the barrier did.
+// waits, then the barrier makes the incoming bytes visible to every block. The same answer on every
+// thread: false when a wait or the barrier timed out. Sources written by other blocks need a grid_sync
+// before rma_start_grid (as every read of another block's writes does).
 __device__ __forceinline__ bool rma_start_grid(RmaHandle queue, const GridBarrier& bar) {
   const RmaQueue q = *queue.queue;
   const unsigned long long index = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);

@@ -35,10 +35,6 @@ __device__ __forceinline__ void rma_release_store(const RmaQueue& q, unsigned lo
   if (rma_gpu_scope(q)) st_release_gpu_u64(p, v);
   else st_release_sys_u64(p, v);
 }
-__device__ __forceinline__ void rma_acquire_load(const RmaQueue& q, const unsigned long long* p) {
-  if (rma_gpu_scope(q)) (void)ld_acquire_gpu_u64(p);
-  else (void)ld_acquire_sys_u64(p);
-}
 __device__ __forceinline__ void rma_fence(const RmaQueue& q) {
   if (rma_gpu_scope(q)) fence_acq_rel_gpu();
   else fence_acq_rel_sys();
