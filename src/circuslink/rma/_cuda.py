@@ -257,12 +257,15 @@ class CudaQueue:
         warps = _THREADS // 32
         kernels = _kernels()
         self.k_start = kernels.get_function(self.tchain.start_kernel_name("circuslink_rma_start"))
+        # The start and the wait of a host-driven cycle in one launch (one graph node instead of two).
+        self.k_cycle = kernels.get_function(self.tchain.start_kernel_name("circuslink_rma_cycle"))
         # Every CTA of the start kernel waits for the targets' posts: never more CTAs than this rank's
-        # SM share holds at once, or they could take the SMs a target needs to post.
+        # SM share holds at once (of either kernel), or they could take the SMs a target needs to post.
         # A small chain is one CTA's words (no count of finished CTAs, no fence between them).
-        self.grid = 1 if len(words) else max(1, min(-(-units // warps),
-                                                     self.world.backend.max_blocks(self.k_start, _THREADS)))
-        self.grid = self.tchain.grid(self.k_start, self.grid)
+        backend = self.world.backend
+        resident = min(backend.max_blocks(self.k_start, _THREADS), backend.max_blocks(self.k_cycle, _THREADS))
+        self.grid = 1 if len(words) else max(1, min(-(-units // warps), resident))
+        self.grid = min(self.tchain.grid(self.k_start, self.grid), self.tchain.grid(self.k_cycle, self.grid))
         self.k_wait = kernels.get_function("circuslink_rma_wait")
         self._stream_wait(self.stream, deadline, "setting up the queue's state on the device")
         del host  # the copy above has landed
@@ -279,15 +282,21 @@ class CudaQueue:
 
     def _capture_cycle(self, deadline: Deadline):
         """One whole host-driven cycle as one CUDA graph, captured once: start() is then one graph launch
-        (one driver call, no per-kernel argument packing in Python) and wait() only waits for it.
+        (one driver call, no per-kernel argument packing in Python) and wait() only waits for it. SM copies:
+        one kernel node (circuslink_rma_cycle: the start, then its last CTA waits); copy engine: post kernel,
+        copies, signal kernel, wait kernel.
 
         The wait node carries the queue's time-out (commit's); wait(timeout=) bounds the host's wait and,
         past it, ends the device wait through the abort word."""
         capture = self.cp.cuda.Stream(non_blocking=True)
         capture.begin_capture()
         try:
-            self._enqueue_start(capture)
-            self._enqueue_wait(capture, max(1, int(deadline.limit * 1e9)))
+            if self.launch == "kernel":  # one node: the start, then its last CTA waits (the queue's time-out)
+                with capture:
+                    self.k_cycle((self.grid,), (_THREADS,), (self.handle,))
+            else:
+                self._enqueue_start(capture)
+                self._enqueue_wait(capture, max(1, int(deadline.limit * 1e9)))
         finally:
             graph = capture.end_capture()
         graph.upload(self.stream)

@@ -3,7 +3,9 @@
 //
 //   kernel launch: start = one launch of circuslink_rma_start (post, wait for the
 //                  targets' posts, every CTA copies its share of the chain, the last CTA
-//                  raises the arrival counters); wait = one launch of circuslink_rma_wait.
+//                  raises the arrival counters); wait = one launch of circuslink_rma_wait;
+//                  a host-driven cycle = one launch of circuslink_rma_cycle (the start, then the
+//                  last CTA waits).
 //                  circuslink_rma_start_transposeN: the same, then the transposing puts' tiles
 //                  (N: their element size, 0 when mixed).
 //   graph launch:  start = one CUDA graph: circuslink_rma_prologue (post, wait for posts),
@@ -19,7 +21,9 @@ namespace cd = circuslink::detail;
 // The start launch (a 1-D grid of 1-D blocks, launched by rma/_cuda.py); kTransposes (the element size
 // of the queue's transposing puts, 0 for mixed sizes, -1 for none) adds their tiles after the copies,
 // in kernels of their own: the tiles' shared memory and registers would cost the plain copy its occupancy.
-template <int kTransposes>
+// kWait: the cycle kernel of a host-driven start() (one graph node, not two): the CTA that raises the
+// arrivals then waits for the origins' writes, as circuslink_rma_wait does (the queue's time-out).
+template <int kTransposes, bool kWait>
 __device__ __forceinline__ void rma_start_launch(const RmaQueue q) {
   const unsigned long long epoch = q.state->epoch + 1;
   const unsigned int threads = cd::block_threads(), t = cd::block_thread();
@@ -55,20 +59,30 @@ __device__ __forceinline__ void rma_start_launch(const RmaQueue q) {
     q.state->done_ctas = 0ull;  // every CTA of this launch has counted; the next launch starts at 0
     q.state->epoch = epoch;
   }
+  if constexpr (kWait) {
+    __syncthreads();  // the new epoch, for the wait's read
+    cd::rma_wait_queue(q, q.timeout_ns);
+  }
 }
 
-extern "C" __global__ void circuslink_rma_start(RmaHandle h) { rma_start_launch<-1>(*h.queue); }
-// At most 85 registers (3 blocks of 256 per SM) without spilling; the mixed-size one needs more.
-extern "C" __global__ void __launch_bounds__(256, 3) circuslink_rma_start_transpose4(RmaHandle h) {
-  rma_start_launch<4>(*h.queue);
-}
-extern "C" __global__ void __launch_bounds__(256, 3) circuslink_rma_start_transpose8(RmaHandle h) {
-  rma_start_launch<8>(*h.queue);
-}
-extern "C" __global__ void __launch_bounds__(256, 3) circuslink_rma_start_transpose16(RmaHandle h) {
-  rma_start_launch<16>(*h.queue);
-}
-extern "C" __global__ void circuslink_rma_start_transpose0(RmaHandle h) { rma_start_launch<0>(*h.queue); }
+#define CIRCUSLINK_RMA_START_KERNELS(name, wait)                                                        \
+  extern "C" __global__ void name(RmaHandle h) { rma_start_launch<-1, wait>(*h.queue); }                \
+  extern "C" __global__ void __launch_bounds__(256, 3) name##_transpose4(RmaHandle h) {                 \
+    rma_start_launch<4, wait>(*h.queue);                                                                \
+  }                                                                                                     \
+  extern "C" __global__ void __launch_bounds__(256, 3) name##_transpose8(RmaHandle h) {                 \
+    rma_start_launch<8, wait>(*h.queue);                                                                \
+  }                                                                                                     \
+  extern "C" __global__ void __launch_bounds__(256, 3) name##_transpose16(RmaHandle h) {                \
+    rma_start_launch<16, wait>(*h.queue);                                                               \
+  }                                                                                                     \
+  extern "C" __global__ void name##_transpose0(RmaHandle h) { rma_start_launch<0, wait>(*h.queue); }
+
+// The transposeN kernels: at most 85 registers (3 blocks of 256 per SM); the mixed-size one needs more.
+// circuslink_rma_start*: start(stream=) and the copy-engine-free start; circuslink_rma_cycle*: the start
+// and the wait of a host-driven cycle in one launch.
+CIRCUSLINK_RMA_START_KERNELS(circuslink_rma_start, false)
+CIRCUSLINK_RMA_START_KERNELS(circuslink_rma_cycle, true)
 
 // wait(timeout=...) may differ from the queue's time-out: it comes as an argument.
 extern "C" __global__ void circuslink_rma_wait(RmaHandle h, unsigned long long timeout_ns) {
