@@ -448,10 +448,14 @@ def test_device_handle_table():
     from circuslink.rma import _layout
 
     assert _layout.HANDLE in _abi.registered()
-    assert (_layout.HANDLE.cxx, _layout.HANDLE.size, _layout.HANDLE.align) == ("circuslink::RmaHandle", 8, 8)
-    h = _layout.HANDLE.pack(queue=0xDEADBEEF000)
+    # the queue's address, then a copy of the queue (kernels read its fields from their parameters)
+    assert (_layout.HANDLE.cxx, _layout.HANDLE.size, _layout.HANDLE.align) == ("circuslink::RmaHandle",
+                                                                               8 + _layout.QUEUE.size, 8)
+    h = _layout.HANDLE.pack(queue=0xDEADBEEF000, q=_layout.QUEUE.pack(n_words=7, timeout_ns=123))
     assert isinstance(h, np.void) and h.dtype.isalignedstruct and int(h["queue"]) == 0xDEADBEEF000
-    assert np.frombuffer(h.tobytes(), dtype="<u8")[0] == 0xDEADBEEF000
+    words = np.frombuffer(h.tobytes(), dtype="<u8")
+    assert words[0] == 0xDEADBEEF000 and int(h["q"]["n_words"]) == 7
+    assert words[1 + _layout.QUEUE.offsets["timeout_ns"] // 8] == 123
 
 
 def _nvcc(source: str, tmp_path) -> subprocess.CompletedProcess:

@@ -246,7 +246,7 @@ class CudaQueue:
         cp.cuda.runtime.memcpyAsync(base_ptr, host.ctypes.data, len(blob), cp.cuda.runtime.memcpyHostToDevice,
                                     self.stream.ptr)
         self.handle_mem = mem
-        self.handle = HANDLE.pack(queue=base_ptr)
+        self.handle = HANDLE.pack(queue=base_ptr, q=QUEUE.pack(**fields))
         self.handles = handles
         self.n_origins = len(origins)
         self.units = units

@@ -41,4 +41,5 @@ WORD = abi.Struct("circuslink::RmaWord", HEADER, [("src", abi.U64), ("dst", abi.
 GPU_SCOPE = 1  # kRmaGpuScope: the counters release / acquire at .gpu scope (every rank on one GPU)
 SMALL_CHAIN_BYTES = 4096  # kRmaSmallChainBytes: plain writes up to this many bytes are committed as words
 # The device handle: what Queue.device_handle() returns and kernels take by value (rma_start / rma_wait).
-HANDLE = abi.Struct("circuslink::RmaHandle", HEADER, [("queue", abi.PTR)])
+# q: a copy of the queue, read by kernels from their parameters.
+HANDLE = abi.Struct("circuslink::RmaHandle", HEADER, [("queue", abi.PTR), ("q", QUEUE)])

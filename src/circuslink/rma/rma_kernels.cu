@@ -66,17 +66,17 @@ __device__ __forceinline__ void rma_start_launch(const RmaQueue q) {
 }
 
 #define CIRCUSLINK_RMA_START_KERNELS(name, wait)                                                        \
-  extern "C" __global__ void name(RmaHandle h) { rma_start_launch<-1, wait>(*h.queue); }                \
+  extern "C" __global__ void name(RmaHandle h) { rma_start_launch<-1, wait>(h.q); }                \
   extern "C" __global__ void __launch_bounds__(256, 3) name##_transpose4(RmaHandle h) {                 \
-    rma_start_launch<4, wait>(*h.queue);                                                                \
+    rma_start_launch<4, wait>(h.q);                                                                \
   }                                                                                                     \
   extern "C" __global__ void __launch_bounds__(256, 3) name##_transpose8(RmaHandle h) {                 \
-    rma_start_launch<8, wait>(*h.queue);                                                                \
+    rma_start_launch<8, wait>(h.q);                                                                \
   }                                                                                                     \
   extern "C" __global__ void __launch_bounds__(256, 3) name##_transpose16(RmaHandle h) {                \
-    rma_start_launch<16, wait>(*h.queue);                                                               \
+    rma_start_launch<16, wait>(h.q);                                                               \
   }                                                                                                     \
-  extern "C" __global__ void name##_transpose0(RmaHandle h) { rma_start_launch<0, wait>(*h.queue); }
+  extern "C" __global__ void name##_transpose0(RmaHandle h) { rma_start_launch<0, wait>(h.q); }
 
 // The transposeN kernels: at most 85 registers (3 blocks of 256 per SM); the mixed-size one needs more.
 // circuslink_rma_start*: start(stream=) and the copy-engine-free start; circuslink_rma_cycle*: the start
@@ -86,11 +86,11 @@ CIRCUSLINK_RMA_START_KERNELS(circuslink_rma_cycle, true)
 
 // wait(timeout=...) may differ from the queue's time-out: it comes as an argument.
 extern "C" __global__ void circuslink_rma_wait(RmaHandle h, unsigned long long timeout_ns) {
-  cd::rma_wait_queue(*h.queue, timeout_ns);
+  cd::rma_wait_queue(h.q, timeout_ns);
 }
 
 extern "C" __global__ void circuslink_rma_prologue(RmaHandle h) {
-  const RmaQueue q = *h.queue;
+  const RmaQueue& q = h.q;
   const unsigned long long epoch = q.state->epoch + 1;
   const unsigned long long t = cd::block_thread();
   const cd::RmaPoll poll = cd::rma_poll_slot(q, q.targets, q.size, q.n_targets, t);
@@ -101,7 +101,7 @@ extern "C" __global__ void circuslink_rma_prologue(RmaHandle h) {
 }
 
 extern "C" __global__ void circuslink_rma_epilogue(RmaHandle h) {
-  const RmaQueue q = *h.queue;
+  const RmaQueue& q = h.q;
   const unsigned long long epoch = q.state->epoch + 1;
   unsigned long long* raise = cd::rma_remote_slot(q.arrival_at_target, q.n_targets, cd::block_thread());
   // The copy-engine copies before this node have completed (graph order); make sure the

@@ -39,11 +39,11 @@ namespace detail {
 // rma_start on the queue itself (here, not in rma_impl.cuh: whether it turns transposing puts depends
 // on the includes of the kernel's translation unit), by block `index` of `blocks` blocks that start it
 // together (1 for rma_start; the grid for rma_start_grid, whose caller raises the arrivals after a grid
-// barrier). `q` is a copy in registers (see rma_wait_queue). One epoch's critical path, when the target
+// barrier). `q` is the handle's copy (see rma_wait_queue). One epoch's critical path, when the target
 // posts at its start: the post's trip to me, my stores, one release and the arrival's trip to the target;
 // everything read from memory (the counters' addresses, the small chain's words and their source bytes)
 // is read before the start waits for the post.
-__device__ __forceinline__ bool rma_start_blocks(const RmaQueue q, unsigned long long index, unsigned long long blocks,
+__device__ __forceinline__ bool rma_start_blocks(const RmaQueue& q, unsigned long long index, unsigned long long blocks,
                                                  bool raise_arrivals, RmaAhead& a) {
   const unsigned long long epoch = q.state->epoch + 1;
 #if !defined(CIRCUSLINK_TRANSPOSE_PUTS)
@@ -88,13 +88,13 @@ __device__ __forceinline__ bool rma_start_blocks(const RmaQueue q, unsigned long
 // target. Returns false if a target never posted (recorded for the host).
 __device__ __forceinline__ bool rma_start(RmaHandle queue) {
   detail::RmaAhead a;
-  return detail::rma_start_blocks(*queue.queue, 0ull, 1ull, true, a);
+  return detail::rma_start_blocks(queue.q, 0ull, 1ull, true, a);
 }
 
 // Wait until every origin's writes of the current epoch have arrived. Returns false on time-out
 // (recorded for the host).
 __device__ __forceinline__ bool rma_wait(RmaHandle queue) {
-  return detail::rma_wait_queue(*queue.queue, queue.queue->timeout_ns);
+  return detail::rma_wait_queue(queue.q, queue.q.timeout_ns);
 }
 
 // The grid forms, for chains too large for one block (a 16 MiB chain copied by one block of 256 threads
@@ -106,7 +106,7 @@ __device__ __forceinline__ bool rma_wait(RmaHandle queue) {
 // thread: false when a wait or the barrier timed out. Sources written by other blocks need a grid_sync
 // before rma_start_grid (as every read of another block's writes does).
 __device__ __forceinline__ bool rma_start_grid(RmaHandle queue, const GridBarrier& bar) {
-  const RmaQueue q = *queue.queue;
+  const RmaQueue& q = queue.q;
   const unsigned long long index = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   const unsigned long long blocks = static_cast<unsigned long long>(gridDim.x) * gridDim.y * gridDim.z;
   detail::RmaAhead a;
@@ -128,9 +128,9 @@ __device__ __forceinline__ bool rma_start_grid(RmaHandle queue, const GridBarrie
 
 __device__ __forceinline__ bool rma_wait_grid(RmaHandle queue, const GridBarrier& bar) {
   const unsigned long long index = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  if (index == 0) detail::rma_wait_queue(*queue.queue, queue.queue->timeout_ns);
+  if (index == 0) detail::rma_wait_queue(queue.q, queue.q.timeout_ns);
   if (!grid_sync(bar)) return false;
-  return detail::ld_relaxed_u64(&queue.queue->state->failed) == 0ull;  // block 0's answer, for every block
+  return detail::ld_relaxed_u64(&queue.q.state->failed) == 0ull;  // block 0's answer, for every block
 }
 
 #endif  // __CUDACC__ || __CUDACC_RTC__

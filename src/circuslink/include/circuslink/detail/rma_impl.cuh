@@ -320,10 +320,11 @@ __device__ __forceinline__ RmaAhead rma_start_ahead(const RmaQueue& q, unsigned 
 }
 
 // Wait until every origin's writes of the current epoch have arrived (at most timeout_ns each), then,
-// for a queue that posts at wait, post the next epoch. Block-cooperative. `q` is a copy in registers of
-// the queue in device memory: every acquire invalidates L1, after which each field read would be a trip
-// to L2.
-__device__ __forceinline__ bool rma_wait_queue(const RmaQueue q, unsigned long long timeout_ns) {
+// for a queue that posts at wait, post the next epoch. Block-cooperative. `q` is the handle's copy of
+// the queue (RmaHandle::q, in the kernel's parameters), not the queue in device memory: every acquire
+// invalidates L1, after which each field read there would be a trip to L2. The counters' addresses are
+// read before the wait polls.
+__device__ __forceinline__ bool rma_wait_queue(const RmaQueue& q, unsigned long long timeout_ns) {
   const unsigned long long t = block_thread();
   const RmaPoll mine = rma_poll_slot(q, q.origins, 0ull, q.n_origins, t);
   unsigned long long* post = q.post_at_wait ? rma_remote_slot(q.post_at_origin, q.n_origins, t) : nullptr;

@@ -92,9 +92,14 @@ struct RmaQueue {
 };
 
 // The device handle of a committed queue: what Queue.device_handle() returns (a numpy scalar of this
-// struct) and rma_start / rma_wait receive, by value, like every circuslink device handle.
+// struct) and rma_start / rma_wait receive, by value, like every circuslink device handle. `q` is a copy
+// of *queue (fixed from commit on): a kernel that takes the handle as a parameter reads the queue's fields
+// from its parameters (the constant bank) instead of device memory, whose L1 copy every acquire poll
+// invalidates, so that no field read is one more L2 trip on a cycle's critical path. A handle from before
+// the queue's last commit is stale (as its pointer is).
 struct RmaHandle {
   const RmaQueue* queue;
+  RmaQueue q;
 };
 
 }  // namespace circuslink
