@@ -45,10 +45,12 @@ from ._transpose import is_transpose
 
 LAUNCHES = ("auto", "kernel", "graph")
 # "auto": copy-engine copies ("graph") for chains of at least this many bytes of plain writes whose blocks are
-# all at least COPY_ENGINE_MIN_BLOCK bytes, SM copies ("kernel") otherwise. Why: a 16 MiB chain took 28.7 us
-# on the copy engine and far longer as SM copies within a rank's share of the SMs under MPS, while a small
-# chain's SM start is one launch against the copy engine's three graph nodes; the copy engine moves rows
-# of 512 B at half its contiguous rate. CIRCUSLINK_RMA_COPY_ENGINE_FROM (bytes) moves the switch point.
+# all at least COPY_ENGINE_MIN_BLOCK bytes, SM copies ("kernel") otherwise. Why: SM copies run on the rank's
+# share of the SMs (with 2 ranks under MPS, a quarter of the GPU): a 16 MiB chain took 28.7 us, 0.33 x the
+# copy engine's figure of the same run, which no SM share limits; a small chain's SM start is one kernel
+# node against the copy engine's four, and the copy engine moved 512-byte rows at half its contiguous
+# rate. CIRCUSLINK_RMA_COPY_ENGINE_FROM (bytes) moves the switch point (to be measured: bench rma with
+# CIRCUSLINK_RMA_LAUNCH=kernel and =graph).
 COPY_ENGINE_FROM = 256 << 10
 COPY_ENGINE_MIN_BLOCK = 4096
 _KERNELS = Path(__file__).with_name("rma_kernels.cu")
