@@ -48,8 +48,9 @@ LAUNCHES = ("auto", "kernel", "graph")
 # all at least COPY_ENGINE_MIN_BLOCK bytes, SM copies ("kernel") otherwise. Why: SM copies run on the rank's
 # share of the SMs (with 2 ranks under MPS, a quarter of the GPU): a 16 MiB chain took 28.7 us, 0.33 x the
 # copy engine's figure of the same run, which no SM share limits; a small chain's SM start is one kernel
-# node against the copy engine's four, and the copy engine moved 512-byte rows at half its contiguous
-# rate. CIRCUSLINK_RMA_COPY_ENGINE_FROM (bytes) moves the switch point (to be measured: bench rma with
+# node against the copy engine's four; and a 2-D copy-engine copy of narrow rows (512 B) pays per row,
+# where SM copies deal small blocks to lanes like contiguous bytes (not yet measured side by side).
+# CIRCUSLINK_RMA_COPY_ENGINE_FROM (bytes) moves the switch point (to be measured: bench rma with
 # CIRCUSLINK_RMA_LAUNCH=kernel and =graph).
 COPY_ENGINE_FROM = 256 << 10
 COPY_ENGINE_MIN_BLOCK = 4096
