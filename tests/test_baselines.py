@@ -742,6 +742,49 @@ def test_nvshmem_pingpong_gpu(tmp_path):
     print(rows)
 
 
+def test_nvshmem_rma_chains_refuses_bad_arguments_in_one_line(tmp_path):
+    with pytest.raises(cl.ConfigError, match="npes must be at least 2 .a ring., got 1"):
+        baselines.nvshmem_rma_chains(1, [(1, 8)], out_dir=tmp_path)
+    with pytest.raises(cl.ConfigError, match=r"pairs must be \(chain, bytes\) with both >= 1, got \[\(0, 8\)\]"):
+        baselines.nvshmem_rma_chains(2, [(0, 8)], out_dir=tmp_path)
+    with pytest.raises(cl.ConfigError, match="layouts are contiguous / strided and forms thread / grid"):
+        baselines.nvshmem_rma_chains(2, [(1, 8)], layouts=("diagonal",), out_dir=tmp_path)
+
+
+@needs_nvshmem_build
+def test_nvshmem_rma_chain_compiles_and_checks_its_arguments(nvshmem_build_dir):
+    binary = baselines.build_nvshmem_rma_chain(nvshmem_build_dir)
+    assert binary.is_file() and os.access(binary, os.X_OK)
+    assert baselines.build_nvshmem_rma_chain(nvshmem_build_dir) == binary  # cached
+    if shutil.which("mpirun"):  # the program's own checks run before any CUDA call
+        env = _nvshmem._job_env(_nvshmem.find_nvshmem(), 0)
+        for args, why in ((["pairs=1:8", "colour=blue"], "unknown argument colour"),
+                          (["pairs=8"], "pairs: 8 is not CHAIN:BYTES"),
+                          (["pairs=0:8"], "pairs: 0:8 has a zero"),
+                          (["pairs=1:8", "threads=48"], "threads must be a multiple of 32")):
+            cmd = _nvshmem.mpirun_command(binary, args, env, npes=1)
+            cmd.insert(1, "--oversubscribe")
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+            assert proc.returncode != 0 and "nvshmem_rma_chain: PE 0: " in proc.stderr and why in proc.stderr, \
+                proc.stderr
+
+
+@pytest.mark.gpu
+@needs_nvshmem_build
+def test_nvshmem_rma_chains_gpu(tmp_path):
+    """Both forms, both layouts, small and large chains, 2 PEs sharing the GPU: every received byte checked by
+    the program, a row per form x layout x pair (the thread form up to its 64 KiB)."""
+    pairs = [(1, 8), (8, 8), (8, 64 << 10), (1, 1 << 20)]
+    rows = baselines.nvshmem_rma_chains(2, pairs, iters=40, warmup=4, samples=10, out_dir=tmp_path, timeout=300)
+    got = {(r["impl"], r["layout"], r["chain"], r["bytes"]) for r in rows}
+    want = {("nvshmem-put-signal-chain-grid", lay, c, s) for lay in ("contiguous", "strided") for c, s in pairs}
+    want |= {("nvshmem-put-signal-chain", lay, c, s) for lay in ("contiguous", "strided") for c, s in pairs
+             if c * s <= 64 << 10}
+    assert got == want, got ^ want
+    assert all(r["verified"] and 0 < r["time_min_us"] <= r["time_us"] and r["samples"] == 10 for r in rows), rows
+    print(rows)
+
+
 def test_mpi_flags_without_mpicc(monkeypatch, tmp_path):
     (tmp_path / "include").mkdir()
     (tmp_path / "include" / "mpi.h").write_text("/* test */\n")

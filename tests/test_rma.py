@@ -26,6 +26,7 @@ from conftest import BACKENDS, NVCC_TIMEOUT_S, on_backend
 
 import circuslink as cl
 from circuslink import rma
+from circuslink.rma._layout import CHUNK_BYTES
 
 # (world back-end, CIRCUSLINK_RMA_LAUNCH): the cuda back-end's two launch methods
 LAUNCHES = [on_backend("cpu", None), on_backend("cuda", "kernel"), on_backend("cuda", "graph")]
@@ -37,6 +38,7 @@ import os
 import numpy as np
 import circuslink as cl
 from circuslink import rma
+from circuslink.rma._layout import CHUNK_BYTES
 
 MEMORY, CYCLES, POST_AT = {memory!r}, {cycles}, {post_at!r}
 SEED = int(os.environ["CIRCUSLINK_TEST_SEED"])
@@ -129,6 +131,69 @@ def test_thousand_cycles_with_changing_data(spmd, backend, launch, n):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_post_at_wait(spmd, backend):
     _ring(spmd, 2, cycles=50, post_at="wait", world_backend=backend)
+
+
+# Queues one after another on one window. Each queue's epochs count from where the last one on its
+# counters left off; a freed queue's memory (its chain, its graph, its counters) may come back to the
+# next one from a pool. Every rank rebuilds its whole window from the seeds across all queues: a later
+# queue that writes a freed queue's region, or whose wait returns before its writes land, fails.
+SUCCESSIVE = """
+import os
+import numpy as np
+import circuslink as cl
+from circuslink import rma
+from circuslink.rma._layout import CHUNK_BYTES
+
+SEED = int(os.environ["CIRCUSLINK_TEST_SEED"])
+world = cl.init()
+me, n = world.rank, world.size
+right, left = (me + 1) % n, (me - 1) % n
+win = rma.window_alloc(world, 1 << 14)
+expected = np.random.default_rng([SEED, 5, me]).integers(0, 256, 1 << 14, dtype=np.uint8)
+win.local[:] = world.xp.asarray(expected)
+world.barrier()
+# (writes (src, dst, count, block, src_stride, dst_stride), post_at): the third queue overwrites part of
+# the first one's region, the second one is 16-byte words only.
+QUEUES = [([(i * 16, 8192 + i * 24, 1, 8, 8, 8) for i in range(8)] + [(512, 8992, 5, 8, 24, 40)], "start"),
+          ([(1024 + i * 64, 12288 + i * 48, 1, 32, 32, 32) for i in range(4)] + [(2048, 12800, 3, 16, 48, 32)],
+           "wait"),
+          ([(3000, 8200, 1, 100, 100, 100), (3200, 9100, 4, 40, 50, 64)], "start")]
+for k, (writes, post_at) in enumerate(QUEUES):
+    q = rma.Queue.alloc(win)
+    for src, dst, count, block, ss, ds in writes:
+        if count == 1:
+            q.push(rma.declare_write(win, dst, win, src, block, right))
+        else:
+            q.push(rma.declare_strided_write(win, dst, win, src, count, block, ss, ds, right))
+    q.add_origin(left)
+    q.commit(post_at=post_at, timeout=30)
+    for cycle in range(20):
+        mine = np.random.default_rng([SEED, k, cycle, me]).integers(0, 256, 4096, dtype=np.uint8)
+        theirs = np.random.default_rng([SEED, k, cycle, left]).integers(0, 256, 4096, dtype=np.uint8)
+        win.local[:4096] = world.xp.asarray(mine)
+        expected[:4096] = mine
+        q.start()
+        q.wait()
+        for src, dst, count, block, ss, ds in writes:
+            for b in range(count):
+                expected[dst + b * ds: dst + b * ds + block] = theirs[src + b * ss: src + b * ss + block]
+        got = win.local.get() if hasattr(win.local, "get") else np.asarray(win.local)
+        bad = np.flatnonzero(got != expected)
+        assert not len(bad), f"rank {me} queue {k} cycle {cycle}: {len(bad)} bytes differ, first at {bad[:8]}"
+        world.barrier()  # every rank has read this epoch before anyone's next start overwrites it
+    q.free()
+win.free()
+world.close()
+print(f"rank {me} successive queues ok")
+"""
+
+
+@pytest.mark.parametrize("backend, launch", LAUNCHES)
+@pytest.mark.parametrize("n", [2, 3])
+def test_successive_queues_on_one_window_are_byte_exact(spmd, backend, launch, n):
+    env = {"CIRCUSLINK_RMA_LAUNCH": launch} if launch else {}
+    job = spmd(n, SUCCESSIVE, backend=backend, timeout=300, env=env).check()
+    assert job.output.count("successive queues ok") == n, job.output
 
 
 @pytest.mark.mpi
@@ -383,10 +448,14 @@ def test_device_handle_table():
     from circuslink.rma import _layout
 
     assert _layout.HANDLE in _abi.registered()
-    assert (_layout.HANDLE.cxx, _layout.HANDLE.size, _layout.HANDLE.align) == ("circuslink::RmaHandle", 8, 8)
-    h = _layout.HANDLE.pack(queue=0xDEADBEEF000)
+    # the queue's address, then a copy of the queue (kernels read its fields from their parameters)
+    assert (_layout.HANDLE.cxx, _layout.HANDLE.size, _layout.HANDLE.align) == ("circuslink::RmaHandle",
+                                                                               8 + _layout.QUEUE.size, 8)
+    h = _layout.HANDLE.pack(queue=0xDEADBEEF000, q=_layout.QUEUE.pack(n_words=7, timeout_ns=123))
     assert isinstance(h, np.void) and h.dtype.isalignedstruct and int(h["queue"]) == 0xDEADBEEF000
-    assert np.frombuffer(h.tobytes(), dtype="<u8")[0] == 0xDEADBEEF000
+    words = np.frombuffer(h.tobytes(), dtype="<u8")
+    assert words[0] == 0xDEADBEEF000 and int(h["q"]["n_words"]) == 7
+    assert words[1 + _layout.QUEUE.offsets["timeout_ns"] // 8] == 123
 
 
 def _nvcc(source: str, tmp_path) -> subprocess.CompletedProcess:
@@ -483,6 +552,7 @@ LIFECYCLE = """
 import time
 import circuslink as cl
 from circuslink import rma
+from circuslink.rma._layout import CHUNK_BYTES
 world = cl.init()
 me = world.rank
 
@@ -614,6 +684,7 @@ def test_commit_finds_two_origins_writing_the_same_bytes(spmd):
 WAIT_TIMEOUT = """
 import circuslink as cl
 from circuslink import rma
+from circuslink.rma._layout import CHUNK_BYTES
 world = cl.init()
 win = rma.window_alloc(world, 256)
 q = rma.Queue.alloc(win)
@@ -654,6 +725,7 @@ def test_wait_times_out_naming_the_silent_origin(spmd, backend):
 START_TIMEOUT = """
 import circuslink as cl
 from circuslink import rma
+from circuslink.rma._layout import CHUNK_BYTES
 world = cl.init()
 win = rma.window_alloc(world, 256)
 q = rma.Queue.alloc(win)
@@ -792,3 +864,63 @@ def test_small_chain_words_copy_exactly_what_the_blocks_do(rng):
     assert small_chain_words([(8, 4096, 3, 8, 12, 8)])[1] == 0               # a stride breaks the alignment
     assert small_chain_words([(0, 1 << 20, 1, 4104, 4104, 4104)])[1] == 0     # more than a small chain
     assert small_chain_words([])[1] == 0
+
+
+def _copy_unit(mem, desc, k):
+    """What one warp does with unit k of a descriptor (rma_copy_unit), in numpy."""
+    src, dst, count, block_bytes, ss, ds, per_block, per_unit = desc
+    if per_unit > 1:
+        first = k * per_unit
+        for b in range(first, min(count, first + per_unit)):
+            mem[dst + b * ds: dst + b * ds + block_bytes] = mem[src + b * ss: src + b * ss + block_bytes]
+        return
+    block, offset = divmod(k, per_block)
+    offset *= CHUNK_BYTES
+    n = min(CHUNK_BYTES, block_bytes - offset)
+    mem[dst + block * ds + offset: dst + block * ds + offset + n] = mem[src + block * ss + offset:
+                                                                       src + block * ss + offset + n]
+
+
+def test_work_units_cover_every_block_once(rng):
+    """The units a chain is cut into (pieces of large blocks, several small blocks to a unit) copy every byte
+    of every block exactly once, whatever the block size against the 4 KiB unit."""
+    from circuslink.rma._layout import work_units
+
+    for _ in range(300):
+        block = int(rng.choice([1, 8, 100, 512, 2048, 2049, 4096, 5000, 12288]))
+        count = int(rng.integers(1, 40))
+        ss = block + int(rng.integers(0, 64))
+        ds = block + int(rng.integers(0, 64))
+        units, per_block, per_unit = work_units(count, block)
+        assert units >= 1 and (per_unit == 1 or per_block == 1)
+        assert per_unit * block <= max(CHUNK_BYTES, block)          # a unit never holds more than 4 KiB of blocks
+        src, dst = 0, count * ss + 16
+        size = dst + count * ds + 16
+        mem = rng.integers(0, 256, size, dtype=np.uint8)
+        want = mem.copy()
+        _copy_blocks(want, [(src, dst, count, block, ss, ds)])
+        for k in range(units):
+            _copy_unit(mem, (src, dst, count, block, ss, ds, per_block, per_unit), k)
+        assert np.array_equal(mem, want), (count, block, ss, ds)
+    assert work_units(64, 100) == (2, 1, 40)        # 64 blocks of 100 B: 40 to a unit
+    assert work_units(1, 100) == (1, 1, 1)
+    assert work_units(3, 10000) == (9, 3, 1)        # 10,000 B blocks: 3 pieces each
+
+
+def test_auto_launch_picks_the_copy_engine_for_large_chains_of_large_blocks(monkeypatch):
+    from circuslink.rma._cuda import COPY_ENGINE_FROM, choose_launch
+
+    assert choose_launch("auto", [(1, 8)] * 8) == "kernel"
+    assert choose_launch("auto", [(1, COPY_ENGINE_FROM)]) == "graph"
+    assert choose_launch("auto", [(1, COPY_ENGINE_FROM - 4096)]) == "kernel"
+    assert choose_launch("auto", [(1 << 15, 512)]) == "kernel"      # 16 MiB in 512 B rows: SM copies
+    assert choose_launch("kernel", [(1, 1 << 24)]) == "kernel" and choose_launch("graph", [(1, 8)]) == "graph"
+    monkeypatch.setenv("CIRCUSLINK_RMA_COPY_ENGINE_FROM", "65536")
+    assert choose_launch("auto", [(1, 65536)]) == "graph"
+    monkeypatch.setenv("CIRCUSLINK_RMA_COPY_ENGINE_FROM", "64K")
+    with pytest.raises(cl.RmaError, match="CIRCUSLINK_RMA_COPY_ENGINE_FROM='64K'"):
+        choose_launch("auto", [(1, 65536)])
+    monkeypatch.setenv("CIRCUSLINK_RMA_LAUNCH", "dma")
+    from circuslink.rma._cuda import launch_mode
+    with pytest.raises(cl.RmaError, match="CIRCUSLINK_RMA_LAUNCH='dma': choose one of auto, kernel, graph"):
+        launch_mode()

@@ -39,6 +39,8 @@ def test_bench_rma_quick_cpu(tmp_path):
     assert not impls & {"rma-host-graphed", "rma-device"}
     nccl = [r for r in data["rows"] if r["impl"] == "nccl-grouped-sendrecv"]
     assert nccl and all(r["skipped"] == "needs GPUs (the cuda back-end)" for r in nccl)
+    nvshmem = [r for r in data["rows"] if r["impl"] == "nvshmem-put-signal-chain"]
+    assert nvshmem and all(r["skipped"] == "needs GPUs (the cuda back-end)" for r in nvshmem)
 
 
 def test_bench_rma_verification_catches_wrong_bytes(rng):

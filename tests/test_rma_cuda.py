@@ -118,7 +118,7 @@ q.add_origin(peer)
 q.commit(timeout=30)
 plan = q.describe()
 assert plan["launch"] == "kernel" and plan["threads"] == 256 and plan["timeout_s"] == 30, plan
-assert 1 <= plan["grid"] and plan["work_units"] == 64, plan
+assert 1 <= plan["grid"] and plan["work_units"] == 2, plan   # 64 blocks of 100 B, 40 to a 4 KiB unit
 
 def fill(cycle):
     data = np.random.default_rng([seed, me, cycle]).integers(0, 256, 8192, dtype=np.uint8)
@@ -245,7 +245,8 @@ def test_start_kernel_leaves_a_late_peer_room_to_post(spmd):
     """Every CTA of a start kernel spins until its targets post: the peer's start kernel, which posts,
     must still find SMs. Rank 1 always starts 0.2 s late, so rank 0's whole grid is spinning when it
     does (grids fit the rank's SM share; the late peer has its own share)."""
-    job = spmd(2, LATE_PEER, backend="cuda", timeout=240, env={"CIRCUSLINK_TIMEOUT": "20"}).check()
+    job = spmd(2, LATE_PEER, backend="cuda", timeout=240,
+               env={"CIRCUSLINK_TIMEOUT": "20", "CIRCUSLINK_RMA_LAUNCH": "kernel"}).check()
     assert job.output.count("late peer ok") == 2, job.output
 
 
@@ -265,6 +266,9 @@ win.local[:] = world.xp.asarray(poison)
 # 16-byte aligned blocks only.
 CHAINS = [([(i * 16, 8192 + i * 24, 1, 8, 8, 8) for i in range(8)] + [(512, 9000 - 9000 % 8, 5, 8, 24, 40)], 8),
           ([(1024 + i * 64, 12288 + i * 48, 1, 32, 32, 32) for i in range(4)] + [(2048, 12800, 3, 16, 48, 32)], 16)]
+# What my window must hold, rebuilt from the seeds alone, across both queues: the first queue's last
+# bytes stay where it wrote them after it is freed (the second one must not touch them).
+window = poison.copy()
 for k, (writes, width) in enumerate(CHAINS):
     q = rma.Queue.alloc(win)
     for src, dst, count, block, ss, ds in writes:
@@ -279,7 +283,6 @@ for k, (writes, width) in enumerate(CHAINS):
     one_gpu = len(set(world.allgather_object(world.backend.device_identity))) == 1
     assert plan["words"] == total // width and plan["grid"] == 1, plan
     assert plan["scope"] == ("gpu" if one_gpu else "sys"), plan
-    window = poison.copy()   # what my window must hold, rebuilt from the seeds alone
     for cycle in range(50):
         mine = np.random.default_rng([seed, k, cycle, me]).integers(0, 256, 4096, dtype=np.uint8)
         theirs = np.random.default_rng([seed, k, cycle, peer]).integers(0, 256, 4096, dtype=np.uint8)
@@ -306,3 +309,83 @@ def test_small_chains_as_words_host_driven_byte_exact(spmd):
     cycle, the bytes between strided blocks and around the writes keep their poison."""
     job = spmd(2, SMALL_CHAINS, backend="cuda", timeout=300).check()
     assert job.output.count("small chains ok") == 2, job.output
+
+
+GRID_DRIVEN = r'''
+import numpy as np
+import cupy as cp
+import circuslink as cl
+from circuslink import rma
+
+USER_KERNEL = r"""
+#include <circuslink/rma.cuh>
+__device__ unsigned char value(unsigned long long rank, unsigned long long cycle, unsigned long long i) {
+  unsigned long long x = (rank * 0x9E3779B97F4A7C15ull) ^ (cycle * 0xBF58476D1CE4E5B9ull) ^ (i * 0x94D049BB133111EBull);
+  x ^= x >> 31; x *= 0xD6E8FEB86774B5D3ull; x ^= x >> 29;
+  return (unsigned char)(x >> 24);
+}
+// Sources [0, S): [0, S/2) contiguous to the right neighbour's [S, 3S/2); [S/2, S) as blocks of 512 B at
+// source stride 512 to the neighbour's 2S at stride 768 (no packing). Every block of the grid copies.
+extern "C" __global__ void grid_cycles(circuslink::RmaHandle q, circuslink::GridBarrier bar, unsigned char* win,
+                                       unsigned long long S, unsigned long long me, unsigned long long left,
+                                       unsigned long long cycles, unsigned long long* out) {
+  const unsigned long long t = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+  const unsigned long long nt = (unsigned long long)gridDim.x * blockDim.x;
+  unsigned long long bad = 0, done = 0;
+  for (unsigned long long c = 0; c < cycles; ++c) {
+    for (unsigned long long i = t; i < S; i += nt) win[i] = value(me, c, i);
+    if (!circuslink::grid_sync(bar)) break;
+    if (!circuslink::rma_start_grid(q, bar) || !circuslink::rma_wait_grid(q, bar)) break;
+    for (unsigned long long i = t; i < S / 2; i += nt) bad += win[S + i] != value(left, c, i);
+    for (unsigned long long i = t; i < S / 2; i += nt) {
+      const unsigned long long b = i / 512, k = i % 512;
+      bad += win[2 * S + b * 768 + k] != value(left, c, S / 2 + i);
+      if (k < 256) bad += win[2 * S + b * 768 + 512 + k] != 0xA5;   // the gaps keep their poison
+    }
+    if (!circuslink::grid_sync(bar)) break;  // every block has read the epoch before the next start
+    ++done;
+  }
+  atomicAdd(&out[0], bad);
+  if (t == 0) out[1] = done;
+}
+"""
+
+world = cl.init()
+me, n = world.rank, world.size
+right, left = (me + 1) % n, (me - 1) % n
+S = 4 << 20
+win = rma.window_alloc(world, 2 * S + (S // 2 // 512) * 768)
+win.local[:] = 0xA5
+q = rma.Queue.alloc(win)
+q.push(rma.declare_write(win, S, win, 0, S // 2, right))
+q.push(rma.declare_strided_write(win, 2 * S, win, S // 2, S // 2 // 512, 512, 512, 768, right))
+q.add_origin(left)
+q.commit(timeout=30)
+kernel = cl.compile(USER_KERNEL).get_function("grid_cycles")
+backend = world.backend
+blocks = backend.max_blocks(kernel, 256)
+bar = backend.grid_barrier(timeout=30)
+out = cp.zeros(2, dtype=cp.uint64)
+cp.cuda.Device().synchronize()
+world.barrier()
+backend.launch_resident(kernel, blocks, 256, (q.device_handle(), bar.device_handle(), win.local, np.uint64(S),
+                        np.uint64(me), np.uint64(left), np.uint64(20), out), stream=backend.stream)
+q.check_device()
+bad, done = (int(x) for x in out.get(stream=backend.stream))
+assert done == 20 and bad == 0 and blocks > 1, (blocks, done, bad)
+for _ in range(3):  # host-driven cycles continue from the device's epoch
+    q.start()
+    q.wait()
+world.barrier()
+q.free()
+win.free()
+world.close()
+print(f"rank {me} grid-driven ok on {blocks} blocks")
+'''
+
+
+def test_device_driven_grid_forms_byte_exact(spmd):
+    """rma_start_grid / rma_wait_grid: every block of a co-resident grid shares a 4 MiB chain (contiguous and
+    512-byte block-stride), 20 cycles inside one kernel, every byte checked on the device each cycle."""
+    job = spmd(2, GRID_DRIVEN, backend="cuda", timeout=300).check()
+    assert job.output.count("grid-driven ok") == 2, job.output

@@ -24,8 +24,12 @@ wait inside one kernel, ``kernels/rma_cycles.cu``, through the public ``<circusl
 ``q.device_handle()``), ``mpi3-rma`` (the mpi
 windows: MPI_Put in PSCW epochs, host-staged with a GPU), ``mpi-persistent-p2p``
 (Send_init/Recv_init, Startall, Waitall, host-staged), ``nccl-grouped-sendrecv`` (contiguous
-only), and the floor from ``circuslink probe``. Set CIRCUSLINK_RMA_LAUNCH=graph to copy with the copy
-engine instead of SM copies (both are one graph launch a cycle).
+only), ``nvshmem-put-signal-chain`` / ``-grid`` (NVSHMEM put-with-signal chains in the same ring with
+the same post / write / signal protocol, one thread or a grid, ``baselines.nvshmem_rma_chains``), and
+the floor from ``circuslink probe``. Set CIRCUSLINK_RMA_LAUNCH=graph to copy with the copy engine,
+=kernel for SM copies, at every size (default auto: the copy engine for large chains of large blocks,
+``launch`` in each row; both are one graph launch a cycle). Device-driven chains of at least
+DEVICE_GRID_FROM_BYTES a cycle run on a co-resident grid (``device_blocks`` in the row).
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ _SAMPLES = 10
 _MAX_CHAIN = "16M"
 _SAMPLE_BYTES = 256 << 20  # a sample of a long chain moves at most this much: the run stays short
 _KERNEL_FILE = Path(__file__).parent / "kernels" / "rma_cycles.cu"
+# Device-driven chains of at least this many bytes a cycle run on every block of a co-resident grid
+# (rma_start_grid): one block's copies reach a few tens of GB/s, a grid barrier costs a few microseconds.
+DEVICE_GRID_FROM_BYTES = 256 << 10
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -165,7 +172,7 @@ def _run_rank(args: argparse.Namespace) -> int:
     drv.progress("rma: measuring the floor (probe)")
     results.floor = probe.measure(world, quick=True, pairs=[(0, 1), (1, 0)])  # the ring's links are alike
     results.meta.update(chains=chains, layouts=layouts, iters=iters, warmup=warmup,
-                        launch=os.environ.get("CIRCUSLINK_RMA_LAUNCH", "kernel"),
+                        launch=os.environ.get("CIRCUSLINK_RMA_LAUNCH", "auto"),
                         mpi_yield_when_idle=os.environ.get("OMPI_MCA_mpi_yield_when_idle"),
                         strided_block=_STRIDED_BLOCK, launched_by=world.launched_by,
                         samples=min(args.samples, iters), sample_bytes_max=_SAMPLE_BYTES)
@@ -176,6 +183,7 @@ def _run_rank(args: argparse.Namespace) -> int:
         bench.mpi3_rma(layouts)
         bench.mpi_p2p()
         bench.nccl()
+        bench.nvshmem(layouts)
     if world.rank == 0:
         def draw(path: str) -> None:  # one panel per chain length
             panels = []
@@ -258,10 +266,11 @@ class _Bench:
                          latency_us=us, throughput_GBps=total / seconds / 1e9 if seconds > 0 else None,
                          neighbours=len(self.targets), **extra)
 
-    def _sampled_row(self, impl: str, layout: str, chain: int, nbytes: int, mine: list[float], ops: int) -> None:
+    def _sampled_row(self, impl: str, layout: str, chain: int, nbytes: int, mine: list[float], ops: int,
+                     **extra: Any) -> None:
         """A row from my per-sample seconds (collective: the slowest rank's samples)."""
         stats = _summary(self.world.allgather_object(mine), ops)
-        self._row(impl, layout, chain, nbytes, stats.pop("seconds"), **stats)
+        self._row(impl, layout, chain, nbytes, stats.pop("seconds"), **stats, **extra)
 
     def _declare(self, rma: Any, win: Any, layout: str, chain: int, nbytes: int):
         q = rma.Queue.alloc(win)
@@ -325,15 +334,16 @@ class _Bench:
                     ops = self._ops(chain, nbytes)
                     mine = [self._cycles(q, ops) for _ in range(self.samples)]
                     self._verify(win, layout, chain, nbytes, seed)
-                    self._sampled_row(impl, layout, chain, nbytes, mine, ops)
+                    launch = {"launch": q.describe()["launch"]} if "launch" in q.describe() else {}
+                    self._sampled_row(impl, layout, chain, nbytes, mine, ops, **launch)
                     if extra_impls and self.world.backend.runs_kernels:
-                        self._device_rows(q, layout, chain, nbytes, ops)
+                        self._device_rows(q, layout, chain, nbytes, ops, launch)
                     self.world.barrier()
                     q.free()
         finally:
             win.free()
 
-    def _device_rows(self, q: Any, layout: str, chain: int, nbytes: int, ops: int) -> None:
+    def _device_rows(self, q: Any, layout: str, chain: int, nbytes: int, ops: int, launch: dict) -> None:
         """rma-host-graphed and rma-device, through the queue's public hooks."""
         import cupy as cp
 
@@ -355,32 +365,44 @@ class _Bench:
             events[k + 1].record(stream)
         q.check_device()  # waits for the world's stream (bounded), raises a recorded time-out
         mine = [cp.cuda.get_elapsed_time(events[k], events[k + 1]) * 1e-3 for k in range(self.samples)]
-        self._sampled_row("rma-host-graphed", layout, chain, nbytes, mine, ops)
+        self._sampled_row("rma-host-graphed", layout, chain, nbytes, mine, ops, **launch)
         self.world.barrier()
-        self._device_cycles(q, min(self.warmup, ops), 1)
+        grid = chain * nbytes * len(self.targets) >= DEVICE_GRID_FROM_BYTES
+        self._device_cycles(q, min(self.warmup, ops), 1, grid)
         self.world.barrier()
-        done, mine = self._device_cycles(q, ops, self.samples)
+        done, mine, blocks = self._device_cycles(q, ops, self.samples, grid)
         if done != ops * self.samples:
             raise RmaError(f"bench rma: device-driven cycles stopped after {done} of {ops * self.samples}")
-        self._sampled_row("rma-device", layout, chain, nbytes, mine, ops)
+        self._sampled_row("rma-device", layout, chain, nbytes, mine, ops, device_blocks=blocks)
 
-    def _device_cycles(self, q: Any, ops: int, samples: int) -> tuple[int, list[float]]:
-        """A handshake cycle, then ``samples`` x ``ops`` start+wait cycles inside one kernel (one block):
-        (cycles done after the handshake, seconds of each sample)."""
+    def _device_cycles(self, q: Any, ops: int, samples: int, grid: bool) -> tuple[int, list[float], int]:
+        """A handshake cycle, then ``samples`` x ``ops`` start+wait cycles inside one kernel: one block
+        (rma_start / rma_wait), or with ``grid`` every block of a co-resident grid of as many blocks as
+        the rank's SM share holds (rma_start_grid / rma_wait_grid). (Cycles done after the handshake, seconds
+        of each sample, blocks.)"""
         import cupy as cp
 
         if getattr(self, "_k_cycles", None) is None:
             from ..device_code import compile as compile_device
 
-            self._k_cycles = compile_device(_KERNEL_FILE.read_text()).get_function("bench_rma_device_cycles")
+            module = compile_device(_KERNEL_FILE.read_text())
+            self._k_cycles = module.get_function("bench_rma_device_cycles")
+            self._k_cycles_grid = module.get_function("bench_rma_device_cycles_grid")
         out = cp.zeros(1 + samples, dtype=cp.uint64)
         backend = self.world.backend
         backend.after_caller()  # `out` was zeroed on the caller's stream
-        with backend.stream:
-            self._k_cycles((1,), (256,), (q.device_handle(), np.uint64(ops), np.uint64(samples), out))
+        if grid:
+            blocks = backend.max_blocks(self._k_cycles_grid, 256)
+            bar = backend.grid_barrier(timeout=q.timeout)
+            backend.launch_resident(self._k_cycles_grid, blocks, 256, (q.device_handle(), bar.device_handle(),
+                                    np.uint64(ops), np.uint64(samples), out), stream=backend.stream)
+        else:
+            blocks = 1
+            with backend.stream:
+                self._k_cycles((1,), (256,), (q.device_handle(), np.uint64(ops), np.uint64(samples), out))
         q.check_device()
         got = [int(x) for x in out.get(stream=backend.stream)]
-        return got[0], [ns * 1e-9 for ns in got[1:]]
+        return got[0], [ns * 1e-9 for ns in got[1:]], blocks
 
     def ours(self, layouts: list[str]) -> None:
         self._run_queue_rows("mapped", "rma-host", layouts, extra_impls=True)
@@ -482,6 +504,32 @@ class _Bench:
                        total_bytes=len(self.targets) * chain * nbytes, neighbours=len(self.targets))
             self.results.add(**row)
 
+
+    def nvshmem(self, layouts: list[str]) -> None:
+        """NVSHMEM put-with-signal chains of the same pairs and layouts, in a ring of as many PEs as the job has
+        ranks, run by rank 0 while the others wait; rows as ours (or one skipped row saying why not)."""
+        from . import _driver as drv
+
+        if not self.world.backend.runs_kernels:
+            self._skip("nvshmem-put-signal-chain", "needs GPUs (the cuda back-end)", layouts)
+            return
+        from .baselines import nvshmem_rma_chains
+
+        self.world.barrier()
+        if self.world.rank == 0:
+            drv.progress(f"rma: nvshmem put-with-signal chains on {self.world.size} PEs")
+            try:
+                rows = nvshmem_rma_chains(self.world.size, self.pairs, layouts=layouts, iters=self.iters,
+                                          warmup=self.warmup, samples=self.samples, sample_bytes=_SAMPLE_BYTES,
+                                          timeout=NVSHMEM_TIMEOUT_S)
+            except Exception as exc:  # a baseline that cannot run is reported, not fatal
+                rows = [{"impl": "nvshmem-put-signal-chain", "bytes": 0, "skipped": f"{type(exc).__name__}: {exc}"}]
+            for row in rows:
+                self.results.add(**row)
+        self.world.barrier(timeout=3600)  # the others wait while rank 0 runs the NVSHMEM program
+
+
+NVSHMEM_TIMEOUT_S = 300
 
 # The targets of persistent RMA queues at chaining-DMA cost (docs/rma.md, "Benchmark").
 DEVICE_VS_FLOOR = 3.0       # device-driven chain of 8 x 8 B, start to wait, at most this many relaxed floors

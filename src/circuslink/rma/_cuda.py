@@ -6,9 +6,10 @@ descriptors and counter addresses, byte for byte as ``include/circuslink/detail/
 lays them out, from the ABI tables of ``_layout.py``), and captures one whole cycle (its start, then
 its wait) as one CUDA graph. Then every host-driven cycle is one graph launch: start() launches it (after
 the caller's stream) and wait() only waits for the world's stream, bounded, and raises what the device
-recorded. Two ways to copy, read at commit from ``CIRCUSLINK_RMA_LAUNCH``:
+recorded. Two ways to copy, read at commit from ``CIRCUSLINK_RMA_LAUNCH`` ("auto", the default,
+picks by the chain's size: :func:`choose_launch`):
 
-* "kernel" (default): SM copies. The start kernel posts, waits for the targets' posts, copies the
+* "kernel": SM copies. The start kernel posts, waits for the targets' posts, copies the
   chain (block-stride writes straight from strided source to strided destination, no packing; a
   small chain as one aligned 8- or 16-byte word per thread) and raises the targets' arrival counters.
 * "graph": copy-engine copies. A post kernel, one 2-D copy (cudaMemcpy2DAsync, peer) per handle, a
@@ -38,11 +39,21 @@ import numpy as np
 from .. import transport
 from .._wait import Deadline, timeout_error
 from ..errors import RmaError, TimeoutError
-from ._layout import CHUNK_BYTES, DESCRIPTOR, GPU_SCOPE, HANDLE, QUEUE, SMALL_CHAIN_BYTES, WORD
+from ._layout import DESCRIPTOR, GPU_SCOPE, HANDLE, QUEUE, SMALL_CHAIN_BYTES, WORD, work_units
 from ._transpose import _cuda as transposes
 from ._transpose import is_transpose
 
-LAUNCHES = ("kernel", "graph")
+LAUNCHES = ("auto", "kernel", "graph")
+# "auto": copy-engine copies ("graph") for chains of at least this many bytes of plain writes whose blocks are
+# all at least COPY_ENGINE_MIN_BLOCK bytes, SM copies ("kernel") otherwise. Why: SM copies run on the rank's
+# share of the SMs (with 2 ranks under MPS, a quarter of the GPU): a 16 MiB chain took 28.7 us, 0.33 x the
+# copy engine's figure of the same run, which no SM share limits; a small chain's SM start is one kernel
+# node against the copy engine's four; and a 2-D copy-engine copy of narrow rows (512 B) pays per row,
+# where SM copies deal small blocks to lanes like contiguous bytes (not yet measured side by side).
+# CIRCUSLINK_RMA_COPY_ENGINE_FROM (bytes) moves the switch point (to be measured: bench rma with
+# CIRCUSLINK_RMA_LAUNCH=kernel and =graph).
+COPY_ENGINE_FROM = 256 << 10
+COPY_ENGINE_MIN_BLOCK = 4096
 _KERNELS = Path(__file__).with_name("rma_kernels.cu")
 _THREADS = 256
 _module = None
@@ -72,11 +83,30 @@ def _alignment(*values: int) -> int:
 
 
 def launch_mode() -> str:
-    """How start() launches a cycle: ``CIRCUSLINK_RMA_LAUNCH`` (default "kernel")."""
-    name = os.environ.get("CIRCUSLINK_RMA_LAUNCH", "kernel").strip().lower() or "kernel"
+    """How start() launches a cycle: ``CIRCUSLINK_RMA_LAUNCH`` (default "auto")."""
+    name = os.environ.get("CIRCUSLINK_RMA_LAUNCH", "auto").strip().lower() or "auto"
     if name not in LAUNCHES:
         raise RmaError(f"CIRCUSLINK_RMA_LAUNCH={name!r}: choose one of {', '.join(LAUNCHES)}")
     return name
+
+
+def copy_engine_from() -> int:
+    """The "auto" launch's switch point: ``CIRCUSLINK_RMA_COPY_ENGINE_FROM`` bytes (default COPY_ENGINE_FROM)."""
+    text = os.environ.get("CIRCUSLINK_RMA_COPY_ENGINE_FROM", "").strip()
+    if not text:
+        return COPY_ENGINE_FROM
+    if not text.isdigit():
+        raise RmaError(f"CIRCUSLINK_RMA_COPY_ENGINE_FROM={text!r}: a number of bytes, e.g. 262144")
+    return int(text)
+
+
+def choose_launch(mode: str, blocks: list[tuple[int, int]]) -> str:
+    """The launch of a chain of plain writes (count, block_bytes) under ``mode`` (see COPY_ENGINE_FROM)."""
+    if mode != "auto":
+        return mode
+    total = sum(count * block for count, block in blocks)
+    large_rows = all(block >= COPY_ENGINE_MIN_BLOCK for _, block in blocks)
+    return "graph" if blocks and large_rows and total >= copy_engine_from() else "kernel"
 
 
 def open_window(world: Any, nbytes: int, deadline: Deadline) -> CudaWindow:
@@ -157,9 +187,9 @@ class CudaQueue:
     def commit(self, queue: Any, base: int, post_at: str, incoming: dict, deadline: Deadline) -> None:
         cp = self.cp
         self.queue = queue
-        self.launch = launch_mode()
         me, size = self.world.rank, self.size
         handles = sorted((h for h in queue.handles if not is_transpose(h)), key=lambda h: h.dst_rank)
+        self.launch = choose_launch(launch_mode(), [(h.count, h.block_bytes) for h in handles])
         # Transposing puts: their own descriptors, run by the same start launch after the copies.
         tputs = [h for h in queue.handles if is_transpose(h)]
         self.tchain = transposes.queue_chain(
@@ -173,10 +203,10 @@ class CudaQueue:
             src = h.src_window._impl.buf.ptr(me) + h.src_offset
             dst = self.window.buf.ptr(h.dst_rank) + h.dst_offset
             strides = (h.src_stride, h.dst_stride) if h.count > 1 else ()
-            per_block = -(-h.block_bytes // CHUNK_BYTES)
+            n_units, per_block, per_unit = work_units(h.count, h.block_bytes)
             descs[i] = (src, dst, h.count, h.block_bytes, h.src_stride, h.dst_stride, units, per_block,
-                        _alignment(src, dst, h.block_bytes, *strides))
-            units += h.count * per_block
+                        _alignment(src, dst, h.block_bytes, *strides), per_unit, 0)
+            units += n_units
         words, word_bytes = small_chain_words(self._blocks(handles))
         targets = list(queue.targets)
         origins = list(queue.origins)
@@ -214,9 +244,12 @@ class CudaQueue:
         for off, a in zip(offsets, arrays, strict=True):
             blob[off: off + len(a)] = a
         host = np.frombuffer(bytes(blob), dtype=np.uint8)
-        cp.cuda.runtime.memcpy(base_ptr, host.ctypes.data, len(blob), cp.cuda.runtime.memcpyHostToDevice)
+        # On the world's stream (non-blocking: a copy on the legacy stream from pageable memory may return
+        # before its DMA lands, unordered with the kernels that read the queue); waited for below.
+        cp.cuda.runtime.memcpyAsync(base_ptr, host.ctypes.data, len(blob), cp.cuda.runtime.memcpyHostToDevice,
+                                    self.stream.ptr)
         self.handle_mem = mem
-        self.handle = HANDLE.pack(queue=base_ptr)
+        self.handle = HANDLE.pack(queue=base_ptr, q=QUEUE.pack(**fields))
         self.handles = handles
         self.n_origins = len(origins)
         self.units = units
@@ -227,35 +260,46 @@ class CudaQueue:
         warps = _THREADS // 32
         kernels = _kernels()
         self.k_start = kernels.get_function(self.tchain.start_kernel_name("circuslink_rma_start"))
+        # The start and the wait of a host-driven cycle in one launch (one graph node instead of two).
+        self.k_cycle = kernels.get_function(self.tchain.start_kernel_name("circuslink_rma_cycle"))
         # Every CTA of the start kernel waits for the targets' posts: never more CTAs than this rank's
-        # SM share holds at once, or they could take the SMs a target needs to post.
+        # SM share holds at once (of either kernel), or they could take the SMs a target needs to post.
         # A small chain is one CTA's words (no count of finished CTAs, no fence between them).
-        self.grid = 1 if len(words) else max(1, min(-(-units // warps),
-                                                     self.world.backend.max_blocks(self.k_start, _THREADS)))
-        self.grid = self.tchain.grid(self.k_start, self.grid)
+        backend = self.world.backend
+        resident = min(backend.max_blocks(self.k_start, _THREADS), backend.max_blocks(self.k_cycle, _THREADS))
+        self.grid = 1 if len(words) else max(1, min(-(-units // warps), resident))
+        self.grid = min(self.tchain.grid(self.k_start, self.grid), self.tchain.grid(self.k_cycle, self.grid))
         self.k_wait = kernels.get_function("circuslink_rma_wait")
         self._stream_wait(self.stream, deadline, "setting up the queue's state on the device")
+        del host  # the copy above has landed
         if post_at == "wait":
-            # The first epoch is open from the start: post it into every origin.
+            # The first epoch is open from the start: post it into every origin (landed before commit returns).
             one = np.array([base + 1], dtype=np.uint64)
             for o in origins:
-                cp.cuda.runtime.memcpy(sig.ptr(o) + 8 * (size + me), one.ctypes.data, 8,
-                                       cp.cuda.runtime.memcpyHostToDevice)
+                cp.cuda.runtime.memcpyAsync(sig.ptr(o) + 8 * (size + me), one.ctypes.data, 8,
+                                            cp.cuda.runtime.memcpyHostToDevice, self.stream.ptr)
+            self._stream_wait(self.stream, deadline, "posting the queue's first epoch")
         self.k_prologue = kernels.get_function("circuslink_rma_prologue")
         self.k_epilogue = kernels.get_function("circuslink_rma_epilogue")
         self.graph = self._capture_cycle(deadline)
 
     def _capture_cycle(self, deadline: Deadline):
         """One whole host-driven cycle as one CUDA graph, captured once: start() is then one graph launch
-        (one driver call, no per-kernel argument packing in Python) and wait() only waits for it.
+        (one driver call, no per-kernel argument packing in Python) and wait() only waits for it. SM copies:
+        one kernel node (circuslink_rma_cycle: the start, then its last CTA waits); copy engine: post kernel,
+        copies, signal kernel, wait kernel.
 
         The wait node carries the queue's time-out (commit's); wait(timeout=) bounds the host's wait and,
         past it, ends the device wait through the abort word."""
         capture = self.cp.cuda.Stream(non_blocking=True)
         capture.begin_capture()
         try:
-            self._enqueue_start(capture)
-            self._enqueue_wait(capture, max(1, int(deadline.limit * 1e9)))
+            if self.launch == "kernel":  # one node: the start, then its last CTA waits (the queue's time-out)
+                with capture:
+                    self.k_cycle((self.grid,), (_THREADS,), (self.handle,))
+            else:
+                self._enqueue_start(capture)
+                self._enqueue_wait(capture, max(1, int(deadline.limit * 1e9)))
         finally:
             graph = capture.end_capture()
         graph.upload(self.stream)

@@ -12,9 +12,21 @@ from .. import _abi as abi
 HEADER = "circuslink/detail/rma_types.cuh"
 CHUNK_BYTES = 4096  # kRmaChunkBytes: one warp copies one work unit of at most this many bytes
 
+
+def work_units(count: int, block_bytes: int) -> tuple[int, int, int]:
+    """(units, units_per_block, blocks_per_unit) of a write of ``count`` blocks of ``block_bytes``, as the copy
+    kernels cut it: a large block into pieces of at most CHUNK_BYTES, blocks of at most half of it several to
+    a unit (kRmaChunkBytes, rma_copy_unit)."""
+    if 0 < 2 * block_bytes <= CHUNK_BYTES and count > 1:
+        per_unit = CHUNK_BYTES // block_bytes
+        return -(-count // per_unit), 1, per_unit
+    per_block = -(-block_bytes // CHUNK_BYTES)
+    return count * per_block, per_block, 1
+
 DESCRIPTOR = abi.Struct("circuslink::RmaDescriptor", HEADER, [
     ("src", abi.U64), ("dst", abi.U64), ("count", abi.U64), ("block_bytes", abi.U64), ("src_stride", abi.U64),
-    ("dst_stride", abi.U64), ("unit_begin", abi.U64), ("units_per_block", abi.U32), ("align", abi.U32)])
+    ("dst_stride", abi.U64), ("unit_begin", abi.U64), ("units_per_block", abi.U32), ("align", abi.U32),
+    ("blocks_per_unit", abi.U32), ("reserved", abi.U32)])
 STATE = abi.Struct("circuslink::RmaState", HEADER, [("epoch", abi.U64), ("done_ctas", abi.U64),
                                                      ("failed", abi.U64)])
 ERROR_RECORD = abi.Struct("circuslink::RmaErrorRecord", HEADER, [("code", abi.U64), ("rank", abi.U64),
@@ -29,4 +41,5 @@ WORD = abi.Struct("circuslink::RmaWord", HEADER, [("src", abi.U64), ("dst", abi.
 GPU_SCOPE = 1  # kRmaGpuScope: the counters release / acquire at .gpu scope (every rank on one GPU)
 SMALL_CHAIN_BYTES = 4096  # kRmaSmallChainBytes: plain writes up to this many bytes are committed as words
 # The device handle: what Queue.device_handle() returns and kernels take by value (rma_start / rma_wait).
-HANDLE = abi.Struct("circuslink::RmaHandle", HEADER, [("queue", abi.PTR)])
+# q: a copy of the queue, read by kernels from their parameters.
+HANDLE = abi.Struct("circuslink::RmaHandle", HEADER, [("queue", abi.PTR), ("q", QUEUE)])

@@ -3,7 +3,9 @@
 //
 //   kernel launch: start = one launch of circuslink_rma_start (post, wait for the
 //                  targets' posts, every CTA copies its share of the chain, the last CTA
-//                  raises the arrival counters); wait = one launch of circuslink_rma_wait.
+//                  raises the arrival counters); wait = one launch of circuslink_rma_wait;
+//                  a host-driven cycle = one launch of circuslink_rma_cycle (the start, then the
+//                  last CTA waits).
 //                  circuslink_rma_start_transposeN: the same, then the transposing puts' tiles
 //                  (N: their element size, 0 when mixed).
 //   graph launch:  start = one CUDA graph: circuslink_rma_prologue (post, wait for posts),
@@ -19,22 +21,20 @@ namespace cd = circuslink::detail;
 // The start launch (a 1-D grid of 1-D blocks, launched by rma/_cuda.py); kTransposes (the element size
 // of the queue's transposing puts, 0 for mixed sizes, -1 for none) adds their tiles after the copies,
 // in kernels of their own: the tiles' shared memory and registers would cost the plain copy its occupancy.
-template <int kTransposes>
-__device__ __forceinline__ void rma_start_launch(const RmaQueue& q) {
+// kWait: the cycle kernel of a host-driven start() (one graph node, not two): the CTA that raises the
+// arrivals then waits for the origins' writes, as circuslink_rma_wait does (the queue's time-out).
+template <int kTransposes, bool kWait>
+__device__ __forceinline__ void rma_start_launch(const RmaQueue q) {
   const unsigned long long epoch = q.state->epoch + 1;
-  if (blockIdx.x == 0 && !q.post_at_wait) cd::rma_raise(q, q.post_at_origin, q.n_origins, epoch);
-  const bool ok = cd::rma_wait_counters(q, q.targets, q.size, q.n_targets, epoch, 1ull, q.timeout_ns);
   const unsigned int threads = cd::block_threads(), t = cd::block_thread();
-  const unsigned long long warps_per_block = (threads + 31u) / 32u;
+  const unsigned long long first = static_cast<unsigned long long>(blockIdx.x) * threads + t;
+  const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * threads;
+  const cd::RmaAhead a = cd::rma_start_ahead(q, first, stride);  // before anything waits
+  if (blockIdx.x == 0 && !q.post_at_wait) cd::rma_raise(q, q.post_at_origin, q.n_origins, epoch, a.post);
+  const bool ok = cd::rma_wait_counters(q, q.targets, q.size, q.n_targets, epoch, 1ull, q.timeout_ns, a.poll);
   if (ok) {
-    if (q.words != nullptr) {  // a small chain: one word per thread of the grid
-      cd::rma_copy_words(q, static_cast<unsigned long long>(blockIdx.x) * threads + t,
-                         static_cast<unsigned long long>(gridDim.x) * threads);
-    } else {
-      const unsigned int rest = threads - (t / 32u) * 32u;
-      cd::rma_copy_chain(q, blockIdx.x * warps_per_block + t / 32u, gridDim.x * warps_per_block, t % 32u,
-                         rest < 32u ? rest : 32u);
-    }
+    if (q.words != nullptr) cd::rma_copy_words(q, first, stride, a.words);  // a small chain: words over the grid
+    else cd::rma_copy_descriptors(q, blockIdx.x, gridDim.x);
     if constexpr (kTransposes >= 0) {
       cd::transpose_chain<kTransposes>(*q.transposes, blockIdx.x, gridDim.x);
     }
@@ -53,47 +53,62 @@ __device__ __forceinline__ void rma_start_launch(const RmaQueue& q) {
   __syncthreads();
   if (!last) return;
   const bool failed = cd::ld_relaxed_u64(&q.state->failed) != 0ull;
-  if (!failed) cd::rma_raise(q, q.arrival_at_target, q.n_targets, epoch);
+  if (!failed) cd::rma_raise(q, q.arrival_at_target, q.n_targets, epoch, a.raise);
   __syncthreads();
   if (t == 0) {
     q.state->done_ctas = 0ull;  // every CTA of this launch has counted; the next launch starts at 0
     q.state->epoch = epoch;
   }
+  if constexpr (kWait) {
+    __syncthreads();  // the new epoch, for the wait's read
+    cd::rma_wait_queue(q, q.timeout_ns);
+  }
 }
 
-extern "C" __global__ void circuslink_rma_start(RmaHandle h) { rma_start_launch<-1>(*h.queue); }
-// At most 85 registers (3 blocks of 256 per SM) without spilling; the mixed-size one needs more.
-extern "C" __global__ void __launch_bounds__(256, 3) circuslink_rma_start_transpose4(RmaHandle h) {
-  rma_start_launch<4>(*h.queue);
-}
-extern "C" __global__ void __launch_bounds__(256, 3) circuslink_rma_start_transpose8(RmaHandle h) {
-  rma_start_launch<8>(*h.queue);
-}
-extern "C" __global__ void __launch_bounds__(256, 3) circuslink_rma_start_transpose16(RmaHandle h) {
-  rma_start_launch<16>(*h.queue);
-}
-extern "C" __global__ void circuslink_rma_start_transpose0(RmaHandle h) { rma_start_launch<0>(*h.queue); }
+#define CIRCUSLINK_RMA_START_KERNELS(name, wait)                                                        \
+  extern "C" __global__ void name(RmaHandle h) { rma_start_launch<-1, wait>(h.q); }                \
+  extern "C" __global__ void __launch_bounds__(256, 3) name##_transpose4(RmaHandle h) {                 \
+    rma_start_launch<4, wait>(h.q);                                                                \
+  }                                                                                                     \
+  extern "C" __global__ void __launch_bounds__(256, 3) name##_transpose8(RmaHandle h) {                 \
+    rma_start_launch<8, wait>(h.q);                                                                \
+  }                                                                                                     \
+  extern "C" __global__ void __launch_bounds__(256, 3) name##_transpose16(RmaHandle h) {                \
+    rma_start_launch<16, wait>(h.q);                                                               \
+  }                                                                                                     \
+  extern "C" __global__ void name##_transpose0(RmaHandle h) { rma_start_launch<0, wait>(h.q); }
+
+// The transposeN kernels: at most 85 registers (3 blocks of 256 per SM); the mixed-size one needs more.
+// circuslink_rma_start*: start(stream=) and the copy-engine-free start; circuslink_rma_cycle*: the start
+// and the wait of a host-driven cycle in one launch.
+CIRCUSLINK_RMA_START_KERNELS(circuslink_rma_start, false)
+CIRCUSLINK_RMA_START_KERNELS(circuslink_rma_cycle, true)
 
 // wait(timeout=...) may differ from the queue's time-out: it comes as an argument.
 extern "C" __global__ void circuslink_rma_wait(RmaHandle h, unsigned long long timeout_ns) {
-  cd::rma_wait_queue(*h.queue, timeout_ns);
+  cd::rma_wait_queue(h.q, timeout_ns);
 }
 
 extern "C" __global__ void circuslink_rma_prologue(RmaHandle h) {
-  const RmaQueue& q = *h.queue;
+  const RmaQueue& q = h.q;
   const unsigned long long epoch = q.state->epoch + 1;
-  if (!q.post_at_wait) cd::rma_raise(q, q.post_at_origin, q.n_origins, epoch);
-  cd::rma_wait_counters(q, q.targets, q.size, q.n_targets, epoch, 1ull, q.timeout_ns);
+  const unsigned long long t = cd::block_thread();
+  const cd::RmaPoll poll = cd::rma_poll_slot(q, q.targets, q.size, q.n_targets, t);
+  if (!q.post_at_wait) {
+    cd::rma_raise(q, q.post_at_origin, q.n_origins, epoch, cd::rma_remote_slot(q.post_at_origin, q.n_origins, t));
+  }
+  cd::rma_wait_counters(q, q.targets, q.size, q.n_targets, epoch, 1ull, q.timeout_ns, poll);
 }
 
 extern "C" __global__ void circuslink_rma_epilogue(RmaHandle h) {
-  const RmaQueue& q = *h.queue;
+  const RmaQueue& q = h.q;
   const unsigned long long epoch = q.state->epoch + 1;
+  unsigned long long* raise = cd::rma_remote_slot(q.arrival_at_target, q.n_targets, cd::block_thread());
   // The copy-engine copies before this node have completed (graph order); make sure the
   // counters are not seen before them by any observer (at the queue's scope).
   cd::rma_fence(q);
   const bool failed = cd::ld_relaxed_u64(&q.state->failed) != 0ull;
-  if (!failed) cd::rma_raise(q, q.arrival_at_target, q.n_targets, epoch);
+  if (!failed) cd::rma_raise(q, q.arrival_at_target, q.n_targets, epoch, raise);
   __syncthreads();
   if (cd::block_thread() == 0) q.state->epoch = epoch;
 }

@@ -12,6 +12,8 @@
   one process.
 * :func:`nvshmem_allreduce`: NVSHMEM's float32 sum reductions on n PEs, on a stream and from a kernel
   (``nvshmem_allreduce.cu``). Called from one process.
+* :func:`nvshmem_rma_chains`: put-with-signal chains in a ring of N PEs (``nvshmem_rma_chain.cu``), the
+  exchange of ``bench rma``. Called from one process.
 
 NVLink multicast stays off in all of them (``NCCL_NVLS_ENABLE=0``, ``NVSHMEM_DISABLE_NVLS=1``).
 A baseline that cannot run returns rows with ``"skipped": "<reason>"`` (NCCL) or ``[]`` with a
@@ -25,16 +27,19 @@ from ._common import MULTICAST_OFF, disable_multicast
 from ._mpi import mpi_pingpong
 from ._nccl import nccl_allreduce, nccl_grouped_sendrecv, nccl_pingpong
 from ._nvshmem import (
-                       build_nvshmem_pingpong,
-                       build_nvshmem_stencil,
-                       nvshmem_allreduce,
-                       nvshmem_pingpong,
-                       nvshmem_stencil,
+    build_nvshmem_pingpong,
+    build_nvshmem_rma_chain,
+    build_nvshmem_stencil,
+    nvshmem_allreduce,
+    nvshmem_pingpong,
+    nvshmem_rma_chains,
+    nvshmem_stencil,
 )
 
 __all__ = [
     "MULTICAST_OFF",
     "build_nvshmem_pingpong",
+    "build_nvshmem_rma_chain",
     "build_nvshmem_stencil",
     "disable_multicast",
     "mpi_pingpong",
@@ -43,5 +48,6 @@ __all__ = [
     "nccl_pingpong",
     "nvshmem_allreduce",
     "nvshmem_pingpong",
+    "nvshmem_rma_chains",
     "nvshmem_stencil",
 ]

@@ -1,6 +1,7 @@
 """NVSHMEM baselines: build a CUDA program with nvcc and run it under mpirun. ``nvshmem_pingpong.cu`` (put-with-signal
-pingpong, 2 PEs), ``nvshmem_stencil.cu`` (the 2-D Jacobi stencil of examples/stencil with NVSHMEM halos, N PEs) and
-``nvshmem_allreduce.cu`` (float32 sum reductions, N PEs).
+pingpong, 2 PEs), ``nvshmem_stencil.cu`` (the 2-D Jacobi stencil of examples/stencil with NVSHMEM halos, N PEs),
+``nvshmem_allreduce.cu`` (float32 sum reductions, N PEs) and ``nvshmem_rma_chain.cu`` (put-with-signal chains in a
+ring of N PEs, the exchange of ``bench rma``).
 
 Build (the image's NVSHMEM wheel, found by the one toolchain of ``circuslink.transport._build``), NV = the
 ``nvidia/nvshmem`` folder of site-packages (or ``NVSHMEM_HOME``)::
@@ -36,6 +37,7 @@ from ._common import MULTICAST_OFF, check_counts, check_sizes, fresh_seed
 SOURCE = Path(__file__).with_name("nvshmem_pingpong.cu")
 STENCIL_SOURCE = Path(__file__).with_name("nvshmem_stencil.cu")
 ALLREDUCE_SOURCE = Path(__file__).with_name("nvshmem_allreduce.cu")
+RMA_CHAIN_SOURCE = Path(__file__).with_name("nvshmem_rma_chain.cu")
 _ARCH = "sm_90a"
 _HEAP_SLACK = 64 << 20  # NVSHMEM's own allocations next to our two buffers
 # What identifies an enclosing job's rank to Open MPI / PMIx: a nested mpirun must not inherit it.
@@ -77,6 +79,57 @@ def build_nvshmem_stencil(build_dir: str | os.PathLike | None = None, force: boo
     return _build.build_cached("baselines", "nvshmem_stencil", STENCIL_SOURCE,
                                lambda out: build_command(out, STENCIL_SOURCE), suffix="", what="nvcc",
                                folder=Path(build_dir) if build_dir else None, force=force)
+
+
+def build_nvshmem_rma_chain(build_dir: str | os.PathLike | None = None, force: bool = False) -> Path:
+    """Build the NVSHMEM put-with-signal chains (cached as :func:`build_nvshmem_pingpong` is); the binary's path."""
+    return _build.build_cached("baselines", "nvshmem_rma_chain", RMA_CHAIN_SOURCE,
+                               lambda out: build_command(out, RMA_CHAIN_SOURCE), suffix="", what="nvcc",
+                               folder=Path(build_dir) if build_dir else None, force=force)
+
+
+def nvshmem_rma_chains(
+    npes: int,
+    pairs: Sequence[tuple[int, int]],
+    layouts: Sequence[str] = ("contiguous", "strided"),
+    forms: Sequence[str] = ("thread", "grid"),
+    iters: int = 200,
+    warmup: int = 20,
+    samples: int = 10,
+    thread_max: int = 64 << 10,
+    sample_bytes: int = 256 << 20,
+    out_dir: str | os.PathLike | None = None,
+    timeout: float | None = None,
+) -> list[dict]:
+    """NVSHMEM put-with-signal chains in a ring of ``npes`` PEs (``nvshmem_rma_chain.cu``), the same exchange
+    as ``bench rma``'s queues; called from ONE process, not collectively (the PEs share its GPU as the caller's
+    ranks do). ``pairs``: (puts per chain, bytes per put). Rows ``{"impl": "nvshmem-put-signal-chain"`` (one
+    thread puts the chain; chains up to ``thread_max`` bytes) or ``"nvshmem-put-signal-chain-grid"`` (blocks
+    share every put), ``"layout", "chain", "bytes", "total_bytes", "neighbours", "time_us", "time_min_us",
+    "throughput_GBps", "samples", "cycles_per_sample", "blocks", "verified"}``: start-to-wait per cycle, the
+    median and the fastest of ``samples`` samples, each the slowest PE's; every received byte is checked.
+    Raises BackendError when nvcc, NVSHMEM, mpicc or mpirun are missing or the run fails, TimeoutError past
+    ``timeout`` (default CIRCUSLINK_TIMEOUT)."""
+    check_counts(iters, warmup, "nvshmem_rma_chains")
+    if not isinstance(npes, int) or npes < 2:
+        raise ConfigError(f"nvshmem_rma_chains: npes must be at least 2 (a ring), got {npes!r}")
+    bad = [p for p in pairs if len(p) != 2 or min(p) < 1]
+    if bad or not pairs:
+        raise ConfigError(f"nvshmem_rma_chains: pairs must be (chain, bytes) with both >= 1, got "
+                          f"{list(bad or pairs)!r}")
+    unknown = [x for x in (*layouts, *forms) if x not in ("contiguous", "strided", "thread", "grid")]
+    if unknown or not layouts or not forms:
+        raise ConfigError(f"nvshmem_rma_chains: layouts are contiguous / strided and forms thread / grid, got "
+                          f"{list(layouts)!r} and {list(forms)!r}")
+    nv = find_nvshmem()
+    binary = build_nvshmem_rma_chain(out_dir)
+    biggest = max(c * s for c, s in pairs)
+    env = _job_env(nv, 4 * biggest)  # sources 2 x 2 regions, destinations 2 x 3 slots
+    args = ["pairs=" + ",".join(f"{c}:{s}" for c, s in pairs), f"layouts={','.join(layouts)}",
+            f"forms={','.join(forms)}", f"iters={iters}", f"warmup={warmup}", f"samples={samples}",
+            f"seed={fresh_seed() >> 1}", f"thread_max={thread_max}", f"sample_bytes={sample_bytes}"]
+    return _run("nvshmem_rma_chain", binary, mpirun_command(binary, args, env, npes), env, timeout, npes,
+                lambda row: f"{row['impl']} {row['layout']} {row['chain']} x {row['bytes']} B")
 
 
 def _job_env(nv: Path, max_bytes: int) -> dict[str, str]:

@@ -25,6 +25,7 @@
 #pragma once
 
 #include "detail/rma_impl.cuh"
+#include "grid.cuh"
 #if defined(CIRCUSLINK_TRANSPOSE_PUTS)
 #include "detail/transpose_impl.cuh"
 #endif
@@ -36,8 +37,14 @@ namespace circuslink {
 namespace detail {
 
 // rma_start on the queue itself (here, not in rma_impl.cuh: whether it turns transposing puts depends
-// on the includes of the kernel's translation unit).
-__device__ __forceinline__ bool rma_start_queue(const RmaQueue& q) {
+// on the includes of the kernel's translation unit), by block `index` of `blocks` blocks that start it
+// together (1 for rma_start; the grid for rma_start_grid, whose caller raises the arrivals after a grid
+// barrier). `q` is the handle's copy (see rma_wait_queue). One epoch's critical path, when the target
+// posts at its start: the post's trip to me, my stores, one release and the arrival's trip to the target;
+// everything read from memory (the counters' addresses, the small chain's words and their source bytes)
+// is read before the start waits for the post.
+__device__ __forceinline__ bool rma_start_blocks(const RmaQueue& q, unsigned long long index, unsigned long long blocks,
+                                                 bool raise_arrivals, RmaAhead& a) {
   const unsigned long long epoch = q.state->epoch + 1;
 #if !defined(CIRCUSLINK_TRANSPOSE_PUTS)
   if (q.transposes != nullptr) {  // compiled without them: refuse rather than skip them silently
@@ -46,19 +53,31 @@ __device__ __forceinline__ bool rma_start_queue(const RmaQueue& q) {
     return false;
   }
 #endif
-  if (!q.post_at_wait) rma_raise(q, q.post_at_origin, q.n_origins, epoch);
-  const bool ok = rma_wait_counters(q, q.targets, q.size, q.n_targets, epoch, 1ull, q.timeout_ns);
-  if (ok) {
-    rma_copy_chain_block(q);
-#if defined(CIRCUSLINK_TRANSPOSE_PUTS)
-    if (q.transposes != nullptr) transpose_chain<0>(*q.transposes, 0, 1);
-#endif
-    __syncthreads();
-    rma_raise(q, q.arrival_at_target, q.n_targets, epoch);
+  const unsigned long long t = block_thread(), threads = block_threads();
+  a.poll = rma_poll_slot(q, q.targets, q.size, q.n_targets, t);
+  a.raise = rma_remote_slot(q.arrival_at_target, q.n_targets, t);
+  if (index == 0 && !q.post_at_wait) {
+    rma_raise(q, q.post_at_origin, q.n_origins, epoch, rma_remote_slot(q.post_at_origin, q.n_origins, t));
   }
-  __syncthreads();  // every thread has read state->epoch
-  if (block_thread() == 0) q.state->epoch = epoch;
-  __syncthreads();
+  if (q.words != nullptr) {
+    // The block's threads wrote the sources before the call: they are read ahead, so meet first.
+    __syncthreads();
+    rma_load_words_ahead(q, index * threads + t, blocks * threads, a.words);
+  }
+  const bool ok = rma_wait_counters(q, q.targets, q.size, q.n_targets, epoch, 1ull, q.timeout_ns, a.poll);
+  if (ok) {
+    if (q.words != nullptr) rma_copy_words(q, index * threads + t, blocks * threads, a.words);
+    else rma_copy_descriptors(q, index, blocks);
+#if defined(CIRCUSLINK_TRANSPOSE_PUTS)
+    if (q.transposes != nullptr) transpose_chain<0>(*q.transposes, static_cast<unsigned int>(index),
+                                                    static_cast<unsigned int>(blocks));
+#endif
+  }
+  __syncthreads();  // the block's copies before the arrival; every thread has read state->epoch
+  if (!raise_arrivals) return ok;
+  if (t == 0) q.state->epoch = epoch;
+  if (ok) rma_raise(q, q.arrival_at_target, q.n_targets, epoch, a.raise);
+  __syncthreads();  // the new epoch, for this block's next call
   return ok;
 }
 
@@ -67,12 +86,51 @@ __device__ __forceinline__ bool rma_start_queue(const RmaQueue& q) {
 // Start the next epoch: post my window to my origins (unless the queue posts at wait), wait until
 // every target has posted, copy the chain with this block, then raise my arrival counter at every
 // target. Returns false if a target never posted (recorded for the host).
-__device__ __forceinline__ bool rma_start(RmaHandle queue) { return detail::rma_start_queue(*queue.queue); }
+__device__ __forceinline__ bool rma_start(RmaHandle queue) {
+  detail::RmaAhead a;
+  return detail::rma_start_blocks(queue.q, 0ull, 1ull, true, a);
+}
 
 // Wait until every origin's writes of the current epoch have arrived. Returns false on time-out
 // (recorded for the host).
 __device__ __forceinline__ bool rma_wait(RmaHandle queue) {
-  return detail::rma_wait_queue(*queue.queue, queue.queue->timeout_ns);
+  return detail::rma_wait_queue(queue.q, queue.q.timeout_ns);
+}
+
+// The grid forms, for chains too large for one block (a 16 MiB chain copied by one block of 256 threads
+// runs at a few tens of GB/s): every thread of every block of a co-resident grid calls them (launched
+// with world.backend.launch_resident, at most world.backend.max_blocks blocks: the blocks wait for the
+// targets' posts, so they must all run at once), with the grid's barrier (world.backend.grid_barrier()).
+// The blocks share the copy; after a grid barrier block 0 raises the arrivals. rma_wait_grid: block 0
+// waits, then the barrier makes the incoming bytes visible to every block. The same answer on every
+// thread: false when a wait or the barrier timed out. Sources written by other blocks need a grid_sync
+// before rma_start_grid (as every read of another block's writes does).
+__device__ __forceinline__ bool rma_start_grid(RmaHandle queue, const GridBarrier& bar) {
+  const RmaQueue& q = queue.q;
+  const unsigned long long index = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const unsigned long long blocks = static_cast<unsigned long long>(gridDim.x) * gridDim.y * gridDim.z;
+  detail::RmaAhead a;
+  const unsigned long long epoch = q.state->epoch + 1;  // read before the barrier lets block 0 advance it
+  detail::rma_start_blocks(q, index, blocks, false, a);
+  if (!grid_sync(bar)) return false;  // every block's copies are done and visible (gpu scope)
+  // Every block's failure was recorded before the barrier: one answer for the whole grid.
+  const bool ok = detail::ld_relaxed_u64(&q.state->failed) == 0ull;
+  if (index == 0) {
+    if (detail::block_thread() == 0) q.state->epoch = epoch;
+    if (ok) {
+      if (!detail::rma_gpu_scope(q)) detail::fence_acq_rel_sys();  // the other blocks' copies, to the system
+      detail::rma_raise(q, q.arrival_at_target, q.n_targets, epoch, a.raise);
+    }
+    __syncthreads();
+  }
+  return ok;
+}
+
+__device__ __forceinline__ bool rma_wait_grid(RmaHandle queue, const GridBarrier& bar) {
+  const unsigned long long index = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (index == 0) detail::rma_wait_queue(queue.q, queue.q.timeout_ns);
+  if (!grid_sync(bar)) return false;
+  return detail::ld_relaxed_u64(&queue.q.state->failed) == 0ull;  // block 0's answer, for every block
 }
 
 #endif  // __CUDACC__ || __CUDACC_RTC__

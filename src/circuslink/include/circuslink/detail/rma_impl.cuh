@@ -35,62 +35,107 @@ __device__ __forceinline__ void rma_release_store(const RmaQueue& q, unsigned lo
   if (rma_gpu_scope(q)) st_release_gpu_u64(p, v);
   else st_release_sys_u64(p, v);
 }
-__device__ __forceinline__ void rma_acquire_load(const RmaQueue& q, const unsigned long long* p) {
-  if (rma_gpu_scope(q)) (void)ld_acquire_gpu_u64(p);
-  else (void)ld_acquire_sys_u64(p);
-}
 __device__ __forceinline__ void rma_fence(const RmaQueue& q) {
   if (rma_gpu_scope(q)) fence_acq_rel_gpu();
   else fence_acq_rel_sys();
 }
 
-// Threads of one block wait, in parallel, until counters[i] >= epoch for i in [0, n), each for at
-// most timeout_ns (0: no limit but the host's abort word). Polls are relaxed (the cheap loop, no sleep,
-// no back-off: a sleeping poller notices late); once satisfied one acquire load (the queue's scope) orders
-// what follows after the writer's release. A counter already there costs one load: the deadline (a
-// %globaltimer read) is made only when a wait really waits. Only one counter per peer is polled: the
-// writer raises it once, after the last write of its chain to me. Returns false (and records `code`) on
-// time-out. Block-cooperative (it ends with a block-wide vote).
+// Acquire load at the queue's scope: what every poll of a counter is, so that the poll that sees the value
+// also orders what follows (a relaxed poll and then a separate acquire load cost one more trip to L2 on the
+// critical path of every wait).
+__device__ __forceinline__ unsigned long long rma_load_acquire(const RmaQueue& q, const unsigned long long* p) {
+  return rma_gpu_scope(q) ? ld_acquire_gpu_u64(p) : ld_acquire_sys_u64(p);
+}
+
+// Polls made before a wait reads the clock: %globaltimer costs more than a poll, and most waits of a
+// running exchange end within a few polls.
+constexpr int kRmaPollsBeforeClock = 64;
+
+// The counter one thread polls (`counter` of rank `rank`; nullptr: none), read before the call waits.
+struct RmaPoll {
+  const unsigned long long* counter;
+  unsigned long long rank;
+};
+
+// Counter i of `n` in `slot_base + ranks[i]` of my signals (nullptr past n).
+__device__ __forceinline__ RmaPoll rma_poll_slot(const RmaQueue& q, const unsigned long long* ranks,
+                                                 unsigned long long slot_base, unsigned long long n,
+                                                 unsigned long long i) {
+  if (i >= n) return RmaPoll{nullptr, 0ull};
+  const unsigned long long rank = ranks[i];
+  return RmaPoll{q.signals + slot_base + rank, rank};
+}
+
+// The remote counter i of `n` (nullptr past n), read before the call waits: after an acquire (which
+// invalidates L1) the pointer table would be one more L2 trip on the critical path.
+__device__ __forceinline__ unsigned long long* rma_remote_slot(unsigned long long* const* remote,
+                                                               unsigned long long n, unsigned long long i) {
+  return i < n ? remote[i] : nullptr;
+}
+
+// One thread waits until *counter >= epoch, at most timeout_ns (0: no limit but the host's abort word).
+// Polls are acquire loads at the queue's scope (no sleep, no back-off: a sleeping poller notices late).
+__device__ __forceinline__ bool rma_wait_one(const RmaQueue& q, const unsigned long long* counter,
+                                             unsigned long long epoch, unsigned long long timeout_ns) {
+#pragma unroll 1
+  for (int k = 0; k < kRmaPollsBeforeClock; ++k) {
+    if (rma_load_acquire(q, counter) >= epoch) return true;
+  }
+  Deadline deadline = Deadline::after(timeout_ns, q.abort);
+  return spin_until([&] { return rma_load_acquire(q, counter) >= epoch; }, deadline);
+}
+
+// Threads of one block wait, in parallel, until counters[i] >= epoch for i in [0, n) (counter i: my
+// signals[slot_base + ranks[i]]), each for at most timeout_ns. `mine` is counter block_thread(), read by
+// the caller before it did anything that waits. Only one counter per peer is polled: the writer raises it
+// once, after the last write of its chain to me. Returns false (and records `code`) on time-out.
+// Block-cooperative (it ends with a block-wide vote).
 __device__ __forceinline__ bool rma_wait_counters(const RmaQueue& q, const unsigned long long* ranks,
                                                   unsigned long long slot_base, unsigned long long n,
                                                   unsigned long long epoch, unsigned long long code,
-                                                  unsigned long long timeout_ns) {
+                                                  unsigned long long timeout_ns, RmaPoll mine) {
   bool ok = true;
-  for (unsigned long long i = block_thread(); i < n; i += block_threads()) {
-    const unsigned long long rank = ranks[i];
-    const unsigned long long* counter = q.signals + slot_base + rank;
-    if (ld_relaxed_u64(counter) < epoch) {
-      Deadline deadline = Deadline::after(timeout_ns, q.abort);
-      if (!spin_until([&] { return ld_relaxed_u64(counter) >= epoch; }, deadline)) {
-        rma_record_error(q, code, rank, epoch);
-        ok = false;
-        continue;
-      }
+  const unsigned long long t = block_thread();
+  for (unsigned long long i = t; i < n; i += block_threads()) {
+    const RmaPoll p = i == t ? mine : rma_poll_slot(q, ranks, slot_base, n, i);
+    if (!rma_wait_one(q, p.counter, epoch, timeout_ns)) {
+      rma_record_error(q, code, p.rank, epoch);
+      ok = false;
     }
-    rma_acquire_load(q, counter);
   }
   return __syncthreads_and(ok ? 1 : 0) != 0;
 }
 
 // Raise each remote counter to `epoch` (release at the queue's scope: everything this thread wrote or saw
 // before, the block's copies included through the barrier before the call, is visible to whoever acquires
-// the value). Threads of one block share the counters.
+// the value). Threads of one block share the counters; `mine` is remote[block_thread()], read ahead.
 __device__ __forceinline__ void rma_raise(const RmaQueue& q, unsigned long long* const* remote,
-                                          unsigned long long n, unsigned long long epoch) {
-  for (unsigned long long i = block_thread(); i < n; i += block_threads()) rma_release_store(q, remote[i], epoch);
+                                          unsigned long long n, unsigned long long epoch,
+                                          unsigned long long* mine) {
+  const unsigned long long t = block_thread();
+  for (unsigned long long i = t; i < n; i += block_threads()) rma_release_store(q, i == t ? mine : remote[i], epoch);
+}
+
+// Loads one lane keeps in flight before its stores: 64 bytes (4 to 8 words; more costs the start kernel
+// its occupancy and the transposing starts spill).
+template <typename T>
+__device__ __forceinline__ constexpr unsigned int rma_words_in_flight() {
+  return sizeof(T) >= 16 ? 4u : 8u;
 }
 
 // One warp copies `nbytes`: lane `lane` of `kLanes` takes words lane, lane + kLanes, ...
 template <typename T, unsigned int kLanes>
 __device__ __forceinline__ void rma_copy_span_full(T* d, const T* s, unsigned long long n, unsigned int lane) {
-  // Four loads in flight per lane before the stores: peer stores are latency-bound.
+  // 64 bytes of loads in flight per lane before the stores (a 4 KiB unit in two rounds): peer stores are
+  // latency-bound.
+  constexpr unsigned int kAhead = rma_words_in_flight<T>();
   unsigned long long i = lane;
-  for (; i + 3 * kLanes < n; i += 4 * kLanes) {
-    T a = s[i], b = s[i + kLanes], c = s[i + 2 * kLanes], e = s[i + 3 * kLanes];
-    d[i] = a;
-    d[i + kLanes] = b;
-    d[i + 2 * kLanes] = c;
-    d[i + 3 * kLanes] = e;
+  for (; i + (kAhead - 1) * kLanes < n; i += kAhead * kLanes) {
+    T v[kAhead];
+#pragma unroll
+    for (unsigned int k = 0; k < kAhead; ++k) v[k] = s[i + k * kLanes];
+#pragma unroll
+    for (unsigned int k = 0; k < kAhead; ++k) d[i + k * kLanes] = v[k];
   }
   for (; i < n; i += kLanes) d[i] = s[i];
 }
@@ -110,29 +155,95 @@ __device__ __forceinline__ void rma_copy_span(char* dst, const char* src, unsign
   for (unsigned long long i = lane; i < n; i += lanes) d[i] = s[i];
 }
 
+// `lanes` threads copy `rows` blocks of `row_bytes` (a whole number of T) from src (stride ss) to dst
+// (stride ds), straight, no packing: the words of all the rows are dealt to the lanes as one list, so a
+// warp keeps several loads in flight even when a block is a few words (a 512-byte block is one 16-byte
+// word per lane: one warp per block would leave the warp idle on each block's latency).
+template <typename T>
+__device__ __forceinline__ void rma_copy_rows(char* dst, const char* src, unsigned int rows, unsigned int row_bytes,
+                                              unsigned long long ss, unsigned long long ds, unsigned int lane,
+                                              unsigned int lanes) {
+  const unsigned int per_row = row_bytes / static_cast<unsigned int>(sizeof(T));
+  const unsigned int n = rows * per_row;
+  constexpr unsigned int kAhead = rma_words_in_flight<T>();
+  unsigned int i = lane;
+  for (; i + (kAhead - 1) * lanes < n; i += kAhead * lanes) {
+    T v[kAhead];
+    T* d[kAhead];
+#pragma unroll
+    for (unsigned int k = 0; k < kAhead; ++k) {
+      const unsigned int w = i + k * lanes, r = w / per_row, c = w - r * per_row;
+      v[k] = *reinterpret_cast<const T*>(src + r * ss + c * sizeof(T));
+      d[k] = reinterpret_cast<T*>(dst + r * ds + c * sizeof(T));
+    }
+#pragma unroll
+    for (unsigned int k = 0; k < kAhead; ++k) *d[k] = v[k];
+  }
+  for (; i < n; i += lanes) {
+    const unsigned int r = i / per_row, c = i - r * per_row;
+    *reinterpret_cast<T*>(dst + r * ds + c * sizeof(T)) = *reinterpret_cast<const T*>(src + r * ss + c * sizeof(T));
+  }
+}
+
 struct alignas(16) RmaVec16 {
   unsigned long long x, y;
 };
 
-// A small chain's words (RmaQueue::words), shared by threads `first`, `first + stride`, ...: one 8- or
-// 16-byte load and store each, no descriptor walk. Block-stride writes are in the list block by block,
-// copied straight from the strided source to the strided destination (no packing).
-__device__ __forceinline__ void rma_copy_words(const RmaQueue& q, unsigned long long first,
-                                               unsigned long long stride) {
-  if (q.word_bytes == 16ull) {
-    for (unsigned long long i = first; i < q.n_words; i += stride) {
+// A small chain's words (RmaQueue::words) that one thread copies first: their destinations and source
+// bytes, loaded when the start begins, before it waits for the targets' posts. The sources are mine and
+// final when the start is called; so the loads (of the word table, then of the sources: two dependent
+// trips to memory) leave the critical path, and after the posts arrive the thread only stores.
+constexpr unsigned int kRmaWordsAhead = 2;
+struct RmaWordsAhead {
+  RmaVec16 value[kRmaWordsAhead];
+  unsigned long long dst[kRmaWordsAhead];
+};
+
+__device__ __forceinline__ void rma_load_words_ahead(const RmaQueue& q, unsigned long long first,
+                                                     unsigned long long stride, RmaWordsAhead& a) {
+#pragma unroll
+  for (unsigned int k = 0; k < kRmaWordsAhead; ++k) {
+    const unsigned long long i = first + k * stride;
+    a.dst[k] = 0ull;
+    if (i < q.n_words) {
       const RmaWord w = q.words[i];
-      *reinterpret_cast<RmaVec16*>(w.dst) = *reinterpret_cast<const RmaVec16*>(w.src);
-    }
-  } else {
-    for (unsigned long long i = first; i < q.n_words; i += stride) {
-      const RmaWord w = q.words[i];
-      *reinterpret_cast<unsigned long long*>(w.dst) = *reinterpret_cast<const unsigned long long*>(w.src);
+      a.dst[k] = w.dst;
+      if (q.word_bytes == 16ull) a.value[k] = *reinterpret_cast<const RmaVec16*>(w.src);
+      else a.value[k].x = *reinterpret_cast<const unsigned long long*>(w.src);
     }
   }
 }
 
-// One warp (`lanes` threads) copies work unit `unit` of the chain.
+// A small chain's words shared by threads `first`, `first + stride`, ...: the ones loaded ahead are
+// stored, the rest (chains of more words than kRmaWordsAhead x the threads) loaded and stored. One 8- or
+// 16-byte store each, no descriptor walk. Block-stride writes are in the list block by block, copied
+// straight from the strided source to the strided destination (no packing).
+__device__ __forceinline__ void rma_copy_words(const RmaQueue& q, unsigned long long first,
+                                               unsigned long long stride, const RmaWordsAhead& a) {
+  const bool wide = q.word_bytes == 16ull;
+#pragma unroll
+  for (unsigned int k = 0; k < kRmaWordsAhead; ++k) {
+    if (a.dst[k] == 0ull) continue;
+    if (wide) *reinterpret_cast<RmaVec16*>(a.dst[k]) = a.value[k];
+    else *reinterpret_cast<unsigned long long*>(a.dst[k]) = a.value[k].x;
+  }
+  for (unsigned long long i = first + kRmaWordsAhead * stride; i < q.n_words; i += stride) {
+    const RmaWord w = q.words[i];
+    if (wide) *reinterpret_cast<RmaVec16*>(w.dst) = *reinterpret_cast<const RmaVec16*>(w.src);
+    else *reinterpret_cast<unsigned long long*>(w.dst) = *reinterpret_cast<const unsigned long long*>(w.src);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void rma_copy_piece(char* dst, const char* src, unsigned int rows, unsigned long long len,
+                                               unsigned long long ss, unsigned long long ds, unsigned int lane,
+                                               unsigned int lanes) {
+  if (rows == 1u) rma_copy_span<T>(dst, src, len, lane, lanes);
+  else rma_copy_rows<T>(dst, src, rows, static_cast<unsigned int>(len), ss, ds, lane, lanes);
+}
+
+// One warp (`lanes` threads) copies work unit `unit` of the chain: a piece of at most kRmaChunkBytes of
+// one block, or (blocks_per_unit > 1) up to blocks_per_unit whole small blocks.
 __device__ __forceinline__ void rma_copy_unit(const RmaQueue& q, unsigned long long unit, unsigned int lane,
                                               unsigned int lanes) {
   // The descriptor holding `unit`: the last one whose unit_begin <= unit.
@@ -143,18 +254,29 @@ __device__ __forceinline__ void rma_copy_unit(const RmaQueue& q, unsigned long l
   }
   const RmaDescriptor& d = q.descs[lo];
   const unsigned long long k = unit - d.unit_begin;
-  const unsigned long long block = k / d.units_per_block;
-  const unsigned long long offset = (k % d.units_per_block) * kRmaChunkBytes;
-  const unsigned long long left = d.block_bytes - offset;
-  const unsigned long long len = left < kRmaChunkBytes ? left : kRmaChunkBytes;
+  unsigned long long block, offset, len;
+  unsigned int rows = 1u;
+  if (d.blocks_per_unit > 1u) {
+    block = k * d.blocks_per_unit;
+    const unsigned long long left = d.count - block;
+    rows = static_cast<unsigned int>(left < d.blocks_per_unit ? left : d.blocks_per_unit);
+    offset = 0ull;
+    len = d.block_bytes;
+  } else {
+    block = k / d.units_per_block;
+    offset = (k % d.units_per_block) * kRmaChunkBytes;
+    const unsigned long long left = d.block_bytes - offset;
+    len = left < kRmaChunkBytes ? left : kRmaChunkBytes;
+  }
   char* dst = reinterpret_cast<char*>(d.dst + block * d.dst_stride + offset);
   const char* src = reinterpret_cast<const char*>(d.src + block * d.src_stride + offset);
+  const unsigned long long ss = d.src_stride, ds = d.dst_stride;
   switch (d.align) {
-    case 16: rma_copy_span<RmaVec16>(dst, src, len, lane, lanes); break;
-    case 8: rma_copy_span<unsigned long long>(dst, src, len, lane, lanes); break;
-    case 4: rma_copy_span<unsigned int>(dst, src, len, lane, lanes); break;
-    case 2: rma_copy_span<unsigned short>(dst, src, len, lane, lanes); break;
-    default: rma_copy_span<unsigned char>(dst, src, len, lane, lanes); break;
+    case 16: rma_copy_piece<RmaVec16>(dst, src, rows, len, ss, ds, lane, lanes); break;
+    case 8: rma_copy_piece<unsigned long long>(dst, src, rows, len, ss, ds, lane, lanes); break;
+    case 4: rma_copy_piece<unsigned int>(dst, src, rows, len, ss, ds, lane, lanes); break;
+    case 2: rma_copy_piece<unsigned short>(dst, src, rows, len, ss, ds, lane, lanes); break;
+    default: rma_copy_piece<unsigned char>(dst, src, rows, len, ss, ds, lane, lanes); break;
   }
 }
 
@@ -164,28 +286,51 @@ __device__ __forceinline__ void rma_copy_chain(const RmaQueue& q, unsigned long 
   for (unsigned long long unit = warp; unit < q.total_units; unit += n_warps) rma_copy_unit(q, unit, lane, lanes);
 }
 
-// The chain copied by the calling block alone, any block shape: warps are cut from the linear thread
-// index (as the hardware cuts them), the last one may be partial.
-__device__ __forceinline__ void rma_copy_chain_block(const RmaQueue& q) {
+// The chain's descriptors copied by the calling block, one of `blocks` doing the same (block `index`),
+// any block shape: warps are cut from the linear thread index (as the hardware cuts them), the last one
+// may be partial.
+__device__ __forceinline__ void rma_copy_descriptors(const RmaQueue& q, unsigned long long index,
+                                                     unsigned long long blocks) {
   const unsigned int t = block_thread(), threads = block_threads();
-  if (q.words != nullptr) {
-    rma_copy_words(q, t, threads);
-    return;
-  }
-  const unsigned int warp = t / 32u;
+  const unsigned int warp = t / 32u, warps = (threads + 31u) / 32u;
   const unsigned int rest = threads - warp * 32u;
-  rma_copy_chain(q, warp, (threads + 31u) / 32u, t % 32u, rest < 32u ? rest : 32u);
+  rma_copy_chain(q, index * warps + warp, blocks * warps, t % 32u, rest < 32u ? rest : 32u);
+}
+
+// What one thread of a block that drives a queue reads before anything waits (rma_start / rma_wait and
+// the start kernel): the counters it polls and raises, and its first words of a small chain.
+struct RmaAhead {
+  RmaPoll poll;                  // start: its target's post; wait: its origin's arrival
+  unsigned long long* raise;     // start: its target's arrival counter; wait: its origin's post counter
+  unsigned long long* post;      // start (posts at start): its origin's post counter
+  RmaWordsAhead words;
+};
+
+// RmaAhead of the calling thread for a start whose words are dealt to threads `word_first`, `word_first +
+// word_stride`, ... (the start's block or grid).
+__device__ __forceinline__ RmaAhead rma_start_ahead(const RmaQueue& q, unsigned long long word_first,
+                                                    unsigned long long word_stride) {
+  const unsigned long long t = block_thread();
+  RmaAhead a;
+  a.poll = rma_poll_slot(q, q.targets, q.size, q.n_targets, t);
+  a.raise = rma_remote_slot(q.arrival_at_target, q.n_targets, t);
+  a.post = q.post_at_wait ? nullptr : rma_remote_slot(q.post_at_origin, q.n_origins, t);
+  if (q.words != nullptr) rma_load_words_ahead(q, word_first, word_stride, a.words);
+  return a;
 }
 
 // Wait until every origin's writes of the current epoch have arrived (at most timeout_ns each), then,
-// for a queue that posts at wait, post the next epoch. Block-cooperative.
+// for a queue that posts at wait, post the next epoch. Block-cooperative. `q` is the handle's copy of
+// the queue (RmaHandle::q, in the kernel's parameters), not the queue in device memory: every acquire
+// invalidates L1, after which each field read there would be a trip to L2. The counters' addresses are
+// read before the wait polls.
 __device__ __forceinline__ bool rma_wait_queue(const RmaQueue& q, unsigned long long timeout_ns) {
+  const unsigned long long t = block_thread();
+  const RmaPoll mine = rma_poll_slot(q, q.origins, 0ull, q.n_origins, t);
+  unsigned long long* post = q.post_at_wait ? rma_remote_slot(q.post_at_origin, q.n_origins, t) : nullptr;
   const unsigned long long epoch = q.state->epoch;
-  const bool ok = rma_wait_counters(q, q.origins, 0ull, q.n_origins, epoch, 2ull, timeout_ns);
-  if (q.post_at_wait) {
-    rma_raise(q, q.post_at_origin, q.n_origins, epoch + 1);
-    __syncthreads();
-  }
+  const bool ok = rma_wait_counters(q, q.origins, 0ull, q.n_origins, epoch, 2ull, timeout_ns, mine);
+  if (q.post_at_wait) rma_raise(q, q.post_at_origin, q.n_origins, epoch + 1, post);
   return ok;
 }
 

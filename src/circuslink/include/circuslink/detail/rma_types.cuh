@@ -9,8 +9,9 @@ namespace circuslink {
 
 struct RmaTransposeChain;  // detail/transpose_types.cuh: the queue's transposing puts
 
-// Work is cut into units of at most this many bytes (one warp copies one unit), so that
-// one large block is copied by many warps and many small blocks by one warp each.
+// Work is cut into units of at most this many bytes (one warp copies one unit), so that one large
+// block is copied by many warps, and blocks of at most half of it go several to a unit
+// (RmaDescriptor::blocks_per_unit): a warp keeps a unit's worth of loads in flight either way.
 constexpr unsigned long long kRmaChunkBytes = 4096;
 
 // RmaQueue::flags.
@@ -30,7 +31,7 @@ struct RmaWord {
   unsigned long long dst;
 };
 
-// One declared write, as the copy kernel reads it (64 bytes).
+// One declared write, as the copy kernel reads it (72 bytes).
 struct RmaDescriptor {
   unsigned long long src;          // my source address
   unsigned long long dst;          // destination, the target's memory mapped here (CUDA IPC)
@@ -39,8 +40,10 @@ struct RmaDescriptor {
   unsigned long long src_stride;   // bytes between block starts
   unsigned long long dst_stride;
   unsigned long long unit_begin;   // first work unit of this descriptor (prefix sum over the chain)
-  unsigned int units_per_block;    // ceil(block_bytes / kRmaChunkBytes)
+  unsigned int units_per_block;    // ceil(block_bytes / kRmaChunkBytes) (1 when blocks_per_unit > 1)
   unsigned int align;              // widest access all addresses, sizes and strides allow: 16, 8, 4, 2, 1
+  unsigned int blocks_per_unit;    // whole blocks per unit: kRmaChunkBytes / block_bytes for small blocks, else 1
+  unsigned int reserved;
 };
 
 // Per-queue state that lives in this rank's device memory and survives launches.
@@ -89,9 +92,14 @@ struct RmaQueue {
 };
 
 // The device handle of a committed queue: what Queue.device_handle() returns (a numpy scalar of this
-// struct) and rma_start / rma_wait receive, by value, like every circuslink device handle.
+// struct) and rma_start / rma_wait receive, by value, like every circuslink device handle. `q` is a copy
+// of *queue (fixed from commit on): a kernel that takes the handle as a parameter reads the queue's fields
+// from its parameters (the constant bank) instead of device memory, whose L1 copy every acquire poll
+// invalidates, so that no field read is one more L2 trip on a cycle's critical path. A handle from before
+// the queue's last commit is stale (as its pointer is).
 struct RmaHandle {
   const RmaQueue* queue;
+  RmaQueue q;
 };
 
 }  // namespace circuslink
