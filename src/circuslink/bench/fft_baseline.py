@@ -413,32 +413,10 @@ def nvshmem_slab(nranks: int, cases: list[tuple[tuple[int, ...], str]], iters: i
     spec = ";".join(f"{'x'.join(map(str, s))}:{d}" for s, d in cases)
     args = [f"cases={spec}", f"iters={iters}", f"warmup={warmup}", f"chunks={','.join(map(str, chunks))}",
             f"seed={_nvshmem.fresh_seed()}"]
-    cmd = _nvshmem.mpirun_command(binary, args, env)
-    np_at = cmd.index("-np")
-    cmd[np_at + 1] = str(nranks)
-    deadline = Deadline.after(timeout)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=deadline.remaining())
-    except subprocess.TimeoutExpired:
-        _nvshmem._kill_group(proc)
-        stdout, stderr = proc.communicate()
-        from ..errors import TimeoutError
-
-        raise TimeoutError(f"the NVSHMEM slab FFT ({nranks} PEs under mpirun) did not finish within "
-                           f"{deadline.limit:g} s{_nvshmem._tail(stderr)}") from None
-    log = binary.parent / "fft_slab_nvshmem.log"
-    try:
-        log.write_text("$ " + " ".join(cmd) + "\n--- stdout\n" + (stdout or "") + "--- stderr\n" + (stderr or ""))
-    except OSError:
-        pass
-    info, rows = _nvshmem.parse_output(stdout)
-    if proc.returncode != 0 or not rows:
-        raise BackendError(f"the NVSHMEM slab FFT failed (exit code {proc.returncode}){_nvshmem._tail(stderr, stdout)}"
-                           f" (full output in {log})")
+    rows = _nvshmem._run("fft_slab_nvshmem", binary, _nvshmem.mpirun_command(binary, args, env, nranks), env, timeout,
+                         nranks, lambda row: f"{row.get('shape')} {row.get('dtype')}")
     for r in rows:
-        r["nvshmem_version"] = info.get("nvshmem_header_version")
+        r.setdefault("nvshmem_version", None)
     return rows
 
 

@@ -67,25 +67,27 @@ def build_command(output: Path, source: Path | None = None) -> list[str]:
     ]
 
 
+def _build_program(name: str, source: Path, build_dir: str | os.PathLike | None, force: bool = False) -> Path:
+    """Build baseline program ``name`` from ``source`` (cached by source and command,
+    ``~/.cache/circuslink/baselines`` unless ``build_dir``); return the binary's path."""
+    return _build.build_cached("baselines", name, source, lambda out: build_command(out, source), suffix="",
+                               what="nvcc", folder=Path(build_dir) if build_dir else None, force=force)
+
+
 def build_nvshmem_pingpong(build_dir: str | os.PathLike | None = None, force: bool = False) -> Path:
     """Build the NVSHMEM pingpong (cached by source and command, ``~/.cache/circuslink/baselines`` unless
     ``build_dir``); return the binary's path."""
-    return _build.build_cached("baselines", "nvshmem_pingpong", SOURCE, build_command, suffix="", what="nvcc",
-                               folder=Path(build_dir) if build_dir else None, force=force)
+    return _build_program("nvshmem_pingpong", SOURCE, build_dir, force)
 
 
 def build_nvshmem_stencil(build_dir: str | os.PathLike | None = None, force: bool = False) -> Path:
     """Build the NVSHMEM stencil (cached as :func:`build_nvshmem_pingpong` is); return the binary's path."""
-    return _build.build_cached("baselines", "nvshmem_stencil", STENCIL_SOURCE,
-                               lambda out: build_command(out, STENCIL_SOURCE), suffix="", what="nvcc",
-                               folder=Path(build_dir) if build_dir else None, force=force)
+    return _build_program("nvshmem_stencil", STENCIL_SOURCE, build_dir, force)
 
 
 def build_nvshmem_rma_chain(build_dir: str | os.PathLike | None = None, force: bool = False) -> Path:
     """Build the NVSHMEM put-with-signal chains (cached as :func:`build_nvshmem_pingpong` is); the binary's path."""
-    return _build.build_cached("baselines", "nvshmem_rma_chain", RMA_CHAIN_SOURCE,
-                               lambda out: build_command(out, RMA_CHAIN_SOURCE), suffix="", what="nvcc",
-                               folder=Path(build_dir) if build_dir else None, force=force)
+    return _build_program("nvshmem_rma_chain", RMA_CHAIN_SOURCE, build_dir, force)
 
 
 def nvshmem_rma_chains(
@@ -289,9 +291,7 @@ def nvshmem_allreduce(sizes: Iterable[int], npes: int, iters: int, warmup: int, 
     if not forms or any(f not in ("stream", "device") for f in forms):
         raise ConfigError(f"nvshmem_allreduce: forms must be some of 'stream', 'device', got {list(forms)!r}")
     nv = find_nvshmem()
-    binary = _build.build_cached("baselines", "nvshmem_allreduce", ALLREDUCE_SOURCE,
-                                 lambda out: build_command(out, ALLREDUCE_SOURCE), suffix="", what="nvcc",
-                                 folder=Path(out_dir) if out_dir else None)
+    binary = _build_program("nvshmem_allreduce", ALLREDUCE_SOURCE, out_dir)
     env = _job_env(nv, max(sizes))
     env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, 100 // npes))
     args = [f"sizes={','.join(map(str, sizes))}", f"iters={iters}", f"warmup={warmup}", f"samples={samples}",
