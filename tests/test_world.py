@@ -125,8 +125,9 @@ def test_world_under_mpirun(spmd, n):
         assert [int(b.peer(r)[100]) for r in range(w.size)] == [r + 1 for r in range(w.size)]
         w.close()
         print("mpi ok", w.rank)
-    """, launcher="mpirun").check()
-    assert job.stdout.count("mpi ok") == n
+    """, launcher="mpirun", tag=True).check()
+    for r in range(n):  # by rank tag: two ranks' lines may interleave in mpirun's untagged output
+        assert f"mpi ok {r}" in job.rank_lines(r), job.output
 
 
 def test_launcher_tags_output_and_passes_identity(spmd):
