@@ -28,25 +28,36 @@ __device__ __forceinline__ void segment(u64 count, unsigned int elem, unsigned i
   hi = i + 1 == parts ? count : lo + (base + (i < extra ? 1 : 0)) * per_unit;
 }
 
+// Every thread of the block: one piece to the right / from the left. Out of line on purpose: the
+// channel's block copy is large, and inlined at each of the ring's call sites (three per all-reduce
+// instantiation, one per dtype and op) it made NVRTC take ~4 s per instantiation; called, it is
+// compiled once per module.
+__device__ __noinline__ bool ring_send(const Ring& ring, const unsigned char* src, u64 bytes) {
+  Sender<unsigned char> right = ring.right;
+  return right.write_block(src, bytes);
+}
+__device__ __noinline__ bool ring_recv(const Ring& ring, unsigned char* dst, u64 bytes) {
+  Receiver<unsigned char> left = ring.left;
+  return left.read_block(dst, bytes);
+}
+
 // Stream `send_bytes` from `src` to the right while receiving `recv_bytes` from the left, one
 // piece of each at a time. Each received piece is handed to consume(dst_offset, bytes, from)
 // where `from` is the scratch buffer (reduce) or nullptr when it was read straight to `direct`.
 template <class Consume>
 __device__ bool exchange(const Ring& ring, const unsigned char* src, u64 send_bytes, unsigned char* direct,
                          u64 recv_bytes, Consume consume) {
-  Sender<unsigned char> right = ring.right;
-  Receiver<unsigned char> left = ring.left;
   u64 sent = 0, got = 0;
   while (sent < send_bytes || got < recv_bytes) {
     if (sent < send_bytes) {
       u64 k = min_u64(ring.piece, send_bytes - sent);
-      if (!right.write_block(src + sent, k)) return false;
+      if (!ring_send(ring, src + sent, k)) return false;
       sent += k;
     }
     if (got < recv_bytes) {
       u64 k = min_u64(ring.piece, recv_bytes - got);
       unsigned char* dst = direct ? direct + got : ring.scratch;
-      if (!left.read_block(dst, k)) return false;
+      if (!ring_recv(ring, dst, k)) return false;
       __syncthreads();  // every thread's part of the piece has landed
       consume(got, k, direct ? nullptr : ring.scratch);
       __syncthreads();  // scratch is free again before the next read
@@ -122,18 +133,16 @@ __device__ bool allreduce_grid(const Rings& rings, T* data, unsigned long long n
 template <class T>
 __device__ bool broadcast_block(const Ring& ring, T* data, unsigned long long n, unsigned int root) {
   if (ring.size == 1) return true;
-  Sender<unsigned char> right = ring.right;
-  Receiver<unsigned char> left = ring.left;
   unsigned char* bytes = reinterpret_cast<unsigned char*>(data);
   const unsigned int last = (root + ring.size - 1) % ring.size;  // does not forward
   const detail::u64 total = n * sizeof(T);
   for (detail::u64 lo = 0; lo < total; lo += ring.piece) {
     detail::u64 k = detail::min_u64(ring.piece, total - lo);
     if (ring.rank != root) {
-      if (!left.read_block(bytes + lo, k)) return false;
+      if (!detail::ring_recv(ring, bytes + lo, k)) return false;
       __syncthreads();
     }
-    if (ring.rank != last && !right.write_block(bytes + lo, k)) return false;
+    if (ring.rank != last && !detail::ring_send(ring, bytes + lo, k)) return false;
   }
   return true;
 }
@@ -153,19 +162,17 @@ __device__ bool broadcast_grid(const Rings& rings, T* data, unsigned long long n
 // All threads of one block: returns once every rank's block has entered the barrier.
 __device__ inline bool barrier_block(const Ring& ring) {
   if (ring.size == 1) return true;
-  Sender<unsigned char> right = ring.right;
-  Receiver<unsigned char> left = ring.left;
   __shared__ unsigned char token[16];
   if (circuslink::detail::block_thread() == 0) token[0] = 0xB7;
   __syncthreads();
   for (int trip = 0; trip < 2; ++trip) {
     if (ring.rank == 0) {
-      if (!right.write_block(token, 1)) return false;
-      if (trip == 0 && !left.read_block(token, 1)) return false;
+      if (!detail::ring_send(ring, token, 1)) return false;
+      if (trip == 0 && !detail::ring_recv(ring, token, 1)) return false;
     } else {
-      if (!left.read_block(token, 1)) return false;
+      if (!detail::ring_recv(ring, token, 1)) return false;
       __syncthreads();
-      if (!(trip == 1 && ring.rank == ring.size - 1) && !right.write_block(token, 1)) return false;
+      if (!(trip == 1 && ring.rank == ring.size - 1) && !detail::ring_send(ring, token, 1)) return false;
     }
   }
   __syncthreads();
