@@ -14,14 +14,14 @@ import pytest
 from conftest import on_backend
 
 from circuslink.collectives import _reduce as red
-from circuslink.collectives._algorithms import segments
+from circuslink.collectives._algorithms import ring_fold_starts, segments
 
 _BODY = """
 import os
 import numpy as np, circuslink as cl
 from circuslink import collectives
 from circuslink.collectives import _reduce as red
-from circuslink.collectives._algorithms import segments
+from circuslink.collectives._algorithms import ring_fold_starts
 
 w = cl.init()
 r, n = w.rank, w.size
@@ -41,8 +41,10 @@ def inputs(dtype, count, salt):
     return [x.standard_normal(count).astype(dtype) * 1e3 for x in g]
 
 def ring_expected(xs, op, bf16):
+    # the back-end's rings each fold their slice in ring order (the cuda back-end runs many at once)
     out = np.empty_like(xs[0])
-    for s, (lo, hi) in enumerate(segments(xs[0].size, xs[0].dtype.itemsize, n)):
+    slices = comm._impl.ring_slices(xs[0].nbytes)
+    for lo, hi, s in ring_fold_starts(xs[0].size, xs[0].dtype.itemsize, n, slices):
         out[lo:hi] = red.fold(op, [xs[(s + k) % n][lo:hi] for k in range(n)], bf16)
     return out
 
@@ -107,6 +109,24 @@ def test_max_min_keep_the_device_sign_of_zero():
     a, b = np.array([-0.0, 0.0], dtype=np.float32), np.array([0.0, -0.0], dtype=np.float32)
     assert np.signbit(red.combine("max", a, b)).tolist() == [True, False]   # a < b is false: a stays
     assert np.signbit(red.combine("min", a, b)).tolist() == [True, False]
+
+
+def test_ring_fold_starts_cover_every_element_once_in_slice_order(rng):
+    """One slice: the segments, segment s from rank s. Many slices (the cuda back-end's rings): each slice cut
+    again, so the first rank of an element depends on where it sits in its slice, not in the whole array."""
+    for _ in range(50):
+        count, item, n = int(rng.integers(1, 20000)), int(rng.choice([2, 4, 8])), int(rng.integers(2, 9))
+        one = [(lo, hi, s) for s, (lo, hi) in enumerate(segments(count, item, n)) if hi > lo]
+        assert ring_fold_starts(count, item, n, 1) == one
+        slices = int(rng.integers(2, 65))
+        stretches = ring_fold_starts(count, item, n, slices)
+        covered = np.zeros(count, dtype=int)
+        for lo, hi, first in stretches:
+            covered[lo:hi] += 1
+            assert 0 <= first < n
+        assert (covered == 1).all(), (count, item, n, slices)
+    # 257 float32 over 64 rings and 4 ranks: every ring's first 16-byte unit starts at rank 0
+    assert [first for lo, hi, first in ring_fold_starts(257, 4, 4, 64)].count(0) == 64
 
 
 def test_segments_match_the_two_shot_pieces(rng):

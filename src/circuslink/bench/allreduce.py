@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from .. import launcher
+from .._config import default_timeout
 from ..errors import ChannelError, ConfigError
 from . import _driver as drv
 
@@ -119,22 +120,27 @@ def _run(world: Any, args: argparse.Namespace) -> int:
     shares = comm.shares_memory
     algos = [a for a in _algorithms(args) if a == "ring" or shares]
     timer = _DeviceLoop(world, comm) if on_device else _HostLoop(world, comm)
+    # A rank stuck in a kernel reports the wait that stalled after its own bounded wait (the channels'
+    # and the team's time-out, then the host's backstop): the others wait longer than that at the host
+    # handshakes, so that the stalled rank's message is the one the job ends with.
+    handshake_s = 2 * default_timeout() + 10 if default_timeout() else None
     xp = world.xp
     rng = np.random.default_rng()
     try:
         for nbytes in sizes:
             count = max(1, nbytes // 4)
             drv.progress(f"allreduce {drv.format_bytes(count * 4)} x {n} ranks")
-            seed = world.broadcast_object(int(rng.integers(1 << 60)))
+            seed = world.broadcast_object(int(rng.integers(1 << 60)), timeout=handshake_s)
             mine = _contribution(seed, world.rank, count)
             want = sum(_contribution(seed, r, count).astype(np.float64) for r in range(n)).astype(np.float32)
             picked = choose(count * 4, n, shares)
             for algo in algos:
                 if algo == "oneshot" and count * 4 > LL_MAX_BYTES:
                     continue
+                drv.progress(f"allreduce {drv.format_bytes(count * 4)} x {n} ranks: {algo}")
                 got = comm.allreduce(xp.asarray(mine), "sum", algorithm=algo)
                 got = got.get() if hasattr(got, "get") else got
-                oks = world.allgather_object(bool(np.array_equal(got, want)))
+                oks = world.allgather_object(bool(np.array_equal(got, want)), timeout=handshake_s)
                 if not all(oks):
                     bad = [r for r, o in enumerate(oks) if not o]
                     raise ChannelError(f"allreduce ({algo}) of {count * 4} B: wrong result on rank(s) {bad}")
@@ -143,7 +149,7 @@ def _run(world: Any, args: argparse.Namespace) -> int:
                 timer.run(algo, data, min(warmup, k))
                 per_op = []
                 for _ in range(args.samples):
-                    per_op.append(max(world.allgather_object(timer.run(algo, data, k))))
+                    per_op.append(max(world.allgather_object(timer.run(algo, data, k), timeout=handshake_s)))
                 med = statistics.median(per_op)
                 algbw = count * 4 / med / 1e9
                 results.add(impl=algo, op="allreduce", dtype="float32", bytes=count * 4, count=count, nranks=n,

@@ -94,6 +94,19 @@ def segments(nelems: int, itemsize: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
+def ring_fold_starts(nelems: int, itemsize: int, nranks: int, slices: int) -> list[tuple[int, int, int]]:
+    """(lo, hi, first rank) of every stretch of the ring all-reduce's fold order: the data is cut in
+    ``slices`` slices (one per ring; the cuda back-end runs many rings at once, the cpu back-end one) as
+    :func:`segments` cuts, and each slice in ``nranks`` segments; segment s of a slice is folded starting
+    from rank s (``ring_allreduce``'s order). Floating-point sums of three or more ranks depend on it."""
+    out = []
+    for s_lo, s_hi in segments(nelems, itemsize, slices):
+        for first, (lo, hi) in enumerate(segments(s_hi - s_lo, itemsize, nranks)):
+            if hi > lo:
+                out.append((s_lo + lo, s_lo + hi, first))
+    return out
+
+
 def ring_allreduce(
     rank: int, nranks: int, right: SendPort, left: RecvPort, data: np.ndarray, op: str, piece: int,
     bf16: bool = False,

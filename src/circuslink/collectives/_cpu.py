@@ -50,6 +50,10 @@ class Collectives:
     def _ports(self) -> tuple[Any, Any, int]:
         return self.ring.right, self.ring.left, self.ring.piece
 
+    def ring_slices(self, nbytes: int) -> int:
+        """One ring carries every ring all-reduce here (its fold order: ``_algorithms.ring_fold_starts``)."""
+        return 1
+
     def allreduce(self, array: np.ndarray, op: str, algorithm: str | None = None, bf16: bool = False) -> np.ndarray:
         right, left, piece = self._ports()
         alg.check_agreement(self.rank, self.size, right, left, "allreduce", array, op=op)

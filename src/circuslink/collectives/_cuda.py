@@ -174,6 +174,10 @@ class Collectives:
     def rings_for(self, nbytes: int | None) -> DeviceRings:
         return self.ll if nbytes is not None and nbytes <= LL_MAX_BYTES else self.bw
 
+    def ring_slices(self, nbytes: int) -> int:
+        """Rings (slices of the data, each folded in its own ring order) of a ring all-reduce of ``nbytes``."""
+        return self.rings_for(nbytes).count
+
     def device_handle(self, nbytes: int | None) -> np.void:
         return self.rings_for(nbytes).handle
 
