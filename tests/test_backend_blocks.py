@@ -1,8 +1,9 @@
 """The forward-progress rule of the cuda back-end's grid sizing (backends/cuda.py, max_blocks, launch_resident),
 checked on the cpu with a stand-in occupancy query: a rank alone on its GPU gets every block that fits its SM
 budget; ranks sharing a GPU get half of their 1/k share of those blocks, counted over the budget's SMs (never
-below one block), which stopped the grid-barrier time-outs that the full share gave under MPS on an H100. The
-rule itself, for every register count, is tests/test_occupancy.py."""
+below one block), which stopped the grid-barrier time-outs that the full share gave under MPS on an H100; and k,
+counted at init from every rank's device identity, also where `circuslink run` pins each rank's GPU. The rule
+itself, for every register count, is tests/test_occupancy.py."""
 
 from types import SimpleNamespace
 
@@ -164,3 +165,82 @@ def test_use_device_passes_other_errors_through():
     cp, _ = fake_cupy(fail_times=1, status=101)
     with pytest.raises(FakeRuntimeError):
         _use_device(cp, 0, wait_s=5)
+
+
+# -- how many ranks share this rank's GPU (backends/cuda.py, CudaBackend.__init__) --------------------------
+class _GpuStandIn:
+    """CuPy as CudaBackend.__init__ uses it, for a machine of ``len(buses)`` GPUs with ``sms`` SMs each (under
+    MPS CUDA reports a client's capped count), built without a GPU; one process's mapped host words are a ctypes
+    buffer."""
+
+    def __init__(self, buses: list[str], sms: int) -> None:
+        import ctypes
+
+        self._words = ctypes.create_string_buffer(8)
+        words = ctypes.addressof(self._words)
+
+        class Device:
+            def __init__(self, n):
+                self.attributes = {"MultiProcessorCount": sms}
+                self.pci_bus_id = buses[n]
+
+            def use(self):
+                return None
+
+        runtime = SimpleNamespace(getDeviceCount=lambda: len(buses), hostAllocMapped=2,
+                                  hostAlloc=lambda nbytes, flags: words, CUDARuntimeError=FakeRuntimeError)
+        self.cuda = SimpleNamespace(runtime=runtime, Device=Device, Stream=lambda non_blocking: "stream",
+                                    Event=lambda disable_timing: "event")
+
+
+def built_backend(monkeypatch, rank: int, device_of_rank: list[int], buses: list[str], sms: int = 33):
+    """Rank ``rank``'s CudaBackend, built by its own __init__, in a job whose rank r uses GPU
+    ``device_of_rank[r]`` (pinned by CIRCUSLINK_DEVICE, as ``circuslink run`` pins every rank's GPU)."""
+    import socket
+
+    from circuslink.backends import cuda
+
+    host = socket.gethostname()
+    monkeypatch.setattr(cuda, "_cupy", lambda: _GpuStandIn(buses, sms))
+    monkeypatch.setenv("CIRCUSLINK_DEVICE", str(device_of_rank[rank]))
+    monkeypatch.delenv("CIRCUSLINK_SM_BUDGET", raising=False)
+    gathered = []
+
+    def allgather_object(obj, timeout=None):
+        gathered.append(timeout)
+        peers = [f"{host}:{buses[d]}" for d in device_of_rank]
+        assert obj == peers[rank]
+        return peers
+
+    boot = SimpleNamespace(rank=rank, size=len(device_of_rank), local_rank=rank, local_size=len(device_of_rank),
+                           allgather_object=allgather_object)
+    backend = cuda.CudaBackend(boot)
+    backend.gathered_with = gathered  # the time-outs of its allgathers
+    return backend
+
+
+def test_ranks_pinned_to_one_gpu_by_circuslink_run_count_each_other(monkeypatch):
+    """`circuslink run` sets CIRCUSLINK_DEVICE for every rank. The count of ranks on a GPU once took a pinned
+    device for a GPU of the rank's own, so 4 ranks under MPS each sized a persistent grid to their whole share:
+    the stencil's 168-register kernel (one block an SM) got 33 blocks a rank, 4 x 33 for one GPU of 132 SMs,
+    and one rank's grid did not start until another's had given up. Half of a 1/4 share is 4 blocks."""
+    backend = built_backend(monkeypatch, rank=2, device_of_rank=[0, 0, 0, 0], buses=["0000:19:00.0"])
+    assert backend.ranks_on_gpu == 4
+    assert len(backend.gathered_with) == 1 and backend.gathered_with[0] > 0  # one collective, bounded
+    per_sm_one = fake_backend(1, backend.sm_budget, backend.ranks_on_gpu)
+    assert CudaBackend.max_blocks(per_sm_one, KERNEL, 256) == 4
+    assert 4 * CudaBackend.max_blocks(per_sm_one, KERNEL, 256) <= backend.sm_budget  # all 4 fit one rank's SMs
+
+
+def test_ranks_on_other_gpus_are_not_counted(monkeypatch):
+    buses = ["0000:19:00.0", "0000:3b:00.0"]
+    backend = built_backend(monkeypatch, rank=1, device_of_rank=[0, 1, 0, 1, 1], buses=buses)
+    assert backend.ranks_on_gpu == 3 and backend.device == 1
+    assert built_backend(monkeypatch, rank=0, device_of_rank=[0, 1], buses=buses).ranks_on_gpu == 1
+
+
+def test_ranks_sharing_counts_equal_identities_and_this_rank_at_least():
+    from circuslink.backends.cuda import _ranks_sharing
+
+    assert _ranks_sharing(["a:1", "a:1", "b:1", "a:2", "a:1"], "a:1") == 3  # same bus id on another host differs
+    assert _ranks_sharing([None], "a:1") == 1

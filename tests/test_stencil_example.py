@@ -2,7 +2,7 @@
 
 On the cpu back-end (the host form: numpy and the host channel API) at 1..5 ranks, float32 and float64, bit
 for bit against the whole domain stepped by one numpy process. The device kernels compile with nvcc (with
-the update traced from the example's Python); on a GPU both device forms run at 1, 2 and 4 ranks against the
+the update traced from the example's Python); on a GPU both device forms run at 1, 2, 4 and 8 ranks against the
 same reference. The examples ask the back-end what it can do, never its name.
 """
 
@@ -94,7 +94,7 @@ def test_examples_ask_capabilities_not_backend_names():
     assert not hits, hits
 
 
-GPU_CASES = [(1, "64x48", None), (2, "301x77", "mesh:2x1"), (4, "257x129", "mesh:2x2")]
+GPU_CASES = [(1, "64x48", None), (2, "301x77", "mesh:2x1"), (4, "257x129", "mesh:2x2"), (8, "259x131", "mesh:4x2")]
 
 
 @pytest.mark.gpu

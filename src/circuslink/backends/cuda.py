@@ -79,6 +79,16 @@ def _use_device(cp: Any, device: int, wait_s: float | None = None) -> None:
                            "(a killed client takes it down until its other clients exit)") from None
 
 
+def _ranks_sharing(identities: list[str | None], mine: str) -> int:
+    """How many of the job's ranks use the GPU whose ``backend.device_identity`` is ``mine`` (this rank among
+    them), from every rank's identity. Counted from identities, never from how the devices were chosen:
+    ``circuslink run`` pins every rank's GPU with CIRCUSLINK_DEVICE, and a count that took a pinned device for
+    a GPU of its own gave each of 4 ranks on one H200 a persistent grid of its whole MPS share (the stencil's
+    4 grids together wanted nearly every SM of the GPU), so one rank's grid started only after another's had
+    timed out."""
+    return max(1, sum(1 for identity in identities if identity == mine))
+
+
 def _sm_budget(sm_count: int) -> int:
     """SMs this rank's kernels may occupy (the forward-progress rule, docs/architecture.md).
 
@@ -128,9 +138,11 @@ class CudaBackend(Backend):
         self.sm_count = int(cp.cuda.Device(device).attributes["MultiProcessorCount"])
         self.device_identity = f"{socket.gethostname()}:{cp.cuda.Device(device).pci_bus_id}"
         self.sm_budget = _sm_budget(self.sm_count)
-        # Ranks of this machine on this GPU (ranks take GPUs round-robin by local rank).
-        self.ranks_on_gpu = max(1, len([r for r in range(world.local_size) if r % count == device])) \
-            if raw in (None, "") else 1
+        # Collective: the ranks whose GPU is this one, counted by device identity whoever chose the device
+        # (max_blocks divides the GPU among them). A peer may still be waiting in _use_device for the GPU.
+        self.ranks_on_gpu = _ranks_sharing(
+            world.allgather_object(self.device_identity, _unavailable_wait_s() + default_timeout()),
+            self.device_identity)
         # The abort word (detail/sync.cuh): host-mapped, so the host can end every device wait of
         # this process when its own bounded wait for a kernel gives up. With unified addressing the
         # host pointer of mapped memory is also its device pointer.
