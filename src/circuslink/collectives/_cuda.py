@@ -74,17 +74,20 @@ class DeviceTeam:
 
     def __init__(self, world: Any, stage_bytes: int, timeout: float | None) -> None:
         from ..backends._grid import timeout_ns
+        from ..channels import fences_at_gpu_scope
 
         cp = world.xp
         self.world = world
         self.buf = world.alloc(lay.team_offsets(world.size, stage_bytes)["total"], timeout)
+        one_gpu = fences_at_gpu_scope(world.allgather_object(world.backend.device_identity, timeout))
         self.peers = cp.asarray(np.array(self.buf.ptrs, dtype=np.uint64))
         self.counters = cp.zeros(lay.COUNTERS, dtype=cp.uint32)
         self.error = cp.zeros(lay.ERROR_WORDS, dtype=cp.uint32)
         self.handle = lay.TEAM.pack(
             peers=self.peers.data.ptr, counters=self.counters.data.ptr, error=self.error.data.ptr,
             abort=world.backend.abort_ptr, timeout_ns=timeout_ns(timeout), stage_bytes=stage_bytes,
-            oneshot_max=oneshot_max(world.size), rank=world.rank, size=world.size)
+            oneshot_max=oneshot_max(world.size), rank=world.rank, size=world.size,
+            flags=lay.GPU_SCOPE if one_gpu else 0)
 
     def check(self, what: str) -> None:
         """Raise ChannelError naming the peer and slot of a wait that timed out (then the team is unusable:

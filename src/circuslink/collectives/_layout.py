@@ -49,4 +49,6 @@ def ll_line(chunk: int, parity: int, src: int, size: int) -> int:
 
 TEAM = abi.Struct("circuslink::collectives::Team", "circuslink/detail/collectives_types.cuh", [
     ("peers", abi.PTR), ("counters", abi.PTR), ("error", abi.PTR), ("abort", abi.PTR), ("timeout_ns", abi.U64),
-    ("stage_bytes", abi.U64), ("oneshot_max", abi.U64), ("rank", abi.U32), ("size", abi.U32)])
+    ("stage_bytes", abi.U64), ("oneshot_max", abi.U64), ("rank", abi.U32), ("size", abi.U32), ("flags", abi.U32),
+    ("pad", abi.U32)])
+GPU_SCOPE = 1  # kTeamGpuScope: every rank on one GPU, the team barrier releases and acquires at .gpu scope

@@ -44,7 +44,13 @@ struct Team {
   unsigned long long oneshot_max;       // the switch point: one-shot up to this many bytes per rank
   unsigned int rank;
   unsigned int size;
+  unsigned int flags;                   // kTeamGpuScope: every rank on one GPU (barriers at .gpu scope)
+  unsigned int pad;
 };
+
+// Team::flags: every rank of the team runs on one GPU (ranks under MPS), so the barrier's release and
+// acquire need only .gpu scope; a .sys fence there costs microseconds under MPS.
+constexpr unsigned int kTeamGpuScope = 1u;
 
 // LL slots of the one-shot all-reduce: kLLChunks chunks of kLLChunkBytes of data; each chunk has two
 // parities x size sources x kLLLines lines of 16 bytes {data0, flag, data1, flag}.

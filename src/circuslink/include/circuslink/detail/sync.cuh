@@ -66,6 +66,14 @@ __device__ __forceinline__ unsigned long long ld_acquire_sys_u64(const unsigned 
 
 // The same at .gpu scope: enough when writer and reader are on one GPU (ranks under MPS share its L2),
 // and far cheaper: a .sys fence waits until earlier writes reach the system's coherence point.
+__device__ __forceinline__ void st_release_gpu(unsigned int* p, unsigned int v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned int ld_acquire_gpu(const unsigned int* p) {
+  unsigned int v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 __device__ __forceinline__ void st_release_gpu_u64(unsigned long long* p, unsigned long long v) {
   asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }

@@ -39,8 +39,20 @@ __device__ __forceinline__ bool team_failed(const Team& t) {
   return circuslink::detail::ld_relaxed(t.error) != 0u;
 }
 
+// The team's scope (Team::flags): .gpu when every rank shares one GPU, else .sys.
+__device__ __forceinline__ bool team_gpu_scope(const Team& t) { return (t.flags & kTeamGpuScope) != 0u; }
+__device__ __forceinline__ void team_fence(const Team& t) {
+  if (team_gpu_scope(t)) circuslink::detail::fence_acq_rel_gpu();
+  else __threadfence_system();
+}
+__device__ __forceinline__ unsigned int team_ld_acquire(const Team& t, const unsigned int* p) {
+  return team_gpu_scope(t) ? circuslink::detail::ld_acquire_gpu(p) : circuslink::detail::ld_acquire_sys(p);
+}
+
 // Every thread of one block: store my call number into my word of every rank's barrier flags, then
-// wait until every rank's word in mine has reached it.
+// wait until every rank's word in mine has reached it. One fence at the team's scope orders this
+// grid's writes (seen by this block through the grid barrier) before the flags, which are then plain
+// relaxed stores; each poll is an acquire at the same scope.
 __device__ inline bool team_barrier_block(const Team& t) {
   __shared__ unsigned int call_s;
   __shared__ int ok_s;
@@ -52,16 +64,16 @@ __device__ inline bool team_barrier_block(const Team& t) {
   }
   __syncthreads();
   const unsigned int call = call_s;
-  __threadfence_system();  // this grid's writes (seen by this block through the grid barrier) first
+  if (tid < t.size) team_fence(t);
   for (unsigned int q = tid; q < t.size; q += block_threads()) {
     unsigned int* theirs = reinterpret_cast<unsigned int*>(t.peers[q]) + t.rank;
-    circuslink::detail::st_release_sys(theirs, call);
+    circuslink::detail::st_relaxed(theirs, call);
   }
   for (unsigned int q = tid; q < t.size; q += block_threads()) {
     const unsigned int* mine = reinterpret_cast<const unsigned int*>(t.peers[t.rank]) + q;
     circuslink::detail::Deadline d = circuslink::detail::Deadline::after(t.timeout_ns, t.abort);
     if (!circuslink::detail::spin_until(
-            [&] { return static_cast<int>(circuslink::detail::ld_acquire_sys(mine) - call) >= 0; }, d)) {
+            [&] { return static_cast<int>(team_ld_acquire(t, mine) - call) >= 0; }, d)) {
       team_fail(t, kTeamErrorBarrier, q, 0, call);
       ok_s = 0;
     }
@@ -125,7 +137,16 @@ __device__ void grid_copy(T* dst, const T* src, u64 n) {
     const u64 vecs = n * sizeof(T) / 16;
     const uint4* s = reinterpret_cast<const uint4*>(src);
     uint4* d = reinterpret_cast<uint4*>(dst);
-    for (u64 i = i0; i < vecs; i += step) d[i] = __ldcg(s + i);
+    u64 i = i0;
+    for (; i + 3 * step < vecs; i += 4 * step) {  // four loads in flight a thread: HBM needs the bytes in flight
+      const uint4 v0 = __ldcg(s + i), v1 = __ldcg(s + i + step), v2 = __ldcg(s + i + 2 * step),
+                  v3 = __ldcg(s + i + 3 * step);
+      d[i] = v0;
+      d[i + step] = v1;
+      d[i + 2 * step] = v2;
+      d[i + 3 * step] = v3;
+    }
+    for (; i < vecs; i += step) d[i] = __ldcg(s + i);
     done = vecs * 16 / sizeof(T);
   }
   for (u64 i = done + i0; i < n; i += step) dst[i] = ld_cg(src + i);
@@ -139,7 +160,25 @@ __device__ void grid_fold(const Team& t, u64 off, u64 n, T* dst, Op op) {
   u64 done = 0;
   if (aligned16(dst) && ((off * sizeof(T)) & 15u) == 0 && sizeof(T) <= 16) {
     const u64 vecs = n * sizeof(T) / 16;
-    for (u64 i = i0; i < vecs; i += step) {
+    u64 i = i0;
+    for (; i + 3 * step < vecs; i += 4 * step) {  // four vectors a thread, every rank's loads issued together
+      const uint4* s0 = reinterpret_cast<const uint4*>(stage_of<T>(t, 0) + off) + i;
+      uint4 a0 = __ldcg(s0), a1 = __ldcg(s0 + step), a2 = __ldcg(s0 + 2 * step), a3 = __ldcg(s0 + 3 * step);
+      for (unsigned int q = 1; q < t.size; ++q) {
+        const uint4* sq = reinterpret_cast<const uint4*>(stage_of<T>(t, q) + off) + i;
+        const uint4 b0 = __ldcg(sq), b1 = __ldcg(sq + step), b2 = __ldcg(sq + 2 * step), b3 = __ldcg(sq + 3 * step);
+        a0 = vec_op<T>(a0, b0, op);
+        a1 = vec_op<T>(a1, b1, op);
+        a2 = vec_op<T>(a2, b2, op);
+        a3 = vec_op<T>(a3, b3, op);
+      }
+      uint4* d = reinterpret_cast<uint4*>(dst) + i;
+      d[0] = a0;
+      d[step] = a1;
+      d[2 * step] = a2;
+      d[3 * step] = a3;
+    }
+    for (; i < vecs; i += step) {
       uint4 acc = __ldcg(reinterpret_cast<const uint4*>(stage_of<T>(t, 0) + off) + i);
       for (unsigned int q = 1; q < t.size; ++q)
         acc = vec_op<T>(acc, __ldcg(reinterpret_cast<const uint4*>(stage_of<T>(t, q) + off) + i), op);
