@@ -74,6 +74,50 @@ def test_packet_reader_waits_for_every_unit_of_a_low_latency_packet():
     assert reader.poll() and reader.get(5.0, "r")[2] == bytes(range(100))
 
 
+def test_a_writer_counts_the_slot_credits_a_grid_reader_gives_back(rng):
+    """Room in a ring, as a relay's transport counts it (consumed_from): the reader's in-order counter and, past
+    it, every packet whose slot credit is back. A grid reader (its warps take the packets of a call in any order,
+    each storing its slot credit; the counter only when the call or session ends) and a warp reader (the counter
+    too, when it waits) take turns over many laps; the writer's free slots always equal a model's: the first
+    packet not yet taken. A hole stops the count, and an earlier lap's slot credit never counts."""
+    nslots = 8
+    geo = P.geometry(1, 1, nslots=nslots, chunk=256)
+    _, ring = _ring(geo)
+    writer = PacketWriter(ring)
+    taken: set[int] = set()
+
+    def model() -> int:
+        first = 0
+        while first in taken:
+            first += 1
+        return first
+
+    for turn in range(200):  # some sixty laps of the ring
+        while writer.free() > 0 and rng.integers(4):
+            writer.put(1, b"x" * int(rng.integers(1, 121)), False, 1.0, "w")
+        start = model()
+        batch = list(range(start, writer.seq))[:int(rng.integers(0, nslots + 1))]
+        for seq in rng.permutation(batch).tolist():  # the warps of a grid call, in any order
+            ring.slot_credits[seq % nslots] = P.flag_of(seq)
+            taken.add(seq)
+            assert writer.free() == model() + nslots - writer.seq, (turn, seq)
+        if turn % 3 == 0:
+            ring.credit[0] = model()  # a warp reader's counter (or a grid call's end)
+        assert writer.consumed() == model()
+    assert writer.seq > 20 * nslots
+    # a hole: packet s is not taken, s + 1 is; the count stops at s until s is taken
+    while writer.free() > 0:
+        writer.put(1, b"y", False, 1.0, "w")
+    s = model()
+    assert writer.seq == s + nslots and not writer.free()
+    ring.slot_credits[(s + 1) % nslots] = P.flag_of(s + 1)
+    assert writer.consumed() == s
+    ring.slot_credits[s % nslots] = P.flag_of(s - nslots)  # an earlier lap's credit in that slot: still a hole
+    assert writer.consumed() == s
+    ring.slot_credits[s % nslots] = P.flag_of(s)
+    assert writer.consumed() == s + 2
+
+
 # ---- the registry -------------------------------------------------------------------------------------------
 def test_the_registry_names_the_transports_and_refuses_unknown_ones():
     assert _registry.names()[:3] == ["ipc", "mpi", "nvshmem"]

@@ -9,6 +9,8 @@ connections put, put-with-signal, signal, wait and flush byte-exact; the progres
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from circuslink import BackendError
@@ -173,6 +175,60 @@ def test_channel_ends_on_the_rings(spmd):
     cross byte for byte (a relay carries the channel format unchanged)."""
     job = spmd(4, STREAMS, launcher="mpirun", env=NODES_2X2, timeout=120).check()
     assert "stream ok" in job.stdout
+
+
+GRID_AGENT = """
+import os, sys, numpy as np, circuslink as cl
+from circuslink import transport
+from circuslink._wait import wait_until
+from circuslink.channels import protocol as P
+from circuslink.transport._rings import PacketReader
+def say(*a): os.write(1, (" ".join(map(str, a)) + chr(10)).encode())  # one write: lines never interleave
+REGISTER
+seed = int(os.environ["CIRCUSLINK_TEST_SEED"])
+w = cl.init()
+N, M = 8, 6  # ring slots; packets of one grid call (its warps take them in any order)
+eng = transport.open_relays(w, [(0, 2)], nslots=N, chunk=512, batch=2, timeout=10)
+rng = np.random.default_rng(seed)
+pk = [(i, rng.bytes(int(rng.integers(1, 513)))) for i in range(8 * M)]  # 48 packets: six rings' worth
+if w.rank == 0:
+    wr = eng[2].writer()
+    for route, data in pk:
+        wr.put(route, data)
+    say("sent", len(pk))
+elif w.rank == 2:
+    ring = eng[0].in_ring
+    rd = PacketReader(ring)  # reads only: the credits are given back below, as a grid session does
+    order = np.random.default_rng(seed + 1)
+    for base in range(0, len(pk), M):
+        for seq in (base + order.permutation(M)).tolist():  # the warps of the call, in any order
+            wait_until(lambda: rd.poll(seq), 20, f"packet {seq} in rank 2's in ring")
+            route, word = rd.header(seq)
+            assert (route, rd.payload(seq)) == pk[seq], seq
+            ring.slot_credits[seq % N] = P.flag_of(seq)  # grid_recv_packet: this packet's slot credit, at once
+    ring.credit[0] = len(pk)  # the session's close: the in-order counter, only now
+    say("grid agent got", len(pk))
+w.barrier()
+eng.close()
+w.close()
+"""
+
+
+@pytest.mark.parametrize("transport_name", [pytest.param("mpi", marks=pytest.mark.mpi), "fake"])
+def test_a_grid_agent_that_gives_back_slot_credits_only_keeps_packets_crossing(spmd, transport_name):
+    """A grid session reads a relay's in ring as it reads any ring: its warps store each packet's slot credit as they
+    take it, in any order, and the in-order counter only at close. The transport counts those slot credits as room
+    (the counter alone left rank 0's relay waiting for room after one ring: the GPU's grid pingpong through an mpi
+    relay stalled at its second message, "packet 1490 waits to cross"). Over the mpi transport's compiled relay, and
+    the generic relay (the tests' fake transport)."""
+    register = ""
+    if transport_name == "fake":
+        register = (f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\nfrom fake_transport import "
+                    "FakeTransport\ntransport.register('fake', FakeTransport)")
+    code = GRID_AGENT.replace("REGISTER", register)
+    env = dict(NODES_2X2, CIRCUSLINK_TRANSPORT=transport_name)
+    job = spmd(4, code, launcher="mpirun" if transport_name == "mpi" else "circuslink", env=env, timeout=120).check()
+    assert "sent 48" in job.stdout and "grid agent got 48" in job.stdout, job.output
 
 
 STALL = """

@@ -274,7 +274,7 @@ class _GenericLink:
         signals = self.conn.signals()
         moved = self._send(now, int(signals[SIG_CREDIT]), timeout)
         moved |= self._receive(int(signals[SIG_ARRIVED]))
-        consumed = int(self.into.r.credit[0])
+        consumed = self.into.consumed()  # the counter, or further by slot credits (a grid agent's)
         if discard and consumed < self.into.seq:
             self.into.r.credit[0] = consumed = self.into.seq  # no agent reads any more: take and drop
         if consumed > self.reported and (consumed - self.reported >= max(1, self.geo.nslots // 4)

@@ -124,19 +124,41 @@ class PacketReader:
         return route, word, data
 
 
+def consumed_from(ring: Ring, known: int, written: int) -> int:
+    """How many packets of ``ring`` its reader has given back, in order, given that at least ``known`` have and
+    ``written`` were written: the reader's in-order counter and, past it, every packet whose slot credit is back.
+
+    Readers return credits two ways (docs/protocol.md, Credits): every form stores each consumed packet's slot
+    credit at once; the warp, block and thread forms store the in-order counter every half ring and before they
+    wait, but the grid forms (several warps, each taking its own packets) only when a call or a grid session ends.
+    A writer that waited for the counter alone would stop one ring into a grid session; this is what a relay's
+    transport counts as room in the in ring. A stale slot credit (an earlier lap's packet) never matches:
+    ``flag_of(seq)`` differs from ``flag_of(seq - k * nslots)``."""
+    done = max(known, int(ring.credit[0]))
+    while done < written and int(ring.slot_credits[done % ring.nslots]) == P.flag_of(done):
+        done += 1
+    return done
+
+
 class PacketWriter:
     """Writes a ring packet by packet (the writer's side), with the header words given: the stores of
-    ``channels/_cpu.py`` in their order. Credits: packet ``seq`` may be written once ``seq < credit +
-    nslots`` (the reader's counter in this memory)."""
+    ``channels/_cpu.py`` in their order. Credits: packet ``seq`` may be written once ``seq < consumed +
+    nslots``, where ``consumed`` counts what the reader gave back (:func:`consumed_from`)."""
 
     def __init__(self, ring: Ring, name: str = "ring") -> None:
         self.r = ring
         self.name = name  # how errors name the ring
         self.seq = 0  # next packet to write
+        self._consumed = 0
+
+    def consumed(self) -> int:
+        """Packets the reader has given back, in order (its counter, or further by its slot credits)."""
+        self._consumed = consumed_from(self.r, self._consumed, self.seq)
+        return self._consumed
 
     def free(self) -> int:
         """Slots the reader has given back and no packet holds."""
-        return int(self.r.credit[0]) + self.r.nslots - self.seq
+        return self.consumed() + self.r.nslots - self.seq
 
     def write_ll(self, seq: int, route: int, word: int, words: np.ndarray) -> None:
         """Publish low-latency packet ``seq``: data units (word, flag), then the header units."""

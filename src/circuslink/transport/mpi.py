@@ -57,7 +57,7 @@ def _library() -> Any:
     sig = {
         "clm_abi_version": (i32, []), "clm_lock": (None, []), "clm_unlock": (None, []),
         "clm_progress_new": (vp, [ctypes.c_longlong, i32, ctypes.c_double, i32]),
-        "clm_progress_add_relay": (i32, [vp, i32, vp, vp, vp, vp, vp, vp, vp, u32, u32, u32]),
+        "clm_progress_add_relay": (i32, [vp, i32, vp, vp, vp, vp, vp, vp, vp, vp, u32, u32, u32]),
         "clm_progress_add_connection": (i32, [vp, i32, vp, u64, vp, u32]),
         "clm_progress_start": (i32, [vp]),
         "clm_put": (i32, [vp, i32, u64, vp, u64, u32, u64]),
@@ -70,7 +70,7 @@ def _library() -> Any:
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
-    if lib.clm_abi_version() != 1:
+    if lib.clm_abi_version() != 2:
         raise BackendError(f"{path}: the mpi transport's progress thread has another ABI version; delete it to rebuild")
     return lib
 
@@ -123,7 +123,7 @@ class MpiTransport(Transport):
                 part.lib.clm_progress_add_relay(
                     part.progress, peer, addr + o.ring, addr + o.ctrl + P.CTRL_CREDIT, addr + o.slot_credits,
                     addr + o.ctrl + P.CTRL_SEND_ERROR, addr + n.ring, addr + n.ctrl + P.CTRL_CREDIT,
-                    addr + n.ctrl + P.CTRL_RECV_ERROR, geometry.nslots, geometry.chunk, batch)
+                    addr + n.slot_credits, addr + n.ctrl + P.CTRL_RECV_ERROR, geometry.nslots, geometry.chunk, batch)
             part.start()
         except BaseException:
             part.release_local()

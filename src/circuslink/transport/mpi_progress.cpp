@@ -16,7 +16,9 @@
 //  * relay, in: a META receive is always posted; the BULK receive lands straight in the in ring's bulk areas of
 //    the same slots; packets are published in order (low-latency units with their flags, bulk headers after the
 //    payload), and the agent's consumed count goes back in CREDIT control messages (tag 3) every quarter ring and
-//    whenever the agent has drained the ring;
+//    whenever the agent has drained the ring. That count is the in ring's credit counter and, past it, every
+//    packet whose slot credit the agent gave back (agent_consumed): grid agents store the counter only when a
+//    call or grid session ends;
 //  * puts: PUT (tag 4: offset, bytes, signal index + 1, value) and its data (tag 5) from a staged copy; the
 //    receiver lands the data in its inbox and then sets the signal word (in order: a signal follows its data);
 //  * closing: BYE (relay packets sent, puts sent) once this side's sends are complete, then FIN once BYE went and
@@ -150,6 +152,7 @@ struct Peer {
   u32 max_batch = 1;
   u64 out_seq = 0, out_released = 0;  // next packet to send; packets whose slots went back
   u64 in_seq = 0;                     // next packet to publish
+  u64 in_consumed = 0;                // packets of the in ring the agent has given back, in order
   u64 remote_consumed = 0, reported = 0, expected = 0;
   std::deque<Batch> inflight;
   std::deque<Incoming> incoming;
@@ -479,9 +482,21 @@ bool publish(Peer& p, Clock::time_point now) {
   return moved;
 }
 
+// The in ring's packets the agent has given back, in order: its credit counter and, past it, every packet whose
+// slot credit is back (docs/protocol.md, Credits). Every reader stores each packet's slot credit at once; the grid
+// forms store the counter only when a call or grid session ends, so the counter alone would stop the peer one ring
+// into a grid session. An earlier lap's slot credit never matches (flag_of(s - k nslots) != flag_of(s)).
+u64 agent_consumed(Peer& p) {
+  u64 done = std::max(p.in_consumed, ld64(p.in.credit));
+  while (done < p.in_seq && ld32(p.in.slot_credits + done % p.in.nslots) == flag_of(done)) ++done;
+  acquire();  // the agent's loads of those slots came before its credits: the peer may overwrite them now
+  p.in_consumed = done;
+  return done;
+}
+
 bool report_credits(Peer& p) {
   if (p.peer_bye) return false;  // the peer has sent everything: it needs no more room
-  const u64 consumed = ld64(p.in.credit);
+  const u64 consumed = agent_consumed(p);
   if (consumed <= p.reported) return false;
   const bool drained = consumed == p.in_seq;
   if (consumed - p.reported >= std::max<u64>(1, p.in.nslots / 4) || drained) {
@@ -660,7 +675,7 @@ bool progress(Peer& p, Clock::time_point now, bool closing, bool discard) {
     moved |= complete_sends(p, now);
     moved |= receive(p);
     moved |= publish(p, now);
-    if (discard && ld64(p.in.credit) < p.in_seq) {
+    if (discard && agent_consumed(p) < p.in_seq) {
       st64(p.in.credit, p.in_seq);  // no agent reads any more: what arrives is taken and dropped
       moved = true;
     }
@@ -751,7 +766,7 @@ void run(Progress* e) {
 
 extern "C" {
 
-int clm_abi_version() { return 1; }
+int clm_abi_version() { return 2; }
 void clm_lock() { g_mpi.lock(); }
 void clm_unlock() { g_mpi.unlock(); }
 
@@ -776,11 +791,12 @@ static Peer& peer_of(Progress* e, int peer) {
   return *e->peers.back();
 }
 
-// A relay to `peer`: the out ring and the in ring, each given as (slots, credit, slot credits, send error, recv
-// error) pointers into host memory, of `nslots` slots of 256 + chunk bytes.
+// A relay to `peer`: the out ring (slots, credit counter, slot credits, the writer's error record) and the in ring
+// (slots, credit counter, slot credits, the reader's error record) as pointers into host memory, of `nslots` slots
+// of 256 + chunk bytes.
 int clm_progress_add_relay(void* handle, int peer, void* out_slots, void* out_credit, void* out_slot_credits,
-                         void* out_send_error, void* in_slots, void* in_credit, void* in_recv_error, unsigned nslots,
-                         unsigned chunk, unsigned batch) {
+                         void* out_send_error, void* in_slots, void* in_credit, void* in_slot_credits,
+                         void* in_recv_error, unsigned nslots, unsigned chunk, unsigned batch) {
   Progress* e = static_cast<Progress*>(handle);
   Peer& p = peer_of(e, peer);
   p.has_relay = true;
@@ -795,6 +811,7 @@ int clm_progress_add_relay(void* handle, int peer, void* out_slots, void* out_cr
   p.out.send_error = static_cast<u32*>(out_send_error);
   p.in.slots = static_cast<unsigned char*>(in_slots);
   p.in.credit = static_cast<u64*>(in_credit);
+  p.in.slot_credits = static_cast<u32*>(in_slot_credits);
   p.in.recv_error = static_cast<u32*>(in_recv_error);
   p.max_batch = batch;
   p.meta_buf.assign(kMetaHead + batch * (2 + kLlWords), 0u);

@@ -42,12 +42,13 @@ _ARCH = "sm_90a"
 _TYPES = "circuslink/detail/transport_types.cuh"
 RELAY_ENTRY = abi.Struct("circuslink::transport::RelayEntry", _TYPES, [
     ("out_slots", abi.PTR), ("out_credit", abi.PTR), ("out_slot_credits", abi.PTR), ("out_send_error", abi.PTR),
-    ("in_slots", abi.PTR), ("in_credit", abi.PTR), ("in_recv_error", abi.PTR), ("peer_in_slots", abi.PTR),
+    ("in_slots", abi.PTR), ("in_credit", abi.PTR), ("in_slot_credits", abi.PTR), ("in_recv_error", abi.PTR),
+    ("peer_in_slots", abi.PTR),
     ("credit_from_peer", abi.PTR), ("credit_at_peer", abi.PTR), ("nslots", abi.U32), ("slot_bytes", abi.U32),
     ("chunk", abi.U32), ("batch", abi.U32), ("pe", abi.I32), ("pad", abi.U32)])
 RELAY_STATE = abi.Struct("circuslink::transport::RelayState", _TYPES, [
     ("sent", abi.U64), ("reported", abi.U64), ("blocked_since", abi.U64), ("discarded", abi.U64), ("done", abi.U64),
-    ("bye", abi.U64)])
+    ("bye", abi.U64), ("consumed", abi.U64)])
 PROXY_ARGS = abi.Struct("circuslink::transport::ProxyArgs", _TYPES, [
     ("relays", abi.PTR), ("state", abi.PTR), ("control", abi.PTR), ("claim", abi.PTR), ("abort", abi.PTR),
     ("timeout_ns", abi.U64),
@@ -328,9 +329,9 @@ class NvshmemRelays(RelayGroup):
             self.relays[peer] = relay
             table[i] = (mine + out_lay.ring, mine + out_lay.ctrl + P.CTRL_CREDIT, mine + out_lay.slot_credits,
                         mine + out_lay.ctrl + P.CTRL_SEND_ERROR, mine + in_lay.ring, mine + in_lay.ctrl + P.CTRL_CREDIT,
-                        mine + in_lay.ctrl + P.CTRL_RECV_ERROR, there + in_lay.ring, credits + 16 * i,
-                        credits + 16 * everyone[peer].index(world.rank), geometry.nslots, geometry.slot_bytes,
-                        geometry.chunk, batch, peer, 0)
+                        mine + in_lay.slot_credits, mine + in_lay.ctrl + P.CTRL_RECV_ERROR, there + in_lay.ring,
+                        credits + 16 * i, credits + 16 * everyone[peer].index(world.rank), geometry.nslots,
+                        geometry.slot_bytes, geometry.chunk, batch, peer, 0)
         self._peers = peers
         self.device_blocks = len(peers)  # the proxy kernel: one block per relay, always resident
         rt = cp.cuda.runtime

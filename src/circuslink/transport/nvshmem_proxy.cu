@@ -16,7 +16,9 @@
 //     payload, and a low-latency packet's units each carry their flag, as in every ring of the channel format;
 //   * then it returns the slots to the agent (slot credits, then the in-order counter), as a reader does;
 //   * it signals the agent's consumed count of its own in ring to the peer (nvshmemx_signal_op into the peer's
-//     credit_from_peer) every eighth of a ring and whenever it has nothing to send: the peer's end-to-end credits;
+//     credit_from_peer) every eighth of a ring and whenever it has nothing to send: the peer's end-to-end credits.
+//     The count is the in ring's credit counter and, past it, every packet whose slot credit the agent gave back
+//     (agent_consumed): grid agents store the counter only when a call or grid session ends;
 //   * closing (the host says so once this rank's agent has stopped): when its out ring is drained it signals
 //     goodbye (1 + packets sent) to the peer; it is done when it has the peer's goodbye and every packet the
 //     peer sent has arrived (and, with no agent left, been taken and dropped), reporting credits until then.
@@ -100,6 +102,20 @@ __device__ void record(const ProxyArgs& a, const RelayEntry& r, u32 relay, u32 c
   }
 }
 
+// My agent's consumed count of my in ring: its credit counter and, past it, every packet whose slot credit is back
+// (docs/protocol.md, Credits). Every reader stores each packet's slot credit at once; the grid forms store the
+// counter only when a call or grid session ends, so the counter alone would stop the peer one ring into a grid
+// session. An earlier lap's slot credit never matches (flag_of(s - k nslots) != flag_of(s)); at most a ring ahead.
+__device__ u64 agent_consumed(const RelayEntry& r, RelayState& st) {
+  u64 done = d::ld_acquire_sys_u64(r.in_credit);
+  done = done > st.consumed ? done : st.consumed;
+  u32 k = 0;
+  for (; k < r.nslots && d::ld_relaxed(r.in_slot_credits + done % r.nslots) == flag_of(done); ++k) ++done;
+  if (k > 0) d::fence_acq_rel_sys();  // acquire: the agent's loads of those slots came before their credits
+  st.consumed = done;
+  return done;
+}
+
 struct Decision {
   u64 first;
   u32 count;
@@ -136,7 +152,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) circuslink_nvshmem_pro
       }
       const bool closing = a.control[t::kProxyClosing] != 0u, discard = a.control[t::kProxyDiscard] != 0u;
       // my in ring: with no agent left, take and drop what arrives, so the peer's last puts find room
-      u64 consumed = d::ld_acquire_sys_u64(r.in_credit);
+      u64 consumed = agent_consumed(r, st);
       if (discard) {
         u32 word;
         u64 s = consumed > st.discarded ? consumed : st.discarded;

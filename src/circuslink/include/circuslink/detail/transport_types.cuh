@@ -62,7 +62,8 @@ struct RelayEntry {
   unsigned int* out_slot_credits;       // my out ring's slot credits
   unsigned int* out_send_error;         // the out ring writer's error record (the proxy records aborts there)
   unsigned char* in_slots;              // my in ring's slots (the peer's proxy puts them)
-  unsigned long long* in_credit;        // my in ring's consumed count (the agent writes it)
+  unsigned long long* in_credit;        // my in ring's in-order credit counter (the agent writes it)
+  unsigned int* in_slot_credits;        // my in ring's slot credits (the agent writes them: grid agents, only these)
   unsigned int* in_recv_error;          // the in ring reader's error record
   unsigned char* peer_in_slots;         // the peer's in ring's slots (a symmetric address)
   unsigned long long* credit_from_peer; // my 2 signal words the peer sets: its in ring's consumed count, and
@@ -84,6 +85,7 @@ struct RelayState {
   unsigned long long discarded;         // packets of my in ring taken and dropped (kProxyDiscard)
   unsigned long long done;              // closing: goodbyes exchanged, everything arrived (the host polls it)
   unsigned long long bye;               // closing: 1 + packets sent, signalled to the peer (0: not yet)
+  unsigned long long consumed;          // packets of my in ring the agent has given back, in order
 };
 
 // What the proxy kernel receives by value (64 bytes).
