@@ -96,34 +96,38 @@ __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_re
 // memory that the host sets when its own, bounded wait for a kernel gives up (for example on a
 // dead peer with a device time-out of 0, "never"). A wait that sees it returns as if timed out.
 struct Deadline {
-  unsigned long long limit_ns;    // absolute; 0 means "never"
+  unsigned long long limit_ns;    // absolute, set at the first clock check; 0 until then
+  unsigned long long timeout_ns;  // 0 means "never"
   unsigned long long checks_left; // the backstop: clock checks until it says yes regardless of the clock
   const volatile unsigned int* abort;  // host-mapped; may be null
   unsigned int polls;
   static constexpr unsigned int kCheckEvery = 32;
 
+  // No clock read here: a wait that is satisfied by its first polls (the latency path of every
+  // protocol) never reads %globaltimer. The limit counts from the first check, kCheckEvery polls
+  // in, which moves it later by those polls' time (well under a microsecond).
   __device__ __forceinline__ static Deadline after(unsigned long long timeout_ns,
                                                    const volatile unsigned int* abort = nullptr) {
     Deadline d;
     d.polls = 0;
     d.abort = abort;
-    if (timeout_ns == 0ull) {
-      d.limit_ns = 0ull;
-      d.checks_left = 0ull;
-      return d;
-    }
-    const unsigned long long now = globaltimer_ns();
-    d.limit_ns = timeout_ns > ~0ull - now ? ~0ull : now + timeout_ns;
-    d.checks_left = timeout_ns / kCheckEvery + 1ull;  // >= timeout_ns calls: each costs well over 1 ns
+    d.limit_ns = 0ull;
+    d.timeout_ns = timeout_ns;
+    d.checks_left = timeout_ns == 0ull ? 0ull : timeout_ns / kCheckEvery + 1ull;  // >= timeout_ns calls
     return d;
   }
   // True once the deadline has passed or the host aborted (both read every kCheckEvery calls).
   __device__ __forceinline__ bool expired() {
     if ((++polls % kCheckEvery) != 0) return false;
     if (abort != nullptr && *abort != 0u) return true;
-    if (limit_ns == 0ull) return false;
+    if (timeout_ns == 0ull) return false;
     if (--checks_left == 0ull) return true;
-    return globaltimer_ns() > limit_ns;
+    const unsigned long long now = globaltimer_ns();
+    if (limit_ns == 0ull) {
+      limit_ns = timeout_ns > ~0ull - now ? ~0ull : now + timeout_ns;
+      return false;
+    }
+    return now > limit_ns;
   }
   __device__ __forceinline__ bool aborted() const { return abort != nullptr && *abort != 0u; }
 };
