@@ -135,8 +135,9 @@ class Team:
         return acc
 
     def twoshot_allreduce(self, data: np.ndarray, op: str, bf16: bool) -> np.ndarray:
-        """Per piece of the stage: copy in; barrier; reduce my segment from every rank's stage in place;
-        barrier; gather every rank's segment from its stage; barrier."""
+        """Per piece of the stage: copy in; barrier; reduce my segment from every rank's stage in place and
+        push it into every rank's stage and my output; barrier; copy the other segments from my own stage.
+        (No third barrier: until every rank passes the next barrier only its owner touches a stage.)"""
         src = np.ascontiguousarray(data).reshape(-1)
         out = np.empty_like(src)
         cap = self._piece_elems(src.dtype.itemsize)
@@ -148,12 +149,15 @@ class Team:
             self.barrier(deadline)
             seg = segments(m, src.dtype.itemsize, self.size)
             lo, hi = seg[self.rank]
-            mine[lo:hi] = self._reduce_from_all(src.dtype, lo, hi, op, bf16)
+            acc = self._reduce_from_all(src.dtype, lo, hi, op, bf16)
+            for q in range(self.size):
+                self.stage(q, src.dtype)[lo:hi] = acc
+            out[base + lo:base + hi] = acc
             self.barrier(deadline)
             for q in range(self.size):
-                lo, hi = seg[q]
-                out[base + lo:base + hi] = self.stage(q, src.dtype)[lo:hi]
-            self.barrier(deadline)
+                if q != self.rank:
+                    lo, hi = seg[q]
+                    out[base + lo:base + hi] = mine[lo:hi]
         return out.reshape(data.shape)
 
     def reduce_scatter(self, data: np.ndarray, op: str, bf16: bool) -> np.ndarray:

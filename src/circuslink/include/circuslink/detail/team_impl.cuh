@@ -193,6 +193,60 @@ __device__ void grid_fold(const Team& t, u64 off, u64 n, T* dst, Op op) {
   }
 }
 
+// Every thread of the grid: the fold of grid_fold over [off, off + n) of every rank's stage, stored into
+// every rank's stage at the same place (and into out[0, n) when out is not null): the reduce-scatter's
+// result pushed to its readers, so that the all-gather is a local copy (or nothing). Only the segment's
+// owner reads or writes [off, off + n) of any stage between the two barriers around this.
+template <class T, class Op>
+__device__ void grid_fold_push(const Team& t, u64 off, u64 n, T* out, Op op) {
+  const u64 i0 = grid_thread(), step = grid_threads();
+  u64 done = 0;
+  if (((off * sizeof(T)) & 15u) == 0 && (out == nullptr || aligned16(out)) && sizeof(T) <= 16) {
+    const u64 vecs = n * sizeof(T) / 16;
+    u64 i = i0;
+    for (; i + 3 * step < vecs; i += 4 * step) {  // four vectors a thread in flight, as grid_fold
+      const uint4* s0 = reinterpret_cast<const uint4*>(stage_of<T>(t, 0) + off) + i;
+      uint4 a0 = __ldcg(s0), a1 = __ldcg(s0 + step), a2 = __ldcg(s0 + 2 * step), a3 = __ldcg(s0 + 3 * step);
+      for (unsigned int q = 1; q < t.size; ++q) {
+        const uint4* sq = reinterpret_cast<const uint4*>(stage_of<T>(t, q) + off) + i;
+        const uint4 b0 = __ldcg(sq), b1 = __ldcg(sq + step), b2 = __ldcg(sq + 2 * step), b3 = __ldcg(sq + 3 * step);
+        a0 = vec_op<T>(a0, b0, op);
+        a1 = vec_op<T>(a1, b1, op);
+        a2 = vec_op<T>(a2, b2, op);
+        a3 = vec_op<T>(a3, b3, op);
+      }
+      for (unsigned int q = 0; q < t.size; ++q) {
+        uint4* d = reinterpret_cast<uint4*>(stage_of<T>(t, q) + off) + i;
+        d[0] = a0;
+        d[step] = a1;
+        d[2 * step] = a2;
+        d[3 * step] = a3;
+      }
+      if (out) {
+        uint4* d = reinterpret_cast<uint4*>(out) + i;
+        d[0] = a0;
+        d[step] = a1;
+        d[2 * step] = a2;
+        d[3 * step] = a3;
+      }
+    }
+    for (; i < vecs; i += step) {
+      uint4 acc = __ldcg(reinterpret_cast<const uint4*>(stage_of<T>(t, 0) + off) + i);
+      for (unsigned int q = 1; q < t.size; ++q)
+        acc = vec_op<T>(acc, __ldcg(reinterpret_cast<const uint4*>(stage_of<T>(t, q) + off) + i), op);
+      for (unsigned int q = 0; q < t.size; ++q) reinterpret_cast<uint4*>(stage_of<T>(t, q) + off)[i] = acc;
+      if (out) reinterpret_cast<uint4*>(out)[i] = acc;
+    }
+    done = vecs * 16 / sizeof(T);
+  }
+  for (u64 i = done + i0; i < n; i += step) {
+    T acc = ld_cg(stage_of<T>(t, 0) + off + i);
+    for (unsigned int q = 1; q < t.size; ++q) acc = op(acc, ld_cg(stage_of<T>(t, q) + off + i));
+    for (unsigned int q = 0; q < t.size; ++q) stage_of<T>(t, q)[off + i] = acc;
+    if (out) out[i] = acc;
+  }
+}
+
 // [lo, hi) of segment i: the cut of collectives_impl.cuh's detail::segment (whole 16-byte units).
 __device__ __forceinline__ void team_segment(u64 count, unsigned int elem, unsigned int parts, unsigned int i, u64& lo,
                                              u64& hi) {
@@ -310,9 +364,11 @@ __device__ bool allreduce_oneshot(const Team& t, const T* in, T* out, unsigned l
 
 // ---- two-shot ------------------------------------------------------------------------------------------
 // Every thread of the grid: out = op over every rank's in (out may be in), in pieces of the stage. Per
-// piece: copy in to my stage; barrier; reduce my segment, loading every rank's stage in place, into my
-// stage; barrier; gather every rank's segment from its stage into out; barrier (the stage is free again).
-// No scratch pass: each reduced byte is written once, where its readers load it.
+// piece: copy in to my stage; barrier; reduce my segment, loading every rank's stage in place, and push
+// the result into every rank's stage (and my out); barrier; copy the other segments from my own stage
+// into out. No third barrier: after the second, only I touch my stage until every rank has passed the
+// next piece's first barrier, which I reach only after my copies. Each reduced byte is written once
+// where each reader finds it locally.
 template <class T, class Op>
 __device__ bool allreduce_twoshot(const Team& t, const T* in, T* out, unsigned long long n, Op op) {
   using detail::u64;
@@ -324,25 +380,24 @@ __device__ bool allreduce_twoshot(const Team& t, const T* in, T* out, unsigned l
     if (!detail::team_sync(t)) return false;
     u64 lo, hi;
     detail::team_segment(m, sizeof(T), t.size, t.rank, lo, hi);
-    detail::grid_fold(t, lo, hi - lo, mine + lo, op);
+    detail::grid_fold_push(t, lo, hi - lo, out + base + lo, op);
     if (!detail::team_sync(t)) return false;
-    for (unsigned int k = 0; k < t.size; ++k) {
+    for (unsigned int k = 1; k < t.size; ++k) {
       const unsigned int q = (t.rank + k) % t.size;
       detail::team_segment(m, sizeof(T), t.size, q, lo, hi);
-      detail::grid_copy(out + base + lo, detail::stage_of<T>(t, q) + lo, hi - lo);
+      detail::grid_copy(out + base + lo, mine + lo, hi - lo);
     }
-    if (!detail::team_sync(t)) return false;
   }
   return true;
 }
 
 // Every thread of the grid, in place on data already in my stage (stage<T>(team)[0, n), n * sizeof(T) <=
-// stage_bytes): the symmetric form, as NVSHMEM's collectives on symmetric memory: no copy in, each rank
-// gathers the others' segments into its own stage. The caller's writes to the stage precede the call.
+// stage_bytes): the symmetric form, as NVSHMEM's collectives on symmetric memory: no copy in; barrier;
+// each rank reduces its segment and pushes it into every rank's stage; barrier. Per rank it loads and
+// stores the message once each: 2 (n - 1) / n of it crosses between ranks, the bus-bandwidth minimum. The caller's writes to the stage precede the call.
 template <class T, class Op>
 __device__ bool allreduce_stage(const Team& t, unsigned long long n, Op op) {
   using detail::u64;
-  T* mine = detail::stage_of<T>(t, t.rank);
   if (t.size == 1) return true;
   if (n * sizeof(T) > t.stage_bytes) {  // a caller's error: say so rather than run past the stage
     if (detail::grid_thread() == 0) detail::team_fail(t, kTeamErrorStage, t.rank, 0, 0);
@@ -351,13 +406,7 @@ __device__ bool allreduce_stage(const Team& t, unsigned long long n, Op op) {
   if (!detail::team_sync(t)) return false;
   u64 lo, hi;
   detail::team_segment(n, sizeof(T), t.size, t.rank, lo, hi);
-  detail::grid_fold(t, lo, hi - lo, mine + lo, op);
-  if (!detail::team_sync(t)) return false;
-  for (unsigned int k = 1; k < t.size; ++k) {
-    const unsigned int q = (t.rank + k) % t.size;
-    detail::team_segment(n, sizeof(T), t.size, q, lo, hi);
-    detail::grid_copy(mine + lo, detail::stage_of<T>(t, q) + lo, hi - lo);
-  }
+  detail::grid_fold_push(t, lo, hi - lo, static_cast<T*>(nullptr), op);
   return detail::team_sync(t);
 }
 
