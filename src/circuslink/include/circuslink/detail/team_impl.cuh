@@ -402,7 +402,8 @@ __device__ bool allreduce_twoshot(const Team& t, const T* in, T* out, unsigned l
 // Every thread of the grid, in place on data already in my stage (stage<T>(team)[0, n), n * sizeof(T) <=
 // stage_bytes): the symmetric form, as NVSHMEM's collectives on symmetric memory: no copy in; barrier;
 // each rank reduces its segment and pushes it into every rank's stage; barrier. Per rank it loads and
-// stores the message once each: 2 (n - 1) / n of it crosses between ranks, the bus-bandwidth minimum. The caller's writes to the stage precede the call.
+// stores the message once each: 2 (n - 1) / n of it crosses between ranks, the bus-bandwidth minimum.
+// The caller's writes to the stage precede the call.
 template <class T, class Op>
 __device__ bool allreduce_stage(const Team& t, unsigned long long n, Op op) {
   using detail::u64;
