@@ -270,6 +270,44 @@ def test_one_shot_calls_with_uneven_slabs(spmd, n):
     assert job.output.count("one-shot ok") == n, job.output
 
 
+AGREED_CHUNKS = """
+import os
+import numpy as np
+import circuslink as cl
+from circuslink.apps import fft
+from circuslink.apps.fft import _cpu
+from circuslink.rma import _tile_model as tm
+
+# What a GPU gives: a tile model calibrated on each rank (its own start cost t0) and measured transforms. Rank 1's
+# start cost makes more chunks look hopeless to it, rank 0's makes them worth measuring: the plan must still
+# build the same programs on every rank (its queues are collective).
+world = cl.init()
+me = world.rank
+model = tm.TileModel(b_ideal=1e11, x_read=64.0, x_write=64.0, k=1e-8, t0=1.0 if me == 1 else 1e-6)
+_cpu.tile_model = lambda w, dtype: model
+_cpu.time_op = lambda w, op: 1e-3
+g = np.random.default_rng(int(os.environ["CIRCUSLINK_TEST_SEED"]))
+shape = (12, 10)
+x = (g.standard_normal(shape) + 1j * g.standard_normal(shape)).astype(np.complex128)
+ins, outs = fft.boxes(shape, world.size, "slab", layout="transposed")
+with fft.Plan(world, ins[me], outs[me], "complex128") as plan:
+    chunks = world.allgather_object(plan.chunks)
+    assert len(set(chunks)) == 1, chunks
+    assert "chunk_measured_s" in plan.prediction, plan.prediction  # rank 0's candidates were measured
+    box = plan.outbox
+    want = np.fft.fft2(x)[tuple(slice(lo, hi) for lo, hi in zip(box.low, box.high))].transpose(box.order)
+    got = plan.forward(x[ins[me].low[0]: ins[me].high[0]])
+    assert np.abs(got - want).max() < 1e-12 * np.abs(want).max()
+print(f"rank {me} agreed on {chunks[0]} chunks")
+world.close()
+"""
+
+
+def test_ranks_agree_on_chunks_whatever_their_tile_models(spmd):
+    job = spmd(2, AGREED_CHUNKS, timeout=120, env={"CIRCUSLINK_TIMEOUT": "20"}).check()
+    assert job.output.count("agreed on") == 2, job.output
+
+
 # -- the Python API's refusals (in this process: a world of one rank) ----------------------------------
 @pytest.fixture(scope="module")
 def world():
