@@ -349,12 +349,11 @@ def _alltoalls(world: Any, cfg: Config) -> dict[str, str | None]:
 
 def _measure(world: Any, obj: Any, x0: Any, cfg: Config) -> dict:
     """Median / minimum (the slowest rank of each iteration) and the phases' medians (the slowest rank's)."""
-    xp = world.xp
+    module = world.backend_module("circuslink.apps.fft")
     totals, phases = [], {"fft": [], "transpose": [], "comm": [], "put": []}
     for i in range(cfg.warmup + cfg.iters):
         obj.input[...] = x0  # every iteration transforms the same input (FFT after FFT would overflow)
-        if xp is not np:
-            xp.cuda.get_current_stream().synchronize()
+        module.sync(world, "restoring the input")  # landed before the barrier: the clock starts after it
         world.barrier()
         obj.forward(profile=True)
         if i >= cfg.warmup:

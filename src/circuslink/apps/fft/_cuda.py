@@ -265,8 +265,14 @@ def random_array(world: Any, shape: tuple[int, ...], dtype: str, seed: Any) -> A
     return (g.standard_normal(shape, dtype=real) + 1j * g.standard_normal(shape, dtype=real)).astype(dt)
 
 
+def sync(world: Any, what: str) -> None:
+    """Wait, bounded by the time-out (CIRCUSLINK_TIMEOUT), for the caller's current stream: its copies into or
+    out of a plan's arrays have landed. ``what`` names the wait in the time-out's error."""
+    stream = _cp().cuda.get_current_stream()
+    world.backend.wait_stream(stream, None, lambda: f"rank {world.rank}: {what} did not finish")
+
+
 def release_memory(world: Any) -> None:
     """Hand the memory pool's free blocks back to the GPU (between benchmark cases)."""
-    cp = _cp()
-    cp.cuda.get_current_stream().synchronize()
-    cp.get_default_memory_pool().free_all_blocks()
+    sync(world, "the work before freeing the memory pool")
+    _cp().get_default_memory_pool().free_all_blocks()
