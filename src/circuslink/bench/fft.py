@@ -183,8 +183,9 @@ def _case_needs(shape: tuple[int, ...], dtype: str, nranks: int) -> dict[str, fl
 def check_memory(world: Any, module: Any, cfg: Config) -> None:
     """Collective: refuse in one line a case that the ranks sharing a device (or the host) cannot hold."""
     free, what = module.free_bytes(world)
-    devices = world.allgather_object((world.device, free))
-    on_mine = [r for r, (d, _) in enumerate(devices) if d == world.device]
+    me = world.backend.device_identity  # the GPU (host and PCI bus), None for the host's memory
+    devices = world.allgather_object((me, free))
+    on_mine = [r for r, (d, _) in enumerate(devices) if d == me]
     have = min(devices[r][1] for r in on_mine)
     problems = []
     for shape, dtype in cfg.cases:

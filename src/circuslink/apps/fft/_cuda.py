@@ -227,8 +227,9 @@ def tile_model(world: Any, dtype: str) -> Any:
 
 
 def same_memory(world: Any) -> bool:
-    """Collective: whether every rank's memory is one GPU's (puts and transforms then share its bandwidth)."""
-    return len(set(world.allgather_object(world.device))) == 1
+    """Collective: whether every rank's memory is one GPU's (puts and transforms then share its bandwidth). By the
+    GPU's identity (host and PCI bus), not its ordinal: ranks on two hosts may both use their GPU 0."""
+    return len(set(world.allgather_object(world.backend.device_identity))) == 1
 
 
 def time_op(world: Any, op: Callable[[], None]) -> float:

@@ -617,7 +617,9 @@ def check_memory(world: Any, module: Any, nbytes: int, problem: str) -> None:
     """
     need = int(nbytes) + _MARGIN
     free, what = module.free_bytes(world)
-    everyone = world.allgather_object((world.device, need, free, what))
+    # Grouped by the device's identity (host and PCI bus on a GPU; None, the host's memory, on the cpu), not its
+    # ordinal: ranks on two hosts may both use their GPU 0.
+    everyone = world.allgather_object((world.backend.device_identity, need, free, what))
     groups: dict[Any, list[int]] = {}
     for rank, (device, _, _, _) in enumerate(everyone):
         groups.setdefault(device, []).append(rank)
