@@ -71,6 +71,18 @@ def test_reshapes_take_few_puts(shape, nranks, decomposition, puts):
                for p in bx.copy_pieces(*i, st[0].boxes[0], st[1].boxes[t]))
 
 
+def test_cufft_is_not_asked_for_axes_of_one_point():
+    """A DFT of one point is the identity: those axes leave the cuFFT plan (the packed layout is the same without
+    them), except the last axis of a real transform, which changes the element type."""
+    from circuslink.apps.fft._cuda import cufft_dims
+
+    assert cufft_dims("c2c", (4, 3, 2)) == (4, 3, 2)
+    assert cufft_dims("c2c", (1, 9)) == (9,) and cufft_dims("c2c", (7, 1)) == (7,)
+    assert cufft_dims("c2c", (1, 1, 1)) == ()
+    assert cufft_dims("r2c", (1, 6)) == (6,) and cufft_dims("r2c", (1, 1)) == (1,)
+    assert cufft_dims("c2r", (1, 5, 1)) == (5, 1)
+
+
 def test_split_is_even_and_tiles(rng):
     for _ in range(50):
         shape = tuple(int(n) for n in rng.integers(1, 20, 3))
