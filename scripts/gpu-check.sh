@@ -21,10 +21,15 @@
 #   rma             persistent RMA queues against MPI-3 RMA and MPI p2p, 2 and 4 ranks (a ring)
 #   soak            10^6 messages over 72 channels among 4 ranks, both modes, every byte checked
 #   transpose       transposing put against contiguous put and local transpose + put
-#   fft             distributed FFT, 2-D 8192^2 and 16384^2, 3-D 512^3 and 1024^3, both precisions, 2 and 4 ranks,
+#   fft             the FFT's own check, about 3 minutes: its GPU tests (plans against numpy within 1e-5 / 1e-12 at
+#                   2 and 4 ranks, uneven and empty boxes, c2c and r2c / c2r, slab and pencil; fft2 / fft3 on
+#                   .npy files; the slab baseline), bounded by $FFT_TESTS_S (140 s; $TESTS narrows them), then
+#                   bench fft --quick at 2 ranks: 8192^2 and 512^3, both precisions, against the copy-engine slab
+#                   baseline and the 1-rank cuFFT ceiling, bounded by $FFT_BENCH_S (120 s; $FFT_QUICK_ARGS
+#                   replaces the sizes)
+#   fft-full        distributed FFT, 2-D 8192^2 and 16384^2, 3-D 512^3 and 1024^3, both precisions, 2 and 4 ranks,
 #                   against the slab all-to-all baselines (copy engine, NVSHMEM program) and the 1-rank ceiling
 #                   (about 2-3 min per rank count; the NVSHMEM program is built once, ~1 min, then cached)
-#   fft-quick       bench fft --quick at 2 ranks (well under a minute; not in "all")
 #   qcd             Wilson-Dirac CG: an 8^4-per-rank solve on a 2x2 grid, and per-iteration time by halo exchange
 #   hops            routed channels: latency and throughput by hop count on line:8, ring:8 (8 ranks), torus:4x4, mesh:4x4 (16);
 #                   the many-to-many load on torus:4x4: 10^6 packets, every byte checked (bounded by LOAD_STEP_S, 180 s)
@@ -141,10 +146,16 @@ want rma && step rma-4 cl bench rma -n 4 --quick --json "$R/rma-4.json"
 want soak && step soak cl run -n 4 -- $PY tests/soak/channels_soak.py --messages 1000000 --channels 72 \
   --json "$R/soak.json"
 want transpose && step transpose cl bench transpose -n 2 --json "$R/transpose.json" --plot "$R/transpose.png"
-if want fft; then for n in 2 4; do
+if want fft; then
+  STEP_S=$((${FFT_TESTS_S:-140} + 20)) step fft-tests env CIRCUSLINK_TIMEOUT=20 timeout -s INT ${FFT_TESTS_S:-140} \
+    $PY -m pytest -q -rfE --tb=short -m "gpu and not two_gpus and not slow" -p no:cacheprovider --timeout 150 \
+    --durations=10 ${TESTS:-tests/test_fft.py tests/test_fft_cli.py tests/test_fft_bench.py}
+  STEP_S=${FFT_BENCH_S:-120} step fft-bench cl bench fft -n 2 --quick ${FFT_QUICK_ARGS:---size 8192 --size3 512} \
+    --json "$R/fft-quick-2ranks.json" --plot "$R/fft-quick-2ranks.png"
+fi
+if want fft-full; then for n in 2 4; do
   STEP_S=${FFT_STEP_S:-420} step "fft-$n" cl bench fft -n $n --size 8192,16384 --size3 512,1024 --dtype both \
     --iters 10 --warmup 2 --json "$R/fft-${n}ranks.json" --plot "$R/fft-${n}ranks.png"; done; fi
-want fft-quick explicit && STEP_S=120 step fft-quick cl bench fft -n 2 --quick --json "$R/fft-quick.json"
 want qcd && step qcd-invert cl qcd invert --dim 8 8 8 8 --gridsize 2 2 1 1 --prec double --prec-sloppy single \
   --halo rma --verify --json "$R/qcd-invert.json"
 want qcd && step qcd cl bench qcd --json "$R/qcd.json" --plot "$R/qcd.png"

@@ -78,3 +78,34 @@ def test_512_thread_kernels_fit_an_sm(source, instantiate, tmp_path):
     regs = [int(m) for m in re.findall(r"Used (\d+) registers", proc.stderr)]
     assert regs, proc.stderr
     assert max(regs) * 512 <= 65536, f"{source}: {max(regs)} registers a thread x 512 threads > 65536\n{proc.stderr}"
+
+
+@pytest.mark.parametrize("elem", [None, 0, 4, 8, 16])
+def test_rma_kernels_compile_in_parts(elem, tmp_path):
+    """rma/_cuda.py compiles rma_kernels.cu in parts, only those its queues need (CIRCUSLINK_RMA_TRANSPOSE_ELEM:
+    the element size of a queue's transposing puts, 0 when mixed; none: the plain kernels). Each part holds
+    exactly the kernels the host asks it for, and those of one element size keep 3 blocks of 256 threads on an
+    SM (__launch_bounds__(256, 3): at most 85 registers)."""
+    import re
+
+    define = [] if elem is None else [f"-DCIRCUSLINK_RMA_TRANSPOSE_ELEM={elem}"]
+    cmd = [NVCC, "-std=c++17", "-arch=sm_90a", f"-I{INCLUDE}", *define, "-Xptxas", "-v", "-c",
+           str(PKG / "rma" / "rma_kernels.cu"), "-o", str(tmp_path / "out.o")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr
+    names = set(re.findall(r"Compiling entry function '(\w+)'", proc.stderr))
+    if elem is None:
+        want = {f"circuslink_rma_{k}" for k in ("start", "cycle", "wait", "prologue", "epilogue")}
+    else:
+        want = {f"circuslink_rma_start_transpose{elem}", f"circuslink_rma_cycle_transpose{elem}"}
+    assert names == want, proc.stderr
+    if elem:
+        regs = [int(m) for m in re.findall(r"Used (\d+) registers", proc.stderr)]
+        assert regs and max(regs) <= 85, proc.stderr
+
+
+def test_rma_kernels_refuse_an_unknown_element_size(tmp_path):
+    cmd = [NVCC, "-std=c++17", "-arch=sm_90a", f"-I{INCLUDE}", "-DCIRCUSLINK_RMA_TRANSPOSE_ELEM=3", "-c",
+           str(PKG / "rma" / "rma_kernels.cu"), "-o", str(tmp_path / "out.o")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
+    assert proc.returncode != 0 and "must be 0, 4, 8 or 16" in proc.stderr, proc.stderr

@@ -67,12 +67,12 @@ def test_slab_baseline_over_mpi_matches_numpy(spmd):
     assert job.output.count("checked") == 3, job.output
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(300)
 @pytest.mark.gpu
-@pytest.mark.parametrize("transpose", ["tiled", "cupy"])
+@pytest.mark.parametrize("transpose", ["tiled", pytest.param("cupy", marks=pytest.mark.slow)])
 def test_slab_baseline_matches_numpy_on_gpu(spmd, transpose):
-    code = BASELINE.format(shapes=[(96, 80), (40, 36, 34), (256, 512)], alltoall="copy-engine", transpose=transpose)
+    """The strong baseline on the GPU (tiled: bench fft's default, in the fft stage of scripts/gpu-check.sh)."""
+    code = BASELINE.format(shapes=[(97, 81), (41, 37, 34), (256, 512)], alltoall="copy-engine", transpose=transpose)
     job = spmd(2, code, backend="cuda", timeout=300).check()
     assert job.output.count("checked") == 2, job.output
 

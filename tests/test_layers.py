@@ -394,7 +394,7 @@ PROCESS_STATE = {
     ("device_code.py", "headers_digest"): "a constant of the installation: the headers' digest",
     ("channels/_cuda.py", "_kernels"): "compiled device code, the same for every World",
     ("channels/_router_cuda.py", "_kernel"): "compiled device code, the same for every World",
-    ("rma/_cuda.py", "_module"): "compiled device code, the same for every World",
+    ("rma/_cuda.py", "_kernels"): "compiled device code, the same for every World",
     ("rma/_transpose/_cuda.py", "_module"): "compiled device code, the same for every World",
     ("apps/qcd/_cuda.py", "_module"): "compiled device code, the same for every World",
     ("bench/fft_baseline.py", "_module"): "compiled device code, the same for every World",

@@ -183,8 +183,9 @@ def _case_needs(shape: tuple[int, ...], dtype: str, nranks: int) -> dict[str, fl
 def check_memory(world: Any, module: Any, cfg: Config) -> None:
     """Collective: refuse in one line a case that the ranks sharing a device (or the host) cannot hold."""
     free, what = module.free_bytes(world)
-    devices = world.allgather_object((world.device, free))
-    on_mine = [r for r, (d, _) in enumerate(devices) if d == world.device]
+    me = world.backend.device_identity  # the GPU (host and PCI bus), None for the host's memory
+    devices = world.allgather_object((me, free))
+    on_mine = [r for r, (d, _) in enumerate(devices) if d == me]
     have = min(devices[r][1] for r in on_mine)
     problems = []
     for shape, dtype in cfg.cases:
@@ -349,12 +350,11 @@ def _alltoalls(world: Any, cfg: Config) -> dict[str, str | None]:
 
 def _measure(world: Any, obj: Any, x0: Any, cfg: Config) -> dict:
     """Median / minimum (the slowest rank of each iteration) and the phases' medians (the slowest rank's)."""
-    xp = world.xp
+    module = world.backend_module("circuslink.apps.fft")
     totals, phases = [], {"fft": [], "transpose": [], "comm": [], "put": []}
     for i in range(cfg.warmup + cfg.iters):
         obj.input[...] = x0  # every iteration transforms the same input (FFT after FFT would overflow)
-        if xp is not np:
-            xp.cuda.get_current_stream().synchronize()
+        module.sync(world, "restoring the input")  # landed before the barrier: the clock starts after it
         world.barrier()
         obj.forward(profile=True)
         if i >= cfg.warmup:

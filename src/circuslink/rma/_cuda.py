@@ -30,6 +30,7 @@ stalled rank in host-mapped memory; the host raises it. Host waits for the strea
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,6 @@ COPY_ENGINE_FROM = 256 << 10
 COPY_ENGINE_MIN_BLOCK = 4096
 _KERNELS = Path(__file__).with_name("rma_kernels.cu")
 _THREADS = 256
-_module = None
 
 
 def _cp():
@@ -65,13 +65,16 @@ def _cp():
     return cupy
 
 
-def _kernels():
-    global _module
-    if _module is None:
-        from ..device_code import compile as compile_device
+@functools.cache
+def _kernels(transpose_elem: int | None = None):
+    """The compiled rma_kernels.cu, in parts: the plain queue kernels (None), or the start and cycle kernels of
+    queues whose transposing puts move ``transpose_elem``-byte elements (0: mixed sizes). Each part once per
+    process and only when a queue needs it: NVRTC takes about 1 s a part (sm_90a), where the whole file at
+    once took about 5 s, and an FFT needs two parts (one precision), a plain RMA program one."""
+    from ..device_code import compile as compile_device
 
-        _module = compile_device(_KERNELS.read_text())
-    return _module
+    options = () if transpose_elem is None else (f"-DCIRCUSLINK_RMA_TRANSPOSE_ELEM={int(transpose_elem)}",)
+    return compile_device(_KERNELS.read_text(), options=options)
 
 
 def _alignment(*values: int) -> int:
@@ -259,9 +262,10 @@ class CudaQueue:
         self.error[:] = 0
         warps = _THREADS // 32
         kernels = _kernels()
-        self.k_start = kernels.get_function(self.tchain.start_kernel_name("circuslink_rma_start"))
+        starts = _kernels(self.tchain.elem) if self.tchain.pieces else kernels
+        self.k_start = starts.get_function(self.tchain.start_kernel_name("circuslink_rma_start"))
         # The start and the wait of a host-driven cycle in one launch (one graph node instead of two).
-        self.k_cycle = kernels.get_function(self.tchain.start_kernel_name("circuslink_rma_cycle"))
+        self.k_cycle = starts.get_function(self.tchain.start_kernel_name("circuslink_rma_cycle"))
         # Every CTA of the start kernel waits for the targets' posts: never more CTAs than this rank's
         # SM share holds at once (of either kernel), or they could take the SMs a target needs to post.
         # A small chain is one CTA's words (no count of finished CTAs, no fence between them).

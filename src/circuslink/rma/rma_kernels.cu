@@ -11,6 +11,11 @@
 //   graph launch:  start = one CUDA graph: circuslink_rma_prologue (post, wait for posts),
 //                  a 2-D copy-engine copy per handle, circuslink_rma_epilogue (signal).
 // Device-driven cycles are the user's kernels, through <circuslink/rma.cuh>.
+//
+// Compiled in parts, each once per process and only when a queue needs it (rma/_cuda.py: NVRTC takes about 1 s a
+// part, 5 s for all of them at once): without CIRCUSLINK_RMA_TRANSPOSE_ELEM the plain kernels (start, cycle,
+// wait, prologue, epilogue); with it (4, 8, 16, or 0 for mixed sizes) the start and cycle kernels of queues whose
+// transposing puts move elements of that size (circuslink_rma_start_transposeN, circuslink_rma_cycle_transposeN).
 #include <circuslink/rma.cuh>
 #include <circuslink/detail/transpose_impl.cuh>
 
@@ -65,24 +70,33 @@ __device__ __forceinline__ void rma_start_launch(const RmaQueue q) {
   }
 }
 
-#define CIRCUSLINK_RMA_START_KERNELS(name, wait)                                                        \
-  extern "C" __global__ void name(RmaHandle h) { rma_start_launch<-1, wait>(h.q); }                \
-  extern "C" __global__ void __launch_bounds__(256, 3) name##_transpose4(RmaHandle h) {                 \
-    rma_start_launch<4, wait>(h.q);                                                                \
-  }                                                                                                     \
-  extern "C" __global__ void __launch_bounds__(256, 3) name##_transpose8(RmaHandle h) {                 \
-    rma_start_launch<8, wait>(h.q);                                                                \
-  }                                                                                                     \
-  extern "C" __global__ void __launch_bounds__(256, 3) name##_transpose16(RmaHandle h) {                \
-    rma_start_launch<16, wait>(h.q);                                                               \
-  }                                                                                                     \
-  extern "C" __global__ void name##_transpose0(RmaHandle h) { rma_start_launch<0, wait>(h.q); }
-
-// The transposeN kernels: at most 85 registers (3 blocks of 256 per SM); the mixed-size one needs more.
-// circuslink_rma_start*: start(stream=) and the copy-engine-free start; circuslink_rma_cycle*: the start
-// and the wait of a host-driven cycle in one launch.
-CIRCUSLINK_RMA_START_KERNELS(circuslink_rma_start, false)
-CIRCUSLINK_RMA_START_KERNELS(circuslink_rma_cycle, true)
+// circuslink_rma_start*: start(stream=) and the copy-engine-free start; circuslink_rma_cycle*: the start and the
+// wait of a host-driven cycle in one launch.
+#ifdef CIRCUSLINK_RMA_TRANSPOSE_ELEM
+#if CIRCUSLINK_RMA_TRANSPOSE_ELEM == 0
+// Mixed element sizes: more registers than the kernels of one size.
+extern "C" __global__ void circuslink_rma_start_transpose0(RmaHandle h) { rma_start_launch<0, false>(h.q); }
+extern "C" __global__ void circuslink_rma_cycle_transpose0(RmaHandle h) { rma_start_launch<0, true>(h.q); }
+#else
+// One element size: at most 85 registers (3 blocks of 256 per SM).
+#define CIRCUSLINK_RMA_TRANSPOSE_KERNEL(name, elem, wait)                                          \
+  extern "C" __global__ void __launch_bounds__(256, 3) name(RmaHandle h) { rma_start_launch<elem, wait>(h.q); }
+#if CIRCUSLINK_RMA_TRANSPOSE_ELEM == 4
+CIRCUSLINK_RMA_TRANSPOSE_KERNEL(circuslink_rma_start_transpose4, 4, false)
+CIRCUSLINK_RMA_TRANSPOSE_KERNEL(circuslink_rma_cycle_transpose4, 4, true)
+#elif CIRCUSLINK_RMA_TRANSPOSE_ELEM == 8
+CIRCUSLINK_RMA_TRANSPOSE_KERNEL(circuslink_rma_start_transpose8, 8, false)
+CIRCUSLINK_RMA_TRANSPOSE_KERNEL(circuslink_rma_cycle_transpose8, 8, true)
+#elif CIRCUSLINK_RMA_TRANSPOSE_ELEM == 16
+CIRCUSLINK_RMA_TRANSPOSE_KERNEL(circuslink_rma_start_transpose16, 16, false)
+CIRCUSLINK_RMA_TRANSPOSE_KERNEL(circuslink_rma_cycle_transpose16, 16, true)
+#else
+#error "CIRCUSLINK_RMA_TRANSPOSE_ELEM must be 0, 4, 8 or 16"
+#endif
+#endif
+#else  // the plain kernels
+extern "C" __global__ void circuslink_rma_start(RmaHandle h) { rma_start_launch<-1, false>(h.q); }
+extern "C" __global__ void circuslink_rma_cycle(RmaHandle h) { rma_start_launch<-1, true>(h.q); }
 
 // wait(timeout=...) may differ from the queue's time-out: it comes as an argument.
 extern "C" __global__ void circuslink_rma_wait(RmaHandle h, unsigned long long timeout_ns) {
@@ -112,3 +126,4 @@ extern "C" __global__ void circuslink_rma_epilogue(RmaHandle h) {
   __syncthreads();
   if (cd::block_thread() == 0) q.state->epoch = epoch;
 }
+#endif  // CIRCUSLINK_RMA_TRANSPOSE_ELEM

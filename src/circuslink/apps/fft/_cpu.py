@@ -151,5 +151,9 @@ def random_array(world: Any, shape: tuple[int, ...], dtype: str, seed: Any) -> n
     return (g.standard_normal(shape, dtype=real) + 1j * g.standard_normal(shape, dtype=real)).astype(dt)
 
 
+def sync(world: Any, what: str) -> None:
+    """Nothing to wait for: host copies are done when they return."""
+
+
 def release_memory(world: Any) -> None:
     """Nothing pooled on the cpu."""

@@ -56,6 +56,16 @@ def _plan(world: Any, fft_type: int, shape: tuple[int, ...], batch: int, cache: 
     return cache[key]
 
 
+def cufft_dims(kind: str, dims: tuple[int, ...]) -> tuple[int, ...]:
+    """The transform sizes cuFFT is asked for: ``dims`` without the axes of one point (a DFT of one point is the
+    identity, and the packed layout is the same without them), but the last axis of a real transform, which
+    changes the element type, always stays. Empty: nothing to do (a complex transform of single points)."""
+    kept = tuple(n for n in dims[:-1] if n > 1)
+    if kind != "c2c" or dims[-1] > 1:
+        kept += (dims[-1],)
+    return kept
+
+
 def make_fft(world: Any, kind: str, src: Any, dst: Any, count: int, inverse: bool, cache: dict
              ) -> Callable[[], None] | None:
     """A callable that transforms ``src`` over its last ``count`` axes into ``dst`` on the current stream (the
@@ -67,7 +77,15 @@ def make_fft(world: Any, kind: str, src: Any, dst: Any, count: int, inverse: boo
         if not a.flags.c_contiguous:
             raise BackendError(f"fft: the {label} of a {kind} transform must be contiguous (shape {a.shape})")
     real = dst if kind == "c2r" else src
-    shape = tuple(int(n) for n in real.shape[-count:])
+    shape = cufft_dims(kind, tuple(int(n) for n in real.shape[-count:]))
+    if not shape:  # complex transforms of single points: the identity
+        if src.data.ptr == dst.data.ptr:
+            return None
+
+        def copy() -> None:
+            dst[...] = src
+
+        return copy
     batch = int(np.prod(real.shape[:-count], dtype=np.int64))
     fft_type = _TYPES[(kind, src.itemsize)]
     plan = _plan(world, fft_type, shape, batch, cache)
@@ -227,8 +245,9 @@ def tile_model(world: Any, dtype: str) -> Any:
 
 
 def same_memory(world: Any) -> bool:
-    """Collective: whether every rank's memory is one GPU's (puts and transforms then share its bandwidth)."""
-    return len(set(world.allgather_object(world.device))) == 1
+    """Collective: whether every rank's memory is one GPU's (puts and transforms then share its bandwidth). By the
+    GPU's identity (host and PCI bus), not its ordinal: ranks on two hosts may both use their GPU 0."""
+    return len(set(world.allgather_object(world.backend.device_identity))) == 1
 
 
 def time_op(world: Any, op: Callable[[], None]) -> float:
@@ -265,8 +284,14 @@ def random_array(world: Any, shape: tuple[int, ...], dtype: str, seed: Any) -> A
     return (g.standard_normal(shape, dtype=real) + 1j * g.standard_normal(shape, dtype=real)).astype(dt)
 
 
+def sync(world: Any, what: str) -> None:
+    """Wait, bounded by the time-out (CIRCUSLINK_TIMEOUT), for the caller's current stream: its copies into or
+    out of a plan's arrays have landed. ``what`` names the wait in the time-out's error."""
+    stream = _cp().cuda.get_current_stream()
+    world.backend.wait_stream(stream, None, lambda: f"rank {world.rank}: {what} did not finish")
+
+
 def release_memory(world: Any) -> None:
     """Hand the memory pool's free blocks back to the GPU (between benchmark cases)."""
-    cp = _cp()
-    cp.cuda.get_current_stream().synchronize()
-    cp.get_default_memory_pool().free_all_blocks()
+    sync(world, "the work before freeing the memory pool")
+    _cp().get_default_memory_pool().free_all_blocks()

@@ -362,6 +362,9 @@ class Plan(Resource):
             bounds[k] = (lo, hi)
         best_hi = min(h for _, h in bounds.values())
         close = [k for k in candidates if bounds[k][0] <= best_hi * (1 + _UNSURE)]
+        # Every rank must build the same programs (their queues are collective), but each rank has its own
+        # calibrated model (its own t0), so the bounds may differ in the last digits: rank 0's choice holds.
+        close = self.world.broadcast_object(close)
         self.prediction.update(chunk_candidates={k: {"low_s": lo, "high_s": hi} for k, (lo, hi) in bounds.items()},
                                stage_fft_s=fft_s, stage_put_s=put_s, shared_memory=shared)
         if len(close) == 1:
@@ -614,7 +617,9 @@ def check_memory(world: Any, module: Any, nbytes: int, problem: str) -> None:
     """
     need = int(nbytes) + _MARGIN
     free, what = module.free_bytes(world)
-    everyone = world.allgather_object((world.device, need, free, what))
+    # Grouped by the device's identity (host and PCI bus on a GPU; None, the host's memory, on the cpu), not its
+    # ordinal: ranks on two hosts may both use their GPU 0.
+    everyone = world.allgather_object((world.backend.device_identity, need, free, what))
     groups: dict[Any, list[int]] = {}
     for rank, (device, _, _, _) in enumerate(everyone):
         groups.setdefault(device, []).append(rank)

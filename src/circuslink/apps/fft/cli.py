@@ -302,8 +302,7 @@ def transform_file(world: Any, args: argparse.Namespace, ndim: int) -> None:
             target = plan.output if backward else plan.input
             nb = mine.size * np.dtype(job.in_dtype).itemsize
             target[...] = staging.local[:nb].view(xp.dtype(job.in_dtype)).reshape(mine.storage_shape)
-            if xp is not np:
-                xp.cuda.get_current_stream().synchronize()
+            eng.sync(world, "taking the input from the staging buffer")
             world.barrier()  # every rank has taken its input before the staging buffers are reused
             t1 = time.perf_counter()
             if backward:
@@ -317,8 +316,7 @@ def transform_file(world: Any, args: argparse.Namespace, ndim: int) -> None:
             t2 = time.perf_counter()
             ob = out.size * out.itemsize
             staging.local[:ob] = out.reshape(-1).view(xp.uint8)
-            if xp is not np:
-                xp.cuda.get_current_stream().synchronize()
+            eng.sync(world, "copying the output to the staging buffer")
             world.barrier()
             if me == 0:
                 _write(eng, staging, job, args.output)
