@@ -31,6 +31,8 @@
 #                   against the slab all-to-all baselines (copy engine, NVSHMEM program) and the 1-rank ceiling
 #                   (about 2-3 min per rank count; the NVSHMEM program is built once, ~1 min, then cached)
 #   qcd             Wilson-Dirac CG: an 8^4-per-rank solve on a 2x2 grid, and per-iteration time by halo exchange
+#   qcd-timing      the device-resident CG on one rank: per iteration at 8^4 and 16^4, and cold and warm 8^4
+#                   mixed-precision solves with their stages (scripts/dev/qcd_cg_timing.py; not part of "all")
 #   hops            routed channels: latency and throughput by hop count on line:8, ring:8 (8 ranks), torus:4x4, mesh:4x4 (16);
 #                   the many-to-many load on torus:4x4: 10^6 packets, every byte checked (bounded by LOAD_STEP_S, 180 s)
 #   nodes           2 declared nodes x 2 ranks: the transports' GPU tests (ipc, mpi, nvshmem; gateway-routed
@@ -159,6 +161,7 @@ if want fft-full; then for n in 2 4; do
 want qcd && step qcd-invert cl qcd invert --dim 8 8 8 8 --gridsize 2 2 1 1 --prec double --prec-sloppy single \
   --halo rma --verify --json "$R/qcd-invert.json"
 want qcd && step qcd cl bench qcd --json "$R/qcd.json" --plot "$R/qcd.png"
+want qcd-timing explicit && step qcd-timing $PY scripts/dev/qcd_cg_timing.py --json "$R/qcd-cg-timing.json"
 want qcd && step qcd-device cl bench qcd --cg device --halos rma-device --lattices 8,16,32 \
   --json "$R/qcd-device.json"
 want hops && step hops-line8 cl bench hops -n 8 --topology line:8 --json "$R/hops-line8.json" \

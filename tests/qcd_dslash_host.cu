@@ -3,7 +3,10 @@
 //
 //   qcd_dslash_host DIR    reads DIR/{job.txt, args.bin, in.bin, x.bin, out.bin, gauge.bin, ghost.bin,
 //                          send.bin, sites.bin}, writes DIR/out.bin and DIR/send.bin.
-// job.txt: "MODE PREC BETA" with MODE interior | exterior | xpay | pack, PREC f | d.
+// job.txt: "MODE PREC BETA" with MODE interior | exterior | xpay | pack, PREC f | d; or MODE fold | newres (the
+// resident CG's reliable update in single and double, PREC ignored): fold adds x (single) into out (double,
+// y) and zeroes x; newres takes in (double, the new residual) into out (single, p) and x (single, r_s).
+// x.bin is written back too.
 // args.bin: a DslashArgs as the host's ABI table packs it (pointers are set here); its size is checked.
 #include <cstdio>
 #include <cstdlib>
@@ -88,11 +91,18 @@ int main(int argc, char** argv) {
   A.send = send.data();
   A.sites = reinterpret_cast<const int*>(sites.data());
   if (std::string(mode) == "pack") A.in = A.out;  // the packed field
-  if (std::string(prec) == "f")
+  if (std::string(mode) == "fold") {
+    for (int cb = 0; cb < A.vh; ++cb) circuslink::qcd::fold_site<float, double>(A, reinterpret_cast<float*>(x.data()), cb);
+  } else if (std::string(mode) == "newres") {
+    for (int cb = 0; cb < A.vh; ++cb)
+      circuslink::qcd::new_residual_site<float, double>(A, reinterpret_cast<const double*>(in.data()), cb);
+  } else if (std::string(prec) == "f") {
     run<float>(mode, A, beta);
-  else
+  } else {
     run<double>(mode, A, beta);
+  }
   dump(dir + "/out.bin", out);
   dump(dir + "/send.bin", send);
+  dump(dir + "/x.bin", x);
   return 0;
 }

@@ -396,7 +396,7 @@ PROCESS_STATE = {
     ("channels/_router_cuda.py", "_kernel"): "compiled device code, the same for every World",
     ("rma/_cuda.py", "_kernels"): "compiled device code, the same for every World",
     ("rma/_transpose/_cuda.py", "_module"): "compiled device code, the same for every World",
-    ("apps/qcd/_cuda.py", "_module"): "compiled device code, the same for every World",
+    ("apps/qcd/_cuda.py", "_modules"): "compiled device code (one module per precision), the same for every World",
     ("bench/fft_baseline.py", "_module"): "compiled device code, the same for every World",
     ("apps/qcd/_halo_cuda.py", "_lib"): "a loaded shared library (NVSHMEM), once per process",
     ("transport/mpi.py", "_library"): "the progress thread's compiled library, loaded once per process",

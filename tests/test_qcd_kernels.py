@@ -21,7 +21,7 @@ from conftest import NVCC_TIMEOUT_S
 
 from circuslink.apps import qcd
 from circuslink.apps.qcd._cpu import Dslash as CpuDslash
-from circuslink.apps.qcd._cuda import DSLASH_ARGS
+from circuslink.apps.qcd._cuda import CG_RESIDENT_ARGS, DSLASH_ARGS
 
 REPO = Path(__file__).resolve().parents[1]
 NVCC = shutil.which("nvcc")
@@ -140,6 +140,55 @@ def test_kernel_site_code_matches_numpy(harness, tmp_path, seed, geometry, dtype
         np.testing.assert_allclose(send, halo.send, atol=tol, err_msg=f"pack parity {parity}")
 
 
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=["t-split", "t-local"])
+def test_reliable_update_site_code_matches_numpy(harness, tmp_path, seed, geometry):
+    """The resident CG's own reliable update, per site (single iterations, double solution): y += x, x = 0 with
+    y's faces for the double operator; p += r_new - r_s, r_s = r_new (r rounded to single) with p's faces. The
+    same numbers as the solver's array operations on the host, bit for bit."""
+    local, grid, rank = geometry
+    lat = qcd.Lattice(local, grid, rank)
+    rng = np.random.default_rng(seed)
+    U = qcd.random_gauge(local, seed)
+    offsets = [0] * 8
+    for (mu, d), off in lat.slot_offset.items():
+        offsets[2 * mu + d] = off
+    base = dict(fwd_sign=lat.forward_sign, bwd_sign=lat.backward_sign, dims=lat.local, face_offset=offsets,
+                vh=lat.half, faces=lat.face_total, n_sites=0, dagger=0, emit=-1,
+                partitioned=sum(1 << mu for mu in range(4) if lat.partitioned[mu]))
+    halos = {dt: SimpleNamespace(send=np.zeros((6, lat.face_total), dtype=dt)) for dt in (np.complex64, np.complex128)}
+    cpus = {dt: CpuDslash(None, lat, U, dt, halos[dt]) for dt in halos}
+    for parity in (0, 1):
+        y0, r = random_half(rng, lat, np.complex128), random_half(rng, lat, np.complex128)
+        x0, rs0, p0 = (random_half(rng, lat, np.complex64) for _ in range(3))
+        common = dict(ghost=np.zeros(1, complex), sites=np.zeros(1, np.int32))
+
+        args = DSLASH_ARGS.pack(**base, parity=parity, has_x=0)
+        arrays = dict(common, gauge=gauge_layout(lat, U, np.complex128), **{"in": np.zeros(1, complex)},
+                      x=to_kernel(x0, 2), out=to_kernel(y0, 1),
+                      send=np.zeros((6, lat.face_total), np.complex128))
+        got, send = run_harness(harness, tmp_path / f"f{parity}", "fold", np.complex128, args, 0.0, arrays)
+        y = y0 + x0.astype(np.complex128)
+        np.testing.assert_array_equal(from_kernel(got), y)
+        np.testing.assert_array_equal(np.fromfile(tmp_path / f"f{parity}" / "x.bin", np.complex64), 0)
+        halos[np.complex128].send[...] = 0
+        cpus[np.complex128].pack(y, parity, False)
+        np.testing.assert_allclose(send, halos[np.complex128].send, atol=1e-12, err_msg=f"y's faces parity {parity}")
+
+        args = DSLASH_ARGS.pack(**base, parity=parity, has_x=1)
+        arrays = dict(common, gauge=gauge_layout(lat, U, np.complex64), **{"in": to_kernel(r, 1)},
+                      x=to_kernel(rs0, 2), out=to_kernel(p0, 2),
+                      send=np.zeros((6, lat.face_total), np.complex64))
+        got, send = run_harness(harness, tmp_path / f"n{parity}", "newres", np.complex64, args, 0.0, arrays)
+        fresh = r.astype(np.complex64)
+        p = p0 + (fresh - rs0)
+        np.testing.assert_array_equal(from_kernel(got), p)
+        rs = np.fromfile(tmp_path / f"n{parity}" / "x.bin", np.complex64).reshape(6, lat.half, 2)
+        np.testing.assert_array_equal(from_kernel(rs), fresh)
+        halos[np.complex64].send[...] = 0
+        cpus[np.complex64].pack(p, parity, False)
+        np.testing.assert_allclose(send, halos[np.complex64].send, atol=2e-5, err_msg=f"p's faces parity {parity}")
+
+
 def test_single_rank_interior_is_the_whole_operator(harness, tmp_path, seed):
     """Nothing partitioned: the interior kernel alone is M on each parity (antiperiodic t wrapped locally)."""
     dims = (4, 2, 2, 4)
@@ -163,7 +212,7 @@ def test_abi_table_matches_the_header(tmp_path):
     from circuslink._abi import static_asserts
 
     src = tmp_path / "abi.cu"
-    src.write_text(static_asserts([DSLASH_ARGS]))
+    src.write_text(static_asserts([DSLASH_ARGS, CG_RESIDENT_ARGS]))
     proc = subprocess.run([NVCC, "-std=c++17", "-arch=sm_90a", f"-I{REPO / 'src/circuslink/include'}", "-c",
                            str(src), "-o", str(tmp_path / "abi.o")], capture_output=True, text=True,
                           timeout=NVCC_TIMEOUT_S)
@@ -174,13 +223,18 @@ def test_abi_table_matches_the_header(tmp_path):
 SCALAR_HOST = r"""
 #include <cstdio>
 #include "dslash.cu"
-// Reads lines "STEP DELTA2 s0 .. s15", applies circuslink::qcd::cg_scalar_step, prints the 16 scalars.
+// Reads lines "STEP DELTA2 s0 .. s15", applies circuslink::qcd::cg_scalar_step (step 2: cg_update_step, the
+// resident kernel's step after its own reliable update), prints the 16 scalars.
 int main() {
   int step;
   double delta2, s[circuslink::qcd::kCgSlots];
   while (std::scanf("%d %lf", &step, &delta2) == 2) {
     for (int i = 0; i < circuslink::qcd::kCgSlots; ++i) std::scanf("%lf", &s[i]);
-    circuslink::qcd::cg_scalar_step(s, step, delta2);
+    if (step == 2) {
+      circuslink::qcd::cg_update_step(s);
+    } else {
+      circuslink::qcd::cg_scalar_step(s, step, delta2);
+    }
     for (int i = 0; i < circuslink::qcd::kCgSlots; ++i) std::printf("%.17g ", s[i]);
     std::printf("\n");
   }
@@ -190,16 +244,20 @@ int main() {
 
 
 def test_device_cg_scalar_step_matches_the_python_reference(tmp_path, rng):
-    """The kernel's scalar step (qcd_cg_scalars runs it on thread 0 after the global sum) against _cgstate's,
-    slot for slot: fresh, frozen, stalled, converging and due cases; and the slot and flag numbers agree."""
+    """The kernel's scalar step (qcd_cg_scalars runs it on thread 0 after the global sum) and its step after its
+    own reliable update against _cgstate's, slot for slot: fresh, frozen, stalled, converging and due cases,
+    true residuals that grow, fall, meet the target or grow too often; and the slot and flag numbers agree."""
     from circuslink.apps.qcd import _cgstate as cg
 
     header = (REPO / "src/circuslink/include/circuslink/qcd/dslash_types.cuh").read_text()
     for name, value in (("kCgLocal", cg.LOCAL), ("kCgRr", cg.RR), ("kCgAlpha", cg.ALPHA), ("kCgBeta", cg.BETA),
                         ("kCgStop", cg.STOP), ("kCgMaxRr", cg.MAX_RR), ("kCgIterations", cg.ITERATIONS),
                         ("kCgFlags", cg.FLAGS), ("kCgSlots", cg.SLOTS), ("kCgConverged", cg.CONVERGED),
-                        ("kCgDue", cg.DUE), ("kCgStalled", cg.STALLED), ("kCgSkip", cg.SKIP)):
+                        ("kCgDue", cg.DUE), ("kCgStalled", cg.STALLED), ("kCgSkip", cg.SKIP),
+                        ("kCgUpdated", cg.UPDATED), ("kCgUpdates", cg.UPDATES), ("kCgTrueRr", cg.TRUE_RR),
+                        ("kCgIncreases", cg.INCREASES), ("kCgIncreasesTotal", cg.INCREASES_TOTAL)):
         assert f"{name} = {value}," in header, name
+    assert f"kCgMaxIncreases = {cg.MAX_INCREASES}, kCgMaxIncreasesTotal = {cg.MAX_INCREASES_TOTAL} " in header
     src = tmp_path / "scalars.cu"
     src.write_text(SCALAR_HOST)
     exe = tmp_path / "scalars"
@@ -216,12 +274,19 @@ def test_device_cg_scalar_step_matches_the_python_reference(tmp_path, rng):
         s[cg.MAX_RR] = s[cg.RR] * rng.uniform(1, 1e3)
         s[cg.ITERATIONS] = rng.integers(0, 100)
         s[cg.FLAGS] = rng.choice([0, cg.CONVERGED, cg.STALLED, cg.DUE, cg.CONVERGED | cg.SKIP])
-        cases.append((int(rng.integers(0, 2)), float(rng.choice([0.0, 0.01])), s))
+        s[cg.UPDATES] = rng.integers(0, 20)
+        s[cg.TRUE_RR] = s[cg.RR] * rng.choice([0.5, 1.0, 2.0])
+        s[cg.INCREASES] = rng.integers(0, 3)
+        s[cg.INCREASES_TOTAL] = rng.integers(0, 12)
+        cases.append((int(rng.integers(0, 3)), float(rng.choice([0.0, 0.01])), s))
     text = "".join(f"{step} {delta2!r} " + " ".join(repr(float(v)) for v in s) + "\n" for step, delta2, s in cases)
     proc = subprocess.run([str(exe)], input=text, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     got = np.array([[float(v) for v in line.split()] for line in proc.stdout.splitlines()])
     for (step, delta2, s), row in zip(cases, got, strict=True):
         want = s.copy()
-        cg.scalar_step(want, step, delta2)
+        if step == 2:
+            cg.update_step(want)
+        else:
+            cg.scalar_step(want, step, delta2)
         np.testing.assert_array_equal(row, want, err_msg=f"step {step}, delta2 {delta2}, in {s}")

@@ -177,6 +177,84 @@ def test_zero_source_gives_zero_solution(world):
     assert res.converged and res.iterations == 0 and not np.any(res.x)
 
 
+def test_the_solve_clock_is_cut_into_stages_that_add_up(world, seed):
+    """setup, iterations, host-made updates and finish cover the solve's seconds; the warm-up solve is apart."""
+    U = qcd.random_gauge(DIMS, seed)
+    b = qcd.random_spinor(DIMS, seed + 1)
+    lat = qcd.Lattice(DIMS, (1, 1, 1, 1), 0)
+    precise = qcd.WilsonOperator(world, lat, U, KAPPA)
+    single = qcd.WilsonOperator(world, lat, U, KAPPA, "single")
+    assert qcd.warm_up(precise, b, sloppy=single, check_every=5) > 0
+    for every in (None, 5):
+        res = qcd.solve(precise, b, tol=1e-10, niter=1000, sloppy=single, check_every=every)
+        assert res.converged and set(res.stage_seconds) == {"setup", "iterations", "updates", "finish"}
+        assert all(v > 0 for v in res.stage_seconds.values()), res.stage_seconds
+        assert abs(sum(res.stage_seconds.values()) - res.seconds) < 1e-9 * max(1.0, res.seconds)
+        assert not res.device_updates  # the cpu back-end has no resident kernel: the host makes the updates
+
+
+# A job's fields: rank 0 draws the global gauge field and source, every rank gets its block.
+_FIELDS = """
+U = qcd.random_gauge(DIMS, seed) if world.rank == 0 else None
+b = qcd.random_spinor(DIMS, seed + 1) if world.rank == 0 else None
+local = local_from_global(DIMS, GRID)
+lat = qcd.Lattice(local, GRID, world.rank)
+U_local = qcd.scatter(world, lat, U, qcd.gauge_shape(local), lead=1)
+b_local = qcd.scatter(world, lat, b, qcd.spinor_shape(local))
+"""
+
+
+RESIDENT_REFERENCE = """
+import os, sys
+import numpy as np
+import circuslink as cl
+from circuslink.apps import qcd
+from circuslink.apps.qcd._lattice import local_from_global
+sys.path.insert(0, {tests!r})
+import qcd_resident_reference
+
+seed = int(os.environ["CIRCUSLINK_TEST_SEED"])
+GRID, DIMS, KAPPA = {grid!r}, {dims!r}, {kappa!r}
+world = cl.init()
+""" + _FIELDS + """
+op = qcd.WilsonOperator(world, lat, U_local, KAPPA)
+single = qcd.WilsonOperator(world, lat, U_local, KAPPA, "single")
+host = qcd.solve(op, b_local, tol=1e-10, niter=1000, sloppy=single)
+qcd_resident_reference.install()
+runs = {{}}
+for name, every, updates in (("kernel updates", 7, True), ("host updates", 7, False), ("one batch", 1000, True)):
+    res = qcd.solve(op, b_local, tol=1e-10, niter=1000, sloppy=single, check_every=every, device_updates=updates)
+    assert res.loop == "device resident" and res.device_updates == updates, (name, res.loop, res.device_updates)
+    runs[name] = (res, qcd.gather(world, lat, res.x, qcd.spinor_shape(DIMS)))
+x_host = qcd.gather(world, lat, host.x, qcd.spinor_shape(DIMS))
+if world.rank == 0:
+    for name, (res, x) in runs.items():
+        true = np.linalg.norm(b - qcd.wilson(U, x, KAPPA)) / np.linalg.norm(b)
+        assert res.converged and true <= 1e-10 and abs(true - res.true_residual) < 1e-12, (name, true, res)
+        # the same algorithm as the host-driven CG: the same iterations and reliable updates, the same solution
+        assert (res.iterations, res.reliable_updates) == (host.iterations, host.reliable_updates), \
+            (name, res.iterations, res.reliable_updates, host.iterations, host.reliable_updates)
+        assert res.reliable_updates >= 3, (name, res.reliable_updates)
+        assert np.linalg.norm(x - x_host) <= 1e-12 * np.linalg.norm(x_host), name
+    # made inside the "kernel", the updates cost the host nothing between checks of the full system
+    assert runs["kernel updates"][0].stage_seconds["updates"] < runs["host updates"][0].stage_seconds["updates"]
+    print(f"ok grid {{GRID}}: {{host.iterations}} iterations, {{host.reliable_updates}} reliable updates")
+world.close()
+"""
+
+
+@pytest.mark.parametrize("grid", [(1, 1, 1, 1), (2, 1, 1, 1)])
+def test_a_resident_cg_that_makes_its_own_reliable_updates(spmd, grid):
+    """The resident kernel's loop with its own reliable updates (its numpy reference, on the cpu back-end) gives
+    the host-driven CG's iterations, updates and solution: the solver takes over where the kernel hands back
+    (the full system's residual, the tightened target) and goes on from there, one rank and two."""
+    from pathlib import Path
+
+    code = RESIDENT_REFERENCE.format(tests=str(Path(__file__).parent), grid=grid, dims=DIMS, kappa=KAPPA)
+    job = spmd(int(np.prod(grid)), code, timeout=240).check()
+    assert f"ok grid {grid}" in job.output
+
+
 # -- decompositions over ranks (spmd jobs on the cpu back-end) -------------------------------------------
 DECOMPOSED = """
 import os
@@ -188,14 +266,9 @@ from circuslink.apps.qcd._lattice import local_from_global
 seed = int(os.environ["CIRCUSLINK_TEST_SEED"])
 GRID, DIMS, KAPPA, HALO = {grid!r}, {dims!r}, {kappa!r}, {halo!r}
 world = cl.init()
+""" + _FIELDS + """
 # the resident kernel where the halos need no host
 RESIDENT = world.device is not None and (HALO == "rma-device" or GRID == (1, 1, 1, 1))
-U = qcd.random_gauge(DIMS, seed) if world.rank == 0 else None
-b = qcd.random_spinor(DIMS, seed + 1) if world.rank == 0 else None
-local = local_from_global(DIMS, GRID)
-lat = qcd.Lattice(local, GRID, world.rank)
-U_local = qcd.scatter(world, lat, U, qcd.gauge_shape(local), lead=1)
-b_local = qcd.scatter(world, lat, b, qcd.spinor_shape(local))
 op = qcd.WilsonOperator(world, lat, U_local, KAPPA, halo=HALO)
 applied = [qcd.gather(world, lat, op.apply(b_local, dagger), qcd.spinor_shape(DIMS)) for dagger in (False, True)]
 single = qcd.WilsonOperator(world, lat, U_local, KAPPA, "single", halo=HALO)

@@ -9,10 +9,15 @@ Rows:
   copy bandwidth of the same run (the floor).
 * one row per halo exchange and grid (``--halos`` x ``--grids``, local lattice ``--dim``): the time of one CG
   iteration on the even-odd normal equations (4 hops, 2 global reductions, the vector updates), median and
-  minimum over ``--samples`` loops of ``--iters`` iterations (the slowest rank's time), the share of it
-  spent waiting on halos (host-side waits; device-driven exchanges show ~0), GFLOP/s by QUDA's count (2,832
-  flops per site per iteration). Each configuration runs as its own job (under mpirun for the MPI
-  exchanges), so an exchange that cannot run here becomes a skipped row with its reason.
+  minimum over ``--samples`` loops (the slowest rank's time), the share of it spent waiting on halos
+  (host-side waits; device-driven exchanges show ~0), GFLOP/s by QUDA's count (2,832 flops per site per
+  iteration), and the job's seconds outside the timed loops (``compile_s``, ``setup_s``, ``warmup_s``,
+  ``measure_s``). Each configuration runs as its own job (under mpirun for the MPI exchanges), so an
+  exchange that cannot run here becomes a skipped row with its reason.
+
+A timed loop (a sample) is as many operations as last 2 ms, at least 10 and at most ``--iters``: a 32^4 hop
+takes a quarter of a millisecond, so 100 of them a sample only made the run long. The gauge fields are a
+Haar-random block of at most 8^4, tiled (``_bench_gauge``).
 * in each such row, where the iteration's time goes: ``dslash_us``, ``halo_us``, ``reduction_us`` and
   ``vector_us`` per iteration (apps/qcd/_phases.py), from ``--samples`` more loops with the split switched
   on: CUDA events on the stream on the cuda back-end (the GPU's timeline, idle gaps included, so a stream
@@ -187,9 +192,11 @@ def _driver(args: argparse.Namespace, grids: list, halos: list[str], precs: list
     results.meta.update(dim=list(args.dim), grids=["x".join(map(str, g)) for g in grids], halos=halos, prec=precs,
                         iters=iters, warmup=warmup, samples=samples, kappa=_KAPPA, bw_dim=list(bw_dim),
                         reals_per_site_per_hop=_REALS_PER_SITE, flops_per_site_per_iteration=2832)
+    fields = _bench_gauge(bw_dim, 1), _bench_spinor(bw_dim, 2)
     for prec in ("single", "double"):
         drv.progress(f"qcd: single-rank dslash bandwidth, {prec}, {'x'.join(map(str, bw_dim))}")
-        results.add(**_dslash_bandwidth(world, bw_dim, prec, iters, samples, copy))
+        results.add(**_dslash_bandwidth(world, bw_dim, fields, prec, iters, samples, copy))
+    del fields
     backend = world.backend.name
     on_gpu = world.device is not None
     world.close()
@@ -209,7 +216,8 @@ def _driver(args: argparse.Namespace, grids: list, halos: list[str], precs: list
     def text() -> None:
         drv.print_table(results.rows, ["impl", "lattice", "grid", "prec", "cg", "time_per_iter_us", "time_us", "min_us",
                                        "dslash_us", "halo_us", "reduction_us", "vector_us", "gflops",
-                                       "bandwidth_GBps", "copy_ratio", "skipped"],
+                                       "bandwidth_GBps", "copy_ratio", "compile_s", "setup_s", "warmup_s",
+                                       "measure_s", "skipped"],
                         "qcd: CG iteration by halo exchange and grid; dslash bandwidth", args)
         _summary(results.rows)
 
@@ -300,25 +308,62 @@ def _timer(world: Any):
     return start, stop
 
 
-def _dslash_bandwidth(world: Any, dims: tuple, prec: str, iters: int, samples: int, copy: float | None) -> dict:
+#: A timed sample runs at least this long (many operations: the clocks' resolution and a launch's jitter are
+#: far below it) and at least _MIN_OPS operations; --iters caps the operations, so short ones run many.
+_SAMPLE_S = 2e-3
+_MIN_OPS = 10
+#: The bench's gauge fields are a Haar-random block of at most this extent, tiled (bench_gauge).
+_GAUGE_BLOCK = 8
+
+
+def _ops_per_sample(seconds_one: float, most: int) -> int:
+    """Operations per timed sample: enough for _SAMPLE_S, at least _MIN_OPS, at most ``most`` (--iters)."""
+    want = int(np.ceil(_SAMPLE_S / seconds_one)) if seconds_one > 0 else most
+    return max(1, min(most, max(_MIN_OPS, want)))
+
+
+def _bench_gauge(dims: tuple, seed: int) -> np.ndarray:
+    """A gauge field for timing: a Haar-random block of extent gcd(L, 8) per direction, tiled over ``dims``.
+    The kernels' time does not depend on the links' values (no data-dependent control flow), and a 32^4
+    Haar field takes numpy's QR of 4 million 3x3 matrices, seconds of host time per job."""
+    from ..apps import qcd
+
+    block = tuple(int(np.gcd(d, _GAUGE_BLOCK)) for d in dims)
+    small = qcd.random_gauge(block, seed)
+    reps = (1, *(d // b for d, b in zip(reversed(dims), reversed(block), strict=True)), 1, 1)  # mu, t, z, y, x
+    return np.tile(small, reps)
+
+
+def _bench_spinor(dims: tuple, seed: int) -> np.ndarray:
+    from ..apps import qcd
+
+    return qcd.random_spinor(dims, seed)
+
+
+def _dslash_bandwidth(world: Any, dims: tuple, fields: tuple, prec: str, iters: int, samples: int,
+                      copy: float | None) -> dict:
     from ..apps import qcd
 
     lat = qcd.Lattice(dims, (1, 1, 1, 1), 0)
-    U = qcd.random_gauge(dims, 1)
+    U, psi = fields
     op = qcd.WilsonOperator(world, lat, U, _KAPPA, prec)
-    inp, _ = op.split(qcd.random_spinor(dims, 2))
+    inp, _ = op.split(psi)
     out = op.zeros()
     start, stop = _timer(world)
     for _ in range(3):
         op.hop(out, inp, 0, False)
+    t0 = start()
+    for _ in range(3):
+        op.hop(out, inp, 0, False)
+    n = _ops_per_sample(stop(t0) / 3, iters)
     times = []
     for _ in range(samples):
         t0 = start()
-        for _ in range(iters):
+        for _ in range(n):
             op.hop(out, inp, 0, False)
-        times.append(stop(t0) / iters)
+        times.append(stop(t0) / n)
     op.close()
-    del U, inp, out
+    del inp, out
     if world.device is not None:
         import cupy as cp
 
@@ -330,7 +375,7 @@ def _dslash_bandwidth(world: Any, dims: tuple, prec: str, iters: int, samples: i
     return {"impl": "dslash", "bytes": nbytes, "grid": "1x1x1x1", "prec": prec, "lattice": "x".join(map(str, dims)),
             "time_us": t * 1e6, "min_us": min(times) * 1e6, "bandwidth_GBps": bw,
             "gflops": 1320 * lat.half / t / 1e9, "copy_ratio": bw / copy if copy else None,
-            "local_copy_GBps": copy, "nranks": 1}
+            "local_copy_GBps": copy, "nranks": 1, "hops_per_sample": n, "samples": samples}
 
 
 def _configuration(args: argparse.Namespace, backend: str, grid: tuple, dim: tuple, halo: str, prec: str, cg: str,
@@ -384,33 +429,71 @@ def _worker(args: argparse.Namespace) -> int:
     import circuslink
 
     from ..apps import qcd
+
+    clock = time.perf_counter
+    t0 = clock()
+    world = circuslink.init(args.backend)
+    grid = _grids(args.grids)[0]
+    lat = qcd.Lattice(tuple(args.dim), grid, world.rank)
+    spent = {"init_s": clock() - t0}
+    row = measure_cg(world, lat, args.halos, args.prec, args.cg, args.iters, args.warmup, args.samples,
+                     args.check_every, spent)
+    if world.rank == 0:
+        with open(args.worker, "w") as f:
+            json.dump([row], f)
+    world.barrier()
+    if world.mpi_comm is not None:  # rank 0 hosts the store under mpirun: leave together (bench rma does the same)
+        from .rma import _end_of_job
+
+        _end_of_job(world)
+    world.close()
+    return 0
+
+
+def measure_cg(world: Any, lat: Any, halo: str, prec: str, cg: str, iters: int, warmup: int, samples: int,
+               check_every: int, spent: dict | None = None) -> dict:
+    """Collective: the time of one CG iteration on ``lat`` (this rank's part of the grid) with halo exchange
+    ``halo``, the host-driven loop or the device-resident one (``cg``): the results row of a configuration.
+
+    Where the time goes outside the iterations is in the row too (seconds, rank 0's host clock): ``compile_s``
+    (the dslash module, NVRTC or its cache), ``setup_s`` (fields, operator, the loops' machinery),
+    ``warmup_s`` (the first --warmup iterations: the array library's first-use kernels, the resident kernel's
+    loading) and ``measure_s`` (every timed loop); ``spent`` brings earlier ones (``init_s``)."""
+    from ..apps import qcd
+    from ..apps.qcd import _cgstate
     from ..apps.qcd._operator import EVEN, ODD
     from ..apps.qcd._phases import NO_PHASES
     from ..apps.qcd._solver import _BatchedIterations
 
-    world = circuslink.init(args.backend)
-    grid = _grids(args.grids)[0]
-    local = tuple(args.dim)
-    halo = args.halos
-    lat = qcd.Lattice(local, grid, world.rank)
-    gdims = lat.global_dims
-    U = qcd.random_gauge(gdims, 1) if world.rank == 0 else None
-    b = qcd.random_spinor(gdims, 2) if world.rank == 0 else None
+    clock = time.perf_counter
+    spent = dict(spent or {})
+    t0 = clock()
+    compile_kernels = getattr(world.backend_module("circuslink.apps.qcd"), "kernels", None)
+    if compile_kernels is not None:  # a back-end module that compiles device code: its time apart from the setup
+        compile_kernels("f" if prec == "single" else "d")
+    spent["compile_s"] = clock() - t0
+    t0 = clock()
+    local, gdims = lat.local, lat.global_dims
+    U = _bench_gauge(gdims, 1) if world.rank == 0 else None
+    b = _bench_spinor(gdims, 2) if world.rank == 0 else None
     U_local = qcd.scatter(world, lat, U, qcd.gauge_shape(local), lead=1)
     b_local = qcd.scatter(world, lat, b, qcd.spinor_shape(local))
-    op = qcd.WilsonOperator(world, lat, U_local, _KAPPA, args.prec, halo)
+    del U, b
+    op = qcd.WilsonOperator(world, lat, U_local, _KAPPA, prec, halo)
     b_e, b_o = op.split(b_local)
     rhs = op.zeros()
     op.pack(b_o, ODD, False)
     op.hop(rhs, b_o, EVEN, False, a=1.0, x=b_e, b=_KAPPA, emit=True)
     x, r, p, ap = op.zeros(), op.zeros(), op.zeros(), op.zeros()
     start, stop = _timer(world)
-
-    device = args.cg == "device"
+    device = cg == "device"
     # The device-resident loop: unmarked (timed), and marked for the split (a resident kernel stamps its phases
     # on block 0's clock).
-    batched = {marked: _BatchedIterations(op, x, r, p, ap, 0.0, args.check_every, timed=marked)
+    batched = {marked: _BatchedIterations(op, x, r, p, ap, 0.0, check_every, timed=marked)
                for marked in (False, True)} if device else {}
+    book = np.zeros(_cgstate.SLOTS)
+    op.synchronize()
+    spent["setup_s"] = clock() - t0
 
     def iterations(n: int, marked: bool = False) -> float:
         """n CG iterations from a fresh start; returns seconds (this rank)."""
@@ -422,7 +505,7 @@ def _worker(args: argparse.Namespace) -> int:
         rr = op.norm2(r)
         if device:
             it = batched[marked]
-            it.restart(rr, 0.0)
+            it.restart(rr, 0.0, book)
         op.synchronize()
         world.barrier()
         op.phases.mark(None)
@@ -430,7 +513,7 @@ def _worker(args: argparse.Namespace) -> int:
         if device:
             done = 0
             while done < n:  # the host looks every --check-every iterations: one wait each
-                more, _ = it.run(n - done)
+                more, _ = it.run(n - done, book)
                 if more == 0:
                     break
                 done += more
@@ -444,49 +527,49 @@ def _worker(args: argparse.Namespace) -> int:
         op.phases.mark(None)
         return stop(t0)
 
-    iterations(max(1, args.warmup))
+    t0 = clock()
+    iterations(max(1, warmup))
+    if device:
+        iterations(max(1, warmup), marked=True)  # the marked kernel's first launch too
+    spent["warmup_s"] = clock() - t0
+    t0 = clock()
+    # Iterations per sample: enough for _SAMPLE_S, within --iters (the slowest rank's calibration decides).
+    calibration = iterations(max(1, warmup)) / max(1, warmup)
+    n = _ops_per_sample(float(op.allreduce(world.xp.asarray(np.array([calibration])), op="max")[0]), iters)
     times, waits = [], []
-    for _ in range(args.samples):
+    for _ in range(samples):
         w0 = op.halo_wait_seconds
-        t = iterations(args.iters)
-        times.append(t / args.iters)
+        t = iterations(n)
+        times.append(t / n)
         waits.append((op.halo_wait_seconds - w0) / t if t > 0 else 0.0)
     # The split: the same loops with every phase marked (events on the GPU's stream, the host clock on cpu).
     phases = op.new_phases()
     op.time_phases(phases)
-    timed = [iterations(args.iters, marked=True) / args.iters for _ in range(args.samples)]
+    timed = [iterations(n, marked=True) / n for _ in range(samples)]
     split = phases.totals()
     for name, sec in (batched[True].device_split() if device else {}).items():
         split[name] = split.get(name, 0.0) + sec
     op.time_phases(NO_PHASES)
     names = sorted(split)
     # The slowest rank's split (per-phase maxima over ranks would not add up to anyone's iteration).
-    mine = [split[n] / (args.samples * args.iters) for n in names] + [float(np.mean(timed))]
+    mine = [split[n_] / (samples * n) for n_ in names] + [float(np.mean(timed))]
     per_iter_split = max(world.allgather_object(mine), key=lambda v: v[-1])
     slowest = op.allreduce(world.xp.asarray(np.array(times, dtype=np.float64)), op="max")
     share = float(np.median(op.allreduce(world.xp.asarray(np.array(waits, dtype=np.float64)), op="max")))
+    spent["measure_s"] = clock() - t0
     t = float(np.median(slowest))
     volume = int(np.prod(gdims))
     face_bytes = 6 * op.dtype.itemsize * lat.face_total
-    row = {"impl": halo if lat.face_total else "none", "bytes": face_bytes, "grid": "x".join(map(str, grid)),
-           "prec": args.prec, "nranks": world.size, "local": "x".join(map(str, local)),
+    row = {"impl": halo if lat.face_total else "none", "bytes": face_bytes, "grid": "x".join(map(str, lat.grid)),
+           "prec": prec, "nranks": world.size, "local": "x".join(map(str, local)),
            "lattice": "x".join(map(str, gdims)), "time_per_iter_us": t * 1e6, "min_us": float(slowest.min()) * 1e6,
-           "halo_wait_share": share, "gflops": 2832 * volume / t / 1e9, "iters": args.iters,
-           "samples": args.samples, "launched_by": world.launched_by,
-           **{f"{n}_us": v * 1e6 for n, v in zip(names, per_iter_split[:-1], strict=True)},
+           "halo_wait_share": share, "gflops": 2832 * volume / t / 1e9, "iters": n, "samples": samples,
+           "launched_by": world.launched_by,
+           **{f"{n_}_us": v * 1e6 for n_, v in zip(names, per_iter_split[:-1], strict=True)},
            "timed_iter_us": float(per_iter_split[-1]) * 1e6,
            "split_clock": ("globaltimer" if device and batched[True].resident is not None
                            else "cuda events" if world.device is not None else "host"),
            "cg": ("device resident" if batched[True].resident is not None else "device") if device else "host",
-           "check_every": args.check_every if device else None}
+           "check_every": check_every if device else None, **spent}
     op.close()
-    if world.rank == 0:
-        with open(args.worker, "w") as f:
-            json.dump([row], f)
-    world.barrier()
-    if world.mpi_comm is not None:  # rank 0 hosts the store under mpirun: leave together (bench rma does the same)
-        from .rma import _end_of_job
-
-        _end_of_job(world)
-    world.close()
-    return 0
+    return row

@@ -49,7 +49,7 @@ from ._reference import (
     unit_gauge,
     wilson,
 )
-from ._solver import FLOPS_PER_SITE_CG, FLOPS_PER_SITE_DSLASH, ConvergenceError, SolveResult, solve
+from ._solver import FLOPS_PER_SITE_CG, FLOPS_PER_SITE_DSLASH, ConvergenceError, SolveResult, solve, warm_up
 
 __all__ = [
     "DIRECTIONS",
@@ -69,6 +69,7 @@ __all__ = [
     "read_gauge",
     "scatter",
     "solve",
+    "warm_up",
     "GAMMA",
     "GAMMA5",
     "gamma5",

@@ -229,7 +229,7 @@ class Dslash:
         s[:] = values
 
     def cg_resident(self, normal: Any, x: Any, r: Any, p: Any, ap: Any, s: Any, delta2: float, parity: int,
-                    timed: bool) -> None:
+                    timed: bool, update: Any = None) -> None:
         return None  # no kernels: the batched CG runs its steps one by one, with the host collectives
 
     def synchronize(self) -> None:

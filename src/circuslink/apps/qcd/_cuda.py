@@ -36,27 +36,35 @@ DSLASH_ARGS = Struct("circuslink::qcd::DslashArgs", "circuslink/qcd/dslash_types
 
 #: The resident CG kernel's arguments (CgResidentArgs in the same header), passed by value.
 CG_RESIDENT_ARGS = Struct("circuslink::qcd::CgResidentArgs", "circuslink/qcd/dslash_types.cuh", [
-    ("hops", PTR), ("x", PTR), ("r", PTR), ("p", PTR), ("ap", PTR), ("s", PTR), ("partial", PTR), ("done", PTR),
-    ("phase_ns", PTR), ("peers", PTR), ("seq", PTR), ("status", PTR), ("n", I64), ("delta2", F64),
-    ("timeout_ns", U64), ("rank", I32), ("size", I32), ("iterations", I32), ("halo", I32),
+    ("hops", PTR), ("x", PTR), ("r", PTR), ("p", PTR), ("ap", PTR), ("precise_hops", PTR), ("y", PTR),
+    ("rhs", PTR), ("precise_r", PTR), ("precise_ap", PTR), ("s", PTR), ("partial", PTR), ("done", PTR),
+    ("phase_ns", PTR), ("peers", PTR), ("seq", PTR), ("status", PTR), ("n", I64), ("n_precise", I64),
+    ("delta2", F64), ("timeout_ns", U64), ("rank", I32), ("size", I32), ("iterations", I32), ("halo", I32),
+    ("updates", I32),
 ])
-# CgStatus codes the resident kernel and qcd_cg_scalars record
+# CgStatus codes the resident kernel and qcd_cg_scalars record (two int32 after the scalars: _STATUS)
 _CG_HALO_FAILED, _CG_BARRIER_FAILED, _CG_SUM_FAILED = 1, 2, 3
+_STATUS = cg.SLOTS  # the state array's last double holds the status (code, peer): one read brings both back
 
 _SOURCE = Path(__file__).with_name("dslash.cu")
 THREADS = 256
 _REDUCE_BLOCKS = 1024  # most blocks of a reduction launch (its partial sums)
-_module = None
+#: dslash.cu's modules (CIRCUSLINK_QCD_KERNELS): each compiled on first use, so a single-precision run never
+#: waits for NVRTC to build the double-precision kernels.
+_PARTS = {"f": 1, "d": 2, "fd": 3}
+_modules: dict[str, Any] = {}
 
 
-def kernels():
-    """The compiled dslash module (one per process; NVRTC's cache makes later processes quick)."""
-    global _module
-    if _module is None:
+def kernels(part: str = "f"):
+    """The compiled module of ``part``: "f" (single precision), "d" (double) or "fd" (the resident CG that makes
+    its reliable updates in double). One per process; NVRTC's cache makes later processes quick."""
+    module = _modules.get(part)
+    if module is None:
         from ...device_code import compile as compile_device
 
-        _module = compile_device(_SOURCE.read_text())
-    return _module
+        module = _modules[part] = compile_device(_SOURCE.read_text(),
+                                                 options=(f"-DCIRCUSLINK_QCD_KERNELS={_PARTS[part]}",))
+    return module
 
 
 def _ptr(a: Any) -> int:
@@ -113,7 +121,7 @@ class Dslash:
         self.suffix = "f" if single else "d"
         self.width = 2 if single else 1
         self.real = np.float32 if single else np.float64
-        module = kernels()
+        module = kernels(self.suffix)
         get = module.get_function
         self.k_interior = get(f"qcd_dslash_interior_{self.suffix}")
         self.k_exterior = get(f"qcd_dslash_exterior_{self.suffix}")
@@ -127,13 +135,18 @@ class Dslash:
         self.k_cg_resident = get(f"qcd_cg_resident_{self.suffix}")
         self.cg_sums = None      # the slots of the CG's sums over ranks (symmetric memory), made by cg_state
         self.cg_base: dict[str, Any] = {}
+        self.cg_other_halos: list[Any] = []  # the precise operator's, where the resident CG makes the updates
         self._recording: list[tuple[Any, Any]] | None = None
         self.wait_ns = int(default_timeout() * 1e9)
         vh = lattice.half
-        links = np.moveaxis(gauge.get() if hasattr(gauge, "get") else np.asarray(gauge), 0, 4)  # (T,Z,Y,X,mu,3,3)
-        halves = lattice.split(np.ascontiguousarray(links))
-        packed = np.stack([h.reshape(vh, 4, 9).transpose(1, 2, 0) for h in halves])  # (parity, mu, 9, Vh)
-        self.gauge = cp.asarray(np.ascontiguousarray(packed, dtype=self.dtype))
+        # Reordered on the GPU: at 32^4 the field is 600 MB, seconds of numpy copies on the host.
+        links = cp.ascontiguousarray(cp.moveaxis(cp.asarray(gauge), 0, 4))  # (T, Z, Y, X, mu, 3, 3)
+        halves = lattice.split(links)
+        del links
+        packed = cp.stack([h.reshape(vh, 4, 9).transpose(1, 2, 0) for h in halves])  # (parity, mu, 9, Vh)
+        del halves
+        self.gauge = cp.ascontiguousarray(packed, dtype=self.dtype)
+        del packed
         self.boundary = [cp.asarray(lattice.on_boundary(p)) for p in (0, 1)]
         offsets = [0] * 8
         for (mu, d), off in lattice.slot_offset.items():
@@ -279,20 +292,24 @@ class Dslash:
     # -- the device-resident CG (_cgstate): scalars in device memory, summed over ranks on the device ---------
     def cg_state(self):
         """Collective (the first time): the scalars' array, and the slots of the sums over ranks (two banks of
-        {value, sequence number} per rank in symmetric memory: ``rank_sum`` in dslash.cu)."""
+        {value, sequence number} per rank in symmetric memory: ``rank_sum`` in dslash.cu). The array has one
+        double more than the scalars: the kernels' status (code, peer) as two int32, read back with them."""
         cp = self.cp
-        if self.cg_sums is None:
+        if not self.cg_base:  # once per operator: every state array of it shares the sums' slots and clocks
             size = self.world.size
             self.cg_sums = self.world.alloc(2 * 2 * size * 8) if size > 1 else None
             ptrs = self.cg_sums.ptrs if self.cg_sums is not None else [0]
             self.cg_peers = cp.asarray(np.array(ptrs, dtype=np.uint64))
             self.cg_seq = cp.zeros(1, dtype=cp.uint64)
-            self.cg_status = cp.zeros(2, dtype=cp.int32)
             self.cg_phase_ns = cp.zeros(len(PHASES), dtype=cp.uint64)
-            self.cg_base = {"peers": _ptr(self.cg_peers), "seq": _ptr(self.cg_seq), "status": _ptr(self.cg_status),
-                            "partial": _ptr(self.partial), "done": _ptr(self.done), "timeout_ns": self.wait_ns,
-                            "rank": self.world.rank, "size": size}
-        return cp.zeros(cg.SLOTS, dtype=cp.float64)
+            self.cg_base = {"peers": _ptr(self.cg_peers), "seq": _ptr(self.cg_seq), "partial": _ptr(self.partial),
+                            "done": _ptr(self.done), "timeout_ns": self.wait_ns, "rank": self.world.rank,
+                            "size": size}
+        return cp.zeros(cg.SLOTS + 1, dtype=cp.float64)
+
+    @staticmethod
+    def _status_ptr(s: Any) -> int:
+        return _ptr(s) + 8 * _STATUS
 
     def dot_into(self, a: Any, b: Any, s: Any) -> None:
         ra, rb = a.reshape(-1).view(self.real), b.reshape(-1).view(self.real)
@@ -300,7 +317,7 @@ class Dslash:
         self.k_dot((self._reduce_grid(n),), (THREADS,), (ra, rb, np.int64(n), self.partial, self.done, s))
 
     def cg_scalars(self, s: Any, step: int, delta2: float) -> None:
-        args = CG_RESIDENT_ARGS.pack(**self.cg_base, s=_ptr(s), delta2=delta2)
+        args = CG_RESIDENT_ARGS.pack(**self.cg_base, s=_ptr(s), status=self._status_ptr(s), delta2=delta2)
         self.k_cg_scalars((1,), (32,), (args, np.int32(step), np.uint64(self.world.backend.abort_ptr)))
 
     def axpy_norm_state(self, x: Any, r: Any, p: Any, ap: Any, s: Any) -> None:
@@ -318,42 +335,57 @@ class Dslash:
         args = self._xpay_state_args(p, r, parity, dagger)
         self.k_xpay_pack_state((self._blocks(self.lat.half),), (THREADS,), (args, s))
 
-    def cg_resident(self, normal: Any, x: Any, r: Any, p: Any, ap: Any, s: Any, delta2: float, parity: int,
-                    timed: bool) -> ResidentCG | None:
-        """The resident CG over these fields (``normal(ap, p)``: the operator's hops, recorded, not run), or
-        None where the halos need the host between hops (host-driven exchanges). ``timed``: block 0 stamps
-        the phases (a few globaltimer reads an iteration)."""
-        if self.halo is not None and not self.halo.device_driven:
-            return None
+    def record(self, normal: Any, out: Any, inp: Any) -> list[tuple[Any, Any]]:
+        """The hops of ``normal(out, inp)`` (an operator of this Dslash), recorded, not run: each hop's interior
+        and exterior argument blocks."""
         self._recording = []
         try:
-            normal(ap, p)
+            normal(out, inp)
         finally:
             hops, self._recording = self._recording, None
         if len(hops) != 4:
             raise AssertionError(f"the normal operator made {len(hops)} hops, the resident CG runs 4")
-        return ResidentCG(self, hops, x, r, p, ap, s, delta2, parity, timed)
+        return hops
+
+    def cg_resident(self, normal: Any, x: Any, r: Any, p: Any, ap: Any, s: Any, delta2: float, parity: int,
+                    timed: bool, update: Any = None) -> ResidentCG | None:
+        """The resident CG over these fields (``normal(ap, p)``: the operator's hops, recorded, not run), or
+        None where the halos need the host between hops (host-driven exchanges). ``timed``: block 0 stamps
+        the phases (a few globaltimer reads an iteration). ``update`` (the solver's ``PreciseSide``: the
+        precise operator's Dslash and normal operator, y, rhs, r and A y): the kernel makes the reliable
+        updates itself where a kernel for the two precisions exists (single iterations, double updates);
+        elsewhere the host makes them."""
+        if self.halo is not None and not self.halo.device_driven:
+            return None
+        if update is not None and (self.suffix + update.d.suffix not in _PARTS
+                                   or (update.d.halo is not None and not update.d.halo.device_driven)):
+            update = None
+        return ResidentCG(self, self.record(normal, ap, p), x, r, p, ap, s, delta2, parity, timed, update)
 
     def read_state(self, s: Any) -> np.ndarray:
         """The scalars, after a bounded wait for the work queued so far (the one host wait of a batch)."""
         rank = self.world.rank
         self.world.backend.wait_stream(self.cp.cuda.get_current_stream(), Deadline.after(None),
                                        lambda: f"qcd device-resident CG on rank {rank}: its kernels did not finish")
-        self.synchronize()  # a device-driven halo that timed out, named by its queue
-        code, peer = (int(v) for v in self.cg_status.get())
+        if self.fused is not None:
+            self.synchronize()  # a device-driven halo that timed out, named by its queue
+        values = s.get()
+        code, peer = (int(v) for v in values[_STATUS:].view(np.int32))
         if code:
-            self.cg_status.fill(0)
-            if code == _CG_HALO_FAILED and self.halo is not None:
-                self.halo.check_device()  # raises the queue's error, naming the rank that stalled
+            s[_STATUS:] = 0
+            if code == _CG_HALO_FAILED:
+                for halo in [self.halo, *self.cg_other_halos]:
+                    if halo is not None:
+                        halo.check_device()  # raises the queue's error, naming the rank that stalled
             what = {_CG_HALO_FAILED: "the RMA queue's start or wait",
                     _CG_BARRIER_FAILED: "a grid barrier between its phases",
                     _CG_SUM_FAILED: f"a global sum waiting for rank {peer}'s part"}.get(code, f"status {code}")
             raise TimeoutError(f"qcd device-resident CG on rank {rank}: {what} timed out "
                                "(CIRCUSLINK_TIMEOUT sets the limit)")
-        return s.get()
+        return values[:cg.SLOTS]
 
     def write_state(self, s: Any, values: np.ndarray) -> None:
-        s.set(np.asarray(values, dtype=np.float64))
+        s[:cg.SLOTS].set(np.asarray(values, dtype=np.float64))
 
     def synchronize(self) -> None:
         self.cp.cuda.get_current_stream().synchronize()
@@ -377,17 +409,32 @@ class Dslash:
 class ResidentCG:
     """The resident CG kernel of one solve's fields: ``run(k)`` launches up to ``k`` iterations as one co-resident
     grid (``backend.launch_resident``), which ends early once the scalars freeze (converged, stalled, or a reliable
-    update due); ``split()`` the phases' seconds on block 0's clock since the start."""
+    update due); with ``updates`` it makes a due reliable update itself and ends only where the host must decide
+    (``_cgstate.update_step``). ``split()`` the phases' seconds on block 0's clock since the start."""
 
     def __init__(self, d: Dslash, hops: list[tuple[Any, Any]], x: Any, r: Any, p: Any, ap: Any, s: Any,
-                 delta2: float, parity: int, timed: bool) -> None:
+                 delta2: float, parity: int, timed: bool, update: Any = None) -> None:
         cp = d.cp
         self.d = d
-        table = np.array([i for i, _ in hops] + [e for _, e in hops] + [d._xpay_state_args(p, r, parity, False)],
-                         dtype=DSLASH_ARGS.dtype)
-        self.hops = cp.asarray(table.view(np.uint8))  # kept alive as long as the kernel may read it
+        self.update = update
+        self.updates = update is not None
+        self.hops = _hop_table(cp, hops, d._xpay_state_args(p, r, parity, False))  # alive while the kernel reads it
         backend = d.world.backend
         self.fn = d.k_cg_resident
+        precise: dict[str, Any] = {}
+        self.precise_queue = np.uint64(0)  # RmaHandle{nullptr}: no second queue
+        if update is not None:
+            u = update.d
+            self.fn = kernels(d.suffix + u.suffix).get_function(f"qcd_cg_resident_{d.suffix}{u.suffix}")
+            fold = u._pack_args(("fold", _ptr(update.y)), out=_ptr(update.y), **{"in": _ptr(update.y)},
+                                send=u.send_ptr, sites=0, n_sites=0, parity=parity, dagger=0, has_x=0)
+            self.precise_hops = _hop_table(cp, u.record(update.normal, update.ay, update.y), fold)
+            wide = [f.reshape(-1).view(u.real) for f in (update.y, update.rhs, update.r, update.ay)]
+            precise = dict(precise_hops=_ptr(self.precise_hops), y=_ptr(wide[0]), rhs=_ptr(wide[1]),
+                           precise_r=_ptr(wide[2]), precise_ap=_ptr(wide[3]), n_precise=int(wide[0].size), updates=1)
+            if u.halo is not None:
+                self.precise_queue = u.halo.device_handle()
+                d.cg_other_halos = [u.halo]
         # One site a thread where the rank's share of the GPU holds that many blocks; grid-stride beyond.
         self.blocks = max(1, min(int(backend.max_blocks(self.fn, THREADS)), d._blocks(d.lat.half)))
         self.barrier = backend.grid_barrier(timeout=None)
@@ -396,8 +443,8 @@ class ResidentCG:
         d.cg_phase_ns.fill(0)
         views = [f.reshape(-1).view(d.real) for f in (x, r, p, ap)]
         self.base = dict(d.cg_base, hops=_ptr(self.hops), x=_ptr(views[0]), r=_ptr(views[1]), p=_ptr(views[2]),
-                         ap=_ptr(views[3]), s=_ptr(s), n=int(views[0].size), delta2=delta2,
-                         phase_ns=_ptr(d.cg_phase_ns) if timed else 0, halo=int(d.halo is not None))
+                         ap=_ptr(views[3]), s=_ptr(s), status=d._status_ptr(s), n=int(views[0].size), delta2=delta2,
+                         phase_ns=_ptr(d.cg_phase_ns) if timed else 0, halo=int(d.halo is not None), **precise)
         self._args: dict[int, Any] = {}
 
     def run(self, iterations: int) -> None:
@@ -405,15 +452,24 @@ class ResidentCG:
         if args is None:
             args = self._args[iterations] = CG_RESIDENT_ARGS.pack(**self.base, iterations=iterations)
         self.d.world.backend.launch_resident(self.fn, self.blocks, THREADS,
-                                             (args, self.barrier.device_handle(), self.queue))
+                                             (args, self.barrier.device_handle(), self.queue, self.precise_queue))
 
-    def count(self, iterations: int) -> None:
-        """``iterations`` ran inside the kernel: their halo exchanges (4 hops each) happened without a host call."""
+    def count(self, iterations: int, updates: int = 0) -> None:
+        """``iterations`` (and ``updates`` reliable updates) ran inside the kernel: their halo exchanges (4 hops
+        each) happened without a host call."""
         if self.d.halo is not None:
             self.d.halo.exchanges += 4 * iterations
+        if updates and self.update is not None and self.update.d.halo is not None:
+            self.update.d.halo.exchanges += 4 * updates
 
     def split(self) -> dict[str, float]:
         if not self.timed:
             return {}
         ns = self.d.cg_phase_ns.get()
         return {name: float(v) * 1e-9 for name, v in zip(PHASES, ns, strict=True)}
+
+
+def _hop_table(cp: Any, hops: list[tuple[Any, Any]], last: Any) -> Any:
+    """The kernel's table of argument blocks in device memory: the 4 interiors, the 4 exteriors, then ``last``."""
+    table = np.array([i for i, _ in hops] + [e for _, e in hops] + [last], dtype=DSLASH_ARGS.dtype)
+    return cp.asarray(table.view(np.uint8))

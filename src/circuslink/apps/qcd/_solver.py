@@ -39,8 +39,8 @@ FLOPS_PER_SITE_DSLASH = 1320
 FLOPS_PER_SITE_CG = 2832
 #: QUDA's default reliable-update threshold.
 DEFAULT_DELTA = 0.1
-_MAX_RES_INCREASE = 1          # consecutive increases of the true residual tolerated (QUDA's maxResIncrease)
-_MAX_RES_INCREASE_TOTAL = 10   # and in all (QUDA's maxResIncreaseTotal)
+#: The stages of a solve on the host clock (``SolveResult.stage_seconds``).
+STAGES = ("setup", "iterations", "updates", "finish")
 
 
 class ConvergenceError(Error):
@@ -65,6 +65,12 @@ class SolveResult:
     phase_seconds: dict[str, float] = field(default_factory=dict)  # dslash, halo, reduction, vector (slowest rank)
     loop: str = "host"           # "host", "device" (scalars on the device, looked at every k: a launch per step)
     #                              or "device resident" (k iterations in one resident kernel)
+    # The solve's clock cut at its host waits (the slowest rank's): "setup" (the source, the right-hand side,
+    # the first residual), "iterations" (the iterations' launches and waits; the resident kernel's own
+    # reliable updates included), "updates" (reliable updates and residual checks the host makes), "finish"
+    # (the odd half and the last true residual). They add up to ``seconds``.
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    device_updates: bool = False  # the resident kernel made the reliable updates itself
 
     def gflops(self, global_volume: int) -> float:
         return self.iterations * FLOPS_PER_SITE_CG * global_volume / self.seconds / 1e9 if self.seconds > 0 else 0.0
@@ -103,12 +109,13 @@ class _HostIterations:
         self.rr = self.rr_prev = self.stop = self.max_rr = 0.0  # rr: the iterated |r|^2
         self.resident = None
 
-    def restart(self, rr: float, stop: float) -> None:
+    def restart(self, rr: float, stop: float, book: np.ndarray) -> None:
         self.rr = self.max_rr = rr
         self.stop = stop
 
-    def run(self, budget: int) -> tuple[int, str | None]:
-        """Up to ``budget`` iterations; returns (iterations done, why they stopped: "update", "stalled" or None)."""
+    def run(self, budget: int, book: np.ndarray) -> tuple[int, str | None]:
+        """Up to ``budget`` iterations; returns (iterations done, why they stopped: "update", "stalled" or None).
+        ``book``: the reliable updates' (``_cgstate.BOOK``), which only a CG that makes them itself changes."""
         S, x_s, r_s, p, ap = self.S, self.x_s, self.r_s, self.p, self.ap
         for done in range(budget):
             S.normal(ap, p)
@@ -137,6 +144,20 @@ class _HostIterations:
             S.xpay_pack(p, self.r_s, true_rr / self.rr_prev, EVEN, False)
 
 
+@dataclass
+class PreciseSide:
+    """What a resident CG needs to make the reliable updates itself: the precise operator's back-end half and
+    normal operator, and the solve's precise fields (the solution so far, the right-hand side, the residual
+    and A y)."""
+
+    d: Any
+    normal: Any
+    y: Any
+    rhs: Any
+    r: Any
+    ay: Any
+
+
 class _BatchedIterations:
     """The device-resident CG: alpha, beta and |r|^2 stay with the back-end module (device memory on cuda, summed over
     ranks on the device; a numpy array and the host collectives on cpu), and the host looks at them every
@@ -144,13 +165,15 @@ class _BatchedIterations:
     ``rma-device``), the ``check_every`` iterations are one resident kernel that checks the scalars itself after
     every iteration and ends as soon as they freeze; elsewhere each step is a launch. A reliable update that
     falls due freezes the CG until the host looks; the search direction then takes the new residual in place
-    of the iterated one (``p += r_new - r_s``), as if the last ``p = r + beta p`` had used it.
+    of the iterated one (``p += r_new - r_s``), as if the last ``p = r + beta p`` had used it. Given the precise
+    side (``precise``), a resident kernel for the two precisions makes those updates itself and ends only where
+    the host must decide (``_cgstate.update_step``): "updated".
 
     Collective to create (the sums' slots), before the solve's clock starts: the fields are the solve's, filled
     later."""
 
     def __init__(self, S: WilsonOperator, x_s: Any, r_s: Any, p: Any, ap: Any, delta: float, check_every: int,
-                 timed: bool = False) -> None:
+                 timed: bool = False, precise: PreciseSide | None = None) -> None:
         if S.half:
             from ...errors import ConfigError
 
@@ -161,7 +184,9 @@ class _BatchedIterations:
         self.check_every = check_every
         self.d = S.d
         self.state = self.d.cg_state()  # collective on cuda (the slots of the sums over ranks)
-        self.resident = self.d.cg_resident(S.normal, x_s, r_s, p, ap, self.state, self.delta2, EVEN, timed)
+        self.resident = self.d.cg_resident(S.normal, x_s, r_s, p, ap, self.state, self.delta2, EVEN, timed,
+                                           update=precise)
+        self.device_updates = bool(getattr(self.resident, "updates", False))
         self._iterations = 0
         self.rr = 0.0  # the iterated |r|^2 at the last look
 
@@ -182,15 +207,16 @@ class _BatchedIterations:
         S.phases.mark("vector")
         d.xpay_pack_state(self.p, self.r_s, s, EVEN, False)
 
-    def restart(self, rr: float, stop: float) -> None:
+    def restart(self, rr: float, stop: float, book: np.ndarray) -> None:
         values = np.zeros(cg.SLOTS)
         values[cg.RR] = values[cg.MAX_RR] = rr
         values[cg.STOP] = stop
         values[cg.ITERATIONS] = self._iterations
+        values[list(cg.BOOK)] = book[list(cg.BOOK)]
         self.d.write_state(self.state, values)
         self.rr = rr
 
-    def run(self, budget: int) -> tuple[int, str | None]:
+    def run(self, budget: int, book: np.ndarray) -> tuple[int, str | None]:
         batch = min(budget, self.check_every)
         if self.resident is not None:
             self.S.phases.mark(None)  # the kernel's time is split by its own clock, not by the stream's events
@@ -200,11 +226,15 @@ class _BatchedIterations:
                 self._iteration()
         s = self.d.read_state(self.state)  # the one wait of a batch
         done = int(s[cg.ITERATIONS]) - self._iterations
+        updates = int(s[cg.UPDATES]) - int(book[cg.UPDATES])
         if self.resident is not None:
-            self.resident.count(done)
+            self.resident.count(done, updates)
+        book[list(cg.BOOK)] = s[list(cg.BOOK)]  # the kernel's own reliable updates
         self._iterations = int(s[cg.ITERATIONS])
         self.rr = float(s[cg.RR])
         flags = int(s[cg.FLAGS])
+        if flags & cg.UPDATED:
+            return done, "updated"
         if flags & cg.STALLED:
             return done, "stalled"
         return done, "update" if flags & (cg.CONVERGED | cg.DUE) else None
@@ -222,14 +252,19 @@ class _BatchedIterations:
 
 def solve(precise: WilsonOperator, b: Any, tol: float, niter: int, sloppy: WilsonOperator | None = None,
           delta: float = DEFAULT_DELTA, progress: Any = None, phases: Any = None,
-          check_every: int | None = None) -> SolveResult:
+          check_every: int | None = None, device_updates: bool = True) -> SolveResult:
     """Collective: solve ``M x = b`` for a local source ``b`` (T, Z, Y, X, 4, 3) to ``|b - M x| / |b| <= tol``.
 
     ``precise`` keeps the solution and computes the true residuals; ``sloppy`` (default: the same) runs the
     iterations. ``check_every`` (an int) runs the device-resident CG, which looks at its scalars every that
-    many iterations (as one resident kernel where the halos need no host); None the host-driven one. ``phases``
-    (``precise.new_phases()``) receives the time split (the resident kernel's from its own clock). Does not
-    raise on non-convergence: the result says ``converged=False``."""
+    many iterations (as one resident kernel where the halos need no host, which also makes the reliable
+    updates itself where it has a kernel for the two precisions, unless ``device_updates`` is False); None
+    the host-driven one. ``phases`` (``precise.new_phases()``) receives the time split (the resident kernel's
+    from its own clock). Does not raise on non-convergence: the result says ``converged=False``.
+
+    The clock covers the solve, not its preparation: the fields and the iterations' machinery are made
+    before it starts (the first solve of a process also compiles the array library's kernels as it meets
+    them: ``warm_up`` runs a short solve that meets them all)."""
     P = precise
     S = sloppy or precise
     check_sloppy(P.precision, S.precision)
@@ -239,27 +274,28 @@ def solve(precise: WilsonOperator, b: Any, tol: float, niter: int, sloppy: Wilso
         raise ConfigError(f"--check-every {check_every} must be at least 1")
     if S is P:
         delta = 0.0                  # one precision: a reliable update only where the iterated residual converged
-    # The iterations' fields and (collective) machinery before the clock starts.
+    # The fields and the (collective) machinery before the clock starts.
     x_s, r_s, p, ap = S.zeros(), S.zeros(), S.zeros(), S.zeros()
+    bp, rhs, y, r, ay = P.zeros(), P.zeros(), P.zeros(), P.zeros(), P.zeros()
+    work = (P.zeros(), P.zeros(), P.zeros())
     if check_every is None:
         it: Any = _HostIterations(S, x_s, r_s, p, ap, delta)
     else:
-        it = _BatchedIterations(S, x_s, r_s, p, ap, delta, check_every, timed=phases is not None)
+        side = PreciseSide(P.d, P.normal, y, rhs, r, ay) if device_updates and S is not P else None
+        it = _BatchedIterations(S, x_s, r_s, p, ap, delta, check_every, timed=phases is not None, precise=side)
     waits0 = P.halo_wait_seconds + (S.halo_wait_seconds if S is not P else 0.0)
     P.world.barrier()
     P.synchronize()
-    t0 = time.perf_counter()
+    clock = _Stages()
     k = P.kappa
     b_e, b_o = P.split(b)
     bnorm2 = float(P.allreduce(P.d.norm2(b_e) + P.d.norm2(b_o))[0])
     # The normal equations' right-hand side, in the precise precision.
-    bp, rhs = P.zeros(), P.zeros()
     P.pack(b_o, ODD, False)
     P.hop(bp, b_o, EVEN, False, a=1.0, x=b_e, b=k, emit=True)      # b'_e, its faces for M_pc^dagger
     P.mpc(rhs, bp, dagger=True)
     rhs2 = P.norm2(rhs)
-    work = (P.zeros(), P.zeros(), P.zeros())
-    y, r, ay = P.zeros(), rhs.copy(), P.zeros()
+    r[...] = rhs
     r_s[...] = S.convert(r, P)
     p[...] = r_s
     S.pack(p, EVEN, False)
@@ -268,51 +304,57 @@ def solve(precise: WilsonOperator, b: Any, tol: float, niter: int, sloppy: Wilso
         for op in {id(P): P, id(S): S}.values():
             op.time_phases(phases)
     stop = tol * tol * rhs2          # the normal equations' target, tightened if the full system needs it
-    it.restart(rhs2, stop)
-    last_true_rr = rhs2
-    iterations = updates = increases = increases_total = 0
+    book = np.zeros(cg.SLOTS)        # the reliable updates' count and QUDA's maxResIncrease counts
+    book[cg.TRUE_RR] = rhs2
+    it.restart(rhs2, stop, book)
+    iterations = 0
     history: list[float] = []
     true = 1.0 if bnorm2 > 0 else 0.0
     converged = bnorm2 == 0.0
     restarted = False
+    clock.lap("setup")
     while not converged and iterations < niter:
-        done, why = it.run(niter - iterations)
+        done, why = it.run(niter - iterations, book)
         iterations += done
+        clock.lap("iterations")
         if why is None:
             continue  # the budget or a batch ended without news
         stalled = why == "stalled"
         if stalled and restarted and done == 0:
             break
-        # Reliable update: y += x_s in the precise precision, r = rhs - A y, r_s restarted from it.
-        P.phases.mark("vector")
-        y += P.convert(x_s, S)
-        x_s[...] = 0
-        P.pack(y, EVEN, False)
-        P.normal(ay, y)
-        P.phases.mark("vector")
-        r[...] = rhs - ay
-        true_rr = P.norm2(r)
-        updates += 1
-        grew = true_rr > last_true_rr
-        increases = increases + 1 if grew else 0
-        increases_total += grew
-        last_true_rr = true_rr
+        if why == "updated":         # the resident kernel made the reliable update: y, r and |r|^2 are current
+            true_rr = float(book[cg.TRUE_RR])
+        else:
+            # Reliable update: y += x_s in the precise precision, r = rhs - A y, r_s restarted from it.
+            P.phases.mark("vector")
+            y += P.convert(x_s, S)
+            x_s[...] = 0
+            P.pack(y, EVEN, False)
+            P.normal(ay, y)
+            P.phases.mark("vector")
+            r[...] = rhs - ay
+            true_rr = P.norm2(r)
+            cg.count_update(book, true_rr)
         if true_rr <= stop:
             true = _true_residual(P, y, b_e, b_o, bnorm2, work)
             history.append(true)
             if progress is not None:
-                progress(f"qcd: {iterations} iterations, {updates} reliable updates: true residual {true:.3e}")
+                progress(f"qcd: {iterations} iterations, {int(book[cg.UPDATES])} reliable updates: true residual "
+                         f"{true:.3e}")
             if true <= tol:
                 converged = True
-                it.restart(true_rr, stop)
+                it.restart(true_rr, stop, book)
+                clock.lap("updates")
                 break
             # |r| bounds |b - M x| only up to the condition number: ask the normal equations for more.
             stop = true_rr * max(1e-4, (tol / true) ** 2 / 4)
-        if increases > _MAX_RES_INCREASE or increases_total > _MAX_RES_INCREASE_TOTAL:
+        if cg.stuck(book):
+            clock.lap("updates")
             break  # the sloppy precision makes no more progress
         restarted = stalled
         it.new_residual(S.convert(r, P), true_rr, stalled)
-        it.restart(true_rr, stop)
+        it.restart(true_rr, stop, book)
+        clock.lap("updates")
     # The solution: x_e = y (+ what the sloppy increment holds if the loop ended on --niter), x_o from it.
     P.phases.mark("vector")
     y += P.convert(x_s, S)
@@ -322,7 +364,7 @@ def solve(precise: WilsonOperator, b: Any, tol: float, niter: int, sloppy: Wilso
         history.append(true)
         converged = true <= tol
     P.synchronize()
-    seconds = time.perf_counter() - t0
+    clock.lap("finish")
     split = phases.totals() if timing else {}
     for name, sec in (it.device_split() if timing and it.resident is not None else {}).items():
         split[name] = split.get(name, 0.0) + sec
@@ -330,16 +372,46 @@ def solve(precise: WilsonOperator, b: Any, tol: float, niter: int, sloppy: Wilso
         for op in {id(P): P, id(S): S}.values():
             op.time_phases(NO_PHASES)
     waits = P.halo_wait_seconds + (S.halo_wait_seconds if S is not P else 0.0) - waits0
-    names = sorted(split)
     # Every rank reports the slowest rank's times, so the figures do not depend on who prints them; the split
-    # is that rank's own (per-phase maxima over ranks would add up to more than anyone's solve).
+    # and the stages are that rank's own (per-part maxima over ranks would add up to more than anyone's solve).
+    seconds = sum(clock.seconds.values())
     slowest = P.allreduce(P.xp.asarray(np.array([seconds, waits])), op="max")
-    if names:
-        mine = [seconds] + [split[n] for n in names]
-        split = {n: float(v) for n, v in zip(names, max(P.world.allgather_object(mine))[1:], strict=True)}
+    names = sorted(split)
+    mine = [seconds] + [clock.seconds[n] for n in STAGES] + [split[n] for n in names]
+    theirs = max(P.world.allgather_object(mine))
+    stages = dict(zip(STAGES, (float(v) for v in theirs[1:1 + len(STAGES)]), strict=True))
+    split = {n: float(v) for n, v in zip(names, theirs[1 + len(STAGES):], strict=True)}
     seconds, waits = float(slowest[0]), float(slowest[1])
     iterated = math.sqrt(it.rr / rhs2) if rhs2 > 0 else 0.0
     return SolveResult(x=P.join(y, x_o), converged=converged, iterations=iterations, iterated_residual=iterated,
-                       true_residual=true, seconds=seconds, halo_wait_seconds=waits, reliable_updates=updates,
-                       tol=tol, niter=niter, history=history, phase_seconds=split,
-                       loop="host" if check_every is None else ("device resident" if it.resident else "device"))
+                       true_residual=true, seconds=seconds, halo_wait_seconds=waits,
+                       reliable_updates=int(book[cg.UPDATES]), tol=tol, niter=niter, history=history,
+                       phase_seconds=split, stage_seconds=stages,
+                       loop="host" if check_every is None else ("device resident" if it.resident else "device"),
+                       device_updates=bool(getattr(it, "device_updates", False)))
+
+
+class _Stages:
+    """The solve's clock, cut into ``STAGES``: ``lap(stage)`` gives the time since the last lap to ``stage``."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(STAGES, 0.0)
+        self._since = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.seconds[stage] += now - self._since
+        self._since = now
+
+
+def warm_up(precise: WilsonOperator, b: Any, sloppy: WilsonOperator | None = None,
+            check_every: int | None = None, device_updates: bool = True) -> float:
+    """Collective: a short solve of ``b`` that meets every kernel a real one meets (the array library compiles
+    its own on first use, the collectives open, the resident kernel loads), so that none of that lands in a
+    timed solve's clock. A loose tolerance and a reliable update at every step (delta 0.9) walk the update,
+    the full system's residual and the tightened target in a few iterations. Returns its seconds."""
+    t0 = time.perf_counter()
+    solve(precise, b, tol=0.5, niter=6, sloppy=sloppy, delta=0.9, check_every=check_every,
+          device_updates=device_updates)
+    precise.synchronize()
+    return time.perf_counter() - t0

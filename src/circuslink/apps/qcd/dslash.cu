@@ -391,6 +391,16 @@ QCD_HD void emit_faces(const DslashArgs& A, const Site& s, int cb, int parity, i
   }
 }
 
+// The faces of `psi` (site `cb` of A.parity) for a next hop with A.dagger, where the site lies on one.
+template <typename R>
+QCD_HD void emit_if_on_face(const DslashArgs& A, int cb, const Spinor<R>& psi) {
+  const Site s = site_coords(A, cb, A.parity);
+  bool face = false;
+#pragma unroll
+  for (int mu = 0; mu < 4; ++mu) face |= partitioned(A, mu) && (s.c[mu] == 0 || s.c[mu] == A.dims[mu] - 1);
+  if (face) emit_faces(A, s, cb, A.parity, A.dagger, psi);
+}
+
 // The hops of boundary site `cb` that cross partitioned boundaries, from the ghosts; then its faces.
 template <typename R>
 QCD_HD void exterior_site(const DslashArgs& A, int cb) {
@@ -444,11 +454,46 @@ QCD_HD void xpay_pack_site(const DslashArgs& A, int cb, double beta_) {
   } else {
     load_spinor_rw(static_cast<const R*>(A.in), A.vh, cb, p);
   }
-  const Site s = site_coords(A, cb, A.parity);
-  bool face = false;
+  emit_if_on_face(A, cb, p);
+}
+
+// The mixed-precision reliable update's per-site steps (the resident CG makes them itself; _solver.py makes
+// the same ones with array operations). Y: out = y (precise) and the faces of y for the precise operator's
+// next hop. y += x (x converted up exactly), x = 0.
+template <typename RS, typename RP>
+QCD_HD void fold_site(const DslashArgs& Y, RS* x, int cb) {
+  Spinor<RS> a;
+  load_spinor_rw(x, Y.vh, cb, a);
+  Spinor<RP> y;
+  RP* out = static_cast<RP*>(Y.out);
+  load_spinor_rw(out, Y.vh, cb, y);
 #pragma unroll
-  for (int mu = 0; mu < 4; ++mu) face |= partitioned(A, mu) && (s.c[mu] == 0 || s.c[mu] == A.dims[mu] - 1);
-  if (face) emit_faces(A, s, cb, A.parity, A.dagger, p);
+  for (int k = 0; k < 12; ++k) y.c[k] = y.c[k] + cx(RP(a.c[k].re), RP(a.c[k].im));
+  store_spinor(out, Y.vh, cb, y);
+#pragma unroll
+  for (int k = 0; k < 12; ++k) a.c[k] = cx(RS(0), RS(0));
+  store_spinor(x, Y.vh, cb, a);
+  emit_if_on_face(Y, cb, y);
+}
+
+// P: out = p, x = r_s (sloppy), and the faces of p for the next hop. The new residual r (precise) rounded to
+// the sloppy precision replaces r_s, and p takes it in place of the iterated one: p += r_new - r_s.
+template <typename RS, typename RP>
+QCD_HD void new_residual_site(const DslashArgs& P, const RP* r, int cb) {
+  Spinor<RP> wide;
+  load_spinor_rw(r, P.vh, cb, wide);
+  Spinor<RS> fresh, old, p;
+#pragma unroll
+  for (int k = 0; k < 12; ++k) fresh.c[k] = cx(RS(wide.c[k].re), RS(wide.c[k].im));
+  RS* rs = static_cast<RS*>(const_cast<void*>(P.x));
+  RS* out = static_cast<RS*>(P.out);
+  load_spinor_rw(rs, P.vh, cb, old);
+  load_spinor_rw(out, P.vh, cb, p);
+#pragma unroll
+  for (int k = 0; k < 12; ++k) p.c[k] = p.c[k] + (fresh.c[k] - old.c[k]);
+  store_spinor(out, P.vh, cb, p);
+  store_spinor(rs, P.vh, cb, fresh);
+  emit_if_on_face(P, cb, p);
 }
 
 // -- a grid barrier for the device-driven hop (every block resident: the grid is sized by max_blocks) ----
@@ -586,6 +631,36 @@ QCD_HD void cg_scalar_step(double* s, int step, double delta2) {
   s[kCgFlags] = static_cast<double>(flags);
 }
 
+// The book of a reliable update whose |rhs - A y|^2 is `rr` (QUDA's maxResIncrease counts): the host's and
+// the kernel's. _cgstate.count_update is the same in Python.
+QCD_HD void cg_count_update(double* s, double rr) {
+  const bool grew = rr > s[kCgTrueRr];
+  s[kCgIncreases] = grew ? s[kCgIncreases] + 1.0 : 0.0;
+  if (grew) s[kCgIncreasesTotal] += 1.0;
+  s[kCgTrueRr] = rr;
+  s[kCgUpdates] += 1.0;
+}
+
+QCD_HD bool cg_stuck(const double* s) {
+  return s[kCgIncreases] > kCgMaxIncreases || s[kCgIncreasesTotal] > kCgMaxIncreasesTotal;
+}
+
+// After the resident kernel's own reliable update, once s[kCgLocal] holds the global |rhs - A y|^2: the book,
+// then either the CG goes on from the new residual (|r|^2 and its largest since the update restart, flags
+// clear) or it stays frozen with kCgUpdated for the host (the full system's residual is due, or the true
+// residual grew too often). _cgstate.update_step is the same in Python.
+QCD_HD void cg_update_step(double* s) {
+  const double rr = s[kCgLocal];
+  cg_count_update(s, rr);
+  if (rr <= s[kCgStop] || cg_stuck(s)) {
+    s[kCgFlags] = static_cast<double>(static_cast<int>(s[kCgFlags]) | kCgUpdated);
+    return;
+  }
+  s[kCgRr] = rr;
+  s[kCgMaxRr] = rr;
+  s[kCgFlags] = 0.0;
+}
+
 namespace {
 
 // -- the resident CG: the global sums, and an iteration inside one launch --------------------------------
@@ -624,15 +699,21 @@ __device__ bool rank_sum(const CgResidentArgs& A, const volatile unsigned int* a
   return true;
 }
 
-// Block sums of v, then (the last block to finish) the sum over ranks into s[kCgLocal] and the scalars' step.
-// The caller's grid barrier makes the new scalars visible to every block.
+// Block sums of v, then (the last block to finish) the sum over ranks into s[kCgLocal] and the scalars' step:
+// 0 and 1 cg_scalar_step's, kUpdateStep cg_update_step. The caller's grid barrier makes the new scalars
+// visible to every block.
+constexpr int kUpdateStep = 2;
 __device__ __forceinline__ void reduce_step(const CgResidentArgs& A, const volatile unsigned int* abort, double v,
                                             int step) {
   double total;
   if (!block_total(v, A.partial, A.done, total)) return;
   if (!rank_sum(A, abort, total)) return;
   A.s[kCgLocal] = total;
-  cg_scalar_step(A.s, step, A.delta2);
+  if (step == kUpdateStep) {
+    cg_update_step(A.s);
+  } else {
+    cg_scalar_step(A.s, step, A.delta2);
+  }
 }
 
 __device__ __forceinline__ int flags_of(const double* s) {
@@ -652,61 +733,123 @@ struct Laps {
   }
 };
 
+// A grid barrier that records its failure (false on every thread: the kernel returns).
+__device__ __forceinline__ bool barrier(const CgResidentArgs& A, const GridBarrier& bar) {
+  if (grid_sync(bar)) return true;
+  if (threadIdx.x == 0) atomicExch(A.status, kCgBarrierFailed);
+  return false;
+}
+
+// A barrier after a global sum: false also where the sum failed (every block sees the status after it).
+__device__ __forceinline__ bool barrier_after_sum(const CgResidentArgs& A, const GridBarrier& bar) {
+  const volatile int* status = A.status;
+  if (grid_sync(bar) && *status == kCgOk) return true;
+  if (threadIdx.x == 0 && *status == kCgOk) atomicExch(A.status, kCgBarrierFailed);
+  return false;
+}
+
+// The four hops of a normal operator M_pc^dagger M_pc (hops[0..3] interiors, hops[4..7] exteriors), each
+// interior first while block 0 moves the faces through queue q, then the exterior once they have landed.
+// Fields written in this launch are read with plain loads. False: the kernel returns (status recorded).
 template <typename R>
-__device__ void cg_resident(const CgResidentArgs& A, const GridBarrier& bar, RmaHandle q) {
+__device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const DslashArgs* hops, const GridBarrier& bar,
+                                            RmaHandle q, Laps& laps, int first, int stride) {
+  __shared__ int ok;
+  const volatile int* status = A.status;
+  for (int h = 0; h < 4; ++h) {
+    const DslashArgs& I = hops[h];
+    if (A.halo) {
+      if (blockIdx.x == 0) {
+        const bool started = rma_start(q);
+        if (threadIdx.x == 0) ok = started;
+        laps.lap(kPhaseHalo);
+      }
+      for (int cb = first; cb < I.vh; cb += stride) interior_site<R, false>(I, cb);
+      if (blockIdx.x == 0) {
+        laps.lap(kPhaseDslash);
+        __syncthreads();
+        const bool arrived = ok && rma_wait(q);
+        if (!arrived && threadIdx.x == 0) atomicExch(A.status, kCgHaloFailed);
+      }
+      if (!barrier(A, bar)) return false;
+      laps.lap(kPhaseHalo);
+      if (*status != kCgOk) return false;  // every block sees it after the barrier
+      const DslashArgs& E = hops[4 + h];
+      for (int j = first; j < E.n_sites; j += stride) exterior_site<R>(E, E.sites[j]);
+    } else {
+      for (int cb = first; cb < I.vh; cb += stride) interior_site<R, false>(I, cb);
+    }
+    if (!barrier(A, bar)) return false;
+    laps.lap(kPhaseDslash);
+  }
+  return true;
+}
+
+// The reliable update, as the host makes it (_solver.py) but without it: y += x, x = 0 (and y's faces);
+// A y with the precise operator (its own queue qp); r = rhs - A y and |r|^2 summed over ranks; the book
+// (cg_update_step); unless that hands the CG to the host, r_s = r rounded and p += r_new - r_s (and p's
+// faces). False: the kernel returns (status recorded).
+template <typename RS, typename RP>
+__device__ bool reliable_update(const CgResidentArgs& A, const GridBarrier& bar, RmaHandle qp, Laps& laps,
+                                int first, int stride) {
+  const DslashArgs& Y = A.precise_hops[8];
+  RS* x = static_cast<RS*>(A.x);
+  for (int cb = first; cb < Y.vh; cb += stride) fold_site<RS, RP>(Y, x, cb);
+  if (!barrier(A, bar)) return false;
+  laps.lap(kPhaseVector);
+  if (!normal_hops<RP>(A, A.precise_hops, bar, qp, laps, first, stride)) return false;
+  RP* r = static_cast<RP*>(A.precise_r);
+  const RP* rhs = static_cast<const RP*>(A.rhs);
+  const RP* ay = static_cast<const RP*>(A.precise_ap);
+  double v = 0.0;
+  for (long long i = first; i < A.n_precise; i += stride) {
+    const RP ri = rhs[i] - ay[i];
+    r[i] = ri;
+    v += (double)ri * (double)ri;
+  }
+  laps.lap(kPhaseVector);
+  reduce_step(A, bar.abort, v, kUpdateStep);
+  if (!barrier_after_sum(A, bar)) return false;
+  laps.lap(kPhaseReduction);
+  if (flags_of(A.s) & kCgFrozen) return true;  // the host takes over from here (the same on every block)
+  const DslashArgs& P = A.hops[8];
+  for (int cb = first; cb < P.vh; cb += stride) new_residual_site<RS, RP>(P, r, cb);
+  if (!barrier(A, bar)) return false;
+  laps.lap(kPhaseVector);
+  return true;
+}
+
+// Up to A.iterations CG iterations; with kUpdates (and A.updates) a due reliable update is made here, the
+// precise operator being RP. Every block makes the same decisions: they read the flags after a barrier.
+template <typename R, typename RP, bool kUpdates>
+__device__ void cg_resident(const CgResidentArgs& A, const GridBarrier& bar, RmaHandle q, RmaHandle qp) {
   const int first = blockIdx.x * blockDim.x + threadIdx.x, stride = gridDim.x * blockDim.x;
   Laps laps{blockIdx.x == 0 && threadIdx.x == 0 ? A.phase_ns : nullptr, 0ull};
   if (laps.ns != nullptr) laps.since = detail::globaltimer_ns();
-  const volatile int* status = A.status;
-  __shared__ int ok;
   R* x = static_cast<R*>(A.x);
   R* r = static_cast<R*>(A.r);
   const R* p = static_cast<const R*>(A.p);
   const R* ap = static_cast<const R*>(A.ap);
-  for (int it = 0; it < A.iterations; ++it) {
-    if (flags_of(A.s) & kCgFrozen) break;  // the same decision on every block and every rank
-    // A p = M_pc^dagger M_pc p: four hops, each interior first while block 0 moves the faces, then the
-    // exterior once they have landed. Fields written in this launch are read with plain loads.
-    for (int h = 0; h < 4; ++h) {
-      const DslashArgs& I = A.hops[h];
-      if (A.halo) {
-        if (blockIdx.x == 0) {
-          const bool started = rma_start(q);
-          if (threadIdx.x == 0) ok = started;
-          laps.lap(kPhaseHalo);
-        }
-        for (int cb = first; cb < I.vh; cb += stride) interior_site<R, false>(I, cb);
-        if (blockIdx.x == 0) {
-          laps.lap(kPhaseDslash);
-          __syncthreads();
-          const bool arrived = ok && rma_wait(q);
-          if (!arrived && threadIdx.x == 0) atomicExch(A.status, kCgHaloFailed);
-        }
-        if (!grid_sync(bar)) {
-          if (threadIdx.x == 0) atomicExch(A.status, kCgBarrierFailed);
-          return;
-        }
-        laps.lap(kPhaseHalo);
-        if (*status != kCgOk) return;  // every block sees it after the barrier
-        const DslashArgs& E = A.hops[4 + h];
-        for (int j = first; j < E.n_sites; j += stride) exterior_site<R>(E, E.sites[j]);
-      } else {
-        for (int cb = first; cb < I.vh; cb += stride) interior_site<R, false>(I, cb);
+  for (int done = 0;; ++done) {
+    const int flags = flags_of(A.s);
+    if (flags & kCgFrozen) {
+      // Converged or due, not stalled: the reliable update (which also checks convergence) is made here.
+      bool update = false;
+      if constexpr (kUpdates) update = A.updates && !(flags & (kCgStalled | kCgUpdated));
+      if (!update) break;
+      if constexpr (kUpdates) {
+        if (!reliable_update<R, RP>(A, bar, qp, laps, first, stride)) return;
       }
-      if (!grid_sync(bar)) {
-        if (threadIdx.x == 0) atomicExch(A.status, kCgBarrierFailed);
-        return;
-      }
-      laps.lap(kPhaseDslash);
+      if (flags_of(A.s) & kCgFrozen) break;
     }
+    if (done == A.iterations) break;
+    // A p = M_pc^dagger M_pc p
+    if (!normal_hops<R>(A, A.hops, bar, q, laps, first, stride)) return;
     // <p, A p>, summed over ranks: alpha.
     double v = 0.0;
     for (long long i = first; i < A.n; i += stride) v += (double)p[i] * (double)ap[i];
     reduce_step(A, bar.abort, v, 0);
-    if (!grid_sync(bar) || *status != kCgOk) {
-      if (threadIdx.x == 0 && *status == kCgOk) atomicExch(A.status, kCgBarrierFailed);
-      return;
-    }
+    if (!barrier_after_sum(A, bar)) return;
     laps.lap(kPhaseReduction);
     // x += alpha p, r -= alpha A p, |r|^2 summed over ranks: beta, the count and the flags.
     const R alpha = R(static_cast<const volatile double*>(A.s)[kCgAlpha]);
@@ -719,10 +862,7 @@ __device__ void cg_resident(const CgResidentArgs& A, const GridBarrier& bar, Rma
     }
     laps.lap(kPhaseVector);
     reduce_step(A, bar.abort, v, 1);
-    if (!grid_sync(bar) || *status != kCgOk) {
-      if (threadIdx.x == 0 && *status == kCgOk) atomicExch(A.status, kCgBarrierFailed);
-      return;
-    }
+    if (!barrier_after_sum(A, bar)) return;
     laps.lap(kPhaseReduction);
     // p = r + beta p and its faces for the next iteration's first hop (skipped once frozen at its start).
     if (!(flags_of(A.s) & kCgSkip)) {
@@ -730,10 +870,7 @@ __device__ void cg_resident(const CgResidentArgs& A, const GridBarrier& bar, Rma
       const double beta = static_cast<const volatile double*>(A.s)[kCgBeta];
       for (int cb = first; cb < P.vh; cb += stride) xpay_pack_site<R, false>(P, cb, beta);
     }
-    if (!grid_sync(bar)) {
-      if (threadIdx.x == 0) atomicExch(A.status, kCgBarrierFailed);
-      return;
-    }
+    if (!barrier(A, bar)) return;
     laps.lap(kPhaseVector);
   }
 }
@@ -749,6 +886,14 @@ using circuslink::qcd::DslashArgs;
 using circuslink::GridBarrier;
 using circuslink::qcd::CgResidentArgs;
 
+// The kernels come in three modules, each compiled on first use (NVRTC takes seconds for each; the host
+// picks one with -DCIRCUSLINK_QCD_KERNELS=): 1 the single-precision kernels, 2 the double-precision ones,
+// 3 the mixed-precision resident CG. Without the macro (host builds, nvcc checks) everything is built.
+#ifndef CIRCUSLINK_QCD_KERNELS
+#define CIRCUSLINK_QCD_KERNELS 0
+#endif
+
+#if CIRCUSLINK_QCD_KERNELS != 3
 // The batched CG's reduction step where its halos need the host (so the iteration is a chain of launches):
 // one thread sums s[kCgLocal] over ranks as the resident kernel does, then steps the scalars. Every rank
 // computes bitwise the same scalars and flags.
@@ -805,11 +950,26 @@ extern "C" __global__ void qcd_cg_scalars(CgResidentArgs A, int step, const unsi
     const int j = blockIdx.x * blockDim.x + threadIdx.x;                                                      \
     if (j < A.vh) xpay_pack_site<R>(A, j, s[kCgBeta]);                                                         \
   }                                                                                                            \
-  /* The resident CG: up to A.iterations iterations in one co-resident launch (launch_resident). */          \
+  /* The resident CG: up to A.iterations iterations in one co-resident launch (launch_resident); qp unused */ \
   extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS)                                                \
-      qcd_cg_resident_##SUFFIX(CgResidentArgs A, GridBarrier bar, RmaHandle q) {                              \
-    circuslink::qcd::cg_resident<R>(A, bar, q);                                                                \
+      qcd_cg_resident_##SUFFIX(CgResidentArgs A, GridBarrier bar, RmaHandle q, RmaHandle qp) {                \
+    circuslink::qcd::cg_resident<R, R, false>(A, bar, q, qp);                                                  \
   }
 
+#endif
+
+#if CIRCUSLINK_QCD_KERNELS == 0 || CIRCUSLINK_QCD_KERNELS == 1
 QCD_KERNELS(f, float, 3)
+#endif
+#if CIRCUSLINK_QCD_KERNELS == 0 || CIRCUSLINK_QCD_KERNELS == 2
 QCD_KERNELS(d, double, 2)
+#endif
+
+// The resident CG in single precision that makes its reliable updates in double itself (qp: the double
+// operator's queue). Two blocks an SM: the double hops of the update need the registers.
+#if CIRCUSLINK_QCD_KERNELS == 0 || CIRCUSLINK_QCD_KERNELS == 3
+extern "C" __global__ void __launch_bounds__(256, 2)
+    qcd_cg_resident_fd(CgResidentArgs A, GridBarrier bar, RmaHandle q, RmaHandle qp) {
+  circuslink::qcd::cg_resident<float, double, true>(A, bar, q, qp);
+}
+#endif

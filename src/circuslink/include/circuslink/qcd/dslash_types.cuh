@@ -46,20 +46,33 @@ enum CgSlot : int {
   kCgMaxRr = 5,       // the largest |r|^2 since the last reliable update
   kCgIterations = 6,  // iterations done (frozen ones not counted)
   kCgFlags = 7,       // CgFlag bits, as a double
+  // The reliable updates' book (QUDA's maxResIncrease counts), kept by the host and by the resident kernel
+  // that makes the updates itself (cg_update_step)
+  kCgUpdates = 8,          // reliable updates made
+  kCgTrueRr = 9,           // |rhs - A y|^2 of the last one
+  kCgIncreases = 10,       // consecutive updates whose |rhs - A y|^2 grew
+  kCgIncreasesTotal = 11,  // and in all
   kCgSlots = 16,
 };
 enum CgFlag : int {
   kCgConverged = 1,   // |r|^2 <= stop: the CG freezes (alpha = 0, p kept) until the host looks
-  kCgDue = 2,         // |r|^2 < delta^2 max |r|^2: frozen until the host's next look makes the reliable update
+  kCgDue = 2,         // |r|^2 < delta^2 max |r|^2: frozen until the reliable update is made
   kCgStalled = 4,     // <p, Ap> <= 0: frozen; the host restarts from the true residual
   kCgSkip = 8,        // this iteration began frozen: its p = r + beta p is skipped
+  kCgUpdated = 16,    // frozen after a reliable update made on the device (y, r and kCgTrueRr are current, x
+                      // is zero): |rhs - A y|^2 <= stop, or it grew too often; the host decides what follows
   kCgFrozen = kCgConverged | kCgDue | kCgStalled,
 };
+// A true residual that grew at more than this many reliable updates in a row, or in all, ends the solve
+// (QUDA's maxResIncrease and maxResIncreaseTotal; apps/qcd/_cgstate.py mirrors them)
+enum CgLimits : int { kCgMaxIncreases = 1, kCgMaxIncreasesTotal = 10 };
 
 // The resident CG kernel's arguments (qcd_cg_resident_*, by value; the host's table is
 // apps/qcd/_cuda.py, CG_RESIDENT_ARGS). One launch runs up to `iterations` CG iterations and ends early
 // once the scalars freeze: hops, halos (the rank's RMA queue, from block 0), reductions over ranks and
-// the vector updates all happen inside it, separated by grid barriers.
+// the vector updates all happen inside it, separated by grid barriers. With `updates`, a due reliable
+// update is made inside it too (the precise operator's hops on the precise fields, its own queue), and
+// the launch ends only where the host must decide (the true residual of the full system, a stall).
 enum CgPhase : int { kPhaseDslash = 0, kPhaseHalo = 1, kPhaseReduction = 2, kPhaseVector = 3, kPhases = 4 };
 enum CgStatus : int { kCgOk = 0, kCgHaloFailed = 1, kCgBarrierFailed = 2, kCgSumFailed = 3 };
 
@@ -69,6 +82,13 @@ struct CgResidentArgs {
   void* r;                            // precision's reals, n of each)
   const void* p;
   const void* ap;
+  // The reliable update made inside the kernel (mixed precision, `updates` = 1): the precise operator's 4
+  // hops (interiors, exteriors) and the faces of y (entry 8, out = in = y), and the precise fields
+  const DslashArgs* precise_hops;
+  void* y;                            // the solution so far
+  const void* rhs;                    // the normal equations' right-hand side
+  void* precise_r;                    // rhs - A y
+  const void* precise_ap;             // A y
   double* s;                          // the scalars (CgSlot)
   double* partial;                    // one double per block (block sums of a reduction)
   unsigned int* done;                 // blocks done with a reduction (the last one adds up; back to 0)
@@ -77,12 +97,14 @@ struct CgResidentArgs {
   unsigned long long* seq;            // this rank's count of global sums (every rank makes the same ones)
   int* status;                        // [CgStatus, the rank a sum waited for]
   long long n;                        // reals in one field
+  long long n_precise;                // reals in one precise field
   double delta2;                      // the reliable-update threshold squared
   unsigned long long timeout_ns;      // a wait for a peer's part of a sum gives up after this long
   int rank;
   int size;
   int iterations;                     // at most this many iterations in this launch
   int halo;                           // 1: partitioned directions: the hops exchange faces through the queue
+  int updates;                        // 1: a due reliable update is made here (the precise fields are given)
 };
 
 }  // namespace qcd
