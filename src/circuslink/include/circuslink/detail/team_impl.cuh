@@ -101,6 +101,20 @@ __device__ inline bool team_sync(const Team& t) {
   return failed_s == 0;
 }
 
+// Every thread of the grid: every block of this rank has arrived (no other rank takes part). Orders one
+// block's reads of this rank's stage before another block's later writes to it.
+__device__ inline bool rank_sync(const Team& t) {
+  if (team_blocks() == 1) {
+    __syncthreads();
+    return true;
+  }
+  if (!circuslink::grid_sync(t.counters + kTeamCounterGrid, t.timeout_ns, t.abort)) {
+    if (block_thread() == 0) team_fail(t, kTeamErrorGrid, t.rank, team_block(), 0);
+    return false;
+  }
+  return true;
+}
+
 // Element-wise op over a 16-byte vector of T.
 template <class T, class Op>
 __device__ __forceinline__ uint4 vec_op(uint4 a, uint4 b, Op op) {
@@ -374,9 +388,9 @@ __device__ bool allreduce_oneshot(const Team& t, const T* in, T* out, unsigned l
 // Every thread of the grid: out = op over every rank's in (out may be in), in pieces of the stage. Per
 // piece: copy in to my stage; barrier; reduce my segment, loading every rank's stage in place, and push
 // the result into every rank's stage (and my out); barrier; copy the other segments from my own stage
-// into out. No third barrier: after the second, only I touch my stage until every rank has passed the
-// next piece's first barrier, which I reach only after my copies. Each reduced byte is written once
-// where each reader finds it locally.
+// into out; a barrier of my own blocks. No third team barrier: after the second, only I touch my stage
+// until every rank has passed the next piece's first barrier, which I reach only after my copies. Each
+// reduced byte is written once where each reader finds it locally.
 template <class T, class Op>
 __device__ bool allreduce_twoshot(const Team& t, const T* in, T* out, unsigned long long n, Op op) {
   using detail::u64;
@@ -395,6 +409,10 @@ __device__ bool allreduce_twoshot(const Team& t, const T* in, T* out, unsigned l
       detail::team_segment(m, sizeof(T), t.size, q, lo, hi);
       detail::grid_copy(out + base + lo, mine + lo, hi - lo);
     }
+    // My blocks' copies out of my stage before any of them copies the next piece (or call) in: the
+    // copies map elements to threads differently, so without it a fast block overwrites what a slow
+    // one has still to read (seen on 4 ranks with several pieces). This rank's blocks only.
+    if (!detail::rank_sync(t)) return false;
   }
   return true;
 }
