@@ -104,6 +104,44 @@ def test_rma_kernels_compile_in_parts(elem, tmp_path):
         assert regs and max(regs) <= 85, proc.stderr
 
 
+_COLL_INSTANTIATE = {
+    2: "template __global__ void cl_team_allreduce<float, circuslink::collectives::Max>(circuslink::collectives::Team, "
+       "const float*, float*, unsigned long long, int); template __global__ void cl_team_reduce_scatter<float, "
+       "circuslink::collectives::Min>(circuslink::collectives::Team, const float*, float*, unsigned long long);",
+    3: "template __global__ void cl_allreduce<float, circuslink::collectives::Sum>(circuslink::collectives::Rings, "
+       "float*, unsigned long long, int*);",
+}
+
+
+@pytest.mark.parametrize("part", [1, 2, 3])
+def test_collectives_kernels_compile_in_parts(part, tmp_path):
+    """collectives/_cuda.py compiles collectives_kernels.cu in parts (CL_COLLECTIVES_PART), each when a call first
+    needs it: the untyped extern "C" kernels, the team's templates, the ring's. Each part holds only its own
+    kernels, and part_of() sends every kernel the host launches to the part that holds it."""
+    import re
+
+    from circuslink.collectives import _cuda as cc
+
+    src = tmp_path / "part.cu"
+    src.write_text(f'#include "{PKG / "collectives" / "collectives_kernels.cu"}"\n{_COLL_INSTANTIATE.get(part, "")}\n')
+    cmd = [NVCC, "-std=c++17", "-arch=sm_90a", f"-I{INCLUDE}", f"-DCL_COLLECTIVES_PART={part}", "-Xptxas", "-v",
+           "-c", str(src), "-o", str(tmp_path / "out.o")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr
+    names = set(re.findall(r"Compiling entry function '(\w+)'", proc.stderr))
+    untyped = {"cl_broadcast", "cl_barrier", "cl_team_all_gather", "cl_team_broadcast", "cl_team_barrier"}
+    if part == cc.PART_UNTYPED:
+        assert names == untyped, proc.stderr
+        assert all(cc.part_of(k) == cc.PART_UNTYPED for k in untyped)
+    else:
+        assert names and not names & untyped, proc.stderr
+        family = ("cl_team_allreduce", "cl_team_reduce_scatter") if part == cc.PART_TEAM else ("cl_allreduce",)
+        assert all(any(f"{len(f)}{f}" in n for f in family) for n in names), names
+        assert all(cc.part_of(k) == part for k in cc.kernel_names("float32", part))
+        assert cc.kernel_names("float32", part) and all(
+            k.split("<")[0] in family for k in cc.kernel_names("float32", part))
+
+
 def test_rma_kernels_refuse_an_unknown_element_size(tmp_path):
     cmd = [NVCC, "-std=c++17", "-arch=sm_90a", f"-I{INCLUDE}", "-DCIRCUSLINK_RMA_TRANSPOSE_ELEM=3", "-c",
            str(PKG / "rma" / "rma_kernels.cu"), "-o", str(tmp_path / "out.o")]

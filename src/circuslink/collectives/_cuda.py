@@ -61,11 +61,28 @@ def team_kernel(kind: str, dtype_name: str, op: str) -> str:
     return f"cl_team_{kind}<{C_TYPES[dtype_name]}, circuslink::collectives::{OP_TYPES[op]}>"
 
 
-def kernel_names(dtype_name: str) -> list[str]:
-    """The templates one module instantiates: the dtype's ring and team all-reduces and reduce-scatters.
-    (Broadcast, all-gather and barrier are extern "C": CuPy finds an unlisted name as it is.)"""
-    return [allreduce_kernel(dtype_name, op) for op in OP_TYPES] + [
-        team_kernel(kind, dtype_name, op) for kind in ("allreduce", "reduce_scatter") for op in OP_TYPES]
+# collectives_kernels.cu's parts (CL_COLLECTIVES_PART), each compiled when a call first needs it.
+PART_UNTYPED, PART_TEAM, PART_RING = 1, 2, 3
+
+
+def kernel_names(dtype_name: str, part: int) -> list[str]:
+    """The templates a typed part instantiates: the team's all-reduces and reduce-scatters (PART_TEAM) or the
+    ring all-reduces (PART_RING) of one dtype. (The untyped part's kernels are extern "C": CuPy finds an
+    unlisted name as it is.)"""
+    if part == PART_RING:
+        return [allreduce_kernel(dtype_name, op) for op in OP_TYPES]
+    if part == PART_TEAM:
+        return [team_kernel(kind, dtype_name, op) for kind in ("allreduce", "reduce_scatter") for op in OP_TYPES]
+    return []
+
+
+def part_of(kernel: str) -> int:
+    """The part of collectives_kernels.cu that holds ``kernel`` (a name or a name expression)."""
+    if kernel.startswith("cl_allreduce<"):
+        return PART_RING
+    if kernel.startswith(("cl_team_allreduce<", "cl_team_reduce_scatter<")):
+        return PART_TEAM
+    return PART_UNTYPED
 
 
 class DeviceTeam:
@@ -160,19 +177,22 @@ class Collectives:
             self.release_local()
             raise
         self._compile = compile_device
-        self._modules: dict[str, Any] = {}
+        self._modules: dict[tuple[int, str], Any] = {}
         self.status = self.cp.zeros(1, dtype=self.cp.int32)
         device = self.bw_ring.timeout
         # A backstop: the channels' device waits give up first (with timeout 0 they never do, and
         # the host's own limit applies).
         self.host_limit = 2 * device + 5 if device else default_timeout()
 
-    def _module(self, dtype_name: str) -> Any:
-        # One module per dtype, compiled on first use: all ten at once take NVRTC ~a minute, and
-        # CuPy caches each on disk after that.
-        if dtype_name not in self._modules:
-            self._modules[dtype_name] = self._compile(KERNELS.read_text(), name_expressions=kernel_names(dtype_name))
-        return self._modules[dtype_name]
+    def _function(self, name: str, dtype_name: str) -> Any:
+        # collectives_kernels.cu in parts, each compiled on first use (NVRTC takes seconds a part; CuPy
+        # caches each on disk after that): the untyped kernels once, the team's and the ring's per dtype.
+        part = part_of(name)
+        key = (part, dtype_name if part != PART_UNTYPED else "")
+        if key not in self._modules:
+            self._modules[key] = self._compile(KERNELS.read_text(), options=(f"-DCL_COLLECTIVES_PART={part}",),
+                                               name_expressions=kernel_names(dtype_name, part) or None)
+        return self._modules[key].get_function(name)
 
     def rings_for(self, nbytes: int | None) -> DeviceRings:
         return self.ll if nbytes is not None and nbytes <= LL_MAX_BYTES else self.bw
@@ -205,7 +225,7 @@ class Collectives:
     def _launch(self, name: str, grid: int, args: tuple, what: str, dtype_name: str = "uint8") -> None:
         with self.stream:  # the status reset must precede the kernel on the same stream
             self.status.fill(0)
-        fn = self._module(dtype_name).get_function(name)
+        fn = self._function(name, dtype_name)
         # The forward-progress rule: never more resident blocks than this rank's SM share holds
         # (the *_grid forms cover every ring's slice with fewer blocks).
         grid = min(grid, self.world.backend.max_blocks(fn, THREADS))
@@ -216,7 +236,7 @@ class Collectives:
 
     def _team_launch(self, name: str, nbytes: int, args: tuple, what: str, dtype_name: str = "uint8",
                      oneshot: bool = False) -> None:
-        fn = self._module(dtype_name).get_function(name)
+        fn = self._function(name, dtype_name)
         most = self.world.backend.max_blocks(fn, THREADS)
         want = -(-nbytes // lay.LL_CHUNK_BYTES) if oneshot else -(-nbytes // (THREADS * 16 * 4))
         grid = max(1, min(most, want, TEAM_MAX_BLOCKS if not oneshot else lay.LL_CHUNKS))
