@@ -685,7 +685,7 @@ def test_cuda_collectives_order_their_stream_after_the_callers(rng):
     def launch(grid, block, args, stream):
         cp.log.append(("launch", stream.ptr))
 
-    coll._module = lambda name: types.SimpleNamespace(get_function=lambda fn: launch)
+    coll._function = lambda name, dtype_name: launch
     x = rng.integers(0, np.iinfo(np.uint64).max, size=1000, dtype=np.uint64, endpoint=True)
     for call in (lambda: coll.allreduce(x, "max"), lambda: coll.broadcast(x, 1), coll.barrier):
         cp.log.clear()
