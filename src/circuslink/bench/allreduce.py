@@ -41,6 +41,10 @@ _LOOP_TYPES = {"float32": "float", "int32": "int"}  # dtypes the timed loops are
 _LOOP_THREADS = 512
 _BYTES_PER_SAMPLE = 1 << 30  # large sizes run fewer operations a sample (at least one)
 _NVSHMEM_TIMEOUT_S = 900
+# NVSHMEM's reductions with several PEs on one GPU ran at 1-2 GB/s from 1 MiB (2 and 4 PEs, one H200): at
+# 1 GiB a sample its 64 MiB row alone took over 30 s, and the 8-PE run ran past its step. A sample of
+# 64 MiB (at least one operation; every row records its iters) keeps the baseline to seconds a size.
+_NVSHMEM_BYTES_PER_SAMPLE = 64 << 20
 _TWOSHOT_BLOCKS = 64  # as the host API's two-shot grids (collectives/_cuda.py, TEAM_MAX_BLOCKS)
 
 
@@ -192,7 +196,7 @@ def _baselines(world: Any, results: drv.Results, sizes: list[int], iters: int, w
         drv.progress(f"NVSHMEM reductions, {world.size} PEs")
         try:
             results.extend(baselines.nvshmem_allreduce(sizes, world.size, iters, warmup, samples=args.samples,
-                                                       bytes_per_sample=_BYTES_PER_SAMPLE,
+                                                       bytes_per_sample=_NVSHMEM_BYTES_PER_SAMPLE,
                                                        timeout=_NVSHMEM_TIMEOUT_S))
         except Exception as exc:  # a baseline that cannot run is reported, not fatal
             results.add(impl="nvshmem-reduce-stream", bytes=0, skipped=f"{type(exc).__name__}: {exc}")
