@@ -244,3 +244,24 @@ def test_ranks_sharing_counts_equal_identities_and_this_rank_at_least():
 
     assert _ranks_sharing(["a:1", "a:1", "b:1", "a:2", "a:1"], "a:1") == 3  # same bus id on another host differs
     assert _ranks_sharing([None], "a:1") == 1
+
+
+def test_shared_gpus_groups_by_identity_not_ordinal():
+    """Two hosts' GPU 0 are two GPUs: ranks are grouped by the GPU's identity (host and PCI bus); a repeated
+    ordinal is named with its identity."""
+    import types
+
+    from circuslink.backends import describe_shared_gpus, shared_gpus
+
+    def world(gathered):
+        return types.SimpleNamespace(device=0, backend=types.SimpleNamespace(device_identity="a:0"),
+                                     allgather_object=lambda obj: gathered)
+
+    one_host = [("a:0", 0), ("a:0", 0), ("a:1", 1)]
+    assert shared_gpus(world(one_host)) == {0: [0, 1]}
+    two_hosts = [("a:0", 0), ("b:0", 0), ("a:0", 0), ("b:0", 0)]
+    groups = shared_gpus(world(two_hosts))
+    assert sorted(groups.values()) == [[0, 2], [1, 3]]
+    assert describe_shared_gpus(groups) == "ranks 0, 2 share GPU 0 (a:0); ranks 1, 3 share GPU 0 (b:0)"
+    assert shared_gpus(world([("a:0", 0), ("b:0", 0)])) == {}
+    assert shared_gpus(types.SimpleNamespace(device=None)) == {}

@@ -36,19 +36,26 @@ SHARED_GPU_NOTE = ("ranks that share a GPU run in separate CUDA contexts, which 
                    "(no MPS): their latencies measure the time slice, not a link")
 
 
-def shared_gpus(world: Any) -> dict[int, list[int]]:
-    """Collective: ``{gpu: [ranks]}`` for each GPU that more than one rank uses (empty without GPUs)."""
+def shared_gpus(world: Any) -> dict[int | str, list[int]]:
+    """Collective: ``{gpu: [ranks]}`` for each GPU that more than one rank uses (empty without GPUs). Ranks are
+    grouped by the GPU's identity (host and PCI bus, ``backend.device_identity``), not its ordinal: two hosts'
+    GPU 0 are two GPUs. A GPU is named by its ordinal, or by ordinal and identity where ordinals repeat."""
     if world.device is None:
         return {}
-    groups: dict[int, list[int]] = {}
-    for rank, device in enumerate(world.allgather_object(world.device)):
-        groups.setdefault(int(device), []).append(rank)
-    return {d: ranks for d, ranks in groups.items() if len(ranks) > 1}
+    mine = (getattr(world.backend, "device_identity", None) or str(world.device), int(world.device))
+    groups: dict[str, tuple[int, list[int]]] = {}
+    for rank, (identity, device) in enumerate(world.allgather_object(mine)):
+        groups.setdefault(identity, (device, []))[1].append(rank)
+    shared = [(identity, device, ranks) for identity, (device, ranks) in groups.items() if len(ranks) > 1]
+    ordinals = [device for _, device, _ in shared]
+    return {(device if ordinals.count(device) == 1 else f"{device} ({identity})"): ranks
+            for identity, device, ranks in shared}
 
 
-def describe_shared_gpus(groups: dict[int, list[int]]) -> str:
+def describe_shared_gpus(groups: dict[int | str, list[int]]) -> str:
     """``"ranks 0, 1 share GPU 0"``, for messages."""
-    return "; ".join(f"ranks {', '.join(map(str, r))} share GPU {d}" for d, r in sorted(groups.items()))
+    return "; ".join(f"ranks {', '.join(map(str, r))} share GPU {d}" for d, r in sorted(groups.items(),
+                                                                                        key=lambda kv: kv[1][0]))
 
 
 def module(backend: Backend, package: str) -> ModuleType:
