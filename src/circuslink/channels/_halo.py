@@ -173,8 +173,9 @@ class Halo:
     def exchange(self, edges: Mapping[Any, Any]) -> dict[int, Any]:
         """Host API: send ``edges[d]`` (an array) toward every neighbour d, then return ``{d: halo}`` with what each
         neighbour sent this way, shaped as ``edges[d]`` (an edge and the halo beside it are faces of the same
-        shape). Every present direction must be given. Writes go first, so a halo deep enough for two edges
-        (``depth``) never blocks a write; a shallower one only waits for the neighbour's read."""
+        shape). Every present direction must be given. Writes go first, and every neighbour's reads follow its
+        own writes, so a write that finds its ring full only waits for a read that is under way (edges sent
+        as low-latency packets take a slot per 120 bytes, so even a ring of two edges' bytes can fill)."""
         given = {direction(d): e for d, e in edges.items()}
         missing = [DIRECTIONS[d] for d in self.directions if d not in given]
         extra = [DIRECTIONS[d] for d in given if self._peers[d] is None]
