@@ -166,16 +166,19 @@ __device__ void grid_copy(T* dst, const T* src, u64 n) {
   for (u64 i = done + i0; i < n; i += step) dst[i] = ld_cg(src + i);
 }
 
-// Every thread of the grid: dst[i] = op(...op(op(stage_0[off + i], stage_1[off + i]), ...), stage_n-1[off + i])
-// for i in [0, n): rank order, as every algorithm reduces (collectives/_reduce.py, fold).
-template <class T, class Op>
-__device__ void grid_fold(const Team& t, u64 off, u64 n, T* dst, Op op) {
+// Every thread of the grid: for i in [0, n), the fold op(...op(op(stage_0[off + i], stage_1[off + i]), ...),
+// stage_n-1[off + i]) in rank order, as every algorithm reduces (collectives/_reduce.py, fold), handed to
+// put_vec(i, v) as 16-byte vectors (element i of the vector's first, where `vectors` allows it: the stage
+// offset and every destination 16-byte aligned) and to put_one(i, v) for the elements past them. Four
+// vectors a thread are in flight: every rank's loads of them issued together.
+template <class T, class Op, class PutVec, class PutOne>
+__device__ void grid_fold_each(const Team& t, u64 off, u64 n, bool vectors, Op op, PutVec put_vec, PutOne put_one) {
   const u64 i0 = grid_thread(), step = grid_threads();
   u64 done = 0;
-  if (aligned16(dst) && ((off * sizeof(T)) & 15u) == 0 && sizeof(T) <= 16) {
+  if (vectors && ((off * sizeof(T)) & 15u) == 0 && sizeof(T) <= 16) {
     const u64 vecs = n * sizeof(T) / 16;
     u64 i = i0;
-    for (; i + 3 * step < vecs; i += 4 * step) {  // four vectors a thread, every rank's loads issued together
+    for (; i + 3 * step < vecs; i += 4 * step) {
       const uint4* s0 = reinterpret_cast<const uint4*>(stage_of<T>(t, 0) + off) + i;
       uint4 a0 = __ldcg(s0), a1 = __ldcg(s0 + step), a2 = __ldcg(s0 + 2 * step), a3 = __ldcg(s0 + 3 * step);
       for (unsigned int q = 1; q < t.size; ++q) {
@@ -186,79 +189,49 @@ __device__ void grid_fold(const Team& t, u64 off, u64 n, T* dst, Op op) {
         a2 = vec_op<T>(a2, b2, op);
         a3 = vec_op<T>(a3, b3, op);
       }
-      uint4* d = reinterpret_cast<uint4*>(dst) + i;
-      d[0] = a0;
-      d[step] = a1;
-      d[2 * step] = a2;
-      d[3 * step] = a3;
+      put_vec(i, a0);
+      put_vec(i + step, a1);
+      put_vec(i + 2 * step, a2);
+      put_vec(i + 3 * step, a3);
     }
     for (; i < vecs; i += step) {
       uint4 acc = __ldcg(reinterpret_cast<const uint4*>(stage_of<T>(t, 0) + off) + i);
       for (unsigned int q = 1; q < t.size; ++q)
         acc = vec_op<T>(acc, __ldcg(reinterpret_cast<const uint4*>(stage_of<T>(t, q) + off) + i), op);
-      reinterpret_cast<uint4*>(dst)[i] = acc;
+      put_vec(i, acc);
     }
     done = vecs * 16 / sizeof(T);
   }
   for (u64 i = done + i0; i < n; i += step) {
     T acc = ld_cg(stage_of<T>(t, 0) + off + i);
     for (unsigned int q = 1; q < t.size; ++q) acc = op(acc, ld_cg(stage_of<T>(t, q) + off + i));
-    dst[i] = acc;
+    put_one(i, acc);
   }
 }
 
-// Every thread of the grid: the fold of grid_fold over [off, off + n) of every rank's stage, stored into
-// every rank's stage at the same place (and into out[0, n) when out is not null): the reduce-scatter's
-// result pushed to its readers, so that the all-gather is a local copy (or nothing). Only the segment's
-// owner reads or writes [off, off + n) of any stage between the two barriers around this.
+// Every thread of the grid: dst[i] = the fold of [off, off + n) of every rank's stage.
+template <class T, class Op>
+__device__ void grid_fold(const Team& t, u64 off, u64 n, T* dst, Op op) {
+  grid_fold_each<T>(t, off, n, aligned16(dst), op, [&](u64 i, uint4 v) { reinterpret_cast<uint4*>(dst)[i] = v; },
+                    [&](u64 i, T v) { dst[i] = v; });
+}
+
+// Every thread of the grid: the same fold, stored into every rank's stage at the same place (and into
+// out[0, n) when out is not null): the reduce-scatter's result pushed to its readers, so that the
+// all-gather is a local copy (or nothing). Only the segment's owner reads or writes [off, off + n) of any
+// stage between the two barriers around this.
 template <class T, class Op>
 __device__ void grid_fold_push(const Team& t, u64 off, u64 n, T* out, Op op) {
-  const u64 i0 = grid_thread(), step = grid_threads();
-  u64 done = 0;
-  if (((off * sizeof(T)) & 15u) == 0 && (out == nullptr || aligned16(out)) && sizeof(T) <= 16) {
-    const u64 vecs = n * sizeof(T) / 16;
-    u64 i = i0;
-    for (; i + 3 * step < vecs; i += 4 * step) {  // four vectors a thread in flight, as grid_fold
-      const uint4* s0 = reinterpret_cast<const uint4*>(stage_of<T>(t, 0) + off) + i;
-      uint4 a0 = __ldcg(s0), a1 = __ldcg(s0 + step), a2 = __ldcg(s0 + 2 * step), a3 = __ldcg(s0 + 3 * step);
-      for (unsigned int q = 1; q < t.size; ++q) {
-        const uint4* sq = reinterpret_cast<const uint4*>(stage_of<T>(t, q) + off) + i;
-        const uint4 b0 = __ldcg(sq), b1 = __ldcg(sq + step), b2 = __ldcg(sq + 2 * step), b3 = __ldcg(sq + 3 * step);
-        a0 = vec_op<T>(a0, b0, op);
-        a1 = vec_op<T>(a1, b1, op);
-        a2 = vec_op<T>(a2, b2, op);
-        a3 = vec_op<T>(a3, b3, op);
-      }
-      for (unsigned int q = 0; q < t.size; ++q) {
-        uint4* d = reinterpret_cast<uint4*>(stage_of<T>(t, q) + off) + i;
-        d[0] = a0;
-        d[step] = a1;
-        d[2 * step] = a2;
-        d[3 * step] = a3;
-      }
-      if (out) {
-        uint4* d = reinterpret_cast<uint4*>(out) + i;
-        d[0] = a0;
-        d[step] = a1;
-        d[2 * step] = a2;
-        d[3 * step] = a3;
-      }
-    }
-    for (; i < vecs; i += step) {
-      uint4 acc = __ldcg(reinterpret_cast<const uint4*>(stage_of<T>(t, 0) + off) + i);
-      for (unsigned int q = 1; q < t.size; ++q)
-        acc = vec_op<T>(acc, __ldcg(reinterpret_cast<const uint4*>(stage_of<T>(t, q) + off) + i), op);
-      for (unsigned int q = 0; q < t.size; ++q) reinterpret_cast<uint4*>(stage_of<T>(t, q) + off)[i] = acc;
-      if (out) reinterpret_cast<uint4*>(out)[i] = acc;
-    }
-    done = vecs * 16 / sizeof(T);
-  }
-  for (u64 i = done + i0; i < n; i += step) {
-    T acc = ld_cg(stage_of<T>(t, 0) + off + i);
-    for (unsigned int q = 1; q < t.size; ++q) acc = op(acc, ld_cg(stage_of<T>(t, q) + off + i));
-    for (unsigned int q = 0; q < t.size; ++q) stage_of<T>(t, q)[off + i] = acc;
-    if (out) out[i] = acc;
-  }
+  grid_fold_each<T>(
+      t, off, n, out == nullptr || aligned16(out), op,
+      [&](u64 i, uint4 v) {
+        for (unsigned int q = 0; q < t.size; ++q) reinterpret_cast<uint4*>(stage_of<T>(t, q) + off)[i] = v;
+        if (out) reinterpret_cast<uint4*>(out)[i] = v;
+      },
+      [&](u64 i, T v) {
+        for (unsigned int q = 0; q < t.size; ++q) stage_of<T>(t, q)[off + i] = v;
+        if (out) out[i] = v;
+      });
 }
 
 // [lo, hi) of segment i: the cut of collectives_impl.cuh's detail::segment (whole 16-byte units).
