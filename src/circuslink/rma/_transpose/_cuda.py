@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..._abi import PTR, U32, U64, Struct
+from ..._config import default_timeout
 from ..._wait import Deadline, wait_until
 from ...errors import RmaError
 from .. import _tile_model as tm
@@ -165,7 +166,14 @@ class DeviceChain:
         blob[:TRANSPOSE_CHAIN.size] = chain.tobytes()
         blob[head:] = descs.tobytes()
         host = np.frombuffer(bytes(blob), dtype=np.uint8)
-        cp.cuda.runtime.memcpy(mem.ptr, host.ctypes.data, len(blob), cp.cuda.runtime.memcpyHostToDevice)
+        # On a stream of its own and waited for with a bound: a plain cudaMemcpy runs on the legacy stream,
+        # which waits for every blocking stream's kernels (a resident agent's included) without a limit.
+        upload = cp.cuda.Stream(non_blocking=True)
+        cp.cuda.runtime.memcpyAsync(mem.ptr, host.ctypes.data, len(blob), cp.cuda.runtime.memcpyHostToDevice,
+                                    upload.ptr)
+        self.world.backend.wait_stream(upload, Deadline.after(default_timeout()),
+                                       lambda: f"rank {self.world.rank}: the upload of a transposing chain's "
+                                               f"{len(self.pieces)} descriptors")
         self.mem = mem
         self.ptr = mem.ptr
         # Compiled and sized now, not at the first launch, which may be inside a graph capture.
