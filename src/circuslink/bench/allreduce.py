@@ -127,7 +127,8 @@ def _run(world: Any, args: argparse.Namespace) -> int:
     # A rank stuck in a kernel reports the wait that stalled after its own bounded wait (the channels'
     # and the team's time-out, then the host's backstop): the others wait longer than that at the host
     # handshakes, so that the stalled rank's message is the one the job ends with.
-    handshake_s = 2 * default_timeout() + 10 if default_timeout() else None
+    limit = default_timeout()
+    handshake_s = 2 * limit + 10 if limit else None
     xp = world.xp
     rng = np.random.default_rng()
     try:
