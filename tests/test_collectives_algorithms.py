@@ -81,7 +81,7 @@ w.close()
 
 
 @pytest.mark.parametrize("backend, n", [on_backend("cpu", n, id=f"cpu-{n}") for n in (2, 3, 4, 8)] + [
-    on_backend("cuda", n, id=f"cuda-{n}", marks=[pytest.mark.slow] if n == 8 else []) for n in (2, 4, 8)])
+    on_backend("cuda", n, id=f"cuda-{n}", marks=[pytest.mark.slow] if n == 8 else []) for n in (2, 3, 4, 8)])
 def test_every_algorithm_is_exact(spmd, backend, n):
     job = spmd(n, _BODY, backend=backend, job_timeout=600).check()
     assert job.stdout.count("ok") == n

@@ -55,8 +55,9 @@ def test_test_kernel_compiles(kernel, tmp_path):
 WIDE_KERNELS = [
     ("bench/kernels/allreduce_loop.cu",
      "template __global__ void allreduce_loop<double>(cc::Rings, cc::Team, double*, unsigned long long, unsigned int, "
-     "unsigned long long*, tr::Handle, int*); template __global__ void team_allreduce_loop<float>(cc::Team, float*, "
-     "unsigned long long, unsigned int, int, unsigned long long*, int*);"),
+     "unsigned long long*, tr::Handle, int*); template __global__ void team_oneshot_loop<float>(cc::Team, float*, "
+     "unsigned long long, unsigned int, unsigned long long*, int*); template __global__ void "
+     "team_stage_loop<float>(cc::Team, float*, unsigned long long, unsigned int, unsigned long long*, int*);"),
     ("collectives/collectives_kernels.cu",
      "template __global__ void cl_allreduce<double, circuslink::collectives::Sum>(circuslink::collectives::Rings, "
      "double*, unsigned long long, int*); template __global__ void cl_team_allreduce<double, "

@@ -15,8 +15,10 @@
 #define CL_INSTANTIATE_LOOP(T)                                                                                   \
   template __global__ void allreduce_loop<T>(cc::Rings, cc::Team, T*, unsigned long long, unsigned int,          \
                                              unsigned long long*, tr::Handle, int*);                             \
-  template __global__ void team_allreduce_loop<T>(cc::Team, T*, unsigned long long, unsigned int, int,           \
-                                                  unsigned long long*, int*);
+  template __global__ void team_oneshot_loop<T>(cc::Team, T*, unsigned long long, unsigned int,                 \
+                                                unsigned long long*, int*);                                      \
+  template __global__ void team_stage_loop<T>(cc::Team, T*, unsigned long long, unsigned int, unsigned long long*, \
+                                              int*);
 
 template __global__ void fused<float>(cc::Rings, int, float*, unsigned long long, int*);
 template __global__ void grid_calls<unsigned int>(cc::Rings, unsigned int*, unsigned long long, unsigned int*,

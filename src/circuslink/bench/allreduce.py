@@ -229,7 +229,7 @@ class _DeviceLoop:
 
         cp = world.xp
         self.world, self.comm, self.cp = world, comm, cp
-        names = [f"{k}<{t}>" for t in _LOOP_TYPES.values() for k in ("allreduce_loop", "team_allreduce_loop")]
+        names = [f"{k}<{t}>" for t in _LOOP_TYPES.values() for k in ("allreduce_loop", "team_oneshot_loop", "team_stage_loop")]
         self.module = cl.compile(_LOOP_KERNEL.read_text(), name_expressions=names)
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.t = cp.zeros(2, dtype=cp.uint64)
@@ -261,12 +261,12 @@ class _DeviceLoop:
             args = (handle, self.team, data, np.uint64(data.size), np.uint32(iters), self.t,
                     trace if trace is not None else Tracer.null_handle(), self.failed)
         else:
-            fn = self.module.get_function(f"team_allreduce_loop<{_LOOP_TYPES[name]}>")
+            kernel = "team_oneshot_loop" if algo == "oneshot" else "team_stage_loop"
+            fn = self.module.get_function(f"{kernel}<{_LOOP_TYPES[name]}>")
             most = backend.max_blocks(fn, _LOOP_THREADS)
             want = -(-data.nbytes // 1024) if algo == "oneshot" else -(-data.nbytes // (_LOOP_THREADS * 64))
             grid = max(1, min(most, want, 64 if algo == "oneshot" else _TWOSHOT_BLOCKS))
-            args = (self.team, data, np.uint64(data.size), np.uint32(iters), np.int32(1 if algo == "oneshot" else 2),
-                    self.t, self.failed)
+            args = (self.team, data, np.uint64(data.size), np.uint32(iters), self.t, self.failed)
         backend.launch_resident(fn, grid, _LOOP_THREADS, args, stream=self.stream)
         self.comm.wait(self.stream, f"allreduce loop ({algo})")  # bounded; raises the error of what stalled
         if int(self.failed.get()[0]):

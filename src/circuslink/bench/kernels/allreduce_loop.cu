@@ -2,7 +2,8 @@
 // all-reduces back to back in one launch, as a user's kernel would call them, through the public
 // device API alone (collectives.cuh, trace.cuh). Every loop starts with the team's device-side barrier
 // (cc::barrier: every block of every rank has arrived) before its clock, as nccl-tests barriers before
-// timing. Instantiated by name: allreduce_loop<float>, team_allreduce_loop<float>, ... (int too).
+// timing. Instantiated by name: allreduce_loop<float>, team_oneshot_loop<float>, team_stage_loop<float>, ...
+// (int too).
 #include <circuslink/collectives.cuh>
 #include <circuslink/trace.cuh>
 
@@ -39,19 +40,29 @@ __global__ void __launch_bounds__(512) allreduce_loop(cc::Rings rings, cc::Team 
   loop_end(t, t0);
 }
 
-// The team: algo 1 = one-shot on `data` (any device memory), 2 = two-shot in place on the stage (the
-// symmetric form: the data was copied there by the first call, outside the clock).
+// The team's one-shot on `data` (any device memory).
 template <class T>
-__global__ void __launch_bounds__(512) team_allreduce_loop(cc::Team team, T* data, unsigned long long n,
-                                                           unsigned int iters, int algo, unsigned long long* t,
-                                                           int* failed) {
-  if (algo == 2) circuslink::collectives::detail::grid_copy(cc::stage<T>(team), data, n);
+__global__ void __launch_bounds__(512) team_oneshot_loop(cc::Team team, T* data, unsigned long long n,
+                                                         unsigned int iters, unsigned long long* t, int* failed) {
   if (!cc::barrier(team)) return loop_fail(failed);
   const unsigned long long t0 = tr::now_ns();
   for (unsigned int i = 0; i < iters; ++i) {
-    const bool ok = algo == 1 ? cc::allreduce_oneshot(team, data, data, n, cc::Sum())
-                              : cc::allreduce_stage<T>(team, n, cc::Sum());
-    if (!ok) return loop_fail(failed);
+    if (!cc::allreduce_oneshot(team, data, data, n, cc::Sum())) return loop_fail(failed);
+  }
+  loop_end(t, t0);
+}
+
+// The team's two-shot in place on the stage (the symmetric form: the data is copied there first, outside
+// the clock). A kernel of its own, not a switch in the one-shot's: each gets its own registers (one kernel
+// for both spilled in the fold's loop).
+template <class T>
+__global__ void __launch_bounds__(512) team_stage_loop(cc::Team team, T* data, unsigned long long n,
+                                                       unsigned int iters, unsigned long long* t, int* failed) {
+  circuslink::collectives::detail::grid_copy(cc::stage<T>(team), data, n);
+  if (!cc::barrier(team)) return loop_fail(failed);
+  const unsigned long long t0 = tr::now_ns();
+  for (unsigned int i = 0; i < iters; ++i) {
+    if (!cc::allreduce_stage<T>(team, n, cc::Sum())) return loop_fail(failed);
   }
   loop_end(t, t0);
 }

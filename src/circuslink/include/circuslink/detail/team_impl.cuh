@@ -166,13 +166,26 @@ __device__ void grid_copy(T* dst, const T* src, u64 n) {
   for (u64 i = done + i0; i < n; i += step) dst[i] = ld_cg(src + i);
 }
 
+// d[i], d[i + step], d[i + 2 step], d[i + 3 step] = v0..v3.
+__device__ __forceinline__ void put4(uint4* d, u64 i, u64 step, uint4 v0, uint4 v1, uint4 v2, uint4 v3) {
+  d[i] = v0;
+  d[i + step] = v1;
+  d[i + 2 * step] = v2;
+  d[i + 3 * step] = v3;
+}
+
 // Every thread of the grid: for i in [0, n), the fold op(...op(op(stage_0[off + i], stage_1[off + i]), ...),
-// stage_n-1[off + i]) in rank order, as every algorithm reduces (collectives/_reduce.py, fold), handed to
-// put_vec(i, v) as 16-byte vectors (element i of the vector's first, where `vectors` allows it: the stage
-// offset and every destination 16-byte aligned) and to put_one(i, v) for the elements past them. Four
-// vectors a thread are in flight: every rank's loads of them issued together.
-template <class T, class Op, class PutVec, class PutOne>
-__device__ void grid_fold_each(const Team& t, u64 off, u64 n, bool vectors, Op op, PutVec put_vec, PutOne put_one) {
+// stage_n-1[off + i]) in rank order, as every algorithm reduces (collectives/_reduce.py, fold), handed over
+// as 16-byte vectors (vector i's first element is element i * 16 / sizeof(T), where `vectors` allows it: the
+// stage offset and every destination 16-byte aligned) and element by element past them. Four vectors a
+// thread are in flight: every rank's loads of them issued together, then put_four(i, step, v0, v1, v2, v3)
+// stores vectors i, i + step, i + 2 step, i + 3 step. A destination's four stores go out together: one
+// put_vec per vector, each storing to every destination, was 16 % slower at 64 MiB on 2 ranks (one H200,
+// 688 against 822 GB/s bus bandwidth) and spilled more. put_vec(i, v) takes the vectors past the last four,
+// put_one(i, v) the elements past the vectors.
+template <class T, class Op, class PutFour, class PutVec, class PutOne>
+__device__ void grid_fold_each(const Team& t, u64 off, u64 n, bool vectors, Op op, PutFour put_four, PutVec put_vec,
+                               PutOne put_one) {
   const u64 i0 = grid_thread(), step = grid_threads();
   u64 done = 0;
   if (vectors && ((off * sizeof(T)) & 15u) == 0 && sizeof(T) <= 16) {
@@ -189,10 +202,7 @@ __device__ void grid_fold_each(const Team& t, u64 off, u64 n, bool vectors, Op o
         a2 = vec_op<T>(a2, b2, op);
         a3 = vec_op<T>(a3, b3, op);
       }
-      put_vec(i, a0);
-      put_vec(i + step, a1);
-      put_vec(i + 2 * step, a2);
-      put_vec(i + 3 * step, a3);
+      put_four(i, step, a0, a1, a2, a3);
     }
     for (; i < vecs; i += step) {
       uint4 acc = __ldcg(reinterpret_cast<const uint4*>(stage_of<T>(t, 0) + off) + i);
@@ -212,8 +222,11 @@ __device__ void grid_fold_each(const Team& t, u64 off, u64 n, bool vectors, Op o
 // Every thread of the grid: dst[i] = the fold of [off, off + n) of every rank's stage.
 template <class T, class Op>
 __device__ void grid_fold(const Team& t, u64 off, u64 n, T* dst, Op op) {
-  grid_fold_each<T>(t, off, n, aligned16(dst), op, [&](u64 i, uint4 v) { reinterpret_cast<uint4*>(dst)[i] = v; },
-                    [&](u64 i, T v) { dst[i] = v; });
+  uint4* d = reinterpret_cast<uint4*>(dst);
+  grid_fold_each<T>(
+      t, off, n, aligned16(dst), op,
+      [&](u64 i, u64 step, uint4 v0, uint4 v1, uint4 v2, uint4 v3) { put4(d, i, step, v0, v1, v2, v3); },
+      [&](u64 i, uint4 v) { d[i] = v; }, [&](u64 i, T v) { dst[i] = v; });
 }
 
 // Every thread of the grid: the same fold, stored into every rank's stage at the same place (and into
@@ -224,6 +237,11 @@ template <class T, class Op>
 __device__ void grid_fold_push(const Team& t, u64 off, u64 n, T* out, Op op) {
   grid_fold_each<T>(
       t, off, n, out == nullptr || aligned16(out), op,
+      [&](u64 i, u64 step, uint4 v0, uint4 v1, uint4 v2, uint4 v3) {
+        for (unsigned int q = 0; q < t.size; ++q)
+          put4(reinterpret_cast<uint4*>(stage_of<T>(t, q) + off), i, step, v0, v1, v2, v3);
+        if (out) put4(reinterpret_cast<uint4*>(out), i, step, v0, v1, v2, v3);
+      },
       [&](u64 i, uint4 v) {
         for (unsigned int q = 0; q < t.size; ++q) reinterpret_cast<uint4*>(stage_of<T>(t, q) + off)[i] = v;
         if (out) reinterpret_cast<uint4*>(out)[i] = v;
@@ -269,6 +287,15 @@ __device__ __forceinline__ uint4* ll_slot(const Team& t, unsigned int owner, uns
          ((static_cast<u64>(chunk) * 2 + parity) * t.size + src) * kLLLines;
 }
 
+// Threads a one-shot line takes: the team size rounded up to a power of two (a group inside one warp),
+// or 1 for two ranks, for more than 32, or where the block has fewer threads than that.
+__device__ __forceinline__ unsigned int oneshot_width(unsigned int size, unsigned int threads) {
+  if (size <= 2 || size > 32) return 1;
+  unsigned int w = 1;
+  while (w < size) w <<= 1;
+  return w <= threads ? w : 1;
+}
+
 // Op over the `valid` bytes of an 8-byte unit (whole elements), as two words.
 template <class T, class Op>
 __device__ __forceinline__ u64 unit_op(u64 a, u64 b, unsigned int valid, Op op) {
@@ -282,16 +309,24 @@ __device__ __forceinline__ u64 unit_op(u64 a, u64 b, unsigned int valid, Op op) 
 
 // ---- one-shot (LL) -------------------------------------------------------------------------------------
 // Every thread of the grid, n * sizeof(T) <= kLLChunks * kLLChunkBytes, sizeof(T) <= 8: out = op over every
-// rank's in (out may be in). Chunk c (1 KiB) is block c mod G's; each of its threads stores one 16-byte
-// LL line into every peer's slot for me, then folds every rank's line in rank order as it arrives. The
-// chunk's call number (private, per chunk: whichever block handles it next continues the count) is the
+// rank's in (out may be in). Chunk c (1 KiB) is block c mod G's; it stores each 8-byte line of mine as one
+// 16-byte LL line into every peer's slot for me, and folds every rank's line in rank order as it arrives.
+// The chunk's call number (private, per chunk: whichever block handles it next continues the count) is the
 // flag, and its parity picks one of two slot sets, so nothing is ever reset: one round trip a call.
+//
+// Who waits for whom: with two ranks a line is one thread's (one peer: one store, one poll). With more, a
+// line is a group of `width` threads (the team size rounded up to a power of two, at most 32, so a group
+// is part of one warp): thread q of the group stores to rank q and polls rank q's line, so every peer's
+// store and poll are in flight at once, and the group folds the values through shuffles in rank order.
+// One thread polling its peers in turn paid a round trip a peer: 1.29 against 0.79 us a call at 4 ranks,
+// 2.43 against 0.89 at 8 (one H200 under MPS). Teams over 32 ranks keep one thread a line.
 template <class T, class Op>
 __device__ bool allreduce_oneshot(const Team& t, const T* in, T* out, unsigned long long n, Op op) {
   using detail::u64;
   const u64 nbytes = n * sizeof(T);
   const unsigned int chunks = static_cast<unsigned int>((nbytes + kLLChunkBytes - 1) / kLLChunkBytes);
   const unsigned int tid = detail::block_thread();
+  const unsigned int width = detail::oneshot_width(t.size, detail::block_threads());
   __shared__ unsigned int call_s;
   int failed = 0;
   // This thread's 8 bytes at `off` (the `valid` bytes that exist), as one word.
@@ -302,53 +337,86 @@ __device__ bool allreduce_oneshot(const Team& t, const T* in, T* out, unsigned l
     for (unsigned int b = 0; b < valid; ++b) v |= static_cast<u64>(src[b]) << (8 * b);
     return v;
   };
+  auto valid_at = [&](u64 off) -> unsigned int {
+    return nbytes - off < 8 ? static_cast<unsigned int>(nbytes - off) : 8u;
+  };
+  auto put_unit = [&](u64 off, unsigned int valid, u64 acc) {
+    unsigned char* dst = reinterpret_cast<unsigned char*>(out) + off;
+    if (valid == 8 && (reinterpret_cast<u64>(dst) & 7u) == 0) {
+      *reinterpret_cast<u64*>(dst) = acc;
+    } else {
+      for (unsigned int b = 0; b < valid; ++b) dst[b] = static_cast<unsigned char>(acc >> (8 * b));
+    }
+  };
+  // Rank q's line `line` of chunk c into v, or a time-out recorded against q.
+  auto await_line = [&](unsigned int q, unsigned int c, unsigned int parity, unsigned int line, unsigned int call,
+                        u64& v) -> bool {
+    const uint4* slot = detail::ll_slot(t, t.rank, c, parity, q) + line;
+    uint4 got;
+    circuslink::detail::Deadline d = circuslink::detail::Deadline::after(t.timeout_ns, t.abort);
+    if (!circuslink::detail::spin_until([&] {
+          got = detail::ll_load(slot);
+          return got.y == call && got.w == call;
+        }, d)) {
+      detail::team_fail(t, kTeamErrorSlot, q, c, call);
+      return false;
+    }
+    v = static_cast<u64>(got.x) | (static_cast<u64>(got.z) << 32);
+    return true;
+  };
   for (unsigned int c = detail::team_block(); c < chunks; c += detail::team_blocks()) {
     const u64 lo = static_cast<u64>(c) * kLLChunkBytes;
     const u64 bytes = nbytes - lo < kLLChunkBytes ? nbytes - lo : kLLChunkBytes;
     const unsigned int lines = static_cast<unsigned int>((bytes + 7) / 8);
     // The first line's data is loaded while thread 0 loads the call number: two loads in flight, not
     // one after the other, on the latency path.
-    const u64 first_off = lo + static_cast<u64>(tid) * 8;
-    const unsigned int first_valid =
-        tid < lines && nbytes - first_off < 8 ? static_cast<unsigned int>(nbytes - first_off) : 8u;
-    const u64 first = tid < lines ? unit_at(first_off, first_valid) : 0;
+    const unsigned int first_line = tid / width;
+    const u64 first_off = lo + static_cast<u64>(first_line) * 8;
+    const u64 first = first_line < lines ? unit_at(first_off, valid_at(first_off)) : 0;
     if (tid == 0) call_s = t.counters[kTeamCounterChunk + c] + 1u;
     __syncthreads();
     const unsigned int call = call_s, parity = call & 1u;
-    for (unsigned int line = tid; line < lines; line += detail::block_threads()) {
-      const u64 off = lo + static_cast<u64>(line) * 8;
-      const unsigned int valid = nbytes - off < 8 ? static_cast<unsigned int>(nbytes - off) : 8u;
-      const u64 mine = line == tid ? first : unit_at(off, valid);
-      for (unsigned int k = 1; k < t.size; ++k) {  // peers in the order rank + 1, rank + 2, ...: spread the stores
-        const unsigned int q = (t.rank + k) % t.size;
-        detail::ll_store(detail::ll_slot(t, q, c, parity, t.rank) + line, static_cast<unsigned int>(mine),
-                         static_cast<unsigned int>(mine >> 32), call);
-      }
-      u64 acc = 0;
-      for (unsigned int q = 0; q < t.size && !failed; ++q) {
-        u64 v = mine;
-        if (q != t.rank) {
-          const uint4* slot = detail::ll_slot(t, t.rank, c, parity, q) + line;
-          uint4 got;
-          circuslink::detail::Deadline d = circuslink::detail::Deadline::after(t.timeout_ns, t.abort);
-          if (!circuslink::detail::spin_until([&] {
-                got = detail::ll_load(slot);
-                return got.y == call && got.w == call;
-              }, d)) {
-            detail::team_fail(t, kTeamErrorSlot, q, c, call);
-            failed = 1;
-            break;
-          }
-          v = static_cast<u64>(got.x) | (static_cast<u64>(got.z) << 32);
+    if (width == 1) {
+      for (unsigned int line = tid; line < lines; line += detail::block_threads()) {
+        const u64 off = lo + static_cast<u64>(line) * 8;
+        const unsigned int valid = valid_at(off);
+        const u64 mine = line == tid ? first : unit_at(off, valid);
+        for (unsigned int k = 1; k < t.size; ++k) {  // peers in the order rank + 1, rank + 2, ...: spread the stores
+          const unsigned int q = (t.rank + k) % t.size;
+          detail::ll_store(detail::ll_slot(t, q, c, parity, t.rank) + line, static_cast<unsigned int>(mine),
+                           static_cast<unsigned int>(mine >> 32), call);
         }
-        acc = q == 0 ? v : detail::unit_op<T>(acc, v, valid, op);
+        u64 acc = 0;
+        for (unsigned int q = 0; q < t.size && !failed; ++q) {
+          u64 v = mine;
+          if (q != t.rank && !await_line(q, c, parity, line, call, v)) failed = 1;
+          acc = q == 0 ? v : detail::unit_op<T>(acc, v, valid, op);
+        }
+        if (failed) break;
+        put_unit(off, valid, acc);
       }
-      if (failed) break;
-      unsigned char* dst = reinterpret_cast<unsigned char*>(out) + off;
-      if (valid == 8 && (reinterpret_cast<u64>(dst) & 7u) == 0) {
-        *reinterpret_cast<u64*>(dst) = acc;
-      } else {
-        for (unsigned int b = 0; b < valid; ++b) dst[b] = static_cast<unsigned char>(acc >> (8 * b));
+    } else {
+      // Rounds of `groups` lines, the same count for every thread of the block, so that a group's shuffles
+      // always meet every lane of its warp (a block's last warp may be partial: its lanes alone).
+      const unsigned int threads = detail::block_threads(), groups = threads / width, q = tid % width;
+      const unsigned int warp_lanes = threads - (tid & ~31u) < 32u ? threads - (tid & ~31u) : 32u;
+      const unsigned int lanes = warp_lanes == 32u ? 0xffffffffu : (1u << warp_lanes) - 1u;
+      for (unsigned int round = 0; round * groups < lines; ++round) {
+        const unsigned int line = round * groups + tid / width;
+        const bool active = tid / width < groups && line < lines;
+        const u64 off = lo + static_cast<u64>(line) * 8;
+        const unsigned int valid = active ? valid_at(off) : 8u;
+        const u64 mine = !active ? 0 : round == 0 ? first : unit_at(off, valid);
+        u64 v = mine;
+        if (active && q < t.size && q != t.rank && !failed) {
+          detail::ll_store(detail::ll_slot(t, q, c, parity, t.rank) + line, static_cast<unsigned int>(mine),
+                           static_cast<unsigned int>(mine >> 32), call);
+          if (!await_line(q, c, parity, line, call, v)) failed = 1;
+        }
+        u64 acc = __shfl_sync(lanes, v, 0, width);
+        for (unsigned int k = 1; k < t.size; ++k)
+          acc = detail::unit_op<T>(acc, __shfl_sync(lanes, v, k, width), valid, op);
+        if (!__any_sync(lanes, failed) && active && q == 0) put_unit(off, valid, acc);
       }
     }
     if (__syncthreads_or(failed)) return false;

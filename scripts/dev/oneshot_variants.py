@@ -1,0 +1,77 @@
+"""Dev experiment: where the one-shot all-reduce's 8-byte time goes (kernels in oneshot_variants.cu).
+
+    circuslink run -n 2 -- python scripts/dev/oneshot_variants.py [--json FILE]
+
+One row a variant: microseconds a call (median and minimum over samples of `iters` calls; the slowest
+rank's clock), side by side with the same run's relaxed store+poll floor from `circuslink probe`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+import circuslink as cl
+from circuslink import probe
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--json", default=None)
+parser.add_argument("--samples", type=int, default=11)
+parser.add_argument("--iters", type=int, default=2000)
+args = parser.parse_args()
+
+w = cl.init()
+cp = w.xp
+mod = cl.compile(Path(__file__).with_name("oneshot_variants.cu").read_text())
+buf = w.alloc(16 << 20)
+cp.cuda.runtime.memset(buf.ptr(w.rank), 0, 16 << 20)
+peers = cp.asarray(np.array(buf.ptrs, dtype=np.uint64))
+counters = cp.zeros(128, dtype=cp.uint32)
+error = cp.zeros(4, dtype=cp.uint32)
+data = cp.zeros(2, dtype=cp.float32)
+times = cp.zeros(2, dtype=cp.uint64)
+I32, U32 = np.int32, np.uint32
+base = 1 << 20
+rows = []
+
+
+def timed(kernel: str, threads: int) -> None:
+    global base
+    f = mod.get_function(kernel)
+    warmup = 100
+    samples = []
+    for _ in range(args.samples):
+        w.barrier()
+        if kernel == "real":
+            f((1,), (threads,), (I32(w.rank), I32(w.size), peers, counters, error, data, I32(warmup), I32(args.iters),
+                                 times))
+        else:
+            counters[0] = base
+            f((1,), (threads,), (I32(w.rank), I32(w.size), peers, counters, data, U32(base), I32(warmup),
+                                 I32(args.iters), times))
+        base += warmup + args.iters + 16
+        cp.cuda.Device().synchronize()
+        t = times.get()
+        per = max(w.allgather_object((int(t[1]) - int(t[0])) / args.iters / 1e3))
+        samples.append(per)
+    if int(error.get()[0]):
+        raise SystemExit(f"{kernel}: the team reported error {error.get().tolist()}")
+    if w.rank == 0:
+        row = dict(variant=kernel, threads=threads, ranks=w.size, us=statistics.median(samples), min_us=min(samples))
+        rows.append(row)
+        print(f"{kernel:14s} {threads:4d} threads {w.size} ranks: {row['us']:.3f} us (min {row['min_us']:.3f})",
+              flush=True)
+
+
+floor = probe.measure(w, quick=True)
+for kernel, threads in (("real", 512), ("serial_min", 32), ("serial_io", 32), ("serial_io_ctr", 32),
+                        ("serial_all", 512), ("lanes_min", 32), ("lanes_all", 512), ("real", 512)):
+    timed(kernel, threads)
+if w.rank == 0:
+    print("floor:", floor)
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(rows=rows, floor=str(floor)), indent=1))
+w.close()
