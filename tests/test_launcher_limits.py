@@ -198,6 +198,18 @@ def test_more_ranks_than_memory_is_refused_in_one_line(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("extra", [(), ("--ranks-per-node", "2")])
+def test_an_absurd_rank_count_is_refused_at_once(tmp_path, extra):
+    """A mistyped -n (10^9 ranks) is refused by the memory check within seconds, before the launcher lays out a
+    list of every rank (which alone would take many GiB, and minutes)."""
+    n = 10**9
+    t0 = time.monotonic()
+    proc = _cli(_env(tmp_path), "run", "-n", str(n), *extra, "--backend", "cpu", "--", "true", timeout=30)
+    assert time.monotonic() - t0 < 20
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr[:2000]
+    assert proc.stderr.startswith(f"circuslink: error: {n} ranks need about") and "start at most" in proc.stderr
+
+
 def test_more_ranks_on_a_gpu_than_mps_clients_is_refused(tmp_path):
     from circuslink.launcher import MPS_CLIENTS_PER_GPU
 

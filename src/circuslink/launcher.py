@@ -124,6 +124,7 @@ def launch(
         raise ConfigError("no command to run: give it after '--', e.g. circuslink run -n 2 -- python app.py")
     default_timeout(dict(os.environ, **(extra_env or {})))  # the ranks' time-out, refused here, not in every rank
     backend = resolve_backend(backend)
+    _check_host_memory(nranks, backend, rank_bytes)  # by the count alone, before anything lists every rank
     command = list(command)
     if command[0].endswith(".py"):
         command = [sys.executable, *command]
@@ -318,6 +319,20 @@ def check_limits(nranks: int, backend: str, per_gpu: dict[int, int], mps_mode: s
         raise ConfigError(f"{n} ranks on GPU {d}: an MPS server takes at most {MPS_CLIENTS_PER_GPU} clients on one "
                           f"GPU; start at most {MPS_CLIENTS_PER_GPU * max(1, len(per_gpu))} ranks on "
                           f"{len(per_gpu)} GPU(s) (or --mps off, time-sliced)")
+    _check_host_memory(nranks, backend, rank_bytes)
+    if per_gpu:
+        mps.require_gpu_memory({d: n * (GPU_CONTEXT_BYTES + max(0, int(gpu_bytes))) for d, n in per_gpu.items()},
+                               f"{nranks} ranks ({max(per_gpu.values())} on one GPU)", "start fewer ranks")
+    cores = _sysinfo.cores()
+    if nranks > cores:
+        print(f"circuslink run: warning: {nranks} ranks on {cores} cores: ranks that wait for each other take turns "
+              "on the cores, so their waits sleep and latencies measure the scheduler", file=sys.stderr)
+
+
+def _check_host_memory(nranks: int, backend: str, rank_bytes: int) -> None:
+    """Refuse ranks that host memory (on the cpu back-end: /dev/shm) cannot hold. It needs only the count, so
+    :func:`launch` asks it first, before anything that lists every rank (a mistyped -n of 10^9 is refused at
+    once, not after minutes and GiBs spent laying out ranks that will never start)."""
     gpu = runs_kernels(backend)
     each = RANK_BYTES[gpu] + max(0, int(rank_bytes))
     need = nranks * each
@@ -327,13 +342,6 @@ def check_limits(nranks: int, backend: str, per_gpu: dict[int, int], mps_mode: s
                   "one rank alone needs more than there is: ask for less (smaller --sizes or problem)")
         raise ConfigError(f"{nranks} ranks need about {_sysinfo.gib(need)} of host memory ({each >> 20} MiB each), "
                           f"more than the {_sysinfo.gib(have)} of {what}: {advice}")
-    if per_gpu:
-        mps.require_gpu_memory({d: n * (GPU_CONTEXT_BYTES + max(0, int(gpu_bytes))) for d, n in per_gpu.items()},
-                               f"{nranks} ranks ({max(per_gpu.values())} on one GPU)", "start fewer ranks")
-    cores = _sysinfo.cores()
-    if nranks > cores:
-        print(f"circuslink run: warning: {nranks} ranks on {cores} cores: ranks that wait for each other take turns "
-              "on the cores, so their waits sleep and latencies measure the scheduler", file=sys.stderr)
 
 
 # Never NVLink multicast (it can take shared machines' GPUs down): also for programs we start.
