@@ -25,11 +25,15 @@ def _cli(cwd: Path, *args: str, timeout: float = 240) -> subprocess.CompletedPro
 
 
 PINGPONG = ("bench", "pingpong", "--quick", "--sizes", "8,64", "--no-baselines")
+# a bench whose report comes from jobs of its own (one rank, then two)
+STENCIL = ("bench", "stencil", "--quick", "--domains", "12x10", "--impls", "host,channel-persistent",
+           "--dtypes", "float32")
 COMMANDS = {
     "info": ("info",),
     "route": ("route", "show", "ring:4"),
     "probe": ("probe", "--quick"),
     "bench": PINGPONG,
+    "stencil": STENCIL,
 }
 
 
@@ -56,10 +60,12 @@ def test_json_to_stdout_is_the_only_thing_on_stdout(tmp_path, name, form):
     assert os.listdir(tmp_path) == []  # no file named '-', no default results file
 
 
-def test_bench_writes_nothing_unless_asked(tmp_path):
-    proc = _cli(tmp_path, *PINGPONG)
-    assert proc.returncode == 0, proc.stderr
-    assert "pingpong" in proc.stdout and "wrote" not in proc.stdout
+@pytest.mark.parametrize("bench", [PINGPONG, STENCIL], ids=["pingpong", "stencil"])
+def test_bench_writes_nothing_unless_asked(tmp_path, bench):
+    proc = _cli(tmp_path, *bench)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert bench[1] in proc.stdout and "wrote" not in proc.stdout and "results:" not in proc.stdout
+    assert "MISSED" not in proc.stdout  # no verdict on GPU targets for rows a cpu run skips
     assert os.listdir(tmp_path) == []
 
 
@@ -96,6 +102,15 @@ def test_csv_and_plain_bytes_tables(tmp_path):
     rows = [r for r in table if r["bytes"].isdigit()]
     assert {int(r["bytes"]) for r in rows} >= {8, 64}
     assert all(float(r["one_way_us"]) > 0 for r in rows if r["one_way_us"])
+
+
+def test_stencil_tables_take_csv(tmp_path):
+    proc = _cli(tmp_path, *STENCIL, "--csv")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("impl,dtype,domain,"))
+    table = list(csv.DictReader(io.StringIO("\n".join(lines[start:lines.index("", start)]))))
+    assert {(r["impl"], r["nranks"]) for r in table if r["time_per_iter_us"]} == {("host", "1"), ("host", "2")}
 
 
 def test_format_table_options():

@@ -170,18 +170,20 @@ def _driver(args: argparse.Namespace, impls: list[str], dtypes: list[str], domai
     _add_vs_nvshmem(rows)
     results.floor = floor or {}
     results.extend(rows)
-    drv.print_table(results.rows, ["impl", "dtype", "domain", "grid", "nranks", "time_per_iter_us", "min_us",
-                                   "gcells_per_s", "vs_one_rank", "efficiency", "vs_nvshmem", "checked", "skipped"],
-                    "stencil: 2-D 5-point Jacobi, time per iteration")
-    _summary(results.rows, results.floor)
-    path = results.write_json(args.json)
-    print(f"results: {path}")
-    if args.plot:
+
+    def report() -> None:
+        drv.print_table(results.rows, ["impl", "dtype", "domain", "grid", "nranks", "time_per_iter_us", "min_us",
+                                       "gcells_per_s", "vs_one_rank", "efficiency", "vs_nvshmem", "checked",
+                                       "skipped"], "stencil: 2-D 5-point Jacobi, time per iteration", args)
+        _summary(results.rows, results.floor, runs_kernels)
+
+    def plot(path: str) -> None:
         plotted = [dict(r, series=f"{r['impl']} {r['dtype']} {r['domain']}") for r in results.rows
                    if r.get("time_per_iter_us")]
-        if plotted:
-            drv.plot(plotted, x="nranks", y="time_per_iter_us", group="series", path=args.plot, logx=False,
-                     title="2-D Jacobi stencil: time per iteration", xlabel="ranks", ylabel="us per iteration")
+        drv.plot(plotted, x="nranks", y="time_per_iter_us", group="series", path=path, logx=False,
+                 title="2-D Jacobi stencil: time per iteration", xlabel="ranks", ylabel="us per iteration")
+
+    drv.finish(results, args, report, plot)
     return 0
 
 
@@ -253,8 +255,11 @@ def _verdict(ok: bool) -> str:
     return "met" if ok else "MISSED"
 
 
-def _summary(rows: list[dict], floor: dict) -> None:
-    """The targets' ratios and verdicts, where the rows exist."""
+def _summary(rows: list[dict], floor: dict, runs_kernels: bool = True) -> None:
+    """The targets' ratios and verdicts, where the rows exist. The targets are the device forms'; a back-end that
+    runs no kernels skips those rows, and gets no verdict on them."""
+    if not runs_kernels:
+        return
     lat = (floor.get("summary") or {}).get("lat_relaxed_us")
     for r in rows:
         if r.get("impl") == "channel-persistent" and r.get("time_per_iter_us") and r.get("nranks", 1) > 1:
