@@ -143,3 +143,14 @@ def test_a_benchmark_too_large_for_the_machine_is_refused_up_front(tmp_path):
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
     assert "2 ranks need about" in proc.stderr and "of host memory" in proc.stderr and "ask for less" in proc.stderr
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("bench", ["pingpong", "stream", "nodes"])
+def test_sizes_all_beyond_what_the_cpu_runs_are_refused_up_front(tmp_path, bench):
+    """These benches trim sizes the cpu reference does not run; when none is left they refuse in one line before
+    any rank starts (pingpong's ranks died on max() of nothing, stream's and nodes' ran the size anyway: a 64 GiB
+    buffer, a ring deeper than a channel takes)."""
+    proc = _cli(tmp_path, "bench", bench, "--sizes", "64G", "--quick", timeout=60)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"circuslink: error: bench {bench} --sizes 64G: the cpu back-end runs sizes up to")
+    assert proc.stdout == ""

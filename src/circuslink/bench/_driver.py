@@ -200,13 +200,19 @@ def memory_per_rank(args: argparse.Namespace, buffers: float, cpu_max: int | Non
     (``relaunch_self(..., **memory_per_rank(args, 8))``): ``buffers`` times the largest message (``sizes``,
     default ``--sizes``), in GPU memory on a back-end that runs kernels, else in host memory (where the
     benchmark trims its sizes to ``cpu_max``, that many). A benchmark too large for the machine is refused in
-    one line, with the need and what there is, instead of dying of the out-of-memory killer halfway."""
+    one line, with the need and what there is, instead of dying of the out-of-memory killer halfway. Sizes that
+    are all beyond ``cpu_max`` on such a back-end are refused alike: the benchmark would have none left to run."""
     from ..backends import default_backend_name, runs_kernels
 
-    top = max(parse_sizes(args.sizes) if sizes is None else sizes)
+    sizes = parse_sizes(args.sizes) if sizes is None else sizes
+    top = max(sizes)
     backend = getattr(args, "backend", None) or os.environ.get("CIRCUSLINK_BACKEND") or default_backend_name()
     if runs_kernels(backend):
         return {"rank_bytes": 0, "gpu_bytes": int(buffers * top)}
+    if cpu_max is not None and min(sizes) > cpu_max:
+        name = f"bench {args.benchmark} " if getattr(args, "benchmark", None) else ""
+        raise ConfigError(f"{name}--sizes {args.sizes}: the {backend} back-end runs sizes up to "
+                          f"{format_bytes(cpu_max)} here, and every size given is larger")
     return {"rank_bytes": int(buffers * min(top, cpu_max or top)), "gpu_bytes": 0}
 
 
