@@ -121,3 +121,19 @@ def test_examples_report_a_circuslink_error_in_one_line(example, args, env, mess
                           text=True, timeout=60, env=dict(os.environ, CIRCUSLINK_BACKEND="cpu", **env))
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(f"{example.split('_')[0]}: error: ") and message in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("args, named", [
+    (["bench", "rma", "--max-chain-bytes", "1Q"], "--max-chain-bytes '1Q': bad size '1Q'"),
+    (["bench", "transpose", "--model-bytes", "1Q"], "--model-bytes '1Q': bad size '1Q'"),
+    (["bench", "hops", "--load-bytes", "1Q"], "--load-bytes '1Q': bad size '1Q'"),
+    (["bench", "fft", "--size", "1Q"], "bench fft: --size '1Q': bad size '1Q'"),
+    (["bench", "pingpong", "--sizes", "1Q"], "--sizes '1Q': bad size '1Q'"),
+])
+def test_a_bad_size_names_its_own_option_in_one_line(tmp_path, args, named):
+    """Every option read as a size names itself (they all said --sizes), before any rank starts (transpose's was
+    read in every rank), and never as a traceback (hops' was raised from inside argparse)."""
+    proc = _cli(*args, cwd=tmp_path, env=dict(os.environ, CIRCUSLINK_BACKEND="cpu"), timeout=60)
+    assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr, proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if "error" in ln]
+    assert len(errors) == 1 and named in errors[0], proc.stderr
