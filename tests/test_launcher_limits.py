@@ -210,6 +210,15 @@ def test_an_absurd_rank_count_is_refused_at_once(tmp_path, extra):
     assert proc.stderr.startswith(f"circuslink: error: {n} ranks need about") and "start at most" in proc.stderr
 
 
+def test_an_absurd_rank_count_on_gpus_is_refused_at_once(tmp_path):
+    env = _env(tmp_path, PATH=f"{FAKES}{os.pathsep}{os.environ['PATH']}", FAKE_GPUS="2")
+    t0 = time.monotonic()
+    proc = _cli(env, "run", "-n", str(10**9), "--backend", "cuda", "--", "true", timeout=30)
+    assert time.monotonic() - t0 < 20
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr[:2000]
+    assert "500000000 ranks on GPU 0: an MPS server takes at most" in proc.stderr
+
+
 def test_more_ranks_on_a_gpu_than_mps_clients_is_refused(tmp_path):
     from circuslink.launcher import MPS_CLIENTS_PER_GPU
 

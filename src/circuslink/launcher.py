@@ -67,8 +67,9 @@ def _pump(stream, sink, tag: str, lock: threading.Lock) -> None:
     stream.close()
 
 
-def _gpu_plan(nranks: int, extra_env: dict[str, str] | None) -> tuple[int, list[int]]:
-    """(GPUs, GPU of each rank) for the cuda back-end, counted without making the launcher a CUDA client."""
+def _gpus(extra_env: dict[str, str] | None) -> tuple[int, int | None]:
+    """(GPUs visible, the GPU every rank is fixed to by CIRCUSLINK_DEVICE or None) for the cuda back-end, counted
+    without making the launcher a CUDA client."""
     from . import mps
 
     gpus = mps.gpu_count()
@@ -76,12 +77,24 @@ def _gpu_plan(nranks: int, extra_env: dict[str, str] | None) -> tuple[int, list[
         raise BackendError("--backend cuda: no GPU is visible on this machine (nvidia-smi and CuPy see none); "
                            "use --backend cpu")
     fixed = (extra_env or {}).get("CIRCUSLINK_DEVICE") or os.environ.get("CIRCUSLINK_DEVICE")
-    if fixed not in (None, ""):
-        try:
-            return gpus, [int(fixed)] * nranks
-        except ValueError:
-            raise ConfigError(f"CIRCUSLINK_DEVICE={fixed!r} is not an integer") from None
-    return gpus, [r % gpus for r in range(nranks)]
+    if fixed in (None, ""):
+        return gpus, None
+    try:
+        return gpus, int(fixed)
+    except ValueError:
+        raise ConfigError(f"CIRCUSLINK_DEVICE={fixed!r} is not an integer") from None
+
+
+def _gpu_plan(nranks: int, extra_env: dict[str, str] | None) -> tuple[int, list[int]]:
+    """(GPUs, GPU of each rank) for the cuda back-end: round robin, or every rank on CIRCUSLINK_DEVICE."""
+    gpus, fixed = _gpus(extra_env)
+    return gpus, [fixed] * nranks if fixed is not None else [r % gpus for r in range(nranks)]
+
+
+def _gpu_counts(nranks: int, extra_env: dict[str, str] | None) -> dict[int, int]:
+    """Ranks on each GPU as :func:`_gpu_plan` places them, counted without listing the ranks."""
+    gpus, fixed = _gpus(extra_env)
+    return {fixed: nranks} if fixed is not None else {g: len(range(g, nranks, gpus)) for g in range(min(gpus, nranks))}
 
 
 def launch(
@@ -124,7 +137,10 @@ def launch(
         raise ConfigError("no command to run: give it after '--', e.g. circuslink run -n 2 -- python app.py")
     default_timeout(dict(os.environ, **(extra_env or {})))  # the ranks' time-out, refused here, not in every rank
     backend = resolve_backend(backend)
-    _check_host_memory(nranks, backend, rank_bytes)  # by the count alone, before anything lists every rank
+    # By the counts alone, before anything lists every rank (check_limits says it all again, warnings too, below).
+    if runs_kernels(backend):
+        _check_mps_clients(_gpu_counts(nranks, extra_env), mps_mode)
+    _check_host_memory(nranks, backend, rank_bytes)
     command = list(command)
     if command[0].endswith(".py"):
         command = [sys.executable, *command]
@@ -313,12 +329,7 @@ def check_limits(nranks: int, backend: str, per_gpu: dict[int, int], mps_mode: s
     beyond its CUDA context."""
     from . import mps
 
-    crowded = {d: n for d, n in per_gpu.items() if n > MPS_CLIENTS_PER_GPU}
-    if crowded and mps_mode != "off":
-        d, n = max(crowded.items(), key=lambda item: item[1])
-        raise ConfigError(f"{n} ranks on GPU {d}: an MPS server takes at most {MPS_CLIENTS_PER_GPU} clients on one "
-                          f"GPU; start at most {MPS_CLIENTS_PER_GPU * max(1, len(per_gpu))} ranks on "
-                          f"{len(per_gpu)} GPU(s) (or --mps off, time-sliced)")
+    _check_mps_clients(per_gpu, mps_mode)
     _check_host_memory(nranks, backend, rank_bytes)
     if per_gpu:
         mps.require_gpu_memory({d: n * (GPU_CONTEXT_BYTES + max(0, int(gpu_bytes))) for d, n in per_gpu.items()},
@@ -327,6 +338,15 @@ def check_limits(nranks: int, backend: str, per_gpu: dict[int, int], mps_mode: s
     if nranks > cores:
         print(f"circuslink run: warning: {nranks} ranks on {cores} cores: ranks that wait for each other take turns "
               "on the cores, so their waits sleep and latencies measure the scheduler", file=sys.stderr)
+
+
+def _check_mps_clients(per_gpu: dict[int, int], mps_mode: str) -> None:
+    crowded = {d: n for d, n in per_gpu.items() if n > MPS_CLIENTS_PER_GPU}
+    if crowded and mps_mode != "off":
+        d, n = max(crowded.items(), key=lambda item: item[1])
+        raise ConfigError(f"{n} ranks on GPU {d}: an MPS server takes at most {MPS_CLIENTS_PER_GPU} clients on one "
+                          f"GPU; start at most {MPS_CLIENTS_PER_GPU * max(1, len(per_gpu))} ranks on "
+                          f"{len(per_gpu)} GPU(s) (or --mps off, time-sliced)")
 
 
 def _check_host_memory(nranks: int, backend: str, rank_bytes: int) -> None:
