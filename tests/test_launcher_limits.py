@@ -308,6 +308,20 @@ def test_ranks_see_torchrun_variables(spmd):
     assert seen == [f"{r} 3 {r} 3 {r} 3" for r in range(3)]
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("how", [("--launcher", "mpirun"), ("--ranks-per-node", "2")])
+def test_ranks_started_by_mpirun_see_torchrun_variables_too(tmp_path, how):
+    """`circuslink run` that starts its ranks by mpirun (asked for, or for declared nodes) gives them the same
+    names: a torch.distributed program finds its rank however circuslink run started it."""
+    code = ("import os; e = os.environ; print('ENV', e['RANK'], e['WORLD_SIZE'], e['LOCAL_RANK'], "
+            "e['LOCAL_WORLD_SIZE'], flush=True)")
+    proc = _cli(_env(tmp_path), "run", "-n", "4", *how, "--backend", "cpu", "--", sys.executable, "-c", code,
+                timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    seen = sorted(line.split("ENV ")[1] for line in proc.stdout.splitlines() if "ENV " in line)
+    assert seen == [f"{r} 4 {r} 4" for r in range(4)]
+
+
 # -- MPS messages on a machine without a GPU ------------------------------------------------------------------------
 def _no_gpu_path(tmp_path: Path) -> str:
     """PATH on a machine without a GPU: an nvidia-smi that lists none, and no MPS control daemon."""

@@ -502,7 +502,9 @@ def _mpirun_job(nranks: int, command: Sequence[str], backend: str, mps_mode: str
         full.update(session.env)
         if session.status.active:
             full[mps.ENV_GPUS] = str(mps.gpu_count())
-        cmd = mpirun_command(nranks, command, full)
+        full.pop("CIRCUSLINK_LAUNCHER_PID", None)  # mpirun's daemon is the ranks' parent, not this process
+        # each rank starts through the guard's exec, which gives it torchrun's names for its place
+        cmd = mpirun_command(nranks, _guard.exec_command() + list(command), full)
         if tag:
             cmd.insert(1, "--tag-output")
         pipe = subprocess.PIPE if tag else None
