@@ -39,11 +39,9 @@ __device__ __forceinline__ float2 as_f2(unsigned int a, unsigned int b) {
   return make_float2(__uint_as_float(a), __uint_as_float(b));
 }
 
-}  // namespace
-
-extern "C" __global__ void __launch_bounds__(512, 1) real(int rank, int size, const unsigned long long* peers,
-                                                       unsigned int* counters, unsigned int* error, float* data,
-                                                       int warmup, int iters, unsigned long long* times) {
+// A Team on this script's buffers (the same fields the host's Comm fills; no abort word).
+__device__ cc::Team team_of(int rank, int size, const unsigned long long* peers, unsigned int* counters,
+                            unsigned int* error) {
   cc::Team t;
   t.peers = reinterpret_cast<unsigned char* const*>(peers);
   t.counters = counters;
@@ -56,6 +54,15 @@ extern "C" __global__ void __launch_bounds__(512, 1) real(int rank, int size, co
   t.size = size;
   t.flags = cc::kTeamGpuScope;
   t.pad = 0;
+  return t;
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(512, 1) real(int rank, int size, const unsigned long long* peers,
+                                                       unsigned int* counters, unsigned int* error, float* data,
+                                                       int warmup, int iters, unsigned long long* times) {
+  const cc::Team t = team_of(rank, size, peers, counters, error);
   unsigned long long t0 = 0;
   for (int i = 0; i < warmup + iters; ++i) {
     if (i == warmup) t0 = globaltimer_ns();
@@ -259,18 +266,7 @@ __device__ bool oneshot_old(const cc::Team& t, const T* in, T* out, unsigned lon
 extern "C" __global__ void __launch_bounds__(512) old(int rank, int size, const unsigned long long* peers,
                                                       unsigned int* counters, unsigned int* error, float* data,
                                                       int warmup, int iters, unsigned long long* times) {
-  cc::Team t;
-  t.peers = reinterpret_cast<unsigned char* const*>(peers);
-  t.counters = counters;
-  t.error = error;
-  t.abort = nullptr;
-  t.timeout_ns = 10000000000ull;
-  t.stage_bytes = 1 << 20;
-  t.oneshot_max = 64 << 10;
-  t.rank = rank;
-  t.size = size;
-  t.flags = cc::kTeamGpuScope;
-  t.pad = 0;
+  const cc::Team t = team_of(rank, size, peers, counters, error);
   unsigned long long t0 = 0;
   for (int i = 0; i < warmup + iters; ++i) {
     if (i == warmup) t0 = globaltimer_ns();

@@ -412,14 +412,6 @@ __device__ bool allreduce_oneshot(const Team& t, const T* in, T* out, unsigned l
   const unsigned int width = detail::oneshot_width(t.size, detail::block_threads());
   __shared__ unsigned int call_s;
   int failed = 0;
-  // This thread's 8 bytes at `off` (the `valid` bytes that exist), as one word.
-  auto unit_at = [&](u64 off, unsigned int valid) -> u64 {
-    const unsigned char* src = reinterpret_cast<const unsigned char*>(in) + off;
-    if (valid == 8 && (reinterpret_cast<u64>(src) & 7u) == 0) return *reinterpret_cast<const u64*>(src);
-    u64 v = 0;
-    for (unsigned int b = 0; b < valid; ++b) v |= static_cast<u64>(src[b]) << (8 * b);
-    return v;
-  };
   if (width > 1) return detail::oneshot_grouped(t, in, out, n, op, width);
   for (unsigned int c = detail::team_block(); c < chunks; c += detail::team_blocks()) {
     const u64 lo = static_cast<u64>(c) * kLLChunkBytes;
@@ -430,14 +422,14 @@ __device__ bool allreduce_oneshot(const Team& t, const T* in, T* out, unsigned l
     const u64 first_off = lo + static_cast<u64>(tid) * 8;
     const unsigned int first_valid =
         tid < lines && nbytes - first_off < 8 ? static_cast<unsigned int>(nbytes - first_off) : 8u;
-    const u64 first = tid < lines ? unit_at(first_off, first_valid) : 0;
+    const u64 first = tid < lines ? detail::load_unit(in, first_off, first_valid) : 0;
     if (tid == 0) call_s = t.counters[kTeamCounterChunk + c] + 1u;
     __syncthreads();
     const unsigned int call = call_s, parity = call & 1u;
     for (unsigned int line = tid; line < lines; line += detail::block_threads()) {
       const u64 off = lo + static_cast<u64>(line) * 8;
       const unsigned int valid = nbytes - off < 8 ? static_cast<unsigned int>(nbytes - off) : 8u;
-      const u64 mine = line == tid ? first : unit_at(off, valid);
+      const u64 mine = line == tid ? first : detail::load_unit(in, off, valid);
       for (unsigned int k = 1; k < t.size; ++k) {  // peers in the order rank + 1, rank + 2, ...: spread the stores
         const unsigned int q = (t.rank + k) % t.size;
         detail::ll_store(detail::ll_slot(t, q, c, parity, t.rank) + line, static_cast<unsigned int>(mine),
@@ -463,12 +455,7 @@ __device__ bool allreduce_oneshot(const Team& t, const T* in, T* out, unsigned l
         acc = q == 0 ? v : detail::unit_op<T>(acc, v, valid, op);
       }
       if (failed) break;
-      unsigned char* dst = reinterpret_cast<unsigned char*>(out) + off;
-      if (valid == 8 && (reinterpret_cast<u64>(dst) & 7u) == 0) {
-        *reinterpret_cast<u64*>(dst) = acc;
-      } else {
-        for (unsigned int b = 0; b < valid; ++b) dst[b] = static_cast<unsigned char>(acc >> (8 * b));
-      }
+      detail::store_unit(out, off, valid, acc);
     }
     if (__syncthreads_or(failed)) return false;
     if (tid == 0) t.counters[kTeamCounterChunk + c] = call;
