@@ -867,6 +867,54 @@ def test_small_chain_words_copy_exactly_what_the_blocks_do(rng):
     assert small_chain_words([])[1] == 0
 
 
+def test_low_latency_lines_deliver_what_the_blocks_do(rng):
+    """A small chain as low-latency lines, simulated in numpy: each origin stores its 8-byte words (chain_lines)
+    into its region of the target's staging slot (staging_layout), each target copies its lines to their
+    destinations in the order the origins stored them. For random worlds and chains, every target's window ends
+    up as the descriptors would leave it, byte for byte; the regions of a slot never overlap and fit the slot."""
+    from circuslink.rma._cuda import chain_lines, staging_layout
+
+    for _ in range(100):
+        n = int(rng.integers(2, 6))
+        chains = {}  # (origin, target): blocks with addresses relative to the origin's / target's window
+        for o in range(n):
+            for t in range(n):
+                if o != t and rng.random() < 0.7:
+                    blocks, dst_at = [], (o * n + t) * 1024
+                    for _ in range(int(rng.integers(1, 4))):
+                        count, block = int(rng.integers(1, 4)), 8 * int(rng.integers(1, 5))
+                        ss = block + 8 * int(rng.integers(0, 3)) if count > 1 else block
+                        ds = block + 8 * int(rng.integers(0, 3)) if count > 1 else block
+                        blocks.append((8 * int(rng.integers(0, 32)), dst_at, count, block, ss, ds))
+                        dst_at += count * ds
+                    chains[(o, t)] = blocks
+        outgoing = [{t: len(chain_lines(b)) for (oo, t), b in chains.items() if oo == o} for o in range(n)]
+        slot, region = staging_layout(outgoing)
+        assert slot % 128 == 0
+        sources = [rng.integers(0, 256, 1024, dtype=np.uint8) for _ in range(n)]
+        for t in range(n):
+            staging = np.zeros(slot, dtype=np.uint8)
+            written = np.zeros(slot, dtype=bool)
+            want = np.zeros(n * n * 1024, dtype=np.uint8)
+            got = want.copy()
+            for (o, tt), blocks in sorted(chains.items()):
+                if tt != t:
+                    continue
+                for src, dst, count, block, ss, ds in blocks:
+                    for b in range(count):
+                        want[dst + b * ds: dst + b * ds + block] = sources[o][src + b * ss: src + b * ss + block]
+                for j, (src, _) in enumerate(chain_lines(blocks)):  # the origin's stores: 8 bytes a line
+                    at = region[(o, t)] + 16 * j
+                    assert not written[at: at + 16].any() and at + 16 <= slot
+                    written[at: at + 16] = True
+                    staging[at: at + 8] = sources[o][src: src + 8]
+                for j, (_, dst) in enumerate(chain_lines(blocks)):  # the target's copies, from the offsets it got
+                    at = region[(o, t)] + 16 * j
+                    got[dst: dst + 8] = staging[at: at + 8]
+            assert np.array_equal(got, want)
+    assert staging_layout([{}, {}]) == (128, {})
+
+
 def _copy_unit(mem, desc, k):
     """What one warp does with unit k of a descriptor (rma_copy_unit), in numpy."""
     src, dst, count, block_bytes, ss, ds, per_block, per_unit = desc

@@ -281,7 +281,10 @@ for k, (writes, width) in enumerate(CHAINS):
     plan = q.describe()
     total = sum(c * b for _, _, c, b, _, _ in writes)
     one_gpu = len(set(world.allgather_object(world.backend.device_identity))) == 1
-    assert plan["words"] == total // width and plan["grid"] == 1, plan
+    low_latency = os.environ.get("CIRCUSLINK_RMA_LOW_LATENCY", "1") == "1"
+    # low-latency lines carry 8 bytes each, whatever width the fenced words would have
+    assert plan["words"] == total // (8 if low_latency else width) and plan["grid"] == 1, plan
+    assert plan["protocol"] == ("low-latency lines" if low_latency else "fenced"), plan
     assert plan["scope"] == ("gpu" if one_gpu else "sys"), plan
     for cycle in range(50):
         mine = np.random.default_rng([seed, k, cycle, me]).integers(0, 256, 4096, dtype=np.uint8)
@@ -303,12 +306,79 @@ print(f"rank {me} small chains ok")
 """
 
 
-def test_small_chains_as_words_host_driven_byte_exact(spmd):
-    """Small aligned chains are committed as one 8- or 16-byte word per thread, counters at .gpu scope (ranks
-    under MPS share the GPU), and start() is one graph launch: every byte of the window is right after each
-    cycle, the bytes between strided blocks and around the writes keep their poison."""
-    job = spmd(2, SMALL_CHAINS, backend="cuda", timeout=300).check()
+@pytest.mark.parametrize("low_latency", ["1", "0"])
+def test_small_chains_as_words_host_driven_byte_exact(spmd, low_latency):
+    """Small aligned chains are committed as words (one 8-byte low-latency line each into the target's staging,
+    or, with CIRCUSLINK_RMA_LOW_LATENCY=0, one 8- or 16-byte fenced store each into its window), counters at .gpu
+    scope (ranks under MPS share the GPU), and start() is one graph launch: every byte of the window is right after
+    each cycle, the bytes between strided blocks and around the writes keep their poison."""
+    job = spmd(2, SMALL_CHAINS, backend="cuda", timeout=300, env={"CIRCUSLINK_RMA_LOW_LATENCY": low_latency}).check()
     assert job.output.count("small chains ok") == 2, job.output
+
+
+MANY_ORIGINS = """
+import os
+import numpy as np
+import circuslink as cl
+from circuslink import rma
+
+world = cl.init()
+me, n = world.rank, world.size
+seed = int(os.environ["CIRCUSLINK_TEST_SEED"])
+fenced_rank = int(os.environ["FENCED_RANK"])  # -1: none; else that rank's chain cannot go as lines
+rng = np.random.default_rng([seed, 7])
+# Every rank writes to every other: a few blocks of 8..64 bytes (8-byte multiples) from its sources into its own
+# slice of each target's window (the plan is the same on every rank: one generator, one seed).
+plan = {}
+for o in range(n):
+    for t in range(n):
+        if o != t:
+            plan[(o, t)] = [(int(rng.integers(0, 64)) * 8, (o * n + t) * 512 + j * 80, int(rng.integers(1, 9)) * 8)
+                            for j in range(int(rng.integers(1, 5)))]
+win = rma.window_alloc(world, 1 << 16)
+win.local[:] = 0xA5
+q = rma.Queue.alloc(win)
+for (o, t), writes in plan.items():
+    if o == me:
+        for src, dst, size in writes:
+            if me == fenced_rank and dst == writes[0][1]:
+                size -= 4  # a 4-byte tail: not a whole line, so this rank (and the whole queue) stays fenced
+            q.push(rma.declare_write(win, 32768 + dst, win, src, size, t))
+    if t == me:
+        q.add_origin(o)
+q.commit(timeout=30)
+protocol = q.describe()["protocol"]
+assert protocol == ("fenced" if fenced_rank >= 0 else "low-latency lines"), protocol
+window = np.full(1 << 16, 0xA5, dtype=np.uint8)
+for cycle in range(3 * 4 + 5):  # past the staging's depth: the credits are owed from then on
+    srcs = {o: np.random.default_rng([seed, cycle, o]).integers(0, 256, 1024, dtype=np.uint8) for o in range(n)}
+    win.local[:1024] = world.xp.asarray(srcs[me])
+    window[:1024] = srcs[me]
+    q.start()
+    q.wait()
+    for (o, t), writes in plan.items():
+        if t == me:
+            for src, dst, size in writes:
+                if o == fenced_rank and dst == writes[0][1]:
+                    size -= 4
+                window[32768 + dst: 32768 + dst + size] = srcs[o][src: src + size]
+    got = win.local.get()
+    assert np.array_equal(got, window), (cycle, np.flatnonzero(got != window)[:8])
+    world.barrier()
+q.free()
+win.free()
+world.close()
+print(f"rank {me} many origins ok ({protocol})")
+"""
+
+
+@pytest.mark.parametrize("fenced_rank", ["-1", "2"])
+def test_small_chains_many_origins_byte_exact(spmd, fenced_rank):
+    """4 ranks, each writing a few random small blocks to every other (3 origins a target, staging regions side by
+    side), for more cycles than the staging has slots: byte-exact each cycle. One rank whose chain cannot go as
+    low-latency lines (a 4-byte tail) keeps the whole queue on the fenced protocol, and that is byte-exact too."""
+    job = spmd(4, MANY_ORIGINS, backend="cuda", timeout=300, env={"FENCED_RANK": fenced_rank}).check()
+    assert job.output.count("many origins ok") == 4, job.output
 
 
 GRID_DRIVEN = r'''

@@ -57,6 +57,13 @@ __device__ cc::Team team_of(int rank, int size, const unsigned long long* peers,
   return t;
 }
 
+// The SM this block runs on: whether the ranks' blocks share an SM changes the poll's path.
+__device__ __forceinline__ unsigned long long sm_id() {
+  unsigned int id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+  return id;
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(512, 1) real(int rank, int size, const unsigned long long* peers,
@@ -71,6 +78,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) real(int rank, int size, co
   if (threadIdx.x == 0) {
     times[0] = t0;
     times[1] = globaltimer_ns();
+    times[2] = sm_id();
   }
 }
 
@@ -157,6 +165,7 @@ __device__ void hand(int rank, int size, const unsigned long long* peers, unsign
   if (tid == 0) {
     times[0] = t0;
     times[1] = globaltimer_ns();
+    times[2] = sm_id();
   }
 }
 
@@ -188,6 +197,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) lib(cc::Team t, int no_abor
   if (threadIdx.x == 0) {
     times[0] = t0;
     times[1] = globaltimer_ns();
+    times[2] = sm_id();
   }
 }
 
@@ -275,5 +285,6 @@ extern "C" __global__ void __launch_bounds__(512) old(int rank, int size, const 
   if (threadIdx.x == 0) {
     times[0] = t0;
     times[1] = globaltimer_ns();
+    times[2] = sm_id();
   }
 }

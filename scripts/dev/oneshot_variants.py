@@ -32,7 +32,7 @@ peers = cp.asarray(np.array(buf.ptrs, dtype=np.uint64))
 counters = cp.zeros(128, dtype=cp.uint32)
 error = cp.zeros(4, dtype=cp.uint32)
 data = cp.zeros(2, dtype=cp.float32)
-times = cp.zeros(2, dtype=cp.uint64)
+times = cp.zeros(4, dtype=cp.uint64)
 I32, U32 = np.int32, np.uint32
 base = 1 << 20
 rows = []
@@ -43,6 +43,7 @@ def timed(kernel: str, threads: int) -> None:
     f = mod.get_function(kernel.split(":")[0])
     warmup = 100
     samples = []
+    sms = []
     for _ in range(args.samples):
         w.barrier()
         if kernel.startswith("lib"):
@@ -61,22 +62,26 @@ def timed(kernel: str, threads: int) -> None:
         base += warmup + args.iters + 16
         cp.cuda.Device().synchronize()
         t = times.get()
-        per = max(w.allgather_object((int(t[1]) - int(t[0])) / args.iters / 1e3))
+        got = w.allgather_object(((int(t[1]) - int(t[0])) / args.iters / 1e3, int(t[2])))
+        per = max(g[0] for g in got)
         samples.append(per)
+        sms.append((tuple(g[1] for g in got), round(per, 3)))
     if int(error.get()[0]):
         raise SystemExit(f"{kernel}: the team reported error {error.get().tolist()}")
     if w.rank == 0:
-        row = dict(variant=kernel, threads=threads, ranks=w.size, us=statistics.median(samples), min_us=min(samples))
+        row = dict(variant=kernel, threads=threads, ranks=w.size, us=statistics.median(samples), min_us=min(samples),
+                   sm_ids_us=sms)
         rows.append(row)
         print(f"{kernel:14s} {threads:4d} threads {w.size} ranks: {row['us']:.3f} us (min {row['min_us']:.3f})",
               flush=True)
+        print("   (SM of each rank's block, us):", " ".join(f"{ids}:{us}" for ids, us in sms), flush=True)
 
 
 floor = probe.measure(w, quick=True)
 comm = collectives.Comm(w)
 team = comm.device_team()
-for kernel, threads in (("real", 512), ("old", 512), ("lib", 512), ("serial_all", 512), ("lanes_all", 512),
-                        ("lanes_spread", 512), ("lanes_deadline", 512), ("real", 512), ("old", 512)):
+for kernel, threads in (("real", 512), ("old", 512), ("lib", 512), ("lanes_deadline", 512), ("lanes_all", 512),
+                        ("real", 512), ("old", 512), ("lanes_deadline", 512)):
     timed(kernel, threads)
 if w.rank == 0:
     print("floor:", floor)

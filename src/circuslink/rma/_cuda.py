@@ -40,7 +40,19 @@ import numpy as np
 from .. import transport
 from .._wait import Deadline, timeout_error
 from ..errors import RmaError, TimeoutError
-from ._layout import DESCRIPTOR, GPU_SCOPE, HANDLE, QUEUE, SMALL_CHAIN_BYTES, WORD, work_units
+from ._layout import (
+    DESCRIPTOR,
+    GPU_SCOPE,
+    HANDLE,
+    LINE,
+    LL_DEPTH,
+    LL_LINE_BYTES,
+    LOW_LATENCY,
+    QUEUE,
+    SMALL_CHAIN_BYTES,
+    WORD,
+    work_units,
+)
 from ._transpose import _cuda as transposes
 from ._transpose import is_transpose
 
@@ -101,6 +113,38 @@ def copy_engine_from() -> int:
     if not text.isdigit():
         raise RmaError(f"CIRCUSLINK_RMA_COPY_ENGINE_FROM={text!r}: a number of bytes, e.g. 262144")
     return int(text)
+
+
+def low_latency_wanted() -> bool:
+    """Whether small chains may travel as low-latency lines: ``CIRCUSLINK_RMA_LOW_LATENCY`` (default 1; 0 keeps
+    the fenced protocol: posts, stores into the window, release and arrival; for A/B runs)."""
+    text = os.environ.get("CIRCUSLINK_RMA_LOW_LATENCY", "1").strip()
+    if text not in ("0", "1"):
+        raise RmaError(f"CIRCUSLINK_RMA_LOW_LATENCY={text!r}: 1 (small chains as low-latency lines) or 0")
+    return text == "1"
+
+
+def chain_lines(blocks: list[tuple[int, int, int, int, int, int]]) -> list[tuple[int, int]]:
+    """A small chain's 8-byte words in order, (src, dst) per word, for blocks (src, dst, count, block_bytes,
+    src_stride, dst_stride) whose addresses, sizes and strides are all multiples of 8 (a low-latency line carries
+    8 bytes)."""
+    return [(src + b * ss + k, dst + b * ds + k)
+            for src, dst, count, block, ss, ds in blocks for b in range(count) for k in range(0, block, 8)]
+
+
+def staging_layout(outgoing: list[dict[int, int]]) -> tuple[int, dict[tuple[int, int], int]]:
+    """Where each origin's lines land in each target's staging. ``outgoing[o]``: {target: lines o sends it}, for
+    every rank o. Returns (slot bytes: one epoch's lines of the busiest target, the same on every rank, rounded
+    up to 128 bytes; {(origin, target): byte offset of the origin's region in the target's slot}). Regions follow
+    one another in origin order."""
+    offsets: dict[tuple[int, int], int] = {}
+    used: dict[int, int] = {}
+    for o, per_target in enumerate(outgoing):
+        for t in sorted(per_target):
+            offsets[(o, t)] = used.get(t, 0)
+            used[t] = used.get(t, 0) + per_target[t] * LL_LINE_BYTES
+    most = max(used.values(), default=0)
+    return max(128, -(-most // 128) * 128), offsets
 
 
 def choose_launch(mode: str, blocks: list[tuple[int, int]]) -> str:
@@ -170,6 +214,8 @@ class CudaQueue:
         self.tchain = None
         self.queue: Any = None
         self.words = 0
+        self.staging: Any = None  # low-latency queues: every rank's staging slots (mapped; kept until close)
+        self.low_latency = False
         self.handles: list = []
         self.n_origins = 0
         self.grid = 1
@@ -213,6 +259,12 @@ class CudaQueue:
         words, word_bytes = small_chain_words(self._blocks(handles))
         targets = list(queue.targets)
         origins = list(queue.origins)
+        lines = LINE.array(0)
+        slot_bytes = 0
+        ll = self._plan_low_latency(handles, words, bool(tputs), origins, deadline)
+        if ll is not None:
+            words, lines, slot_bytes = ll
+            word_bytes = 8
         sig = self.signals
         arrays = [
             descs.tobytes(),
@@ -221,6 +273,7 @@ class CudaQueue:
             np.array(origins, dtype=np.uint64).tobytes(),
             np.array([sig.ptr(o) + 8 * (size + me) for o in origins], dtype=np.uint64).tobytes(),
             words.tobytes(),
+            lines.tobytes(),
         ]
         header = -(-QUEUE.size // 16) * 16
         offsets, at = [], header
@@ -239,8 +292,10 @@ class CudaQueue:
             "timeout_ns": max(1, int(deadline.limit * 1e9)), "post_at_wait": int(post_at == "wait"),
             "abort": self.world.backend.abort_ptr,
             "transposes": self.tchain.ptr,
-            "flags": GPU_SCOPE if self.window.gpu_scope else 0,
+            "flags": (GPU_SCOPE if self.window.gpu_scope else 0) | (LOW_LATENCY if ll is not None else 0),
             "words": base_ptr + offsets[5] if len(words) else 0, "n_words": len(words), "word_bytes": word_bytes,
+            "lines": base_ptr + offsets[6] if len(lines) else 0, "n_lines": len(lines), "ll_slot_bytes": slot_bytes,
+            "ll_base": base,
         }
         blob = bytearray(at)
         blob[:QUEUE.size] = QUEUE.pack(**fields).tobytes()
@@ -257,6 +312,7 @@ class CudaQueue:
         self.n_origins = len(origins)
         self.units = units
         self.words = len(words)
+        self.low_latency = ll is not None
         with self.stream:
             self.state[:] = cp.array([base, 0, 0], dtype=cp.uint64)
         self.error[:] = 0
@@ -286,6 +342,53 @@ class CudaQueue:
         self.k_prologue = kernels.get_function("circuslink_rma_prologue")
         self.k_epilogue = kernels.get_function("circuslink_rma_epilogue")
         self.graph = self._capture_cycle(deadline)
+
+    def _plan_low_latency(self, handles: list, words: np.ndarray, transposing: bool, origins: list[int],
+                          deadline: Deadline) -> tuple[np.ndarray, np.ndarray, int] | None:
+        """Collective: whether this queue's small chains travel as low-latency lines (kRmaLowLatency), and if so
+        (my words, each with its line in the target's staging as dst; the lines I receive; the slot bytes).
+
+        Every rank must agree: a target polls lines only if each of its origins sends them. A rank qualifies
+        when its chain is small (words), has no transposing puts, is launched by kernels (not the copy engine)
+        and every address is a multiple of 8; one rank that does not keeps the whole queue on the fenced
+        protocol. ``CIRCUSLINK_RMA_LOW_LATENCY=0`` turns it off everywhere."""
+        me = self.world.rank
+        mine = None
+        per_target: dict[int, list[tuple[int, int]]] = {}  # (src, dst) of each word, by target, in handle order
+        if low_latency_wanted() and not transposing and self.launch == "kernel" and (len(words) or not handles):
+            # small_chain_words found a width of 8 or 16 for all of them: every address and size is a multiple of 8
+            for h in handles:
+                per_target.setdefault(h.dst_rank, []).extend(chain_lines(self._blocks([h])))
+            # what each target learns: where in its window each of my lines goes, in the order I store them
+            mine = {t: [dst - self.window.buf.ptr(t) for _, dst in pairs] for t, pairs in per_target.items()}
+        everyone = self.world.allgather_object(mine, deadline)
+        if any(e is None for e in everyone):
+            return None
+        slot_bytes, region = staging_layout([{t: len(offs) for t, offs in e.items()} for e in everyone])
+        need = LL_DEPTH * slot_bytes
+        if self.staging is None or self.staging.nbytes < need:  # the same answer on every rank
+            if self.staging is not None:
+                self.staging.close(deadline)
+                self.staging = None
+            self.staging = transport.map_memory(self.world, None, need, deadline)
+            self.cp.cuda.runtime.memsetAsync(self.staging.ptr(me), 0, need, self.stream.ptr)  # no epoch in any line
+            self._stream_wait(self.stream, deadline, "zeroing the queue's staging")
+            self.world.allgather_object(None, deadline)  # every staging zeroed before any origin stores into it
+        out = WORD.array(sum(len(pairs) for pairs in per_target.values()))
+        k = 0
+        for t, pairs in per_target.items():
+            base = self.staging.ptr(t) + region[(me, t)]
+            for j, (src, _) in enumerate(pairs):
+                out[k] = (src, base + j * LL_LINE_BYTES)
+                k += 1
+        lines = LINE.array(sum(len(everyone[o].get(me, [])) for o in origins))
+        k = 0
+        for o in origins:
+            base = self.staging.ptr(me) + region[(o, me)]
+            for j, off in enumerate(everyone[o][me]):
+                lines[k] = (base + j * LL_LINE_BYTES, self.window.buf.ptr(me) + off, o, 0)
+                k += 1
+        return out, lines, slot_bytes
 
     def _capture_cycle(self, deadline: Deadline):
         """One whole host-driven cycle as one CUDA graph, captured once: start() is then one graph launch
@@ -343,7 +446,8 @@ class CudaQueue:
 
     def describe(self) -> dict:
         return {"launch": self.launch, "grid": self.grid, "threads": _THREADS, "work_units": self.units,
-                "words": self.words, "scope": "gpu" if self.window.gpu_scope else "sys", "tiles": dict(self.tiles)}
+                "words": self.words, "protocol": "low-latency lines" if self.low_latency else "fenced",
+                "scope": "gpu" if self.window.gpu_scope else "sys", "tiles": dict(self.tiles)}
 
     # cycles --------------------------------------------------------------------------------
     def start(self, epoch: int, deadline: Deadline, stream: Any) -> None:
@@ -426,11 +530,17 @@ class CudaQueue:
 
     def close(self, deadline: Deadline) -> None:
         self.clear(deadline)
+        if self.staging is not None:
+            self.staging.close(deadline)
+            self.staging = None
         self.signals.close(deadline)
         self._free_error_record()
 
     def release_local(self) -> None:
         self.handle_mem = self.handle = self.graph = self.tchain = None
+        if self.staging is not None:
+            self.staging.release_local()
+            self.staging = None
         self.signals.release_local()
         if self.stream.done:  # a kernel still running may write the error record: leave it then
             self._free_error_record()

@@ -36,9 +36,15 @@ QUEUE = abi.Struct("circuslink::RmaQueue", HEADER, [
     ("targets", abi.PTR), ("arrival_at_target", abi.PTR), ("n_targets", abi.U64), ("origins", abi.PTR),
     ("post_at_origin", abi.PTR), ("n_origins", abi.U64), ("state", abi.PTR), ("error", abi.PTR),
     ("timeout_ns", abi.U64), ("post_at_wait", abi.U64), ("abort", abi.PTR), ("transposes", abi.PTR),
-    ("flags", abi.U64), ("words", abi.PTR), ("n_words", abi.U64), ("word_bytes", abi.U64)])
+    ("flags", abi.U64), ("words", abi.PTR), ("n_words", abi.U64), ("word_bytes", abi.U64), ("lines", abi.PTR),
+    ("n_lines", abi.U64), ("ll_slot_bytes", abi.U64), ("ll_base", abi.U64)])
+LINE = abi.Struct("circuslink::RmaLine", HEADER, [("staging", abi.U64), ("dst", abi.U64), ("origin", abi.U64),
+                                                   ("reserved", abi.U64)])
 WORD = abi.Struct("circuslink::RmaWord", HEADER, [("src", abi.U64), ("dst", abi.U64)])
 GPU_SCOPE = 1  # kRmaGpuScope: the counters release / acquire at .gpu scope (every rank on one GPU)
+LOW_LATENCY = 2  # kRmaLowLatency: the small chain travels as low-latency lines into the targets' staging
+LL_DEPTH = 4  # kRmaLLDepth: staging slots (epochs an origin may run ahead of a target's wait)
+LL_LINE_BYTES = 16  # one 8-byte word and its epoch, twice
 SMALL_CHAIN_BYTES = 4096  # kRmaSmallChainBytes: plain writes up to this many bytes are committed as words
 # The device handle: what Queue.device_handle() returns and kernels take by value (rma_start / rma_wait).
 # q: a copy of the queue, read by kernels from their parameters.

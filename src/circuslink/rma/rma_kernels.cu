@@ -35,6 +35,16 @@ __device__ __forceinline__ void rma_start_launch(const RmaQueue q) {
   const unsigned long long first = static_cast<unsigned long long>(blockIdx.x) * threads + t;
   const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * threads;
   const cd::RmaAhead a = cd::rma_start_ahead(q, first, stride);  // before anything waits
+  if (cd::rma_low_latency(q)) {  // lines into the targets' staging (one CTA: a small chain)
+    cd::rma_start_lines(q, epoch, first, stride, a.poll, a.words);
+    __syncthreads();
+    if (t == 0) q.state->epoch = epoch;
+    if constexpr (kWait) {
+      __syncthreads();  // the new epoch, for the wait's read
+      cd::rma_wait_queue(q, q.timeout_ns);
+    }
+    return;
+  }
   if (blockIdx.x == 0 && !q.post_at_wait) cd::rma_raise(q, q.post_at_origin, q.n_origins, epoch, a.post);
   const bool ok = cd::rma_wait_counters(q, q.targets, q.size, q.n_targets, epoch, 1ull, q.timeout_ns, a.poll);
   if (ok) {

@@ -55,6 +55,16 @@ __device__ __forceinline__ bool rma_start_blocks(const RmaQueue& q, unsigned lon
 #endif
   const unsigned long long t = block_thread(), threads = block_threads();
   a.poll = rma_poll_slot(q, q.targets, q.size, q.n_targets, t);
+  if (rma_low_latency(q)) {  // lines into the targets' staging: no post, no arrival (rma_types.cuh)
+    __syncthreads();  // the block's threads wrote the sources before the call
+    rma_load_words_ahead(q, index * threads + t, blocks * threads, a.words);
+    const bool ok = __syncthreads_and(rma_start_lines(q, epoch, index * threads + t, blocks * threads, a.poll, a.words)
+                                      ? 1 : 0) != 0;
+    if (!raise_arrivals) return ok;
+    if (t == 0) q.state->epoch = epoch;
+    __syncthreads();  // the new epoch, for this block's next call
+    return ok;
+  }
   a.raise = rma_remote_slot(q.arrival_at_target, q.n_targets, t);
   if (index == 0 && !q.post_at_wait) {
     rma_raise(q, q.post_at_origin, q.n_origins, epoch, rma_remote_slot(q.post_at_origin, q.n_origins, t));
@@ -117,7 +127,7 @@ __device__ __forceinline__ bool rma_start_grid(RmaHandle queue, const GridBarrie
   const bool ok = detail::ld_relaxed_u64(&q.state->failed) == 0ull;
   if (index == 0) {
     if (detail::block_thread() == 0) q.state->epoch = epoch;
-    if (ok) {
+    if (ok && !detail::rma_low_latency(q)) {  // low-latency lines carry their epoch: no arrival
       if (!detail::rma_gpu_scope(q)) detail::fence_acq_rel_sys();  // the other blocks' copies, to the system
       detail::rma_raise(q, q.arrival_at_target, q.n_targets, epoch, a.raise);
     }

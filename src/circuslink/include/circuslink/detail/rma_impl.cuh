@@ -75,14 +75,18 @@ __device__ __forceinline__ unsigned long long* rma_remote_slot(unsigned long lon
 
 // One thread waits until *counter >= epoch, at most timeout_ns (0: no limit but the host's abort word).
 // Polls are acquire loads at the queue's scope (no sleep, no back-off: a sleeping poller notices late).
+// kAcquire false (a low-latency queue's credits): relaxed polls, since the counter orders nothing the poller
+// reads afterwards (it only frees a staging slot for the poller's next stores).
+template <bool kAcquire = true>
 __device__ __forceinline__ bool rma_wait_one(const RmaQueue& q, const unsigned long long* counter,
                                              unsigned long long epoch, unsigned long long timeout_ns) {
+  auto load = [&] { return kAcquire ? rma_load_acquire(q, counter) : ld_relaxed_u64(counter); };
 #pragma unroll 1
   for (int k = 0; k < kRmaPollsBeforeClock; ++k) {
-    if (rma_load_acquire(q, counter) >= epoch) return true;
+    if (load() >= epoch) return true;
   }
   Deadline deadline = Deadline::after(timeout_ns, q.abort);
-  return spin_until([&] { return rma_load_acquire(q, counter) >= epoch; }, deadline);
+  return spin_until([&] { return load() >= epoch; }, deadline);
 }
 
 // Threads of one block wait, in parallel, until counters[i] >= epoch for i in [0, n) (counter i: my
@@ -90,6 +94,7 @@ __device__ __forceinline__ bool rma_wait_one(const RmaQueue& q, const unsigned l
 // the caller before it did anything that waits. Only one counter per peer is polled: the writer raises it
 // once, after the last write of its chain to me. Returns false (and records `code`) on time-out.
 // Block-cooperative (it ends with a block-wide vote).
+template <bool kAcquire = true>
 __device__ __forceinline__ bool rma_wait_counters(const RmaQueue& q, const unsigned long long* ranks,
                                                   unsigned long long slot_base, unsigned long long n,
                                                   unsigned long long epoch, unsigned long long code,
@@ -98,7 +103,7 @@ __device__ __forceinline__ bool rma_wait_counters(const RmaQueue& q, const unsig
   const unsigned long long t = block_thread();
   for (unsigned long long i = t; i < n; i += block_threads()) {
     const RmaPoll p = i == t ? mine : rma_poll_slot(q, ranks, slot_base, n, i);
-    if (!rma_wait_one(q, p.counter, epoch, timeout_ns)) {
+    if (!rma_wait_one<kAcquire>(q, p.counter, epoch, timeout_ns)) {
       rma_record_error(q, code, p.rank, epoch);
       ok = false;
     }
@@ -297,6 +302,89 @@ __device__ __forceinline__ void rma_copy_descriptors(const RmaQueue& q, unsigned
   rma_copy_chain(q, index * warps + warp, blocks * warps, t % 32u, rest < 32u ? rest : 32u);
 }
 
+// ---- low-latency queues (kRmaLowLatency) ----------------------------------------------------------------------
+__device__ __forceinline__ bool rma_low_latency(const RmaQueue& q) { return (q.flags & kRmaLowLatency) != 0ull; }
+
+// One line: the word's halves, each beside the epoch's low 32 bits, in one 16-byte store (a half seen with its
+// flag has its data); and its load.
+__device__ __forceinline__ void rma_line_store(unsigned long long addr, unsigned long long v, unsigned int flag) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(addr), "r"(static_cast<unsigned int>(v)),
+               "r"(flag), "r"(static_cast<unsigned int>(v >> 32)), "r"(flag) : "memory");
+}
+__device__ __forceinline__ uint4 rma_line_load(unsigned long long addr) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(addr) : "memory");
+  return v;
+}
+
+// A low-latency start's stores: the words of threads `first`, `first + stride`, ... as lines into epoch's
+// staging slot (words[i].dst is the line's slot-0 address in the target's memory), the words loaded ahead first.
+__device__ __forceinline__ void rma_store_lines(const RmaQueue& q, unsigned long long first,
+                                                unsigned long long stride, const RmaWordsAhead& a,
+                                                unsigned long long epoch) {
+  const unsigned long long slot = (epoch % kRmaLLDepth) * q.ll_slot_bytes;
+  const unsigned int flag = static_cast<unsigned int>(epoch);
+#pragma unroll
+  for (unsigned int k = 0; k < kRmaWordsAhead; ++k) {
+    if (a.dst[k] != 0ull) rma_line_store(a.dst[k] + slot, a.value[k].x, flag);
+  }
+  for (unsigned long long i = first + kRmaWordsAhead * stride; i < q.n_words; i += stride) {
+    const RmaWord w = q.words[i];
+    rma_line_store(w.dst + slot, *reinterpret_cast<const unsigned long long*>(w.src), flag);
+  }
+}
+
+// A low-latency start by threads `first`, `first + stride`, ... of the start's block or grid (block-cooperative):
+// wait for the credits of epoch's staging slot (owed once the targets have consumed epoch - kRmaLLDepth; the
+// first kRmaLLDepth epochs after commit are free), then store the lines. No post, no arrival counter.
+__device__ __forceinline__ bool rma_start_lines(const RmaQueue& q, unsigned long long epoch,
+                                                unsigned long long first, unsigned long long stride,
+                                                const RmaPoll& credit, const RmaWordsAhead& a) {
+  bool ok = true;
+  if (epoch > q.ll_base + kRmaLLDepth) {
+    ok = rma_wait_counters<false>(q, q.targets, q.size, q.n_targets, epoch - kRmaLLDepth, 1ull, q.timeout_ns,
+                                  credit);
+  }
+  if (ok) rma_store_lines(q, first, stride, a, epoch);
+  return ok;
+}
+
+// A low-latency wait (block-cooperative): every line I receive, polled for epoch's flag (at most timeout_ns each)
+// and its word stored to its destination; then "consumed through epoch" to every origin (relaxed: the lines'
+// loads have returned, their values stored; nothing the origins read depends on more).
+__device__ __forceinline__ bool rma_wait_lines(const RmaQueue& q, unsigned long long epoch,
+                                               unsigned long long timeout_ns, unsigned long long* post) {
+  const unsigned long long t = block_thread();
+  const unsigned long long slot = (epoch % kRmaLLDepth) * q.ll_slot_bytes;
+  const unsigned int flag = static_cast<unsigned int>(epoch);
+  bool ok = true;
+  for (unsigned long long i = t; i < q.n_lines; i += block_threads()) {
+    const RmaLine line = q.lines[i];
+    const unsigned long long at = line.staging + slot;
+    uint4 v = rma_line_load(at);
+    bool seen = v.y == flag && v.w == flag;
+    if (!seen) {
+      Deadline deadline = Deadline::after(timeout_ns, q.abort);
+      seen = spin_until([&] {
+        v = rma_line_load(at);
+        return v.y == flag && v.w == flag;
+      }, deadline);
+    }
+    if (seen) {
+      *reinterpret_cast<unsigned long long*>(line.dst) =
+          static_cast<unsigned long long>(v.x) | (static_cast<unsigned long long>(v.z) << 32);
+    } else {
+      rma_record_error(q, 2ull, line.origin, epoch);
+      ok = false;
+    }
+  }
+  const bool all = __syncthreads_and(ok ? 1 : 0) != 0;
+  for (unsigned long long i = t; i < q.n_origins; i += block_threads())
+    st_relaxed_u64(i == t ? post : q.post_at_origin[i], epoch);
+  return all;
+}
+
 // What one thread of a block that drives a queue reads before anything waits (rma_start / rma_wait and
 // the start kernel): the counters it polls and raises, and its first words of a small chain.
 struct RmaAhead {
@@ -326,6 +414,10 @@ __device__ __forceinline__ RmaAhead rma_start_ahead(const RmaQueue& q, unsigned 
 // read before the wait polls.
 __device__ __forceinline__ bool rma_wait_queue(const RmaQueue& q, unsigned long long timeout_ns) {
   const unsigned long long t = block_thread();
+  if (rma_low_latency(q)) {
+    unsigned long long* post = rma_remote_slot(q.post_at_origin, q.n_origins, t);
+    return rma_wait_lines(q, q.state->epoch, timeout_ns, post);
+  }
   const RmaPoll mine = rma_poll_slot(q, q.origins, 0ull, q.n_origins, t);
   unsigned long long* post = q.post_at_wait ? rma_remote_slot(q.post_at_origin, q.n_origins, t) : nullptr;
   const unsigned long long epoch = q.state->epoch;
