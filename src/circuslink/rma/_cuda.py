@@ -216,6 +216,7 @@ class CudaQueue:
         self.words = 0
         self.staging: Any = None  # low-latency queues: every rank's staging slots (mapped; kept until close)
         self.low_latency = False
+        self.n_lines = 0
         self.handles: list = []
         self.n_origins = 0
         self.grid = 1
@@ -312,6 +313,7 @@ class CudaQueue:
         self.n_origins = len(origins)
         self.units = units
         self.words = len(words)
+        self.n_lines = len(lines)
         self.low_latency = ll is not None
         with self.stream:
             self.state[:] = cp.array([base, 0, 0], dtype=cp.uint64)
@@ -430,8 +432,11 @@ class CudaQueue:
 
     def _enqueue_wait(self, stream: Any, timeout_ns: int) -> None:
         if self.n_origins:
+            # a thread an origin's counter, or a thread a low-latency line (up to the block), in whole warps
+            polls = max(self.n_origins, self.n_lines)
+            threads = min(_THREADS, -(-polls // 32) * 32)
             with stream:
-                self.k_wait((1,), (max(32, min(_THREADS, self.n_origins)),), (self.handle, np.uint64(timeout_ns)))
+                self.k_wait((1,), (threads,), (self.handle, np.uint64(timeout_ns)))
 
     def _blocks(self, handles: list) -> list[tuple[int, int, int, int, int, int]]:
         """(src, dst, count, block_bytes, src_stride, dst_stride) of each plain write, as device addresses."""

@@ -350,6 +350,8 @@ __device__ __forceinline__ bool rma_start_lines(const RmaQueue& q, unsigned long
   return ok;
 }
 
+constexpr unsigned int kRmaLinesInFlight = 4;
+
 // A low-latency wait (block-cooperative): every line I receive, polled for epoch's flag (at most timeout_ns each)
 // and its word stored to its destination; then "consumed through epoch" to every origin (relaxed: the lines'
 // loads have returned, their values stored; nothing the origins read depends on more).
@@ -359,24 +361,38 @@ __device__ __forceinline__ bool rma_wait_lines(const RmaQueue& q, unsigned long 
   const unsigned long long slot = (epoch % kRmaLLDepth) * q.ll_slot_bytes;
   const unsigned int flag = static_cast<unsigned int>(epoch);
   bool ok = true;
-  for (unsigned long long i = t; i < q.n_lines; i += block_threads()) {
-    const RmaLine line = q.lines[i];
-    const unsigned long long at = line.staging + slot;
-    uint4 v = rma_line_load(at);
-    bool seen = v.y == flag && v.w == flag;
-    if (!seen) {
-      Deadline deadline = Deadline::after(timeout_ns, q.abort);
-      seen = spin_until([&] {
-        v = rma_line_load(at);
-        return v.y == flag && v.w == flag;
-      }, deadline);
+  const unsigned long long threads = block_threads();
+  // A thread's lines go kRmaLinesInFlight at a time: all their first polls in flight at once, not one round trip
+  // after another (a 4 KiB chain is 2 lines a thread of 256; a wait of 32 threads had 16 polls in series).
+  for (unsigned long long i0 = t; i0 < q.n_lines; i0 += kRmaLinesInFlight * threads) {
+    RmaLine line[kRmaLinesInFlight];
+    uint4 v[kRmaLinesInFlight];
+#pragma unroll
+    for (unsigned int k = 0; k < kRmaLinesInFlight; ++k) {
+      if (i0 + k * threads < q.n_lines) {
+        line[k] = q.lines[i0 + k * threads];
+        v[k] = rma_line_load(line[k].staging + slot);
+      }
     }
-    if (seen) {
-      *reinterpret_cast<unsigned long long*>(line.dst) =
-          static_cast<unsigned long long>(v.x) | (static_cast<unsigned long long>(v.z) << 32);
-    } else {
-      rma_record_error(q, 2ull, line.origin, epoch);
-      ok = false;
+#pragma unroll
+    for (unsigned int k = 0; k < kRmaLinesInFlight; ++k) {
+      if (i0 + k * threads >= q.n_lines) break;
+      const unsigned long long at = line[k].staging + slot;
+      bool seen = v[k].y == flag && v[k].w == flag;
+      if (!seen) {
+        Deadline deadline = Deadline::after(timeout_ns, q.abort);
+        seen = spin_until([&] {
+          v[k] = rma_line_load(at);
+          return v[k].y == flag && v[k].w == flag;
+        }, deadline);
+      }
+      if (seen) {
+        *reinterpret_cast<unsigned long long*>(line[k].dst) =
+            static_cast<unsigned long long>(v[k].x) | (static_cast<unsigned long long>(v[k].z) << 32);
+      } else {
+        rma_record_error(q, 2ull, line[k].origin, epoch);
+        ok = false;
+      }
     }
   }
   const bool all = __syncthreads_and(ok ? 1 : 0) != 0;
