@@ -97,6 +97,9 @@ CONSTANTS = [
         ("kRoleFirst", "ROLE_FIRST"), ("kRoleLast", "ROLE_LAST"), ("kNoChannel", "NO_CHANNEL"),
         ("kNoInput", "NO_INPUT")]],
     ("router_types.cuh", "kAgentGpuScope", "circuslink.channels.protocol", "ROUTER_GPU_SCOPE", None),
+    *[("router_types.cuh", c, "circuslink.channels.protocol", py, None) for c, py in [
+        ("kSharedPerInput", "ROUTER_SHARED_PER_INPUT"), ("kSharedPerOutput", "ROUTER_SHARED_PER_OUTPUT"),
+        ("kSharedPerRank", "ROUTER_SHARED_PER_RANK")]],
     ("router_types.cuh", "kChainWords", "circuslink.channels._routed", "CHAIN_BYTES", lambda v: v // 4),
     *[("route_types.cuh", c, "circuslink.topology._routing", c, None)
       for c in ("NO_RANK", "NO_LINK", "PORT_LOCAL", "PORT_NONE", "MAX_VCS")],

@@ -175,8 +175,8 @@ def _agent_text(channels: Any) -> str:
     router = getattr(channels, "_router", None)
     if router is None or not hasattr(router, "ncopy"):
         return "one thread per rank"
-    return (f"a resident grid per rank: a routing block (a warp per input) and {router.ncopy} copy block(s) "
-            f"({router.sms} SM(s) of the rank's share)")
+    return (f"a resident grid per rank: a routing block (a warp per input, a keeper warp) and {router.ncopy} copy "
+            f"block(s) ({router.sms} SM(s) of the rank's share)")
 
 
 def _topology(text: str) -> Any:
