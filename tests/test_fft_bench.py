@@ -182,7 +182,7 @@ BENCH_BAD = [
                             r"[\d.]+ GiB is free"),
     (["--dims", "4"], r"bench fft: --dims '4': give 2, 3 or 2,3"),
     (["--alltoall", "carrier-pigeon"], r"--alltoall 'carrier-pigeon': choose auto or from copy-engine"),
-    (["--size3", "abc"], r"bench fft: --size3:"),
+    (["--size3", "abc"], r"bench fft: --size3 'abc': bad size 'abc'"),
 ]
 
 

@@ -198,6 +198,27 @@ def test_more_ranks_than_memory_is_refused_in_one_line(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("extra", [(), ("--ranks-per-node", "2")])
+def test_an_absurd_rank_count_is_refused_at_once(tmp_path, extra):
+    """A mistyped -n (10^9 ranks) is refused by the memory check within seconds, before the launcher lays out a
+    list of every rank (which alone would take many GiB, and minutes)."""
+    n = 10**9
+    t0 = time.monotonic()
+    proc = _cli(_env(tmp_path), "run", "-n", str(n), *extra, "--backend", "cpu", "--", "true", timeout=30)
+    assert time.monotonic() - t0 < 20
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr[:2000]
+    assert proc.stderr.startswith(f"circuslink: error: {n} ranks need about") and "start at most" in proc.stderr
+
+
+def test_an_absurd_rank_count_on_gpus_is_refused_at_once(tmp_path):
+    env = _env(tmp_path, PATH=f"{FAKES}{os.pathsep}{os.environ['PATH']}", FAKE_GPUS="2")
+    t0 = time.monotonic()
+    proc = _cli(env, "run", "-n", str(10**9), "--backend", "cuda", "--", "true", timeout=30)
+    assert time.monotonic() - t0 < 20
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr[:2000]
+    assert "500000000 ranks on GPU 0: an MPS server takes at most" in proc.stderr
+
+
 def test_more_ranks_on_a_gpu_than_mps_clients_is_refused(tmp_path):
     from circuslink.launcher import MPS_CLIENTS_PER_GPU
 
@@ -285,6 +306,20 @@ def test_ranks_see_torchrun_variables(spmd):
     """).check()
     seen = sorted(line.split("ENV ")[1] for line in job.stdout.splitlines() if "ENV " in line)
     assert seen == [f"{r} 3 {r} 3 {r} 3" for r in range(3)]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("how", [("--launcher", "mpirun"), ("--ranks-per-node", "2")])
+def test_ranks_started_by_mpirun_see_torchrun_variables_too(tmp_path, how):
+    """`circuslink run` that starts its ranks by mpirun (asked for, or for declared nodes) gives them the same
+    names: a torch.distributed program finds its rank however circuslink run started it."""
+    code = ("import os; e = os.environ; print('ENV', e['RANK'], e['WORLD_SIZE'], e['LOCAL_RANK'], "
+            "e['LOCAL_WORLD_SIZE'], flush=True)")
+    proc = _cli(_env(tmp_path), "run", "-n", "4", *how, "--backend", "cpu", "--", sys.executable, "-c", code,
+                timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    seen = sorted(line.split("ENV ")[1] for line in proc.stdout.splitlines() if "ENV " in line)
+    assert seen == [f"{r} 4 {r} 4" for r in range(4)]
 
 
 # -- MPS messages on a machine without a GPU ------------------------------------------------------------------------

@@ -96,3 +96,44 @@ def test_examples_refuse_a_bad_element_count_in_one_line(example, bad):
                           text=True, timeout=60, env=dict(os.environ, CIRCUSLINK_BACKEND="cpu"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert [ln for ln in proc.stderr.splitlines() if "error:" in ln], proc.stderr
+
+
+@pytest.mark.parametrize("bad", [["--iters", "0"], ["--iters", "-5"], ["--iters", "x"]])
+def test_stencil_example_refuses_a_bad_step_count(bad):
+    """--iters -5 ran, and reported "-5 steps ... bit-exact against numpy"."""
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / "stencil" / "main.py"), *bad], capture_output=True,
+                          text=True, timeout=60, env=dict(os.environ, CIRCUSLINK_BACKEND="cpu"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert [ln for ln in proc.stderr.splitlines() if "argument --iters" in ln], proc.stderr
+
+
+@pytest.mark.parametrize("example, args, env, message", [
+    ("stencil", ["--form", "launch"], {}, "--form launch runs device kernels, which the cpu back-end does not run"),
+    ("stencil", ["--grid", "mesh:3x3"], {}, "open_halo: topology mesh:3x3 has 9 ranks, but the job has 1"),
+    ("stencil", [], {"CIRCUSLINK_TIMEOUT": "abc"}, "CIRCUSLINK_TIMEOUT='abc' is not a number"),
+    ("fig2_pipeline", [], {"CIRCUSLINK_TIMEOUT": "nan"}, "CIRCUSLINK_TIMEOUT='nan' must be a positive, finite"),
+    ("fig6_sender_receiver", [], {"CIRCUSLINK_TIMEOUT": "inf"}, "CIRCUSLINK_TIMEOUT='inf' must be a positive"),
+])
+def test_examples_report_a_circuslink_error_in_one_line(example, args, env, message):
+    """An error circuslink raises in an example (a bad option found once the world is up, a bad environment)
+    ends it with one line naming the example, exit 1, as the circuslink command does: never a traceback."""
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / example / "main.py"), *args], capture_output=True,
+                          text=True, timeout=60, env=dict(os.environ, CIRCUSLINK_BACKEND="cpu", **env))
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"{example.split('_')[0]}: error: ") and message in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("args, named", [
+    (["bench", "rma", "--max-chain-bytes", "1Q"], "--max-chain-bytes '1Q': bad size '1Q'"),
+    (["bench", "transpose", "--model-bytes", "1Q"], "--model-bytes '1Q': bad size '1Q'"),
+    (["bench", "hops", "--load-bytes", "1Q"], "--load-bytes '1Q': bad size '1Q'"),
+    (["bench", "fft", "--size", "1Q"], "bench fft: --size '1Q': bad size '1Q'"),
+    (["bench", "pingpong", "--sizes", "1Q"], "--sizes '1Q': bad size '1Q'"),
+])
+def test_a_bad_size_names_its_own_option_in_one_line(tmp_path, args, named):
+    """Every option read as a size names itself (they all said --sizes), before any rank starts (transpose's was
+    read in every rank), and never as a traceback (hops' was raised from inside argparse)."""
+    proc = _cli(*args, cwd=tmp_path, env=dict(os.environ, CIRCUSLINK_BACKEND="cpu"), timeout=60)
+    assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr, proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if "error" in ln]
+    assert len(errors) == 1 and named in errors[0], proc.stderr

@@ -25,11 +25,15 @@ def _cli(cwd: Path, *args: str, timeout: float = 240) -> subprocess.CompletedPro
 
 
 PINGPONG = ("bench", "pingpong", "--quick", "--sizes", "8,64", "--no-baselines")
+# a bench whose report comes from jobs of its own (one rank, then two)
+STENCIL = ("bench", "stencil", "--quick", "--domains", "12x10", "--impls", "host,channel-persistent",
+           "--dtypes", "float32")
 COMMANDS = {
     "info": ("info",),
     "route": ("route", "show", "ring:4"),
     "probe": ("probe", "--quick"),
     "bench": PINGPONG,
+    "stencil": STENCIL,
 }
 
 
@@ -56,10 +60,12 @@ def test_json_to_stdout_is_the_only_thing_on_stdout(tmp_path, name, form):
     assert os.listdir(tmp_path) == []  # no file named '-', no default results file
 
 
-def test_bench_writes_nothing_unless_asked(tmp_path):
-    proc = _cli(tmp_path, *PINGPONG)
-    assert proc.returncode == 0, proc.stderr
-    assert "pingpong" in proc.stdout and "wrote" not in proc.stdout
+@pytest.mark.parametrize("bench", [PINGPONG, STENCIL], ids=["pingpong", "stencil"])
+def test_bench_writes_nothing_unless_asked(tmp_path, bench):
+    proc = _cli(tmp_path, *bench)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert bench[1] in proc.stdout and "wrote" not in proc.stdout and "results:" not in proc.stdout
+    assert "MISSED" not in proc.stdout  # no verdict on GPU targets for rows a cpu run skips
     assert os.listdir(tmp_path) == []
 
 
@@ -98,6 +104,15 @@ def test_csv_and_plain_bytes_tables(tmp_path):
     assert all(float(r["one_way_us"]) > 0 for r in rows if r["one_way_us"])
 
 
+def test_stencil_tables_take_csv(tmp_path):
+    proc = _cli(tmp_path, *STENCIL, "--csv")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("impl,dtype,domain,"))
+    table = list(csv.DictReader(io.StringIO("\n".join(lines[start:lines.index("", start)]))))
+    assert {(r["impl"], r["nranks"]) for r in table if r["time_per_iter_us"]} == {("host", "1"), ("host", "2")}
+
+
 def test_format_table_options():
     rows = [{"impl": "a", "bytes": 65536, "t": 1.5}, {"impl": "b", "bytes": 8, "skipped": "no GPU"}]
     opts = type("O", (), {"plain_bytes": True, "csv": False})()
@@ -127,4 +142,15 @@ def test_a_benchmark_too_large_for_the_machine_is_refused_up_front(tmp_path):
     proc = _cli(tmp_path, "bench", "allreduce", "--sizes", "64G", "--iters", "1", timeout=60)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
     assert "2 ranks need about" in proc.stderr and "of host memory" in proc.stderr and "ask for less" in proc.stderr
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("bench", ["pingpong", "stream", "nodes"])
+def test_sizes_all_beyond_what_the_cpu_runs_are_refused_up_front(tmp_path, bench):
+    """These benches trim sizes the cpu reference does not run; when none is left they refuse in one line before
+    any rank starts (pingpong's ranks died on max() of nothing, stream's and nodes' ran the size anyway: a 64 GiB
+    buffer, a ring deeper than a channel takes)."""
+    proc = _cli(tmp_path, "bench", bench, "--sizes", "64G", "--quick", timeout=60)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"circuslink: error: bench {bench} --sizes 64G: the cpu back-end runs sizes up to")
     assert proc.stdout == ""

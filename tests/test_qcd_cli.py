@@ -187,7 +187,11 @@ def _bad_files(path):
     (["plaquette", "missing.lime"], r"missing.lime: no such file"),
     (["invert", "--dim", "256", "256", "256", "256"],  # refused up front with the need, as fft2 does
      r"qcd invert on a 256x256x256x256 lattice over 1 rank\(s\) needs about \d+\.\d GiB of memory, more than the "
-     r"\d+\.\d GiB of host memory"),
+     r"\d+\.\d GiB of host memory.*: use a smaller lattice per rank \(--dim\)"),
+    # --dim is each rank's: more ranks hold a larger lattice, so the advice never says to spread over more of them
+    (["invert", "--dim", "64", "64", "64", "64", "--grid", "1", "1", "2", "2"],
+     r"qcd invert on a 64x64x128x128 lattice over 4 rank\(s\) needs about .*: use a smaller lattice per rank "
+     r"\(--dim\); the global lattice is --dim times --gridsize, so more ranks need more memory, not less$"),
     (["invert", "--dim", "4", "4", "4", "4", "--grid", "2", "2", "1", "1", "-n", "2"],
      r"-n 2 does not match the grid 2x2x1x1 \(4 ranks\)"),
     (["invert", "--dim", "4", "4", "4", "4", "--grid", "2", "1", "1", "1", "--halo", "nccl", "--backend", "cpu"],

@@ -473,6 +473,18 @@ def test_gen_refuses_names_that_would_clash(tmp_path):
         codegen.generate(path, str(tmp_path / "out"))
 
 
+def test_gen_makes_its_folder_but_never_a_missing_parent(tmp_path):
+    """-o build/ is made where it is missing (the docs' example), but a folder whose parent is missing is refused
+    before anything is written, as --json and --plot refuse theirs: no tree of folders made from a typo."""
+    proc = run_cli("gen", str(SPECS / "fig6.xml"), "-o", str(tmp_path / "absent" / "build"))
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"folder {str(tmp_path / 'absent')!r} does not exist (it is not created)" in proc.stderr
+    assert os.listdir(tmp_path) == []
+    proc = run_cli("gen", str(SPECS / "fig6.xml"), "-o", str(tmp_path / "build"))
+    assert proc.returncode == 0 and sorted(os.listdir(tmp_path / "build")) == ["fig6_channels.cuh",
+                                                                               "fig6_channels.py"]
+
+
 def test_gen_stem_becomes_an_identifier(tmp_path):
     src = tmp_path / "2-stage pipeline.xml"
     src.write_text(doc(sender(), receiver()))

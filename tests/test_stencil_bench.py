@@ -90,6 +90,18 @@ def test_bad_options_are_one_line(tmp_path, option, text, why):
     assert proc.returncode == 1 and why in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
 
 
+@pytest.mark.parametrize("extra", [(), ("--per-rank", "--ranks", "4")])
+def test_a_domain_too_large_for_the_machine_is_refused_up_front(tmp_path, extra):
+    """As qcd invert and fft2 do: the need is checked before any job starts (the ranks died of numpy's
+    MemoryError one job after another, each a traceback, and the bench exited 0)."""
+    proc = subprocess.run([sys.executable, "-m", "circuslink", "bench", "stencil", "--backend", "cpu", "--domains",
+                           "64x64,100000x100000", "--impls", "host", *extra],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr[-3000:]
+    assert proc.stderr.startswith("circuslink: error: bench stencil: the float64 domain ")
+    assert "needs about" in proc.stderr and "use smaller --domains" in proc.stderr and proc.stdout == ""
+
+
 def test_a_missing_example_is_named(tmp_path):
     with pytest.raises(ConfigError, match="bench stencil times the program of examples/stencil, which is not at"):
         bench.load_example(str(tmp_path))

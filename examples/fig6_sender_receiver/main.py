@@ -9,6 +9,7 @@ kernels.cu include; on cpu, the same channel is driven from Python (the referenc
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -86,4 +87,9 @@ def _run_cuda(world, ch, data):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except cl.Error as exc:  # one line, as the circuslink command prints it (CIRCUSLINK_DEBUG=1: the traceback)
+        if os.environ.get("CIRCUSLINK_DEBUG"):
+            raise
+        sys.exit(f"fig6: error: {exc}")

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import stencil  # noqa: E402  (this example's module, beside this file)
 
 import circuslink as cl  # noqa: E402
+from circuslink._argtypes import positive_int  # noqa: E402
 
 
 def _shape(text: str) -> tuple[int, int]:
@@ -40,7 +41,7 @@ def _shape(text: str) -> tuple[int, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=_shape, default=(1000, 700), help="global cells NXxNY (default 1000x700)")
-    parser.add_argument("--iters", type=int, default=50, help="Jacobi steps (default 50)")
+    parser.add_argument("--iters", type=positive_int, default=50, help="Jacobi steps (default 50)")
     parser.add_argument("--dtype", choices=(*stencil.DTYPES, "both"), default="both")
     parser.add_argument("--grid", default=None, help="process grid mesh:PXxPY (default: blocks closest to square)")
     parser.add_argument("--form", choices=("host", *stencil.FORMS), default=None)
@@ -85,4 +86,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except cl.Error as exc:  # one line, as the circuslink command prints it (CIRCUSLINK_DEBUG=1: the traceback)
+        if os.environ.get("CIRCUSLINK_DEBUG"):
+            raise
+        sys.exit(f"stencil: error: {exc}")

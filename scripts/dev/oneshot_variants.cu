@@ -27,20 +27,21 @@ __device__ __forceinline__ uint4 ld_line(const uint4* p) {
                : "l"(p) : "memory");
   return v;
 }
-// Slot of `src`'s line in `owner`'s buffer, by parity.
+// Slot of `src`'s line in `owner`'s buffer, by parity: every source's line side by side (kSpread 0), or
+// 2 KiB apart as the team's LL layout has them (kSpread 1: kLLLines lines a source).
+template <int kSpread = 0>
 __device__ __forceinline__ uint4* raw_slot(const unsigned long long* peers, unsigned int owner, unsigned int parity,
                                            unsigned int src) {
+  if (kSpread) return reinterpret_cast<uint4*>(peers[owner] + kRawOffset) + (parity * 64 + src) * cc::kLLLines;
   return reinterpret_cast<uint4*>(peers[owner] + kRawOffset) + parity * 64 + src;
 }
 __device__ __forceinline__ float2 as_f2(unsigned int a, unsigned int b) {
   return make_float2(__uint_as_float(a), __uint_as_float(b));
 }
 
-}  // namespace
-
-extern "C" __global__ void __launch_bounds__(512) real(int rank, int size, const unsigned long long* peers,
-                                                       unsigned int* counters, unsigned int* error, float* data,
-                                                       int warmup, int iters, unsigned long long* times) {
+// A Team on this script's buffers (the same fields the host's Comm fills; no abort word).
+__device__ cc::Team team_of(int rank, int size, const unsigned long long* peers, unsigned int* counters,
+                            unsigned int* error) {
   cc::Team t;
   t.peers = reinterpret_cast<unsigned char* const*>(peers);
   t.counters = counters;
@@ -53,6 +54,15 @@ extern "C" __global__ void __launch_bounds__(512) real(int rank, int size, const
   t.size = size;
   t.flags = cc::kTeamGpuScope;
   t.pad = 0;
+  return t;
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(512, 1) real(int rank, int size, const unsigned long long* peers,
+                                                       unsigned int* counters, unsigned int* error, float* data,
+                                                       int warmup, int iters, unsigned long long* times) {
+  const cc::Team t = team_of(rank, size, peers, counters, error);
   unsigned long long t0 = 0;
   for (int i = 0; i < warmup + iters; ++i) {
     if (i == warmup) t0 = globaltimer_ns();
@@ -68,7 +78,7 @@ extern "C" __global__ void __launch_bounds__(512) real(int rank, int size, const
 // stored to `data` each call (else it stays in a register). kCounter: the call number is loaded from and
 // stored to counters[0] each call by thread 0, handed over in shared memory (else a register). kSync: the
 // block's barriers around the call as the library has them.
-template <bool kLanes, bool kIo, bool kCounter, bool kSync>
+template <bool kLanes, bool kIo, bool kCounter, bool kSync, int kSpread = 0, bool kDeadline = false>
 __device__ void hand(int rank, int size, const unsigned long long* peers, unsigned int* counters, float* data,
                      unsigned int base, int warmup, int iters, unsigned long long* times) {
   __shared__ unsigned int call_s;
@@ -95,12 +105,20 @@ __device__ void hand(int rank, int size, const unsigned long long* peers, unsign
         const unsigned int q = tid;
         float2 v = mine;
         if (q < static_cast<unsigned int>(size) && q != static_cast<unsigned int>(rank)) {
-          st_line(raw_slot(peers, q, parity, rank), __float_as_uint(mine.x), __float_as_uint(mine.y), call);
-          const uint4* s = raw_slot(peers, rank, parity, q);
+          st_line(raw_slot<kSpread>(peers, q, parity, rank), __float_as_uint(mine.x), __float_as_uint(mine.y), call);
+          const uint4* s = raw_slot<kSpread>(peers, rank, parity, q);
           uint4 got;
-          do {
-            got = ld_line(s);
-          } while (got.y != call || got.w != call);
+          if (kDeadline) {
+            circuslink::detail::Deadline d = circuslink::detail::Deadline::after(10000000000ull, nullptr);
+            circuslink::detail::spin_until([&] {
+              got = ld_line(s);
+              return got.y == call && got.w == call;
+            }, d);
+          } else {
+            do {
+              got = ld_line(s);
+            } while (got.y != call || got.w != call);
+          }
           v = as_f2(got.x, got.z);
         }
         acc = make_float2(__shfl_sync(0xffffffffu, v.x, 0), __shfl_sync(0xffffffffu, v.y, 0));
@@ -142,11 +160,11 @@ __device__ void hand(int rank, int size, const unsigned long long* peers, unsign
   }
 }
 
-#define HAND(name, lanes, io, counter, sync)                                                                     \
+#define HAND(name, lanes, io, counter, sync, ...)                                                                \
   extern "C" __global__ void __launch_bounds__(512)                                                             \
       name(int rank, int size, const unsigned long long* peers, unsigned int* counters, float* data,              \
            unsigned int base, int warmup, int iters, unsigned long long* times) {                                \
-    hand<lanes, io, counter, sync>(rank, size, peers, counters, data, base, warmup, iters, times);                \
+    hand<lanes, io, counter, sync, ##__VA_ARGS__>(rank, size, peers, counters, data, base, warmup, iters, times); \
   }
 HAND(serial_min, false, false, false, false)
 HAND(serial_io, false, true, false, false)
@@ -154,3 +172,108 @@ HAND(serial_io_ctr, false, true, true, false)
 HAND(serial_all, false, true, true, true)
 HAND(lanes_min, true, false, false, false)
 HAND(lanes_all, true, true, true, true)
+HAND(lanes_spread, true, true, true, true, 1)
+HAND(lanes_deadline, true, true, true, true, 0, true)
+
+// The library's one-shot on the team handle a Comm gives (comm.device_team(), by value, as the bench passes
+// it); no_abort: the same handle without its host-mapped abort word.
+extern "C" __global__ void __launch_bounds__(512, 1) lib(cc::Team t, int no_abort, float* data, int warmup, int iters,
+                                                      unsigned long long* times) {
+  if (no_abort) t.abort = nullptr;
+  unsigned long long t0 = 0;
+  for (int i = 0; i < warmup + iters; ++i) {
+    if (i == warmup) t0 = globaltimer_ns();
+    if (!cc::allreduce_oneshot(t, data, data, 2ull, cc::Sum())) break;
+  }
+  if (threadIdx.x == 0) {
+    times[0] = t0;
+    times[1] = globaltimer_ns();
+  }
+}
+
+// The one-shot as the library had it before a line's peers got a thread each (one thread a line), for A/B.
+template <class T, class Op>
+__device__ bool oneshot_old(const cc::Team& t, const T* in, T* out, unsigned long long n, Op op) {
+  using cc::detail::u64;
+  const u64 nbytes = n * sizeof(T);
+  const unsigned int chunks = static_cast<unsigned int>((nbytes + cc::kLLChunkBytes - 1) / cc::kLLChunkBytes);
+  const unsigned int tid = cc::detail::block_thread();
+  __shared__ unsigned int call_s;
+  int failed = 0;
+  // This thread's 8 bytes at `off` (the `valid` bytes that exist), as one word.
+  auto unit_at = [&](u64 off, unsigned int valid) -> u64 {
+    const unsigned char* src = reinterpret_cast<const unsigned char*>(in) + off;
+    if (valid == 8 && (reinterpret_cast<u64>(src) & 7u) == 0) return *reinterpret_cast<const u64*>(src);
+    u64 v = 0;
+    for (unsigned int b = 0; b < valid; ++b) v |= static_cast<u64>(src[b]) << (8 * b);
+    return v;
+  };
+  for (unsigned int c = cc::detail::team_block(); c < chunks; c += cc::detail::team_blocks()) {
+    const u64 lo = static_cast<u64>(c) * cc::kLLChunkBytes;
+    const u64 bytes = nbytes - lo < cc::kLLChunkBytes ? nbytes - lo : cc::kLLChunkBytes;
+    const unsigned int lines = static_cast<unsigned int>((bytes + 7) / 8);
+    // The first line's data is loaded while thread 0 loads the call number: two loads in flight, not
+    // one after the other, on the latency path.
+    const u64 first_off = lo + static_cast<u64>(tid) * 8;
+    const unsigned int first_valid =
+        tid < lines && nbytes - first_off < 8 ? static_cast<unsigned int>(nbytes - first_off) : 8u;
+    const u64 first = tid < lines ? unit_at(first_off, first_valid) : 0;
+    if (tid == 0) call_s = t.counters[cc::kTeamCounterChunk + c] + 1u;
+    __syncthreads();
+    const unsigned int call = call_s, parity = call & 1u;
+    for (unsigned int line = tid; line < lines; line += cc::detail::block_threads()) {
+      const u64 off = lo + static_cast<u64>(line) * 8;
+      const unsigned int valid = nbytes - off < 8 ? static_cast<unsigned int>(nbytes - off) : 8u;
+      const u64 mine = line == tid ? first : unit_at(off, valid);
+      for (unsigned int k = 1; k < t.size; ++k) {  // peers in the order rank + 1, rank + 2, ...: spread the stores
+        const unsigned int q = (t.rank + k) % t.size;
+        cc::detail::ll_store(cc::detail::ll_slot(t, q, c, parity, t.rank) + line, static_cast<unsigned int>(mine),
+                         static_cast<unsigned int>(mine >> 32), call);
+      }
+      u64 acc = 0;
+      for (unsigned int q = 0; q < t.size && !failed; ++q) {
+        u64 v = mine;
+        if (q != t.rank) {
+          const uint4* slot = cc::detail::ll_slot(t, t.rank, c, parity, q) + line;
+          uint4 got;
+          circuslink::detail::Deadline d = circuslink::detail::Deadline::after(t.timeout_ns, t.abort);
+          if (!circuslink::detail::spin_until([&] {
+                got = cc::detail::ll_load(slot);
+                return got.y == call && got.w == call;
+              }, d)) {
+            cc::detail::team_fail(t, cc::kTeamErrorSlot, q, c, call);
+            failed = 1;
+            break;
+          }
+          v = static_cast<u64>(got.x) | (static_cast<u64>(got.z) << 32);
+        }
+        acc = q == 0 ? v : cc::detail::unit_op<T>(acc, v, valid, op);
+      }
+      if (failed) break;
+      unsigned char* dst = reinterpret_cast<unsigned char*>(out) + off;
+      if (valid == 8 && (reinterpret_cast<u64>(dst) & 7u) == 0) {
+        *reinterpret_cast<u64*>(dst) = acc;
+      } else {
+        for (unsigned int b = 0; b < valid; ++b) dst[b] = static_cast<unsigned char>(acc >> (8 * b));
+      }
+    }
+    if (__syncthreads_or(failed)) return false;
+    if (tid == 0) t.counters[cc::kTeamCounterChunk + c] = call;
+  }
+  return true;
+}
+
+extern "C" __global__ void __launch_bounds__(512) old(int rank, int size, const unsigned long long* peers,
+                                                      unsigned int* counters, unsigned int* error, float* data,
+                                                      int warmup, int iters, unsigned long long* times) {
+  const cc::Team t = team_of(rank, size, peers, counters, error);
+  unsigned long long t0 = 0;
+  for (int i = 0; i < warmup + iters; ++i) {
+    if (i == warmup) t0 = globaltimer_ns();
+    if (!oneshot_old<float>(t, data, data, 2ull, cc::Sum())) break;
+  }
+  if (threadIdx.x == 0) {
+    times[0] = t0;
+    times[1] = globaltimer_ns();
+  }
+}

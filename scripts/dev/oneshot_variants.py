@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 import circuslink as cl
-from circuslink import probe
+from circuslink import collectives, probe
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--json", default=None)
@@ -40,12 +40,18 @@ rows = []
 
 def timed(kernel: str, threads: int) -> None:
     global base
-    f = mod.get_function(kernel)
+    f = mod.get_function(kernel.split(":")[0])
     warmup = 100
     samples = []
     for _ in range(args.samples):
         w.barrier()
-        if kernel == "real":
+        if kernel.startswith("lib"):
+            margs = (team, I32(kernel.endswith("no_abort")), data, I32(warmup), I32(args.iters), times)
+            if ":resident" in kernel:
+                w.backend.launch_resident(f, 1, threads, margs)
+            else:
+                f((1,), (threads,), margs)
+        elif kernel in ("real", "old"):
             f((1,), (threads,), (I32(w.rank), I32(w.size), peers, counters, error, data, I32(warmup), I32(args.iters),
                                  times))
         else:
@@ -67,11 +73,14 @@ def timed(kernel: str, threads: int) -> None:
 
 
 floor = probe.measure(w, quick=True)
-for kernel, threads in (("real", 512), ("serial_min", 32), ("serial_io", 32), ("serial_io_ctr", 32),
-                        ("serial_all", 512), ("lanes_min", 32), ("lanes_all", 512), ("real", 512)):
+comm = collectives.Comm(w)
+team = comm.device_team()
+for kernel, threads in (("real", 512), ("old", 512), ("lib", 512), ("serial_all", 512), ("lanes_all", 512),
+                        ("lanes_spread", 512), ("lanes_deadline", 512), ("real", 512), ("old", 512)):
     timed(kernel, threads)
 if w.rank == 0:
     print("floor:", floor)
     if args.json:
         Path(args.json).write_text(json.dumps(dict(rows=rows, floor=str(floor)), indent=1))
+comm.close()
 w.close()

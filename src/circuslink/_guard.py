@@ -9,7 +9,9 @@ they left (those matching the job's pattern in /dev/shm), quits the MPS daemon a
 directory. So nothing outlives a job: no orphaned rank, no MPS daemon, no temporary files.
 
 The same file, run as ``_guard.py --exec CMD...``, is how each rank starts: it asks the kernel
-to kill it when its parent (the launcher) dies (``PR_SET_PDEATHSIG``) and then becomes CMD.
+to kill it when its parent (the launcher) dies (``PR_SET_PDEATHSIG``) and then becomes CMD. Under
+mpirun it first gives the rank torchrun's names for its place (``RANK``, ``WORLD_SIZE``...), from the
+MPI launcher's own, as ``circuslink run`` gives them to the ranks it starts itself.
 
 This file imports the standard library only: it runs as ``python -I -S _guard.py`` so that it
 starts in milliseconds.
@@ -134,7 +136,25 @@ def _guard_main(config_json: str) -> int:
     return 0
 
 
+# torchrun's names for a rank's place, and an MPI launcher's for the same: Open MPI's, then MPICH's (Hydra).
+_TORCHRUN_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+_MPI_NAMES = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+               "OMPI_COMM_WORLD_LOCAL_SIZE"),
+              ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"))
+
+
+def _torchrun_names(env) -> None:
+    """Set torchrun's names in ``env`` from the MPI launcher's that started this rank (those already set stay)."""
+    for names in _MPI_NAMES:
+        if names[0] in env:
+            for torchrun, mpi in zip(_TORCHRUN_NAMES, names, strict=True):
+                if mpi in env:
+                    env.setdefault(torchrun, env[mpi])
+            return
+
+
 def _exec_main(command: list[str]) -> int:
+    _torchrun_names(os.environ)
     if sys.platform.startswith("linux"):
         import ctypes
 

@@ -87,7 +87,10 @@ def _missing(parser: argparse.ArgumentParser) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except Error as exc:  # raised by an option's type while argparse reads it: a usage error, in one line
+        return _one_line(exc, 2)
     from .launcher import set_invocation
 
     set_invocation(argv)
@@ -102,15 +105,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except Error as exc:
-        if os.environ.get("CIRCUSLINK_DEBUG"):
-            raise
-        print(f"circuslink: error: {exc}", file=sys.stderr)
-        return 1
+        return _one_line(exc, 1)
     except KeyboardInterrupt:
         print("circuslink: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 1
+
+
+def _one_line(exc: Error, code: int) -> int:
+    """The one error style: ``circuslink: error: ...`` on stderr and ``code`` (CIRCUSLINK_DEBUG=1: the traceback)."""
+    if os.environ.get("CIRCUSLINK_DEBUG"):
+        raise exc
+    print(f"circuslink: error: {exc}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

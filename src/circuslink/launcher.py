@@ -67,8 +67,9 @@ def _pump(stream, sink, tag: str, lock: threading.Lock) -> None:
     stream.close()
 
 
-def _gpu_plan(nranks: int, extra_env: dict[str, str] | None) -> tuple[int, list[int]]:
-    """(GPUs, GPU of each rank) for the cuda back-end, counted without making the launcher a CUDA client."""
+def _gpus(extra_env: dict[str, str] | None) -> tuple[int, int | None]:
+    """(GPUs visible, the GPU every rank is fixed to by CIRCUSLINK_DEVICE or None) for the cuda back-end, counted
+    without making the launcher a CUDA client."""
     from . import mps
 
     gpus = mps.gpu_count()
@@ -76,12 +77,24 @@ def _gpu_plan(nranks: int, extra_env: dict[str, str] | None) -> tuple[int, list[
         raise BackendError("--backend cuda: no GPU is visible on this machine (nvidia-smi and CuPy see none); "
                            "use --backend cpu")
     fixed = (extra_env or {}).get("CIRCUSLINK_DEVICE") or os.environ.get("CIRCUSLINK_DEVICE")
-    if fixed not in (None, ""):
-        try:
-            return gpus, [int(fixed)] * nranks
-        except ValueError:
-            raise ConfigError(f"CIRCUSLINK_DEVICE={fixed!r} is not an integer") from None
-    return gpus, [r % gpus for r in range(nranks)]
+    if fixed in (None, ""):
+        return gpus, None
+    try:
+        return gpus, int(fixed)
+    except ValueError:
+        raise ConfigError(f"CIRCUSLINK_DEVICE={fixed!r} is not an integer") from None
+
+
+def _gpu_plan(nranks: int, extra_env: dict[str, str] | None) -> tuple[int, list[int]]:
+    """(GPUs, GPU of each rank) for the cuda back-end: round robin, or every rank on CIRCUSLINK_DEVICE."""
+    gpus, fixed = _gpus(extra_env)
+    return gpus, [fixed] * nranks if fixed is not None else [r % gpus for r in range(nranks)]
+
+
+def _gpu_counts(nranks: int, extra_env: dict[str, str] | None) -> dict[int, int]:
+    """Ranks on each GPU as :func:`_gpu_plan` places them, counted without listing the ranks."""
+    gpus, fixed = _gpus(extra_env)
+    return {fixed: nranks} if fixed is not None else {g: len(range(g, nranks, gpus)) for g in range(min(gpus, nranks))}
 
 
 def launch(
@@ -124,6 +137,10 @@ def launch(
         raise ConfigError("no command to run: give it after '--', e.g. circuslink run -n 2 -- python app.py")
     default_timeout(dict(os.environ, **(extra_env or {})))  # the ranks' time-out, refused here, not in every rank
     backend = resolve_backend(backend)
+    # By the counts alone, before anything lists every rank (check_limits says it all again, warnings too, below).
+    if runs_kernels(backend):
+        _check_mps_clients(_gpu_counts(nranks, extra_env), mps_mode)
+    _check_host_memory(nranks, backend, rank_bytes)
     command = list(command)
     if command[0].endswith(".py"):
         command = [sys.executable, *command]
@@ -312,12 +329,30 @@ def check_limits(nranks: int, backend: str, per_gpu: dict[int, int], mps_mode: s
     beyond its CUDA context."""
     from . import mps
 
+    _check_mps_clients(per_gpu, mps_mode)
+    _check_host_memory(nranks, backend, rank_bytes)
+    if per_gpu:
+        mps.require_gpu_memory({d: n * (GPU_CONTEXT_BYTES + max(0, int(gpu_bytes))) for d, n in per_gpu.items()},
+                               f"{nranks} ranks ({max(per_gpu.values())} on one GPU)", "start fewer ranks")
+    cores = _sysinfo.cores()
+    if nranks > cores:
+        print(f"circuslink run: warning: {nranks} ranks on {cores} cores: ranks that wait for each other take turns "
+              "on the cores, so their waits sleep and latencies measure the scheduler", file=sys.stderr)
+
+
+def _check_mps_clients(per_gpu: dict[int, int], mps_mode: str) -> None:
     crowded = {d: n for d, n in per_gpu.items() if n > MPS_CLIENTS_PER_GPU}
     if crowded and mps_mode != "off":
         d, n = max(crowded.items(), key=lambda item: item[1])
         raise ConfigError(f"{n} ranks on GPU {d}: an MPS server takes at most {MPS_CLIENTS_PER_GPU} clients on one "
                           f"GPU; start at most {MPS_CLIENTS_PER_GPU * max(1, len(per_gpu))} ranks on "
                           f"{len(per_gpu)} GPU(s) (or --mps off, time-sliced)")
+
+
+def _check_host_memory(nranks: int, backend: str, rank_bytes: int) -> None:
+    """Refuse ranks that host memory (on the cpu back-end: /dev/shm) cannot hold. It needs only the count, so
+    :func:`launch` asks it first, before anything that lists every rank (a mistyped -n of 10^9 is refused at
+    once, not after minutes and GiBs spent laying out ranks that will never start)."""
     gpu = runs_kernels(backend)
     each = RANK_BYTES[gpu] + max(0, int(rank_bytes))
     need = nranks * each
@@ -327,13 +362,6 @@ def check_limits(nranks: int, backend: str, per_gpu: dict[int, int], mps_mode: s
                   "one rank alone needs more than there is: ask for less (smaller --sizes or problem)")
         raise ConfigError(f"{nranks} ranks need about {_sysinfo.gib(need)} of host memory ({each >> 20} MiB each), "
                           f"more than the {_sysinfo.gib(have)} of {what}: {advice}")
-    if per_gpu:
-        mps.require_gpu_memory({d: n * (GPU_CONTEXT_BYTES + max(0, int(gpu_bytes))) for d, n in per_gpu.items()},
-                               f"{nranks} ranks ({max(per_gpu.values())} on one GPU)", "start fewer ranks")
-    cores = _sysinfo.cores()
-    if nranks > cores:
-        print(f"circuslink run: warning: {nranks} ranks on {cores} cores: ranks that wait for each other take turns "
-              "on the cores, so their waits sleep and latencies measure the scheduler", file=sys.stderr)
 
 
 # Never NVLink multicast (it can take shared machines' GPUs down): also for programs we start.
@@ -474,7 +502,9 @@ def _mpirun_job(nranks: int, command: Sequence[str], backend: str, mps_mode: str
         full.update(session.env)
         if session.status.active:
             full[mps.ENV_GPUS] = str(mps.gpu_count())
-        cmd = mpirun_command(nranks, command, full)
+        full.pop("CIRCUSLINK_LAUNCHER_PID", None)  # mpirun's daemon is the ranks' parent, not this process
+        # each rank starts through the guard's exec, which gives it torchrun's names for its place
+        cmd = mpirun_command(nranks, _guard.exec_command() + list(command), full)
         if tag:
             cmd.insert(1, "--tag-output")
         pipe = subprocess.PIPE if tag else None

@@ -55,58 +55,58 @@ _RESULT_KEYS = ("benchmark", "device", "commit", "date", "backend", "nranks", "f
 
 
 # -- sizes --------------------------------------------------------------------------------------
-def _parse_one(token: str, whole: str) -> int:
+def _parse_one(token: str, whole: str, option: str) -> int:
     m = _SIZE_RE.match(token)
     if not m:
         raise ConfigError(
-            f"--sizes {whole!r}: bad size {token.strip()!r} (expected a number with an optional "
+            f"{option} {whole!r}: bad size {token.strip()!r} (expected a number with an optional "
             "K/M/G suffix, e.g. 8, 64K, 4MiB)"
         )
     value = int(m.group(1)) * _UNITS[m.group(2).upper()]
     if value <= 0:
-        raise ConfigError(f"--sizes {whole!r}: size {token.strip()!r} must be positive")
+        raise ConfigError(f"{option} {whole!r}: size {token.strip()!r} must be positive")
     return value
 
 
-def parse_sizes(text: str | Sequence[int]) -> list[int]:
+def parse_sizes(text: str | Sequence[int], option: str = "--sizes") -> list[int]:
     """Message sizes in bytes from ``"8,64,1K,4MiB"`` or ``"8:256M"`` (powers of two, inclusive).
 
     Suffixes K, M, G are binary (KiB, MiB, GiB); ``B``/``iB`` may follow. Tokens may mix
     lists and ranges (``"8:64,1M"``). The order is kept and duplicates are dropped. A
     list of ints is checked and returned as it is, so ``parse_sizes(args.sizes)`` works
-    whether the caller already parsed it or not. Errors name the bad token.
+    whether the caller already parsed it or not. Errors name the bad token and ``option``, the option read.
     """
     if not isinstance(text, str):
         sizes = list(text)
         for s in sizes:
             if not isinstance(s, int) or isinstance(s, bool) or s <= 0:
-                raise ConfigError(f"sizes: {s!r} is not a positive number of bytes")
+                raise ConfigError(f"{option}: {s!r} is not a positive number of bytes")
         return list(dict.fromkeys(sizes))
     if not text.strip():
-        raise ConfigError("--sizes is empty: give e.g. 8,64,1K or 8:256M")
+        raise ConfigError(f"{option} is empty: give e.g. 8,64,1K or 8:256M")
     out: list[int] = []
     for token in text.split(","):
         if not token.strip():
-            raise ConfigError(f"--sizes {text!r}: empty entry between commas")
+            raise ConfigError(f"{option} {text!r}: empty entry between commas")
         if ":" in token:
             parts = token.split(":")
             if len(parts) != 2:
                 raise ConfigError(
-                    f"--sizes {text!r}: bad range {token.strip()!r} (expected LOW:HIGH, e.g. 8:256M)"
+                    f"{option} {text!r}: bad range {token.strip()!r} (expected LOW:HIGH, e.g. 8:256M)"
                 )
-            low, high = _parse_one(parts[0], text), _parse_one(parts[1], text)
+            low, high = _parse_one(parts[0], text, option), _parse_one(parts[1], text, option)
             if low > high:
                 raise ConfigError(
-                    f"--sizes {text!r}: range {token.strip()!r} goes down ({low} > {high} bytes)"
+                    f"{option} {text!r}: range {token.strip()!r} goes down ({low} > {high} bytes)"
                 )
             if high.bit_length() - low.bit_length() > _MAX_SIZES:
-                raise ConfigError(f"--sizes {text!r}: range {token.strip()!r} is too long")
+                raise ConfigError(f"{option} {text!r}: range {token.strip()!r} is too long")
             size = low
             while size <= high:
                 out.append(size)
                 size *= 2
         else:
-            out.append(_parse_one(token, text))
+            out.append(_parse_one(token, text, option))
     return list(dict.fromkeys(out))
 
 
@@ -200,13 +200,19 @@ def memory_per_rank(args: argparse.Namespace, buffers: float, cpu_max: int | Non
     (``relaunch_self(..., **memory_per_rank(args, 8))``): ``buffers`` times the largest message (``sizes``,
     default ``--sizes``), in GPU memory on a back-end that runs kernels, else in host memory (where the
     benchmark trims its sizes to ``cpu_max``, that many). A benchmark too large for the machine is refused in
-    one line, with the need and what there is, instead of dying of the out-of-memory killer halfway."""
+    one line, with the need and what there is, instead of dying of the out-of-memory killer halfway. Sizes that
+    are all beyond ``cpu_max`` on such a back-end are refused alike: the benchmark would have none left to run."""
     from ..backends import default_backend_name, runs_kernels
 
-    top = max(parse_sizes(args.sizes) if sizes is None else sizes)
+    sizes = parse_sizes(args.sizes) if sizes is None else sizes
+    top = max(sizes)
     backend = getattr(args, "backend", None) or os.environ.get("CIRCUSLINK_BACKEND") or default_backend_name()
     if runs_kernels(backend):
         return {"rank_bytes": 0, "gpu_bytes": int(buffers * top)}
+    if cpu_max is not None and min(sizes) > cpu_max:
+        name = f"bench {args.benchmark} " if getattr(args, "benchmark", None) else ""
+        raise ConfigError(f"{name}--sizes {args.sizes}: the {backend} back-end runs sizes up to "
+                          f"{format_bytes(cpu_max)} here, and every size given is larger")
     return {"rank_bytes": int(buffers * min(top, cpu_max or top)), "gpu_bytes": 0}
 
 

@@ -229,7 +229,8 @@ class _DeviceLoop:
 
         cp = world.xp
         self.world, self.comm, self.cp = world, comm, cp
-        names = [f"{k}<{t}>" for t in _LOOP_TYPES.values() for k in ("allreduce_loop", "team_oneshot_loop", "team_stage_loop")]
+        kernels = ("allreduce_loop", "team_oneshot_loop", "team_stage_loop")
+        names = [f"{k}<{t}>" for t in _LOOP_TYPES.values() for k in kernels]
         self.module = cl.compile(_LOOP_KERNEL.read_text(), name_expressions=names)
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.t = cp.zeros(2, dtype=cp.uint64)

@@ -105,9 +105,9 @@ def _ints(text: str, what: str) -> list[int]:
     from . import _driver as drv
 
     try:
-        return drv.parse_sizes(text)
+        return drv.parse_sizes(text, what)
     except Error as exc:
-        raise ConfigError(f"bench fft: {what}: {exc}") from None
+        raise ConfigError(f"bench fft: {exc}") from None
 
 
 # The sizes of a back-end without kernels (the GPU's would take minutes in numpy): said in --help and when used.

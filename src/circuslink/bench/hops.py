@@ -97,7 +97,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _one_size(text: str) -> int:
-    sizes = drv.parse_sizes(text)
+    try:
+        sizes = drv.parse_sizes(text, "--load-bytes")
+    except ConfigError as exc:  # argparse turns only ArgumentTypeError into its one line
+        raise argparse.ArgumentTypeError(str(exc)) from None
     if len(sizes) != 1 or sizes[0] < 1:
         raise argparse.ArgumentTypeError(f"expected one size of at least 1 byte (e.g. 4K), got {text!r}")
     return sizes[0]

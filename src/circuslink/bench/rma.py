@@ -83,7 +83,7 @@ def _parse_chains(text: str) -> list[int]:
 def _max_chain(args: argparse.Namespace) -> int:
     from . import _driver as drv
 
-    values = drv.parse_sizes(args.max_chain_bytes)
+    values = drv.parse_sizes(args.max_chain_bytes, "--max-chain-bytes")
     if len(values) != 1:
         raise ConfigError(f"--max-chain-bytes {args.max_chain_bytes!r}: one size, e.g. 16M")
     return values[0]

@@ -127,8 +127,44 @@ def run(args: argparse.Namespace) -> int:
     counts = _rank_counts(args.ranks, args.nranks)
     if args.samples < 1:
         raise ConfigError(f"--samples {args.samples} must be at least 1")
-    load_example(args.example)  # a missing example fails here, once, not in every job
+    example = load_example(args.example)  # a missing example fails here, once, not in every job
+    _check_memory(args, example, dtypes, domains, counts)
     return _driver(args, impls, dtypes, domains, counts)
+
+
+# Bytes a rank holds per cell of its block, measured (host form, 4096x4096, peak resident): the step's source and
+# result and the update's temporaries, about four blocks of the element type; the seed cells (float64) beside
+# them while the block is made.
+_BLOCKS_PER_RANK = 4
+_SEED_BYTES_PER_CELL = 8
+
+
+def _check_memory(args: argparse.Namespace, example: Any, dtypes: list[str], domains: list, counts: list[int]) -> None:
+    """The largest job's memory need, checked before any job starts (as qcd invert and fft2 do): host memory on
+    a back-end without kernels, else the GPU's for the blocks and the host's for their seed cells; domains small
+    enough to check against numpy also hold the whole domain on every rank."""
+    from .. import _sysinfo, mps
+    from ..backends import default_backend_name, runs_kernels
+
+    backend = args.backend or os.environ.get("CIRCUSLINK_BACKEND") or default_backend_name()
+    gpu = runs_kernels(backend)
+    name = max(dtypes, key=lambda t: np.dtype(example.DTYPES[t]).itemsize)
+    item = np.dtype(example.DTYPES[name]).itemsize
+    for n in sorted({1, *counts}):
+        for domain in domains:
+            shape, grid, dims = _layout(n, example, domain, args.per_rank)
+            local = (-(-shape[0] // dims[0]) + 2) * (-(-shape[1] // dims[1]) + 2)  # the largest block, ghosts too
+            whole = shape[0] * shape[1] if shape[0] * shape[1] <= args.check_cells else 0
+            what = f"bench stencil: the {name} domain {shape[0]}x{shape[1]} on {n} rank(s) ({grid})"
+            advice = "use smaller --domains" + (" (with --per-rank, each rank's block)" if args.per_rank else "")
+            host = n * (local * _SEED_BYTES_PER_CELL + 2 * whole * item)
+            if gpu:
+                gpus = max(1, mps.gpu_count())
+                mps.require_gpu_memory({g: len(range(g, n, gpus)) * local * _BLOCKS_PER_RANK * item
+                                        for g in range(min(gpus, n))}, what, advice)
+            else:
+                host += n * local * _BLOCKS_PER_RANK * item
+            _sysinfo.require_memory(host, what, advice, shared=False)
 
 
 # -- the outer process: one job per rank count (and one of one rank), rows merged -------------------------------
@@ -170,18 +206,20 @@ def _driver(args: argparse.Namespace, impls: list[str], dtypes: list[str], domai
     _add_vs_nvshmem(rows)
     results.floor = floor or {}
     results.extend(rows)
-    drv.print_table(results.rows, ["impl", "dtype", "domain", "grid", "nranks", "time_per_iter_us", "min_us",
-                                   "gcells_per_s", "vs_one_rank", "efficiency", "vs_nvshmem", "checked", "skipped"],
-                    "stencil: 2-D 5-point Jacobi, time per iteration")
-    _summary(results.rows, results.floor)
-    path = results.write_json(args.json)
-    print(f"results: {path}")
-    if args.plot:
+
+    def report() -> None:
+        drv.print_table(results.rows, ["impl", "dtype", "domain", "grid", "nranks", "time_per_iter_us", "min_us",
+                                       "gcells_per_s", "vs_one_rank", "efficiency", "vs_nvshmem", "checked",
+                                       "skipped"], "stencil: 2-D 5-point Jacobi, time per iteration", args)
+        _summary(results.rows, results.floor, runs_kernels)
+
+    def plot(path: str) -> None:
         plotted = [dict(r, series=f"{r['impl']} {r['dtype']} {r['domain']}") for r in results.rows
                    if r.get("time_per_iter_us")]
-        if plotted:
-            drv.plot(plotted, x="nranks", y="time_per_iter_us", group="series", path=args.plot, logx=False,
-                     title="2-D Jacobi stencil: time per iteration", xlabel="ranks", ylabel="us per iteration")
+        drv.plot(plotted, x="nranks", y="time_per_iter_us", group="series", path=path, logx=False,
+                 title="2-D Jacobi stencil: time per iteration", xlabel="ranks", ylabel="us per iteration")
+
+    drv.finish(results, args, report, plot)
     return 0
 
 
@@ -253,8 +291,11 @@ def _verdict(ok: bool) -> str:
     return "met" if ok else "MISSED"
 
 
-def _summary(rows: list[dict], floor: dict) -> None:
-    """The targets' ratios and verdicts, where the rows exist."""
+def _summary(rows: list[dict], floor: dict, runs_kernels: bool = True) -> None:
+    """The targets' ratios and verdicts, where the rows exist. The targets are the device forms'; a back-end that
+    runs no kernels skips those rows, and gets no verdict on them."""
+    if not runs_kernels:
+        return
     lat = (floor.get("summary") or {}).get("lat_relaxed_us")
     for r in rows:
         if r.get("impl") == "channel-persistent" and r.get("time_per_iter_us") and r.get("nranks", 1) > 1:

@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from . import _driver as drv
 
     if not launcher.inside_job():
+        _model_bytes(args)  # a bad value fails here, once, not in every rank
         argv = ["bench", "transpose", *sys.argv[sys.argv.index("transpose") + 1:]] if "transpose" in sys.argv \
             else ["bench", "transpose"]
         return launcher.relaunch_self(args.nranks, argv=argv, backend=args.backend,
@@ -65,6 +66,12 @@ def run(args: argparse.Namespace) -> int:
         return _run_rank(world, args)
     finally:
         world.close()
+
+
+def _model_bytes(args: argparse.Namespace) -> int:
+    from . import _driver as drv
+
+    return drv.parse_sizes(args.model_bytes, "--model-bytes")[0] if args.model_bytes not in ("0", "") else 0
 
 
 def _parse_dtypes(text: str) -> list[str]:
@@ -103,7 +110,7 @@ def _run_rank(world: Any, args: argparse.Namespace) -> int:
         sizes = [s for s in sizes if s <= _CPU_MAX] or [64 << 10]
     dtypes = _parse_dtypes(args.dtypes)
     loop = max(1, args.loop)
-    model_bytes = drv.parse_sizes(args.model_bytes)[0] if args.model_bytes not in ("0", "") else 0
+    model_bytes = _model_bytes(args)
     if cpu and model_bytes:
         model_bytes = min(model_bytes, 1 << 20)
     if args.quick and model_bytes:

@@ -50,6 +50,10 @@ def generate(spec_path: str, out_dir: str, nranks: int | None = None, stem: str 
     Returns the written paths. Raises :class:`circuslink.SpecError` for an invalid spec or stem.
     """
     source = Path(spec_path)
+    out = Path(out_dir)
+    parent = out.absolute().parent
+    if not out.is_dir() and not parent.is_dir():  # DIR itself is made; a tree of folders from a typo is not
+        raise SpecError(f"-o {out_dir}: folder {str(parent)!r} does not exist (it is not created)")
     try:
         xml_text = source.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -59,9 +63,8 @@ def generate(spec_path: str, out_dir: str, nranks: int | None = None, stem: str 
     spec = load(spec_path, nranks=nranks)
     stem = _identifier(stem if stem is not None else source.name.removesuffix(".xml"))
     _check_generated_names(spec)
-    out = Path(out_dir)
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        out.mkdir(exist_ok=True)
     except OSError as exc:
         raise SpecError(f"cannot create output folder {out_dir}: {exc}") from None
     written = []

@@ -227,7 +227,8 @@ def _plan(args: argparse.Namespace) -> dict:
 
 
 def check_memory(command: str, plan: dict,
-                 advice: str = "use a smaller lattice (--dim) or spread it over more ranks (--grid)") -> None:
+                 advice: str = "use a smaller lattice per rank (--dim); the global lattice is --dim times "
+                               "--gridsize, so more ranks need more memory, not less") -> None:
     """Refuse, before any rank starts, a lattice this machine cannot hold (one line: the need and what is there).
     Every rank holds its local fields (in GPU memory on cuda), rank 0 the whole lattice's on the host."""
     from ... import _sysinfo, mps

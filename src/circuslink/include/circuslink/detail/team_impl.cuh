@@ -305,6 +305,86 @@ __device__ __forceinline__ u64 unit_op(u64 a, u64 b, unsigned int valid, Op op) 
   return a;
 }
 
+
+// The `valid` bytes (whole elements, at most 8) at byte `off` of p, as one word; and back.
+__device__ __forceinline__ u64 load_unit(const void* p, u64 off, unsigned int valid) {
+  const unsigned char* src = reinterpret_cast<const unsigned char*>(p) + off;
+  if (valid == 8 && (reinterpret_cast<u64>(src) & 7u) == 0) return *reinterpret_cast<const u64*>(src);
+  u64 v = 0;
+  for (unsigned int b = 0; b < valid; ++b) v |= static_cast<u64>(src[b]) << (8 * b);
+  return v;
+}
+__device__ __forceinline__ void store_unit(void* p, u64 off, unsigned int valid, u64 v) {
+  unsigned char* dst = reinterpret_cast<unsigned char*>(p) + off;
+  if (valid == 8 && (reinterpret_cast<u64>(dst) & 7u) == 0) {
+    *reinterpret_cast<u64*>(dst) = v;
+  } else {
+    for (unsigned int b = 0; b < valid; ++b) dst[b] = static_cast<unsigned char>(v >> (8 * b));
+  }
+}
+
+// allreduce_oneshot with a thread a peer (width > 1: see there). Lines go in rounds of `groups`, the same
+// count for every thread of the block, so that a group's shuffles always meet every lane of its warp (a
+// block's last warp may be partial: its lanes alone).
+template <class T, class Op>
+__device__ bool oneshot_grouped(const Team& t, const T* in, T* out, unsigned long long n, Op op,
+                                             unsigned int width) {
+  const u64 nbytes = n * sizeof(T);
+  const unsigned int chunks = static_cast<unsigned int>((nbytes + kLLChunkBytes - 1) / kLLChunkBytes);
+  const unsigned int tid = block_thread(), threads = block_threads();
+  const unsigned int groups = threads / width, group = tid / width, q = tid % width;
+  const unsigned int warp_lanes = threads - (tid & ~31u) < 32u ? threads - (tid & ~31u) : 32u;
+  const unsigned int lanes = warp_lanes == 32u ? 0xffffffffu : (1u << warp_lanes) - 1u;
+  __shared__ unsigned int call_s;
+  int failed = 0;
+  for (unsigned int c = team_block(); c < chunks; c += team_blocks()) {
+    const u64 lo = static_cast<u64>(c) * kLLChunkBytes;
+    const u64 bytes = nbytes - lo < kLLChunkBytes ? nbytes - lo : kLLChunkBytes;
+    const unsigned int lines = static_cast<unsigned int>((bytes + 7) / 8);
+    // The first round's data is loaded while thread 0 loads the call number (two loads in flight).
+    bool active = group < groups && group < lines;
+    u64 off = lo + static_cast<u64>(group) * 8;
+    unsigned int valid = active && nbytes - off < 8 ? static_cast<unsigned int>(nbytes - off) : 8u;
+    u64 mine = active ? load_unit(in, off, valid) : 0;
+    if (tid == 0) call_s = t.counters[kTeamCounterChunk + c] + 1u;
+    __syncthreads();
+    const unsigned int call = call_s, parity = call & 1u;
+    for (unsigned int round = 0; round * groups < lines; ++round) {
+      if (round > 0) {
+        const unsigned int line = round * groups + group;
+        active = group < groups && line < lines;
+        off = lo + static_cast<u64>(line) * 8;
+        valid = active && nbytes - off < 8 ? static_cast<unsigned int>(nbytes - off) : 8u;
+        mine = active ? load_unit(in, off, valid) : 0;
+      }
+      const unsigned int line = round * groups + group;
+      u64 v = mine;
+      if (active && q < t.size && q != t.rank && !failed) {
+        ll_store(ll_slot(t, q, c, parity, t.rank) + line, static_cast<unsigned int>(mine),
+                 static_cast<unsigned int>(mine >> 32), call);
+        const uint4* slot = ll_slot(t, t.rank, c, parity, q) + line;
+        uint4 got;
+        circuslink::detail::Deadline d = circuslink::detail::Deadline::after(t.timeout_ns, t.abort);
+        if (circuslink::detail::spin_until([&] {
+              got = ll_load(slot);
+              return got.y == call && got.w == call;
+            }, d)) {
+          v = static_cast<u64>(got.x) | (static_cast<u64>(got.z) << 32);
+        } else {
+          team_fail(t, kTeamErrorSlot, q, c, call);
+          failed = 1;
+        }
+      }
+      u64 acc = __shfl_sync(lanes, v, 0, width);
+      for (unsigned int k = 1; k < t.size; ++k) acc = unit_op<T>(acc, __shfl_sync(lanes, v, k, width), valid, op);
+      if (!__any_sync(lanes, failed) && active && q == 0) store_unit(out, off, valid, acc);
+    }
+    if (__syncthreads_or(failed)) return false;
+    if (tid == 0) t.counters[kTeamCounterChunk + c] = call;
+  }
+  return true;
+}
+
 }  // namespace detail
 
 // ---- one-shot (LL) -------------------------------------------------------------------------------------
@@ -318,8 +398,11 @@ __device__ __forceinline__ u64 unit_op(u64 a, u64 b, unsigned int valid, Op op) 
 // line is a group of `width` threads (the team size rounded up to a power of two, at most 32, so a group
 // is part of one warp): thread q of the group stores to rank q and polls rank q's line, so every peer's
 // store and poll are in flight at once, and the group folds the values through shuffles in rank order.
-// One thread polling its peers in turn paid a round trip a peer: 1.29 against 0.79 us a call at 4 ranks,
-// 2.43 against 0.89 at 8 (one H200 under MPS). Teams over 32 ranks keep one thread a line.
+// One thread polling its peers in turn paid a round trip a peer (scripts/dev/oneshot_variants.py, one H200
+// under MPS, 8-byte calls): 1.29 us a call at 4 ranks and 2.44 at 8 that way, 1.57 and 1.86 this way. Teams
+// over 32 ranks keep one thread a line, as do blocks narrower than a group. The grouped path is a function
+// of its own (oneshot_grouped), so the two-rank path stays as it was. A kernel that calls this should let
+// the compiler have the registers (__launch_bounds__(threads, 1)): held to 32 it spills on the poll path.
 template <class T, class Op>
 __device__ bool allreduce_oneshot(const Team& t, const T* in, T* out, unsigned long long n, Op op) {
   using detail::u64;
@@ -329,95 +412,50 @@ __device__ bool allreduce_oneshot(const Team& t, const T* in, T* out, unsigned l
   const unsigned int width = detail::oneshot_width(t.size, detail::block_threads());
   __shared__ unsigned int call_s;
   int failed = 0;
-  // This thread's 8 bytes at `off` (the `valid` bytes that exist), as one word.
-  auto unit_at = [&](u64 off, unsigned int valid) -> u64 {
-    const unsigned char* src = reinterpret_cast<const unsigned char*>(in) + off;
-    if (valid == 8 && (reinterpret_cast<u64>(src) & 7u) == 0) return *reinterpret_cast<const u64*>(src);
-    u64 v = 0;
-    for (unsigned int b = 0; b < valid; ++b) v |= static_cast<u64>(src[b]) << (8 * b);
-    return v;
-  };
-  auto valid_at = [&](u64 off) -> unsigned int {
-    return nbytes - off < 8 ? static_cast<unsigned int>(nbytes - off) : 8u;
-  };
-  auto put_unit = [&](u64 off, unsigned int valid, u64 acc) {
-    unsigned char* dst = reinterpret_cast<unsigned char*>(out) + off;
-    if (valid == 8 && (reinterpret_cast<u64>(dst) & 7u) == 0) {
-      *reinterpret_cast<u64*>(dst) = acc;
-    } else {
-      for (unsigned int b = 0; b < valid; ++b) dst[b] = static_cast<unsigned char>(acc >> (8 * b));
-    }
-  };
-  // Rank q's line `line` of chunk c into v, or a time-out recorded against q.
-  auto await_line = [&](unsigned int q, unsigned int c, unsigned int parity, unsigned int line, unsigned int call,
-                        u64& v) -> bool {
-    const uint4* slot = detail::ll_slot(t, t.rank, c, parity, q) + line;
-    uint4 got;
-    circuslink::detail::Deadline d = circuslink::detail::Deadline::after(t.timeout_ns, t.abort);
-    if (!circuslink::detail::spin_until([&] {
-          got = detail::ll_load(slot);
-          return got.y == call && got.w == call;
-        }, d)) {
-      detail::team_fail(t, kTeamErrorSlot, q, c, call);
-      return false;
-    }
-    v = static_cast<u64>(got.x) | (static_cast<u64>(got.z) << 32);
-    return true;
-  };
+  if (width > 1) return detail::oneshot_grouped(t, in, out, n, op, width);
   for (unsigned int c = detail::team_block(); c < chunks; c += detail::team_blocks()) {
     const u64 lo = static_cast<u64>(c) * kLLChunkBytes;
     const u64 bytes = nbytes - lo < kLLChunkBytes ? nbytes - lo : kLLChunkBytes;
     const unsigned int lines = static_cast<unsigned int>((bytes + 7) / 8);
     // The first line's data is loaded while thread 0 loads the call number: two loads in flight, not
     // one after the other, on the latency path.
-    const unsigned int first_line = tid / width;
-    const u64 first_off = lo + static_cast<u64>(first_line) * 8;
-    const u64 first = first_line < lines ? unit_at(first_off, valid_at(first_off)) : 0;
+    const u64 first_off = lo + static_cast<u64>(tid) * 8;
+    const unsigned int first_valid =
+        tid < lines && nbytes - first_off < 8 ? static_cast<unsigned int>(nbytes - first_off) : 8u;
+    const u64 first = tid < lines ? detail::load_unit(in, first_off, first_valid) : 0;
     if (tid == 0) call_s = t.counters[kTeamCounterChunk + c] + 1u;
     __syncthreads();
     const unsigned int call = call_s, parity = call & 1u;
-    if (width == 1) {
-      for (unsigned int line = tid; line < lines; line += detail::block_threads()) {
-        const u64 off = lo + static_cast<u64>(line) * 8;
-        const unsigned int valid = valid_at(off);
-        const u64 mine = line == tid ? first : unit_at(off, valid);
-        for (unsigned int k = 1; k < t.size; ++k) {  // peers in the order rank + 1, rank + 2, ...: spread the stores
-          const unsigned int q = (t.rank + k) % t.size;
-          detail::ll_store(detail::ll_slot(t, q, c, parity, t.rank) + line, static_cast<unsigned int>(mine),
-                           static_cast<unsigned int>(mine >> 32), call);
-        }
-        u64 acc = 0;
-        for (unsigned int q = 0; q < t.size && !failed; ++q) {
-          u64 v = mine;
-          if (q != t.rank && !await_line(q, c, parity, line, call, v)) failed = 1;
-          acc = q == 0 ? v : detail::unit_op<T>(acc, v, valid, op);
-        }
-        if (failed) break;
-        put_unit(off, valid, acc);
+    for (unsigned int line = tid; line < lines; line += detail::block_threads()) {
+      const u64 off = lo + static_cast<u64>(line) * 8;
+      const unsigned int valid = nbytes - off < 8 ? static_cast<unsigned int>(nbytes - off) : 8u;
+      const u64 mine = line == tid ? first : detail::load_unit(in, off, valid);
+      for (unsigned int k = 1; k < t.size; ++k) {  // peers in the order rank + 1, rank + 2, ...: spread the stores
+        const unsigned int q = (t.rank + k) % t.size;
+        detail::ll_store(detail::ll_slot(t, q, c, parity, t.rank) + line, static_cast<unsigned int>(mine),
+                         static_cast<unsigned int>(mine >> 32), call);
       }
-    } else {
-      // Rounds of `groups` lines, the same count for every thread of the block, so that a group's shuffles
-      // always meet every lane of its warp (a block's last warp may be partial: its lanes alone).
-      const unsigned int threads = detail::block_threads(), groups = threads / width, q = tid % width;
-      const unsigned int warp_lanes = threads - (tid & ~31u) < 32u ? threads - (tid & ~31u) : 32u;
-      const unsigned int lanes = warp_lanes == 32u ? 0xffffffffu : (1u << warp_lanes) - 1u;
-      for (unsigned int round = 0; round * groups < lines; ++round) {
-        const unsigned int line = round * groups + tid / width;
-        const bool active = tid / width < groups && line < lines;
-        const u64 off = lo + static_cast<u64>(line) * 8;
-        const unsigned int valid = active ? valid_at(off) : 8u;
-        const u64 mine = !active ? 0 : round == 0 ? first : unit_at(off, valid);
+      u64 acc = 0;
+      for (unsigned int q = 0; q < t.size && !failed; ++q) {
         u64 v = mine;
-        if (active && q < t.size && q != t.rank && !failed) {
-          detail::ll_store(detail::ll_slot(t, q, c, parity, t.rank) + line, static_cast<unsigned int>(mine),
-                           static_cast<unsigned int>(mine >> 32), call);
-          if (!await_line(q, c, parity, line, call, v)) failed = 1;
+        if (q != t.rank) {
+          const uint4* slot = detail::ll_slot(t, t.rank, c, parity, q) + line;
+          uint4 got;
+          circuslink::detail::Deadline d = circuslink::detail::Deadline::after(t.timeout_ns, t.abort);
+          if (!circuslink::detail::spin_until([&] {
+                got = detail::ll_load(slot);
+                return got.y == call && got.w == call;
+              }, d)) {
+            detail::team_fail(t, kTeamErrorSlot, q, c, call);
+            failed = 1;
+            break;
+          }
+          v = static_cast<u64>(got.x) | (static_cast<u64>(got.z) << 32);
         }
-        u64 acc = __shfl_sync(lanes, v, 0, width);
-        for (unsigned int k = 1; k < t.size; ++k)
-          acc = detail::unit_op<T>(acc, __shfl_sync(lanes, v, k, width), valid, op);
-        if (!__any_sync(lanes, failed) && active && q == 0) put_unit(off, valid, acc);
+        acc = q == 0 ? v : detail::unit_op<T>(acc, v, valid, op);
       }
+      if (failed) break;
+      detail::store_unit(out, off, valid, acc);
     }
     if (__syncthreads_or(failed)) return false;
     if (tid == 0) t.counters[kTeamCounterChunk + c] = call;
