@@ -76,10 +76,13 @@ def _can_write(tx: CpuSender, nbytes: int) -> bool:
     return tx.seq + len(sizes) <= int(tx.credit[0]) + tx.geo.nslots
 
 
-def drive(net: Net, messages: dict[str, list[bytes]], rng, readers: set[str] | None = None, patience: int = 60):
+def drive(net: Net, messages: dict[str, list[bytes]], rng, readers: set[str] | None = None, patience: int = 60,
+          whole: bool = False):
     """Write every message (each when its ring has room), step the agents in a random order, read whatever
-    arrived; until everything is read ("complete") or nothing moves for ``patience`` rounds ("stall")."""
+    arrived (``whole``: a message only once all its packets are there, as try_read does); until everything is
+    read ("complete") or nothing moves for ``patience`` rounds ("stall")."""
     sent = {k: 0 for k in messages}
+    taken = {k: 0 for k in messages}
     got = {k: bytearray() for k in messages}
     want = {k: b"".join(v) for k, v in messages.items()}
     readers = set(messages) if readers is None else readers
@@ -95,8 +98,17 @@ def drive(net: Net, messages: dict[str, list[bytes]], rng, readers: set[str] | N
         for r in rng.permutation(len(net.agents)):
             moved += net.agents[r].step()
         for name in readers:
-            while k := _ready_bytes(net.rx[name]):
-                got[name] += net.rx[name].read_bytes(k)
+            rx = net.rx[name]
+            while whole and taken[name] < len(messages[name]):
+                n = len(messages[name][taken[name]])
+                packets = len(P.split_write(n, rx.geo)[1])
+                if _ready_packets(rx, packets) < packets:
+                    break
+                got[name] += rx.read_bytes(n)
+                taken[name] += 1
+                moved += 1
+            while not whole and (k := _ready_bytes(rx)):
+                got[name] += rx.read_bytes(k)
                 moved += 1
         rounds += 1
         if all(got[k] == want[k] for k in readers) and all(sent[k] == len(messages[k]) for k in readers):
@@ -126,6 +138,21 @@ def test_all_to_all_in_process_every_byte(topo, vcs, rng):
         assert [h.src for h in path.hops] + [link.dst_rank] == list(path.ranks)
         assert path.hops == tuple(t.routing(vcs).route(link.src_rank, link.dst_rank))
     outcome, got, want = drive(net, random_messages(links, rng, 5), rng)
+    assert outcome == "complete"
+    assert all(got[k] == want[k] for k in want)
+
+
+def test_all_to_all_with_whole_message_calls_every_byte(rng):
+    """torus:4x4 all-to-all as the GPU exchange kernel runs it (tests/test_routed_gpu.py): channels of 4096 bytes,
+    link rings of 4 slots, and ends that only ever move whole messages (a write when the credits for all its
+    packets are there, a read when all its packets have arrived: try_write / try_read). Every message fits its
+    ring, so such calls always go eventually; the agents deliver every byte."""
+    links = all_to_all(16, depth=4096)
+    net = Net("torus:4x4", links, link_slots=4, ll_max=P.LL_MAX_DEFAULT)
+    messages = random_messages(links, rng, 6)
+    for link, geo, _ in net.plan.entries:
+        assert max(len(P.split_write(len(m), geo)[1]) for m in messages[link.name]) <= geo.nslots
+    outcome, got, want = drive(net, messages, rng, whole=True)
     assert outcome == "complete"
     assert all(got[k] == want[k] for k in want)
 
