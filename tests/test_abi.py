@@ -100,6 +100,9 @@ CONSTANTS = [
     *[("rma_types.cuh", c, "circuslink.rma._layout", py, None) for c, py in [
         ("kRmaChunkBytes", "CHUNK_BYTES"), ("kRmaGpuScope", "GPU_SCOPE"), ("kRmaLowLatency", "LOW_LATENCY"),
         ("kRmaLLDepth", "LL_DEPTH"), ("kRmaSmallChainBytes", "SMALL_CHAIN_BYTES")]],
+    *[("router_types.cuh", c, "circuslink.channels.protocol", py, None) for c, py in [
+        ("kSharedPerInput", "ROUTER_SHARED_PER_INPUT"), ("kSharedPerOutput", "ROUTER_SHARED_PER_OUTPUT"),
+        ("kSharedPerRank", "ROUTER_SHARED_PER_RANK")]],
     ("router_types.cuh", "kChainWords", "circuslink.channels._routed", "CHAIN_BYTES", lambda v: v // 4),
     *[("route_types.cuh", c, "circuslink.topology._routing", c, None)
       for c in ("NO_RANK", "NO_LINK", "PORT_LOCAL", "PORT_NONE", "MAX_VCS")],

@@ -293,7 +293,7 @@ ch = channels.open(w, links, topology="nodes:2x2", relay={"nslots": 2, "batch": 
 if w.rank == 0:  # rank 0's agent holds back its credit reports until rank 2's agent has stopped
     agent, router = ch._router.agent, ch._router
     held, report = threading.Event(), agent._report_all
-    agent._report_all = lambda threshold: report(threshold) if held.is_set() else None
+    agent._report_all = lambda: report() if held.is_set() else None
     stop = router.stop
     def late_stop(timeout):
         time.sleep(1.0)                           # rank 2 stops its agent meanwhile

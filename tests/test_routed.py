@@ -20,7 +20,7 @@ from circuslink.channels import _routed as R
 from circuslink.channels import protocol as P
 from circuslink.channels._cpu import CpuReceiver, CpuSender
 from circuslink.channels._plan import Plan
-from circuslink.channels._router_cpu import Agent
+from circuslink.channels._router_cpu import Agent, report_due
 
 BYTE = element_type("uchar")
 
@@ -76,10 +76,13 @@ def _can_write(tx: CpuSender, nbytes: int) -> bool:
     return tx.seq + len(sizes) <= int(tx.credit[0]) + tx.geo.nslots
 
 
-def drive(net: Net, messages: dict[str, list[bytes]], rng, readers: set[str] | None = None, patience: int = 60):
+def drive(net: Net, messages: dict[str, list[bytes]], rng, readers: set[str] | None = None, patience: int = 60,
+          whole: bool = False):
     """Write every message (each when its ring has room), step the agents in a random order, read whatever
-    arrived; until everything is read ("complete") or nothing moves for ``patience`` rounds ("stall")."""
+    arrived (``whole``: a message only once all its packets are there, as try_read does); until everything is
+    read ("complete") or nothing moves for ``patience`` rounds ("stall")."""
     sent = {k: 0 for k in messages}
+    taken = {k: 0 for k in messages}
     got = {k: bytearray() for k in messages}
     want = {k: b"".join(v) for k, v in messages.items()}
     readers = set(messages) if readers is None else readers
@@ -95,8 +98,17 @@ def drive(net: Net, messages: dict[str, list[bytes]], rng, readers: set[str] | N
         for r in rng.permutation(len(net.agents)):
             moved += net.agents[r].step()
         for name in readers:
-            while k := _ready_bytes(net.rx[name]):
-                got[name] += net.rx[name].read_bytes(k)
+            rx = net.rx[name]
+            while whole and taken[name] < len(messages[name]):
+                n = len(messages[name][taken[name]])
+                packets = len(P.split_write(n, rx.geo)[1])
+                if _ready_packets(rx, packets) < packets:
+                    break
+                got[name] += rx.read_bytes(n)
+                taken[name] += 1
+                moved += 1
+            while not whole and (k := _ready_bytes(rx)):
+                got[name] += rx.read_bytes(k)
                 moved += 1
         rounds += 1
         if all(got[k] == want[k] for k in readers) and all(sent[k] == len(messages[k]) for k in readers):
@@ -126,6 +138,21 @@ def test_all_to_all_in_process_every_byte(topo, vcs, rng):
         assert [h.src for h in path.hops] + [link.dst_rank] == list(path.ranks)
         assert path.hops == tuple(t.routing(vcs).route(link.src_rank, link.dst_rank))
     outcome, got, want = drive(net, random_messages(links, rng, 5), rng)
+    assert outcome == "complete"
+    assert all(got[k] == want[k] for k in want)
+
+
+def test_all_to_all_with_whole_message_calls_every_byte(rng):
+    """torus:4x4 all-to-all as the GPU exchange kernel runs it (tests/test_routed_gpu.py): channels of 4096 bytes,
+    link rings of 4 slots, and ends that only ever move whole messages (a write when the credits for all its
+    packets are there, a read when all its packets have arrived: try_write / try_read). Every message fits its
+    ring, so such calls always go eventually; the agents deliver every byte."""
+    links = all_to_all(16, depth=4096)
+    net = Net("torus:4x4", links, link_slots=4, ll_max=P.LL_MAX_DEFAULT)
+    messages = random_messages(links, rng, 6)
+    for link, geo, _ in net.plan.entries:
+        assert max(len(P.split_write(len(m), geo)[1]) for m in messages[link.name]) <= geo.nslots
+    outcome, got, want = drive(net, messages, rng, whole=True)
     assert outcome == "complete"
     assert all(got[k] == want[k] for k in want)
 
@@ -208,6 +235,85 @@ def test_a_stalled_receiver_blocks_only_its_own_channel(rng):
         for o in a.outputs:
             if o is not None:
                 assert int(o.credit[0]) == o.seq
+
+
+def test_report_due_rule():
+    """A credit report goes to first when the receiver's count moved by a quarter ring, or moved at all while
+    first may be out of room (everything the last report let it drain was delivered); never without progress."""
+    assert not report_due(10, 10, 26, 16)  # no progress: never, even with first out of room
+    assert not report_due(13, 10, 13, 16)  # 3 < a quarter of 16, and first still has room
+    assert report_due(14, 10, 14, 16)  # a quarter ring
+    assert report_due(11, 10, 26, 16)  # first drained its whole window: any progress
+    assert report_due(1, 0, 1, 2) and report_due(1, 0, 1, 4)  # a quarter of a small ring is one packet
+
+
+def _pingpong(net: Net, rounds: int, nbytes: int, rng) -> None:
+    """ping 0 -> 3 and pong 3 -> 0 in turn, one message in flight, the agents stepped in a random order."""
+    for i in range(rounds):
+        for tx, rx in (("ping", "ping"), ("pong", "pong")):
+            msg = rng.integers(0, 256, nbytes, dtype=np.uint8).tobytes()
+            net.tx[tx].write_bytes(msg)
+            for _ in range(200):
+                for r in rng.permutation(len(net.agents)):
+                    net.agents[r].step()
+                if _ready_bytes(net.rx[rx]) == nbytes:
+                    break
+            assert net.rx[rx].read_bytes(nbytes) == msg, (rx, i)
+
+
+def test_a_pingpong_sends_a_credit_packet_every_quarter_ring(rng):
+    """line:4, a pingpong 0 -> 3 -> 0 (one message in flight): last reports the receiver's count to first every
+    quarter ring, not beside every message (the credit packets share the link rings with the replies); every
+    byte arrives."""
+    links = [Link(name, f"{name}_in", 2 * k, 2 * k + 1, a, b, BYTE, 16384) for k, (name, a, b) in
+             enumerate([("ping", 0, 3), ("pong", 3, 0)])]
+    net = Net("line:4", links, link_slots=8)
+    quarter = net.plan.routed_of(links[0]).geo.nslots // 4
+    assert quarter >= 2
+    taken = []  # the channel id of every credit packet first consumed
+    for a in net.agents:
+        a._take_credit = (lambda f: lambda inp, q, rid: (taken.append(rid), f(inp, q, rid)))(a._take_credit)
+    rounds = 64
+    _pingpong(net, rounds, 8, rng)
+    for link in links:
+        assert rounds // quarter - 1 <= taken.count(link.recv_id) <= rounds // quarter, (link.name, taken)
+
+
+def _ready_packets(rx: CpuReceiver, most: int) -> int:
+    """Packets from the receiver's next one on whose headers have arrived (up to ``most``)."""
+    n = 0
+    while n < most:
+        head = rx._slot(rx.seq + n) // 4
+        if int(rx.words[head + 3]) != P.flag_of(rx.seq + n):
+            break
+        n += 1
+    return n
+
+
+def test_a_sender_out_of_room_gets_credit_for_any_progress(rng):
+    """line:4, one channel 0 -> 3 whose reader takes a message only once all its packets are there (as try_read
+    does): a 1-packet message, then one of a whole ring's packets. The second fills the end-to-end window but
+    for its last packet, which first may drain only once it hears that the first message was consumed: one
+    packet of progress, less than the quarter ring that reports otherwise wait for. It arrives."""
+    links = [Link("c", "c_in", 0, 1, 0, 3, BYTE, 8192)]
+    net = Net("line:4", links, link_slots=2)
+    geo = net.plan.routed_of(links[0]).geo
+    assert geo.nslots // 4 >= 2
+    msgs = [rng.integers(0, 256, 8, dtype=np.uint8).tobytes(),
+            rng.integers(0, 256, geo.nslots * geo.chunk, dtype=np.uint8).tobytes()]
+    packets = [1, geo.nslots]
+    got = []
+    for msg, n in zip(msgs, packets, strict=True):
+        assert _can_write(net.tx["c"], len(msg))
+        net.tx["c"].write_bytes(msg)
+        for _ in range(100):
+            for r in rng.permutation(len(net.agents)):
+                net.agents[r].step()
+            if _ready_packets(net.rx["c"], n) == n:
+                break
+        assert _ready_packets(net.rx["c"], n) == n, f"message {len(got)}: its packets never all arrived"
+        got.append(net.rx["c"].read_bytes(len(msg)))
+    assert got == msgs
 
 
 def test_neighbours_are_direct_and_routes_need_a_topology():

@@ -16,47 +16,148 @@ __device__ __forceinline__ unsigned char pattern(unsigned int id, unsigned int m
   return (unsigned char)(x >> 24);
 }
 
-// One warp per block. Block b < nsend writes the messages of sends[b] (a session); block nsend + j reads those
-// of recvs[j] and counts wrong bytes into *bad. sizes[id * nmsgs + m]: bytes of message m of the channel whose
-// sender id is id. Every channel end of the rank in one launch, so no end waits on a kernel not yet started.
+// Lane 0's reading of the GPU's global timer (ns), handed to the whole warp so that every lane decides alike.
+__device__ __forceinline__ unsigned long long warp_now_ns() {
+  unsigned long long t = 0;
+  if ((threadIdx.x & 31u) == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return __shfl_sync(0xffffffffu, t, 0);
+}
+
+// Every lane: message m of the channel whose sender id is id, n bytes, into buf.
+__device__ void stage(unsigned char* buf, unsigned int id, unsigned int m, unsigned int n, unsigned int seed) {
+  for (unsigned int k = threadIdx.x & 31u; k < n; k += 32) buf[k] = pattern(id, m, k, seed);
+  __syncwarp();
+}
+
+// The warp's open session: the end it visited last stays open (its state in registers, as a kernel that serves
+// one end keeps it); a visit to another end closes it (its state stored in its control block, where the end's
+// next session() finds it) and opens the new one.
+struct Session {
+  union {
+    circuslink::SendSession<unsigned char> tx;
+    circuslink::RecvSession<unsigned char> rx;
+  };
+  unsigned int end = ~0u;
+  bool sending = false;
+
+  __device__ Session() {}
+  __device__ void open(const Handle& h, unsigned int e, bool sender) {
+    if (end == e) return;
+    close();
+    __syncwarp();  // lane 0's stored state is what every lane's session() loads next time
+    if (sender) tx = circuslink::Sender<unsigned char>{h}.session();
+    else rx = circuslink::Receiver<unsigned char>{h}.session();
+    end = e;
+    sending = sender;
+  }
+  __device__ void close() {
+    if (end == ~0u) return;
+    if (sending) tx.close();
+    else rx.close();  // hands back the credits it holds
+    end = ~0u;
+  }
+};
+
+// One call on end e (block: the blocking call, which waits up to the channel's time-out and records why it gave
+// up; else the try call, false at once with nothing moved and nothing recorded when it would wait).
+__device__ bool send_visit(Session& s, const Handle& h, unsigned int e, const unsigned char* buf, unsigned int n,
+                           bool block) {
+  s.open(h, e, true);
+  const bool moved = block ? s.tx.write_warp(buf, n) : s.tx.try_write_warp(buf, n);
+  __syncwarp();
+  return moved;
+}
+__device__ bool recv_visit(Session& s, const Handle& h, unsigned int e, unsigned char* buf, unsigned int n,
+                           bool block) {
+  s.open(h, e, false);
+  const bool moved = block ? s.rx.read_warp(buf, n) : s.rx.try_read_warp(buf, n);
+  __syncwarp();  // every lane's bytes of buf are in place before any lane checks them
+  return moved;
+}
+
+// Whether an error is recorded on the end (lane 0's load, the same answer on every lane): a try call's false
+// is a "not now" unless it is.
+__device__ __forceinline__ bool recorded(const Handle& h, bool sender) {
+  const bool mine = (threadIdx.x & 31u) == 0 && (sender ? circuslink::Sender<unsigned char>{h}.failed()
+                                                        : circuslink::Receiver<unsigned char>{h}.failed());
+  return __shfl_sync(0xffffffffu, mine ? 1 : 0, 0) != 0;
+}
+
+// progress[e]: messages end e finished; this bit set: the end stopped there (stalled or failed).
+constexpr unsigned int kStopped = 0x80000000u;
+
+// One warp per block; the rank's ends are e = 0..nsend-1 (sends[e]) then nsend..nsend+nrecv-1 (recvs[e - nsend]),
+// and warp b serves ends b, b + G, b + 2G, ... (G = gridDim.x, as many as the rank may have resident, which
+// may be far fewer than its ends) with the non-blocking calls, round after round, so no end waits on another
+// end of its own warp. Every end writes / reads nmsgs messages; sizes[id * nmsgs + m]: bytes of message m of
+// the channel whose sender id is id (each one write: at most the ring's packets, the host checks). A sender's
+// message is staged in its scratch (scratch_bytes an end) once and retried from there; a receiver checks every
+// byte against the hash and counts wrong ones into *bad. Nothing hangs: an end with no progress for stall_ns
+// (the channel's time-out; 0: none) makes the blocking call once, which either goes on or times out and records
+// the error that names the end; after such a failure the warp's other ends that stall stop without a call.
+// progress[] (zeroed) and since[] are the ends' bookkeeping, read by the host after the kernel.
 extern "C" __global__ void exchange(const Handle* sends, const unsigned int* send_ids, unsigned int nsend,
                                     const Handle* recvs, const unsigned int* recv_ids, unsigned int nrecv,
                                     const unsigned int* sizes, unsigned int nmsgs, unsigned int seed,
-                                    unsigned char* scratch, unsigned int scratch_bytes, unsigned int* bad,
-                                    int* status) {
+                                    unsigned char* scratch, unsigned int scratch_bytes, unsigned long long stall_ns,
+                                    unsigned int* progress, unsigned long long* since, unsigned int* bad) {
   if (threadIdx.x >= 32) return;
-  const unsigned int lane = threadIdx.x;
-  unsigned char* buf = scratch + (unsigned long long)blockIdx.x * scratch_bytes;
-  bool ok = true;
-  if (blockIdx.x < nsend) {
-    circuslink::Sender<unsigned char> tx{sends[blockIdx.x]};
-    const unsigned int id = send_ids[blockIdx.x];
-    auto s = tx.session();
-    for (unsigned int m = 0; ok && m < nmsgs; ++m) {
-      const unsigned int n = sizes[id * nmsgs + m];
-      for (unsigned int k = lane; k < n; k += 32) buf[k] = pattern(id, m, k, seed);
-      __syncwarp();
-      ok = s.write_warp(buf, n);
-      __syncwarp();
-    }
-    s.close();
-  } else if (blockIdx.x < nsend + nrecv) {
-    const unsigned int j = blockIdx.x - nsend;
-    circuslink::Receiver<unsigned char> rx{recvs[j]};
-    const unsigned int id = recv_ids[j];
-    auto s = rx.session();
-    unsigned int wrong = 0;
-    for (unsigned int m = 0; ok && m < nmsgs; ++m) {
-      const unsigned int n = sizes[id * nmsgs + m];
-      ok = s.read_warp(buf, n);
-      __syncwarp();
-      for (unsigned int k = lane; ok && k < n; k += 32) wrong += buf[k] != pattern(id, m, k, seed) ? 1u : 0u;
-      __syncwarp();
-    }
-    s.close();
-    if (wrong) atomicAdd(bad, wrong);
+  const unsigned int lane = threadIdx.x, ends = nsend + nrecv;
+  unsigned long long now = warp_now_ns();
+  for (unsigned int e = blockIdx.x; e < ends; e += gridDim.x) {
+    if (e < nsend && nmsgs) stage(scratch + (unsigned long long)e * scratch_bytes, send_ids[e], 0,
+                                  sizes[send_ids[e] * nmsgs], seed);
+    if (lane == 0) since[e] = now;
   }
-  if (!ok && lane == 0) atomicExch(status, 0);
+  __syncwarp();
+  Session session;
+  bool failed = false;  // a call of this warp failed, its error recorded for the host
+  unsigned int wrong = 0;
+  for (bool pending = true; pending;) {
+    pending = false;
+    now = warp_now_ns();
+    for (unsigned int e = blockIdx.x; e < ends; e += gridDim.x) {
+      const unsigned int m = progress[e];  // the same on every lane: lane 0 stored it before a __syncwarp
+      if (m >= nmsgs) continue;  // done, or stopped (kStopped)
+      pending = true;
+      const bool stalled = stall_ns != 0 && now - since[e] >= stall_ns;
+      if (stalled && failed) {  // already reported: the rank's check raises that error
+        if (lane == 0) progress[e] = m | kStopped;
+        __syncwarp();
+        continue;
+      }
+      const bool sender = e < nsend;
+      const Handle& h = sender ? sends[e] : recvs[e - nsend];
+      const unsigned int id = sender ? send_ids[e] : recv_ids[e - nsend];
+      const unsigned int n = sizes[id * nmsgs + m];
+      unsigned char* buf = scratch + (unsigned long long)e * scratch_bytes;
+      const bool moved = sender ? send_visit(session, h, e, buf, n, stalled)
+                                : recv_visit(session, h, e, buf, n, stalled);
+      if (moved) {
+        if (sender && m + 1 < nmsgs) {
+          stage(buf, id, m + 1, sizes[id * nmsgs + m + 1], seed);  // the write copied buf into the ring
+        } else if (!sender) {
+          for (unsigned int k = lane; k < n; k += 32) wrong += buf[k] != pattern(id, m, k, seed) ? 1u : 0u;
+        }
+        if (lane == 0) {
+          progress[e] = m + 1;
+          since[e] = now;
+        }
+      } else if (stalled || recorded(h, sender)) {
+        failed = true;  // the blocking call timed out, or the try call found misuse: recorded either way
+        if (lane == 0) progress[e] = m | kStopped;
+      }
+      __syncwarp();
+      if (stalled) {  // the blocking call kept this warp from its other ends for up to the time-out
+        now = warp_now_ns();
+        for (unsigned int f = blockIdx.x; f < ends; f += gridDim.x)
+          if (lane == 0) since[f] = now;
+        __syncwarp();
+      }
+    }
+  }
+  session.close();
+  if (wrong) atomicAdd(bad, wrong);
 }
 
 // Every thread of a co-resident grid writes / reads n elements (bulk packets spread over the warps).

@@ -60,9 +60,9 @@ LATENCY_RING = 8192
 LOAD_PACKETS = {True: 1_000_000, False: 2_000}  # by backend.runs_kernels
 LOAD_PACKETS_QUICK = {True: 50_000, False: 400}
 LOAD_BYTES = {True: 4 << 10, False: 1 << 10}
-LOAD_SLOTS = {True: 8, False: 4}  # slots of each load channel's ring
+LOAD_SLOTS = {True: 8, False: 4}  # slots of each load channel's ring (more where a message takes more packets)
 LOAD_KERNELS = Path(__file__).parent / "kernels" / "hops_load.cu"
-LOAD_THREADS = 32  # a warp per block, a block per channel end
+LOAD_THREADS = 32  # a warp per block; each warp serves one or more channel ends
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -178,8 +178,8 @@ def _agent_text(channels: Any) -> str:
     router = getattr(channels, "_router", None)
     if router is None or not hasattr(router, "ncopy"):
         return "one thread per rank"
-    return (f"a resident grid per rank: a routing block (a warp per input) and {router.ncopy} copy block(s) "
-            f"({router.sms} SM(s) of the rank's share)")
+    return (f"a resident grid per rank: a routing block (a warp per input, a keeper warp) and {router.ncopy} copy "
+            f"block(s) ({router.sms} SM(s) of the rank's share)")
 
 
 def _topology(text: str) -> Any:
@@ -359,7 +359,8 @@ def link_bytes(routing: Any, counts: np.ndarray, nbytes: int) -> np.ndarray:
 
 class LoadChannels:
     """An all-to-all of byte channels ``m{a}_{b}`` on the topology (direct to neighbours, routed beyond), each
-    of ``LOAD_SLOTS`` bulk packets of a chunk that holds one message (up to 64 KiB): the many-to-many load."""
+    of ``LOAD_SLOTS`` bulk packets (or a message's packets, if more) of a chunk that holds one message (up to
+    64 KiB): the many-to-many load."""
 
     def __init__(self, world: Any, topo: Any, vcs: int | None, nbytes: int, link_slots: int | None) -> None:
         from .. import compile as compile_device
@@ -379,8 +380,11 @@ class LoadChannels:
         r = world.rank
         self.sends = [link for link in self.links if link.src_rank == r]
         self.recvs = [link for link in self.links if link.dst_rank == r]
+        self.form = "host"
         if self.gpu:
             self._prepare_kernel(compile_device(LOAD_KERNELS.read_text()))
+            self.form = ("warp per channel end" if self.blocks >= self.ends else
+                         f"{self.blocks} warps over {self.ends} channel ends (try calls)")
 
     def _prepare_kernel(self, module: Any) -> None:
         import cupy as cp
@@ -388,11 +392,11 @@ class LoadChannels:
         from ..channels import protocol as P
 
         self.kernel = module.get_function("load_many_to_many")
-        self.blocks = len(self.sends) + len(self.recvs)
-        most = min(self.world.allgather_object(self.channels.max_blocks(self.kernel, LOAD_THREADS)))
-        if self.blocks > most:
-            raise ConfigError(f"bench hops --load: each rank's kernel needs {self.blocks} co-resident blocks (a warp "
-                              f"per channel end), but only {most} fit beside the forwarding agent: fewer ranks")
+        self.ends = len(self.sends) + len(self.recvs)
+        # a warp per end where that many fit beside the forwarding agent, else fewer warps taking turns over the
+        # ends with try calls (16 ranks sharing a GPU leave a few warps a rank for its 30 ends)
+        self.most_blocks = min(self.world.allgather_object(self.channels.max_blocks(self.kernel, LOAD_THREADS)))
+        self.blocks = max(1, min(self.ends, self.most_blocks))
 
         def handles(names: list[str]) -> Any:
             arr = np.zeros(max(1, len(names)), P.HANDLE_DTYPE)
@@ -407,7 +411,8 @@ class LoadChannels:
             self.recv_handles = handles([link.receiver_name for link in self.recvs])
             self.send_peers = cp.asarray(np.array([link.dst_rank for link in self.sends] or [0], np.uint32))
             self.recv_peers = cp.asarray(np.array([link.src_rank for link in self.recvs] or [0], np.uint32))
-            self.scratch = cp.zeros(self.blocks * self.scratch_words, cp.uint32)
+            self.scratch = cp.zeros(max(1, self.ends) * self.scratch_words, cp.uint32)
+            self.since = cp.zeros(max(1, self.ends), cp.uint64)  # the kernel sets it
 
     def close(self) -> None:
         self.channels.close()
@@ -432,11 +437,13 @@ class LoadChannels:
             times = cp.zeros(2, cp.uint64)
             bad = cp.zeros(1, cp.uint64)
             status = cp.ones(1, cp.int32)
-            self.kernel((self.blocks,), (LOAD_THREADS,), (
+            progress = cp.zeros(max(1, self.ends), cp.uint32)
+            self.world.backend.launch_resident(self.kernel, self.blocks, LOAD_THREADS, (
                 self.send_handles, self.send_peers, send_counts, np.uint32(len(self.sends)), self.recv_handles,
                 self.recv_peers, recv_counts, np.uint32(len(self.recvs)), np.uint32(r), np.uint32(self.nbytes),
                 np.uint32(payload_seed), self.scratch, np.uint32(self.scratch_words), sync,
-                np.uint64(self.channels.device_timeout_ns), times, bad, status))
+                np.uint64(self.channels.device_timeout_ns), times, bad, status, progress, self.since),
+                stream=self.stream, limit=self.most_blocks)
         self.channels.wait_kernel(self.stream, lambda: f"{label} on rank {r}")
         if int(status.get()[0]) != 1:
             raise ChannelError(f"{label}: a channel call failed on rank {r}")
@@ -481,16 +488,19 @@ def load_links(nranks: int, nbytes: int, gpu: bool) -> list:
     from ..channels import Link, element_type
 
     byte = element_type("uchar")
-    depth = load_options(nbytes, gpu)["chunk"] * LOAD_SLOTS[gpu]
+    opts = load_options(nbytes, gpu)
+    depth = opts["chunk"] * opts["nslots"]
     pairs = [(a, b) for a in range(nranks) for b in range(nranks) if a != b]
     return [Link(f"m{a}_{b}", f"m{a}_{b}_in", 2 * k, 2 * k + 1, a, b, byte, depth) for k, (a, b) in enumerate(pairs)]
 
 
 def load_options(nbytes: int, gpu: bool) -> dict:
     """Bulk packets only (``ll_max`` 0: one packet per message up to the chunk), a chunk of the message rounded up
-    to a power of two (256 B .. 64 KiB)."""
+    to a power of two (256 B .. 64 KiB), ``LOAD_SLOTS`` slots or, for a message of more packets, as many as it
+    takes (the GPU kernel's try calls move a message whole: it must fit the ring)."""
     chunk = min(GPU_CHUNK, max(256, 1 << max(0, nbytes - 1).bit_length()))
-    return {"chunk": chunk, "nslots": LOAD_SLOTS[gpu], "ll_max": 0}
+    packets = -(-nbytes // chunk)
+    return {"chunk": chunk, "nslots": max(LOAD_SLOTS[gpu], 1 << max(0, packets - 1).bit_length()), "ll_max": 0}
 
 
 def _load(world: Any, topo: Any, args: argparse.Namespace, samples: int, warmup: int, results: drv.Results) -> None:
@@ -554,7 +564,7 @@ def _load(world: Any, topo: Any, args: argparse.Namespace, samples: int, warmup:
                link_capacity_GBps=capacity, worst_link=topo.link_label(topo.links[worst_link]),
                worst_link_GBps=worst_GBps, seed=seed, wrong_bytes=wrong, verified=True,
                mean_hops=float((counts_all[0] * load.routing.hops).sum() / counts_all[0].sum()),
-               form="warp per channel end" if gpu else "host", links_GBps=links_GBps, pattern=patterns,
+               form=load.form, links_GBps=links_GBps, pattern=patterns,
                resources=resources)
     if capacity:
         total_capacity = capacity * len(used)

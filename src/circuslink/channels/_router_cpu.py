@@ -26,9 +26,19 @@ from . import _routed as R
 from . import protocol as P
 
 BURST = 8  # packets of one input per visit: enough to amortize a pass, few enough to stay fair
-REPORT_EVERY = 8  # passes between credit reports while busy (idle passes always report)
+REPORT_EVERY = 8  # busy passes between looks at the credit reports (idle passes always look; the device's keeper
+#                   warp looks every pass of its own)
 _IDLE_SLEEP_MIN_S = 20e-6
 _IDLE_SLEEP_MAX_S = 2e-3
+
+
+def report_due(count: int, reported: int, delivered: int, nslots: int) -> bool:
+    """Whether ``last`` sends ``first`` a credit report (``report_due`` in detail/router_impl.cuh, the same rule):
+    the receiver's consumed count moved by a quarter ring since the last report, or it moved at all while ``first``
+    may be out of room (every packet the last report let it drain has been delivered: ``first`` drains packet q only
+    while q < reported + nslots). A sender waiting for room always gets it; a channel with room to spare (a
+    pingpong) costs a credit packet every quarter ring, not one beside every message."""
+    return count > reported and (count - reported >= max(1, nslots // 4) or delivered - reported >= nslots)
 
 
 class AgentError(Exception):
@@ -125,7 +135,7 @@ class Agent:
         self.rr = (self.rr + 1) % max(n, 1)
         self.passes += 1
         if not moved or self.passes % REPORT_EVERY == 0:
-            self._report_all(1 if not moved else None)
+            self._report_all()
         if not moved:
             self._publish_chains(time.monotonic())
         self.moved += moved
@@ -172,7 +182,7 @@ class Agent:
                 ch.delivered = d + 1
                 self._consumed(inp, q)
                 if ch.spec.first != self.rank:
-                    self._report(c, ch, max(1, ch.spec.nslots // 4))
+                    self._report(c, ch)
             else:
                 out = self.outputs[port * self.vcs + vc] if port >= 0 else None
                 if out is None:
@@ -290,15 +300,15 @@ class Agent:
         count = int(units[0, 0]) | int(units[1, 0]) << 32
         ch.gate = max(ch.gate, count)
 
-    def _report_all(self, threshold: int | None) -> None:
+    def _report_all(self) -> None:
         for c, ch in enumerate(self.chans):
             if ch is not None and ch.spec.role & R.ROLE_LAST and ch.spec.first != self.rank:
-                self._report(c, ch, threshold or max(1, ch.spec.nslots // 4))
+                self._report(c, ch)
 
-    def _report(self, c: int, ch: _Chan, threshold: int) -> None:
-        """ROLE_LAST, first elsewhere: send the receiver's consumed count to first once it moved by threshold."""
+    def _report(self, c: int, ch: _Chan) -> None:
+        """ROLE_LAST, first elsewhere: send the receiver's consumed count to first when :func:`report_due`."""
         count = ch.scan()
-        if count - ch.reported < threshold:
+        if not report_due(count, ch.reported, ch.delivered, ch.spec.nslots):
             return
         first = ch.spec.first
         port, vc = int(self.t.port[first]), int(self.t.vc[first])

@@ -2,14 +2,15 @@
 
 Started by open() on its own non-blocking stream (the world's stream stays free for the channels' host
 write/read kernels, which run beside it) and stopped by close() through a host-mapped stop word. Block 0
-routes (a warp per input, detail/router_impl.cuh), blocks 1..``ncopy`` copy bulk packets. It stays resident
-(``backends/_resident.py``): a launch ends only when the back-end pauses it for a device-wide synchronization
-of this process (the yield word), after ``SLICE_S`` (the bound for synchronizations the back-end does not see:
-another library's ``cudaDeviceSynchronize`` or ``cudaFree``), or on stop; the next launch is already queued and
-takes the state over from device memory. Bounded like every wait: close() waits for it with
-``backend.wait_stream`` (which sets the abort word on time-out), and the agent reads the abort word too. It
-takes ``sms`` of the rank's SM share: kernels that wait on peers while routed channels are open size their grids
-with ``channels.max_blocks`` (that many SMs fewer).
+routes (a warp per input; a keeper warp sends the credit reports and reads the host's words:
+detail/router_impl.cuh), blocks 1..``ncopy`` copy bulk packets. It stays resident (``backends/_resident.py``): a
+launch ends only when the back-end pauses it for a device-wide synchronization of this process (the yield word),
+after ``SLICE_S`` (the bound for synchronizations the back-end does not see: another library's
+``cudaDeviceSynchronize`` or ``cudaFree``), or on stop; the next launch is already queued and takes the state over
+from device memory. Bounded like every wait: close() waits for it with ``backend.wait_stream`` (which sets the
+abort word on time-out), and the agent reads the abort word too. It takes ``sms`` of the rank's SM share: kernels
+that wait on peers while routed channels are open size their grids with ``channels.max_blocks`` (that many SMs
+fewer).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from ..errors import ChannelError, TimeoutError
 from . import _routed as R
 from . import protocol as P
 
-AGENT_THREADS = 512  # block 0: 16 routing warps; the copy blocks: one 64 KiB packet's loads in flight at once
+AGENT_THREADS = 512  # block 0: 15 routing warps and the keeper; the copy blocks: a 64 KiB packet's loads at once
 BLOCKS_PER_SM = 2  # router_kernels.cu: __launch_bounds__(AGENT_THREADS, 2)
 SLICE_S = 0.25  # the longest launch: a device-wide synchronization the back-end does not pause for waits this long
 _KERNELS = Path(__file__).with_name("router_kernels.cu")

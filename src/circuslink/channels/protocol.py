@@ -214,7 +214,8 @@ ROUTER_HOP_MAPPED = 0  # Output.kind: a link ring in the neighbour's mapped memo
 ROUTER_HOP_RELAY = 1  # Output.kind: the out ring of this gateway's relay (a transport carries it; the landing agent
 #                       delivers)
 ROUTER_GPU_SCOPE = 1  # Agent.flags: every rank shares this GPU (bulk fences at .gpu scope)
-# the agent's dynamic shared memory per input, per output and per rank (router_impl.cuh: InS, OutS, Entry)
-ROUTER_SHARED_PER_INPUT = 152
+# the agent's dynamic shared memory per input, per output and per rank (router_types.cuh: kSharedPer*, the sizes
+# of router_impl.cuh's InS, OutS and hop table word)
+ROUTER_SHARED_PER_INPUT = 168
 ROUTER_SHARED_PER_OUTPUT = 16
 ROUTER_SHARED_PER_RANK = 4

@@ -2,18 +2,24 @@
 // every other at once over the channels of an all-to-all opened on a topology (direct to neighbours, routed
 // beyond), with the number of messages per channel drawn by the host from a seeded random destination pattern.
 //
-// One warp per block, one block per channel end of the rank (sends first, then receives), all in one launch:
-// every end of every rank runs at once, so no end waits on a kernel not yet started (the grid must be
-// co-resident: the host sizes it against channels.max_blocks). Word k of message m on the channel src -> dst
-// is load_word(seed, src << 16 | dst, m, k) (little-endian; a message's last word is cut to its length): the
-// sender computes it, the receiver recomputes it and counts every wrong byte.
+// One warp per block, all in one launch: the rank's channel ends (sends first, then receives) are e = 0 ..
+// nsend + nrecv - 1, and warp b serves ends b, b + G, b + 2G, ... (G = gridDim.x: as many warps as the rank may
+// have resident beside its forwarding agent, channels.max_blocks; the host sizes it). A warp with one end makes
+// the blocking calls; a warp with several visits them in turn with the try calls (false at once, nothing moved,
+// when the call would wait), so no end waits on another end of its own warp and every end of every rank runs
+// at once. Word k of message m on the channel src -> dst is load_word(seed, src << 16 | dst, m, k)
+// (little-endian; a message's last word is cut to its length): the sender computes it, the receiver recomputes
+// it and counts every wrong byte.
 //
-// The handshake before the clock: each sending warp first writes a 4-byte ready word; each receiving warp reads
+// The handshake before the clock: each sending end first writes a 4-byte ready word; each receiving end reads
 // its ready word and counts it in sync[0]. The warp that counts the last one (every peer's kernel is running)
-// records times[0] and opens the gate (sync[1]) on which the sending warps wait; the last warp of the rank to
-// finish (sync[2]) records times[1]. The host takes the slowest rank's times[1] - times[0].
+// records times[0] and opens the gate (sync[1]) that the sending ends wait on; the rank's last end to finish
+// (sync[2]) records times[1]. The host takes the slowest rank's times[1] - times[0].
 //
-// sync: 3 zeroed u32s. bad: a zeroed u64 (wrong bytes). status: set to 0 when a channel call fails.
+// Nothing hangs: an end with no progress for timeout_ns (0: none) makes the blocking call, which goes on or
+// times out recording the error that names the end (an end at a gate that never opened stops unrecorded); once a
+// warp has such a failure its other stalled ends stop without a call. sync: 3 zeroed u32s. bad: a zeroed u64
+// (wrong bytes). status: set to 0 when an end stops. progress (zeroed) and since: one word of each an end.
 #include <circuslink/channel.cuh>
 
 using Handle = circuslink::detail::ChannelHandle;
@@ -23,8 +29,14 @@ using circuslink::detail::st_relaxed;
 namespace {
 
 constexpr unsigned int kReady = 0x4C4F4144u;  // "LOAD"
+constexpr unsigned int kStopped = 0x80000000u;  // in progress[e]: the end stopped (stalled or failed)
 
-__device__ __forceinline__ unsigned long long now_ns() { return circuslink::detail::globaltimer_ns(); }
+// Lane 0's reading of the GPU's global timer, handed to the whole warp so that every lane decides alike.
+__device__ __forceinline__ unsigned long long warp_now_ns() {
+  unsigned long long t = 0;
+  if ((threadIdx.x & 31u) == 0) t = circuslink::detail::globaltimer_ns();
+  return __shfl_sync(0xffffffffu, t, 0);
+}
 
 // The payload's word k (the host's reference: circuslink.bench.hops.load_payload).
 __device__ __forceinline__ unsigned int load_word(unsigned int seed, unsigned int pair, unsigned int m,
@@ -42,12 +54,78 @@ __device__ __forceinline__ unsigned int wrong_bytes(unsigned int x) {
   return (x & 0xFFu ? 1u : 0u) + (x & 0xFF00u ? 1u : 0u) + (x & 0xFF0000u ? 1u : 0u) + (x & 0xFF000000u ? 1u : 0u);
 }
 
-// Lane 0 counts this warp done; the rank's last warp stops the clock.
-__device__ __forceinline__ void finish(unsigned int lane, unsigned int* done, unsigned int warps,
+// Every lane: message m of the pair into buf.
+__device__ __forceinline__ void stage(unsigned int* buf, unsigned int seed, unsigned int pair, unsigned int m,
+                                      unsigned int nwords) {
+  for (unsigned int k = threadIdx.x & 31u; k < nwords; k += 32) buf[k] = load_word(seed, pair, m, k);
+  __syncwarp();
+}
+
+// The warp's open session: the end it visited last stays open (its state in registers, as a kernel that serves
+// one end keeps it); a visit to another end closes it (its state stored in its control block, where the end's
+// next session() finds it) and opens the new one.
+struct Session {
+  union {
+    circuslink::SendSession<unsigned char> tx;
+    circuslink::RecvSession<unsigned char> rx;
+  };
+  unsigned int end = ~0u;
+  bool sending = false;
+
+  __device__ Session() {}
+  __device__ void open(const Handle& h, unsigned int e, bool sender) {
+    if (end == e) return;
+    close();
+    __syncwarp();  // lane 0's stored state is what every lane's session() loads next time
+    if (sender) tx = circuslink::Sender<unsigned char>{h}.session();
+    else rx = circuslink::Receiver<unsigned char>{h}.session();
+    end = e;
+    sending = sender;
+  }
+  __device__ void close() {
+    if (end == ~0u) return;
+    if (sending) tx.close();
+    else rx.close();  // hands back the credits it holds
+    end = ~0u;
+  }
+};
+
+// One call on end e (block: the blocking call, which waits up to the channel's time-out and records why it gave
+// up; else the try call, false at once with nothing moved and nothing recorded when it would wait).
+__device__ bool send_visit(Session& s, const Handle& h, unsigned int e, const unsigned char* buf, unsigned int n,
+                           bool block) {
+  s.open(h, e, true);
+  const bool moved = block ? s.tx.write_warp(buf, n) : s.tx.try_write_warp(buf, n);
+  __syncwarp();
+  return moved;
+}
+__device__ bool recv_visit(Session& s, const Handle& h, unsigned int e, unsigned char* buf, unsigned int n,
+                           bool block) {
+  s.open(h, e, false);
+  const bool moved = block ? s.rx.read_warp(buf, n) : s.rx.try_read_warp(buf, n);
+  __syncwarp();  // every lane's bytes of buf are in place before any lane checks them
+  return moved;
+}
+
+// Whether the rank's gate is open (lane 0's load, the same answer on every lane).
+__device__ __forceinline__ bool gate_open(const unsigned int* sync) {
+  return __shfl_sync(0xffffffffu, (threadIdx.x & 31u) == 0 ? ld_relaxed(&sync[1]) : 0u, 0) != 0u;
+}
+
+// Whether an error is recorded on the end (lane 0's load, the same answer on every lane): a try call's false
+// is a "not now" unless it is.
+__device__ __forceinline__ bool recorded(const Handle& h, bool sender) {
+  const bool mine = (threadIdx.x & 31u) == 0 && (sender ? circuslink::Sender<unsigned char>{h}.failed()
+                                                        : circuslink::Receiver<unsigned char>{h}.failed());
+  return __shfl_sync(0xffffffffu, mine ? 1 : 0, 0) != 0;
+}
+
+// Lane 0 counts an end done (or stopped); the rank's last stops the clock.
+__device__ __forceinline__ void finish(unsigned int lane, unsigned int* done, unsigned int ends,
                                        unsigned long long* times) {
   if (lane == 0) {
     __threadfence();
-    if (atomicAdd(done, 1u) + 1 == warps) times[1] = now_ns();
+    if (atomicAdd(done, 1u) + 1 == ends) times[1] = circuslink::detail::globaltimer_ns();
   }
 }
 
@@ -60,64 +138,87 @@ extern "C" __global__ void load_many_to_many(const Handle* sends, const unsigned
                                              unsigned int nbytes, unsigned int seed, unsigned int* scratch,
                                              unsigned int scratch_words, unsigned int* sync,
                                              unsigned long long timeout_ns, unsigned long long* times,
-                                             unsigned long long* bad, int* status) {
-  if (threadIdx.x >= 32 || blockIdx.x >= nsend + nrecv) return;
-  const unsigned int lane = threadIdx.x;
+                                             unsigned long long* bad, int* status, unsigned int* progress,
+                                             unsigned long long* since) {
+  if (threadIdx.x >= 32) return;
+  const unsigned int lane = threadIdx.x, ends = nsend + nrecv;
   const unsigned int nwords = (nbytes + 3) / 4;
-  unsigned int* buf = scratch + (unsigned long long)blockIdx.x * scratch_words;
-  unsigned char* bytes = reinterpret_cast<unsigned char*>(buf);
-  bool ok = true;
-  if (blockIdx.x < nsend) {
-    circuslink::Sender<unsigned char> tx{sends[blockIdx.x]};
-    const unsigned int pair = rank << 16 | send_peers[blockIdx.x], count = send_counts[blockIdx.x];
-    if (lane == 0) buf[0] = kReady;
-    __syncwarp();
-    ok = tx.write_warp(bytes, 4);
-    unsigned long long deadline = 0;
-    unsigned int spins = 0;
-    while (ok && ld_relaxed(&sync[1]) == 0u) {  // the gate: every peer is running
-      if (++spins == 4096) {
-        spins = 0;
-        const unsigned long long t = now_ns();
-        if (deadline == 0) deadline = t + (timeout_ns ? timeout_ns : ~0ull / 2);
-        else if (t > deadline) ok = false;
-      }
-    }
-    ok = __all_sync(0xffffffffu, ok);
-    auto s = tx.session();
-    for (unsigned int m = 0; ok && m < count; ++m) {
-      for (unsigned int k = lane; k < nwords; k += 32) buf[k] = load_word(seed, pair, m, k);
-      __syncwarp();
-      ok = s.write_warp(bytes, nbytes);
-      __syncwarp();
-    }
-    s.close();
-  } else {
-    const unsigned int j = blockIdx.x - nsend;
-    circuslink::Receiver<unsigned char> rx{recvs[j]};
-    const unsigned int pair = recv_peers[j] << 16 | rank, count = recv_counts[j];
-    ok = rx.read_warp(bytes, 4);
-    __syncwarp();
-    unsigned long long wrong = lane == 0 && !(ok && buf[0] == kReady) ? 4ull : 0ull;
-    if (lane == 0 && atomicAdd(&sync[0], 1u) + 1 == nrecv) {
-      times[0] = now_ns();
-      __threadfence();
-      st_relaxed(&sync[1], 1u);
-    }
-    auto s = rx.session();
-    for (unsigned int m = 0; ok && m < count; ++m) {
-      ok = s.read_warp(bytes, nbytes);
-      __syncwarp();
-      for (unsigned int k = lane; ok && k < nwords; k += 32) {
-        const unsigned int left = nbytes - 4 * k;
-        const unsigned int mask = left >= 4 ? 0xFFFFFFFFu : (1u << (8 * left)) - 1u;
-        wrong += wrong_bytes((buf[k] ^ load_word(seed, pair, m, k)) & mask);
-      }
-      __syncwarp();
-    }
-    s.close();
-    if (wrong) atomicAdd(bad, wrong);
+  const bool alone = gridDim.x >= ends;  // a warp an end: the blocking calls, as fast as the channel goes
+  unsigned long long now = warp_now_ns();
+  for (unsigned int e = blockIdx.x; e < nsend; e += gridDim.x) {
+    if (lane == 0) scratch[(unsigned long long)e * scratch_words] = kReady;  // step 0: the ready word
   }
-  finish(lane, &sync[2], nsend + nrecv, times);
-  if (!ok && lane == 0) atomicExch(status, 0);
+  for (unsigned int e = blockIdx.x; e < ends; e += gridDim.x) {
+    if (lane == 0) since[e] = now;
+  }
+  __syncwarp();
+  Session session;
+  bool failed = false;  // a call of this warp failed, its error recorded for the host
+  unsigned long long wrong = 0;
+  for (bool pending = true; pending;) {
+    pending = false;
+    now = warp_now_ns();
+    for (unsigned int e = blockIdx.x; e < ends; e += gridDim.x) {
+      const bool sender = e < nsend;
+      const unsigned int j = sender ? e : e - nsend;
+      const unsigned int count = sender ? send_counts[j] : recv_counts[j];
+      const unsigned int step = progress[e];  // 0: the ready word, 1 + m: message m
+      if (step > count) continue;  // done, or stopped (kStopped)
+      pending = true;
+      const bool stalled = timeout_ns != 0 && now - since[e] >= timeout_ns;
+      const bool gated = sender && step > 0 && !gate_open(sync);
+      unsigned int* buf = scratch + (unsigned long long)e * scratch_words;
+      bool moved = false;
+      bool stop = stalled && (failed || gated);  // already reported, or a gate that never opened
+      const bool block = !stop && !gated && (alone || stalled);
+      if (!stop && !gated) {
+        const unsigned int n = step == 0 ? 4u : nbytes;
+        unsigned char* bytes = reinterpret_cast<unsigned char*>(buf);
+        moved = sender ? send_visit(session, sends[j], e, bytes, n, block)
+                       : recv_visit(session, recvs[j], e, bytes, n, block);
+        // a blocking call that gave up, or a try call that found misuse: recorded either way
+        stop = !moved && (block || recorded(sender ? sends[j] : recvs[j], sender));
+        failed = failed || stop;
+      }
+      if (moved) {
+        const unsigned int pair = sender ? rank << 16 | send_peers[j] : recv_peers[j] << 16 | rank;
+        if (sender && step < count) {
+          stage(buf, seed, pair, step, nwords);  // the write copied buf into the ring: message `step` next
+        } else if (!sender && step == 0) {
+          if (lane == 0 && buf[0] != kReady) wrong += 4;
+          if (lane == 0 && atomicAdd(&sync[0], 1u) + 1 == nrecv) {
+            times[0] = circuslink::detail::globaltimer_ns();
+            __threadfence();
+            st_relaxed(&sync[1], 1u);
+          }
+        } else if (!sender) {
+          for (unsigned int k = lane; k < nwords; k += 32) {
+            const unsigned int left = nbytes - 4 * k;
+            const unsigned int mask = left >= 4 ? 0xFFFFFFFFu : (1u << (8 * left)) - 1u;
+            wrong += wrong_bytes((buf[k] ^ load_word(seed, pair, step - 1, k)) & mask);
+          }
+        }
+        if (lane == 0) {
+          progress[e] = step + 1;
+          since[e] = now;
+        }
+        if (step == count) finish(lane, &sync[2], ends, times);
+      } else if (stop) {
+        if (lane == 0) {
+          progress[e] = step | kStopped;
+          atomicExch(status, 0);
+        }
+        finish(lane, &sync[2], ends, times);
+      }
+      __syncwarp();
+      if (block && !alone) {  // a blocking call kept this warp from its other ends for up to the time-out
+        now = warp_now_ns();
+        for (unsigned int f = blockIdx.x; f < ends; f += gridDim.x)
+          if (lane == 0) since[f] = now;
+        __syncwarp();
+      }
+    }
+  }
+  session.close();
+  if (wrong) atomicAdd(bad, wrong);
 }

@@ -4,18 +4,23 @@
 // after slice_ns; what it keeps between launches is in device memory: InputState, OutputState, ChannelState,
 // CopyState).
 //
-// Block 0 routes. Every warp owns the inputs i with i % warps == warp and serves them in turn; an input's state
-// (InS) lives in shared memory and only its warp touches it, so the per-packet path takes no lock:
+// Block 0 routes. Its last warp is the keeper; every other warp (a routing warp) owns the inputs i with
+// i % routers == warp and serves them in turn; an input's state (InS) lives in shared memory and only its warp
+// touches it, so the per-packet path takes no lock:
 //   - the poll is the packet: the warp loads the head slot's 256-byte low-latency area in one round (lane u:
 //     unit u), the header's flags say whether it arrived, and a low-latency packet is already in the lanes'
-//     registers when lane 0 has decided where it goes (the routing table row and the output claims are in
-//     shared memory);
-//   - cut-through: a low-latency packet is stored onward at once (one store per lane, new flags, no fence); a
-//     bulk packet is handed to a copy block as a job (its output slot already claimed, so the output ring's
-//     order is fixed at the decision); the warp goes on polling;
+//     registers when lane 0 has decided where it goes (where each destination goes, the input's own constants
+//     and the output claims are in shared memory);
+//   - cut-through: a low-latency packet is stored onward at once (one store instruction for the warp, new
+//     flags, no fence); a bulk packet is handed to a copy block as a job (its output slot already claimed, so
+//     the output ring's order is fixed at the decision); the warp goes on polling;
 //   - bookkeeping after: the input's slots go back to its writer (credits) once the packets before them are
-//     stored onward and their jobs done, after the burst; credit reports, chain records and the host's words
-//     are read between passes, never between a poll and its store.
+//     stored onward and their jobs done, after the burst; chain records between idle passes.
+// A routing warp's pass is its inputs' polls and nothing else that waits on memory: the keeper warp owns no
+// input and does what the routing warps' passes must not (a host-mapped read is a PCIe round trip, longer than
+// a hop): it sends the end-to-end credit packets of the channels this rank delivers (every channel's board,
+// every pass) and reads the host's stop, yield and abort words (every kControlNs). Routing warps that own no
+// input wait at the launch's end barrier instead of spinning beside the ones that do.
 // Outputs (link rings, relays) are shared by the warps: a slot is claimed by a compare-and-swap on the output's
 // sequence number in shared memory, against the downstream credit cached beside it.
 //
@@ -52,21 +57,26 @@ using circuslink::detail::u64;
 
 constexpr u32 kBurst = 8;         // packets of one input per visit
 constexpr u32 kPend = 6;          // bulk jobs of one input in flight (its slots go back in order as they finish)
-constexpr u32 kReportEvery = 8;   // passes between credit reports while busy
-constexpr u32 kControlEvery = 64; // passes between reads of the host-mapped stop, yield and abort words
 constexpr u32 kChainEvery = 16;   // idle passes between chain publications
 constexpr u32 kCopyDepth = 8;     // 16-byte loads in flight per thread of a copy block
+constexpr u64 kControlNs = 20000; // the keeper reads the host-mapped stop, yield and abort words this often
+constexpr u32 kCopyAbortEvery = 1024;  // a waiting copy block's polls between reads of the host-mapped abort word
+constexpr u32 kReportEvery = 8;   // passes between credit reports while busy (a block of one warp only: it keeps too)
+constexpr u32 kKeeperNapNs = 500; // the keeper's pause after a pass that sent nothing
 
-// An input's state, in shared memory (its warp's alone).
+// An input's state, in shared memory (its warp's alone), with the input's constants the per-packet path needs.
 struct InS {
   unsigned char* ring;
   u64 seq;              // next packet to take
   u64 freed;            // packets handed back to the writer
   u64 since;            // %globaltimer when its head last became blocked
+  u64 gate;             // injection rings: the channel's gate as last read (a lower bound: it only rises)
   u64 pend_seq[kPend];  // the packet of each bulk job in flight, oldest at pend_head
   u64 pend_tick[kPend]; // its ticket
-  u32 mask;             // nslots - 1
+  u32 mask;             // nslots - 1 (an injection ring has its channel's geometry: the gate's window too)
   u32 slot_bytes;
+  u32 chunk;
+  u32 channel;          // an injection ring's routed channel; kNoChannel: a link ring
   u32 blocked;          // kBlk* | index, 0: not blocked
   u32 published;
   u32 pend_head;
@@ -77,8 +87,14 @@ struct OutS {
   u64 cache;    // the downstream consumed count last read (raised with atomicMax)
 };
 // channels/protocol.py sizes the dynamic shared memory with these (ROUTER_SHARED_PER_*)
-static_assert(sizeof(InS) == 152 && sizeof(OutS) == 16 && sizeof(route::Entry) == 4, "router shared memory layout");
+static_assert(sizeof(InS) == kSharedPerInput && sizeof(OutS) == kSharedPerOutput && sizeof(u32) == kSharedPerRank,
+              "router shared memory layout");
 enum : u32 { kBlkGate = 0x80000000u, kBlkDeliver = 0x40000000u, kBlkOut = 0x20000000u, kBlkIndex = 0x0000FFFFu };
+// The hop table (shared memory, a word per destination rank, from the routing table row at launch): the output a
+// packet for that rank leaves by (kHopNone: none), its VC where the routed header keeps it (kVcMask), and whether
+// a data packet for that rank is delivered here.
+enum : u32 { kHopOut = 0x0000FFFFu, kHopNone = 0x0000FFFFu, kHopDeliver = 0x00010000u };
+static_assert((kHopOut & kVcMask) == 0 && (kHopDeliver & (kVcMask | kHopOut)) == 0, "hop word fields overlap");
 
 // Block 0's shared words beside the dynamic arrays.
 struct Shared {
@@ -90,11 +106,11 @@ struct Shared {
 struct Ctx {
   InS* in;
   OutS* out;
-  route::Entry* entries;
+  u32* hop;       // nranks words (kHop*)
   Shared* sh;
-  u32 nports;
   u32 warp;
-  u32 warps;
+  u32 routers;    // routing warps: 0 .. routers - 1
+  u32 keeper;     // the keeper warp: the last (the only warp of a one-warp block is both)
 };
 
 // What lane 0 decided about an input's head packet.
@@ -103,13 +119,18 @@ struct Move {
   unsigned char* src;
   unsigned char* dst;
   u32 nb, route, word, flag, rewrite;
-  u32 deliver;  // the channel delivered to (a credit report may follow), kNoChannel if none
 };
 
 __device__ __forceinline__ u64 shfl64(u64 v) { return __shfl_sync(0xffffffffu, v, 0); }
 __device__ __forceinline__ u32 shfl32(u32 v) { return __shfl_sync(0xffffffffu, v, 0); }
 __device__ __forceinline__ u32 ld_shared_u32(const u32* p) { return *(const volatile u32*)p; }
 __device__ __forceinline__ u64 ld_shared_u64(const u64* p) { return *(const volatile u64*)p; }
+// A word another warp of this block stores (volatile): coherent within the block, so the SM's L1 may serve it.
+__device__ __forceinline__ u64 ld_block_u64(const u64* p) {
+  u64 v;
+  asm volatile("ld.relaxed.cta.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
 
 // Release / acquire at the scope where the agent's peers live (the ranks whose rings it reads and writes).
 __device__ __forceinline__ void fence_scope(const Agent& a) {
@@ -146,15 +167,14 @@ __device__ __forceinline__ void unblock(const Agent& a, u32 i, InS& s) {
   }
 }
 
-// The receiver's in-order consumed count, from its slot credits on the board (any read form stores them).
-// Only the warp of the channel's arrival input calls it.
-__device__ u64 scan_board(const Channel& ch, ChannelState& st) {
+// The receiver's in-order consumed count, from its slot credits on the board (any read form stores them), up to
+// `delivered`. Only one warp per channel calls it: the keeper (first elsewhere) or the injection ring's warp.
+__device__ u64 scan_board(const Channel& ch, ChannelState& st, u64 delivered) {
   u64 p = st.consumed;
   const u32 mask = ch.nslots - 1u;
-  while (p < st.delivered && circuslink::detail::ld_relaxed(ch.board + ((u32)p & mask)) ==
-                                 circuslink::detail::flag_of(p))
+  while (p < delivered && circuslink::detail::ld_relaxed(ch.board + ((u32)p & mask)) == circuslink::detail::flag_of(p))
     ++p;
-  st.consumed = p;
+  circuslink::detail::st_relaxed_u64(&st.consumed, p);  // the delivering warp reads it (decide)
   return p;
 }
 
@@ -191,40 +211,51 @@ __device__ __forceinline__ bool job_room(const Agent& a, const Ctx& c, const InS
   return t < a.njobs || circuslink::detail::ld_relaxed_u64(&a.jobs[t % a.njobs].done) >= t - a.njobs + 1;
 }
 
-// Lane 0: what to do with input i's head packet, whose header units u0, u1 the warp loaded. Fills mv and
-// advances the states it claims (the output slot, the delivery slot, the input's seq). kActStop: nothing to
-// take now (not arrived, or blocked).
+// The hop table's word for destination dst (docs/routing.md, "Forwarding"): the output of the routing table's
+// (port, vc) where this rank has a link out there; a data packet is delivered here when it is at its destination
+// (it crossed a relay into the receiver's own agent) or one mapped hop from it (a last hop through a relay goes
+// into the relay like any other hop, and the landing agent delivers).
+__device__ u32 hop_word(const Agent& a, u32 dst) {
+  const u32 nports = a.vcs ? a.noutputs / a.vcs : 0u;
+  const route::Entry e = a.entries[dst];
+  const u32 o = (u32)e.port * a.vcs + e.vc;
+  const bool port = e.port < nports;
+  u32 w = port && a.outputs[o].ring != nullptr ? o | ((u32)e.vc << kVcShift) : (u32)kHopNone;
+  if (dst == a.rank || (e.next == dst && !(port && a.outputs[o].kind == kHopRelay))) w |= kHopDeliver;
+  return w;
+}
+
+// Lane 0: what to do with input i's head packet, whose header units u0, u1 the warp loaded (serve() saw their
+// flags). Fills mv and advances the states it claims (the output slot, the delivery slot, the input's seq).
+// kActStop: nothing to take now (blocked). Between the poll and the onward store of a forwarded packet it reads
+// shared memory only (the input's constants, the hop table, the output's claim) and the output's row (L1).
 __device__ u32 decide(const Agent& a, Ctx& c, u32 i, Move& mv, u64 u0, u64 u1, u64 u2, u64 u3) {
   using namespace circuslink::detail;
   InS& s = c.in[i];
-  const Input& in = a.inputs[i];
   const u64 q = s.seq;
   unsigned char* slot = s.ring + ((u32)q & s.mask) * s.slot_bytes;
   const u32 flag = flag_of(q);
-  if ((u32)(u0 >> 32) != flag || (u32)(u1 >> 32) != flag) return kActStop;
   const u32 route = (u32)u0, word = (u32)u1;
   const bool bulk = (word & kKindBulk) != 0, ctrl = (word & kCtrl) != 0;
   const u32 nb = word & kNbytesMask, dst = route >> 16, rid = route & 0xFFFFu;
-  const bool inject = in.kind == kInInject;
-  if (nb == 0 || nb > (bulk ? in.chunk : (u32)kLLPayload) || dst >= a.nranks || (word & 0x60000000u) ||
+  const bool inject = s.channel != kNoChannel;
+  if (nb == 0 || nb > (bulk ? s.chunk : (u32)kLLPayload) || dst >= a.nranks || (word & 0x60000000u) ||
       (ctrl && nb != kCreditBytes) || (inject && (ctrl || (word & kVcMask)))) {
     fail(a, c, kErrHeader, i, q, word);
     return kActError;
   }
   if (bulk && !job_room(a, c, s)) return kActStop;  // a copy block frees a job soon: not a wait on a buffer
-  if (inject) {
-    const u32 ci = in.channel;
+  if (inject && q >= s.gate + s.mask + 1u) {  // the gate as last read says no: read it again
+    const u32 ci = s.channel;
     const Channel& ch = a.channels[ci];
     ChannelState& st = a.state[ci];
-    if (q >= gate_of(st) + ch.nslots) {
-      if (ch.role & kRoleLast) raise_gate(st, scan_board(ch, st));  // first == last: the board is here
-      if (q >= gate_of(st) + ch.nslots) {
-        block(s, kBlkGate | ci);
-        return kActStop;
-      }
+    if (ch.role & kRoleLast) raise_gate(st, scan_board(ch, st, st.delivered));  // first == last: the board is here
+    s.gate = gate_of(st);
+    if (q >= s.gate + s.mask + 1u) {
+      block(s, kBlkGate | ci);
+      return kActStop;
     }
   }
-  mv.deliver = kNoChannel;
   if (ctrl && dst == a.rank) {  // a credit packet for a channel whose injection ring drains here
     const u32 ci = rid < a.nids ? a.channel_of_id[rid] : kNoChannel;
     if (ci == kNoChannel || !(a.channels[ci].role & kRoleFirst)) {
@@ -248,14 +279,9 @@ __device__ u32 decide(const Agent& a, Ctx& c, u32 i, Move& mv, u64 u0, u64 u1, u
     unblock(a, i, s);
     return kActTaken;
   }
-  const route::Entry e = c.entries[dst];
-  // Deliver here when the packet is at its destination (it crossed a relay into the receiver's own agent) or
-  // one mapped hop from it; a last hop through a relay goes into the relay like any other hop.
-  bool deliver = !ctrl && (dst == a.rank || e.next == dst);
-  if (deliver && dst != a.rank && e.port < c.nports && a.outputs[(u32)e.port * a.vcs + e.vc].kind == kHopRelay)
-    deliver = false;
-  if (deliver) {  // the last hop: straight into the channel's delivery ring
-    const u32 ci = inject ? in.channel : (rid < a.nids ? a.channel_of_id[rid] : kNoChannel);
+  const u32 hop = c.hop[dst];
+  if (!ctrl && (hop & kHopDeliver)) {  // the last hop: straight into the channel's delivery ring
+    const u32 ci = inject ? s.channel : (rid < a.nids ? a.channel_of_id[rid] : kNoChannel);
     if (ci == kNoChannel || !(a.channels[ci].role & kRoleLast)) {
       fail(a, c, kErrChannel, i, q, rid);
       return kActError;
@@ -264,7 +290,11 @@ __device__ u32 decide(const Agent& a, Ctx& c, u32 i, Move& mv, u64 u0, u64 u1, u
     ChannelState& st = a.state[ci];
     const u64 d = st.delivered;
     const u32 mask = ch.nslots - 1u;
-    if (d >= ch.nslots && ld_relaxed(ch.board + ((u32)d & mask)) != flag_of(d - ch.nslots)) {
+    // Slot d is free when its previous packet was consumed: below the in-order count last scanned (a lower
+    // bound: no load of the board, the usual case), else its slot credit on the board says so. The end-to-end
+    // gate already reserved it; the check only turns a broken invariant into a stall instead of an overwrite.
+    if (d >= ld_block_u64(&st.consumed) + ch.nslots &&
+        ld_relaxed(ch.board + ((u32)d & mask)) != flag_of(d - ch.nslots)) {
       block(s, kBlkDeliver | ci);
       return kActStop;
     }
@@ -272,19 +302,14 @@ __device__ u32 decide(const Agent& a, Ctx& c, u32 i, Move& mv, u64 u0, u64 u1, u
     mv.flag = flag_of(d);
     mv.rewrite = rewrites_all(d, ch.nslots) ? 1u : 0u;
     mv.word = nb | (bulk ? (u32)kKindBulk : 0u);
-    st.delivered = d + 1;
-    mv.deliver = (ch.role & kRoleFirst) ? (u32)kNoChannel : ci;
+    st_relaxed_u64(&st.delivered, d + 1);  // the keeper reads it (the credit reports)
   } else {
-    if (e.port >= c.nports) {
+    const u32 o = hop & kHopOut;
+    if (o == kHopNone) {
       fail(a, c, kErrNoLink, i, q, dst);
       return kActError;
     }
-    const u32 o = (u32)e.port * a.vcs + e.vc;
     const Output& out = a.outputs[o];
-    if (out.ring == nullptr) {
-      fail(a, c, kErrNoLink, i, q, dst);
-      return kActError;
-    }
     const u64 ss = claim_out(out, c.out[o]);
     if (ss == ~0ull) {
       block(s, kBlkOut | o);
@@ -293,7 +318,7 @@ __device__ u32 decide(const Agent& a, Ctx& c, u32 i, Move& mv, u64 u0, u64 u1, u
     mv.dst = out.ring + ((u32)ss & (out.nslots - 1u)) * out.slot_bytes;
     mv.flag = flag_of(ss);
     mv.rewrite = rewrites_all(ss, out.nslots) ? 1u : 0u;
-    mv.word = nb | (bulk ? (u32)kKindBulk : 0u) | (ctrl ? (u32)kCtrl : 0u) | ((u32)e.vc << kVcShift);
+    mv.word = nb | (bulk ? (u32)kKindBulk : 0u) | (ctrl ? (u32)kCtrl : 0u) | (hop & kVcMask);
   }
   mv.src = slot;
   mv.nb = nb;
@@ -391,13 +416,10 @@ __device__ bool ll_move(const Agent& a, Ctx& c, u32 i, u64 q, const Move& mv, u6
     }
   }
   if (!__all_sync(0xffffffffu, ok)) return false;
-  if (lane == 0) {
-    st_unit(mv.dst, mv.route, mv.flag);
-  } else if (lane == 1) {
-    st_unit(mv.dst + kUnitBytes, mv.word, mv.flag);
-  } else if (mine || mv.rewrite) {
-    st_unit(mv.dst + lane * kUnitBytes, mine ? (u32)v : 0u, mv.flag);
-  }
+  // One store instruction for the warp: the header and the data leave together (stored lane by lane in program
+  // order, a header could reach the next agent before its data, which then polls its units again).
+  const u32 w = lane == 0 ? mv.route : lane == 1 ? mv.word : mine ? (u32)v : 0u;
+  if (lane < 2 || mine || mv.rewrite) st_unit(mv.dst + lane * kUnitBytes, w, mv.flag);
   return true;
 }
 
@@ -440,50 +462,79 @@ __device__ bool give_back(const Agent& a, Ctx& c, u32 i, bool wait) {
   return ok;
 }
 
-// Warp: send channel ci's consumed count to its first rank once it moved by `threshold` (kRoleLast, first
-// elsewhere; only the warp of the channel's arrival input). Never waits: without room, the next pass tries.
-__device__ void report(const Agent& a, Ctx& c, u32 ci, u64 threshold) {
+__device__ __forceinline__ u64 quarter_ring(const Channel& ch) { return ch.nslots / 4 ? ch.nslots / 4 : 1; }
+
+// Whether a credit report is due (channels/_router_cpu.py: report_due, the same rule): the count moved by a
+// quarter ring since the last report, or it moved at all while first may be out of room (every packet the last
+// report lets it drain has been delivered here). So a sender that waits for room always gets it, and a channel
+// with room to spare (a pingpong) sends a credit packet every quarter ring, not one beside every message.
+__device__ __forceinline__ bool report_due(u64 count, u64 reported, u64 delivered, const Channel& ch) {
+  return count > reported && (count - reported >= quarter_ring(ch) || delivered - reported >= ch.nslots);
+}
+
+// The keeper warp: send channel ci's consumed count `count` to its first rank (kRoleLast, first elsewhere), if the
+// output toward it has room. Never waits: without room, the next pass tries.
+__device__ bool send_credit(const Agent& a, Ctx& c, u32 ci, u64 count) {
   using namespace circuslink::detail;
   const u32 lane = lane_id();
-  u64 slot = 0, count = 0;
+  u64 slot = 0;
   u32 go = 0, flag = 0, rewrite = 0, route = 0, vc = 0;
   if (lane == 0) {
     const Channel& ch = a.channels[ci];
-    ChannelState& st = a.state[ci];
-    count = scan_board(ch, st);
-    if (count - st.reported >= threshold && count > st.reported) {
-      const route::Entry e = c.entries[ch.first];
-      const u32 o = (u32)e.port * a.vcs + e.vc;
-      if (e.port < c.nports && a.outputs[o].ring != nullptr) {
-        const Output& out = a.outputs[o];
-        const u64 ss = claim_out(out, c.out[o]);
-        if (ss != ~0ull) {
-          slot = (u64)(out.ring + ((u32)ss & (out.nslots - 1u)) * out.slot_bytes);
-          flag = flag_of(ss);
-          rewrite = rewrites_all(ss, out.nslots) ? 1u : 0u;
-          route = (ch.route & 0xFFFFu) | (ch.first << 16);
-          vc = e.vc;
-          st.reported = count;
-          go = 1;
-        }
+    const u32 hop = c.hop[ch.first];
+    const u32 o = hop & kHopOut;
+    if (o != kHopNone) {
+      const Output& out = a.outputs[o];
+      const u64 ss = claim_out(out, c.out[o]);
+      if (ss != ~0ull) {
+        slot = (u64)(out.ring + ((u32)ss & (out.nslots - 1u)) * out.slot_bytes);
+        flag = flag_of(ss);
+        rewrite = rewrites_all(ss, out.nslots) ? 1u : 0u;
+        route = (ch.route & 0xFFFFu) | (ch.first << 16);
+        vc = hop & kVcMask;
+        a.state[ci].reported = count;
+        go = 1;
       }
     }
   }
-  if (!shfl32(go)) return;
+  if (!shfl32(go)) return false;
   unsigned char* p = reinterpret_cast<unsigned char*>(shfl64(slot));
-  count = shfl64(count);
   flag = shfl32(flag);
   rewrite = shfl32(rewrite);
   route = shfl32(route);
   vc = shfl32(vc);
-  if (lane == 0) st_unit(p, route, flag);
-  else if (lane == 1) st_unit(p + kUnitBytes, kCreditBytes | kCtrl | (vc << kVcShift), flag);
-  else if (lane == 2) st_unit(p + 2 * kUnitBytes, (u32)count, flag);
-  else if (lane == 3) st_unit(p + 3 * kUnitBytes, (u32)(count >> 32), flag);
-  else if (rewrite) st_unit(p + lane * kUnitBytes, 0u, flag);
+  const u32 w = lane == 0 ? route : lane == 1 ? (u32)kCreditBytes | kCtrl | vc : lane == 2 ? (u32)count
+              : lane == 3 ? (u32)(count >> 32) : 0u;
+  if (lane < 4 || rewrite) st_unit(p + lane * kUnitBytes, w, flag);  // one store instruction, as ll_move
+  return true;
 }
 
-__device__ __forceinline__ u64 quarter_ring(const Channel& ch) { return ch.nslots / 4 ? ch.nslots / 4 : 1; }
+// The keeper warp: the credit reports of the channels this rank delivers whose first is elsewhere, 32 channels
+// a round (lane k scans channel k's board), then a credit packet for each one whose report is due. True when
+// it sent one.
+__device__ bool report_all(const Agent& a, Ctx& c) {
+  using namespace circuslink::detail;
+  bool sent = false;
+  for (u32 base = 0; base < a.nreporters; base += 32) {
+    const u32 k = base + lane_id();
+    u32 ci = 0;
+    u64 count = 0;
+    bool due = false;
+    if (k < a.nreporters) {
+      ci = a.reporters[k];
+      const Channel& ch = a.channels[ci];
+      ChannelState& st = a.state[ci];
+      const u64 delivered = ld_relaxed_u64(&st.delivered);  // the arrival input's warp writes it
+      count = scan_board(ch, st, delivered);
+      due = report_due(count, st.reported, delivered, ch);
+    }
+    for (u32 m = __ballot_sync(0xffffffffu, due); m != 0u; m &= m - 1u) {
+      const int j = __ffs(m) - 1;
+      sent |= send_credit(a, c, __shfl_sync(0xffffffffu, ci, j), __shfl_sync(0xffffffffu, count, j));
+    }
+  }
+  return sent;
+}
 
 // Warp: serve input i: up to kBurst packets, each polled in one load of its low-latency area and stored onward
 // (or posted to a copy block) before anything else; then the slots go back. Returns the packets taken, or ~0u
@@ -491,7 +542,7 @@ __device__ __forceinline__ u64 quarter_ring(const Channel& ch) { return ch.nslot
 __device__ u32 serve(const Agent& a, Ctx& c, u32 i) {
   using namespace circuslink::detail;
   const u32 lane = lane_id();
-  u32 done = 0, deliver = kNoChannel;
+  u32 done = 0;
   bool error = false;
   while (done < kBurst) {
     Move mv{};
@@ -506,7 +557,6 @@ __device__ u32 serve(const Agent& a, Ctx& c, u32 i) {
     if (lane == 0) {
       act = decide(a, c, i, mv, u0, u1, u2, u3);
       if (act == kActBulk && a.ncopy != 0 && !post_job(a, c, i, mv)) act = kActError;
-      if ((act == kActLL || act == kActBulk) && mv.deliver != kNoChannel) deliver = mv.deliver;
     }
     act = shfl32(act);
     if (act == kActStop) break;
@@ -536,18 +586,19 @@ __device__ u32 serve(const Agent& a, Ctx& c, u32 i) {
     return error ? ~0u : 0u;
   }
   if (!give_back(a, c, i, false)) error = true;
-  deliver = shfl32(deliver);
-  if (deliver != kNoChannel) report(a, c, deliver, quarter_ring(a.channels[deliver]));
   return error ? ~0u : done;
 }
 
-// Lane 0: publish what each of this warp's inputs blocked longer than report_after_ns waits on (idle passes).
+// Lane 0: publish what each of this warp's inputs blocked longer than report_after_ns waits on (idle passes; the
+// clock is read only when one of them is blocked).
 __device__ void publish_chains(const Agent& a, Ctx& c) {
   using namespace circuslink::detail;
-  const u64 now = globaltimer_ns();
-  for (u32 i = c.warp; i < a.ninputs; i += c.warps) {
+  u64 now = 0;
+  for (u32 i = c.warp; i < a.ninputs; i += c.routers) {
     InS& s = c.in[i];
-    if (!s.blocked || now - s.since < a.report_after_ns) continue;
+    if (!s.blocked) continue;
+    if (now == 0) now = globaltimer_ns();
+    if (now - s.since < a.report_after_ns) continue;
     unsigned int* rec = a.inputs[i].chain;
     const u32 me = a.inputs[i].entry;
     u32 n = 1, flags = kChainBlocked, start = 0;  // start: cycle start + 1 (0: none)
@@ -610,8 +661,10 @@ __device__ void run_copy(const Agent& a) {
       u32 spins = 0;
       leave = 0;
       while (ld_relaxed_u64(&j->posted) != t + 1) {
+        // the host-mapped abort word (a PCIe round trip) only every kCopyAbortEvery polls: the router block's
+        // keeper reads it too, and its failure reaches the copy blocks through `dead` and `launches`
         if (++spins % 64 == 0 && (ld_relaxed(&a.copy->launches) != launch || ld_relaxed(&a.copy->dead) ||
-                                  (a.abort != nullptr && *a.abort != 0u))) {
+                                  (spins % kCopyAbortEvery == 0 && a.abort != nullptr && *a.abort != 0u))) {
           // the router block ends a launch only once every ticket it took is done: t was never taken
           leave = ld_relaxed_u64(&j->posted) != t + 1;
           if (leave) break;
@@ -640,6 +693,26 @@ __device__ void run_copy(const Agent& a) {
   }
 }
 
+// The keeper warp's pass: every credit report that is due, and every kControlNs the host's words. True when it
+// sent a credit packet (else it naps: nothing it watches is on a packet's path).
+__device__ bool keep(const Agent& a, Ctx& c, u64 slice_end, u64& next_control) {
+  using namespace circuslink::detail;
+  const bool sent = report_all(a, c);
+  if (lane_id() == 0) {
+    const u64 now = globaltimer_ns();
+    if (now >= next_control) {
+      next_control = now + kControlNs;
+      // three host-mapped loads issued back to back (none waits for another's value): one PCIe round trip
+      const u32 stop = ld_relaxed(a.control + kCtlStop), yield = ld_relaxed(a.control + kCtlYield);
+      const u32 aborted = a.abort != nullptr ? *a.abort : 0u;
+      if (stop != 0u || yield != 0u || now > slice_end) *(volatile u32*)&c.sh->quit = 1u;
+      if (aborted != 0u) fail(a, c, kErrAborted, 0xFFFFFFFFu, 0, 0);
+    }
+  }
+  __syncwarp();
+  return sent;
+}
+
 // The agent: call from every thread of every block (blockDim.x a multiple of 32; block 0 routes with
 // shared_bytes(ninputs, noutputs, nranks) bytes of dynamic shared memory, blocks 1..ncopy copy).
 __device__ void run(const Agent& a, unsigned char* smem) {
@@ -653,11 +726,12 @@ __device__ void run(const Agent& a, unsigned char* smem) {
   Ctx c;
   c.in = reinterpret_cast<InS*>(smem);
   c.out = reinterpret_cast<OutS*>(smem + sizeof(InS) * a.ninputs);
-  c.entries = reinterpret_cast<route::Entry*>(smem + sizeof(InS) * a.ninputs + sizeof(OutS) * a.noutputs);
+  c.hop = reinterpret_cast<u32*>(smem + sizeof(InS) * a.ninputs + sizeof(OutS) * a.noutputs);
   c.sh = &sh;
-  c.nports = a.vcs ? a.noutputs / a.vcs : 0;
   c.warp = threadIdx.x / 32;
-  c.warps = blockDim.x / 32;
+  const u32 warps = blockDim.x / 32;
+  c.routers = warps > 1 ? warps - 1 : 1;
+  c.keeper = warps - 1;
   const u32 lane = lane_id();
   for (u32 i = threadIdx.x; i < a.ninputs; i += blockDim.x) {  // the state the previous launch left
     const Input& in = a.inputs[i];
@@ -666,15 +740,18 @@ __device__ void run(const Agent& a, unsigned char* smem) {
     s.ring = in.ring;
     s.seq = s.freed = p.seq;  // a launch ends with every job done and every slot handed back
     s.since = p.since;
+    s.gate = 0;  // read again at the first packet
     s.mask = in.nslots - 1u;
     s.slot_bytes = in.slot_bytes;
+    s.chunk = in.chunk;
+    s.channel = in.kind == kInInject ? in.channel : (u32)kNoChannel;
     s.blocked = p.blocked;
     s.published = p.published;
     s.pend_head = s.npend = 0;
   }
   for (u32 o = threadIdx.x; o < a.noutputs; o += blockDim.x)
     c.out[o] = OutS{a.output_state[o].seq, a.output_state[o].cache};
-  for (u32 r = threadIdx.x; r < a.nranks; r += blockDim.x) c.entries[r] = a.entries[r];
+  for (u32 r = threadIdx.x; r < a.nranks; r += blockDim.x) c.hop[r] = hop_word(a, r);
   if (threadIdx.x == 0) {
     sh.tick = a.ncopy ? ld_relaxed_u64(&a.copy->next) : 0ull;
     sh.quit = 0;
@@ -684,41 +761,32 @@ __device__ void run(const Agent& a, unsigned char* smem) {
   }
   __syncthreads();
   const u64 slice_end = a.slice_ns ? globaltimer_ns() + a.slice_ns : ~0ull;
+  const bool routes = c.warp < c.routers && c.warp < a.ninputs;  // a routing warp that owns an input
+  const bool keeps = c.warp == c.keeper;
+  u64 next_control = 0;  // the keeper reads the host's words at once
   u32 pass = 0;
-  while (!ld_shared_u32(&sh.quit)) {
+  while ((routes || keeps) && !ld_shared_u32(&sh.quit)) {
     u32 moved = 0;
-    for (u32 i = c.warp; i < a.ninputs; i += c.warps) {
-      const u32 got = serve(a, c, i);
-      if (got == ~0u) break;  // fail() set quit
-      moved += got;
-    }
-    if (ld_shared_u32(&sh.quit)) break;
-    ++pass;
-    if (moved == 0 || pass % kReportEvery == 0) {
-      // credit reports of the channels this rank delivers whose gate is elsewhere, on their arrival input's warp
-      for (u32 k = 0; k < a.nreporters; ++k) {
-        const u32 ci = a.reporters[k];
-        const Channel& ch = a.channels[ci];
-        if (ch.arrival % c.warps != c.warp) continue;
-        report(a, c, ci, moved == 0 ? 1ull : quarter_ring(ch));
+    if (routes) {
+      for (u32 i = c.warp; i < a.ninputs; i += c.routers) {
+        const u32 got = serve(a, c, i);
+        if (got == ~0u) break;  // fail() set quit
+        moved += got;
+      }
+      if (ld_shared_u32(&sh.quit)) break;
+      ++pass;
+      if (moved == 0 && pass % kChainEvery == 0) {
+        if (lane == 0) publish_chains(a, c);
+        __syncwarp();
       }
     }
-    if (moved == 0 && pass % kChainEvery == 0) {
-      if (lane == 0) publish_chains(a, c);
-      __syncwarp();
-    }
-    if (c.warp == 0 && pass % kControlEvery == 0) {
-      if (lane == 0) {
-        if (ld_relaxed(a.control + kCtlStop) != 0u || ld_relaxed(a.control + kCtlYield) != 0u ||
-            globaltimer_ns() > slice_end)
-          *(volatile u32*)&sh.quit = 1u;
-        if (a.abort != nullptr && *a.abort != 0u) fail(a, c, kErrAborted, 0xFFFFFFFFu, 0, 0);
-      }
-      __syncwarp();
+    if (keeps && (!routes || moved == 0 || pass % kReportEvery == 0)) {
+      if (!keep(a, c, slice_end, next_control) && !routes) __nanosleep(kKeeperNapNs);
     }
   }
   // The end of a launch: every job done and every slot handed back, then the state for the next launch.
-  for (u32 i = c.warp; i < a.ninputs; i += c.warps) give_back(a, c, i, sh.failed == 0);
+  if (c.warp < c.routers)
+    for (u32 i = c.warp; i < a.ninputs; i += c.routers) give_back(a, c, i, sh.failed == 0);
   __syncthreads();
   for (u32 i = threadIdx.x; i < a.ninputs; i += blockDim.x) {
     const InS& s = c.in[i];
@@ -753,7 +821,7 @@ __device__ void run(const Agent& a, unsigned char* smem) {
 // Dynamic shared memory the router block needs.
 __host__ __device__ constexpr unsigned int shared_bytes(unsigned int ninputs, unsigned int noutputs,
                                                         unsigned int nranks) {
-  return (unsigned int)(sizeof(impl::InS) * ninputs + sizeof(impl::OutS) * noutputs + sizeof(route::Entry) * nranks);
+  return (unsigned int)(sizeof(impl::InS) * ninputs + sizeof(impl::OutS) * noutputs + sizeof(impl::u32) * nranks);
 }
 
 }  // namespace router

@@ -55,6 +55,11 @@ enum : unsigned int {
   // Agent::flags
   kAgentGpuScope = 1,         // every rank shares this GPU (channels.shares_one_gpu): bulk fences at .gpu, not .sys
   kNoInput = 0xFFFFFFFFu,     // Channel::arrival where this rank does not deliver the channel
+  // the routing block's dynamic shared memory per input, output and rank (router_impl.cuh: InS, OutS, the hop
+  // table; channels/protocol.py: ROUTER_SHARED_PER_*)
+  kSharedPerInput = 168,
+  kSharedPerOutput = 16,
+  kSharedPerRank = 4,
 };
 
 // One input ring of this rank's agent (64 bytes). The in ring of a gateway's relay is an input like a link ring
@@ -96,11 +101,14 @@ struct Channel {
   unsigned int route;             // recv_id | dst << 16
   unsigned int role;              // kRoleFirst | kRoleLast
   unsigned int first;             // the rank holding its gate (credit packets go there)
-  unsigned int arrival;           // kRoleLast: the input its packets arrive on (its warp alone delivers and
-                                  // reports the channel); kNoInput otherwise
+  unsigned int arrival;           // kRoleLast: the input its packets arrive on (the warp of that input alone
+                                  // delivers the channel); kNoInput otherwise
 };
 
 // The agent's state per routed channel (device memory, zeroed by the host).
+// Written by one warp each: delivered by the warp of the arrival input; consumed and reported by the keeper warp
+// (first elsewhere: it sends the credit packets) or the warp of the injection ring (first == last); gate by the
+// warp the credit packets arrive on (or, first == last, the injection ring's). Read across warps: volatile.
 struct ChannelState {
   unsigned long long delivered;   // kRoleLast: packets written into the delivery ring
   unsigned long long consumed;    // kRoleLast: the receiver's in-order consumed count, scanned from the board
