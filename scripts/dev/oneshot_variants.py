@@ -86,6 +86,9 @@ for kernel, threads in (("real", 512), ("old", 512), ("lib", 512), ("lanes_deadl
 if w.rank == 0:
     print("floor:", floor)
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(rows=rows, floor=str(floor)), indent=1))
+        Path(args.json).write_text(json.dumps(dict(device=floor.get("device") if isinstance(floor, dict) else None,
+                                                date=__import__("datetime").date.today().isoformat(),
+                                                commit=__import__("os").environ.get("CIRCUSLINK_COMMIT", "unknown"),
+                                                rows=rows, floor=str(floor)), indent=1))
 comm.close()
 w.close()

@@ -55,7 +55,8 @@ def timed(kernel: str) -> None:
         sms.append((tuple(g[1] for g in got), round(per, 3)))
     # the last cycle's words arrived whole (the fenced forms: the peer's words + the last epoch)
     if kernel.startswith("fenced"):
-        dst = cp.ndarray(8, cp.uint64, cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(buf.ptrs[w.rank] + 4096, 64, None), 0))
+        mem = cp.cuda.UnownedMemory(buf.ptrs[w.rank] + 4096, 64, None)
+        dst = cp.ndarray(8, cp.uint64, cp.cuda.MemoryPointer(mem, 0))
         want = np.arange(8, dtype=np.uint64) + 1000 * (2 - w.rank) + np.uint64(base - 17)
         if not np.array_equal(dst.get(), want):
             raise SystemExit(f"{kernel}: rank {w.rank} destination {dst.get().tolist()} != {want.tolist()}")
@@ -72,5 +73,8 @@ for kernel in ("bare", "fenced", "fenced_wp", "ll_post", "ll_credit", "fenced", 
 if w.rank == 0:
     print("floor:", floor)
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(rows=rows, floor=str(floor)), indent=1))
+        Path(args.json).write_text(json.dumps(dict(device=floor.get("device") if isinstance(floor, dict) else None,
+                                                date=__import__("datetime").date.today().isoformat(),
+                                                commit=__import__("os").environ.get("CIRCUSLINK_COMMIT", "unknown"),
+                                                rows=rows, floor=str(floor)), indent=1))
 w.close()
