@@ -17,16 +17,8 @@ namespace {
 
 constexpr unsigned long long kRawOffset = 8ull << 20;  // the hand-written variants' slots in each team buffer
 
-__device__ __forceinline__ void st_line(uint4* p, unsigned int d0, unsigned int d1, unsigned int flag) {
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(d0), "r"(flag), "r"(d1), "r"(flag)
-               : "memory");
-}
-__device__ __forceinline__ uint4 ld_line(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p) : "memory");
-  return v;
-}
+using circuslink::detail::ll_load;   // one 16-byte line {d0, flag, d1, flag}, as the library stores it
+using circuslink::detail::ll_store;
 // Slot of `src`'s line in `owner`'s buffer, by parity: every source's line side by side (kSpread 0), or
 // 2 KiB apart as the team's LL layout has them (kSpread 1: kLLLines lines a source).
 template <int kSpread = 0>
@@ -64,6 +56,15 @@ __device__ __forceinline__ unsigned long long sm_id() {
   return id;
 }
 
+// Thread 0: the clock after the warm-up, the clock now and the block's SM.
+__device__ __forceinline__ void record_times(unsigned long long* times, unsigned long long t0) {
+  if (threadIdx.x == 0) {
+    times[0] = t0;
+    times[1] = globaltimer_ns();
+    times[2] = sm_id();
+  }
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(512, 1) real(int rank, int size, const unsigned long long* peers,
@@ -75,11 +76,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) real(int rank, int size, co
     if (i == warmup) t0 = globaltimer_ns();
     if (!cc::allreduce_oneshot(t, data, data, 2ull, cc::Sum())) break;
   }
-  if (threadIdx.x == 0) {
-    times[0] = t0;
-    times[1] = globaltimer_ns();
-    times[2] = sm_id();
-  }
+  record_times(times, t0);
 }
 
 // kLanes: lane q handles peer q; else thread 0 handles every peer in turn. kIo: the value is loaded from and
@@ -113,18 +110,18 @@ __device__ void hand(int rank, int size, const unsigned long long* peers, unsign
         const unsigned int q = tid;
         float2 v = mine;
         if (q < static_cast<unsigned int>(size) && q != static_cast<unsigned int>(rank)) {
-          st_line(raw_slot<kSpread>(peers, q, parity, rank), __float_as_uint(mine.x), __float_as_uint(mine.y), call);
+          ll_store(raw_slot<kSpread>(peers, q, parity, rank), __float_as_uint(mine.x), __float_as_uint(mine.y), call);
           const uint4* s = raw_slot<kSpread>(peers, rank, parity, q);
           uint4 got;
           if (kDeadline) {
             circuslink::detail::Deadline d = circuslink::detail::Deadline::after(10000000000ull, nullptr);
             circuslink::detail::spin_until([&] {
-              got = ld_line(s);
+              got = ll_load(s);
               return got.y == call && got.w == call;
             }, d);
           } else {
             do {
-              got = ld_line(s);
+              got = ll_load(s);
             } while (got.y != call || got.w != call);
           }
           v = as_f2(got.x, got.z);
@@ -138,7 +135,7 @@ __device__ void hand(int rank, int size, const unsigned long long* peers, unsign
     } else if (tid == 0) {
       for (int k = 1; k < size; ++k) {
         const unsigned int q = (rank + k) % size;
-        st_line(raw_slot(peers, q, parity, rank), __float_as_uint(mine.x), __float_as_uint(mine.y), call);
+        ll_store(raw_slot(peers, q, parity, rank), __float_as_uint(mine.x), __float_as_uint(mine.y), call);
       }
       for (int q = 0; q < size; ++q) {
         float2 v = mine;
@@ -146,7 +143,7 @@ __device__ void hand(int rank, int size, const unsigned long long* peers, unsign
           const uint4* s = raw_slot(peers, rank, parity, q);
           uint4 got;
           do {
-            got = ld_line(s);
+            got = ll_load(s);
           } while (got.y != call || got.w != call);
           v = as_f2(got.x, got.z);
         }
@@ -162,11 +159,7 @@ __device__ void hand(int rank, int size, const unsigned long long* peers, unsign
     if (kCounter && tid == 0) counters[0] = call;
     if (!kIo && tid < 32) reg = make_float2(__shfl_sync(0xffffffffu, reg.x, 0), __shfl_sync(0xffffffffu, reg.y, 0));
   }
-  if (tid == 0) {
-    times[0] = t0;
-    times[1] = globaltimer_ns();
-    times[2] = sm_id();
-  }
+  record_times(times, t0);
 }
 
 #define HAND(name, lanes, io, counter, sync, ...)                                                                \
@@ -194,11 +187,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) lib(cc::Team t, int no_abor
     if (i == warmup) t0 = globaltimer_ns();
     if (!cc::allreduce_oneshot(t, data, data, 2ull, cc::Sum())) break;
   }
-  if (threadIdx.x == 0) {
-    times[0] = t0;
-    times[1] = globaltimer_ns();
-    times[2] = sm_id();
-  }
+  record_times(times, t0);
 }
 
 // The one-shot as the library had it before a line's peers got a thread each (one thread a line), for A/B.
@@ -282,9 +271,5 @@ extern "C" __global__ void __launch_bounds__(512) old(int rank, int size, const 
     if (i == warmup) t0 = globaltimer_ns();
     if (!oneshot_old<float>(t, data, data, 2ull, cc::Sum())) break;
   }
-  if (threadIdx.x == 0) {
-    times[0] = t0;
-    times[1] = globaltimer_ns();
-    times[2] = sm_id();
-  }
+  record_times(times, t0);
 }

@@ -41,16 +41,6 @@ __device__ __forceinline__ u64 ld_relaxed(const u64* p) {
   asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ void st_line(u64 base, u64 off, unsigned int d0, unsigned int d1, unsigned int flag) {
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(base + off), "r"(d0), "r"(flag), "r"(d1),
-               "r"(flag) : "memory");
-}
-__device__ __forceinline__ uint4 ld_line(u64 base, u64 off) {
-  uint4 v;
-  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(base + off) : "memory");
-  return v;
-}
 __device__ __forceinline__ unsigned int sm_id() {
   unsigned int id;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
@@ -93,11 +83,12 @@ __device__ void cycles(u64 mine, u64 peer, const u64* src, u64 base, int warmup,
       const u64 slot = kStaging + ((e % kDepth) * kWords + lane) * 16;
       const u64 v = word + e;
       if (lane < kWords) {
-        st_line(peer, slot, static_cast<unsigned int>(v), static_cast<unsigned int>(v >> 32),
-                static_cast<unsigned int>(e));
+        circuslink::detail::ll_store(reinterpret_cast<uint4*>(peer + slot), static_cast<unsigned int>(v),
+                                     static_cast<unsigned int>(v >> 32),
+                                     static_cast<unsigned int>(e));
         uint4 got;
         do {
-          got = ld_line(mine, slot);
+          got = circuslink::detail::ll_load(reinterpret_cast<const uint4*>(mine + slot));
         } while (got.y != static_cast<unsigned int>(e) || got.w != static_cast<unsigned int>(e));
         *at(mine, kDst + 8 * lane) = static_cast<u64>(got.x) | (static_cast<u64>(got.z) << 32);
       }

@@ -58,8 +58,8 @@ __device__ __forceinline__ bool rma_start_blocks(const RmaQueue& q, unsigned lon
   if (rma_low_latency(q)) {  // lines into the targets' staging: no post, no arrival (rma_types.cuh)
     __syncthreads();  // the block's threads wrote the sources before the call
     rma_load_words_ahead(q, index * threads + t, blocks * threads, a.words);
-    const bool ok = __syncthreads_and(rma_start_lines(q, epoch, index * threads + t, blocks * threads, a.poll, a.words)
-                                      ? 1 : 0) != 0;
+    const bool ok = rma_start_lines(q, epoch, index * threads + t, blocks * threads, a.poll, a.words);
+    __syncthreads();  // the block's stores before the epoch moves on (ok is the block's: rma_start_lines votes)
     if (!raise_arrivals) return ok;
     if (t == 0) q.state->epoch = epoch;
     __syncthreads();  // the new epoch, for this block's next call

@@ -305,17 +305,12 @@ __device__ __forceinline__ void rma_copy_descriptors(const RmaQueue& q, unsigned
 // ---- low-latency queues (kRmaLowLatency) ----------------------------------------------------------------------
 __device__ __forceinline__ bool rma_low_latency(const RmaQueue& q) { return (q.flags & kRmaLowLatency) != 0ull; }
 
-// One line: the word's halves, each beside the epoch's low 32 bits, in one 16-byte store (a half seen with its
-// flag has its data); and its load.
+// One 8-byte word as an LL line (sync.cuh: ll_store / ll_load) at a staging address, and the word back.
 __device__ __forceinline__ void rma_line_store(unsigned long long addr, unsigned long long v, unsigned int flag) {
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(addr), "r"(static_cast<unsigned int>(v)),
-               "r"(flag), "r"(static_cast<unsigned int>(v >> 32)), "r"(flag) : "memory");
+  ll_store(reinterpret_cast<uint4*>(addr), static_cast<unsigned int>(v), static_cast<unsigned int>(v >> 32), flag);
 }
-__device__ __forceinline__ uint4 rma_line_load(unsigned long long addr) {
-  uint4 v;
-  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(addr) : "memory");
-  return v;
+__device__ __forceinline__ unsigned long long rma_line_word(const uint4& v) {
+  return static_cast<unsigned long long>(v.x) | (static_cast<unsigned long long>(v.z) << 32);
 }
 
 // A low-latency start's stores: the words of threads `first`, `first + stride`, ... as lines into epoch's
@@ -371,7 +366,7 @@ __device__ __forceinline__ bool rma_wait_lines(const RmaQueue& q, unsigned long 
     for (unsigned int k = 0; k < kRmaLinesInFlight; ++k) {
       if (i0 + k * threads < q.n_lines) {
         line[k] = q.lines[i0 + k * threads];
-        v[k] = rma_line_load(line[k].staging + slot);
+        v[k] = ll_load(reinterpret_cast<const uint4*>(line[k].staging + slot));
       }
     }
 #pragma unroll
@@ -382,13 +377,12 @@ __device__ __forceinline__ bool rma_wait_lines(const RmaQueue& q, unsigned long 
       if (!seen) {
         Deadline deadline = Deadline::after(timeout_ns, q.abort);
         seen = spin_until([&] {
-          v[k] = rma_line_load(at);
+          v[k] = ll_load(reinterpret_cast<const uint4*>(at));
           return v[k].y == flag && v[k].w == flag;
         }, deadline);
       }
       if (seen) {
-        *reinterpret_cast<unsigned long long*>(line[k].dst) =
-            static_cast<unsigned long long>(v[k].x) | (static_cast<unsigned long long>(v[k].z) << 32);
+        *reinterpret_cast<unsigned long long*>(line[k].dst) = rma_line_word(v[k]);
       } else {
         rma_record_error(q, 2ull, line[k].origin, epoch);
         ok = false;

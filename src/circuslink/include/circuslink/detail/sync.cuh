@@ -45,6 +45,20 @@ __device__ __forceinline__ unsigned long long ld_relaxed_u64(const unsigned long
   return v;
 }
 
+// One low-latency (LL) line: {data0, flag, data1, flag}, stored and loaded as one 16-byte vector (each 8-byte
+// half carries its own flag, so a half seen with the flag has its data). The one-shot all-reduce's slots and
+// the RMA queues' staging carry these: the flag travels with the data, so no fence orders them.
+__device__ __forceinline__ void ll_store(uint4* p, unsigned int d0, unsigned int d1, unsigned int flag) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(d0), "r"(flag), "r"(d1), "r"(flag)
+               : "memory");
+}
+__device__ __forceinline__ uint4 ll_load(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p)
+               : "memory");
+  return v;
+}
+
 // System-scope release store / acquire load: everything written before the release is
 // visible to a thread (on any GPU or the host) that acquires the value.
 __device__ __forceinline__ void st_release_sys(unsigned int* p, unsigned int v) {

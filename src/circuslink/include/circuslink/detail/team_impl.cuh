@@ -269,18 +269,9 @@ __device__ __forceinline__ u64 piece_elems(const Team& t, unsigned int parts) {
   return (units ? units : 1) * unit;
 }
 
-// One LL line: {data0, flag, data1, flag}, stored and loaded as one 16-byte vector (each 8-byte half
-// carries its own flag, so a half seen with the flag has its data).
-__device__ __forceinline__ void ll_store(uint4* p, unsigned int d0, unsigned int d1, unsigned int flag) {
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(d0), "r"(flag), "r"(d1), "r"(flag)
-               : "memory");
-}
-__device__ __forceinline__ uint4 ll_load(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p)
-               : "memory");
-  return v;
-}
+// One LL line a unit (sync.cuh): the one-shot's slots carry these.
+using circuslink::detail::ll_load;
+using circuslink::detail::ll_store;
 __device__ __forceinline__ uint4* ll_slot(const Team& t, unsigned int owner, unsigned int chunk, unsigned int parity,
                                           unsigned int src) {
   return reinterpret_cast<uint4*>(t.peers[owner] + team_ll_offset(t.size)) +
