@@ -50,6 +50,12 @@
 #   scale           machines of 4 or 8 GPUs: probe matrix, pingpong 0->k, allreduce and the RMA ring
 #   x2              the two-H200 reference runs (one rank per GPU; not part of "all")
 #   chvar           dev experiment: A/B variants of the channel pingpong's warp kernel (scripts/dev/channel_variants.py)
+#   llab            dev experiment: the channel's small-message path against hand-written forms of its format,
+#                   with a per-round-trip timeline (scripts/dev/ll_path_ab.py; not part of "all")
+#   onevar          dev experiment: the one-shot all-reduce's 8-byte call against hand-written forms, 2, 4 and 8
+#                   ranks (scripts/dev/oneshot_variants.py; not part of "all")
+#   llpair          dev experiment: the same pingpong in one process (two blocks, or two warps of one block), and
+#                   Nsight Compute's per-instruction stall samples of it (scripts/dev/ll_pair.cu; not part of "all")
 #   lines           dev experiment: line formats, echo forms, fences and streaming rings side by side
 #                   (scripts/dev/line_variants.py; not part of "all")
 #
@@ -187,6 +193,18 @@ want stencil && step stencil-per-rank cl bench stencil --ranks 2,4,8 --per-rank 
   --impls channel-persistent,channel-launch --iters 100 --json "$R/stencil-per-rank.json"
 
 want chvar explicit && step chvar cl run -n 2 -- $PY scripts/dev/channel_variants.py --json "$R/channel-variants.json"
+want llab explicit && step llab cl run -n 2 -- $PY scripts/dev/ll_path_ab.py --json "$R/ll-path-ab.json"
+if want onevar explicit; then for n in ${ONEVAR_RANKS:-2 4 8}; do
+  step "onevar-$n" cl run -n "$n" -- $PY scripts/dev/oneshot_variants.py --samples 5 --json "$R/oneshot-variants-$n.json"
+done; fi
+if want llpair explicit; then
+  step llpair-build nvcc -std=c++17 -arch=sm_90a -Isrc/circuslink/include -o "$OUT/ll_pair" scripts/dev/ll_pair.cu
+  step llpair "$OUT/ll_pair"
+  step llpair-ncu ncu --clock-control none -k lib_pair -c 1 --section SourceCounters --section WarpStateStats \
+    --import-source no -f -o "$R/ll-pair" "$OUT/ll_pair" --once
+  step llpair-source sh -c "ncu -i '$R/ll-pair.ncu-rep' --page source --csv --print-source sass > '$R/ll-pair-source.csv'"
+  step llpair-details ncu -i "$R/ll-pair.ncu-rep" --page details
+fi
 want lines explicit && step lines cl run -n 2 -- $PY scripts/dev/line_variants.py --stage ${LINES_STAGE:-all} --json "$R/line-variants.json"
 
 if want before explicit; then

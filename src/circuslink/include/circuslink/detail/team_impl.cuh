@@ -282,8 +282,7 @@ __device__ __forceinline__ uint4* ll_slot(const Team& t, unsigned int owner, uns
 // or 1 for two ranks, for more than 32, or where the block has fewer threads than that.
 __device__ __forceinline__ unsigned int oneshot_width(unsigned int size, unsigned int threads) {
   if (size <= 2 || size > 32) return 1;
-  unsigned int w = 1;
-  while (w < size) w <<= 1;
+  const unsigned int w = 1u << (32 - __clz(size - 1));  // the next power of two
   return w <= threads ? w : 1;
 }
 
@@ -376,6 +375,81 @@ __device__ bool oneshot_grouped(const Team& t, const T* in, T* out, unsigned lon
   return true;
 }
 
+// The wait of a one-shot poll that missed many times, out of line with its arguments by value (the poll loop
+// itself is a load and a compare). The first call starts the deadline; returns it, or 0 once it passed or the
+// host aborted.
+__device__ __noinline__ u64 oneshot_wait_check(u64 deadline, u64 timeout_ns, const volatile unsigned int* abort) {
+  if (abort != nullptr && *abort != 0u) return 0;
+  const u64 now = circuslink::detail::globaltimer_ns();
+  if (deadline == 0) return timeout_ns == 0 || timeout_ns > ~0ull - now ? ~0ull : now + timeout_ns;
+  return now > deadline ? 0 : deadline;
+}
+
+// Whether a call fits one warp of one block: one chunk of at most 32 / width lines (8-byte calls always).
+__device__ __forceinline__ bool oneshot_fits_warp(const Team& t, u64 nbytes, unsigned int width) {
+  return nbytes <= kLLChunkBytes && t.size <= 32 && (t.size <= 2 || width > 1) && block_threads() >= 32 &&
+         (nbytes + 7) / 8 * width <= 32;
+}
+
+// The one-shot of a call that fits one warp (oneshot_fits_warp): warp 0 of block 0 does all of it, the other
+// warps only meet it at the closing barrier. What a small call costs is the instructions between seeing the
+// peers' lines and storing the next call's, run by one warp alone (as the channel's one-packet path), so
+// everything else is kept off that path: no barrier or shared memory before the stores (every lane loads the
+// call number itself; thread 0 stores the next one before the closing barrier, which makes it visible to the
+// block), a poll that is one load and one compare, and the deadline checked out of line every many polls.
+// Lanes: a line is a group of `width` lanes, lane q of the group storing to rank q and polling rank q's line
+// (width 1, two ranks: the lane does both for its one peer).
+template <class T, class Op>
+__device__ bool oneshot_warp(const Team& t, const T* in, T* out, u64 nbytes, Op op, unsigned int width) {
+  if (team_block() != 0) return true;  // one chunk: block 0's
+  const unsigned int tid = block_thread();
+  int failed = 0;
+  if (tid < 32) {
+    const unsigned int lines = static_cast<unsigned int>((nbytes + 7) / 8);
+    const unsigned int group = tid >> (31 - __clz(width)), q = tid & (width - 1u);  // width: a power of two
+    const bool active = group < lines;
+    const u64 off = static_cast<u64>(group) * 8;
+    const unsigned int valid = active && nbytes - off < 8 ? static_cast<unsigned int>(nbytes - off) : 8u;
+    const u64 mine = active ? load_unit(in, off, valid) : 0;
+    // A cached load: only this block's thread 0 stores the counter (chunk 0 is block 0's in every call of a
+    // launch), through this SM's L1, and a launch starts with L1 invalidated; a volatile load went to L2.
+    const unsigned int call = t.counters[kTeamCounterChunk] + 1u;
+    const unsigned int parity = call & 1u;
+    const unsigned int peer = width == 1 ? (t.rank ^ 1u) : q;
+    u64 v = mine;
+    if (active && peer < t.size && peer != t.rank) {
+      ll_store(ll_slot(t, peer, 0, parity, t.rank) + group, static_cast<unsigned int>(mine),
+               static_cast<unsigned int>(mine >> 32), call);
+      const uint4* slot = ll_slot(t, t.rank, 0, parity, peer) + group;
+      uint4 got = ll_load(slot);
+      u64 deadline = 0;
+      unsigned int spins = 0;
+      while (got.y != call || got.w != call) {
+        if (++spins % 256u == 0u && (deadline = oneshot_wait_check(deadline, t.timeout_ns, t.abort)) == 0) {
+          got = ll_load(slot);
+          if (got.y == call && got.w == call) break;
+          team_fail(t, kTeamErrorSlot, peer, 0, call);
+          failed = 1;
+          break;
+        }
+        got = ll_load(slot);
+      }
+      v = static_cast<u64>(got.x) | (static_cast<u64>(got.z) << 32);
+    }
+    u64 acc;
+    if (width == 1) {  // one or two ranks: rank 0's value first
+      acc = t.size == 2 ? (t.rank == 0 ? unit_op<T>(mine, v, valid, op) : unit_op<T>(v, mine, valid, op)) : mine;
+    } else {
+      acc = __shfl_sync(0xffffffffu, v, 0, width);
+      for (unsigned int k = 1; k < t.size; ++k) acc = unit_op<T>(acc, __shfl_sync(0xffffffffu, v, k, width), valid, op);
+    }
+    const bool any_failed = __any_sync(0xffffffffu, failed);
+    if (!any_failed && active && q == 0) store_unit(out, off, valid, acc);
+    if (!any_failed && tid == 0) t.counters[kTeamCounterChunk] = call;
+  }
+  return !__syncthreads_or(failed);
+}
+
 }  // namespace detail
 
 // ---- one-shot (LL) -------------------------------------------------------------------------------------
@@ -403,6 +477,7 @@ __device__ bool allreduce_oneshot(const Team& t, const T* in, T* out, unsigned l
   const unsigned int width = detail::oneshot_width(t.size, detail::block_threads());
   __shared__ unsigned int call_s;
   int failed = 0;
+  if (detail::oneshot_fits_warp(t, nbytes, width)) return detail::oneshot_warp(t, in, out, nbytes, op, width);
   if (width > 1) return detail::oneshot_grouped(t, in, out, n, op, width);
   for (unsigned int c = detail::team_block(); c < chunks; c += detail::team_blocks()) {
     const u64 lo = static_cast<u64>(c) * kLLChunkBytes;
