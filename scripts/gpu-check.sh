@@ -17,7 +17,8 @@
 #                   grid, then 1-256 MiB at --grid-blocks $STRESS_BLOCKS (not part of "all")
 #   resources       registers, shared memory and threads the channel machinery takes
 #   allreduce-like  CIRCUS's pipeline, with its trace
-#   allreduce       all-reduce by algorithm against NVSHMEM's, 2, 4 and 8 ranks
+#   allreduce       all-reduce by algorithm against NVSHMEM's, 2, 4 and 8 ranks ($AR2_ARGS: more options for the
+#                   2-rank run, e.g. --quick)
 #   rma             persistent RMA queues against MPI-3 RMA and MPI p2p, 2 and 4 ranks (a ring)
 #   soak            10^6 messages over 72 channels among 4 ranks, both modes, every byte checked
 #   transpose       transposing put against contiguous put and local transpose + put
@@ -146,7 +147,7 @@ fi
 want resources && step resources cl bench resources --json "$R/resources.json"
 want allreduce-like && step allreduce-like cl bench allreduce-like --json "$R/allreduce-like.json" \
   --plot "$R/allreduce-like.png" --trace "$R/allreduce-like-trace.json"
-want allreduce && step allreduce-2 cl bench allreduce -n 2 --json "$R/allreduce-2.json" --plot "$R/allreduce-2.png"
+want allreduce && step allreduce-2 cl bench allreduce -n 2 ${AR2_ARGS:-} --json "$R/allreduce-2.json" --plot "$R/allreduce-2.png"
 want allreduce && step allreduce-4 cl bench allreduce -n 4 --quick --json "$R/allreduce-4.json"
 want allreduce && step allreduce-8 cl bench allreduce -n 8 --quick --json "$R/allreduce-8.json"
 want rma && step rma-2 cl bench rma -n 2 --json "$R/rma-2.json" --plot "$R/rma-2.png"
