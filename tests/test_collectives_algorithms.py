@@ -51,7 +51,9 @@ def ring_expected(xs, op, bf16):
 salt = 0
 for dtype in DTYPES:
     bf16 = dtype == "bfloat16"
-    for count in (1, 3, 257, 5001, 9000 + n):     # 5001 x 8 B > the 4 KiB stage; 9000 + n does not divide
+    # 5001 x 8 B > the 4 KiB stage; 9000 + n does not divide; 16 and 64 float32 are the edges of the one-shot's
+    # one-warp form on the device (64 B fills a warp of groups of 4 lanes, 256 B a warp at 2 ranks)
+    for count in (1, 3, 16, 64, 257, 5001, 9000 + n):
         for op in ("sum", "max", "min"):
             salt += 1
             xs = inputs(dtype, count, salt)

@@ -56,42 +56,32 @@ def report(name: str, samples: list[float], sms, **extra) -> None:
         print(f"{name:34s} one-way {row['one_way_us']:.3f} us (min {row['min_one_way_us']:.3f})  SMs {sms}", flush=True)
 
 
-def hw(name: str, nslots: int, stride: int, lanes: int, extras: int) -> None:
+def handwritten(kernel: str, name: str, params: tuple, **extra) -> None:
+    """One hand-written variant: `params` go between the buffers and the loop's (base, warm-up, iterations)."""
     global base
     if only and name not in only:
         return
-    f = mod.get_function("hw")
+    f = mod.get_function(kernel)
     samples, sms = [], None
     for _ in range(args.samples):
         base += args.iters + 200
         w.barrier()
-        f((1,), (32,), (I32(w.rank), mine, peer, U32(nslots), U32(stride), U32(lanes), U32(extras), srcw, dstw,
-                        U64(base), I32(100), I32(args.iters), times))
+        f((1,), (32,), (I32(w.rank), mine, peer, *params, U64(base), I32(100), I32(args.iters), times))
         cp.cuda.Device().synchronize()
         t = times.get()
         got = w.allgather_object(((int(t[1]) - int(t[0])) / (2 * args.iters) / 1e3, int(t[2])))
         samples.append(got[0][0])
         sms = [g[1] for g in got]
-    report(name, samples, sms, nslots=nslots, stride=stride, lanes=lanes, extras=extras)
+    report(name, samples, sms, **extra)
+
+
+def hw(name: str, nslots: int, stride: int, lanes: int, extras: int) -> None:
+    handwritten("hw", name, (U32(nslots), U32(stride), U32(lanes), U32(extras), srcw, dstw), nslots=nslots,
+                stride=stride, lanes=lanes, extras=extras)
 
 
 def hw2(name: str, nslots: int, stride: int, mode: int) -> None:
-    global base
-    if only and name not in only:
-        return
-    f = mod.get_function("hw2")
-    samples, sms = [], None
-    for _ in range(args.samples):
-        base += args.iters + 200
-        w.barrier()
-        f((1,), (32,), (I32(w.rank), mine, peer, U32(nslots), U32(stride), U32(mode), U64(base), I32(100),
-                        I32(args.iters), times))
-        cp.cuda.Device().synchronize()
-        t = times.get()
-        got = w.allgather_object(((int(t[1]) - int(t[0])) / (2 * args.iters) / 1e3, int(t[2])))
-        samples.append(got[0][0])
-        sms = [g[1] for g in got]
-    report(name, samples, sms, nslots=nslots, stride=stride, mode=mode)
+    handwritten("hw2", name, (U32(nslots), U32(stride), U32(mode)), nslots=nslots, stride=stride, mode=mode)
 
 
 byte = element_type("uchar")
