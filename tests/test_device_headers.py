@@ -5,8 +5,10 @@ CI has nvcc but no GPU, so a device-code error fails CI here rather than on the 
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -22,31 +24,50 @@ NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 
 
-def _nvcc(source: Path, tmp_path: Path) -> None:
-    cmd = [NVCC, "-std=c++17", "-arch=sm_90a", f"-I{INCLUDE}", "-c", str(source), "-o", str(tmp_path / "out.o")]
+def _nvcc(source: Path, out: Path) -> str:
+    """Compile `source` (host and device) into `out`; the command and compiler output on failure, else ""."""
+    cmd = [NVCC, "-std=c++17", "-arch=sm_90a", f"-I{INCLUDE}", "-c", str(source), "-o", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
-    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
-
-
-@pytest.mark.parametrize("header", HEADERS)
-def test_header_compiles_alone(header, tmp_path):
-    src = tmp_path / "use.cu"
-    src.write_text(f"#include <{header}>\n#include <{header}>  // include guards hold\n")
-    _nvcc(src, tmp_path)
-
-
-@pytest.mark.parametrize("kernel", KERNELS, ids=lambda p: p.relative_to(PKG).as_posix())
-def test_kernel_compiles(kernel, tmp_path):
-    _nvcc(kernel, tmp_path)
+    return "" if proc.returncode == 0 else f"{' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
 
 
 # Test kernels on the public API whose GPU tests CI cannot run: a compile error shows here first.
 TEST_KERNELS = [Path(__file__).with_name("kernels") / "nonblocking.cu"]
 
 
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """Every header (included alone, twice) and every kernel of the plain compile checks below, compiled once, as
+    many at a time as this machine has cores: each nvcc uses one, and these checks were most of the suite's time
+    on a 2-core CI machine. Name -> a Future of the failure text ("" when it compiled); each test waits for its own."""
+    root = tmp_path_factory.mktemp("nvcc")
+    jobs: dict[str, Path] = {}
+    for i, header in enumerate(HEADERS):
+        src = root / f"header{i}.cu"
+        src.write_text(f"#include <{header}>\n#include <{header}>  // include guards hold\n")
+        jobs[header] = src
+    for kernel in [*KERNELS, *TEST_KERNELS]:
+        jobs[str(kernel)] = kernel
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=max(1, cores)) as pool:
+        futures: dict[str, Future] = {name: pool.submit(_nvcc, src, root / f"{i}.o")
+                                      for i, (name, src) in enumerate(jobs.items())}
+        yield futures
+
+
+@pytest.mark.parametrize("header", HEADERS)
+def test_header_compiles_alone(header, compiled):
+    assert not (failure := compiled[header].result()), failure
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda p: p.relative_to(PKG).as_posix())
+def test_kernel_compiles(kernel, compiled):
+    assert not (failure := compiled[str(kernel)].result()), failure
+
+
 @pytest.mark.parametrize("kernel", TEST_KERNELS, ids=lambda p: p.name)
-def test_test_kernel_compiles(kernel, tmp_path):
-    _nvcc(kernel, tmp_path)
+def test_test_kernel_compiles(kernel, compiled):
+    assert not (failure := compiled[str(kernel)].result()), failure
 
 
 # Kernels the library launches with 512 threads a block: at 512 threads an SM's 65,536 registers
