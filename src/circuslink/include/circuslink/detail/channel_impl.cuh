@@ -105,10 +105,6 @@ __device__ __forceinline__ void st_unit_if(bool p, void* ptr, u64 v) {
   asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %2, 0;\n @q st.volatile.global.u64 [%0], %1;\n}" ::"l"(ptr), "l"(v),
                "r"((u32)p) : "memory");
 }
-__device__ __forceinline__ void ld_units2_if(bool p, const void* ptr, u64& a, u64& b) {
-  asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %3, 0;\n @q ld.volatile.global.v2.u64 {%0, %1}, [%2];\n}"
-               : "+l"(a), "+l"(b) : "l"(ptr), "r"((u32)p) : "memory");
-}
 // The caller's buffers (global or shared memory: generic addressing), 8 bytes, where p holds (else 0 / nothing).
 __device__ __forceinline__ u64 ld_u64_if(bool p, const void* ptr) {
   u64 v = 0;
