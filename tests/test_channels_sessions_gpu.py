@@ -3,8 +3,8 @@
 * many grid calls in one launch through a grid session, no grid barrier between them, through a ring far
   smaller than the data, every byte checked;
 * a grid split in a writing half and a reading half against a forwarding grid on the peer;
-* one warp a side: messages of random sizes (low-latency rounds of several packets, and bulk) passed back
-  whole by forward_warp and read back in random pieces.
+* one warp a side: messages of random sizes (one, a few and many low-latency packets, and bulk) passed back
+  whole by forward_warp and read back whole or in random pieces, aligned and not.
 
 Run on the device machine (ranks share its GPU under MPS).
 """
@@ -75,12 +75,23 @@ WARP = COMMON + r'''
 byte = element_type("uchar")
 links = [Link("a", "a_in", 1, 2, 0, 1, byte, 8192), Link("b", "b_in", 3, 4, 1, 0, byte, 8192)]
 ch = channels.open(w, links, options={"a": {"ll_max": 2048}, "b": {"ll_max": 2048}}, timeout=30)
-# low-latency messages of 1..16 packets (and some bulk ones), read back in random pieces
-sizes = np.concatenate([rng.integers(1, 2049, 60), rng.integers(2049, 6000, 6)]).astype(np.uint64)
+# low-latency messages of 1..16 packets (and some bulk ones), read back whole or in random pieces; half of them
+# whole 8-byte words at 8-byte aligned addresses (the few-packet path's aligned loads and stores), the rest not
+sizes = np.concatenate([rng.integers(1, 2049, 80), rng.integers(2049, 6000, 6)]).astype(np.uint64)
 rng.shuffle(sizes)
-reads = np.array([int(rng.integers(1, int(s) + 1)) for s in sizes], dtype=np.uint64)
-offsets, total = layout(sizes)
-data = cp.asarray(rng.integers(0, 256, total, dtype=np.uint8))
+words = rng.random(sizes.size) < 0.5
+sizes[words] = (sizes[words] + 7) // 8 * 8
+reads = np.array([int(s) if rng.random() < 0.5 else int(rng.integers(1, int(s) + 1)) for s in sizes],
+                 dtype=np.uint64)
+offsets = np.concatenate([[0], np.cumsum((sizes + 8) // 8 * 8)[:-1]]).astype(np.uint64)
+offsets[~words] += 1  # the others start one byte past a word
+total = int(offsets[-1] + sizes[-1])
+host = rng.integers(0, 256, total, dtype=np.uint8)
+gaps = np.ones(total, dtype=bool)  # the padding between messages stays 0 on both sides
+for o, n in zip(offsets, sizes):
+    gaps[int(o):int(o + n)] = False
+host[gaps] = 0
+data = cp.asarray(host)
 out = cp.zeros(total, dtype=cp.uint8)
 if w.rank == 0:
     run("warp_echo", 1, 32, ch["a"], ch["b_in"], data, out, offsets, sizes, extra=(cp.asarray(reads),))

@@ -10,7 +10,8 @@
 //                             while every other thread updates the cells that need no ghost cell
 //   jacobi_frame              the cells beside the ghosts, once the halos are in
 // Persistent form, one launch for every iteration: the same two phases separated by grid_sync, on a grid
-// launched with world.backend.launch_resident (every block resident at once).
+// launched with world.backend.launch_resident (every block resident at once); on a small block of cells, block 0
+// updates the frame right after its exchange, and one grid_sync an iteration is enough.
 //
 // Every channel call and every grid_sync returns false on failure (a time-out or the host's abort); the
 // kernels then set *failed and leave together, and the host raises the channel's recorded error.
@@ -54,19 +55,26 @@ __device__ __forceinline__ long long ghost_cell(int d, int k, int lx, int ly) {
   }
 }
 
+// Edges of at most this many cells are packed in shared memory (the channel calls take shared or global
+// buffers): the write then loads its payload from shared memory and the unpack reads the halo from there, where
+// global staging would add two round trips through L2 to every exchange. Longer edges stage in send / recv.
+constexpr int kSharedEdge = 128;
+
 // One full warp: pack this rank's edge toward d, send it, receive the neighbour's, unpack it into the ghosts.
 // The write comes first on both sides; a channel deeper than one edge never makes it wait. The two ends are
 // copied out of the handle first: calling through halo.to[d] itself would copy the whole handle (about
 // 1 KB) to every thread's stack (docs/user-kernels.md, "What each call costs").
 template <typename T>
 __device__ bool exchange(const circuslink::Halo<T>& halo, int d, T* u, int lx, int ly, T* send, T* recv) {
+  __shared__ T staged[4][2][kSharedEdge];  // [direction][out, in][cell]
   if (!halo.has(d)) return true;
   const circuslink::Sender<T> tx = halo.to[d];
   const circuslink::Receiver<T> rx = halo.from[d];
   const int n = d < 2 ? ly : lx;
   const int face = lx > ly ? lx : ly;
-  T* out = send + d * face;
-  T* in = recv + d * face;
+  const bool small = n <= kSharedEdge;
+  T* out = small ? staged[d][0] : send + d * face;
+  T* in = small ? staged[d][1] : recv + d * face;
   const unsigned int lane = threadIdx.x & 31u;
   for (int k = lane; k < n; k += 32) out[k] = u[edge_cell(d, k, lx, ly)];
   __syncwarp();
@@ -86,11 +94,23 @@ __device__ void exchange_and_interior(const circuslink::Halo<T>& halo, T* u, T* 
     if (!exchange(halo, warp, u, lx, ly, send, recv) && (threadIdx.x & 31u) == 0) atomicExch(failed, 1);
     return;
   }
-  const long long workers = (long long)gridDim.x * blockDim.x - kExchangeThreads;
-  const long long me = (long long)blockIdx.x * blockDim.x + threadIdx.x - kExchangeThreads;
+  const int workers = gridDim.x * blockDim.x - kExchangeThreads;
+  const int me = blockIdx.x * blockDim.x + threadIdx.x - kExchangeThreads;
   const int nx = lx - 2, ny = ly - 2;
   if (nx <= 0 || ny <= 0) return;
-  for (long long q = me; q < (long long)nx * ny; q += workers) update(u, v, ly, 2 + (int)(q / ny), 2 + (int)(q % ny));
+  // Cells me, me + workers, ... of the nx x ny interior, row by row: one division before the loop, none in it
+  // (two per cell were a good part of a small domain's time).
+  const int di = workers / ny, dj = workers % ny;
+  int i = me / ny, j = me % ny;
+#pragma unroll 4
+  for (; i < nx; i += di) {
+    update(u, v, ly, 2 + i, 2 + j);
+    j += dj;
+    if (j >= ny) {
+      j -= ny;
+      ++i;
+    }
+  }
 }
 
 // Phase 2: the cells beside the ghost cells (the whole block when it is 1 or 2 cells thin), by every thread.
@@ -126,24 +146,42 @@ __global__ void jacobi_frame(const T* u, T* v, int lx, int ly) {
   frame(u, v, lx, ly, (long long)blockIdx.x * blockDim.x + threadIdx.x, (long long)gridDim.x * blockDim.x);
 }
 
-// Every iteration in one launch. Every thread reaches every grid_sync (a failed exchange only sets *failed),
-// and after each barrier all threads read *failed and leave together.
+// Every iteration in one launch. Every thread reaches every grid_sync (a failed exchange only sets *failed).
+// *failed is read right after a barrier and looked at just before the next one: every block then leaves at the
+// same barrier, and the load's round trip through L2 hides behind an iteration's work instead of adding to it (an
+// iteration after a failure runs to its end: its channel calls fail at once, as the channel's error is recorded).
+// block_frame (a frame of at most one cell a thread of block 0): block 0 updates the frame itself once its warps
+// have the halos (its own barrier), so an iteration needs one grid barrier, not two. On a small domain the grid
+// barrier is most of an iteration's time; on a large one the frame is better spread over the grid.
+// At most kPersistentThreads a block: the channel calls take up to 160 registers a thread, which would leave a
+// block of more threads no room; the bound keeps it to 128 (a few bytes spill).
+constexpr int kPersistentThreads = 512;
 template <typename T>
-__global__ void jacobi_persistent(circuslink::Halo<T> halo, T* u, T* v, int lx, int ly, T* send, T* recv,
-                                  int* failed, circuslink::GridBarrier bar, int iters) {
+__global__ void __launch_bounds__(kPersistentThreads)
+    jacobi_persistent(circuslink::Halo<T> halo, T* u, T* v, int lx, int ly, T* send, T* recv, int* failed,
+                      circuslink::GridBarrier bar, int iters, int block_frame) {
   const long long me = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   const long long threads = (long long)gridDim.x * blockDim.x;
+  int stop = 0;  // *failed as read after the last barrier: the same in every block
   for (int it = 0; it < iters; ++it) {
     exchange_and_interior(halo, u, v, lx, ly, send, recv, failed);
+    if (block_frame && blockIdx.x == 0) {
+      __syncthreads();  // the halos are in this block's ghost cells
+      frame(u, v, lx, ly, threadIdx.x, blockDim.x);
+    }
+    if (stop) return;
     if (!circuslink::grid_sync(bar)) {
       if (me == 0) atomicExch(failed, 1);
       return;
     }
-    if (*static_cast<volatile int*>(failed)) return;
-    frame(u, v, lx, ly, me, threads);
-    if (!circuslink::grid_sync(bar)) {
-      if (me == 0) atomicExch(failed, 1);
-      return;
+    stop = *static_cast<volatile int*>(failed);
+    if (!block_frame) {
+      frame(u, v, lx, ly, me, threads);
+      if (stop) return;
+      if (!circuslink::grid_sync(bar)) {
+        if (me == 0) atomicExch(failed, 1);
+        return;
+      }
     }
     T* t = u;
     u = v;
@@ -158,6 +196,6 @@ template __global__ void jacobi_exchange_interior<double>(circuslink::Halo<doubl
 template __global__ void jacobi_frame<float>(const float*, float*, int, int);
 template __global__ void jacobi_frame<double>(const double*, double*, int, int);
 template __global__ void jacobi_persistent<float>(circuslink::Halo<float>, float*, float*, int, int, float*, float*,
-                                                  int*, circuslink::GridBarrier, int);
+                                                  int*, circuslink::GridBarrier, int, int);
 template __global__ void jacobi_persistent<double>(circuslink::Halo<double>, double*, double*, int, int, double*,
-                                                   double*, int*, circuslink::GridBarrier, int);
+                                                   double*, int*, circuslink::GridBarrier, int, int);

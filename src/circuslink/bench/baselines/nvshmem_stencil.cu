@@ -70,6 +70,10 @@ static int g_pe = -1;
   } while (0)
 
 constexpr int kThreads = 256;
+// The persistent form's block size and interior cells a thread, as the channel stencil (examples/stencil) sizes
+// its grid, so that both forms run the same grid on the same domain.
+constexpr int kPersistentThreads = 512;
+constexpr int kCellsPerThread = 1;
 constexpr int kExchangeThreads = 4 * 32;  // one warp a direction, in block 0
 
 // ---- the kernels (the structure of examples/stencil/kernels.cu) ----------------------------------------------
@@ -140,11 +144,21 @@ __device__ void exchange_and_interior(const Halo<T>& h, T* u, T* v, int lx, int 
     exchange(h, warp, u, lx, ly, it);
     return;
   }
-  const long long workers = (long long)gridDim.x * blockDim.x - kExchangeThreads;
-  const long long me = (long long)blockIdx.x * blockDim.x + threadIdx.x - kExchangeThreads;
+  const int workers = gridDim.x * blockDim.x - kExchangeThreads;
+  const int me = blockIdx.x * blockDim.x + threadIdx.x - kExchangeThreads;
   const int nx = lx - 2, ny = ly - 2;
   if (nx <= 0 || ny <= 0) return;
-  for (long long q = me; q < (long long)nx * ny; q += workers) update(u, v, ly, 2 + (int)(q / ny), 2 + (int)(q % ny));
+  const int di = workers / ny, dj = workers % ny;  // row by row, as the channel stencil walks them
+  int i = me / ny, j = me % ny;
+#pragma unroll 4
+  for (; i < nx; i += di) {
+    update(u, v, ly, 2 + i, 2 + j);
+    j += dj;
+    if (j >= ny) {
+      j -= ny;
+      ++i;
+    }
+  }
 }
 
 template <typename T>
@@ -176,17 +190,28 @@ __global__ void jacobi_frame(const T* u, T* v, int lx, int ly) {
   frame(u, v, lx, ly, (long long)blockIdx.x * blockDim.x + threadIdx.x, (long long)gridDim.x * blockDim.x);
 }
 
-// Iterations [first, first + iters) in one cooperative launch.
+// Iterations [first, first + iters) in one cooperative launch. block_frame: block 0 updates the frame after its
+// exchange and one grid barrier an iteration is enough, as the channel stencil does on the same domains.
 template <typename T>
-__global__ void jacobi_persistent(Halo<T> h, T* u, T* v, int lx, int ly, long long first, int iters) {
+__global__ void __launch_bounds__(kPersistentThreads)
+    jacobi_persistent(Halo<T> h, T* u, T* v, int lx, int ly, long long first, int iters,
+                      int block_frame) {
   cg::grid_group grid = cg::this_grid();
   const long long me = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   const long long threads = (long long)gridDim.x * blockDim.x;
   for (int i = 0; i < iters; ++i) {
     exchange_and_interior(h, u, v, lx, ly, first + i);
-    grid.sync();
-    frame(u, v, lx, ly, me, threads);
-    grid.sync();
+    if (block_frame) {
+      if (blockIdx.x == 0) {
+        __syncthreads();
+        frame(u, v, lx, ly, threadIdx.x, blockDim.x);
+      }
+      grid.sync();
+    } else {
+      grid.sync();
+      frame(u, v, lx, ly, me, threads);
+      grid.sync();
+    }
     T* t = u;
     u = v;
     v = t;
@@ -360,10 +385,10 @@ static void run_case(const Options& o, const Domain& dom, const char* dtype, boo
   const int launch_blocks = 1 + (int)std::min((interior + kThreads - 1) / kThreads, cap);
   const int frame_blocks = (int)std::max(1LL, std::min((frame_cells + kThreads - 1) / kThreads, cap));
   int per_sm = 0;
-  CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, jacobi_persistent<T>, kThreads, 0));
+  CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, jacobi_persistent<T>, kPersistentThreads, 0));
   const long long resident = gpu.local_pes <= 1 ? (long long)per_sm * gpu.sms
                                                 : std::max(1LL, (long long)per_sm * gpu.sms / (2LL * gpu.local_pes));
-  const long long need = 1 + (std::max(interior, frame_cells) + kThreads - 1) / kThreads;
+  const long long need = (interior + 128 + kCellsPerThread * kPersistentThreads - 1) / (kCellsPerThread * kPersistentThreads);
   const int persistent_blocks = (int)std::max(1LL, std::min(need, resident));
   CHECK_CUDA(cudaDeviceSynchronize());
   nvshmem_barrier_all();
@@ -375,10 +400,10 @@ static void run_case(const Options& o, const Domain& dom, const char* dtype, boo
     if (persistent) {
       T* a = cur[at];
       T* b = cur[1 - at];
-      int ilx = lx, ily = ly, in = (int)n;
+      int ilx = lx, ily = ly, in = (int)n, block_frame = frame_cells <= kPersistentThreads;
       long long first = step;
-      void* args[] = {&h, &a, &b, &ilx, &ily, &first, &in};
-      CHECK_CUDA(cudaLaunchCooperativeKernel((void*)jacobi_persistent<T>, dim3(persistent_blocks), dim3(kThreads),
+      void* args[] = {&h, &a, &b, &ilx, &ily, &first, &in, &block_frame};
+      CHECK_CUDA(cudaLaunchCooperativeKernel((void*)jacobi_persistent<T>, dim3(persistent_blocks), dim3(kPersistentThreads),
                                              args, 0, 0));
       at = (int)((at + n) % 2);
     } else {

@@ -578,6 +578,31 @@ __device__ __noinline__ u64 ll_poll_check(u64 deadline, u64 seq, u64 timeout_ns,
   return d;
 }
 
+// The failed-poll side of the one- and few-packet polls, off their hot loops: the first failed poll hands back the
+// credits the reader holds (a writer may be blocked on them), then every kSpinsPerCheck failed polls lane 0 runs
+// the out-of-line check and the warp agrees. False when the wait must end (recorded).
+struct LLPollWait {
+  u64 deadline = 0;
+  u32 spins = 0, check_at = 1;
+  __device__ __forceinline__ bool failed_poll(const ChannelHandle& h, RecvState& st) {
+    if (++spins != check_at) return true;
+    const u32 lane = lane_id();
+    if (spins == 1) {
+      st_relaxed_u64_if(lane == 0 && st.seq != st.returned, h.credit, st.seq);
+      st.returned = st.seq;
+      check_at = kSpinsPerCheck;
+      return true;
+    }
+    u64 d = 0;
+    if (lane == 0) d = ll_poll_check(deadline, st.seq, h.timeout_ns, h.error, h.abort, h.channel_id);
+    d = __shfl_sync(0xffffffffu, d, 0);
+    if (d < kWaitLive) return false;
+    deadline = d;
+    check_at = spins + kSpinsPerCheck;
+    return true;
+  }
+};
+
 __device__ __forceinline__ u32 ll_wait_one(const ChannelHandle& h, RecvState& st, u64 need, u64& a, u64& b) {
   const u32 lane = lane_id();
   const u32 flag = flag_of(st.seq);
@@ -588,8 +613,7 @@ __device__ __forceinline__ u32 ll_wait_one(const ChannelHandle& h, RecvState& st
   // Every lane loads (no branch around the load): a lane that does not poll loads lane 0's 16 bytes, the same
   // sector, so the warp's request is no larger; its a and b mean nothing to the caller.
   const unsigned char* p = slot_of(h, st.seq) + (poll ? 16 * lane : 0u);
-  u64 deadline = 0;
-  u32 spins = 0, check_at = 1;
+  LLPollWait wait;
   a = 0;
   b = 0;
   while (true) {
@@ -601,19 +625,7 @@ __device__ __forceinline__ u32 ll_wait_one(const ChannelHandle& h, RecvState& st
       const u32 word = (u32)__shfl_sync(0xffffffffu, b, 0);
       if ((word & kKindBulk) || word < need) return kLLFallback;
     }
-    if (++spins == check_at) {  // the rare work, off the hot loop
-      if (spins == 1) {  // hand back held credits once (a writer may be blocked on them), then keep polling
-        st_relaxed_u64_if(lane == 0 && st.seq != st.returned, h.credit, st.seq);
-        st.returned = st.seq;
-      } else {
-        u64 d = 0;
-        if (lane == 0) d = ll_poll_check(deadline, st.seq, h.timeout_ns, h.error, h.abort, h.channel_id);
-        d = __shfl_sync(0xffffffffu, d, 0);
-        if (d < kWaitLive) return 0;
-        deadline = d;
-      }
-      check_at = spins == 1 ? kSpinsPerCheck : spins + kSpinsPerCheck;
-    }
+    if (!wait.failed_poll(h, st)) return 0;
   }
   const u32 nb = (u32)__shfl_sync(0xffffffffu, b, 0);
   return (nb & kKindBulk) || nb < need ? kLLFallback : nb;
@@ -676,6 +688,168 @@ __device__ __forceinline__ bool ll_write_one(const ChannelHandle& h, SendState& 
   st_unit_if(!two && data, p, unit(x, flag));
   st.seq = seq + 1;
   return true;
+}
+
+// ---- low-latency packets: the few-packet path -----------------------------------------------------
+// A message of 2 .. kLLRound packets (121 .. 960 bytes) written, read or passed on whole by a warp: the one-packet
+// path's rules over up to four pairs of packets (lanes 0-15 packet 2 i, lanes 16-31 packet 2 i + 1, as
+// ll_store_pair and ll_poll lay them out), unrolled and predicated: no per-round barrier, no credit wait between
+// packets, no byte loops where the caller's buffer is aligned. The general paths cost about 3 x the one-packet
+// path's time at two packets (instruction count on a lone warp, as above). A message is taken here only when its
+// packets are as a few-packet write lays them out (every packet full but the last, which may hold more than the
+// read takes); anything else goes to the general path, which then finds every packet still unconsumed.
+struct LLFew {
+  u64 a[kLLRound / 2], b[kLLRound / 2];  // lane's units 2 sub and 2 sub + 1 of packet 2 i + half
+};
+
+__device__ __forceinline__ u32 ll_packets(u64 nbytes) { return (u32)((nbytes + kLLPayload - 1) / kLLPayload); }
+
+// Payload bytes a few-packet message of `need` bytes has (writer) or needs (reader) in its packet q < npk.
+__device__ __forceinline__ u32 ll_few_bytes(u32 q, u32 npk, u32 need) {
+  return q + 1 < npk ? (u32)kLLPayload : need - q * kLLPayload;
+}
+
+// A warp writes nbytes (kLLPayload < nbytes <= kLLRound * kLLPayload) as ll_packets(nbytes) low-latency packets,
+// one 16-byte store a lane a pair of packets. It needs every packet's credit at once: when the cached counter
+// cannot tell, one look at the counter (no wait); if the ring is still too full, the general path writes the
+// message (it waits for the first packet's credit only: see ll_write_st).
+__device__ __forceinline__ bool ll_write_few(const ChannelHandle& h, SendState& st, const unsigned char* src,
+                                             u32 nbytes) {
+  const u32 npk = ll_packets(nbytes);
+  const u64 seq0 = st.seq;
+  if (seq0 + npk > st.credit_cache + h.nslots) {
+    st.credit_cache = ld_relaxed_u64(h.credit);
+    if (seq0 + npk > st.credit_cache + h.nslots) return ll_write_st<WarpG>(h, st, src, nbytes);
+  }
+  const u32 lane = lane_id(), half = lane >> 4, sub = lane & 15u, lo = 8 * (sub - 1);
+  const bool aligned = ((((u64)src) | nbytes) & 7u) == 0;  // uniform
+  // Every load before the first store: the loads and stores are ordered asm, so loads interleaved with stores
+  // would wait for one another, one memory latency a pair of packets.
+  u64 v[kLLRound / 2];
+  u32 nb[kLLRound / 2];
+#pragma unroll
+  for (u32 i = 0; i < kLLRound / 2; ++i) {
+    const u32 q = 2 * i + half;
+    nb[i] = q < npk ? ll_few_bytes(q, npk, nbytes) : 0u;
+    const bool data = sub != 0 && lo < nb[i];
+    v[i] = 0;
+    if (2 * i < npk) {  // uniform
+      if (aligned) v[i] = ld_u64_if(data, src + q * kLLPayload + lo);
+      else if (data) v[i] = src_gather8(src + q * kLLPayload, lo, nb[i]);
+    }
+  }
+#pragma unroll
+  for (u32 i = 0; i < kLLRound / 2; ++i) {
+    if (2 * i < npk) {  // uniform
+      const u32 q = 2 * i + half;
+      const bool mine = q < npk;
+      const u64 seq = seq0 + q;
+      const u32 flag = flag_of(seq);
+      const bool data = sub != 0 && lo < nb[i];
+      const u32 x = sub == 0 ? h.route : (u32)v[i], y = sub == 0 ? nb[i] : (u32)(v[i] >> 32);  // sub 0: the header
+      const bool two = mine && (sub == 0 || lo + 4 < nb[i] || rewrites_all(seq, h.nslots));
+      unsigned char* p = slot_of(h, seq) + 16 * sub;
+      st_units2_if(two, p, unit(x, flag), unit(y, flag));
+      st_unit_if(!two && data, p, unit(x, flag));
+    }
+  }
+  st.seq = seq0 + npk;
+  return true;
+}
+
+// A warp polls the ll_packets(need) packets of a few-packet message at (st.seq, offset 0) until all are there:
+// each lane loads its 16 bytes of each of its packets in one round, and one vote says whether every polled unit
+// has its packet's flag and every header the size the layout says (the last packet: at least the bytes needed).
+// Returns the last packet's nbytes, the units left in r; kLLFallback when a header says bulk or another size
+// (the general path takes the message); 0 when the wait failed (recorded).
+__device__ __forceinline__ u32 ll_wait_few(const ChannelHandle& h, RecvState& st, u32 need, LLFew& r) {
+  const u32 npk = ll_packets(need);
+  const u32 lane = lane_id(), half = lane >> 4, sub = lane & 15u, lo = 8 * (sub - 1);
+  const unsigned char* p[kLLRound / 2];
+  u32 flag[kLLRound / 2], want[kLLRound / 2];
+  bool poll[kLLRound / 2], second[kLLRound / 2], last[kLLRound / 2];
+#pragma unroll
+  for (u32 i = 0; i < kLLRound / 2; ++i) {
+    const u32 q = 2 * i + half;
+    const bool mine = q < npk;
+    want[i] = mine ? ll_few_bytes(q, npk, need) : 0u;
+    last[i] = q + 1 == npk;
+    flag[i] = flag_of(st.seq + q);
+    poll[i] = mine && (sub == 0 || lo < want[i]);
+    second[i] = sub == 0 || lo + 4 < want[i];
+    // a lane that does not poll loads the first packet's header, a sector the warp loads anyway
+    p[i] = poll[i] ? slot_of(h, st.seq + q) + 16 * sub : slot_of(h, st.seq);
+    r.a[i] = 0;
+    r.b[i] = 0;
+  }
+  LLPollWait wait;
+  while (true) {
+#pragma unroll
+    for (u32 i = 0; i < kLLRound / 2; ++i)
+      if (2 * i < npk) ld_units2(p[i], r.a[i], r.b[i]);  // uniform condition
+    bool ok = true, wrong = false;
+#pragma unroll
+    for (u32 i = 0; i < kLLRound / 2; ++i) {
+      if (2 * i < npk) {
+        const u32 word = (u32)r.b[i];
+        const bool fb = unit_flag(r.b[i]) == flag[i];
+        // the header lane: the size this layout says (the last packet may hold more than the read takes)
+        const bool size_ok = !(word & kKindBulk) && (last[i] ? word >= want[i] : word == want[i]);
+        const bool unit_ok = sub == 0 ? fb && size_ok : (unit_flag(r.a[i]) == flag[i]) & (!second[i] | fb);
+        ok &= !poll[i] | unit_ok;
+        wrong |= poll[i] & (sub == 0) & fb & !size_ok;
+      }
+    }
+    const u32 votes = __ballot_sync(0xffffffffu, ok);
+    if (votes == 0xFFFFFFFFu) break;
+    if (__any_sync(0xffffffffu, wrong)) return kLLFallback;
+    if (!wait.failed_poll(h, st)) return 0;
+  }
+  u32 word = 0;  // the last packet's header word, on the header lane of its half
+#pragma unroll
+  for (u32 i = 0; i < kLLRound / 2; ++i)
+    if (last[i]) word = (u32)r.b[i];
+  return (u32)__shfl_sync(0xffffffffu, word, ((npk - 1) & 1u) << 4);
+}
+
+// After ll_wait_few: the message's packets are consumed, the last one in part when the read took less than it holds
+// (nb_last). Lane q hands back packet q's slot credit, all in one store.
+__device__ __forceinline__ void ll_consume_few(const ChannelHandle& h, RecvState& st, u32 npk, u32 take_last,
+                                               u32 nb_last) {
+  const u32 lane = lane_id();
+  const u32 whole = take_last == nb_last ? npk : npk - 1;
+  st_relaxed_if(lane < whole, h.slot_credit + ((u32)(st.seq + lane) & (h.nslots - 1u)), flag_of(st.seq + lane));
+  st.seq += whole;
+  st.offset = take_last == nb_last ? 0u : take_last;
+  if (st.seq - st.returned >= (h.nslots >> 1)) {  // uniform
+    st_relaxed_u64_if(lane == 0, h.credit, st.seq);
+    st.returned = st.seq;
+  }
+}
+
+// A warp reads `need` (kLLPayload < need <= kLLRound * kLLPayload) bytes at a packet boundary into dst, each payload
+// lane storing its 8 bytes of each of its packets at once where dst allows. Returns as ll_wait_few does.
+__device__ __forceinline__ u32 ll_read_few(const ChannelHandle& h, RecvState& st, unsigned char* dst, u32 need) {
+  LLFew r;
+  const u32 nb_last = ll_wait_few(h, st, need, r);
+  if (nb_last == 0 || nb_last == kLLFallback) return nb_last;
+  const u32 npk = ll_packets(need);
+  const u32 lane = lane_id(), half = lane >> 4, sub = lane & 15u, lo = 8 * (sub - 1);
+  const bool aligned = ((((u64)dst) | need) & 7u) == 0;  // uniform
+#pragma unroll
+  for (u32 i = 0; i < kLLRound / 2; ++i) {
+    if (2 * i < npk) {
+      const u32 q = 2 * i + half;
+      const u32 take = q < npk ? ll_few_bytes(q, npk, need) : 0u;
+      const bool mine = sub != 0 && lo < take;
+      const u64 v = (r.a[i] & 0xFFFFFFFFull) | (r.b[i] << 32);
+      unsigned char* d = dst + q * kLLPayload + lo;
+      if (aligned) st_u64_if(mine, d, v);
+      else if (mine) dst_scatter8(d, v, take - lo < 8 ? take - lo : 8);
+    }
+  }
+  ll_consume_few(h, st, npk, need - (npk - 1) * kLLPayload, nb_last);
+  return nb_last;
 }
 
 // One warp reads up to `need` bytes of low-latency packets from (st.seq, st.offset): at least one
@@ -844,7 +1018,10 @@ template <typename G>
 __device__ __forceinline__ bool write_st(const ChannelHandle& h, SendState& st, const unsigned char* src,
                                          u64 nbytes) {
   if (nbytes == 0) return true;
-  if (G::size() == 32 && nbytes <= kLLPayload && nbytes <= h.ll_max) return ll_write_one(h, st, src, (u32)nbytes);
+  if (G::size() == 32 && nbytes <= h.ll_max) {  // the latency paths: one packet, or a few
+    if (nbytes <= kLLPayload) return ll_write_one(h, st, src, (u32)nbytes);
+    if (nbytes <= kLLRound * kLLPayload) return ll_write_few(h, st, src, (u32)nbytes);
+  }
   return nbytes <= h.ll_max ? ll_write_st<G>(h, st, src, nbytes) : bulk_write_st<G>(h, st, src, nbytes);
 }
 
@@ -853,6 +1030,10 @@ template <typename G>
 __device__ bool read_st(const ChannelHandle& h, RecvState& st, unsigned char* dst, u64 nbytes) {
   if (G::size() == 32 && st.offset == 0 && nbytes - 1 < kLLPayload) {  // the latency path: one packet
     const u32 nb = ll_read_one(h, st, dst, (u32)nbytes);
+    if (nb != kLLFallback) return nb != 0;
+  } else if (G::size() == 32 && st.offset == 0 && nbytes <= kLLRound * kLLPayload && nbytes <= h.ll_max &&
+             ll_packets(nbytes) <= h.nslots) {  // a few packets (ll_max: a writer sends bulk packets above it)
+    const u32 nb = ll_read_few(h, st, dst, (u32)nbytes);
     if (nb != kLLFallback) return nb != 0;
   }
   u64 done = 0;
@@ -961,6 +1142,34 @@ __device__ bool forward_warp_st(const ChannelHandle& rx, RecvState& rs, const Ch
         ss.seq += 1;
         ll_consume_one(rx, rs, nb, nb);
         done += nb;
+        continue;
+      }
+    } else if (nbytes - done <= kLLRound * kLLPayload && ll_packets(nbytes - done) <= rx.nslots) {
+      // a few packets, polled in one round and stored onward from the registers, re-flagged for tx
+      LLFew r;
+      const u32 need = (u32)(nbytes - done), npk = ll_packets(need);
+      const u32 nb_last = ll_wait_few(rx, rs, need, r);
+      if (nb_last == 0) return false;
+      if (nb_last == need - (npk - 1) * kLLPayload) {  // whole packets only (else the general path says misuse)
+        if (!credit_for<WarpG>(tx, ss, ss.seq + npk - 1)) return false;
+        const u32 lo = 8 * (sub - 1);
+#pragma unroll
+        for (u32 i = 0; i < kLLRound / 2; ++i) {
+          if (2 * i < npk) {
+            const u32 q = 2 * i + half;
+            const bool mine = q < npk;
+            const u32 nb = mine ? ll_few_bytes(q, npk, need) : 0u, oflag = flag_of(ss.seq + q);
+            const u32 x = sub == 0 ? tx.route : (lo < nb ? (u32)r.a[i] : 0u);
+            const u32 y = sub == 0 ? nb : (lo + 4 < nb ? (u32)r.b[i] : 0u);
+            const bool two = mine && (sub == 0 || lo + 4 < nb || rewrites_all(ss.seq + q, tx.nslots));
+            unsigned char* out = slot_of(tx, ss.seq + q) + 16 * sub;
+            st_units2_if(two, out, unit(x, oflag), unit(y, oflag));
+            st_unit_if(!two && mine && sub != 0 && lo < nb, out, unit(x, oflag));
+          }
+        }
+        ss.seq += npk;
+        ll_consume_few(rx, rs, npk, nb_last, nb_last);
+        done += need;
         continue;
       }
     }
