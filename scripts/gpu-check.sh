@@ -58,9 +58,9 @@
 #   llpair          dev experiment: the same pingpong in one process (two blocks, or two warps of one block), and
 #                   Nsight Compute's per-instruction stall samples of it (scripts/dev/ll_pair.cu; not part of "all")
 #   lines           dev experiment: line formats, echo forms, fences and streaming rings side by side
+#                   (scripts/dev/line_variants.py; not part of "all")
 #   dev             dev experiment: the bash script $DEV_SCRIPT (a file of this tree), under this run's MPS daemon,
 #                   its results under $R (not part of "all")
-#                   (scripts/dev/line_variants.py; not part of "all")
 #
 # One MPS control daemon serves the whole run: the script re-executes itself under
 # `circuslink mps`, which starts one (or reuses a running one) and stops it at the end, also on

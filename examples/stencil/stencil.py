@@ -33,6 +33,7 @@ HERE = Path(__file__).resolve().parent
 DTYPES = {"float32": np.float32, "float64": np.float64}
 C_TYPES = {"float32": "float", "float64": "double"}
 THREADS = 256  # threads a block; the first 4 warps of block 0 exchange the halos (one direction each)
+EXCHANGE_THREADS = 4 * 32  # those warps (kernels.cu's kExchangeThreads): they update no interior cell
 PERSISTENT_THREADS = 512  # the persistent kernel's blocks (kernels.cu's kPersistentThreads bounds its registers)
 # The persistent form's grid: about this many interior cells a thread. Fewer blocks would mean fewer arrivals at
 # the grid barrier, but a thread's cells are updated one after another, each waiting on its loads: measured on one
@@ -192,7 +193,7 @@ class KernelRun:
         sms = world.backend.sm_budget or 1
         self.launch_blocks = 1 + min(-(-self.interior // THREADS), 8 * sms)
         self.frame_blocks = max(1, min(-(-self.frame // THREADS), 8 * sms))
-        need = -(-(self.interior + 128) // (CELLS_PER_THREAD * PERSISTENT_THREADS))
+        need = -(-(self.interior + EXCHANGE_THREADS) // (CELLS_PER_THREAD * PERSISTENT_THREADS))
         self.persistent_blocks = max(1, min(need, world.backend.max_blocks(self.k_persistent, PERSISTENT_THREADS)))
         self.current = 0  # which buffer holds the latest step
         self.wait_s = timeout or 120.0  # the host's bound on a wait when there are no channels (one rank)
