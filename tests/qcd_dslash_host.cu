@@ -3,7 +3,8 @@
 //
 //   qcd_dslash_host DIR    reads DIR/{job.txt, args.bin, in.bin, x.bin, out.bin, gauge.bin, ghost.bin,
 //                          send.bin, sites.bin}, writes DIR/out.bin and DIR/send.bin.
-// job.txt: "MODE PREC BETA" with MODE interior | exterior | xpay | pack, PREC f | d; or MODE fold | newres (the
+// job.txt: "MODE PREC BETA" with MODE interior | interior2 | interior4 | interior8 (the split hop) | exterior |
+// xpay | pack, PREC f | d; or MODE fold | newres (the
 // resident CG's reliable update in single and double, PREC ignored): fold adds x (single) into out (double,
 // y) and zeroes x; newres takes in (double, the new residual) into out (single, p) and x (single, r_s).
 // x.bin is written back too.
@@ -45,6 +46,20 @@ template <typename R>
 static void run(const std::string& mode, DslashArgs& A, double beta) {
   if (mode == "interior") {
     for (int cb = 0; cb < A.vh; ++cb) circuslink::qcd::interior_site<R>(A, cb);
+  } else if (mode == "interior2" || mode == "interior4" || mode == "interior8") {
+    // The split hop's parts, as its lanes compute them (directions part, part + split, ...), added in part
+    // order here where the GPU adds them in a butterfly, and each part's share of the stores.
+    const int split = std::atoi(mode.c_str() + 8);
+    for (int cb = 0; cb < A.vh; ++cb) {
+      const circuslink::qcd::Where w = circuslink::qcd::where(A, cb, A.parity);
+      circuslink::qcd::Spinor<R> total, acc;
+      circuslink::qcd::interior_part<R, true>(A, w, cb, 0, split, total);
+      for (int part = 1; part < split; ++part) {
+        circuslink::qcd::interior_part<R, true>(A, w, cb, part, split, acc);
+        for (int k = 0; k < 12; ++k) total.c[k] = total.c[k] + acc.c[k];
+      }
+      for (int part = 0; part < split; ++part) circuslink::qcd::interior_finish<R, true>(A, cb, total, part, split);
+    }
   } else if (mode == "exterior") {
     for (int j = 0; j < A.n_sites; ++j) circuslink::qcd::exterior_site<R>(A, A.sites[j]);
   } else if (mode == "xpay") {

@@ -161,3 +161,22 @@ def qcd_errors():
     import circuslink
 
     return circuslink.ConfigError
+
+
+def test_resident_hop_split_follows_the_lattice(monkeypatch):
+    """The resident CG's lanes a site: 8 where a small lattice leaves most lanes of one block an SM idle, 1 where
+    the sites fill them; the environment variable fixes it and a bad value is refused naming it."""
+    from circuslink.apps.qcd._cuda import hop_split
+    from circuslink.errors import ConfigError
+
+    monkeypatch.delenv("CIRCUSLINK_QCD_HOP_SPLIT", raising=False)
+    assert hop_split(2048, 132) == 8  # 8^4 on one H200: 64 blocks of 8 lanes a site
+    assert hop_split(32768, 132) == 1  # 16^4: one site a thread already takes 128 of the 132 SMs
+    assert hop_split(8192, 66) == 2  # 8 x 16^3 a rank, 4 ranks
+    assert hop_split(1, 1) == 8
+    assert hop_split(10**6, 1) == 1
+    monkeypatch.setenv("CIRCUSLINK_QCD_HOP_SPLIT", "4")
+    assert hop_split(2048, 132) == 4
+    monkeypatch.setenv("CIRCUSLINK_QCD_HOP_SPLIT", "3")
+    with pytest.raises(ConfigError, match="CIRCUSLINK_QCD_HOP_SPLIT='3'"):
+        hop_split(2048, 132)

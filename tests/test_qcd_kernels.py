@@ -102,13 +102,16 @@ def test_kernel_site_code_matches_numpy(harness, tmp_path, seed, geometry, dtype
         a, b = 0.7, -0.115
         common = dict(base, n_sites=int(sites.size), parity=parity, dagger=int(dagger), a=a, b=b)
 
-        # interior, with and without x
+        # interior, with and without x, per site and split over 2, 4 and 8 lanes (the resident CG's hops on
+        # small lattices: each lane's directions and share of the stores)
         for has_x in (0, 1):
             args = DSLASH_ARGS.pack(**common, has_x=has_x, emit=-1)
-            got, _ = run_harness(harness, tmp_path / f"i{parity}{has_x}", "interior", dtype, args, 0.0, arrays)
             want = np.zeros_like(out0)
             cpu._interior(want, inp, parity, dagger, a, x if has_x else None, b)
-            np.testing.assert_allclose(from_kernel(got), want, atol=tol, err_msg=f"interior parity {parity}")
+            for mode in ("interior", "interior2", "interior4", "interior8"):
+                got, _ = run_harness(harness, tmp_path / f"{mode}{parity}{has_x}", mode, dtype, args, 0.0, arrays)
+                np.testing.assert_allclose(from_kernel(got), want, atol=tol,
+                                           err_msg=f"{mode} parity {parity} has_x {has_x}")
 
         # exterior: ghost terms added to out, then the faces of the result for a next hop (dagger flipped)
         emit = not dagger

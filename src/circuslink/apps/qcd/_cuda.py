@@ -13,6 +13,7 @@ whole hop is one launch whose block 0 starts and waits on the queue itself.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import numpy as np
 from ..._abi import F64, I32, I64, PTR, U64, Struct
 from ..._config import default_timeout
 from ..._wait import Deadline
-from ...errors import TimeoutError
+from ...errors import ConfigError, TimeoutError
 from . import _cgstate as cg
 from ._lattice import Lattice
 from ._phases import NO_PHASES, PHASES
@@ -40,7 +41,7 @@ CG_RESIDENT_ARGS = Struct("circuslink::qcd::CgResidentArgs", "circuslink/qcd/dsl
     ("rhs", PTR), ("precise_r", PTR), ("precise_ap", PTR), ("s", PTR), ("partial", PTR), ("done", PTR),
     ("phase_ns", PTR), ("peers", PTR), ("seq", PTR), ("status", PTR), ("n", I64), ("n_precise", I64),
     ("delta2", F64), ("timeout_ns", U64), ("rank", I32), ("size", I32), ("iterations", I32), ("halo", I32),
-    ("updates", I32),
+    ("updates", I32), ("split", I32),
 ])
 # CgStatus codes the resident kernel and qcd_cg_scalars record (two int32 after the scalars: _STATUS)
 _CG_HALO_FAILED, _CG_BARRIER_FAILED, _CG_SUM_FAILED = 1, 2, 3
@@ -435,8 +436,11 @@ class ResidentCG:
             if u.halo is not None:
                 self.precise_queue = u.halo.device_handle()
                 d.cg_other_halos = [u.halo]
-        # One site a thread where the rank's share of the GPU holds that many blocks; grid-stride beyond.
-        self.blocks = max(1, min(int(backend.max_blocks(self.fn, THREADS)), d._blocks(d.lat.half)))
+        # Lanes a site in the hops (hop_split), and enough blocks for that many lanes where the rank's share of
+        # the GPU holds them; grid-stride beyond.
+        resident = int(backend.max_blocks(self.fn, THREADS))
+        self.lanes = hop_split(d.lat.half, min(resident, int(d.world.sm_budget or resident)))
+        self.blocks = max(1, min(resident, d._blocks(d.lat.half * self.lanes)))
         self.barrier = backend.grid_barrier(timeout=None)
         self.queue = d.halo.device_handle() if d.halo is not None else np.uint64(0)  # RmaHandle{nullptr}: no halos
         self.timed = timed
@@ -444,7 +448,8 @@ class ResidentCG:
         views = [f.reshape(-1).view(d.real) for f in (x, r, p, ap)]
         self.base = dict(d.cg_base, hops=_ptr(self.hops), x=_ptr(views[0]), r=_ptr(views[1]), p=_ptr(views[2]),
                          ap=_ptr(views[3]), s=_ptr(s), status=d._status_ptr(s), n=int(views[0].size), delta2=delta2,
-                         phase_ns=_ptr(d.cg_phase_ns) if timed else 0, halo=int(d.halo is not None), **precise)
+                         phase_ns=_ptr(d.cg_phase_ns) if timed else 0, halo=int(d.halo is not None),
+                         split=self.lanes, **precise)
         self._args: dict[int, Any] = {}
 
     def run(self, iterations: int) -> None:
@@ -467,6 +472,24 @@ class ResidentCG:
             return {}
         ns = self.d.cg_phase_ns.get()
         return {name: float(v) * 1e-9 for name, v in zip(PHASES, ns, strict=True)}
+
+
+_SPLITS = (8, 4, 2, 1)
+
+
+def hop_split(sites: int, blocks: int) -> int:
+    """Lanes of a warp a site takes in the resident CG's hops: the most of 8, 4, 2, 1 for which ``blocks``
+    blocks (one an SM of the rank's share, at most) still give every lane at most one site. A small lattice then
+    has its 8 directions loaded at once instead of a few at a time; where the sites fill one block an SM, more
+    blocks cost more in every grid barrier than the split saves (16^4 on one H200: 2 lanes on 256 blocks took
+    70 us an iteration, 1 on 128 blocks 59-64). CIRCUSLINK_QCD_HOP_SPLIT (1, 2, 4 or 8) fixes it, for A/B runs."""
+    text = os.environ.get("CIRCUSLINK_QCD_HOP_SPLIT", "").strip()
+    if text:
+        if text not in {str(v) for v in _SPLITS}:
+            raise ConfigError(f"CIRCUSLINK_QCD_HOP_SPLIT={text!r}: one of 1, 2, 4, 8 (lanes a site in the hops)")
+        return int(text)
+    lanes = blocks * THREADS
+    return next(v for v in _SPLITS if v == 1 or sites * v <= lanes)
 
 
 def _hop_table(cp: Any, hops: list[tuple[Any, Any]], last: Any) -> Any:

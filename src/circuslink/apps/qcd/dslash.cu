@@ -63,9 +63,6 @@ template <typename R>
 QCD_HD Cx<R> mul(Cx<R> a, Cx<R> b) { return cx(a.re * b.re - a.im * b.im, a.re * b.im + a.im * b.re); }
 template <typename R>
 QCD_HD Cx<R> cmul(Cx<R> a, Cx<R> b) { return cx(a.re * b.re + a.im * b.im, a.re * b.im - a.im * b.re); }
-// i * a
-template <typename R>
-QCD_HD Cx<R> times_i(Cx<R> a) { return cx(-a.im, a.re); }
 
 template <typename R>
 struct Spinor {
@@ -166,6 +163,19 @@ QCD_HD void load_link(const R* gauge, int vh, int parity, int mu, int site, Link
 #pragma unroll
   for (int e = 0; e < 9; ++e) u.m[e] = load_cx(gauge, base + (unsigned long long)e * vh);
 }
+// U^dagger (element 3 a + b is conj(U's 3 b + a)) where `dagger`, else U: the backward hop's link is then
+// applied as a forward one's, by the same instructions (a select of the address, a sign).
+template <typename R>
+QCD_HD void load_link(const R* gauge, int vh, int parity, int mu, int site, bool dagger, Link<R>& u) {
+  const unsigned long long base = ((unsigned long long)(parity * 4 + mu) * 9) * vh + site;
+  const R im = dagger ? R(-1) : R(1);
+#pragma unroll
+  for (int e = 0; e < 9; ++e) {
+    const int from = dagger ? 3 * (e % 3) + e / 3 : e;
+    const Cx<R> v = load_cx(gauge, base + (unsigned long long)from * vh);
+    u.m[e] = cx(v.re, im * v.im);
+  }
+}
 
 // Plain loads: in the device-driven hop the ghosts arrive from peers while the kernel runs.
 template <typename R>
@@ -183,62 +193,51 @@ QCD_HD void store_half(R* send, int faces, int index, const Half<R>& h) {
 }
 
 // -- spin projection and reconstruction ----------------------------------------------------------------
+// Branch-free in mu, so that lanes of one warp can take different directions (the split hop below) without
+// diverging; where mu is a constant the selects and the multiplications by +-1 fold away. A_mu has two
+// non-zero entries, each +-1 or +-i: off the diagonal for mu = 0, 1 (h0 takes psi_down's spin 1), on it for
+// mu = 2, 3. A unit u is {rot: u is imaginary, sign}.
+struct Unit {
+  bool rot;
+  int sign;
+};
+template <typename R>
+QCD_HD Cx<R> times(Unit u, R s, Cx<R> a) {  // s u a
+  const R k = u.sign < 0 ? -s : s;
+  return u.rot ? cx(-k * a.im, k * a.re) : cx(k * a.re, k * a.im);
+}
+QCD_HD bool off_diagonal(int mu) { return mu < 2; }
+// A_mu's entry in row 0 and in row 1: i s1 -> (i, i); -i s2 -> (-1, 1); i s3 -> (i, -i); 1 -> (1, 1)
+QCD_HD Unit gamma_entry0(int mu) { return Unit{(mu & 1) == 0, mu == 1 ? -1 : 1}; }
+QCD_HD Unit gamma_entry1(int mu) { return Unit{(mu & 1) == 0, mu == 2 ? -1 : 1}; }
+QCD_HD Unit conj(Unit u) { return Unit{u.rot, u.rot ? -u.sign : u.sign}; }
+
 // h = psi_up + s A_mu psi_down
 template <typename R>
 QCD_HD void project(int mu, R s, const Spinor<R>& p, Half<R>& h) {
+  const bool swap = off_diagonal(mu);
+  const Unit e0 = gamma_entry0(mu), e1 = gamma_entry1(mu);
 #pragma unroll
   for (int c = 0; c < 3; ++c) {
     const Cx<R> u0 = p.c[c], u1 = p.c[3 + c], d0 = p.c[6 + c], d1 = p.c[9 + c];
-    switch (mu) {
-      case 0:  // A = i s1 = ((0, i), (i, 0))
-        h.c[c] = u0 + s * times_i(d1);
-        h.c[3 + c] = u1 + s * times_i(d0);
-        break;
-      case 1:  // A = -i s2 = ((0, -1), (1, 0))
-        h.c[c] = u0 - s * d1;
-        h.c[3 + c] = u1 + s * d0;
-        break;
-      case 2:  // A = i s3 = ((i, 0), (0, -i))
-        h.c[c] = u0 + s * times_i(d0);
-        h.c[3 + c] = u1 - s * times_i(d1);
-        break;
-      default:  // A = 1
-        h.c[c] = u0 + s * d0;
-        h.c[3 + c] = u1 + s * d1;
-        break;
-    }
+    h.c[c] = u0 + times(e0, s, swap ? d1 : d0);
+    h.c[3 + c] = u1 + times(e1, s, swap ? d0 : d1);
   }
 }
 
 // acc += (h, s A_mu^dagger h)
 template <typename R>
 QCD_HD void accumulate(int mu, R s, const Half<R>& h, Spinor<R>& acc) {
+  const bool swap = off_diagonal(mu);
+  const Unit e0 = conj(gamma_entry0(mu)), e1 = conj(gamma_entry1(mu));
 #pragma unroll
   for (int c = 0; c < 3; ++c) {
     const Cx<R> h0 = h.c[c], h1 = h.c[3 + c];
     acc.c[c] = acc.c[c] + h0;
     acc.c[3 + c] = acc.c[3 + c] + h1;
-    Cx<R> l0, l1;
-    switch (mu) {
-      case 0:  // A^dagger = ((0, -i), (-i, 0))
-        l0 = (-s) * times_i(h1);
-        l1 = (-s) * times_i(h0);
-        break;
-      case 1:  // A^dagger = ((0, 1), (-1, 0))
-        l0 = s * h1;
-        l1 = (-s) * h0;
-        break;
-      case 2:  // A^dagger = ((-i, 0), (0, i))
-        l0 = (-s) * times_i(h0);
-        l1 = s * times_i(h1);
-        break;
-      default:
-        l0 = s * h0;
-        l1 = s * h1;
-        break;
-    }
-    acc.c[6 + c] = acc.c[6 + c] + l0;
-    acc.c[9 + c] = acc.c[9 + c] + l1;
+    // A^dagger's row 0 is (conj A_00, conj A_10), row 1 (conj A_01, conj A_11)
+    acc.c[6 + c] = acc.c[6 + c] + (swap ? times(e1, s, h1) : times(e0, s, h0));
+    acc.c[9 + c] = acc.c[9 + c] + (swap ? times(e0, s, h0) : times(e1, s, h1));
   }
 }
 
@@ -280,10 +279,6 @@ QCD_HD Site site_coords(const DslashArgs& A, int cb, int parity) {
   return s;
 }
 
-QCD_HD int checkerboard_index(const DslashArgs& A, const int c[4]) {
-  return (((c[3] * A.dims[2] + c[2]) * A.dims[1] + c[1]) * A.dims[0] + c[0]) >> 1;
-}
-
 // A site's index within the face of direction mu: its other three coordinates, t slowest, halved.
 QCD_HD int face_index(const DslashArgs& A, const Site& s, int mu) {
   int idx = 0;
@@ -295,75 +290,119 @@ QCD_HD int face_index(const DslashArgs& A, const Site& s, int mu) {
 
 QCD_HD bool partitioned(const DslashArgs& A, int mu) { return (A.partitioned >> mu) & 1; }
 
-// -- the hop --------------------------------------------------------------------------------------------
-// Every hop of site `cb` whose neighbour lives on this rank (all of them when nothing is partitioned).
-template <typename R, bool kLdg = true>
-QCD_HD void interior_site(const DslashArgs& A, int cb) {
-  const R* in = static_cast<const R*>(A.in);
-  const R* gauge = static_cast<const R*>(A.gauge);
-  const int p = A.parity, q = 1 - p;
+// -- the hop ----------------------------------------------------------------------------------------------
+// A site's coordinates and its lexicographic index (the checkerboard index is half of it).
+struct Where {
+  Site s;
+  int lex;
+};
+QCD_HD Where where(const DslashArgs& A, int cb, int parity) {
+  Where w;
+  w.s = site_coords(A, cb, parity);
+  w.lex = ((w.s.c[3] * A.dims[2] + w.s.c[2]) * A.dims[1] + w.s.c[1]) * A.dims[0] + w.s.c[0];
+  return w;
+}
+
+// Direction d of site `cb`'s interior hop: mu = d / 2, forward (d even: (1 + s_up g) U_mu(x) psi(x + mu)) or
+// backward ((1 - s_up g) U_mu(x - mu)^dagger psi(x - mu)), added to acc; nothing where the neighbour is on
+// another rank. Written with selects on d rather than branches: the split hop gives the lanes of one site
+// different d, and with d a constant (the unrolled loop of interior_site) it compiles to the plain hop.
+template <typename R, bool kLdg>
+QCD_HD void hop_term(const DslashArgs& A, const Where& w, int cb, int d, R s_up, Spinor<R>& acc) {
+  const int mu = d >> 1;
+  const bool back = (d & 1) != 0;
+  const int L = A.dims[mu];
+  const int c = mu == 0 ? w.s.c[0] : mu == 1 ? w.s.c[1] : mu == 2 ? w.s.c[2] : w.s.c[3];
+  const bool edge = back ? c == 0 : c == L - 1;
+  if (edge && partitioned(A, mu)) return;
+  const int stride = mu == 0 ? 1 : mu == 1 ? A.dims[0] : mu == 2 ? A.dims[0] * A.dims[1]
+                                                                 : A.dims[0] * A.dims[1] * A.dims[2];
+  const int step = back ? (edge ? L - 1 : -1) : (edge ? 1 - L : 1);
+  const int nb = (w.lex + step * stride) >> 1;
+  Spinor<R> psi;
+  load_field<kLdg>(static_cast<const R*>(A.in), A.vh, nb, psi);
+  const R sign = back ? -s_up : s_up;
+  Half<R> h, uh;
+  project(mu, sign, psi, h);
+  if (edge && (back ? A.bwd_sign[mu] : A.fwd_sign[mu]) < 0) {  // crossed the antiperiodic t boundary (local wrap)
+#pragma unroll
+    for (int k = 0; k < 6; ++k) h.c[k] = R(-1) * h.c[k];
+  }
+  Link<R> u;
+  load_link(static_cast<const R*>(A.gauge), A.vh, back ? 1 - A.parity : A.parity, mu, back ? nb : cb, back, u);
+  link_times(u, h, uh);
+  accumulate(mu, sign, uh, acc);
+}
+
+// Directions first, first + step, ... < 8 of site cb's interior hop, into acc (zeroed here).
+template <typename R, bool kLdg>
+QCD_HD void interior_part(const DslashArgs& A, const Where& w, int cb, int first, int step, Spinor<R>& acc) {
   const R s_up = A.dagger ? R(1) : R(-1);
-  const Site s = site_coords(A, cb, p);
-  Spinor<R> acc;
 #pragma unroll
   for (int k = 0; k < 12; ++k) acc.c[k] = cx(R(0), R(0));
 #pragma unroll
-  for (int mu = 0; mu < 4; ++mu) {
-    const int L = A.dims[mu];
-    const bool split = partitioned(A, mu);
-    {  // forward: (1 + s_up g) U_mu(x) psi(x + mu)
-      const bool edge = s.c[mu] == L - 1;
-      if (!(edge && split)) {
-        int n[4] = {s.c[0], s.c[1], s.c[2], s.c[3]};
-        n[mu] = edge ? 0 : s.c[mu] + 1;
-        Spinor<R> psi;
-        load_field<kLdg>(in, A.vh, checkerboard_index(A, n), psi);
-        Half<R> h, uh;
-        project(mu, s_up, psi, h);
-        if (edge && A.fwd_sign[mu] < 0) {  // crossed the antiperiodic t boundary (the local wrap)
+  for (int d = first; d < 8; d += step) hop_term<R, kLdg>(A, w, cb, d, s_up, acc);
+}
+
+// One 16-byte vector of a field (k of the site's 6 in single, 12 in double: the layout of load_spinor), as
+// complex numbers.
+template <bool kLdg>
+QCD_HD void load_vector(const float* f, int vh, int k, int i, Cx<float>* v) {
+  const float4* at = reinterpret_cast<const float4*>(f) + (unsigned long long)k * vh + i;
+  const float4 q = kLdg ? QCD_LDG(at) : *at;
+  v[0] = cx(q.x, q.y);
+  v[1] = cx(q.z, q.w);
+}
+template <bool kLdg>
+QCD_HD void load_vector(const double* f, int vh, int k, int i, Cx<double>* v) {
+  const double2* at = reinterpret_cast<const double2*>(f) + (unsigned long long)k * vh + i;
+  const double2 q = kLdg ? QCD_LDG(at) : *at;
+  v[0] = cx(q.x, q.y);
+}
+QCD_HD void store_vector(float* f, int vh, int k, int i, const Cx<float>* v) {
+  float4 q;
+  q.x = v[0].re;
+  q.y = v[0].im;
+  q.z = v[1].re;
+  q.w = v[1].im;
+  reinterpret_cast<float4*>(f)[(unsigned long long)k * vh + i] = q;
+}
+QCD_HD void store_vector(double* f, int vh, int k, int i, const Cx<double>* v) {
+  double2 q;
+  q.x = v[0].re;
+  q.y = v[0].im;
+  reinterpret_cast<double2*>(f)[(unsigned long long)k * vh + i] = q;
+}
+
+// out = a x + b acc at site cb: the 16-byte vectors k with k % split == part (all of them for split 1), so
+// that the lanes of a split site share its stores.
+template <typename R, bool kLdg>
+QCD_HD void interior_finish(const DslashArgs& A, int cb, const Spinor<R>& acc, int part, int split) {
+  constexpr int kPer = 16 / (2 * sizeof(R));  // complex numbers in a 16-byte vector
+  const R a = R(A.a), b = R(A.b);
 #pragma unroll
-          for (int k = 0; k < 6; ++k) h.c[k] = R(-1) * h.c[k];
-        }
-        Link<R> u;
-        load_link(gauge, A.vh, p, mu, cb, u);
-        link_times(u, h, uh);
-        accumulate(mu, s_up, uh, acc);
-      }
+  for (int k = 0; k < 12 / kPer; ++k) {
+    if ((k & (split - 1)) != part) continue;
+    Cx<R> v[kPer];
+    if (A.has_x) {
+      load_vector<kLdg>(static_cast<const R*>(A.x), A.vh, k, cb, v);
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) v[j] = a * v[j] + b * acc.c[kPer * k + j];
+    } else {
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) v[j] = b * acc.c[kPer * k + j];
     }
-    {  // backward: (1 - s_up g) U_mu(x - mu)^dagger psi(x - mu)
-      const bool edge = s.c[mu] == 0;
-      if (!(edge && split)) {
-        int n[4] = {s.c[0], s.c[1], s.c[2], s.c[3]};
-        n[mu] = edge ? L - 1 : s.c[mu] - 1;
-        const int nb = checkerboard_index(A, n);
-        Spinor<R> psi;
-        load_field<kLdg>(in, A.vh, nb, psi);
-        Half<R> h, uh;
-        project(mu, -s_up, psi, h);
-        if (edge && A.bwd_sign[mu] < 0) {
-#pragma unroll
-          for (int k = 0; k < 6; ++k) h.c[k] = R(-1) * h.c[k];
-        }
-        Link<R> u;
-        load_link(gauge, A.vh, q, mu, nb, u);
-        link_dagger_times(u, h, uh);
-        accumulate(mu, -s_up, uh, acc);
-      }
-    }
+    store_vector(static_cast<R*>(A.out), A.vh, k, cb, v);
   }
-  Spinor<R> out;
-  const R b = R(A.b);
-  if (A.has_x) {
-    Spinor<R> x;
-    load_field<kLdg>(static_cast<const R*>(A.x), A.vh, cb, x);
-    const R a = R(A.a);
-#pragma unroll
-    for (int k = 0; k < 12; ++k) out.c[k] = a * x.c[k] + b * acc.c[k];
-  } else {
-#pragma unroll
-    for (int k = 0; k < 12; ++k) out.c[k] = b * acc.c[k];
-  }
-  store_spinor(static_cast<R*>(A.out), A.vh, cb, out);
+}
+
+// Every hop of site `cb` whose neighbour lives on this rank (all of them when nothing is partitioned).
+template <typename R, bool kLdg = true>
+QCD_HD void interior_site(const DslashArgs& A, int cb) {
+  const Where w = where(A, cb, A.parity);
+  Spinor<R> acc;
+  interior_part<R, kLdg>(A, w, cb, 0, 1, acc);
+  interior_finish<R, kLdg>(A, cb, acc, 0, 1);
 }
 
 // The faces of `psi` (site `cb` of parity `parity`) that a next hop with `dagger` needs, into send.
@@ -496,6 +535,37 @@ QCD_HD void new_residual_site(const DslashArgs& P, const RP* r, int cb) {
   emit_if_on_face(P, cb, p);
 }
 
+#ifdef __CUDACC__
+// The interior hops of sites first / split, ... (stride / split apart) with `split` (1, 2, 4 or 8) lanes of a
+// warp to a site: lane `part` of a site takes directions part, part + split, ..., the lanes add their parts
+// (a butterfly: every lane ends with the same sum) and share the stores. On a lattice too small to give every
+// thread a site, a hop then waits for one or two neighbours' loads, not eight in a row (the per-site hop keeps
+// a few directions in flight at a time within its registers).
+template <typename R>
+__device__ __forceinline__ void interior_sites(const DslashArgs& A, int first, int stride, int split) {
+  if (split == 1) {
+    for (int cb = first; cb < A.vh; cb += stride) interior_site<R, false>(A, cb);
+    return;
+  }
+  const int part = first & (split - 1);
+  const int lane = threadIdx.x & 31;
+  const unsigned int group = ((1u << split) - 1u) << (lane & ~(split - 1));
+  for (int cb = first / split; cb < A.vh; cb += stride / split) {
+    const Where w = where(A, cb, A.parity);
+    Spinor<R> acc;
+    interior_part<R, false>(A, w, cb, part, split, acc);
+    for (int o = split >> 1; o > 0; o >>= 1) {
+#pragma unroll
+      for (int k = 0; k < 12; ++k) {
+        acc.c[k].re += __shfl_xor_sync(group, acc.c[k].re, o, split);
+        acc.c[k].im += __shfl_xor_sync(group, acc.c[k].im, o, split);
+      }
+    }
+    interior_finish<R, false>(A, cb, acc, part, split);
+  }
+}
+#endif
+
 // -- a grid barrier for the device-driven hop (every block resident: the grid is sized by max_blocks) ----
 __device__ __forceinline__ bool grid_barrier(unsigned int* bar, unsigned long long timeout_ns) {
   __shared__ int ok;
@@ -548,7 +618,9 @@ __device__ __forceinline__ void device_driven(const DslashArgs& I, const DslashA
 constexpr int kReduceThreads = 256;
 
 // Every thread of every block brings its part v; true on thread 0 of the last block to finish, which gets
-// the total (the block sums added in block order: the same total whatever order the blocks finish in).
+// the total. The block sums are added by the last block's first warp in a fixed tree (lane l takes blocks
+// l, l + 32, ..., then a butterfly): the same total whatever order the blocks finish in, and 32 loads in
+// flight where one thread would wait for each in turn.
 __device__ __forceinline__ bool block_total(double v, double* partial, unsigned int* done, double& total) {
   __shared__ double sums[kReduceThreads / 32];
   __shared__ bool last;
@@ -563,10 +635,12 @@ __device__ __forceinline__ bool block_total(double v, double* partial, unsigned 
     last = atomicAdd(done, 1u) == gridDim.x - 1;
   }
   __syncthreads();
-  if (!(last && threadIdx.x == 0)) return false;
+  if (!last || threadIdx.x >= 32) return false;
   __threadfence();
   double t = 0;
-  for (unsigned int b = 0; b < gridDim.x; ++b) t += static_cast<volatile double*>(partial)[b];
+  for (unsigned int b = threadIdx.x; b < gridDim.x; b += 32) t += static_cast<volatile double*>(partial)[b];
+  for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+  if (threadIdx.x != 0) return false;
   total = t;
   *done = 0;  // ready for the next reduction
   return true;
@@ -699,6 +773,64 @@ __device__ bool rank_sum(const CgResidentArgs& A, const volatile unsigned int* a
   return true;
 }
 
+// The CG's vector steps as a thread's part of a launch-wide loop, a 16-byte vector at a time (n: reals, a
+// multiple of 24): every load of a vector is issued before its stores, which the fields' possible aliasing
+// would otherwise order one element after another.
+template <typename R>
+struct Wide;
+template <>
+struct Wide<float> {
+  using T = float4;
+  static constexpr int kReals = 4;
+};
+template <>
+struct Wide<double> {
+  using T = double2;
+  static constexpr int kReals = 2;
+};
+
+// This thread's part of <a, b>.
+template <typename R>
+__device__ __forceinline__ double dot_part(const R* a, const R* b, long long n, int first, int stride) {
+  using V = typename Wide<R>::T;
+  constexpr int kW = Wide<R>::kReals;
+  double v = 0.0;
+  for (long long i = first; i < n / kW; i += stride) {
+    const V av = reinterpret_cast<const V*>(a)[i], bv = reinterpret_cast<const V*>(b)[i];
+    const R* as = reinterpret_cast<const R*>(&av);
+    const R* bs = reinterpret_cast<const R*>(&bv);
+#pragma unroll
+    for (int k = 0; k < kW; ++k) v += (double)as[k] * (double)bs[k];
+  }
+  return v;
+}
+
+// x += alpha p, r -= alpha ap; this thread's part of |r|^2.
+template <typename R>
+__device__ __forceinline__ double axpy_norm_part(R* x, R* r, const R* p, const R* ap, R alpha, long long n,
+                                                 int first, int stride) {
+  using V = typename Wide<R>::T;
+  constexpr int kW = Wide<R>::kReals;
+  double v = 0.0;
+  for (long long i = first; i < n / kW; i += stride) {
+    V xv = reinterpret_cast<V*>(x)[i], rv = reinterpret_cast<V*>(r)[i];
+    const V pv = reinterpret_cast<const V*>(p)[i], av = reinterpret_cast<const V*>(ap)[i];
+    R* xs = reinterpret_cast<R*>(&xv);
+    R* rs = reinterpret_cast<R*>(&rv);
+    const R* ps = reinterpret_cast<const R*>(&pv);
+    const R* as = reinterpret_cast<const R*>(&av);
+#pragma unroll
+    for (int k = 0; k < kW; ++k) {
+      xs[k] += alpha * ps[k];
+      rs[k] = rs[k] - alpha * as[k];
+      v += (double)rs[k] * (double)rs[k];
+    }
+    reinterpret_cast<V*>(x)[i] = xv;
+    reinterpret_cast<V*>(r)[i] = rv;
+  }
+  return v;
+}
+
 // Block sums of v, then (the last block to finish) the sum over ranks into s[kCgLocal] and the scalars' step:
 // 0 and 1 cg_scalar_step's, kUpdateStep cg_update_step. The caller's grid barrier makes the new scalars
 // visible to every block.
@@ -764,7 +896,7 @@ __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const Dslas
         if (threadIdx.x == 0) ok = started;
         laps.lap(kPhaseHalo);
       }
-      for (int cb = first; cb < I.vh; cb += stride) interior_site<R, false>(I, cb);
+      interior_sites<R>(I, first, stride, A.split);
       if (blockIdx.x == 0) {
         laps.lap(kPhaseDslash);
         __syncthreads();
@@ -777,7 +909,7 @@ __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const Dslas
       const DslashArgs& E = hops[4 + h];
       for (int j = first; j < E.n_sites; j += stride) exterior_site<R>(E, E.sites[j]);
     } else {
-      for (int cb = first; cb < I.vh; cb += stride) interior_site<R, false>(I, cb);
+      interior_sites<R>(I, first, stride, A.split);
     }
     if (!barrier(A, bar)) return false;
     laps.lap(kPhaseDslash);
@@ -790,14 +922,14 @@ __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const Dslas
 // (cg_update_step); unless that hands the CG to the host, r_s = r rounded and p += r_new - r_s (and p's
 // faces). False: the kernel returns (status recorded).
 template <typename RS, typename RP>
-__device__ bool reliable_update(const CgResidentArgs& A, const GridBarrier& bar, RmaHandle qp, Laps& laps,
-                                int first, int stride) {
-  const DslashArgs& Y = A.precise_hops[8];
+__device__ bool reliable_update(const CgResidentArgs& A, const DslashArgs* hops, const DslashArgs* precise_hops,
+                                const GridBarrier& bar, RmaHandle qp, Laps& laps, int first, int stride) {
+  const DslashArgs& Y = precise_hops[8];
   RS* x = static_cast<RS*>(A.x);
   for (int cb = first; cb < Y.vh; cb += stride) fold_site<RS, RP>(Y, x, cb);
   if (!barrier(A, bar)) return false;
   laps.lap(kPhaseVector);
-  if (!normal_hops<RP>(A, A.precise_hops, bar, qp, laps, first, stride)) return false;
+  if (!normal_hops<RP>(A, precise_hops, bar, qp, laps, first, stride)) return false;
   RP* r = static_cast<RP*>(A.precise_r);
   const RP* rhs = static_cast<const RP*>(A.rhs);
   const RP* ay = static_cast<const RP*>(A.precise_ap);
@@ -812,7 +944,7 @@ __device__ bool reliable_update(const CgResidentArgs& A, const GridBarrier& bar,
   if (!barrier_after_sum(A, bar)) return false;
   laps.lap(kPhaseReduction);
   if (flags_of(A.s) & kCgFrozen) return true;  // the host takes over from here (the same on every block)
-  const DslashArgs& P = A.hops[8];
+  const DslashArgs& P = hops[8];
   for (int cb = first; cb < P.vh; cb += stride) new_residual_site<RS, RP>(P, r, cb);
   if (!barrier(A, bar)) return false;
   laps.lap(kPhaseVector);
@@ -826,6 +958,18 @@ __device__ void cg_resident(const CgResidentArgs& A, const GridBarrier& bar, Rma
   const int first = blockIdx.x * blockDim.x + threadIdx.x, stride = gridDim.x * blockDim.x;
   Laps laps{blockIdx.x == 0 && threadIdx.x == 0 ? A.phase_ns : nullptr, 0ull};
   if (laps.ns != nullptr) laps.since = detail::globaltimer_ns();
+  // The hops' argument blocks in shared memory for the launch: read at every site, from global memory they
+  // would be loaded again after every store (which might alias them), each load a round trip before the
+  // site's own loads can start.
+  constexpr int kTable = 9 * sizeof(DslashArgs) / sizeof(int);
+  __shared__ DslashArgs hops[9];
+  __shared__ DslashArgs precise_hops[kUpdates ? 9 : 1];
+  for (int i = threadIdx.x; i < kTable; i += blockDim.x) {
+    reinterpret_cast<int*>(hops)[i] = reinterpret_cast<const int*>(A.hops)[i];
+    if (kUpdates && A.updates)
+      reinterpret_cast<int*>(precise_hops)[i] = reinterpret_cast<const int*>(A.precise_hops)[i];
+  }
+  __syncthreads();
   R* x = static_cast<R*>(A.x);
   R* r = static_cast<R*>(A.r);
   const R* p = static_cast<const R*>(A.p);
@@ -838,35 +982,28 @@ __device__ void cg_resident(const CgResidentArgs& A, const GridBarrier& bar, Rma
       if constexpr (kUpdates) update = A.updates && !(flags & (kCgStalled | kCgUpdated));
       if (!update) break;
       if constexpr (kUpdates) {
-        if (!reliable_update<R, RP>(A, bar, qp, laps, first, stride)) return;
+        if (!reliable_update<R, RP>(A, hops, precise_hops, bar, qp, laps, first, stride)) return;
       }
       if (flags_of(A.s) & kCgFrozen) break;
     }
     if (done == A.iterations) break;
     // A p = M_pc^dagger M_pc p
-    if (!normal_hops<R>(A, A.hops, bar, q, laps, first, stride)) return;
+    if (!normal_hops<R>(A, hops, bar, q, laps, first, stride)) return;
     // <p, A p>, summed over ranks: alpha.
-    double v = 0.0;
-    for (long long i = first; i < A.n; i += stride) v += (double)p[i] * (double)ap[i];
+    double v = dot_part(p, ap, A.n, first, stride);
     reduce_step(A, bar.abort, v, 0);
     if (!barrier_after_sum(A, bar)) return;
     laps.lap(kPhaseReduction);
     // x += alpha p, r -= alpha A p, |r|^2 summed over ranks: beta, the count and the flags.
     const R alpha = R(static_cast<const volatile double*>(A.s)[kCgAlpha]);
-    v = 0.0;
-    for (long long i = first; i < A.n; i += stride) {
-      x[i] += alpha * p[i];
-      const R ri = r[i] - alpha * ap[i];
-      r[i] = ri;
-      v += (double)ri * (double)ri;
-    }
+    v = axpy_norm_part(x, r, p, ap, alpha, A.n, first, stride);
     laps.lap(kPhaseVector);
     reduce_step(A, bar.abort, v, 1);
     if (!barrier_after_sum(A, bar)) return;
     laps.lap(kPhaseReduction);
     // p = r + beta p and its faces for the next iteration's first hop (skipped once frozen at its start).
     if (!(flags_of(A.s) & kCgSkip)) {
-      const DslashArgs& P = A.hops[8];
+      const DslashArgs& P = hops[8];
       const double beta = static_cast<const volatile double*>(A.s)[kCgBeta];
       for (int cb = first; cb < P.vh; cb += stride) xpay_pack_site<R, false>(P, cb, beta);
     }
@@ -950,8 +1087,9 @@ extern "C" __global__ void qcd_cg_scalars(CgResidentArgs A, int step, const unsi
     const int j = blockIdx.x * blockDim.x + threadIdx.x;                                                      \
     if (j < A.vh) xpay_pack_site<R>(A, j, s[kCgBeta]);                                                         \
   }                                                                                                            \
-  /* The resident CG: up to A.iterations iterations in one co-resident launch (launch_resident); qp unused */ \
-  extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS)                                                \
+  /* The resident CG: up to A.iterations iterations in one co-resident launch (launch_resident); qp unused. */ \
+  /* Two blocks an SM: the split hop's lanes hold a direction's link, spinor and the sum without spilling. */  \
+  extern "C" __global__ void __launch_bounds__(256, 2)                                                         \
       qcd_cg_resident_##SUFFIX(CgResidentArgs A, GridBarrier bar, RmaHandle q, RmaHandle qp) {                \
     circuslink::qcd::cg_resident<R, R, false>(A, bar, q, qp);                                                  \
   }

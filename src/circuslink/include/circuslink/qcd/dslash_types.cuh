@@ -105,6 +105,8 @@ struct CgResidentArgs {
   int iterations;                     // at most this many iterations in this launch
   int halo;                           // 1: partitioned directions: the hops exchange faces through the queue
   int updates;                        // 1: a due reliable update is made here (the precise fields are given)
+  int split;                          // lanes a site in the hops' interiors: 1, 2, 4 or 8 (a lattice too small to
+                                      // give every thread a site spreads its 8 directions)
 };
 
 }  // namespace qcd
