@@ -440,7 +440,8 @@ class ResidentCG:
         # the GPU holds them; grid-stride beyond.
         resident = int(backend.max_blocks(self.fn, THREADS))
         self.lanes = hop_split(d.lat.half, min(resident, int(d.world.sm_budget or resident)))
-        self.blocks = max(1, min(resident, d._blocks(d.lat.half * self.lanes)))
+        # (with halos block 0 copies the faces while the others take the interior: one block more)
+        self.blocks = max(1, min(resident, d._blocks(d.lat.half * self.lanes) + int(d.halo is not None)))
         self.barrier = backend.grid_barrier(timeout=None)
         self.queue = d.halo.device_handle() if d.halo is not None else np.uint64(0)  # RmaHandle{nullptr}: no halos
         self.timed = timed

@@ -896,7 +896,13 @@ __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const Dslas
         if (threadIdx.x == 0) ok = started;
         laps.lap(kPhaseHalo);
       }
-      interior_sites<R>(I, first, stride, A.split);
+      // Block 0 copies the faces (rma_start) while the other blocks take the interior: were it to take its share
+      // too, every block would wait at the barrier for its copy and its sites one after the other.
+      if (gridDim.x == 1) {
+        interior_sites<R>(I, first, stride, A.split);
+      } else if (blockIdx.x != 0) {
+        interior_sites<R>(I, first - blockDim.x, stride - blockDim.x, A.split);
+      }
       if (blockIdx.x == 0) {
         laps.lap(kPhaseDslash);
         __syncthreads();
