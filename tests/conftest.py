@@ -15,12 +15,16 @@ as ``CIRCUSLINK_TEST_SEED`` (read it with ``int(os.environ["CIRCUSLINK_TEST_SEED
 from __future__ import annotations
 
 import os
+import queue
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -96,6 +100,85 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"needs 2 GPUs, found {gpus}: {why}"))
         if "mpi" in item.keywords and not mpi:
             item.add_marker(pytest.mark.skip(reason="needs mpirun and mpi4py"))
+
+
+# -- compiles started early -------------------------------------------------------------------------------
+# A test module may define ``background_builds(root)``: its compile jobs, (name, function, args) with scratch
+# directory ``root``. They start on one worker thread as soon as the session's tests are collected, so that a
+# 2-core CI machine compiles while the mostly single-threaded tests before that module run; the module's own
+# fixture then adds a worker a core (Builds.use_every_core) and waits for each result.
+class Builds:
+    def __init__(self, jobs: list, root: Path) -> None:
+        self.root = root
+        self.futures: dict[str, list[Future]] = {}
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        for name, fn, args in jobs:
+            future: Future = Future()
+            self.futures.setdefault(name, []).append(future)
+            self._queue.put((future, fn, args))
+        self._threads: list[threading.Thread] = []
+        self._add_workers(1)
+
+    def _add_workers(self, n: int) -> None:
+        for _ in range(n):
+            thread = threading.Thread(target=self._work, name="circuslink-test-builds", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def use_every_core(self) -> None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self._add_workers(max(0, cores - len([t for t in self._threads if t.is_alive()])))
+
+    def _next(self) -> tuple | None:
+        try:
+            return self._queue.get_nowait()
+        except queue.Empty:
+            return None
+
+    def _work(self) -> None:
+        while (job := self._next()) is not None:
+            future, fn, args = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # the test that waits for it reports it
+                future.set_exception(exc)
+
+    def close(self) -> None:
+        """Cancel what has not started, wait for the compilers running (no orphaned nvcc), remove the scratch."""
+        while (job := self._next()) is not None:
+            job[0].cancel()
+        for thread in self._threads:
+            thread.join()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+_BUILDS: dict[str, Builds] = {}
+
+
+def builds_for(module) -> Builds:
+    """The background builds of test module ``module`` (started now if the session did not start them)."""
+    builds = _BUILDS.get(module.__name__)
+    if builds is None:
+        root = Path(tempfile.mkdtemp(prefix="circuslink-test-builds-"))
+        builds = _BUILDS[module.__name__] = Builds(module.background_builds(root), root)
+    return builds
+
+
+def pytest_collection_finish(session):
+    for item in session.items:
+        module = getattr(item, "module", None)
+        if (module is not None and hasattr(module, "background_builds") and module.__name__ not in _BUILDS
+                and not item.get_closest_marker("skip")
+                and not any(m.args and m.args[0] for m in item.iter_markers("skipif"))):
+            builds_for(module)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for builds in _BUILDS.values():
+        builds.close()
+    _BUILDS.clear()
 
 
 def _importable(name: str) -> bool:

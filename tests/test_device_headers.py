@@ -5,14 +5,13 @@ CI has nvcc but no GPU, so a device-code error fails CI here rather than on the 
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-from concurrent.futures import Future, ThreadPoolExecutor
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import NVCC_TIMEOUT_S
+from conftest import NVCC_TIMEOUT_S, builds_for
 
 PKG = Path(__file__).resolve().parents[1] / "src" / "circuslink"
 INCLUDE = PKG / "include"
@@ -35,24 +34,29 @@ def _nvcc(source: Path, out: Path) -> str:
 TEST_KERNELS = [Path(__file__).with_name("kernels") / "nonblocking.cu"]
 
 
-@pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
-    """Every header (included alone, twice) and every kernel of the plain compile checks below, compiled once, as
-    many at a time as this machine has cores: each nvcc uses one, and these checks were most of the suite's time
-    on a 2-core CI machine. Name -> a Future of the failure text ("" when it compiled); each test waits for its own."""
-    root = tmp_path_factory.mktemp("nvcc")
-    jobs: dict[str, Path] = {}
+def background_builds(root: Path) -> list:
+    """Every header (included alone, twice) and every kernel of the plain compile checks below, as compile jobs
+    (conftest.Builds): each nvcc uses one core, and these checks were most of the suite's time on a 2-core CI
+    machine, so they start on one core as soon as the session is collected and take every core once this module
+    runs. The longest first."""
+    if NVCC is None:
+        return []
+    jobs = []
     for i, header in enumerate(HEADERS):
         src = root / f"header{i}.cu"
         src.write_text(f"#include <{header}>\n#include <{header}>  // include guards hold\n")
-        jobs[header] = src
-    for kernel in [*KERNELS, *TEST_KERNELS]:
-        jobs[str(kernel)] = kernel
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    with ThreadPoolExecutor(max_workers=max(1, cores)) as pool:
-        futures: dict[str, Future] = {name: pool.submit(_nvcc, src, root / f"{i}.o")
-                                      for i, (name, src) in enumerate(jobs.items())}
-        yield futures
+        jobs.append((header, src))
+    jobs += [(str(kernel), kernel) for kernel in [*KERNELS, *TEST_KERNELS]]
+    jobs.sort(key=lambda job: -job[1].stat().st_size)  # the large sources are the slow compiles
+    return [(name, _nvcc, (src, root / f"{i}.o")) for i, (name, src) in enumerate(jobs)]
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """Name -> a Future of the failure text ("" when it compiled); each test waits for its own."""
+    builds = builds_for(sys.modules[__name__])
+    builds.use_every_core()
+    return {name: futures[0] for name, futures in builds.futures.items()}
 
 
 @pytest.mark.parametrize("header", HEADERS)

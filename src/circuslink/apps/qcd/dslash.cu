@@ -1031,7 +1031,8 @@ using circuslink::qcd::CgResidentArgs;
 
 // The kernels come in three modules, each compiled on first use (NVRTC takes seconds for each; the host
 // picks one with -DCIRCUSLINK_QCD_KERNELS=): 1 the single-precision kernels, 2 the double-precision ones,
-// 3 the mixed-precision resident CG. Without the macro (host builds, nvcc checks) everything is built.
+// 3 the mixed-precision resident CG. Without the macro (nvcc checks) everything is built; -1 builds none but
+// qcd_cg_scalars (host programs that run the site functions, which then compile in seconds, not minutes).
 #ifndef CIRCUSLINK_QCD_KERNELS
 #define CIRCUSLINK_QCD_KERNELS 0
 #endif
