@@ -103,21 +103,29 @@ def pytest_collection_modifyitems(config, items):
 
 
 # -- compiles started early -------------------------------------------------------------------------------
-# A test module may define ``background_builds(root)``: its compile jobs, (name, function, args) with scratch
-# directory ``root``. They start on one worker thread as soon as the session's tests are collected, so that a
-# 2-core CI machine compiles while the mostly single-threaded tests before that module run; the module's own
-# fixture then adds a worker a core (Builds.use_every_core) and waits for each result.
+# A test module may define ``background_builds(root)``: its compile jobs, (name, function, args), with a scratch
+# directory ``root``. In a run of several modules, every selected module's jobs are queued as soon as the tests
+# are collected and run on one worker thread, so that a 2-core CI machine compiles while the mostly
+# single-threaded tests before those modules run; a module's tests (builds_for) add a worker a core, queue the
+# jobs if they were not, and wait for each result.
 class Builds:
-    def __init__(self, jobs: list, root: Path) -> None:
-        self.root = root
-        self.futures: dict[str, list[Future]] = {}
+    def __init__(self) -> None:
+        self.modules: dict[str, dict[str, list[Future]]] = {}
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        for name, fn, args in jobs:
-            future: Future = Future()
-            self.futures.setdefault(name, []).append(future)
-            self._queue.put((future, fn, args))
         self._threads: list[threading.Thread] = []
-        self._add_workers(1)
+        self._roots: list[Path] = []
+
+    def add(self, module) -> None:
+        root = Path(tempfile.mkdtemp(prefix="circuslink-test-builds-"))
+        self._roots.append(root)
+        futures: dict[str, list[Future]] = {}
+        for name, fn, args in module.background_builds(root):
+            future: Future = Future()
+            futures.setdefault(name, []).append(future)
+            self._queue.put((future, fn, args))
+        self.modules[module.__name__] = futures
+        if not any(t.is_alive() for t in self._threads):
+            self._add_workers(1)
 
     def _add_workers(self, n: int) -> None:
         for _ in range(n):
@@ -151,34 +159,36 @@ class Builds:
             job[0].cancel()
         for thread in self._threads:
             thread.join()
-        shutil.rmtree(self.root, ignore_errors=True)
+        for root in self._roots:
+            shutil.rmtree(root, ignore_errors=True)
 
 
-_BUILDS: dict[str, Builds] = {}
+_BUILDS = Builds()
 
 
-def builds_for(module) -> Builds:
-    """The background builds of test module ``module`` (started now if the session did not start them)."""
-    builds = _BUILDS.get(module.__name__)
-    if builds is None:
-        root = Path(tempfile.mkdtemp(prefix="circuslink-test-builds-"))
-        builds = _BUILDS[module.__name__] = Builds(module.background_builds(root), root)
-    return builds
+def builds_for(module) -> dict[str, Future]:
+    """Name -> the Future of test module ``module``'s background build of that name (queued now if the session did
+    not queue it), with a worker for every core from now on."""
+    if module.__name__ not in _BUILDS.modules:
+        _BUILDS.add(module)
+    _BUILDS.use_every_core()
+    return {name: futures[0] for name, futures in _BUILDS.modules[module.__name__].items()}
 
 
 def pytest_collection_finish(session):
+    # Early only where there is something to overlap with: a run of one module builds when its tests ask.
+    if len({getattr(item, "module", None) for item in session.items}) < 2:
+        return
     for item in session.items:
         module = getattr(item, "module", None)
-        if (module is not None and hasattr(module, "background_builds") and module.__name__ not in _BUILDS
+        if (module is not None and hasattr(module, "background_builds") and module.__name__ not in _BUILDS.modules
                 and not item.get_closest_marker("skip")
                 and not any(m.args and m.args[0] for m in item.iter_markers("skipif"))):
-            builds_for(module)
+            _BUILDS.add(module)
 
 
 def pytest_sessionfinish(session, exitstatus):
-    for builds in _BUILDS.values():
-        builds.close()
-    _BUILDS.clear()
+    _BUILDS.close()
 
 
 def _importable(name: str) -> bool:

@@ -54,9 +54,7 @@ def background_builds(root: Path) -> list:
 @pytest.fixture(scope="module")
 def compiled():
     """Name -> a Future of the failure text ("" when it compiled); each test waits for its own."""
-    builds = builds_for(sys.modules[__name__])
-    builds.use_every_core()
-    return {name: futures[0] for name, futures in builds.futures.items()}
+    return builds_for(sys.modules[__name__])
 
 
 @pytest.mark.parametrize("header", HEADERS)

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import builds_for
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "stencil"
@@ -70,12 +71,21 @@ def test_a_device_form_on_the_cpu_back_end_is_refused_in_one_line(spmd):
     assert "--form persistent runs device kernels, which the cpu back-end does not run; use --form host" in job.output
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
-def test_the_kernels_compile(tmp_path):
-    src = tmp_path / "stencil_kernels.cu"
+def _compile_kernels(root: Path) -> subprocess.CompletedProcess:
+    src = root / "stencil_kernels.cu"
     src.write_text(stencil.cell_update_cxx() + (EXAMPLE / "kernels.cu").read_text())
-    proc = subprocess.run([NVCC, "-std=c++17", "-arch=sm_90a", f"-I{INCLUDE}", "-c", str(src), "-o",
-                           str(tmp_path / "k.o")], capture_output=True, text=True, timeout=300)
+    return subprocess.run([NVCC, "-std=c++17", "-arch=sm_90a", f"-I{INCLUDE}", "-c", str(src), "-o",
+                           str(root / "k.o")], capture_output=True, text=True, timeout=300)
+
+
+def background_builds(root: Path) -> list:
+    """The example's kernels with its traced update (conftest.Builds: started early on a spare core)."""
+    return [] if NVCC is None else [("kernels", _compile_kernels, (root,))]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+def test_the_kernels_compile():
+    proc = builds_for(sys.modules[__name__])["kernels"].result()
     assert proc.returncode == 0, proc.stderr
 
 
