@@ -110,7 +110,7 @@ def pytest_collection_modifyitems(config, items):
 # jobs if they were not, and wait for each result.
 class Builds:
     def __init__(self) -> None:
-        self.modules: dict[str, dict[str, list[Future]]] = {}
+        self.modules: dict[str, dict[str, Future]] = {}  # module -> job name -> its result
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._roots: list[Path] = []
@@ -118,12 +118,10 @@ class Builds:
     def add(self, module) -> None:
         root = Path(tempfile.mkdtemp(prefix="circuslink-test-builds-"))
         self._roots.append(root)
-        futures: dict[str, list[Future]] = {}
+        futures = self.modules[module.__name__] = {}
         for name, fn, args in module.background_builds(root):
-            future: Future = Future()
-            futures.setdefault(name, []).append(future)
+            future = futures[name] = Future()
             self._queue.put((future, fn, args))
-        self.modules[module.__name__] = futures
         if not any(t.is_alive() for t in self._threads):
             self._add_workers(1)
 
@@ -172,7 +170,7 @@ def builds_for(module) -> dict[str, Future]:
     if module.__name__ not in _BUILDS.modules:
         _BUILDS.add(module)
     _BUILDS.use_every_core()
-    return {name: futures[0] for name, futures in _BUILDS.modules[module.__name__].items()}
+    return _BUILDS.modules[module.__name__]
 
 
 def pytest_collection_finish(session):

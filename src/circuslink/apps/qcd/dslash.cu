@@ -157,12 +157,6 @@ template <typename R>
 struct Link {
   Cx<R> m[9];  // 3 a + b
 };
-template <typename R>
-QCD_HD void load_link(const R* gauge, int vh, int parity, int mu, int site, Link<R>& u) {
-  const unsigned long long base = ((unsigned long long)(parity * 4 + mu) * 9) * vh + site;
-#pragma unroll
-  for (int e = 0; e < 9; ++e) u.m[e] = load_cx(gauge, base + (unsigned long long)e * vh);
-}
 // U^dagger (element 3 a + b is conj(U's 3 b + a)) where `dagger`, else U: the backward hop's link is then
 // applied as a forward one's, by the same instructions (a select of the address, a sign).
 template <typename R>
@@ -175,6 +169,10 @@ QCD_HD void load_link(const R* gauge, int vh, int parity, int mu, int site, bool
     const Cx<R> v = load_cx(gauge, base + (unsigned long long)from * vh);
     u.m[e] = cx(v.re, im * v.im);
   }
+}
+template <typename R>
+QCD_HD void load_link(const R* gauge, int vh, int parity, int mu, int site, Link<R>& u) {
+  load_link(gauge, vh, parity, mu, site, false, u);
 }
 
 // Plain loads: in the device-driven hop the ghosts arrive from peers while the kernel runs.
