@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from circuslink import mps
 from circuslink.backends._occupancy import (
     DeviceLimits,
     KernelAttributes,
@@ -82,33 +81,40 @@ def test_the_issue_kernel_fits_two_blocks_an_sm():
     """86 registers at 256 threads: 2816 registers a warp, 5 warps a sub-partition, 20 warps an SM: 2 blocks."""
     kernel = KernelAttributes("jacobi", 86, local_size_bytes=472)
     assert blocks_per_sm(kernel, DeviceLimits(), 256) == 2
-    assert resident_blocks(2, 66, 2) == 33  # the rule the issue ran under gave 66 (one block an SM)
+    assert resident_blocks(2, 66, 2, capped=True) == 33  # capped at 50 %; the issue's rule gave 66 (one an SM)
+    assert resident_blocks(2, 66, 2) == 66  # uncapped, 2 ranks of 66 SMs each: half of the GPU's 264 slots
     assert describe(kernel, 256, 0) == ("86 registers a thread, 472 B of stack, 256 threads a block, "
                                         "0 B of shared memory")
 
 
-def _budget(ranks: int, sms: int = 132) -> int:
-    """SMs a rank may use under its MPS share (the count CUDA reports: the share of the GPU's SMs)."""
-    return sms if ranks == 1 else max(1, sms * mps.share_percent(ranks) // 100)
+GPU_SMS = 132
 
 
+def _budget(ranks: int, capped: bool) -> int:
+    """A rank's SMs: its 1/k of the GPU's (uncapped, the launcher's way), or under an MPS cap of 100/k percent the
+    count CUDA reports, which every rank may share."""
+    return GPU_SMS if ranks == 1 else GPU_SMS // ranks
+
+
+@pytest.mark.parametrize("capped", [False, True], ids=["uncapped", "capped"])
 @pytest.mark.parametrize("ranks", [1, 2, 4, 8])
 @pytest.mark.parametrize("threads,dynamic", [(64, 0), (128, 0), (256, 0), (256, 16384), (512, 0), (1024, 0)])
-def test_every_rank_grid_is_resident_for_every_register_count(ranks, threads, dynamic):
+def test_every_rank_grid_is_resident_for_every_register_count(ranks, threads, dynamic, capped):
     dev = DeviceLimits()
-    budget = _budget(ranks)
+    budget = _budget(ranks, capped)
     warps = threads // 32
     previous = None
     for regs in range(32, 256):
         kernel = KernelAttributes("k", regs)
         per_sm = blocks_per_sm(kernel, dev, threads, dynamic)
-        blocks = resident_blocks(per_sm, budget, ranks)
+        blocks = resident_blocks(per_sm, budget, ranks, capped)
         if per_sm == 0:  # no SM holds one block (255 registers at 1024 threads): the back-end refuses it
             assert regs * threads > dev.regs_per_block and blocks == 0
             continue
         assert blocks >= 1
-        # what the k grids take, against what one rank's SMs hold (half of it where ranks share the GPU)
-        room = budget if ranks == 1 else budget / 2
+        # what the k grids take, against half of what the SMs they may all run on hold: the whole GPU's
+        # uncapped, one rank's budget where a cap lets every rank land on the same SMs
+        room = budget if ranks == 1 else (budget if capped else GPU_SMS) / 2
         regs_block = math.ceil(regs * 32 / 256) * 256 * warps
         shared_block = math.ceil((dynamic + dev.reserved_shared_per_block) / 128) * 128
         if blocks > 1:
@@ -118,8 +124,10 @@ def test_every_rank_grid_is_resident_for_every_register_count(ranks, threads, dy
             assert ranks * blocks * shared_block <= room * dev.shared_per_sm
         if ranks == 1:
             assert blocks == per_sm * budget  # alone: every block that fits, as a cooperative launch allows
-        else:
+        elif capped:
             assert blocks == max(1, per_sm * budget // (2 * ranks))
+        else:
+            assert blocks == max(1, per_sm * budget // 2)
         if previous is not None:
             assert blocks <= previous  # more registers never buy more blocks
         previous = blocks
@@ -138,3 +146,18 @@ def test_a_block_larger_than_the_kernel_allows_fits_nowhere():
     assert blocks_per_sm(bounded, DeviceLimits(), 256) == 8
     assert blocks_per_sm(bounded, DeviceLimits(), 512) == 0
     assert resident_blocks(0, 66, 2) == 0
+
+
+def test_a_rank_budget_is_its_share_of_the_gpu_unless_capped(monkeypatch):
+    """Uncapped ranks (the launcher's way) each get 1/k of the GPU's SMs, so code sizing its work by SMs takes
+    its own share; under an MPS cap CUDA already reports the capped count. CIRCUSLINK_SM_BUDGET overrides."""
+    from circuslink.backends.cuda import _mps_capped, _sm_budget
+
+    monkeypatch.delenv("CIRCUSLINK_SM_BUDGET", raising=False)
+    assert [_sm_budget(132, k, False) for k in (1, 2, 3, 4, 8)] == [132, 66, 44, 33, 16]
+    assert _sm_budget(66, 2, True) == 66 and _sm_budget(2, 4, False) == 1
+    monkeypatch.setenv("CIRCUSLINK_SM_BUDGET", "20")
+    assert _sm_budget(132, 2, False) == 20
+    for value, capped in (("", False), ("100", False), ("50", True), ("25.5", True), ("junk", False)):
+        monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", value)
+        assert _mps_capped() is capped, value

@@ -750,6 +750,10 @@ def test_start_times_out_naming_the_target_that_never_posts(spmd, backend, via):
     """The start-side wait (for a target's post) has the queue's time-out: commit's, else CIRCUSLINK_TIMEOUT."""
     # Via the environment every wait of the job has the limit, so it leaves room for start-up skew.
     env = {"CIRCUSLINK_TIMEOUT": "3"} if via == "env" else {"CIRCUSLINK_TIMEOUT": "60"}
+    # On the GPU this one-word chain would go as low-latency lines, which have no post to wait for (the origin
+    # writes the target's staging and waits only 4 epochs ahead: docs/rma.md): the fenced protocol's start is
+    # the wait under test (on the GPU, 2026-11-29, the origin's start and wait returned at once, as designed).
+    env["CIRCUSLINK_RMA_LOW_LATENCY"] = "0"
     code = START_TIMEOUT.replace("COMMIT_TIMEOUT", "None" if via == "env" else "1.0")
     job = spmd(2, code, backend=backend, env=env).check()
     assert "rma queue 1 of window 1 on rank 0: epoch 1 " in job.output, job.output

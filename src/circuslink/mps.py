@@ -18,6 +18,14 @@ that relaunches itself) runs them under MPS:
 ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / ranks on its GPU``: its share of the SMs, the basis
 of the forward-progress rule (``World.sm_budget``). Under ``mpirun``, ``circuslink mps -- mpirun
 -np 4 python app.py`` does the same around the whole command.
+
+The cap limits how many SMs a rank uses, not which: on an H200 (2026-11-29, ``scripts/dev/sm_placement.py``)
+two ranks capped at 50 % both ran on SMs 0-65 and four at 25 % all on SMs 0-31, the rest of the GPU idle.
+``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100`` in the environment (kept as it is) runs the ranks uncapped: the
+hardware spreads their blocks over the whole GPU and the forward-progress rule gives each its 1/k of the
+SMs (the device-resident CG at 32^4 on 2x2x1x1 ranks: 1,389 us an iteration against 4,830 capped). It is
+not the default: in that mode the GPU test suite's distributed FFT on 4 ranks timed out and faulted
+(misaligned address), not yet understood.
 """
 
 from __future__ import annotations

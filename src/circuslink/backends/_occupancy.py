@@ -11,14 +11,21 @@ Two pure functions, so that the rule is tested on any machine (tests/test_occupa
   tests check the rule with, and it agrees with NVIDIA's header for every register count.
 * :func:`resident_blocks` is the forward-progress rule: of the blocks this rank's SMs hold, how many its
   grid may use so that every block of every rank sharing the GPU is resident at once. A rank alone on its
-  GPU may fill every SM. Under MPS a rank's kernels are capped to its share of the SMs (its SM budget),
-  but not to which SMs: all k ranks of a GPU may run on the same ones. So the k ranks' grids together must
-  fit on one rank's SMs, and with room to spare: at the full 1/k of them (k = 2, 4 blocks of 256 threads
-  an SM on each rank's 66 SMs of an H100) some blocks of a streaming grid started only after others had
-  left and a grid barrier timed out (2026-11-24); at half of it that never happened. The rule counts
-  blocks over all of a rank's SMs, not per SM, so a kernel that fits only 2 blocks an SM gets
-  ``66 * 2 / (2 * 2) = 33`` blocks at 2 ranks, where rounding "1/k of an SM, at least one block" up
+  GPU may fill every SM. Ranks sharing a GPU run under MPS, by default each capped to 100/k percent of it
+  (``mps.py``): CUDA reports the capped SM count (the rank's budget), but MPS caps how many SMs a client
+  uses, not which, and all k ranks may run on the same ones (measured on an H200, 2026-11-29: two ranks
+  capped at 50 % both on SMs 0-65, four at 25 % all on SMs 0-31). So the k ranks' grids together must fit
+  on one rank's SMs, and with room to spare: each takes half of 1/k of them. At the full 1/k (k = 2, 4
+  blocks of 256 threads an SM on each rank's 66 SMs of an H100) some blocks of a streaming grid started
+  only after others had left and a grid barrier timed out (2026-11-24); at half of it that never happened.
+  The rule counts blocks over all of a rank's SMs, not per SM, so a kernel that fits only 2 blocks an SM
+  gets ``66 * 2 / (2 * 2) = 33`` blocks at 2 ranks, where rounding "1/k of an SM, at least one block" up
   gave 66 and let a grid of such a kernel time out in its grid barrier.
+  Ranks run uncapped where the environment sets ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100``: the hardware then
+  spreads every rank's blocks over the whole GPU, each rank's budget is its 1/k of the GPU's SMs (what code
+  that sizes its work by SMs takes as its own), and its grids take half of the blocks those hold, so the k
+  grids together fill half of the GPU. At the full share (two uncapped ranks of 132 blocks of 2 an SM on an
+  H200's 132 SMs: the GPU exactly full) the device-resident CG stalled (2026-11-29).
 """
 
 from __future__ import annotations
@@ -128,17 +135,18 @@ def blocks_per_sm(kernel: KernelAttributes, device: DeviceLimits, threads: int, 
     return max(0, min(limits))
 
 
-def resident_blocks(per_sm: int, sm_budget: int, ranks_on_gpu: int) -> int:
+def resident_blocks(per_sm: int, sm_budget: int, ranks_on_gpu: int, capped: bool = False) -> int:
     """Blocks a rank's grid may have so that it is resident at once beside the grids of the other ranks on
-    its GPU (the module's docstring says why): every block of every SM of its budget when alone, else
-    half of a 1/k share of them, counted over the budget's SMs; never below one block (a grid of one block
-    is always resident). ``per_sm`` is :func:`blocks_per_sm`'s answer, ``sm_budget`` the SMs the rank may
-    use (the count CUDA reports under its MPS share), ``ranks_on_gpu`` the k ranks sharing the GPU."""
+    its GPU (the module's docstring says why): every block of every SM of its budget when alone, else half
+    of them, counted over the budget's SMs; never below one block (a grid of one block is always resident).
+    ``per_sm`` is :func:`blocks_per_sm`'s answer, ``ranks_on_gpu`` the k ranks sharing the GPU, ``sm_budget``
+    the rank's SMs: its 1/k of the GPU's, or where an MPS cap is set (``capped``) the count CUDA reports
+    under it, which all k ranks may share, so that the rank takes half of 1/k of it."""
     if per_sm < 1 or sm_budget < 1:
         return 0
     if ranks_on_gpu <= 1:
         return per_sm * sm_budget
-    return max(1, per_sm * sm_budget // (2 * ranks_on_gpu))
+    return max(1, per_sm * sm_budget // (2 * (ranks_on_gpu if capped else 1)))
 
 
 def describe(kernel: KernelAttributes, threads: int, dynamic_shared: int) -> str:

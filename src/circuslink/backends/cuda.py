@@ -89,14 +89,21 @@ def _ranks_sharing(identities: list[str | None], mine: str) -> int:
     return max(1, sum(1 for identity in identities if identity == mine))
 
 
-def _sm_budget(sm_count: int) -> int:
-    """SMs this rank's kernels may occupy (the forward-progress rule, docs/architecture.md).
+def _mps_capped() -> bool:
+    """Whether this process runs under an MPS cap below the whole GPU (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``: the
+    launcher sets 100/k for the k ranks sharing a GPU; 100 in the environment runs them uncapped)."""
+    raw = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "").strip()
+    try:
+        return bool(raw) and float(raw) < 100
+    except ValueError:
+        return False
 
-    Under MPS with ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (the launcher sets it to the rank's share of
-    its GPU) the client is capped, and CUDA already reports the capped count as the device's SM count
-    (66 of an H100's 132 at 50%, measured under MPS on 2026-11-23): that count is the budget, so a
-    rank whose kernels spin on a peer never holds the SMs the peer needs. ``CIRCUSLINK_SM_BUDGET``
-    overrides it (a number of SMs)."""
+
+def _sm_budget(sm_count: int, ranks_on_gpu: int, capped: bool) -> int:
+    """SMs this rank's kernels may occupy (the forward-progress rule, docs/architecture.md): the SMs CUDA reports,
+    which under the launcher's MPS cap is the capped count (66 of an H100's 132 at 50%, measured under MPS on
+    2026-11-23), or the rank's 1/k of the GPU's where k ranks share it uncapped. ``CIRCUSLINK_SM_BUDGET``
+    overrides it (a number of SMs). :func:`_occupancy.resident_blocks` says how many blocks that allows."""
     raw = os.environ.get("CIRCUSLINK_SM_BUDGET")
     if raw not in (None, ""):
         try:
@@ -106,7 +113,7 @@ def _sm_budget(sm_count: int) -> int:
         if value < 1:
             raise ConfigError(f"CIRCUSLINK_SM_BUDGET={raw!r} must be at least 1")
         return min(value, sm_count)
-    return sm_count
+    return sm_count if capped or ranks_on_gpu <= 1 else max(1, sm_count // ranks_on_gpu)
 
 
 class CudaBackend(Backend):
@@ -137,12 +144,13 @@ class CudaBackend(Backend):
         self._caller_done = cp.cuda.Event(disable_timing=True)
         self.sm_count = int(cp.cuda.Device(device).attributes["MultiProcessorCount"])
         self.device_identity = f"{socket.gethostname()}:{cp.cuda.Device(device).pci_bus_id}"
-        self.sm_budget = _sm_budget(self.sm_count)
         # Collective: the ranks whose GPU is this one, counted by device identity whoever chose the device
         # (max_blocks divides the GPU among them). A peer may still be waiting in _use_device for the GPU.
         self.ranks_on_gpu = _ranks_sharing(
             world.allgather_object(self.device_identity, _unavailable_wait_s() + default_timeout()),
             self.device_identity)
+        self.capped = _mps_capped()
+        self.sm_budget = _sm_budget(self.sm_count, self.ranks_on_gpu, self.capped)
         # The abort word (detail/sync.cuh): host-mapped, so the host can end every device wait of
         # this process when its own bounded wait for a kernel gives up. With unified addressing the
         # host pointer of mapped memory is also its device pointer.
@@ -178,8 +186,8 @@ class CudaBackend(Backend):
         """Blocks of ``kernel`` (a cupy RawKernel) at ``threads`` threads a block and ``shared_bytes`` of dynamic
         shared memory that this rank may have resident at once, whatever the other ranks on its GPU run:
         the blocks one SM holds of it (the driver's occupancy: registers, shared memory, block size) times
-        its SM budget when alone on the GPU, else half of a 1/k share of those (k ranks on the GPU; the
-        rule and why: backends/_occupancy.py)."""
+        its SM budget when alone on the GPU, else half of those (k ranks on the GPU, each with 1/k of its SMs;
+        the rule and why: backends/_occupancy.py)."""
         return self._fit(kernel, threads, shared_bytes)[1]
 
     def _fit(self, kernel: Any, threads: int, shared_bytes: int) -> tuple[int, int]:
@@ -191,7 +199,7 @@ class CudaBackend(Backend):
             why = _occupancy.describe(attrs, threads, shared_bytes)
             raise BackendError(f"kernel {attrs.name} does not fit an SM ({why}): "
                                "give it __launch_bounds__ or launch fewer threads")
-        return per_sm, _occupancy.resident_blocks(per_sm, self.sm_budget, self.ranks_on_gpu)
+        return per_sm, _occupancy.resident_blocks(per_sm, self.sm_budget, self.ranks_on_gpu, self.capped)
 
     def launch_resident(self, kernel: Any, grid: Any, block: Any, args: tuple, shared_bytes: int = 0,
                         stream: Any = None, limit: int | None = None) -> None:
