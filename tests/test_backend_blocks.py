@@ -193,9 +193,11 @@ class _GpuStandIn:
                                     Event=lambda disable_timing: "event")
 
 
-def built_backend(monkeypatch, rank: int, device_of_rank: list[int], buses: list[str], sms: int = 33):
+def built_backend(monkeypatch, rank: int, device_of_rank: list[int], buses: list[str], sms: int = 33,
+                  share: str | None = None):
     """Rank ``rank``'s CudaBackend, built by its own __init__, in a job whose rank r uses GPU
-    ``device_of_rank[r]`` (pinned by CIRCUSLINK_DEVICE, as ``circuslink run`` pins every rank's GPU)."""
+    ``device_of_rank[r]`` (pinned by CIRCUSLINK_DEVICE, as ``circuslink run`` pins every rank's GPU), under the
+    MPS cap ``circuslink run`` gives ranks sharing a GPU unless ``share`` says otherwise ("100": uncapped)."""
     import socket
 
     from circuslink.backends import cuda
@@ -204,6 +206,13 @@ def built_backend(monkeypatch, rank: int, device_of_rank: list[int], buses: list
     monkeypatch.setattr(cuda, "_cupy", lambda: _GpuStandIn(buses, sms))
     monkeypatch.setenv("CIRCUSLINK_DEVICE", str(device_of_rank[rank]))
     monkeypatch.delenv("CIRCUSLINK_SM_BUDGET", raising=False)
+    sharing = device_of_rank.count(device_of_rank[rank])
+    if share is None and sharing > 1:
+        share = str(100 // sharing)  # as `circuslink run` caps ranks that share a GPU
+    if share is None:
+        monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", share)
     gathered = []
 
     def allgather_object(obj, timeout=None):
@@ -230,6 +239,20 @@ def test_ranks_pinned_to_one_gpu_by_circuslink_run_count_each_other(monkeypatch)
     per_sm_one = fake_backend(1, backend.sm_budget, backend.ranks_on_gpu)
     assert CudaBackend.max_blocks(per_sm_one, KERNEL, 256) == 4
     assert 4 * CudaBackend.max_blocks(per_sm_one, KERNEL, 256) <= backend.sm_budget  # all 4 fit one rank's SMs
+
+
+def test_uncapped_ranks_each_take_their_share_of_the_gpu(monkeypatch):
+    """Ranks sharing a GPU uncapped (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100) see all its SMs: each rank's budget is
+    its 1/k of them and its grids half of the blocks those hold, so the 4 grids together fill half the GPU."""
+    backend = built_backend(monkeypatch, rank=1, device_of_rank=[0, 0, 0, 0], buses=["0000:19:00.0"], sms=132,
+                            share="100")
+    assert backend.ranks_on_gpu == 4 and not backend.capped and backend.sm_budget == 33
+    one_an_sm = fake_backend(1, backend.sm_budget, backend.ranks_on_gpu)
+    one_an_sm.capped = backend.capped
+    assert CudaBackend.max_blocks(one_an_sm, KERNEL, 256) == 16
+    assert 4 * CudaBackend.max_blocks(one_an_sm, KERNEL, 256) <= 132 // 2
+    capped = built_backend(monkeypatch, rank=1, device_of_rank=[0, 0, 0, 0], buses=["0000:19:00.0"], sms=33)
+    assert capped.capped and capped.sm_budget == 33  # the count CUDA reports under the 25 % cap
 
 
 def test_ranks_on_other_gpus_are_not_counted(monkeypatch):

@@ -30,6 +30,9 @@ class Backend(ABC):
     device: int | None = None  # the GPU this rank uses, None without one
     runs_kernels: bool = False  # device kernels built with circuslink.compile run on this back-end
     sm_budget: int | None = None  # SMs this rank's kernels may occupy (the forward-progress rule)
+    # Whether sm_budget counts SMs that every rank on the GPU may share (an MPS cap, the launcher's default) or
+    # this rank's own 1/k of them (uncapped); the conservative reading unless the back-end knows (_occupancy.py)
+    capped: bool = True
     abort_ptr: int = 0  # host-mapped word that ends every device wait of the process (0: none)
     # Which physical device this rank's memory lives on (host name and PCI bus id; None without a device): ranks
     # with the same identity share one GPU's memory system, whatever their device ordinals say.

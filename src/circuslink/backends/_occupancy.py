@@ -135,13 +135,13 @@ def blocks_per_sm(kernel: KernelAttributes, device: DeviceLimits, threads: int, 
     return max(0, min(limits))
 
 
-def resident_blocks(per_sm: int, sm_budget: int, ranks_on_gpu: int, capped: bool = False) -> int:
+def resident_blocks(per_sm: int, sm_budget: int, ranks_on_gpu: int, capped: bool = True) -> int:
     """Blocks a rank's grid may have so that it is resident at once beside the grids of the other ranks on
     its GPU (the module's docstring says why): every block of every SM of its budget when alone, else half
     of them, counted over the budget's SMs; never below one block (a grid of one block is always resident).
     ``per_sm`` is :func:`blocks_per_sm`'s answer, ``ranks_on_gpu`` the k ranks sharing the GPU, ``sm_budget``
-    the rank's SMs: its 1/k of the GPU's, or where an MPS cap is set (``capped``) the count CUDA reports
-    under it, which all k ranks may share, so that the rank takes half of 1/k of it."""
+    the rank's SMs: where an MPS cap is set (``capped``, the launcher's default) the count CUDA reports under
+    it, which all k ranks may share, so that the rank takes half of 1/k of it; else its own 1/k of the GPU's."""
     if per_sm < 1 or sm_budget < 1:
         return 0
     if ranks_on_gpu <= 1:
