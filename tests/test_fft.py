@@ -175,6 +175,8 @@ def case(shape, dtype, decomposition, layout, scheme, chunks, scales, own):
     fs, bs = scales
     factor = {{"none": 1.0, "full": 1.0 / n, "symmetric": n ** -0.5}}
     what = (shape, dtype, decomposition, layout, scheme, chunks, scales, own)
+    if me == 0:  # the case a fault or a hang happened in (a device fault surfaces at a later call)
+        print("case", what, flush=True)
     with fft.Plan(world, ins[me], outs[me], dtype, decomposition=decomposition if not own else "auto",
                   scheme=scheme, chunks=chunks) as plan:
         ref = (np.fft.rfftn(x.astype(np.float64)) if real else np.fft.fftn(x.astype(np.complex128))) * factor[fs]
