@@ -186,8 +186,9 @@ class CudaBackend(Backend):
         """Blocks of ``kernel`` (a cupy RawKernel) at ``threads`` threads a block and ``shared_bytes`` of dynamic
         shared memory that this rank may have resident at once, whatever the other ranks on its GPU run:
         the blocks one SM holds of it (the driver's occupancy: registers, shared memory, block size) times
-        its SM budget when alone on the GPU, else half of those (k ranks on the GPU, each with 1/k of its SMs;
-        the rule and why: backends/_occupancy.py)."""
+        its SM budget when alone on the GPU; where k ranks share it, half of 1/k of those under an MPS cap (all k
+        may run on the capped SMs), half of those uncapped (the budget is then the rank's 1/k of the SMs; the
+        rule and why: backends/_occupancy.py)."""
         return self._fit(kernel, threads, shared_bytes)[1]
 
     def _fit(self, kernel: Any, threads: int, shared_bytes: int) -> tuple[int, int]:
