@@ -80,7 +80,7 @@ def background_builds(root: Path) -> list:
 
 @pytest.fixture(scope="module")
 def compiled():
-    """Name -> a Future of the failure text ("" when it compiled); each test waits for its own."""
+    """Job name -> a Future of (nvcc's exit status, the command and its output); each test waits for its own."""
     return builds_for(sys.modules[__name__])
 
 
@@ -119,7 +119,7 @@ WIDE_KERNELS = [
 ]
 
 
-# Sources the full-optimisation compiles already build whole (the plain check reads their result)
+# Sources that another job of this module builds whole (their plain check reads that job's result)
 COVERED = {str(PKG / source): f"wide:{source}" for source, _ in WIDE_KERNELS} | {
     str(PKG / "rma" / "rma_kernels.cu"): "rma:None"}
 

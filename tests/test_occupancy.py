@@ -90,9 +90,9 @@ def test_the_issue_kernel_fits_two_blocks_an_sm():
 GPU_SMS = 132
 
 
-def _budget(ranks: int, capped: bool) -> int:
-    """A rank's SMs: its 1/k of the GPU's (uncapped, the launcher's way), or under an MPS cap of 100/k percent the
-    count CUDA reports, which every rank may share."""
+def _budget(ranks: int) -> int:
+    """A rank's SMs, the same count either way: under the launcher's MPS cap of 100/k percent the count CUDA
+    reports (which every rank may share), uncapped its own 1/k of the GPU's."""
     return GPU_SMS if ranks == 1 else GPU_SMS // ranks
 
 
@@ -101,7 +101,7 @@ def _budget(ranks: int, capped: bool) -> int:
 @pytest.mark.parametrize("threads,dynamic", [(64, 0), (128, 0), (256, 0), (256, 16384), (512, 0), (1024, 0)])
 def test_every_rank_grid_is_resident_for_every_register_count(ranks, threads, dynamic, capped):
     dev = DeviceLimits()
-    budget = _budget(ranks, capped)
+    budget = _budget(ranks)
     warps = threads // 32
     previous = None
     for regs in range(32, 256):
@@ -149,8 +149,9 @@ def test_a_block_larger_than_the_kernel_allows_fits_nowhere():
 
 
 def test_a_rank_budget_is_its_share_of_the_gpu_unless_capped(monkeypatch):
-    """Uncapped ranks (the launcher's way) each get 1/k of the GPU's SMs, so code sizing its work by SMs takes
-    its own share; under an MPS cap CUDA already reports the capped count. CIRCUSLINK_SM_BUDGET overrides."""
+    """Uncapped ranks (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100) each get 1/k of the GPU's SMs, so code sizing its work
+    by SMs takes its own share; under an MPS cap (the launcher's) CUDA already reports the capped count.
+    CIRCUSLINK_SM_BUDGET overrides."""
     from circuslink.backends.cuda import _mps_capped, _sm_budget
 
     monkeypatch.delenv("CIRCUSLINK_SM_BUDGET", raising=False)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Dev experiment 2: the uncapped share (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100) with the rule's half (margin)
 # and full 1/k share; the 32^4 2x2x1x1 stall with a 20 s device time-out; pingpong capped and uncapped.
+# (CIRCUSLINK_DEV_FULL_SHARE=1 was a temporary switch in backends/_occupancy.py for that one call, not kept:
+#  without it the second run measures the half share again.)
 set -u
 R=${R:?} PY=${PY:-python3}
 U=(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100)
