@@ -74,8 +74,9 @@ def test_a_device_form_on_the_cpu_back_end_is_refused_in_one_line(spmd):
 def _compile_kernels(root: Path) -> subprocess.CompletedProcess:
     src = root / "stencil_kernels.cu"
     src.write_text(stencil.cell_update_cxx() + (EXAMPLE / "kernels.cu").read_text())
-    return subprocess.run([NVCC, "-std=c++17", "-arch=sm_90a", f"-I{INCLUDE}", "-c", str(src), "-o",
-                           str(root / "k.o")], capture_output=True, text=True, timeout=300)
+    # unoptimised, as tests/test_device_headers.py's plain checks: that the kernels compile, not what they cost
+    return subprocess.run([NVCC, "-std=c++17", "-arch=sm_90a", f"-I{INCLUDE}", "-Xcicc", "-O0", "-Xptxas", "-O0",
+                           "-c", str(src), "-o", str(root / "k.o")], capture_output=True, text=True, timeout=300)
 
 
 def background_builds(root: Path) -> list:
