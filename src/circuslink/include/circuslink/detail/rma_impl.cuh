@@ -413,7 +413,9 @@ __device__ __forceinline__ RmaAhead rma_start_ahead(const RmaQueue& q, unsigned 
   a.poll = rma_poll_slot(q, q.targets, q.size, q.n_targets, t);
   a.raise = rma_remote_slot(q.arrival_at_target, q.n_targets, t);
   a.post = q.post_at_wait ? nullptr : rma_remote_slot(q.post_at_origin, q.n_origins, t);
-  if (q.words != nullptr) rma_load_words_ahead(q, word_first, word_stride, a.words);
+  // Always, also for a rank with no words: it clears every slot first, and a low-latency start stores each slot
+  // whose destination is not 0 (a target that writes nothing back stored through uninitialised registers).
+  rma_load_words_ahead(q, word_first, word_stride, a.words);
   return a;
 }
 
