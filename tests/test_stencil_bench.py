@@ -124,4 +124,7 @@ def test_channel_and_nvshmem_stencils_side_by_side_gpu(tmp_path):
         assert got == {(n, d, t) for n in (1, 2) for d in ("64x64", "33x70") for t in ("float32", "float64")}, impl
     assert all(r.get("checked") for r in rows), [r for r in rows if not r.get("checked")]
     assert all(r["vs_nvshmem"] > 0 for r in rows if r["impl"].startswith("channel-"))
+    # these blocks fit one block's shared memory: both persistent stencils run their on-chip kernels
+    persistent = [r for r in rows if r["impl"] in ("channel-persistent", "nvshmem-persistent")]
+    assert persistent and all(r.get("kernel") == "onchip" for r in persistent), persistent
     assert "x the NVSHMEM stencil's time (target <= 1.0)" in proc.stdout

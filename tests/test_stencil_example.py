@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import builds_for
 
+import circuslink as cl
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "stencil"
 INCLUDE = REPO / "src" / "circuslink" / "include"
@@ -113,12 +115,40 @@ GPU_CASES = [(1, "64x48", None), (2, "301x77", "mesh:2x1"), (4, "257x129", "mesh
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("ranks,size,grid", GPU_CASES)
-@pytest.mark.parametrize("form", ["launch", "persistent", "host"])
+@pytest.mark.parametrize("form", ["launch", "persistent-grid", "persistent-onchip", "host"])
 def test_device_forms_are_bit_exact_on_a_gpu(spmd, ranks, size, grid, form):
+    """Every form of the example against numpy, bit for bit, float32 and float64 (every block of these cases fits one
+    SM's shared memory: the on-chip kernel runs them as the grid kernel does)."""
     argv = ["--size", size, "--iters", "20", "--form", form] + (["--grid", grid] if grid else [])
     job = spmd(ranks, f"import runpy, sys\nsys.argv = ['main.py', *{argv!r}]\n"
                       f"runpy.run_path({str(EXAMPLE / 'main.py')!r}, run_name='__main__')\n", backend="cuda",
                timeout=300)
     job.check()
     assert job.output.count("bit-exact against numpy (cuda)") == 2, job.output
+    if form.startswith("persistent"):
+        assert job.output.count(f"({form.split('-')[1]} kernel on rank 0)") == 2, job.output
+
+
+# H200: 227 KB a block (sharedMemPerBlockOptin); the on-chip kernel's static shared memory (its edges' staging)
+LIMIT, STATIC = 232448, 8208
+
+
+@pytest.mark.parametrize("form,block,itemsize,want", [
+    ("persistent", (64, 64), 8, "onchip"),           # 2 x 66 x 66 x 8 = 69,696 B
+    ("persistent", (116, 116), 8, "onchip"),         # 2 x 118 x 118 x 8 = 222,784 B: the largest square that fits
+    ("persistent", (117, 117), 8, "grid"),           # 227,376 B + the static 8,208: past the limit
+    ("persistent", (165, 165), 4, "onchip"),
+    ("persistent", (1024, 1024), 4, "grid"),
+    ("persistent-grid", (8, 8), 8, "grid"),
+    ("persistent-onchip", (8, 8), 4, "onchip"),
+])
+def test_the_persistent_form_runs_on_chip_where_the_block_fits(form, block, itemsize, want):
+    assert stencil.persistent_kernel(form, block, itemsize, STATIC, LIMIT) == want
+
+
+def test_an_on_chip_form_past_shared_memory_is_refused_in_one_line():
+    with pytest.raises(cl.ConfigError) as info:
+        stencil.persistent_kernel("persistent-onchip", (1000, 700), 8, STATIC, LIMIT)
+    text = str(info.value)
+    assert "\n" not in text and "1000x700" in text and "232448 B" in text and "--form persistent" in text, text
 

@@ -12,6 +12,9 @@
 // Persistent form, one launch for every iteration: the same two phases separated by grid_sync, on a grid
 // launched with world.backend.launch_resident (every block resident at once); on a small block of cells, block 0
 // updates the frame right after its exchange, and one grid_sync an iteration is enough.
+// On-chip persistent form (jacobi_onchip), for a rank's block that fits one SM's shared memory: one block holds
+// both buffers there for the whole run; the same two phases separated by __syncthreads, so no grid barrier and
+// no cell's trip through L2 in any iteration.
 //
 // Every channel call and every grid_sync returns false on failure (a time-out or the host's abort); the
 // kernels then set *failed and leave together, and the host raises the channel's recorded error.
@@ -85,17 +88,9 @@ __device__ bool exchange(const circuslink::Halo<T>& halo, int d, T* u, int lx, i
   return true;
 }
 
-// Phase 1: block 0's first four warps exchange; the other threads update cells 2..lx-1 x 2..ly-1.
+// The cells that need no ghost cell, 2..lx-1 x 2..ly-1: worker `me` of `workers` takes me, me + workers, ...
 template <typename T>
-__device__ void exchange_and_interior(const circuslink::Halo<T>& halo, T* u, T* v, int lx, int ly, T* send,
-                                      T* recv, int* failed) {
-  const int warp = threadIdx.x / 32;
-  if (blockIdx.x == 0 && warp < 4) {
-    if (!exchange(halo, warp, u, lx, ly, send, recv) && (threadIdx.x & 31u) == 0) atomicExch(failed, 1);
-    return;
-  }
-  const int workers = gridDim.x * blockDim.x - kExchangeThreads;
-  const int me = blockIdx.x * blockDim.x + threadIdx.x - kExchangeThreads;
+__device__ void interior(const T* u, T* v, int lx, int ly, int me, int workers) {
   const int nx = lx - 2, ny = ly - 2;
   if (nx <= 0 || ny <= 0) return;
   // Cells me, me + workers, ... of the nx x ny interior, row by row: one division before the loop, none in it
@@ -111,6 +106,19 @@ __device__ void exchange_and_interior(const circuslink::Halo<T>& halo, T* u, T* 
       ++i;
     }
   }
+}
+
+// Phase 1: block 0's first four warps exchange; the other threads update the interior.
+template <typename T>
+__device__ void exchange_and_interior(const circuslink::Halo<T>& halo, T* u, T* v, int lx, int ly, T* send,
+                                      T* recv, int* failed) {
+  const int warp = threadIdx.x / 32;
+  if (blockIdx.x == 0 && warp < 4) {
+    if (!exchange(halo, warp, u, lx, ly, send, recv) && (threadIdx.x & 31u) == 0) atomicExch(failed, 1);
+    return;
+  }
+  interior(u, v, lx, ly, blockIdx.x * blockDim.x + threadIdx.x - kExchangeThreads,
+           gridDim.x * blockDim.x - kExchangeThreads);
 }
 
 // Phase 2: the cells beside the ghost cells (the whole block when it is 1 or 2 cells thin), by every thread.
@@ -189,6 +197,56 @@ __global__ void __launch_bounds__(kPersistentThreads)
   }
 }
 
+// Every iteration in one launch of one block, both buffers (ghosts included) in dynamic shared memory:
+// 2 x (lx + 2) x (ly + 2) cells, which stencil.py checks against the SM's opt-in limit before it picks this form.
+// Why: on a small block a grid form's iteration is mostly its grid barrier and the round trips of every cell
+// through L2 (measured on one H200: 2.1 us an iteration at 64x64 on one rank with no exchange at all); here the
+// barriers are the block's own and the cells are a shared-memory load away. The phases are the grid form's:
+// warps 0..3 exchange (the halos land in the ghost cells in shared memory) while the others update the interior,
+// then every thread updates the frame. The latest step goes back to u after an even number of iterations, to v
+// after an odd one, where the grid form leaves it.
+constexpr int kOnchipThreads = 512;
+template <typename T>
+__global__ void __launch_bounds__(kOnchipThreads)
+    jacobi_onchip(circuslink::Halo<T> halo, T* u, T* v, int lx, int ly, T* send, T* recv, int* failed, int iters) {
+  extern __shared__ __align__(16) unsigned char onchip_cells[];
+  const long long cells = (long long)(lx + 2) * (ly + 2);
+  T* su = reinterpret_cast<T*>(onchip_cells);
+  T* sv = su + cells;
+  // A failed exchange of iteration it sets stop[it % 2] (and *failed, for the host) before the iteration's first
+  // barrier; every thread reads it after the second. Two flags: iteration it + 1's exchange may fail before a
+  // slower thread has read iteration it's flag, and must not change what that thread reads. In shared memory: a
+  // read of *failed would be a trip to L2 every iteration.
+  __shared__ int stop[2];
+  if (threadIdx.x < 2) stop[threadIdx.x] = 0;
+  for (long long c = threadIdx.x; c < cells; c += blockDim.x) {
+    const T x = u[c];
+    su[c] = x;
+    sv[c] = x;  // the ghosts past the domain's edge stay fixed in both buffers
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32;
+  for (int it = 0; it < iters; ++it) {
+    if (warp < 4) {
+      if (!exchange(halo, warp, su, lx, ly, send, recv) && (threadIdx.x & 31u) == 0) {
+        atomicExch(failed, 1);
+        stop[it % 2] = 1;
+      }
+    } else {
+      interior(su, sv, lx, ly, threadIdx.x - kExchangeThreads, blockDim.x - kExchangeThreads);
+    }
+    __syncthreads();  // the halos are in the ghost cells
+    frame(su, sv, lx, ly, threadIdx.x, blockDim.x);
+    __syncthreads();  // the step is whole, and nothing reads su any more
+    if (stop[it % 2]) return;  // every thread leaves after the same iteration
+    T* t = su;
+    su = sv;
+    sv = t;
+  }
+  T* out = iters % 2 == 0 ? u : v;
+  for (long long c = threadIdx.x; c < cells; c += blockDim.x) out[c] = su[c];
+}
+
 template __global__ void jacobi_exchange_interior<float>(circuslink::Halo<float>, float*, float*, int, int, float*,
                                                          float*, int*);
 template __global__ void jacobi_exchange_interior<double>(circuslink::Halo<double>, double*, double*, int, int,
@@ -199,3 +257,7 @@ template __global__ void jacobi_persistent<float>(circuslink::Halo<float>, float
                                                   int*, circuslink::GridBarrier, int, int);
 template __global__ void jacobi_persistent<double>(circuslink::Halo<double>, double*, double*, int, int, double*,
                                                    double*, int*, circuslink::GridBarrier, int, int);
+template __global__ void jacobi_onchip<float>(circuslink::Halo<float>, float*, float*, int, int, float*, float*, int*,
+                                              int);
+template __global__ void jacobi_onchip<double>(circuslink::Halo<double>, double*, double*, int, int, double*, double*,
+                                               int*, int);

@@ -7,8 +7,10 @@ Every rank owns a block of the domain (uneven splits where the ranks do not divi
 come from one call, ``cl.channels.open_halo``. ``--form``: ``host`` steps with numpy (cupy on a GPU) and the
 host channel API, and runs on every back-end; ``launch`` (one launch pair an iteration) and ``persistent``
 (one launch for every iteration) run the device kernels of kernels.cu, where the back-end runs kernels
-(``world.backend.runs_kernels``). The default is ``launch`` where kernels run, else ``host``. Rank 0 checks
-the result, bit for bit, against the whole domain stepped by one numpy process.
+(``world.backend.runs_kernels``). ``persistent`` runs the on-chip kernel where a rank's block fits one SM's
+shared memory, else the grid kernel; ``persistent-grid`` and ``persistent-onchip`` ask for one. The default is
+``launch`` where kernels run, else ``host``. Rank 0 checks the result, bit for bit, against the whole domain
+stepped by one numpy process.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ def main() -> int:
                                       % (1 << 31)))
     module = stencil.compile_kernels() if form != "host" else None
     status = 0
+    kernel = None
     for name in (stencil.DTYPES if args.dtype == "both" else [args.dtype]):
         u0 = stencil.initial(args.size, stencil.DTYPES[name], seed)
         face = max(args.size)
@@ -66,6 +69,7 @@ def main() -> int:
                 result = stencil.run_host(halo, block, args.iters)
             else:
                 run = stencil.KernelRun(world, halo, block, module)
+                kernel = run.persistent_kernel(form) if form.startswith("persistent") else None
                 run.steps(args.iters, form)
                 run.wait(f"the {form} stencil on rank {world.rank}")
                 result = run.result
@@ -79,7 +83,8 @@ def main() -> int:
                 status = 1
             else:
                 print(f"stencil: {name}, {args.size[0]}x{args.size[1]} cells on {grid} ({world.size} ranks), "
-                      f"{args.iters} steps, {form} form: bit-exact against numpy ({world.backend.name})")
+                      f"{args.iters} steps, {form} form{f' ({kernel} kernel on rank 0)' if kernel else ''}: "
+                      f"bit-exact against numpy ({world.backend.name})")
     world.barrier()
     world.close()
     return status

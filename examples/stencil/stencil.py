@@ -7,7 +7,8 @@ The algorithm lives in this file once, and runs two ways:
   kernels (docs/user-kernels.md, "Without a GPU").
 * ``run_kernels``: the device kernels of kernels.cu, halos through the same channels from inside the
   kernel (``circuslink::Halo<T>``), in a launch form (two launches an iteration) and a persistent form
-  (one launch for every iteration, ``grid_sync`` between phases).
+  (one launch for every iteration): on a grid (``grid_sync`` between phases), or, when a rank's block fits one
+  SM's shared memory, on chip (one block holding the block of cells in shared memory for the whole run).
 
 Both take the per-cell update from :func:`cell_update`: numpy calls it on arrays; the kernels get it as
 C++ (:func:`cell_update_cxx` traces it into the macro ``CELL_UPDATE`` that kernels.cu uses), so the two
@@ -35,6 +36,7 @@ C_TYPES = {"float32": "float", "float64": "double"}
 THREADS = 256  # threads a block; the first 4 warps of block 0 exchange the halos (one direction each)
 EXCHANGE_THREADS = 4 * 32  # those warps (kernels.cu's kExchangeThreads): they update no interior cell
 PERSISTENT_THREADS = 512  # the persistent kernel's blocks (kernels.cu's kPersistentThreads bounds its registers)
+ONCHIP_THREADS = 512  # the on-chip kernel's one block (kernels.cu's kOnchipThreads)
 # The persistent form's grid: about this many interior cells a thread. Fewer blocks would mean fewer arrivals at
 # the grid barrier, but a thread's cells are updated one after another, each waiting on its loads: measured on one
 # H200 at 64x64 (one rank, float64, one run), 1, 2 and 4 cells a thread took 2.3, 2.7 and 3.3 us an iteration.
@@ -158,12 +160,34 @@ def gather(world: Any, halo: Any, u: Any, shape: tuple[int, int]) -> np.ndarray 
 
 
 # -- the device kernels ------------------------------------------------------------------------------------
-FORMS = ("launch", "persistent")
+# "persistent" is the on-chip kernel where a rank's block fits one SM's shared memory, else the grid kernel;
+# "persistent-grid" and "persistent-onchip" ask for one of them (A/B runs, and the tests of both).
+FORMS = ("launch", "persistent", "persistent-grid", "persistent-onchip")
+
+
+def onchip_bytes(block: tuple[int, int], itemsize: int) -> int:
+    """Dynamic shared memory the on-chip kernel takes for a rank's ``block`` (lx, ly): both buffers, ghosts too."""
+    return 2 * (block[0] + 2) * (block[1] + 2) * itemsize
+
+
+def persistent_kernel(form: str, block: tuple[int, int], itemsize: int, static_bytes: int, limit: int) -> str:
+    """Which kernel runs ``form`` ("persistent..."): "onchip" or "grid". The on-chip kernel needs its dynamic
+    shared memory (:func:`onchip_bytes`) and its static (``static_bytes``) within ``limit``, the most one block may
+    have (the device's opt-in limit); "persistent-onchip" on a block past it is refused in one line."""
+    need = onchip_bytes(block, itemsize) + static_bytes
+    fits = need <= limit
+    if form == "persistent-grid" or (form == "persistent" and not fits):
+        return "grid"
+    if not fits:
+        raise cl.ConfigError(f"stencil: --form persistent-onchip needs {need} B of shared memory for a block of "
+                             f"{block[0]}x{block[1]} cells ({itemsize} B each, two buffers with ghosts), past one "
+                             f"block's {limit} B: use --form persistent (the grid kernel where it does not fit)")
+    return "onchip"
 
 
 def compile_kernels() -> Any:
     """kernels.cu with :func:`cell_update` traced into it, for float and double."""
-    names = [f"{k}<{t}>" for k in ("jacobi_exchange_interior", "jacobi_frame", "jacobi_persistent")
+    names = [f"{k}<{t}>" for k in ("jacobi_exchange_interior", "jacobi_frame", "jacobi_persistent", "jacobi_onchip")
              for t in C_TYPES.values()]
     return cl.compile(cell_update_cxx() + (HERE / "kernels.cu").read_text(), name_expressions=names)
 
@@ -180,6 +204,11 @@ class KernelRun:
         self.k_interior = module.get_function(f"jacobi_exchange_interior<{c_type}>")
         self.k_frame = module.get_function(f"jacobi_frame<{c_type}>")
         self.k_persistent = module.get_function(f"jacobi_persistent<{c_type}>")
+        self.k_onchip = module.get_function(f"jacobi_onchip<{c_type}>")
+        self.itemsize = np.dtype(u0.dtype).itemsize
+        self.onchip_bytes = onchip_bytes((self.lx, self.ly), self.itemsize)
+        props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+        self.shared_limit = int(props["sharedMemPerBlockOptin"])
         self.bufs = [cp.asarray(u0), cp.asarray(u0)]
         face = max(self.lx, self.ly)
         self.send = cp.zeros(4 * face, dtype=u0.dtype)
@@ -201,15 +230,28 @@ class KernelRun:
     def _args(self, u: Any, v: Any) -> tuple:
         return (self.handle, u, v, np.int32(self.lx), np.int32(self.ly), self.send, self.recv, self.failed)
 
+    def persistent_kernel(self, form: str = "persistent") -> str:
+        """"onchip" or "grid": the kernel that runs ``form`` on this rank's block (:func:`persistent_kernel`)."""
+        return persistent_kernel(form, (self.lx, self.ly), self.itemsize, int(self.k_onchip.shared_size_bytes),
+                                 self.shared_limit)
+
     def steps(self, iters: int, form: str) -> None:
         """Launch ``iters`` steps in ``form`` on the current stream (:meth:`wait` waits for them, bounded)."""
-        if form == "launch":
+        if form in FORMS[1:] and self.persistent_kernel(form) == "onchip":
+            u, v = self.bufs[self.current], self.bufs[1 - self.current]
+            # past 48 KB, dynamic shared memory must be asked for (cudaFuncAttributeMaxDynamicSharedMemorySize)
+            if self.k_onchip.max_dynamic_shared_size_bytes < self.onchip_bytes:
+                self.k_onchip.max_dynamic_shared_size_bytes = self.onchip_bytes
+            self.world.backend.launch_resident(self.k_onchip, 1, ONCHIP_THREADS, (*self._args(u, v), np.int32(iters)),
+                                               shared_bytes=self.onchip_bytes)
+            self.current = (self.current + iters) % 2
+        elif form == "launch":
             for _ in range(iters):
                 u, v = self.bufs[self.current], self.bufs[1 - self.current]
                 self.k_interior((self.launch_blocks,), (THREADS,), self._args(u, v))
                 self.k_frame((self.frame_blocks,), (THREADS,), (u, v, np.int32(self.lx), np.int32(self.ly)))
                 self.current = 1 - self.current
-        elif form == "persistent":
+        elif form in FORMS[1:]:
             u, v = self.bufs[self.current], self.bufs[1 - self.current]
             self.world.backend.launch_resident(self.k_persistent, self.persistent_blocks, PERSISTENT_THREADS,
                                                (*self._args(u, v), self.barrier.device_handle(), np.int32(iters),

@@ -5,7 +5,10 @@ from ``examples/stencil`` of the source tree (``--example DIR``: another copy). 
 element type, domain and rank count:
 
 * ``channel-launch``, ``channel-persistent``: the example's device kernels, halos through channels from inside
-  the kernel; two launches an iteration, or one launch for every iteration (back-ends that run kernels);
+  the kernel; two launches an iteration, or one launch for every iteration (back-ends that run kernels). The
+  persistent rows' ``kernel``: "onchip" (one block holding a rank's block of cells in shared memory) where it
+  fits one block's shared memory, else "grid"; ``--persistent-kernel grid`` or ``onchip`` asks for one (both the
+  channel and the NVSHMEM stencil);
 * ``host``: the example's host form, numpy (cupy on a GPU) steps and the host channel API: what the cpu
   back-end runs;
 * ``mpi-host-staged``: the same compute (the example's kernels on a GPU, numpy on the cpu), the halos copied
@@ -69,6 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=10, help="timed loops of --iters steps (default 10)")
     parser.add_argument("--check-cells", dest="check_cells", type=int, default=1 << 20,
                         help="domains up to this many cells are checked bit for bit against numpy (default 1M)")
+    parser.add_argument("--persistent-kernel", dest="persistent_kernel", choices=("auto", "grid", "onchip"),
+                        default="auto", help="the persistent forms' kernel, channels and NVSHMEM alike: auto "
+                                             "(default: on chip where a rank's block fits one block's shared "
+                                             "memory, else on a grid), grid or onchip")
     parser.add_argument("--example", default=None, help="the examples/stencil folder to time (default: the source "
                                                          "tree's)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # a job's JSON output
@@ -208,9 +215,9 @@ def _driver(args: argparse.Namespace, impls: list[str], dtypes: list[str], domai
     results.extend(rows)
 
     def report() -> None:
-        drv.print_table(results.rows, ["impl", "dtype", "domain", "grid", "nranks", "time_per_iter_us", "min_us",
-                                       "gcells_per_s", "vs_one_rank", "efficiency", "vs_nvshmem", "checked",
-                                       "skipped"], "stencil: 2-D 5-point Jacobi, time per iteration", args)
+        drv.print_table(results.rows, ["impl", "dtype", "domain", "grid", "nranks", "kernel", "time_per_iter_us",
+                                       "min_us", "gcells_per_s", "vs_one_rank", "efficiency", "vs_nvshmem",
+                                       "checked", "skipped"], "stencil: 2-D 5-point Jacobi, time per iteration", args)
         _summary(results.rows, results.floor, runs_kernels)
 
     def plot(path: str) -> None:
@@ -231,7 +238,8 @@ def _job(args: argparse.Namespace, backend: str, n: int, impls: list[str], dtype
     worker = [sys.executable, "-m", "circuslink", "bench", "stencil", "--worker", out, "--impls", ",".join(impls),
               "--dtypes", ",".join(dtypes), "--domains", ",".join("x".join(map(str, d)) for d in domains),
               "--iters", str(iters), "--warmup", str(warmup), "--samples", str(samples),
-              "--check-cells", str(args.check_cells)] + (["--per-rank"] if args.per_rank else []) + \
+              "--check-cells", str(args.check_cells), "--persistent-kernel", args.persistent_kernel] + \
+             (["--per-rank"] if args.per_rank else []) + \
              (["--example", args.example] if args.example else [])
     env = dict(os.environ, CIRCUSLINK_BACKEND=backend)
     if mpi:
@@ -301,7 +309,8 @@ def _summary(rows: list[dict], floor: dict, runs_kernels: bool = True) -> None:
         if r.get("impl") == "channel-persistent" and r.get("time_per_iter_us") and r.get("nranks", 1) > 1:
             if lat and r.get("local") == "64x64":
                 ratio = r["time_per_iter_us"] / lat
-                print(f"persistent, 64x64 a rank, {r['nranks']} ranks, {r['dtype']}: {r['time_per_iter_us']:.2f} us = "
+                print(f"persistent ({r.get('kernel', '?')} kernel), 64x64 a rank, {r['nranks']} ranks, {r['dtype']}: "
+                      f"{r['time_per_iter_us']:.2f} us = "
                       f"{ratio:.1f} x the relaxed store+poll floor ({lat:.3f} us; target <= 6): {_verdict(ratio <= 6)}")
             if r.get("domain") == "8192x8192" and r.get("vs_one_rank"):
                 print(f"persistent, 8192x8192, {r['nranks']} ranks, {r['dtype']}: {r['vs_one_rank']:.2f} x the "
@@ -377,7 +386,8 @@ def _nvshmem_rows(world: Any, example: Any, args: argparse.Namespace, dtypes: li
         try:
             rows = baselines.nvshmem_stencil(world.size, [(shape, tuple(dims)) for shape, _, dims in layouts],
                                              dtypes=dtypes, iters=args.iters, warmup=args.warmup,
-                                             samples=args.samples, check_cells=args.check_cells, timeout=600)
+                                             samples=args.samples, check_cells=args.check_cells,
+                                             persistent_kernel=args.persistent_kernel, timeout=600)
         except Exception as exc:  # a baseline that cannot run is reported, not fatal
             rows = [{"impl": "nvshmem", "bytes": 0, "nranks": world.size, "skipped": f"{type(exc).__name__}: {exc}"}]
         for r in rows:
@@ -398,8 +408,21 @@ def _measure(world: Any, example: Any, module: Any, impl: str, name: str, domain
            "nranks": world.size,
            "local": f"{local[0]}x{local[1]}", "devices": devices, "iters": args.iters, "samples": args.samples}
     u0 = example.initial(shape, example.DTYPES[name], seed) if shape[0] * shape[1] <= args.check_cells else None
-    stepper = _Stepper(world, example, module, impl, grid, shape, name, u0, seed)
+    stepper = _Stepper(world, example, module, impl, grid, shape, name, u0, seed, args.persistent_kernel)
     try:
+        if impl == "channel-persistent":
+            # Each rank's kernel for its own block (uneven blocks may differ; the exchange is the same in both):
+            # the row names rank 0's. A rank whose block cannot run the kernel asked for skips the row on all.
+            try:
+                kernel = stepper.run.persistent_kernel(stepper.form)
+            except ConfigError as exc:
+                kernel = f"error: {exc}"
+            kernels = world.allgather_object(kernel)
+            refused = [k for k in kernels if k.startswith("error: ")]
+            if refused:
+                row["skipped"] = refused[0][len("error: "):]
+                return row
+            row["kernel"] = kernels[0]
         stepper.steps(args.warmup)
         times = []
         for _ in range(args.samples):
@@ -426,10 +449,14 @@ class _Stepper:
     """One implementation's state on this rank: its block (with ghosts), its halo or MPI neighbours, its kernels."""
 
     def __init__(self, world: Any, example: Any, module: Any, impl: str, grid: str, shape: tuple[int, int],
-                 dtype_name: str, u0: np.ndarray | None, seed: int) -> None:
+                 dtype_name: str, u0: np.ndarray | None, seed: int, persistent_kernel: str = "auto") -> None:
         import circuslink as cl
 
         self.world, self.example, self.impl, self.shape = world, example, impl, shape
+        # the example's form: "persistent" picks its kernel by the block's size; the others ask for one
+        self.form = _KERNEL_IMPLS.get(impl)
+        if self.form == "persistent" and persistent_kernel != "auto":
+            self.form = f"persistent-{persistent_kernel}"
         self.halo = None
         if impl == "mpi-host-staged":
             self.halo = _Grid(world, grid)
@@ -453,7 +480,7 @@ class _Stepper:
         if self.impl in _KERNEL_IMPLS:
             start, stop = w.xp.cuda.Event(), w.xp.cuda.Event()
             start.record(self.run.stream)
-            self.run.steps(n, _KERNEL_IMPLS[self.impl])
+            self.run.steps(n, self.form)
             stop.record(self.run.stream)
             self.run.wait(f"the stencil's {self.impl} steps on rank {w.rank}")
             return w.xp.cuda.get_elapsed_time(start, stop) * 1e-3

@@ -236,6 +236,7 @@ def nvshmem_stencil(
     warmup: int = 5,
     samples: int = 10,
     check_cells: int = 1 << 20,
+    persistent_kernel: str = "auto",
     out_dir: str | os.PathLike | None = None,
     timeout: float | None = None,
 ) -> list[dict]:
@@ -246,9 +247,11 @@ def nvshmem_stencil(
     ``domains``: ``((nx, ny), (px, py))`` global domains with their process grids (``px * py == npes``). Rows,
     one per domain, dtype and form: ``{"impl": "nvshmem-launch" | "nvshmem-persistent", "dtype", "domain",
     "grid", "nranks", "local", "time_per_iter_us", "min_us", "gcells_per_s", "iters", "samples", "blocks",
-    "checked"}``: the median and the fastest over ``samples`` loops of ``iters`` iterations, each the slowest
+    "kernel", "checked"}``: the median and the fastest over ``samples`` loops of ``iters`` iterations, each the slowest
     PE's (CUDA events around the loop, after an MPI barrier); domains up to ``check_cells`` cells are checked
-    bit for bit against the whole domain run on one GPU (the program fails otherwise). Raises BackendError
+    bit for bit against the whole domain run on one GPU (the program fails otherwise). ``persistent_kernel``: the
+    persistent form's kernel, "auto" (on chip where a PE's block fits one block's shared memory, as the channel
+    stencil picks it), "grid" or "onchip"; each row's "kernel" says which ran. Raises BackendError
     when nvcc, NVSHMEM, mpicc or mpirun are missing or the run fails, and TimeoutError past ``timeout``
     (default CIRCUSLINK_TIMEOUT)."""
     check_counts(iters, warmup, "nvshmem_stencil")
@@ -262,12 +265,15 @@ def nvshmem_stencil(
     if unknown or not dtypes or not forms:
         raise ConfigError(f"nvshmem_stencil: dtypes are float32 / float64 and forms launch / persistent, got "
                           f"{list(dtypes)!r} and {list(forms)!r}")
+    if persistent_kernel not in ("auto", "grid", "onchip"):
+        raise ConfigError(f"nvshmem_stencil: persistent_kernel={persistent_kernel!r}: choose auto, grid or onchip")
     nv = find_nvshmem()
     binary = build_nvshmem_stencil(out_dir)
     env = _job_env(nv, 0)
     args = ["domains=" + ",".join(f"{nx}x{ny}:{px}x{py}" for (nx, ny), (px, py) in domains),
             f"dtypes={','.join(dtypes)}", f"forms={','.join(forms)}", f"iters={iters}", f"warmup={warmup}",
-            f"samples={samples}", f"seed={fresh_seed() >> 1}", f"check_cells={check_cells}"]
+            f"samples={samples}", f"seed={fresh_seed() >> 1}", f"check_cells={check_cells}",
+            f"persistent_kernel={persistent_kernel}"]
     return _run("nvshmem_stencil", binary, mpirun_command(binary, args, env, npes), env, timeout, npes,
                 lambda row: f"{row['impl']} {row['dtype']} {row['domain']}")
 

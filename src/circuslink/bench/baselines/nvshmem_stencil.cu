@@ -13,7 +13,10 @@
 //     then the cells beside the ghosts;
 //   - persistent form: the same two phases in one cooperative launch, a grid barrier
 //     (cooperative_groups) between them, as many blocks as may stay resident beside the other PEs on the
-//     GPU (the rule of circuslink's max_blocks: all SMs' blocks alone, else half of a 1/k share).
+//     GPU (the rule of circuslink's max_blocks: all SMs' blocks alone, else half of a 1/k share); or, where a
+//     PE's block fits one block's shared memory, the on-chip kernel as the channel stencil picks it: one block
+//     holds both buffers in shared memory for the run, __syncthreads between the phases
+//     (persistent_kernel=auto|grid|onchip, the rows' "kernel");
 // Receive slots are double-buffered by the iteration's parity and the signal of direction d is set to
 // the iteration + 1: a neighbour writes slot (it + 2) % 2 again only after it received this PE's halo of
 // iteration it + 1, which this PE sends after it unpacked iteration it.
@@ -26,7 +29,7 @@
 // errors go to stderr as "nvshmem_stencil: PE n: ..." and the job aborts.
 //
 // Arguments (key=value): domains=NXxNY:PXxPY,... dtypes=float32,float64 forms=launch,persistent iters=N
-// warmup=N samples=N seed=N check_cells=N
+// warmup=N samples=N seed=N check_cells=N persistent_kernel=auto|grid|onchip
 
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
@@ -75,6 +78,7 @@ constexpr int kThreads = 256;
 constexpr int kPersistentThreads = 512;
 constexpr int kCellsPerThread = 1;
 constexpr int kExchangeThreads = 4 * 32;  // one warp a direction, in block 0
+constexpr int kOnchipThreads = 512;       // the on-chip kernel's one block, as the channel stencil's
 
 // ---- the kernels (the structure of examples/stencil/kernels.cu) ----------------------------------------------
 template <typename T>
@@ -138,14 +142,7 @@ __device__ void exchange(const Halo<T>& h, int d, T* u, int lx, int ly, long lon
 }
 
 template <typename T>
-__device__ void exchange_and_interior(const Halo<T>& h, T* u, T* v, int lx, int ly, long long it) {
-  const int warp = threadIdx.x / 32;
-  if (blockIdx.x == 0 && warp < 4) {
-    exchange(h, warp, u, lx, ly, it);
-    return;
-  }
-  const int workers = gridDim.x * blockDim.x - kExchangeThreads;
-  const int me = blockIdx.x * blockDim.x + threadIdx.x - kExchangeThreads;
+__device__ void interior(const T* u, T* v, int lx, int ly, int me, int workers) {
   const int nx = lx - 2, ny = ly - 2;
   if (nx <= 0 || ny <= 0) return;
   const int di = workers / ny, dj = workers % ny;  // row by row, as the channel stencil walks them
@@ -159,6 +156,17 @@ __device__ void exchange_and_interior(const Halo<T>& h, T* u, T* v, int lx, int 
       ++i;
     }
   }
+}
+
+template <typename T>
+__device__ void exchange_and_interior(const Halo<T>& h, T* u, T* v, int lx, int ly, long long it) {
+  const int warp = threadIdx.x / 32;
+  if (blockIdx.x == 0 && warp < 4) {
+    exchange(h, warp, u, lx, ly, it);
+    return;
+  }
+  interior(u, v, lx, ly, blockIdx.x * blockDim.x + threadIdx.x - kExchangeThreads,
+           gridDim.x * blockDim.x - kExchangeThreads);
 }
 
 template <typename T>
@@ -218,6 +226,37 @@ __global__ void __launch_bounds__(kPersistentThreads)
   }
 }
 
+// Iterations [first, first + iters) in one launch of one block, both buffers in dynamic shared memory (the channel
+// stencil's jacobi_onchip, with NVSHMEM's exchange); the latest step goes back to u after an even number of
+// iterations, to v after an odd one.
+template <typename T>
+__global__ void __launch_bounds__(kOnchipThreads)
+    jacobi_onchip(Halo<T> h, T* u, T* v, int lx, int ly, long long first, int iters) {
+  extern __shared__ __align__(16) unsigned char onchip_cells[];
+  const long long cells = (long long)(lx + 2) * (ly + 2);
+  T* su = reinterpret_cast<T*>(onchip_cells);
+  T* sv = su + cells;
+  for (long long c = threadIdx.x; c < cells; c += blockDim.x) {
+    const T x = u[c];
+    su[c] = x;
+    sv[c] = x;
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32;
+  for (int i = 0; i < iters; ++i) {
+    if (warp < 4) exchange(h, warp, su, lx, ly, first + i);
+    else interior(su, sv, lx, ly, threadIdx.x - kExchangeThreads, blockDim.x - kExchangeThreads);
+    __syncthreads();
+    frame(su, sv, lx, ly, threadIdx.x, blockDim.x);
+    __syncthreads();
+    T* t = su;
+    su = sv;
+    sv = t;
+  }
+  T* out = iters % 2 == 0 ? u : v;
+  for (long long c = threadIdx.x; c < cells; c += blockDim.x) out[c] = su[c];
+}
+
 // The whole domain on one GPU, one step (the check's reference).
 template <typename T>
 __global__ void jacobi_whole(const T* u, T* v, int nx, int ny) {
@@ -270,6 +309,7 @@ struct Options {
   long long iters = 50, warmup = 5, samples = 10;
   unsigned long long seed = 1;
   long long check_cells = 1 << 20;
+  std::string persistent_kernel = "auto";  // auto: on chip where a PE's block fits one block's shared memory
 };
 
 static long long parse_number(const std::string& key, const std::string& value) {
@@ -322,6 +362,10 @@ static Options parse(int argc, char** argv) {
       o.seed = (unsigned long long)parse_number(key, value);
     } else if (key == "check_cells") {
       o.check_cells = parse_number(key, value);
+    } else if (key == "persistent_kernel") {
+      if (value != "auto" && value != "grid" && value != "onchip")
+        fail("persistent_kernel=%s: choose auto, grid or onchip", value.c_str());
+      o.persistent_kernel = value;
     } else {
       fail("unknown argument %s", key.c_str());
     }
@@ -347,6 +391,7 @@ static double median_of(std::vector<double> v) {
 
 struct Gpu {
   int device, sms, local_pes;
+  size_t shared_limit;  // the most shared memory one block may have (the opt-in limit)
 };
 
 template <typename T>
@@ -389,7 +434,18 @@ static void run_case(const Options& o, const Domain& dom, const char* dtype, boo
   const long long resident = gpu.local_pes <= 1 ? (long long)per_sm * gpu.sms
                                                 : std::max(1LL, (long long)per_sm * gpu.sms / (2LL * gpu.local_pes));
   const long long need = (interior + 128 + kCellsPerThread * kPersistentThreads - 1) / (kCellsPerThread * kPersistentThreads);
-  const int persistent_blocks = (int)std::max(1LL, std::min(need, resident));
+  // The on-chip kernel where the block of cells fits one block's shared memory (the channel stencil's rule).
+  const size_t onchip_bytes = 2 * cells * sizeof(T);
+  cudaFuncAttributes onchip_attr;
+  CHECK_CUDA(cudaFuncGetAttributes(&onchip_attr, jacobi_onchip<T>));
+  const bool fits = onchip_bytes + onchip_attr.sharedSizeBytes <= gpu.shared_limit;
+  const bool onchip = persistent && o.persistent_kernel != "grid" && (fits || o.persistent_kernel == "onchip");
+  if (onchip && !fits)
+    fail("persistent_kernel=onchip: a block of %dx%d cells needs %zu B of shared memory, past one block's %zu B", lx,
+         ly, onchip_bytes + onchip_attr.sharedSizeBytes, gpu.shared_limit);
+  if (onchip)
+    CHECK_CUDA(cudaFuncSetAttribute(jacobi_onchip<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)onchip_bytes));
+  const int persistent_blocks = onchip ? 1 : (int)std::max(1LL, std::min(need, resident));
   CHECK_CUDA(cudaDeviceSynchronize());
   nvshmem_barrier_all();
 
@@ -397,7 +453,10 @@ static void run_case(const Options& o, const Domain& dom, const char* dtype, boo
   T* cur[2] = {u, v};
   int at = 0;
   auto steps = [&](long long n) {
-    if (persistent) {
+    if (onchip) {
+      jacobi_onchip<T><<<1, kOnchipThreads, onchip_bytes>>>(h, cur[at], cur[1 - at], lx, ly, step, (int)n);
+      at = (int)((at + n) % 2);
+    } else if (persistent) {
       T* a = cur[at];
       T* b = cur[1 - at];
       int ilx = lx, ily = ly, in = (int)n, block_frame = frame_cells <= kPersistentThreads;
@@ -468,10 +527,12 @@ static void run_case(const Options& o, const Domain& dom, const char* dtype, boo
     const size_t halo_bytes = npes > 1 ? 2 * (size_t)(big_x + big_y) * sizeof(T) : 0;
     std::printf("{\"impl\": \"nvshmem-%s\", \"bytes\": %zu, \"dtype\": \"%s\", \"domain\": \"%dx%d\", "
                 "\"grid\": \"mesh:%dx%d\", \"nranks\": %d, \"local\": \"%dx%d\", \"time_per_iter_us\": %.4f, "
-                "\"min_us\": %.4f, \"gcells_per_s\": %.4f, \"iters\": %lld, \"samples\": %lld, \"blocks\": %d%s}\n",
+                "\"min_us\": %.4f, \"gcells_per_s\": %.4f, \"iters\": %lld, \"samples\": %lld, \"blocks\": %d, "
+                "\"kernel\": \"%s\"%s}\n",
                 persistent ? "persistent" : "launch", halo_bytes, dtype, dom.nx, dom.ny, dom.px, dom.py, npes, big_x,
                 big_y, med, best, (double)dom.nx * dom.ny / (med * 1e-6) / 1e9, o.iters, o.samples,
-                persistent ? persistent_blocks : launch_blocks, checked ? ", \"checked\": true" : "");
+                persistent ? persistent_blocks : launch_blocks, onchip ? "onchip" : persistent ? "grid" : "launch",
+                checked ? ", \"checked\": true" : "");
     std::fflush(stdout);
   }
   CHECK_CUDA(cudaEventDestroy(start));
@@ -511,6 +572,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, gpu.device));
   gpu.sms = prop.multiProcessorCount;  // under an MPS share, the capped count
+  gpu.shared_limit = prop.sharedMemPerBlockOptin;
 
   if (me == 0) {
     std::printf("{\"info\": {\"nvshmem_header_version\": \"%d.%d.%d\", \"gpu\": \"%s\", \"sms\": %d, \"npes\": %d, "
