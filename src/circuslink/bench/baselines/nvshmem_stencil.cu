@@ -527,11 +527,11 @@ static void run_case(const Options& o, const Domain& dom, const char* dtype, boo
     const size_t halo_bytes = npes > 1 ? 2 * (size_t)(big_x + big_y) * sizeof(T) : 0;
     std::printf("{\"impl\": \"nvshmem-%s\", \"bytes\": %zu, \"dtype\": \"%s\", \"domain\": \"%dx%d\", "
                 "\"grid\": \"mesh:%dx%d\", \"nranks\": %d, \"local\": \"%dx%d\", \"time_per_iter_us\": %.4f, "
-                "\"min_us\": %.4f, \"gcells_per_s\": %.4f, \"iters\": %lld, \"samples\": %lld, \"blocks\": %d, "
-                "\"kernel\": \"%s\"%s}\n",
+                "\"min_us\": %.4f, \"gcells_per_s\": %.4f, \"iters\": %lld, \"samples\": %lld, \"blocks\": %d%s%s}\n",
                 persistent ? "persistent" : "launch", halo_bytes, dtype, dom.nx, dom.ny, dom.px, dom.py, npes, big_x,
                 big_y, med, best, (double)dom.nx * dom.ny / (med * 1e-6) / 1e9, o.iters, o.samples,
-                persistent ? persistent_blocks : launch_blocks, onchip ? "onchip" : persistent ? "grid" : "launch",
+                persistent ? persistent_blocks : launch_blocks,
+                onchip ? ", \"kernel\": \"onchip\"" : persistent ? ", \"kernel\": \"grid\"" : "",
                 checked ? ", \"checked\": true" : "");
     std::fflush(stdout);
   }
