@@ -1,7 +1,8 @@
 """The forward-progress rule of the cuda back-end's grid sizing (backends/cuda.py, max_blocks, launch_resident),
 checked on the cpu with a stand-in occupancy query: a rank alone on its GPU gets every block that fits its SM
-budget; ranks sharing a GPU get half of their 1/k share of those blocks, counted over the budget's SMs (never
-below one block), which stopped the grid-barrier time-outs that the full share gave under MPS on an H100; and k,
+budget; ranks sharing a GPU get half of their 1/k share of those blocks, counted over the budget's SMs (one block
+where that is less, if the k ranks' single blocks fit the SMs they share; else none, and the grid is refused), which
+stopped the grid-barrier time-outs that the full share gave under MPS on an H100; and k,
 counted at init from every rank's device identity, also where `circuslink run` pins each rank's GPU. The rule
 itself, for every register count, is tests/test_occupancy.py."""
 
@@ -54,7 +55,8 @@ class FakeFunction:
     (8, 66, 2, 132),    # 2 ranks: half of 4 an SM
     (2, 66, 2, 33),     # 86 registers at 256 threads: 2 an SM, so 33 (the old "one an SM" gave 66 and timed out)
     (16, 33, 4, 66),
-    (1, 10, 48, 1),     # never below one block
+    (2, 10, 16, 1),     # less than one block by the half share: one, since 16 single blocks fit 10 SMs of 2
+    (1, 10, 48, 0),     # 48 ranks' single blocks on the 10 SMs they share, one an SM: none can be resident
 ])
 def test_max_blocks_keeps_shared_gpus_below_half_their_share(per_sm, budget, k, want):
     assert CudaBackend.max_blocks(fake_backend(per_sm, budget, k), KERNEL, 256) == want
@@ -76,6 +78,18 @@ def test_launch_resident_refuses_a_grid_that_cannot_be_resident_in_one_line():
     assert text.startswith("kernel jacobi_persistent: a persistent grid of 66 blocks cannot be resident on rank 1: "
                            "33 fit (86 registers a thread, 472 B of stack, 256 threads a block")
     assert "2 blocks an SM; 2 ranks share GPU 0, 66 SMs each); launch at most 33 blocks" in text
+
+
+def test_launch_resident_refuses_every_grid_where_the_ranks_single_blocks_do_not_fit():
+    """16 capped ranks sharing 8 SMs, a kernel of one block an SM: one block a rank would be 16 blocks on 8 SMs."""
+    kernel = SimpleNamespace(kernel=FakeFunction(), name="jacobi_onchip", num_regs=128)
+    backend = fake_backend(1, 8, 16)
+    with pytest.raises(BackendError) as info:
+        backend.launch_resident(kernel, 1, 512, ())
+    text = str(info.value)
+    assert "\n" not in text and kernel.kernel.launches == []
+    assert text.startswith("kernel jacobi_onchip: a persistent grid of 1 blocks cannot be resident on rank 1: 0 fit")
+    assert "16 ranks share GPU 0, 8 SMs each); no grid of it can be" in text and "run fewer ranks" in text
 
 
 def test_launch_resident_launches_a_grid_that_fits_cooperatively():

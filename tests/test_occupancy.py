@@ -97,7 +97,7 @@ def _budget(ranks: int) -> int:
 
 
 @pytest.mark.parametrize("capped", [False, True], ids=["uncapped", "capped"])
-@pytest.mark.parametrize("ranks", [1, 2, 4, 8])
+@pytest.mark.parametrize("ranks", [1, 2, 4, 8, 16])
 @pytest.mark.parametrize("threads,dynamic", [(64, 0), (128, 0), (256, 0), (256, 16384), (512, 0), (1024, 0)])
 def test_every_rank_grid_is_resident_for_every_register_count(ranks, threads, dynamic, capped):
     dev = DeviceLimits()
@@ -111,12 +111,17 @@ def test_every_rank_grid_is_resident_for_every_register_count(ranks, threads, dy
         if per_sm == 0:  # no SM holds one block (255 registers at 1024 threads): the back-end refuses it
             assert regs * threads > dev.regs_per_block and blocks == 0
             continue
+        if capped and ranks > per_sm * budget:  # the k ranks' one blocks do not fit the SMs they all share
+            assert blocks == 0, (regs, per_sm, budget)
+            continue
         assert blocks >= 1
         # what the k grids take, against half of what the SMs they may all run on hold: the whole GPU's
         # uncapped, one rank's budget where a cap lets every rank land on the same SMs
         room = budget if ranks == 1 else (budget if capped else GPU_SMS) / 2
         regs_block = math.ceil(regs * 32 / 256) * 256 * warps
         shared_block = math.ceil((dynamic + dev.reserved_shared_per_block) / 128) * 128
+        if capped and ranks > 1:  # every rank's grid at once on the one budget they may all land on
+            assert ranks * blocks <= per_sm * budget, (regs, per_sm, blocks)
         if blocks > 1:
             assert ranks * blocks * regs_block <= room * dev.regs_per_sm, (regs, blocks)
             assert ranks * blocks * warps <= room * dev.max_threads_per_sm // 32, (regs, blocks)
@@ -125,7 +130,7 @@ def test_every_rank_grid_is_resident_for_every_register_count(ranks, threads, dy
         if ranks == 1:
             assert blocks == per_sm * budget  # alone: every block that fits, as a cooperative launch allows
         elif capped:
-            assert blocks == max(1, per_sm * budget // (2 * ranks))
+            assert blocks == max(1, per_sm * budget // (2 * ranks))  # 0 only where they do not fit (above)
         else:
             assert blocks == max(1, per_sm * budget // 2)
         if previous is not None:
@@ -139,6 +144,17 @@ def test_limits_of_reads_cupys_device_properties_and_fills_gaps():
     got = limits_of(props)
     assert (got.major, got.minor, got.max_threads_per_sm, got.max_blocks_per_sm) == (8, 6, 1536, 16)
     assert got.shared_per_block_optin == DeviceLimits().shared_per_block_optin  # missing: Hopper's value
+
+
+def test_more_capped_ranks_than_their_shared_sms_hold_get_no_block():
+    """16 ranks capped to 6 % of an H200 (8 SMs, which all of them may share) and a kernel of one block an SM
+    (512 threads at 128 registers: the stencil's persistent kernels): one block each would be 16 blocks on 8 SMs,
+    half of them waiting for SMs whose blocks wait for theirs. None is granted, and launch_resident refuses the
+    grid in one line. Uncapped, each rank's 8 SMs are its own."""
+    assert resident_blocks(1, 8, 16, capped=True) == 0
+    assert resident_blocks(2, 8, 16, capped=True) == 1  # 16 blocks on 8 SMs of 2 each: they fit, no margin
+    assert resident_blocks(1, 16, 8, capped=True) == 1  # 8 ranks on 16 SMs: the stencil at 8 ranks still runs
+    assert resident_blocks(1, 8, 16, capped=False) == 4  # half of its own 8 SMs
 
 
 def test_a_block_larger_than_the_kernel_allows_fits_nowhere():

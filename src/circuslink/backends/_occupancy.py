@@ -138,7 +138,10 @@ def blocks_per_sm(kernel: KernelAttributes, device: DeviceLimits, threads: int, 
 def resident_blocks(per_sm: int, sm_budget: int, ranks_on_gpu: int, capped: bool = True) -> int:
     """Blocks a rank's grid may have so that it is resident at once beside the grids of the other ranks on
     its GPU (the module's docstring says why): every block of every SM of its budget when alone, else half
-    of them, counted over the budget's SMs; never below one block (a grid of one block is always resident).
+    of them, counted over the budget's SMs. Where half is less than one block, one block, if the k ranks' one
+    blocks all fit at once; else 0: no grid of this kernel can be guaranteed resident (capped, with more ranks
+    than the SMs all of them may share hold blocks of it: 16 ranks of a 1-block-an-SM kernel on 8 capped SMs),
+    and the back-end refuses it rather than let half the ranks wait for SMs the others never give back.
     ``per_sm`` is :func:`blocks_per_sm`'s answer, ``ranks_on_gpu`` the k ranks sharing the GPU, ``sm_budget``
     the rank's SMs: where an MPS cap is set (``capped``, the launcher's default) the count CUDA reports under
     it, which all k ranks may share, so that the rank takes half of 1/k of it; else its own 1/k of the GPU's."""
@@ -146,7 +149,12 @@ def resident_blocks(per_sm: int, sm_budget: int, ranks_on_gpu: int, capped: bool
         return 0
     if ranks_on_gpu <= 1:
         return per_sm * sm_budget
-    return max(1, per_sm * sm_budget // (2 * (ranks_on_gpu if capped else 1)))
+    # the k ranks' SMs: capped, the one budget they may all land on; uncapped, k budgets side by side
+    ranks_sharing = ranks_on_gpu if capped else 1
+    half = per_sm * sm_budget // (2 * ranks_sharing)
+    if half >= 1:
+        return half
+    return 1 if per_sm * sm_budget >= ranks_sharing else 0
 
 
 def describe(kernel: KernelAttributes, threads: int, dynamic_shared: int) -> str:

@@ -188,7 +188,8 @@ class CudaBackend(Backend):
         the blocks one SM holds of it (the driver's occupancy: registers, shared memory, block size) times
         its SM budget when alone on the GPU; where k ranks share it, half of 1/k of those under an MPS cap (all k
         may run on the capped SMs), half of those uncapped (the budget is then the rank's 1/k of the SMs; the
-        rule and why: backends/_occupancy.py)."""
+        rule and why: backends/_occupancy.py); 0 where not even the k ranks' single blocks fit the SMs they
+        share."""
         return self._fit(kernel, threads, shared_bytes)[1]
 
     def _fit(self, kernel: Any, threads: int, shared_bytes: int) -> tuple[int, int]:
@@ -211,18 +212,7 @@ class CudaBackend(Backend):
         (``cuLaunchCooperativeKernel``: the driver starts every block together or refuses), unless the driver
         does not support that here, when it is a plain launch of the checked grid. ``stream``: default the
         caller's current CuPy stream."""
-        threads = _occupancy.grid_blocks(block)
-        blocks = _occupancy.grid_blocks(grid)
-        per_sm, most = self._fit(kernel, threads, shared_bytes)
-        if limit is not None:
-            most = min(most, int(limit))
-        if blocks > most:
-            attrs = _occupancy.attributes_of(kernel)
-            share = (f"{self.ranks_on_gpu} ranks share GPU {self.device}, {self.sm_budget} SMs each"
-                     if self.ranks_on_gpu > 1 else f"GPU {self.device}, {self.sm_budget} SMs")
-            raise BackendError(f"kernel {attrs.name}: a persistent grid of {blocks} blocks cannot be resident on rank "
-                               f"{self.boot.rank}: {most} fit ({_occupancy.describe(attrs, threads, shared_bytes)}; "
-                               f"{per_sm} blocks an SM; {share}); launch at most {most} blocks")
+        self._check_resident(kernel, grid, block, shared_bytes, limit)
         grid_t = (grid,) if isinstance(grid, int) else tuple(grid)
         block_t = (block,) if isinstance(block, int) else tuple(block)
         stream = stream if stream is not None else self.xp.cuda.get_current_stream()
@@ -235,9 +225,32 @@ class CudaBackend(Backend):
             except self.xp.cuda.driver.CUDADriverError as exc:
                 if getattr(exc, "status", None) != _CUDA_ERROR_NOT_SUPPORTED:
                     raise BackendError(f"kernel {getattr(kernel, 'name', '?')}: the cooperative launch of "
-                                       f"{blocks} blocks failed on rank {self.boot.rank}: {exc}") from None
+                                       f"{_occupancy.grid_blocks(grid)} blocks failed on rank {self.boot.rank}: "
+                                       f"{exc}") from None
                 self._cooperative = False  # e.g. an MPS client that may not launch cooperatively: the check stands
         function(grid_t, block_t, tuple(args), shared_mem=int(shared_bytes), stream=stream)
+
+    def _check_resident(self, kernel: Any, grid: Any, block: Any, shared_bytes: int = 0,
+                       limit: int | None = None) -> None:
+        """Refuse, in one line naming the kernel and the blocks that fit, a grid of ``kernel`` larger than
+        :meth:`max_blocks` allows (or ``limit``): what :meth:`launch_resident` checks before it launches, for
+        launches of grids that must be resident made some other way."""
+        threads = _occupancy.grid_blocks(block)
+        blocks = _occupancy.grid_blocks(grid)
+        per_sm, most = self._fit(kernel, threads, shared_bytes)
+        if limit is not None:
+            most = min(most, int(limit))
+        if blocks > most:
+            attrs = _occupancy.attributes_of(kernel)
+            share = (f"{self.ranks_on_gpu} ranks share GPU {self.device}, {self.sm_budget} SMs each"
+                     if self.ranks_on_gpu > 1 else f"GPU {self.device}, {self.sm_budget} SMs")
+            advice = (f"launch at most {most} blocks" if most else
+                      "no grid of it can be: the ranks' one blocks would not all fit the SMs they share under the "
+                      "MPS cap; run fewer ranks on the GPU, or give the kernel fewer registers, threads or shared "
+                      "memory")
+            raise BackendError(f"kernel {attrs.name}: a persistent grid of {blocks} blocks cannot be resident on rank "
+                               f"{self.boot.rank}: {most} fit ({_occupancy.describe(attrs, threads, shared_bytes)}; "
+                               f"{per_sm} blocks an SM; {share}); {advice}")
 
     def grid_barrier(self, timeout: float | None = None) -> _grid.GridBarrier:
         """A ``circuslink::GridBarrier`` (circuslink/grid.cuh) for persistent kernels of this rank: zeroed
