@@ -240,8 +240,7 @@ class KernelRun:
         if form in FORMS[1:] and self.persistent_kernel(form) == "onchip":
             u, v = self.bufs[self.current], self.bufs[1 - self.current]
             # past 48 KB, dynamic shared memory must be asked for (cudaFuncAttributeMaxDynamicSharedMemorySize)
-            if self.k_onchip.max_dynamic_shared_size_bytes < self.onchip_bytes:
-                self.k_onchip.max_dynamic_shared_size_bytes = self.onchip_bytes
+            self.k_onchip.max_dynamic_shared_size_bytes = self.onchip_bytes
             self.world.backend.launch_resident(self.k_onchip, 1, ONCHIP_THREADS, (*self._args(u, v), np.int32(iters)),
                                                shared_bytes=self.onchip_bytes)
             self.current = (self.current + iters) % 2

@@ -414,15 +414,15 @@ def _measure(world: Any, example: Any, module: Any, impl: str, name: str, domain
             # Each rank's kernel for its own block (uneven blocks may differ; the exchange is the same in both):
             # the row names rank 0's. A rank whose block cannot run the kernel asked for skips the row on all.
             try:
-                kernel = stepper.run.persistent_kernel(stepper.form)
+                mine = (stepper.run.persistent_kernel(stepper.form), None)
             except ConfigError as exc:
-                kernel = f"error: {exc}"
-            kernels = world.allgather_object(kernel)
-            refused = [k for k in kernels if k.startswith("error: ")]
+                mine = (None, str(exc))
+            everyone = world.allgather_object(mine)
+            refused = [why for _, why in everyone if why]
             if refused:
-                row["skipped"] = refused[0][len("error: "):]
+                row["skipped"] = refused[0]
                 return row
-            row["kernel"] = kernels[0]
+            row["kernel"] = everyone[0][0]
         stepper.steps(args.warmup)
         times = []
         for _ in range(args.samples):
