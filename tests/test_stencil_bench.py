@@ -127,4 +127,7 @@ def test_channel_and_nvshmem_stencils_side_by_side_gpu(tmp_path):
     # these blocks fit one block's shared memory: both persistent stencils run their on-chip kernels
     persistent = [r for r in rows if r["impl"] in ("channel-persistent", "nvshmem-persistent")]
     assert persistent and all(r.get("kernel") == "onchip" for r in persistent), persistent
+    # timed on the device's clock from iteration min(nranks, iters - 1) on, the event-timed loop beside it
+    assert all(r["timed_from"] == r["nranks"] and r["time_per_iter_us"] > 0 and r["event_us"] > 0
+               for r in persistent), persistent
     assert "x the NVSHMEM stencil's time (target <= 1.0)" in proc.stdout

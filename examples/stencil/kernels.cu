@@ -16,6 +16,12 @@
 // both buffers there for the whole run; the same two phases separated by __syncthreads, so no grid barrier and
 // no cell's trip through L2 in any iteration.
 //
+// Timing: the persistent kernels stamp the device's clock (%globaltimer, one clock for every process on a GPU)
+// into clocks[0] as iteration timed_from begins and into clocks[1] after the last, when clocks is not null. The
+// host divides by the iterations between: time per iteration from inside the kernel, after a handshake (by
+// iteration timed_from every rank has provably started, see stencil.py), so neither launch latency nor one
+// rank's late start is counted.
+//
 // Every channel call and every grid_sync returns false on failure (a time-out or the host's abort); the
 // kernels then set *failed and leave together, and the host raises the channel's recorded error.
 #include <circuslink/channel.cuh>
@@ -29,6 +35,27 @@
 namespace {
 
 constexpr int kExchangeThreads = 4 * 32;  // one warp a direction, in block 0
+
+__device__ __forceinline__ unsigned long long device_clock_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// STENCIL_PHASES (a dev build, scripts/dev/stencil_phases.py): the on-chip kernel sums, for lane 0 of warps 0..4,
+// the clock64 cycles each phase of an iteration takes, into clocks[2 + 8 * warp + phase].
+#ifdef STENCIL_PHASES
+#define PHASE_MARK(k)                                                           \
+  do {                                                                          \
+    const long long now_ = clock64();                                           \
+    phase_sum[k] += now_ - phase_at;                                            \
+    phase_at = now_;                                                            \
+  } while (0)
+#else
+#define PHASE_MARK(k) \
+  do {                \
+  } while (0)
+#endif
 
 template <typename T>
 __device__ __forceinline__ void update(const T* u, T* v, int ly, int i, int j) {
@@ -63,29 +90,47 @@ __device__ __forceinline__ long long ghost_cell(int d, int k, int lx, int ly) {
 // global staging would add two round trips through L2 to every exchange. Longer edges stage in send / recv.
 constexpr int kSharedEdge = 128;
 
-// One full warp: pack this rank's edge toward d, send it, receive the neighbour's, unpack it into the ghosts.
-// The write comes first on both sides; a channel deeper than one edge never makes it wait. The two ends are
-// copied out of the handle first: calling through halo.to[d] itself would copy the whole handle (about
-// 1 KB) to every thread's stack (docs/user-kernels.md, "What each call costs").
+// One full warp: send this rank's edge toward d through tx, receive the neighbour's through rx into the ghosts: in
+// place toward +-x (rows), packed and unpacked through staging toward +-y (columns). The write comes first on both
+// sides; a channel deeper than one edge never makes it wait. The ends are Sender / Receiver (each call loads the
+// end's state from global memory and stores it back) or, in a kernel that exchanges every iteration with the same
+// warp, sessions (the state stays in registers). One call site for each of write and read: a second would double
+// the inlined channel code and spill registers.
+template <typename T, typename Tx, typename Rx>
+__device__ bool exchange_through(Tx& tx, Rx& rx, int d, T* u, int lx, int ly, T* send, T* recv,
+                                 long long* phase_sum = nullptr, long long phase_at = 0) {
+  __shared__ T staged[4][2][kSharedEdge];  // [direction][out, in][cell]
+  const int n = d < 2 ? ly : lx;
+  const int face = lx > ly ? lx : ly;
+  const bool row = d < 2, small = n <= kSharedEdge;
+  T* out = row ? u + edge_cell(d, 0, lx, ly) : small ? staged[d][0] : send + d * face;
+  T* in = row ? u + ghost_cell(d, 0, lx, ly) : small ? staged[d][1] : recv + d * face;
+  const unsigned int lane = threadIdx.x & 31u;
+  if (!row) {
+    for (int k = lane; k < n; k += 32) out[k] = u[edge_cell(d, k, lx, ly)];
+    __syncwarp();
+  }
+  if (!tx.write_warp(out, n)) return false;
+  PHASE_MARK(0);
+  if (!rx.read_warp(in, n)) return false;
+  PHASE_MARK(1);
+  if (!row) {
+    __syncwarp();
+    for (int k = lane; k < n; k += 32) u[ghost_cell(d, k, lx, ly)] = in[k];
+  }
+  PHASE_MARK(2);
+  return true;
+}
+
+// The same through the plain ends of direction d, copied out of the handle first: calling through halo.to[d]
+// itself would copy the whole handle (about 1 KB) to every thread's stack (docs/user-kernels.md, "What each call
+// costs").
 template <typename T>
 __device__ bool exchange(const circuslink::Halo<T>& halo, int d, T* u, int lx, int ly, T* send, T* recv) {
-  __shared__ T staged[4][2][kSharedEdge];  // [direction][out, in][cell]
   if (!halo.has(d)) return true;
   const circuslink::Sender<T> tx = halo.to[d];
   const circuslink::Receiver<T> rx = halo.from[d];
-  const int n = d < 2 ? ly : lx;
-  const int face = lx > ly ? lx : ly;
-  const bool small = n <= kSharedEdge;
-  T* out = small ? staged[d][0] : send + d * face;
-  T* in = small ? staged[d][1] : recv + d * face;
-  const unsigned int lane = threadIdx.x & 31u;
-  for (int k = lane; k < n; k += 32) out[k] = u[edge_cell(d, k, lx, ly)];
-  __syncwarp();
-  if (!tx.write_warp(out, n)) return false;
-  if (!rx.read_warp(in, n)) return false;
-  __syncwarp();
-  for (int k = lane; k < n; k += 32) u[ghost_cell(d, k, lx, ly)] = in[k];
-  return true;
+  return exchange_through(tx, rx, d, u, lx, ly, send, recv);
 }
 
 // The cells that need no ghost cell, 2..lx-1 x 2..ly-1: worker `me` of `workers` takes me, me + workers, ...
@@ -167,12 +212,30 @@ constexpr int kPersistentThreads = 512;
 template <typename T>
 __global__ void __launch_bounds__(kPersistentThreads)
     jacobi_persistent(circuslink::Halo<T> halo, T* u, T* v, int lx, int ly, T* send, T* recv, int* failed,
-                      circuslink::GridBarrier bar, int iters, int block_frame) {
+                      circuslink::GridBarrier bar, int iters, int block_frame, unsigned long long* clocks,
+                      int timed_from) {
   const long long me = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   const long long threads = (long long)gridDim.x * blockDim.x;
+  // Block 0's warp d < 4 exchanges with the neighbour in direction d every iteration, through sessions (the
+  // on-chip kernel says why).
+  const int warp = threadIdx.x / 32;
+  const bool exchange_warp = blockIdx.x == 0 && warp < 4;
+  const bool exchanger = exchange_warp && halo.has(warp);
+  circuslink::SendSession<T> tx{};
+  circuslink::RecvSession<T> rx{};
+  if (exchanger) {
+    tx = halo.to[warp].session();
+    rx = halo.from[warp].session();
+  }
   int stop = 0;  // *failed as read after the last barrier: the same in every block
   for (int it = 0; it < iters; ++it) {
-    exchange_and_interior(halo, u, v, lx, ly, send, recv, failed);
+    if (it == timed_from && me == 0 && clocks != nullptr) clocks[0] = device_clock_ns();
+    if (exchange_warp) {
+      if (exchanger && !exchange_through(tx, rx, warp, u, lx, ly, send, recv) && (threadIdx.x & 31u) == 0)
+        atomicExch(failed, 1);
+    } else {
+      interior(u, v, lx, ly, me - kExchangeThreads, threads - kExchangeThreads);
+    }
     if (block_frame && blockIdx.x == 0) {
       __syncthreads();  // the halos are in this block's ghost cells
       frame(u, v, lx, ly, threadIdx.x, blockDim.x);
@@ -195,6 +258,11 @@ __global__ void __launch_bounds__(kPersistentThreads)
     u = v;
     v = t;
   }
+  if (me == 0 && clocks != nullptr) clocks[1] = device_clock_ns();
+  if (exchanger) {  // the ends' state back to global memory, for the next launch
+    tx.close();
+    rx.close();
+  }
 }
 
 // Every iteration in one launch of one block, both buffers (ghosts included) in dynamic shared memory:
@@ -208,7 +276,8 @@ __global__ void __launch_bounds__(kPersistentThreads)
 constexpr int kOnchipThreads = 512;
 template <typename T>
 __global__ void __launch_bounds__(kOnchipThreads)
-    jacobi_onchip(circuslink::Halo<T> halo, T* u, T* v, int lx, int ly, T* send, T* recv, int* failed, int iters) {
+    jacobi_onchip(circuslink::Halo<T> halo, T* u, T* v, int lx, int ly, T* send, T* recv, int* failed, int iters,
+                  unsigned long long* clocks, int timed_from) {
   extern __shared__ __align__(16) unsigned char onchip_cells[];
   const long long cells = (long long)(lx + 2) * (ly + 2);
   T* su = reinterpret_cast<T*>(onchip_cells);
@@ -226,23 +295,61 @@ __global__ void __launch_bounds__(kOnchipThreads)
   }
   __syncthreads();
   const int warp = threadIdx.x / 32;
+  // Warp d < 4 exchanges with the neighbour in direction d, if any, every iteration: it holds both ends as sessions
+  // for the whole launch, so no call loads or stores an end's state (measured on one H200, 2 ranks, 8x8 a rank:
+  // a plain write_warp took 0.8 us of a 2 us iteration, the most of it those two trips through L2).
+  const bool exchanger = warp < 4 && halo.has(warp);
+  circuslink::SendSession<T> tx{};
+  circuslink::RecvSession<T> rx{};
+  if (exchanger) {
+    tx = halo.to[warp].session();
+    rx = halo.from[warp].session();
+  }
+#ifdef STENCIL_PHASES
+  long long phase_sum[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  long long phase_at = clock64();
+#else
+  long long* const phase_sum = nullptr;
+  const long long phase_at = 0;
+#endif
   for (int it = 0; it < iters; ++it) {
+    if (it == timed_from && threadIdx.x == 0 && clocks != nullptr) clocks[0] = device_clock_ns();
+#ifdef STENCIL_PHASES
+    phase_at = clock64();
+#endif
     if (warp < 4) {
-      if (!exchange(halo, warp, su, lx, ly, send, recv) && (threadIdx.x & 31u) == 0) {
+      if (exchanger && !exchange_through(tx, rx, warp, su, lx, ly, send, recv, phase_sum, phase_at) &&
+          (threadIdx.x & 31u) == 0) {
         atomicExch(failed, 1);
         stop[it % 2] = 1;
       }
+#ifdef STENCIL_PHASES
+      phase_at = clock64();
+#endif
     } else {
       interior(su, sv, lx, ly, threadIdx.x - kExchangeThreads, blockDim.x - kExchangeThreads);
+      PHASE_MARK(3);
     }
     __syncthreads();  // the halos are in the ghost cells
+    PHASE_MARK(4);
     frame(su, sv, lx, ly, threadIdx.x, blockDim.x);
+    PHASE_MARK(5);
     __syncthreads();  // the step is whole, and nothing reads su any more
+    PHASE_MARK(6);
     if (stop[it % 2]) return;  // every thread leaves after the same iteration
     T* t = su;
     su = sv;
     sv = t;
   }
+  if (threadIdx.x == 0 && clocks != nullptr) clocks[1] = device_clock_ns();
+  if (exchanger) {  // the ends' state back to global memory, for the next launch
+    tx.close();
+    rx.close();
+  }
+#ifdef STENCIL_PHASES
+  if ((threadIdx.x & 31u) == 0 && warp < 5 && clocks != nullptr)
+    for (int k = 0; k < 8; ++k) clocks[2 + 8 * warp + k] = (unsigned long long)phase_sum[k];
+#endif
   T* out = iters % 2 == 0 ? u : v;
   for (long long c = threadIdx.x; c < cells; c += blockDim.x) out[c] = su[c];
 }
@@ -254,10 +361,11 @@ template __global__ void jacobi_exchange_interior<double>(circuslink::Halo<doubl
 template __global__ void jacobi_frame<float>(const float*, float*, int, int);
 template __global__ void jacobi_frame<double>(const double*, double*, int, int);
 template __global__ void jacobi_persistent<float>(circuslink::Halo<float>, float*, float*, int, int, float*, float*,
-                                                  int*, circuslink::GridBarrier, int, int);
+                                                  int*, circuslink::GridBarrier, int, int, unsigned long long*, int);
 template __global__ void jacobi_persistent<double>(circuslink::Halo<double>, double*, double*, int, int, double*,
-                                                   double*, int*, circuslink::GridBarrier, int, int);
+                                                   double*, int*, circuslink::GridBarrier, int, int,
+                                                   unsigned long long*, int);
 template __global__ void jacobi_onchip<float>(circuslink::Halo<float>, float*, float*, int, int, float*, float*, int*,
-                                              int);
+                                              int, unsigned long long*, int);
 template __global__ void jacobi_onchip<double>(circuslink::Halo<double>, double*, double*, int, int, double*, double*,
-                                               int*, int);
+                                               int*, int, unsigned long long*, int);

@@ -185,11 +185,12 @@ def persistent_kernel(form: str, block: tuple[int, int], itemsize: int, static_b
     return "onchip"
 
 
-def compile_kernels() -> Any:
-    """kernels.cu with :func:`cell_update` traced into it, for float and double."""
+def compile_kernels(defines: str = "") -> Any:
+    """kernels.cu with :func:`cell_update` traced into it, for float and double (``defines``: more lines in front,
+    e.g. a dev build's ``#define STENCIL_PHASES``)."""
     names = [f"{k}<{t}>" for k in ("jacobi_exchange_interior", "jacobi_frame", "jacobi_persistent", "jacobi_onchip")
              for t in C_TYPES.values()]
-    return cl.compile(cell_update_cxx() + (HERE / "kernels.cu").read_text(), name_expressions=names)
+    return cl.compile(defines + cell_update_cxx() + (HERE / "kernels.cu").read_text(), name_expressions=names)
 
 
 class KernelRun:
@@ -214,6 +215,8 @@ class KernelRun:
         self.send = cp.zeros(4 * face, dtype=u0.dtype)
         self.recv = cp.zeros(4 * face, dtype=u0.dtype)
         self.failed = cp.zeros(1, dtype=cp.int32)
+        self.clocks = cp.zeros(2 + 8 * 5, dtype=cp.uint64)  # [timed_from's start, end, a dev build's phase sums]
+        self.timed = None  # (timed_from, iters) of the last persistent launch that stamped its clocks
         self.handle = halo.device_handle()
         self.stream = cp.cuda.get_current_stream()
         self.barrier = world.backend.grid_barrier(timeout=halo.channels.timeout if halo.channels else timeout)
@@ -235,13 +238,23 @@ class KernelRun:
         return persistent_kernel(form, (self.lx, self.ly), self.itemsize, int(self.k_onchip.shared_size_bytes),
                                  self.shared_limit)
 
-    def steps(self, iters: int, form: str) -> None:
-        """Launch ``iters`` steps in ``form`` on the current stream (:meth:`wait` waits for them, bounded)."""
+    def steps(self, iters: int, form: str, timed_from: int | None = None) -> None:
+        """Launch ``iters`` steps in ``form`` on the current stream (:meth:`wait` waits for them, bounded).
+        ``timed_from`` (persistent forms): the kernel stamps the device's clock as that iteration begins and after
+        the last; :meth:`seconds_per_step` reads them once the steps are done."""
+        # the kernels' clocks pointer: null (a 64-bit 0) when this launch is not timed
+        clock_args = (self.clocks if timed_from is not None else np.uint64(0), np.int32(timed_from or 0))
+        if timed_from is not None:
+            if form not in FORMS[1:] or not 0 <= timed_from < iters:
+                raise cl.ConfigError(f"stencil: timed_from={timed_from} needs a persistent form and 0 <= timed_from "
+                                     f"< iters ({iters})")
+            self.timed = (timed_from, iters)
         if form in FORMS[1:] and self.persistent_kernel(form) == "onchip":
             u, v = self.bufs[self.current], self.bufs[1 - self.current]
             # past 48 KB, dynamic shared memory must be asked for (cudaFuncAttributeMaxDynamicSharedMemorySize)
             self.k_onchip.max_dynamic_shared_size_bytes = self.onchip_bytes
-            self.world.backend.launch_resident(self.k_onchip, 1, ONCHIP_THREADS, (*self._args(u, v), np.int32(iters)),
+            self.world.backend.launch_resident(self.k_onchip, 1, ONCHIP_THREADS,
+                                               (*self._args(u, v), np.int32(iters), *clock_args),
                                                shared_bytes=self.onchip_bytes)
             self.current = (self.current + iters) % 2
         elif form == "launch":
@@ -254,7 +267,7 @@ class KernelRun:
             u, v = self.bufs[self.current], self.bufs[1 - self.current]
             self.world.backend.launch_resident(self.k_persistent, self.persistent_blocks, PERSISTENT_THREADS,
                                                (*self._args(u, v), self.barrier.device_handle(), np.int32(iters),
-                                                np.int32(self.frame <= PERSISTENT_THREADS)))
+                                                np.int32(self.frame <= PERSISTENT_THREADS), *clock_args))
             self.current = (self.current + iters) % 2
         else:
             raise cl.ConfigError(f"stencil: form {form!r} is not one of {', '.join(FORMS)}")
@@ -267,6 +280,15 @@ class KernelRun:
             self.world.backend.wait_stream(self.stream, self.wait_s, what)
         if int(self.failed.get()[0]):
             raise cl.ChannelError(f"{what}: a halo exchange or grid barrier failed without a channel error record")
+
+    def seconds_per_step(self) -> float:
+        """Seconds an iteration took on the device's own clock, from iteration ``timed_from`` of the last timed
+        :meth:`steps` to its end (call after :meth:`wait`)."""
+        if self.timed is None:
+            raise cl.ConfigError("stencil: seconds_per_step() needs a persistent steps(..., timed_from=k) first")
+        timed_from, iters = self.timed
+        start, end = (int(t) for t in self.clocks[:2].get())
+        return (end - start) * 1e-9 / (iters - timed_from)
 
     @property
     def result(self) -> Any:

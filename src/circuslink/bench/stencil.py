@@ -20,14 +20,18 @@ element type, domain and rank count:
   channel row gets ``vs_nvshmem``: its time over the NVSHMEM row of the same form, type, domain and ranks.
 
 Each row: ``time_per_iter_us`` (median over ``--samples`` loops of ``--iters`` steps, the slowest rank's, with
-``min_us`` beside it), ``gcells_per_s`` (cells of the global domain updated a second), and against one rank of
-the whole domain on the same device in the same run (a job of its own, the same implementation family):
-``vs_one_rank`` (time over that rank's time) and ``efficiency``, the strong-scaling efficiency
-``t_1 * devices_1 / (t_N * devices_N)`` (devices: GPUs the job uses, or ranks on the cpu; on one shared GPU the
-ideal is 1, and the target "at most 1.2 x the one-rank time" is an efficiency of at least 0.83). Domains up to
-``--check-cells`` cells are also checked bit for bit against numpy. The floor (the probe in the largest job)
-is in ``floor``; the persistent form's time at the smallest domain is printed against 6 x its relaxed
-store+poll latency (exchanges in four directions at once plus the grid barrier).
+``min_us`` beside it; the persistent forms, channels and NVSHMEM alike, on the device's own clock inside the kernel
+from iteration ``timed_from`` on: by then every rank has provably started, since a rank's iteration k waits for its
+neighbours' halos of iteration k, so iteration ``nranks`` follows every rank's start; their ``event_us`` is the same
+loop timed by events around the launch after a host barrier, which adds the ranks' launch skew, spread over the
+loop; the other forms by events, or the host's clock), ``gcells_per_s`` (cells of the global domain updated a
+second), and against one rank of the whole domain on the same device in the same run (a job of its own, the same
+implementation family): ``vs_one_rank`` (time over that rank's time) and ``efficiency``, the strong-scaling
+efficiency ``t_1 * devices_1 / (t_N * devices_N)`` (devices: GPUs the job uses, or ranks on the cpu; on one shared
+GPU the ideal is 1, and the target "at most 1.2 x the one-rank time" is an efficiency of at least 0.83). Domains up
+to ``--check-cells`` cells are also checked bit for bit against numpy. The floor (the probe in the largest job) is
+in ``floor``; the persistent form's time at the smallest domain is printed against 6 x its relaxed store+poll
+latency (exchanges in four directions at once plus the grid barrier).
 
 Targets (one GPU, ranks under MPS): persistent at every size; 64x64 a rank at most 6 x the relaxed store+poll
 floor; 8192x8192 on 2 and 4 ranks at most 1.2 x the one-rank time; channels no slower than NVSHMEM.
@@ -424,13 +428,18 @@ def _measure(world: Any, example: Any, module: Any, impl: str, name: str, domain
                 return row
             row["kernel"] = everyone[0][0]
         stepper.steps(args.warmup)
-        times = []
+        times, events = [], []
         for _ in range(args.samples):
             world.barrier()
-            times.append(stepper.steps(args.iters) / args.iters)
+            loop = stepper.steps(args.iters)
+            events.append(loop / args.iters)
+            times.append(stepper.device_seconds_per_step() if impl == "channel-persistent" else loop / args.iters)
         slowest = [max(col) for col in zip(*world.allgather_object(times), strict=True)]
         t = float(np.median(slowest))
         row.update(time_per_iter_us=t * 1e6, min_us=min(slowest) * 1e6, gcells_per_s=shape[0] * shape[1] / t / 1e9)
+        if impl == "channel-persistent":
+            slowest_events = [max(col) for col in zip(*world.allgather_object(events), strict=True)]
+            row.update(event_us=float(np.median(slowest_events)) * 1e6, timed_from=stepper.timed_from(args.iters))
         if u0 is not None:
             got = stepper.gathered()
             steps = args.warmup + args.samples * args.iters
@@ -480,7 +489,7 @@ class _Stepper:
         if self.impl in _KERNEL_IMPLS:
             start, stop = w.xp.cuda.Event(), w.xp.cuda.Event()
             start.record(self.run.stream)
-            self.run.steps(n, self.form)
+            self.run.steps(n, self.form, timed_from=self.timed_from(n) if self.form != "launch" else None)
             stop.record(self.run.stream)
             self.run.wait(f"the stencil's {self.impl} steps on rank {w.rank}")
             return w.xp.cuda.get_elapsed_time(start, stop) * 1e-3
@@ -496,6 +505,15 @@ class _Stepper:
             if self.run is not None:
                 w.backend.wait_stream(self.run.stream, None, f"the stencil's compute on rank {w.rank}")
         return time.perf_counter() - t0
+
+    def timed_from(self, n: int) -> int:
+        """The first iteration of ``n`` the persistent kernels' device clock counts: the job's rank count (at
+        least the process grid's diameter plus one, after which every rank has started), within the loop."""
+        return min(self.world.size, n - 1)
+
+    def device_seconds_per_step(self) -> float:
+        """The last persistent loop's time an iteration on the device's clock (from :meth:`timed_from`)."""
+        return self.run.seconds_per_step()
 
     def _mpi_step(self) -> None:
         """Halos to the host, MPI point-to-point with the neighbours, back; then one step of the same compute."""

@@ -247,8 +247,10 @@ def nvshmem_stencil(
     ``domains``: ``((nx, ny), (px, py))`` global domains with their process grids (``px * py == npes``). Rows,
     one per domain, dtype and form: ``{"impl": "nvshmem-launch" | "nvshmem-persistent", "dtype", "domain",
     "grid", "nranks", "local", "time_per_iter_us", "min_us", "gcells_per_s", "iters", "samples", "blocks",
-    "kernel", "checked"}``: the median and the fastest over ``samples`` loops of ``iters`` iterations, each the slowest
-    PE's (CUDA events around the loop, after an MPI barrier); domains up to ``check_cells`` cells are checked
+    "kernel", "checked"}`` (persistent rows also ``"event_us", "timed_from"``): the median and the fastest over
+    ``samples`` loops of ``iters`` iterations, each the slowest PE's (the launch form: CUDA events around the loop,
+    after an MPI barrier; the persistent form: the device's clock inside the kernel from iteration ``timed_from``,
+    the PE count, on, with the event-timed loop in ``event_us``); domains up to ``check_cells`` cells are checked
     bit for bit against the whole domain run on one GPU (the program fails otherwise). ``persistent_kernel``: the
     persistent form's kernel, "auto" (on chip where a PE's block fits one block's shared memory, as the channel
     stencil picks it), "grid" or "onchip"; each row's "kernel" says which ran. Raises BackendError

@@ -17,6 +17,9 @@
 //     PE's block fits one block's shared memory, the on-chip kernel as the channel stencil picks it: one block
 //     holds both buffers in shared memory for the run, __syncthreads between the phases
 //     (persistent_kernel=auto|grid|onchip, the rows' "kernel");
+// Time per iteration of the persistent forms is on the device's clock, as the channel stencil's: the kernel stamps
+// %globaltimer as iteration timed_from (the PE count: every PE has provably started by then) begins and after the
+// last; "event_us" is the same loop timed by events after an MPI barrier (launch skew included).
 // Receive slots are double-buffered by the iteration's parity and the signal of direction d is set to
 // the iteration + 1: a neighbour writes slot (it + 2) % 2 again only after it received this PE's halo of
 // iteration it + 1, which this PE sends after it unpacked iteration it.
@@ -51,6 +54,12 @@
 #endif
 
 namespace cg = cooperative_groups;
+
+__device__ __forceinline__ unsigned long long device_clock_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
 
 static int g_pe = -1;
 
@@ -203,11 +212,12 @@ __global__ void jacobi_frame(const T* u, T* v, int lx, int ly) {
 template <typename T>
 __global__ void __launch_bounds__(kPersistentThreads)
     jacobi_persistent(Halo<T> h, T* u, T* v, int lx, int ly, long long first, int iters,
-                      int block_frame) {
+                      int block_frame, unsigned long long* clocks, int timed_from) {
   cg::grid_group grid = cg::this_grid();
   const long long me = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   const long long threads = (long long)gridDim.x * blockDim.x;
   for (int i = 0; i < iters; ++i) {
+    if (i == timed_from && me == 0) clocks[0] = device_clock_ns();
     exchange_and_interior(h, u, v, lx, ly, first + i);
     if (block_frame) {
       if (blockIdx.x == 0) {
@@ -224,6 +234,7 @@ __global__ void __launch_bounds__(kPersistentThreads)
     u = v;
     v = t;
   }
+  if (me == 0) clocks[1] = device_clock_ns();
 }
 
 // Iterations [first, first + iters) in one launch of one block, both buffers in dynamic shared memory (the channel
@@ -231,7 +242,8 @@ __global__ void __launch_bounds__(kPersistentThreads)
 // iterations, to v after an odd one.
 template <typename T>
 __global__ void __launch_bounds__(kOnchipThreads)
-    jacobi_onchip(Halo<T> h, T* u, T* v, int lx, int ly, long long first, int iters) {
+    jacobi_onchip(Halo<T> h, T* u, T* v, int lx, int ly, long long first, int iters, unsigned long long* clocks,
+                  int timed_from) {
   extern __shared__ __align__(16) unsigned char onchip_cells[];
   const long long cells = (long long)(lx + 2) * (ly + 2);
   T* su = reinterpret_cast<T*>(onchip_cells);
@@ -244,6 +256,7 @@ __global__ void __launch_bounds__(kOnchipThreads)
   __syncthreads();
   const int warp = threadIdx.x / 32;
   for (int i = 0; i < iters; ++i) {
+    if (i == timed_from && threadIdx.x == 0) clocks[0] = device_clock_ns();
     if (warp < 4) exchange(h, warp, su, lx, ly, first + i);
     else interior(su, sv, lx, ly, threadIdx.x - kExchangeThreads, blockDim.x - kExchangeThreads);
     __syncthreads();
@@ -253,6 +266,7 @@ __global__ void __launch_bounds__(kOnchipThreads)
     su = sv;
     sv = t;
   }
+  if (threadIdx.x == 0) clocks[1] = device_clock_ns();
   T* out = iters % 2 == 0 ? u : v;
   for (long long c = threadIdx.x; c < cells; c += blockDim.x) out[c] = su[c];
 }
@@ -452,16 +466,21 @@ static void run_case(const Options& o, const Domain& dom, const char* dtype, boo
   long long step = 0;  // iterations run so far (the signals' values)
   T* cur[2] = {u, v};
   int at = 0;
+  unsigned long long* clocks;  // the persistent kernels' stamps: iteration timed_from's start, the end
+  CHECK_CUDA(cudaMalloc(&clocks, 2 * sizeof(unsigned long long)));
+  int timed_from = 0;
   auto steps = [&](long long n) {
+    timed_from = (int)std::min((long long)npes, n - 1);
     if (onchip) {
-      jacobi_onchip<T><<<1, kOnchipThreads, onchip_bytes>>>(h, cur[at], cur[1 - at], lx, ly, step, (int)n);
+      jacobi_onchip<T><<<1, kOnchipThreads, onchip_bytes>>>(h, cur[at], cur[1 - at], lx, ly, step, (int)n, clocks,
+                                                            timed_from);
       at = (int)((at + n) % 2);
     } else if (persistent) {
       T* a = cur[at];
       T* b = cur[1 - at];
       int ilx = lx, ily = ly, in = (int)n, block_frame = frame_cells <= kPersistentThreads;
       long long first = step;
-      void* args[] = {&h, &a, &b, &ilx, &ily, &first, &in, &block_frame};
+      void* args[] = {&h, &a, &b, &ilx, &ily, &first, &in, &block_frame, &clocks, &timed_from};
       CHECK_CUDA(cudaLaunchCooperativeKernel((void*)jacobi_persistent<T>, dim3(persistent_blocks), dim3(kPersistentThreads),
                                              args, 0, 0));
       at = (int)((at + n) % 2);
@@ -481,7 +500,7 @@ static void run_case(const Options& o, const Domain& dom, const char* dtype, boo
   CHECK_CUDA(cudaEventCreate(&stop));
   if (o.warmup > 0) steps(o.warmup);
   CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<double> mine(o.samples), slowest(o.samples);
+  std::vector<double> mine(o.samples), slowest(o.samples), mine_events(o.samples), slowest_events(o.samples);
   for (long long s = 0; s < o.samples; ++s) {
     MPI_Barrier(MPI_COMM_WORLD);
     CHECK_CUDA(cudaEventRecord(start));
@@ -490,9 +509,16 @@ static void run_case(const Options& o, const Domain& dom, const char* dtype, boo
     CHECK_CUDA(cudaEventSynchronize(stop));
     float ms = 0;
     CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    mine[s] = (double)ms * 1e3 / (double)o.iters;  // us an iteration
+    mine_events[s] = (double)ms * 1e3 / (double)o.iters;  // us an iteration
+    mine[s] = mine_events[s];
+    if (persistent) {  // the device's clock from iteration timed_from on
+      unsigned long long stamp[2];
+      CHECK_CUDA(cudaMemcpy(stamp, clocks, sizeof(stamp), cudaMemcpyDeviceToHost));
+      mine[s] = (double)(stamp[1] - stamp[0]) * 1e-3 / (double)(o.iters - timed_from);
+    }
   }
   MPI_Allreduce(mine.data(), slowest.data(), (int)o.samples, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(mine_events.data(), slowest_events.data(), (int)o.samples, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 
   bool checked = false;
   if ((long long)dom.nx * dom.ny <= o.check_cells) {
@@ -525,18 +551,23 @@ static void run_case(const Options& o, const Domain& dom, const char* dtype, boo
     const double med = median_of(slowest), best = *std::min_element(slowest.begin(), slowest.end());
     const int big_x = (dom.nx + dom.px - 1) / dom.px, big_y = (dom.ny + dom.py - 1) / dom.py;
     const size_t halo_bytes = npes > 1 ? 2 * (size_t)(big_x + big_y) * sizeof(T) : 0;
+    char timing[96] = "";
+    if (persistent)
+      std::snprintf(timing, sizeof(timing), ", \"event_us\": %.4f, \"timed_from\": %d", median_of(slowest_events),
+                    timed_from);
     std::printf("{\"impl\": \"nvshmem-%s\", \"bytes\": %zu, \"dtype\": \"%s\", \"domain\": \"%dx%d\", "
                 "\"grid\": \"mesh:%dx%d\", \"nranks\": %d, \"local\": \"%dx%d\", \"time_per_iter_us\": %.4f, "
-                "\"min_us\": %.4f, \"gcells_per_s\": %.4f, \"iters\": %lld, \"samples\": %lld, \"blocks\": %d%s%s}\n",
+                "\"min_us\": %.4f, \"gcells_per_s\": %.4f, \"iters\": %lld, \"samples\": %lld, \"blocks\": %d%s%s%s}\n",
                 persistent ? "persistent" : "launch", halo_bytes, dtype, dom.nx, dom.ny, dom.px, dom.py, npes, big_x,
                 big_y, med, best, (double)dom.nx * dom.ny / (med * 1e-6) / 1e9, o.iters, o.samples,
-                persistent ? persistent_blocks : launch_blocks,
+                persistent ? persistent_blocks : launch_blocks, timing,
                 onchip ? ", \"kernel\": \"onchip\"" : persistent ? ", \"kernel\": \"grid\"" : "",
                 checked ? ", \"checked\": true" : "");
     std::fflush(stdout);
   }
   CHECK_CUDA(cudaEventDestroy(start));
   CHECK_CUDA(cudaEventDestroy(stop));
+  CHECK_CUDA(cudaFree(clocks));
   CHECK_CUDA(cudaDeviceSynchronize());
   nvshmem_barrier_all();  // every put into this case's buffers is done on every PE before they go
   CHECK_CUDA(cudaFree(u));
