@@ -8,7 +8,7 @@ R=${R:?} PY=${PY:-python3}
 CIRCUSLINK_TIMEOUT=20 timeout 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_stencil_example.py \
   -k "persistent" > "$R/stencil-onchip-tests.log" 2>&1
 echo "tests: rc=$?"; tail -3 "$R/stencil-onchip-tests.log"
-for kernel in grid onchip; do
+for kernel in ${KERNELS:-grid onchip}; do
   timeout 240 $PY -m circuslink bench stencil --ranks ${RANKS:-2,4,8} --per-rank --domains 8x8,64x64,112x112 \
     --dtypes float64 --impls channel-persistent,nvshmem --iters 200 --persistent-kernel $kernel \
     --json "$R/stencil-persistent-$kernel.json" 2>&1 | grep -E "persistent|x the|error" | head -30
