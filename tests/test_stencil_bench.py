@@ -131,3 +131,39 @@ def test_channel_and_nvshmem_stencils_side_by_side_gpu(tmp_path):
     assert all(r["timed_from"] == r["nranks"] and r["time_per_iter_us"] > 0 and r["event_us"] > 0
                for r in persistent), persistent
     assert "x the NVSHMEM stencil's time (target <= 1.0)" in proc.stdout
+
+
+class _FakeEvent:
+    def record(self, stream):
+        pass
+
+
+class _FakeRun:
+    """The example's KernelRun as _Stepper drives it: records each steps() call, checks timed_from as it does."""
+
+    stream = None
+
+    def __init__(self):
+        self.calls = []
+
+    def steps(self, iters, form, timed_from=None):
+        if timed_from is not None and not 0 <= timed_from < iters:
+            raise ConfigError(f"timed_from={timed_from} outside 0..{iters - 1}")
+        self.calls.append((iters, form, timed_from))
+
+    def wait(self, what):
+        pass
+
+
+@pytest.mark.parametrize("nranks,n,want", [(2, 0, None), (2, 1, 0), (2, 50, 2), (8, 5, 4), (1, 10, 1)])
+def test_the_persistent_loop_is_timed_from_the_rank_count_and_a_warmup_of_no_steps_is_not(nranks, n, want):
+    """A persistent loop stamps the device's clock from iteration min(nranks, n - 1); a loop of no steps (--warmup 0)
+    stamps nothing (it asked KernelRun for timed_from=-1, which it refuses)."""
+    from types import SimpleNamespace
+
+    stepper = object.__new__(bench._Stepper)
+    xp = SimpleNamespace(cuda=SimpleNamespace(Event=_FakeEvent, get_elapsed_time=lambda a, b: 1.0))
+    stepper.world = SimpleNamespace(size=nranks, rank=0, xp=xp)
+    stepper.impl, stepper.form, stepper.run = "channel-persistent", "persistent", _FakeRun()
+    assert stepper.steps(n) == pytest.approx(1e-3)
+    assert stepper.run.calls == [(n, "persistent", want)]
