@@ -18,9 +18,10 @@
 //
 // Timing: the persistent kernels stamp the device's clock (%globaltimer, one clock for every process on a GPU)
 // into clocks[0] as iteration timed_from begins and into clocks[1] after the last, when clocks is not null. The
-// host divides by the iterations between: time per iteration from inside the kernel, after a handshake (by
-// iteration timed_from every rank has provably started, see stencil.py), so neither launch latency nor one
-// rank's late start is counted.
+// host divides by the iterations between: time per iteration from inside the kernel, after a handshake (a rank's
+// iteration k waits for its neighbours' halos of iteration k, so once timed_from reaches the process grid's
+// diameter every rank has provably started: docs/user-kernels.md), so neither launch latency nor one rank's late
+// start is counted.
 //
 // Every channel call and every grid_sync returns false on failure (a time-out or the host's abort); the
 // kernels then set *failed and leave together, and the host raises the channel's recorded error.
