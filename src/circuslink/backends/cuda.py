@@ -212,7 +212,7 @@ class CudaBackend(Backend):
         (``cuLaunchCooperativeKernel``: the driver starts every block together or refuses), unless the driver
         does not support that here, when it is a plain launch of the checked grid. ``stream``: default the
         caller's current CuPy stream."""
-        self._check_resident(kernel, grid, block, shared_bytes, limit)
+        self.check_resident(kernel, grid, block, shared_bytes, limit)
         grid_t = (grid,) if isinstance(grid, int) else tuple(grid)
         block_t = (block,) if isinstance(block, int) else tuple(block)
         stream = stream if stream is not None else self.xp.cuda.get_current_stream()
@@ -230,8 +230,8 @@ class CudaBackend(Backend):
                 self._cooperative = False  # e.g. an MPS client that may not launch cooperatively: the check stands
         function(grid_t, block_t, tuple(args), shared_mem=int(shared_bytes), stream=stream)
 
-    def _check_resident(self, kernel: Any, grid: Any, block: Any, shared_bytes: int = 0,
-                       limit: int | None = None) -> None:
+    def check_resident(self, kernel: Any, grid: Any, block: Any, shared_bytes: int = 0,
+                      limit: int | None = None) -> None:
         """Refuse, in one line naming the kernel and the blocks that fit, a grid of ``kernel`` larger than
         :meth:`max_blocks` allows (or ``limit``): what :meth:`launch_resident` checks before it launches, for
         launches of grids that must be resident made some other way."""

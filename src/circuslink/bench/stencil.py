@@ -433,7 +433,7 @@ def _measure(world: Any, example: Any, module: Any, impl: str, name: str, domain
             world.barrier()
             loop = stepper.steps(args.iters)
             events.append(loop / args.iters)
-            times.append(stepper.device_seconds_per_step() if impl == "channel-persistent" else loop / args.iters)
+            times.append(stepper.run.seconds_per_step() if impl == "channel-persistent" else loop / args.iters)
         slowest = [max(col) for col in zip(*world.allgather_object(times), strict=True)]
         t = float(np.median(slowest))
         row.update(time_per_iter_us=t * 1e6, min_us=min(slowest) * 1e6, gcells_per_s=shape[0] * shape[1] / t / 1e9)
@@ -512,10 +512,6 @@ class _Stepper:
         """The first iteration of ``n`` the persistent kernels' device clock counts: the job's rank count (at
         least the process grid's diameter plus one, after which every rank has started), within the loop."""
         return min(self.world.size, n - 1)
-
-    def device_seconds_per_step(self) -> float:
-        """The last persistent loop's time an iteration on the device's clock (from :meth:`timed_from`)."""
-        return self.run.seconds_per_step()
 
     def _mpi_step(self) -> None:
         """Halos to the host, MPI point-to-point with the neighbours, back; then one step of the same compute."""

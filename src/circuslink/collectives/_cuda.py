@@ -230,7 +230,7 @@ class Collectives:
         # (the *_grid forms cover every ring's slice with fewer blocks).
         grid = min(grid, self.world.backend.max_blocks(fn, THREADS))
         if grid < 1:  # not one block can be guaranteed resident beside the other ranks': refused in one line
-            self.world.backend._check_resident(fn, 1, THREADS)
+            self.world.backend.check_resident(fn, 1, THREADS)
         fn((grid,), (THREADS,), args + (self.status,), stream=self.stream)
         self.wait(self.stream, what)
         if int(self.status.get()[0]):
