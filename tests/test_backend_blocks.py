@@ -62,6 +62,15 @@ def test_max_blocks_keeps_shared_gpus_below_half_their_share(per_sm, budget, k, 
     assert CudaBackend.max_blocks(fake_backend(per_sm, budget, k), KERNEL, 256) == want
 
 
+@pytest.mark.parametrize("per_sm,budget,k", [(8, 132, 1), (4, 66, 2), (2, 33, 4), (1, 10, 48)])
+def test_wave_blocks_fill_the_budget_once_whatever_the_share(per_sm, budget, k):
+    """A streaming grid (no block waits) takes a full wave of the rank's SMs, not the resident share."""
+    backend = fake_backend(per_sm, budget, k)
+    wave = CudaBackend.wave_blocks(backend, KERNEL, 256)
+    assert wave == per_sm * budget
+    assert wave >= CudaBackend.max_blocks(backend, KERNEL, 256) and (k == 1 or wave > backend.max_blocks(KERNEL, 256))
+
+
 def test_max_blocks_refuses_a_kernel_that_fits_no_sm():
     with pytest.raises(BackendError, match=r"kernel k does not fit an SM \(32 registers a thread, 1024 threads a "):
         CudaBackend.max_blocks(fake_backend(0, 66, 2), KERNEL, 1024)

@@ -968,6 +968,12 @@ def test_auto_launch_picks_the_copy_engine_for_large_chains_of_large_blocks(monk
     assert choose_launch("auto", [(1, COPY_ENGINE_FROM - 4096)]) == "kernel"
     assert choose_launch("auto", [(1 << 15, 512)]) == "kernel"      # 16 MiB in 512 B rows: SM copies
     assert choose_launch("kernel", [(1, 1 << 24)]) == "kernel" and choose_launch("graph", [(1, 8)]) == "graph"
+    # large transposing puts: a kernel node of their own (a full wave of blocks), alone or beside large rows
+    assert choose_launch("auto", [], COPY_ENGINE_FROM) == "graph"
+    assert choose_launch("auto", [(1, 4096)], COPY_ENGINE_FROM) == "graph"
+    assert choose_launch("auto", [], COPY_ENGINE_FROM - 1) == "kernel"
+    assert choose_launch("auto", [(64, 512)], COPY_ENGINE_FROM) == "kernel"   # narrow rows stay on SM copies
+    assert choose_launch("kernel", [], 1 << 30) == "kernel"
     monkeypatch.setenv("CIRCUSLINK_RMA_COPY_ENGINE_FROM", "65536")
     assert choose_launch("auto", [(1, 65536)]) == "graph"
     monkeypatch.setenv("CIRCUSLINK_RMA_COPY_ENGINE_FROM", "64K")

@@ -15,6 +15,8 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include "dev_check.cuh"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -23,14 +25,6 @@
 
 namespace cg = cooperative_groups;
 
-#define CHECK(call)                                                                             \
-  do {                                                                                          \
-    cudaError_t e_ = (call);                                                                    \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                             \
-    }                                                                                           \
-  } while (0)
 
 constexpr int kThreads = 512;
 

@@ -66,6 +66,10 @@ class Backend(ABC):
         """Blocks of ``kernel`` this rank may have resident at once (back-ends that run kernels only)."""
         raise BackendError(f"the {self.name} back-end runs no device kernels")
 
+    def wave_blocks(self, kernel: Any, threads: int, shared_bytes: int = 0) -> int:
+        """Blocks of a streaming kernel that fill this rank's SMs once (back-ends that run kernels only)."""
+        raise BackendError(f"the {self.name} back-end runs no device kernels")
+
     def launch_resident(self, kernel: Any, grid: Any, block: Any, args: tuple, shared_bytes: int = 0,
                         stream: Any = None, limit: int | None = None) -> None:
         """Launch a persistent grid whose blocks must all run at once (back-ends that run kernels only)."""

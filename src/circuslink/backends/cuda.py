@@ -192,6 +192,13 @@ class CudaBackend(Backend):
         share."""
         return self._fit(kernel, threads, shared_bytes)[1]
 
+    def wave_blocks(self, kernel: Any, threads: int, shared_bytes: int = 0) -> int:
+        """Blocks of ``kernel`` that fill this rank's SM budget once (occupancy times budget): the grid of a
+        streaming kernel whose blocks never wait on other blocks or on peers, so none needs to be resident with
+        any other. Not a bound like :meth:`max_blocks`: where ranks share SMs, blocks beyond what fits queue
+        until others leave, which is harmless here."""
+        return self._fit(kernel, threads, shared_bytes)[0] * self.sm_budget
+
     def _fit(self, kernel: Any, threads: int, shared_bytes: int) -> tuple[int, int]:
         """(blocks one SM holds, blocks this rank may have resident); refuses a kernel no SM holds."""
         per_sm = int(self.xp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(

@@ -147,13 +147,18 @@ def staging_layout(outgoing: list[dict[int, int]]) -> tuple[int, dict[tuple[int,
     return max(128, -(-most // 128) * 128), offsets
 
 
-def choose_launch(mode: str, blocks: list[tuple[int, int]]) -> str:
-    """The launch of a chain of plain writes (count, block_bytes) under ``mode`` (see COPY_ENGINE_FROM)."""
+def choose_launch(mode: str, blocks: list[tuple[int, int]], transpose_bytes: int = 0) -> str:
+    """The launch of a chain of plain writes (count, block_bytes) and ``transpose_bytes`` of transposing puts under
+    ``mode`` (see COPY_ENGINE_FROM). Large transposing puts take the graph too, whose transposes are a kernel node
+    of their own with a full wave of blocks (none waits on a peer), where inside the start launch they would be
+    held to the blocks that may wait at once (a quarter of the GPU with 2 ranks)."""
     if mode != "auto":
         return mode
     total = sum(count * block for count, block in blocks)
     large_rows = all(block >= COPY_ENGINE_MIN_BLOCK for _, block in blocks)
-    return "graph" if blocks and large_rows and total >= copy_engine_from() else "kernel"
+    if not large_rows:
+        return "kernel"
+    return "graph" if (blocks and total >= copy_engine_from()) or transpose_bytes >= copy_engine_from() else "kernel"
 
 
 def open_window(world: Any, nbytes: int, deadline: Deadline) -> CudaWindow:
@@ -239,9 +244,11 @@ class CudaQueue:
         self.queue = queue
         me, size = self.world.rank, self.size
         handles = sorted((h for h in queue.handles if not is_transpose(h)), key=lambda h: h.dst_rank)
-        self.launch = choose_launch(launch_mode(), [(h.count, h.block_bytes) for h in handles])
-        # Transposing puts: their own descriptors, run by the same start launch after the copies.
+        # Transposing puts: their own descriptors, run by the start launch after the copies (or, in the graph,
+        # as a kernel node after the copy-engine copies).
         tputs = [h for h in queue.handles if is_transpose(h)]
+        self.launch = choose_launch(launch_mode(), [(h.count, h.block_bytes) for h in handles],
+                                    sum(h.rows * h.cols * h.elem_bytes for h in tputs))
         self.tchain = transposes.queue_chain(
             self.world, tputs,
             src_ptr=lambda h: h.src_window._impl.buf.ptr(me) + h.src_offset,

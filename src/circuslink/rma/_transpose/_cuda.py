@@ -178,7 +178,10 @@ class DeviceChain:
         self.ptr = mem.ptr
         # Compiled and sized now, not at the first launch, which may be inside a graph capture.
         self._kernel = kernels().get_function(f"circuslink_transpose_chain{self.elem}")
-        self._grid = self.grid(self._kernel)
+        # Its own launch waits on nothing (the queue's prologue node waited for the targets' posts): a full
+        # wave of the rank's SMs, not the resident share a start launch is held to. Under that share a
+        # 256 MiB put ran at about a third of the copy engine's bandwidth.
+        self._grid = max(1, min(self.total_tiles, self.world.backend.wave_blocks(self._kernel, THREADS)))
 
     def start_kernel_name(self, plain: str) -> str:
         """The RMA start kernel for a queue with this chain: ``plain`` when empty, else its specialisation."""
@@ -193,7 +196,8 @@ class DeviceChain:
         return max(at_least, min(self.total_tiles, resident))
 
     def launch(self, stream: Any = None) -> None:
-        """Turn the chain on ``stream`` (the current stream when None): the graph launch's node and local transposes."""
+        """Turn the chain on ``stream`` (the current stream when None), a kernel of its own: the graph launch's
+        node between the queue's prologue and epilogue, and local transposes."""
         if not self.pieces:
             return
         if stream is None:
