@@ -1,0 +1,10 @@
+"""Dev aid (scripts/dev/qcd_stall_dump.sh puts this folder on PYTHONPATH): every rank of a circuslink job dumps
+the Python stacks of all its threads every CIRCUSLINK_DEV_DUMP_S seconds, so that a job that stalls shows where
+each rank was. Not part of the library."""
+import faulthandler
+import os
+import sys
+
+_every = os.environ.get("CIRCUSLINK_DEV_DUMP_S")
+if _every and "CIRCUSLINK_RANK" in os.environ:
+    faulthandler.dump_traceback_later(float(_every), repeat=True, file=sys.stderr)
