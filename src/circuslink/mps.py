@@ -24,8 +24,10 @@ two ranks capped at 50 % both ran on SMs 0-65 and four at 25 % all on SMs 0-31, 
 ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100`` in the environment (kept as it is) runs the ranks uncapped: the
 hardware spreads their blocks over the whole GPU and the forward-progress rule gives each its 1/k of the
 SMs (the device-resident CG at 32^4 on 2x2x1x1 ranks: 1,389 us an iteration against 4,830 capped). It is
-not the default yet: the GPU test suite passes whole in that mode, but the device-resident CG at 32^4 on
-2x2x1x1 ranks stalled there in 3 of 4 runs, and never capped (BENCHMARKS.md, 2026-11-29).
+not the default yet: the GPU test suite passes whole in that mode, but that CG stalls there when one rank is
+late because it compiles a kernel the others found in CuPy's cache (a share of 99 % too; not with the cache
+warm, nor at 50 %); capped it never has. What the late rank then waits for is not found (BENCHMARKS.md,
+2026-11-29, twelfth session).
 """
 
 from __future__ import annotations
