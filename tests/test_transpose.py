@@ -28,7 +28,7 @@ import numpy as np
 import circuslink as cl
 from circuslink import rma
 
-MEMORY, CYCLES = {memory!r}, {cycles}
+MEMORY, CYCLES, LARGE, WANT_LAUNCH = {memory!r}, {cycles}, {large}, {want_launch!r}
 SEED = int(os.environ["CIRCUSLINK_TEST_SEED"])
 world = cl.init()
 me, n = world.rank, world.size
@@ -43,6 +43,8 @@ PIECES = [
     ("float32", 33, 70, 80, 40, None, 3),         # several device tiles, partial at both edges
     ("complex128", 1, 6, 6, 3, None, 0),          # one row: a column at the target
 ]
+if LARGE:  # 312 KB a target: auto launches the tiles as their own kernel node with a full wave of blocks
+    PIECES.append(("complex64", 300, 130, 301, 310, None, 1))
 PLAIN, STRIDED = 100, (5, 24, 40, 56)            # contiguous bytes; (count, block, src_stride, dst_stride)
 
 def extent(rows, cols, ld, elem):
@@ -96,6 +98,8 @@ for t in range(n):
     q.push(rma.declare_strided_write(win, DST[me, "strided"], win, SRC[t, "strided"], count, block, ss, ds, t))
     q.add_origin(t)
 q.commit()
+if WANT_LAUNCH and world.backend.name == "cuda":
+    assert q.describe()["launch"] == WANT_LAUNCH, q.describe()
 
 expected = poison(me)
 for cycle in range(CYCLES):
@@ -125,8 +129,10 @@ world.close()
 """
 
 
-def _exchange(spmd, n: int, memory: str = "mapped", world_backend: str = "cpu", cycles: int = 3, **kw) -> None:
-    job = spmd(n, EXCHANGE.format(memory=memory, cycles=cycles), backend=world_backend, **kw).check()
+def _exchange(spmd, n: int, memory: str = "mapped", world_backend: str = "cpu", cycles: int = 3, large: bool = False,
+              want_launch: str = "", **kw) -> None:
+    job = spmd(n, EXCHANGE.format(memory=memory, cycles=cycles, large=large, want_launch=want_launch),
+               backend=world_backend, **kw).check()
     assert job.output.count(f"ok {cycles} cycles") == n, job.output
 
 
@@ -140,6 +146,13 @@ EXCHANGES = [on_backend("cpu", None, 2, 3), on_backend("cpu", None, 3, 3)] + [
 def test_transposing_puts_beside_other_writes_are_byte_exact(spmd, backend, launch, n, cycles):
     env = {"CIRCUSLINK_RMA_LAUNCH": launch} if launch else None
     _exchange(spmd, n, world_backend=backend, cycles=cycles, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_large_transposing_puts_take_their_own_kernel_node_byte_exact(spmd, backend):
+    """Past 256 KiB of transposing puts the default launch is the graph, the tiles a kernel node of a full wave of
+    blocks after the node that waited for the targets' posts; still byte-exact beside the other writes."""
+    _exchange(spmd, 2, world_backend=backend, cycles=5, large=True, want_launch="graph", timeout=300)
 
 
 @pytest.mark.mpi
