@@ -972,7 +972,8 @@ def test_auto_launch_picks_the_copy_engine_for_large_chains_of_large_blocks(monk
     assert choose_launch("auto", [], COPY_ENGINE_FROM) == "graph"
     assert choose_launch("auto", [(1, 4096)], COPY_ENGINE_FROM) == "graph"
     assert choose_launch("auto", [], COPY_ENGINE_FROM - 1) == "kernel"
-    assert choose_launch("auto", [(64, 512)], COPY_ENGINE_FROM) == "kernel"   # narrow rows stay on SM copies
+    assert choose_launch("auto", [(64, 512), (5, 24)], COPY_ENGINE_FROM) == "graph"  # few bytes of narrow rows
+    assert choose_launch("auto", [(1 << 15, 512)], COPY_ENGINE_FROM) == "kernel"      # 16 MiB of them: SM copies
     assert choose_launch("kernel", [], 1 << 30) == "kernel"
     monkeypatch.setenv("CIRCUSLINK_RMA_COPY_ENGINE_FROM", "65536")
     assert choose_launch("auto", [(1, 65536)]) == "graph"

@@ -151,14 +151,17 @@ def choose_launch(mode: str, blocks: list[tuple[int, int]], transpose_bytes: int
     """The launch of a chain of plain writes (count, block_bytes) and ``transpose_bytes`` of transposing puts under
     ``mode`` (see COPY_ENGINE_FROM). Large transposing puts take the graph too, whose transposes are a kernel node
     of their own with a full wave of blocks (none waits on a peer), where inside the start launch they would be
-    held to the blocks that may wait at once (a quarter of the GPU with 2 ranks)."""
+    held to the blocks that may wait at once (a quarter of the GPU with 2 ranks); their plain writes then go by the
+    copy engine too, which is only taken where those are large rows or few bytes (it pays per row)."""
     if mode != "auto":
         return mode
     total = sum(count * block for count, block in blocks)
     large_rows = all(block >= COPY_ENGINE_MIN_BLOCK for _, block in blocks)
-    if not large_rows:
-        return "kernel"
-    return "graph" if (blocks and total >= copy_engine_from()) or transpose_bytes >= copy_engine_from() else "kernel"
+    if blocks and large_rows and total >= copy_engine_from():
+        return "graph"
+    if transpose_bytes >= copy_engine_from() and (large_rows or total < copy_engine_from()):
+        return "graph"
+    return "kernel"
 
 
 def open_window(world: Any, nbytes: int, deadline: Deadline) -> CudaWindow:
