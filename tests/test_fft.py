@@ -425,8 +425,12 @@ def test_plan_runs_many_times_and_closes(world, rng):
         plan.backward(scale="half")
     plan.forward(x, profile=True)
     assert set(plan.timings) == {"fft", "transpose", "comm", "put", "total"} and plan.seconds > 0
+    last = plan.seconds
+    assert plan.time_exchanges() >= 0 and plan.seconds == last  # one rank: no reshape to time; seconds kept
     assert plan.flops == pytest.approx(5 * 128 * 7)
     assert plan.describe()["decomposition"] == "slab"
     plan.close()
     with pytest.raises(cl.ConfigError, match="this fft plan is closed"):
         plan.forward()
+    with pytest.raises(cl.ConfigError, match="this fft plan is closed"):
+        plan.time_exchanges()

@@ -515,6 +515,19 @@ class Plan(Resource):
         self._execute(self._programs["backward"], self._arrays[0].view, factor, profile)
         return self.input
 
+    def time_exchanges(self) -> float:
+        """Seconds (this rank's, device events on the GPU) that one forward execute's reshapes take alone: every
+        chunk's puts started and waited for as ``forward`` does, without the transforms between them. What the
+        tile model predicts (``describe()["prediction"]["comm_s"]``), measured the same way, for benchmarks.
+        Collective; overwrites what ``forward`` overwrites; ``seconds`` keeps the last execute's."""
+        self._check_open("time_exchanges")
+        program = [_Step([None] * len(s.ops), s.queues, s.packs, s.pieces, s.src)
+                   for s in self._programs["forward"] if s.queues]
+        last = self.seconds
+        self._execute(program, None, 1.0, False)
+        alone, self.seconds = self.seconds, last
+        return alone
+
     def _execute(self, program: list[_Step], target: Any, factor: float, profile: bool) -> None:
         run = self._runner
         run.begin(profile)
