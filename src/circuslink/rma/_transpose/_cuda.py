@@ -179,8 +179,8 @@ class DeviceChain:
         # Compiled and sized now, not at the first launch, which may be inside a graph capture.
         self._kernel = kernels().get_function(f"circuslink_transpose_chain{self.elem}")
         # Its own launch waits on nothing (the queue's prologue node waited for the targets' posts): a full
-        # wave of the rank's SMs, not the resident share a start launch is held to. Under that share a
-        # 256 MiB put ran at about a third of the copy engine's bandwidth.
+        # wave of the rank's SMs, not the resident share a start launch is held to (held to it, a 256 MiB
+        # complex64 put of 2 ranks took 720 us; as its own node, 488: BENCHMARKS.md, 2026-11-29).
         self._grid = max(1, min(self.total_tiles, self.world.backend.wave_blocks(self._kernel, THREADS)))
 
     def start_kernel_name(self, plain: str) -> str:
