@@ -217,6 +217,11 @@ def memory_per_rank(args: argparse.Namespace, buffers: float, cpu_max: int | Non
 
 
 # -- output -------------------------------------------------------------------------------------
+def slowest_rank(world: Any, samples: Sequence[float]) -> list[float]:
+    """Collective: sample by sample, the slowest rank's value (every rank passes its own, as many as the others)."""
+    return [max(col) for col in zip(*world.allgather_object(list(samples)), strict=True)]
+
+
 def _format_cell(column: str, value: Any, plain_bytes: bool = False) -> str:
     if value is None:
         return "-"

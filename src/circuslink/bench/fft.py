@@ -356,6 +356,8 @@ def _alltoalls(world: Any, cfg: Config) -> dict[str, str | None]:
 
 def _measure(world: Any, obj: Any, x0: Any, cfg: Config) -> dict:
     """Median / minimum (the slowest rank of each iteration) and the phases' medians (the slowest rank's)."""
+    from . import _driver as drv
+
     module = world.backend_module("circuslink.apps.fft")
     totals, phases = [], {"fft": [], "transpose": [], "comm": [], "put": []}
     for i in range(cfg.warmup + cfg.iters):
@@ -367,8 +369,7 @@ def _measure(world: Any, obj: Any, x0: Any, cfg: Config) -> dict:
             totals.append(obj.seconds)
             for k in phases:
                 phases[k].append(obj.timings[k])
-    every = world.allgather_object(totals)
-    slowest = [max(col) for col in zip(*every, strict=True)]
+    slowest = drv.slowest_rank(world, totals)
     mine = {k: statistics.median(v) for k, v in phases.items()}
     worst = {k: max(p[k] for p in world.allgather_object(mine)) for k in phases}
     return {"time_ms": statistics.median(slowest) * 1e3, "time_min_ms": min(slowest) * 1e3,
@@ -378,13 +379,15 @@ def _measure(world: Any, obj: Any, x0: Any, cfg: Config) -> dict:
 
 def _exchanges_alone(world: Any, plan: Any, cfg: Config) -> float:
     """Median (the slowest rank of each iteration) seconds of the plan's reshapes alone (Plan.time_exchanges)."""
+    from . import _driver as drv
+
     alone = []
     for i in range(cfg.warmup + cfg.iters):
         world.barrier()
         seconds = plan.time_exchanges()
         if i >= cfg.warmup:
             alone.append(seconds)
-    return statistics.median(max(col) for col in zip(*world.allgather_object(alone), strict=True))
+    return statistics.median(drv.slowest_rank(world, alone))
 
 
 def _base_row(world: Any, shape: tuple[int, ...], dtype: str, cfg: Config, impl: str, **extra: Any) -> dict:

@@ -404,6 +404,7 @@ def _measure(world: Any, example: Any, module: Any, impl: str, name: str, domain
              args: argparse.Namespace, seed: int, devices: int) -> dict:
     """Time one implementation on one domain; check it against numpy where the domain is small enough."""
     from ..channels._halo import split_extent
+    from . import _driver as drv
 
     shape, grid, dims = _layout(world.size, example, domain, args.per_rank)
     local = (split_extent(shape[0], dims[0], 0)[1], split_extent(shape[1], dims[1], 0)[1])  # the largest block
@@ -434,12 +435,12 @@ def _measure(world: Any, example: Any, module: Any, impl: str, name: str, domain
             loop = stepper.steps(args.iters)
             events.append(loop / args.iters)
             times.append(stepper.run.seconds_per_step() if impl == "channel-persistent" else loop / args.iters)
-        slowest = [max(col) for col in zip(*world.allgather_object(times), strict=True)]
+        slowest = drv.slowest_rank(world, times)
         t = float(np.median(slowest))
         row.update(time_per_iter_us=t * 1e6, min_us=min(slowest) * 1e6, gcells_per_s=shape[0] * shape[1] / t / 1e9)
         if impl == "channel-persistent":
-            slowest_events = [max(col) for col in zip(*world.allgather_object(events), strict=True)]
-            row.update(event_us=float(np.median(slowest_events)) * 1e6, timed_from=stepper.timed_from(args.iters))
+            row.update(event_us=float(np.median(drv.slowest_rank(world, events))) * 1e6,
+                       timed_from=stepper.timed_from(args.iters))
         if u0 is not None:
             got = stepper.gathered()
             steps = args.warmup + args.samples * args.iters
