@@ -73,3 +73,28 @@ extern "C" __global__ void warp_echo(Tx tx, Rx rx, const unsigned char* src, uns
   in.close();
   if (!ok && threadIdx.x == 0) atomicExch(status, 0);
 }
+
+// Rank 0: every warp of the grid writes message m of sizes[m] bytes from (from_window[m] ? win : plain) +
+// offsets[m] through one grid session (a channel opened with a window: large messages from the window go by
+// rendezvous, the others through the ring). Rank 1: every warp reads them into dst + offsets[m].
+extern "C" __global__ void session_stream_window(Tx tx, Rx rx, const unsigned char* win, const unsigned char* plain,
+                                                 unsigned char* dst, const unsigned long long* offsets,
+                                                 const unsigned long long* sizes, const unsigned char* from_window,
+                                                 unsigned int nmsgs, int role, int* status) {
+  bool ok = true;
+  if (role == 0) {
+    auto s = tx.grid_session();
+    for (unsigned int m = 0; ok && m < nmsgs; ++m) ok = s.write((from_window[m] ? win : plain) + offsets[m], sizes[m]);
+    s.close();
+  } else {
+    auto s = rx.grid_session();
+    for (unsigned int m = 0; ok && m < nmsgs; ++m) ok = s.read(dst + offsets[m], sizes[m]);
+    s.close();
+  }
+  if (!ok && (threadIdx.x & 31) == 0) atomicExch(status, 0);
+}
+
+// One grid write of n bytes from src (rank 0), for a reader that does not take rendezvous messages.
+extern "C" __global__ void grid_write_once(Tx tx, const unsigned char* src, unsigned long long n, int* status) {
+  if (!tx.write_grid(src, n) && (threadIdx.x & 31) == 0) atomicExch(status, 0);
+}

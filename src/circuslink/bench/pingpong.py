@@ -43,6 +43,10 @@ GRID_CHUNK_MAX_MESSAGE = {4 << 10: 16 << 20, 16 << 10: 1 << 30, 64 << 10: 1 << 3
 # writes, so a ring smaller than the message streams through instead of deadlocking. A ring of the message's
 # size costs every payload byte four HBM bytes once it outgrows L2 (the 2026-11-25 collapse: 42 GB/s at 256 MiB).
 GRID_RING_BYTES = 16 << 20
+# The rendezvous form (channels opened with a window): messages of at least RDV_MIN are pulled straight from the
+# writer's window; its ring carries the descriptors only.
+RDV_RING_BYTES = 1 << 20
+RDV_FROM = 128 << 10  # the smallest size the rendezvous form is measured at (below the library's default switch)
 GRID_THREADS = 256
 SAMPLE_TARGET_S = 200e-6  # each sample runs round trips for about this long
 CPU_MAX = 1 << 20
@@ -139,6 +143,14 @@ class ChannelPair:
                                                       "chunk": chunk, "max": most}
         else:
             configs["default"]["ring"] = max(top, 8192)
+        self.window = None
+        if self.gpu and not stream and top >= RDV_FROM:
+            # every rank's sources and the echo's buffer: rank 0 writes from its window, rank 1 reads into its own
+            # and writes back from there (a writer's large messages are pulled from its window)
+            self.window = world.alloc(top)
+            configs["rdv"] = {"ring": RDV_RING_BYTES, "chunk": 64 << 10, "min": RDV_FROM,
+                              "options": {"chunk": 64 << 10, "ll_max": 0, "window": self.window,
+                                          "rendezvous_min": RDV_FROM}}
         self.configs = configs
         byte = element_type("uchar")
         links, options, k = [], {}, 0
@@ -171,6 +183,10 @@ class ChannelPair:
             budget = world.backend.sm_budget or 1
             cap = grid_blocks or max(1, budget if stream else budget // 2)
             self.blocks_most = max(1, min(min(world.allgather_object(most)), cap))
+            # the rendezvous form's copies are its readers' alone (the writer waits): a block an SM of the budget
+            # (one H200, 2 ranks: 66 blocks of 256 threads 1,390 GB/s at 64-256 MiB against 1,010 at 33)
+            most = world.backend.max_blocks(self._module.get_function("pingpong_rdv"), GRID_THREADS)
+            self.blocks_rdv = max(1, min(min(world.allgather_object(most)), grid_blocks or budget))
 
     def ends(self, config: str) -> tuple[Any, Any]:
         ch, me = self.channels, self.world.rank
@@ -203,6 +219,8 @@ class ChannelPair:
                 for config, cfg in self.configs.items():
                     if config.startswith("grid") and nbytes <= cfg["max"]:
                         rows.append(self.measure(config, "grid", nbytes, samples, warmup))
+            if "rdv" in self.configs and nbytes >= self.configs["rdv"]["min"]:
+                rows.append(self.measure("rdv", "rdv", nbytes, samples, warmup))
             if self.world.rank == 0:
                 rows = [r for r in rows if r]
                 for r in rows:
@@ -262,7 +280,7 @@ class ChannelPair:
         tx, rx = self.ends(config)
         t, _, _ = self._sample(config, form, tx, rx, nbytes, 4, warmup)
         guess = int(SAMPLE_TARGET_S / max(t / 4, 1e-9))
-        trips = max(4, min(guess, 2000 if self.gpu else 50))
+        trips = max(8, min(guess, 2000 if self.gpu else 50))  # 16 messages a sample at least
         return int(self.world.broadcast_object(trips if self.world.rank == 0 else None))
 
     def _sample(self, config, form, tx, rx, nbytes, trips, warmup) -> tuple[float, bool, dict]:
@@ -270,10 +288,10 @@ class ChannelPair:
         if not self.gpu:
             t, ok = cpu_round_trips(tx, rx, nbytes, trips, echo=role == 1)
             return t, ok, {"warps": 0, "blocks": 0}
-        blocks = self.grid_blocks(config, nbytes) if form == "grid" else 1
+        blocks = self.grid_blocks(config, nbytes) if form == "grid" else self.blocks_rdv if form == "rdv" else 1
         t, ok = device_round_trips(self.world, self._module, form, tx, rx, nbytes, role, warmup, trips, blocks,
-                                   f"pingpong {config} {drv.format_bytes(nbytes)}")
-        warps = blocks * GRID_THREADS // 32 if form == "grid" else (2 if form == "warp2" else 1)
+                                   f"pingpong {config} {drv.format_bytes(nbytes)}", window=self.window)
+        warps = blocks * GRID_THREADS // 32 if form in ("grid", "rdv") else (2 if form == "warp2" else 1)
         extra = {"warps": warps, "blocks": blocks}
         clock = self.world.registry("bench.sm_clock_mhz", dict).get(form)
         if clock and form == "warp":
@@ -299,21 +317,28 @@ class ChannelPair:
 
     def close(self) -> None:
         self.channels.close()
+        if self.window is not None:
+            self.window.close()
 
 
 def device_round_trips(world: Any, module: Any, form: str, tx: Any, rx: Any, nbytes: int, role: int, warmup: int,
-                       trips: int, blocks: int = 1, label: str = "pingpong") -> tuple[float, bool]:
-    """One sample of the pingpong kernels (``pingpong_warp``, ``pingpong_warp2`` or ``pingpong_grid`` of
-    ``kernels/pingpong_channels.cu``, by ``form``) between this rank and its partner: role 0 writes ``nbytes``
-    and reads them back ``warmup + trips`` times, role 1 passes them straight back. Returns (seconds of the
-    timed round trips on role 0, whether the bytes came back equal); also used by ``bench hops``."""
+                       trips: int, blocks: int = 1, label: str = "pingpong", window: Any = None) -> tuple[float, bool]:
+    """One sample of the pingpong kernels (``pingpong_warp``, ``pingpong_warp2``, ``pingpong_grid`` or
+    ``pingpong_rdv`` of ``kernels/pingpong_channels.cu``, by ``form``) between this rank and its partner: role 0
+    writes ``nbytes`` and reads them back ``warmup + trips`` times, role 1 passes them straight back (``rdv``:
+    reads them into its ``window``, the channels' symmetric buffer, and writes them back from there). Returns
+    (seconds of the timed round trips on role 0, whether the bytes came back equal); also used by ``bench hops``."""
     import cupy as cp
 
     stream = world.backend.stream
     with stream:
         status = cp.ones(1, dtype=cp.int32)
         times = cp.zeros(3, dtype=cp.uint64)
-        src = cp.random.randint(0, 256, nbytes, dtype=cp.uint8) if role == 0 else cp.zeros(1, cp.uint8)
+        if form == "rdv":  # the sources live in the window: rank 0's message, rank 1's echo buffer
+            src = window.local[:nbytes]
+            src[...] = cp.random.randint(0, 256, nbytes, dtype=cp.uint8) if role == 0 else 0
+        else:
+            src = cp.random.randint(0, 256, nbytes, dtype=cp.uint8) if role == 0 else cp.zeros(1, cp.uint8)
         dst = cp.zeros(nbytes, dtype=cp.uint8) if role == 0 else cp.zeros(1, cp.uint8)
     # No barrier: the ranks' launches are skewed anyway, and the warm-up round trips absorb it.
     th, rh = tx.device_handle(), rx.device_handle()
@@ -321,6 +346,11 @@ def device_round_trips(world: Any, module: Any, form: str, tx: Any, rx: Any, nby
     if form in ("warp", "warp2"):
         with stream:
             module.get_function("pingpong_" + form)((1,), (64 if form == "warp2" else 32,), args + (times, status))
+    elif form == "rdv":
+        with stream:
+            bar = cp.zeros(2, dtype=cp.uint32)
+        world.backend.launch_resident(module.get_function("pingpong_rdv"), blocks, GRID_THREADS, args + (
+            bar, np.uint64(tx.channels.device_timeout_ns), times, status), stream=stream)
     else:
         with stream:
             done = cp.zeros(1, dtype=cp.uint32)

@@ -35,7 +35,11 @@ def make_handle(channels: Any, link: Any, geo: P.RingGeometry, lay: Any, kind: s
     rank, the receiver's credits go onto the board at its last (docs/routing.md)."""
     buf, me = channels._buf, channels._world.rank
     where = placement(link, lay, kind, channels._plan.routed_of(link))
+    window, least = channels._plan.window_of(link) or (None, 0)
     return P.HANDLE.pack(
+        # the writer's window as this end's GPU maps it: the writer's own buffer on both ends
+        window=window.ptr(link.src_rank) if window is not None else 0,
+        window_bytes=window.nbytes if window is not None else 0, rdv_min=least,
         ring=buf.ptr(where.ring[0]) + where.ring[1],
         credit=buf.ptr(where.credit[0]) + where.credit[1],
         slot_credit=buf.ptr(where.slot_credits[0]) + where.slot_credits[1],

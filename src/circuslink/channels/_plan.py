@@ -11,6 +11,30 @@ from . import _routed as R
 from . import protocol as P
 
 OPTIONS = ("nslots", "chunk", "ll_max")
+RDV_OPTIONS = ("window", "rendezvous_min")
+
+
+def rendezvous_options(link: Any, opts: dict[str, Any], routed: bool) -> tuple[Any, int] | None:
+    """(window, rendezvous_min) of one channel, or None: the options "window" (a symmetric buffer holding the
+    writer's sources) and "rendezvous_min" (bytes, default protocol.RDV_MIN_DEFAULT), removed from ``opts``."""
+    window = opts.pop("window", None)
+    least = opts.pop("rendezvous_min", None)
+    if window is None:
+        if least is not None:
+            raise ConfigError(f"channel {link.name}: rendezvous_min needs a window (the symmetric buffer the writer's "
+                              "large messages are pulled from)")
+        return None
+    if not all(hasattr(window, a) for a in ("ptr", "nbytes", "mapped")):
+        raise ConfigError(f"channel {link.name}: window must be a symmetric buffer (world.alloc), got "
+                          f"{type(window).__name__}")
+    if routed:
+        raise ConfigError(f"channel {link.name}: a window needs the reader to map the writer's memory; ranks "
+                          f"{link.src_rank} and {link.dst_rank} are not neighbours on this topology (the channel is "
+                          "routed)")
+    least = P.RDV_MIN_DEFAULT if least is None else least
+    if isinstance(least, bool) or not isinstance(least, int) or not 1 <= least < 1 << 32:
+        raise ConfigError(f"channel {link.name}: rendezvous_min {least!r} must be a number of bytes in 1..2^32-1")
+    return window, least
 
 
 class Plan:
@@ -31,14 +55,18 @@ class Plan:
         self.topology = topology
         self.entries: list[tuple[Any, P.RingGeometry, Any]] = []
         self.routed: dict[str, R.Routed] = {}
+        self.windows: dict[str, tuple[Any, int]] = {}  # sender name -> (window, rendezvous_min)
         offset = 0
         for link in links:
             opts = dict(options.get(link.name, {}))
             opts.update(options.get(link.receiver_name, {}))
-            bad = set(opts) - set(OPTIONS)
+            bad = set(opts) - set(OPTIONS) - set(RDV_OPTIONS)
             if bad:
                 raise ConfigError(f"channel {link.name}: unknown option(s) {', '.join(sorted(bad))} "
-                                  f"(expected {', '.join(OPTIONS)})")
+                                  f"(expected {', '.join(OPTIONS + RDV_OPTIONS)})")
+            rdv = rendezvous_options(link, opts, link.name in to_route)
+            if rdv is not None:
+                self.windows[link.name] = rdv
             geo = P.geometry(link.depth, link.element.nbytes, name=link.name, **opts)
             if link.name in to_route:
                 lay = R.routed_layout(offset, geo)
@@ -65,6 +93,10 @@ class Plan:
                         "allow_cycles=True to run it anyway (a deadlock then ends in time-outs naming the cycle)")
         self.nbytes = max(256, offset)
 
+    def window_of(self, link: Any) -> tuple[Any, int] | None:
+        """(window, rendezvous_min) of a channel opened with a window, else None."""
+        return self.windows.get(link.name)
+
     def routed_of(self, link: Any) -> R.Routed | None:
         return self.routed.get(link.name)
 
@@ -73,6 +105,9 @@ class Plan:
         for link, geo, lay in self.entries:
             h.update(repr((link.name, link.receiver_name, link.send_id, link.recv_id, link.src_rank,
                            link.dst_rank, link.element.nbytes, geo, lay)).encode())
+            if link.name in self.windows:
+                window, least = self.windows[link.name]
+                h.update(repr(("window", window.nbytes, least)).encode())
         if self.router is not None:
             h.update(repr(self.router.digest_items()).encode())
         return h.hexdigest()[:16]

@@ -24,6 +24,10 @@ LL_AREA_BYTES = LL_UNITS * UNIT_BYTES  # 256
 LL_PAYLOAD = (LL_UNITS - 2) * 4  # 120
 KIND_BULK = 0x80000000  # in header word 2, with nbytes
 NBYTES_MASK = 0x7FFFFFFF
+# With KIND_BULK: a rendezvous descriptor, a low-latency packet of RDV_BYTES (the message's offset in the
+# writer's window and its size, u64 each, little-endian); the reader pulls the message from the window
+KIND_RDV = 0x40000000
+RDV_BYTES = 16
 REWRITE_PERIOD = 1 << 31  # the first lap after every multiple rewrites every unit of its slots
 
 MIN_CHUNK = 256
@@ -32,6 +36,10 @@ MAX_RING_BYTES = (1 << 32) - 1  # slot offsets are 32-bit on the device
 # Writes of up to this many bytes travel as low-latency packets, larger ones as bulk packets: where
 # the two cost the same one-way time, measured by `circuslink bench pingpong` (its "switch" rows).
 LL_MAX_DEFAULT = 1024
+# Grid writes of at least this many bytes from a channel's window go by rendezvous (docs/protocol.md): where
+# the pull overtook the ring's grid form in `bench pingpong` on one H200 (2 ranks under MPS, 2026-11-29: 256 KiB
+# ring 3.78 us one-way against the pull's 4.59, 1 MiB ring 7.48 against 5.74).
+RDV_MIN_DEFAULT = 512 << 10
 
 # control block (per channel, 128 bytes, in every rank's copy; each field used on its owner)
 CTRL_BYTES = 128
@@ -40,6 +48,7 @@ CTRL_SEND_STATE = 16  # SendState
 CTRL_RECV_STATE = 48  # RecvState
 CTRL_SEND_ERROR = 80  # u32 code, u32 channel id, u32 seq lo, u32 seq hi
 CTRL_RECV_ERROR = 96
+CTRL_RDV = 112  # sender's copy: u64, seq + 1 of the last rendezvous message read; receiver's: u32, warps done with it
 
 ERR_NONE = 0
 ERR_DATA_TIMEOUT = 1
@@ -50,8 +59,8 @@ ERR_CLAIMED = 0xFFFFFFFF  # a record whose fields are being written (the device 
 ERROR_TEXT = {
     ERR_DATA_TIMEOUT: "waited for data (packet seq {seq}) from its sender",
     ERR_CREDIT_TIMEOUT: "waited for credits (to write packet seq {seq}): its reader stopped consuming",
-    ERR_MISUSE: "was misused at packet seq {seq} (write_grid must be read by read_grid of the same n, and a "
-                "forward must take whole packets)",
+    ERR_MISUSE: "was misused at packet seq {seq} (write_grid must be read by read_grid of the same n, a "
+                "forward must take whole packets, and a rendezvous message is read by a grid read, never forwarded)",
     ERR_ABORTED: "was waiting at packet seq {seq} when the host gave up on the kernel",
 }
 
@@ -62,7 +71,7 @@ HANDLE = abi.Struct("circuslink::detail::ChannelHandle", "circuslink/detail/chan
     ("ring", abi.PTR), ("credit", abi.PTR), ("slot_credit", abi.PTR), ("state", abi.PTR), ("error", abi.PTR),
     ("abort", abi.PTR), ("timeout_ns", abi.U64), ("nslots", abi.U32), ("slot_bytes", abi.U32),
     ("chunk", abi.U32), ("route", abi.U32), ("ll_max", abi.U32), ("channel_id", abi.U32), ("flags", abi.U32),
-    ("reserved", abi.U32)])
+    ("rdv_min", abi.U32), ("window", abi.PTR), ("window_bytes", abi.U64)])
 # ChannelHandle.flags: every rank the channel's packets touch is on one GPU, so bulk packets fence at .gpu
 # scope instead of .sys (a handle without it is always safe: links in host memory, peers on other GPUs)
 HANDLE_GPU_SCOPE = 1

@@ -12,6 +12,7 @@
 // times[0], times[1]: the loop's start and end on rank 0 (times[2]: SM cycles between them, warp forms).
 // status: set to 0 when a call fails.
 #include <circuslink/channel.cuh>
+#include <circuslink/grid.cuh>
 
 using Tx = circuslink::Sender<unsigned char>;
 using Rx = circuslink::Receiver<unsigned char>;
@@ -134,6 +135,39 @@ extern "C" __global__ void pingpong_grid(Tx tx, Rx rx, const unsigned char* src,
       }
       in.close();
     }
+  }
+  if (!ok && lane == 0) atomicExch(status, 0);
+}
+
+// Every warp of a co-resident grid on each rank, through channels opened with a window: messages of at least
+// rendezvous_min bytes are pulled by the reader's grid straight from the writer's window (one copy a
+// direction, as NVSHMEM's put). Rank 1 reads each message into its own window (`src` there), and once its whole
+// grid has it (grid barrier) writes it back from there; rank 0 writes from its window and reads the reply into
+// `dst`. A write returns on each warp once the reader has pulled the message, so the next round trip cannot
+// overtake this one; rank 0 stops its clock after a last grid barrier. bar: 2 zeroed u32s.
+extern "C" __global__ void __launch_bounds__(256, 3) pingpong_rdv(Tx tx, Rx rx, unsigned char* src, unsigned char* dst, unsigned long long n,
+                                        int role, int warmup, int iters, unsigned int* bar,
+                                        unsigned long long timeout_ns, unsigned long long* times, int* status) {
+  const unsigned int lane = threadIdx.x & 31;
+  const bool first = blockIdx.x == 0 && threadIdx.x == 0;
+  bool ok = true;
+  auto out = tx.grid_session();
+  auto in = rx.grid_session();
+  for (int it = 0; ok && it < warmup + iters; ++it) {
+    if (role == 0) {
+      if (it == warmup && first) times[0] = now_ns();
+      ok = out.write(src, n) && in.read(dst, n);
+    } else {
+      ok = in.read(src, n);
+      ok = circuslink::grid_sync(bar, timeout_ns) && ok;  // the whole message is in before it goes back
+      ok = ok && out.write(src, n);
+    }
+  }
+  out.close();
+  in.close();
+  if (role == 0) {
+    ok = circuslink::grid_sync(bar, timeout_ns) && ok;  // every warp has its slice of the last reply
+    if (first) times[1] = now_ns();
   }
   if (!ok && lane == 0) atomicExch(status, 0);
 }

@@ -251,9 +251,9 @@ struct GridSendSession {
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
   __device__ bool write(const T* src, unsigned long long n) {
     const unsigned long long nbytes = n * sizeof(T);
-    const bool ok = detail::grid_write_from(h, s.base, reinterpret_cast<const unsigned char*>(src), nbytes, s.first,
-                                            s.step);
-    s.base += detail::grid_packets(h, nbytes);
+    bool ok = true;
+    s.base += detail::grid_write_call(h, s.base, reinterpret_cast<const unsigned char*>(src), nbytes, s.first, s.step,
+                                      ok);
     return ok;
   }
   // Every warp of the group, once at the end: the last to leave stores the end's state.
@@ -270,9 +270,9 @@ struct GridRecvSession {
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
   __device__ bool read(T* dst, unsigned long long n) {
     const unsigned long long nbytes = n * sizeof(T);
-    const bool ok = clean && detail::grid_read_from(h, s.base, reinterpret_cast<unsigned char*>(dst), nbytes,
-                                                    s.first, s.step);
-    s.base += detail::grid_packets(h, nbytes);
+    if (!clean) return false;  // (the packet numbers stay where they were: nothing was read)
+    bool ok = true;
+    s.base += detail::grid_read_call(h, s.base, reinterpret_cast<unsigned char*>(dst), nbytes, s.first, s.step, ok);
     return ok;
   }
   // Pass n elements on to `out` slot to slot (bulk packets as they are; both channels' chunk equal).

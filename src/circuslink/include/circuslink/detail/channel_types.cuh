@@ -38,6 +38,10 @@ enum : unsigned int {
   kLLPayload = 120,        // (kLLUnits - 2) * 4
   kKindBulk = 0x80000000u, // in header word 2 with nbytes
   kNbytesMask = 0x7FFFFFFFu,
+  // with kKindBulk: a rendezvous descriptor (a low-latency packet of kRdvBytes: the message's offset in the
+  // writer's window and its size, u64 each); the reader pulls the message from the window (docs/protocol.md)
+  kKindRdv = 0x40000000u,
+  kRdvBytes = 16,
 };
 // error codes recorded in an end's error record {code, channel id, seq lo, seq hi}; kErrClaimed marks a
 // record whose fields are being written (the code is published last)
@@ -50,7 +54,7 @@ enum : unsigned int {
   kHandleGpuScope = 1u,  // both ends (and every rank between) share one GPU: bulk packets fence at .gpu, not .sys
 };
 
-// What a kernel receives (88 bytes, by value). Pointers are valid on the end's own GPU. The host's
+// What a kernel receives (104 bytes, by value). Pointers are valid on the end's own GPU. The host's
 // table of this struct is circuslink.channels.protocol.HANDLE (tests/test_abi.py checks both agree).
 struct ChannelHandle {
   unsigned char* ring;               // the receiver's ring (sender: mapped peer memory; receiver: local)
@@ -67,8 +71,15 @@ struct ChannelHandle {
   unsigned int ll_max;               // writes of at most this many bytes travel as low-latency packets
   unsigned int channel_id;           // this end's ID, for error records
   unsigned int flags;                // kHandle* bits, chosen when the channel opens
-  unsigned int reserved;
+  unsigned int rdv_min;              // grid writes of at least this many bytes from the window go by rendezvous (0: never)
+  unsigned char* window;             // the writer's window as mapped on this end's GPU (null: no rendezvous)
+  unsigned long long window_bytes;
 };
+
+// Control-block words of the rendezvous (docs/protocol.md, "Rendezvous"), at byte 112 of each end's copy:
+// the sender's holds the seq + 1 of the last rendezvous message its reader finished (the reader stores it);
+// the receiver's counts the reading warps that finished the current one.
+enum : unsigned int { kCtrlRdv = 112, kCtrlSendState = 16, kCtrlRecvState = 48 };
 
 struct SendState {                   // control block + 16
   unsigned long long seq;            // slots (= packets) written so far
