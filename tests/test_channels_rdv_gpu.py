@@ -30,7 +30,7 @@ byte = element_type("uchar")
 
 MIXED = COMMON + r'''
 RDV_MIN = 4096
-total_cap = 8 << 20
+total_cap = 32 << 20  # 24 messages of up to 600 KB, 12 small ones, their padding
 win = w.alloc(total_cap)
 links = [Link("a", "a_in", 1, 2, 0, 1, byte, 1)]
 ch = channels.open(w, links, options={"a": {"nslots": 8, "chunk": 4096, "ll_max": 0, "window": win,

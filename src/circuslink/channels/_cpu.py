@@ -37,6 +37,11 @@ class _End:
         self.timeout_s = timeout_s
         self.route = route
         self.watch = None  # called between polls of a wait; may raise (a routed end: its rank's relay failed)
+        # rendezvous (make_end sets them for a channel opened with a window): the writer's window as mapped here,
+        # the least bytes a write sends by rendezvous, the sender's ack word (u64[1])
+        self.window: np.ndarray | None = None
+        self.rdv_min = 0
+        self.rdv_ack: np.ndarray | None = None
 
     def _slot(self, seq: int) -> int:
         return (seq % self.geo.nslots) * self.geo.slot_bytes
@@ -72,6 +77,16 @@ class CpuSender(_End):
         self.seq = 0
         self.credit_cache = 0
 
+    def write_rendezvous(self, offset: int, nbytes: int) -> None:
+        """A message of ``nbytes`` at ``offset`` in my window: one descriptor packet, then wait until the reader
+        has pulled it (docs/protocol.md, Rendezvous)."""
+        seq = self.seq
+        self._credit_for(seq)
+        self._store_ll(seq, np.array([offset, nbytes], dtype="<u8").tobytes(),
+                       word=P.RDV_BYTES | P.KIND_BULK | P.KIND_RDV)
+        self.seq += 1
+        self._wait(lambda: int(self.rdv_ack[0]) >= seq + 1, P.ERR_CREDIT_TIMEOUT, seq)
+
     def _credit_for(self, seq: int) -> None:
         if seq < self.credit_cache + self.geo.nslots:
             return
@@ -92,7 +107,7 @@ class CpuSender(_End):
             pos += size
             self.seq += 1
 
-    def _store_ll(self, seq: int, payload: bytes) -> None:
+    def _store_ll(self, seq: int, payload: bytes, word: int | None = None) -> None:
         n = len(payload)
         flag = P.flag_of(seq)
         units = P.LL_UNITS - 2 if P.rewrites_all(seq, self.geo.nslots) else -(-n // 4)
@@ -103,7 +118,7 @@ class CpuSender(_End):
         data[:, 1] = flag  # ... then the flags that publish them
         w = self.words
         w[head] = self.route
-        w[head + 2] = n
+        w[head + 2] = n if word is None else word
         w[head + 1] = flag
         w[head + 3] = flag
 
@@ -144,14 +159,19 @@ class CpuReceiver(_End):
             if w[head + 3] != flag:
                 return False
             word = int(w[head + 2])
-            if word & P.KIND_BULK:
+            if word & P.KIND_RDV:
+                units = P.RDV_BYTES // 4  # a descriptor: a low-latency packet whose units carry their flags
+            elif word & P.KIND_BULK:
                 return True
-            units = -(-word // 4)
+            else:
+                units = -(-word // 4)
             return bool(np.all(w[head + 5:head + 5 + 2 * units:2] == flag))
 
         if not ready():
             self._wait(ready, P.ERR_DATA_TIMEOUT, seq)
         word = int(w[head + 2])
+        if word & P.KIND_RDV:
+            return True, -1  # a rendezvous descriptor (read_bytes takes it)
         bulk, n = bool(word & P.KIND_BULK), word & P.NBYTES_MASK
         if not 1 <= n <= (self.geo.chunk if bulk else P.LL_PAYLOAD):
             raise ChannelError(f"{self.describe}: packet seq {seq} has a corrupt header (nbytes={n})")
@@ -167,10 +187,34 @@ class CpuReceiver(_End):
         data = w.tobytes()
         return data[start - 4 * first:start - 4 * first + stop - start]
 
+    def _take_rendezvous(self, seq: int, nbytes: int, have: int) -> bytes:
+        """Descriptor packet seq: pull the whole message from the writer's window, hand the slot back, ack."""
+        base = self._slot(seq) // 4
+        units = self.words[base + 4:base + 4 + 2 * (P.RDV_BYTES // 4):2].astype("<u4")
+        offset, n = (int(v) for v in units.view("<u8"))
+        window = self.window
+        if window is None or have or self.offset or n != nbytes or offset + n > len(window):
+            self.error[1] = self.channel_id
+            self.error[2] = seq & P.FLAG_MASK
+            self.error[3] = seq >> 32
+            self.error[0] = P.ERR_MISUSE
+            raise ChannelError(f"{self.describe}: {P.ERROR_TEXT[P.ERR_MISUSE].format(seq=seq)}: a rendezvous "
+                               f"message of {n} bytes is read whole, by one read of {n} bytes (this read asked for "
+                               f"{nbytes}{f', {have} taken before it' if have else ''})")
+        data = window[offset:offset + n].tobytes()
+        self.slot_credits[seq % self.geo.nslots] = P.flag_of(seq)
+        self.seq += 1
+        self.credit[0] = self.seq
+        self.rdv_ack[0] = seq + 1  # the writer may reuse its source
+        return data
+
     def read_bytes(self, nbytes: int) -> bytes:
         out = bytearray()
         while len(out) < nbytes:
             bulk, n = self._header(self.seq)
+            if n < 0:
+                out += self._take_rendezvous(self.seq, nbytes, len(out))
+                continue
             take = min(n - self.offset, nbytes - len(out))
             out += self._payload(self.seq, bulk, self.offset, self.offset + take)
             self.offset += take
@@ -200,7 +244,14 @@ class CpuEnd:
         self.impl.watch = fn
 
     def write(self, arr: np.ndarray) -> None:
-        self.impl.write_bytes(arr.tobytes())
+        impl = self.impl
+        window = getattr(impl, "window", None)
+        if window is not None and arr.nbytes >= impl.rdv_min and arr.flags.c_contiguous:
+            offset = arr.__array_interface__["data"][0] - window.__array_interface__["data"][0]
+            if 0 <= offset and offset + arr.nbytes <= window.nbytes:  # from my window: the reader pulls it
+                impl.write_rendezvous(offset, arr.nbytes)
+                return
+        impl.write_bytes(arr.tobytes())
 
     def read(self, n: int) -> np.ndarray:
         return np.frombuffer(self.impl.read_bytes(n * self.dtype.itemsize), dtype=self.dtype).copy()
@@ -226,6 +277,11 @@ def make_end(channels: Any, link: Any, geo: P.RingGeometry, lay: Any, kind: str,
             link.send_id if kind == "send" else link.recv_id, geo, ring, credit, slot_credits, error,
             channels.host_timeout, P.route_of(link.recv_id, link.dst_rank))
     impl = CpuSender(*args) if kind == "send" else CpuReceiver(*args)
+    # rendezvous (a channel opened with a window): the writer's window as this rank maps it, the sender's ack word
+    window, impl.rdv_min = channels._plan.window_of(link) or (None, 0)
+    impl.window = window.peer(link.src_rank) if window is not None else None
+    ack = where.credit[1] - P.CTRL_CREDIT + P.CTRL_RDV
+    impl.rdv_ack = buf.peer(where.credit[0])[ack:ack + 8].view("<u8")
     return CpuEnd(impl, link.element.numpy_dtype)
 
 

@@ -10,8 +10,8 @@ from ..errors import ConfigError
 from . import _routed as R
 from . import protocol as P
 
-OPTIONS = ("nslots", "chunk", "ll_max")
 RDV_OPTIONS = ("window", "rendezvous_min")
+OPTIONS = ("nslots", "chunk", "ll_max") + RDV_OPTIONS  # what options may give a channel end
 
 
 def rendezvous_options(link: Any, opts: dict[str, Any], routed: bool) -> tuple[Any, int] | None:
@@ -60,10 +60,10 @@ class Plan:
         for link in links:
             opts = dict(options.get(link.name, {}))
             opts.update(options.get(link.receiver_name, {}))
-            bad = set(opts) - set(OPTIONS) - set(RDV_OPTIONS)
+            bad = set(opts) - set(OPTIONS)
             if bad:
                 raise ConfigError(f"channel {link.name}: unknown option(s) {', '.join(sorted(bad))} "
-                                  f"(expected {', '.join(OPTIONS + RDV_OPTIONS)})")
+                                  f"(expected {', '.join(OPTIONS)})")
             rdv = rendezvous_options(link, opts, link.name in to_route)
             if rdv is not None:
                 self.windows[link.name] = rdv

@@ -26,7 +26,10 @@
 //   write_grid / read_grid    every thread of a co-resident grid (no more blocks than the rank's SM
 //                             budget holds: world.backend.max_blocks), for bandwidth: warp w streams
 //                             bulk packets w, w + W, ...; must be the only call on the end in its
-//                             launch, and read_grid must use the writer's n
+//                             launch, and read_grid must use the writer's n; on a channel opened with
+//                             a window, a write of at least rendezvous_min bytes from the window is
+//                             pulled by the reader's grid straight from there (docs/protocol.md,
+//                             "Rendezvous"; grid sessions alike)
 //   write(v) / read()         one thread, one element: simple, not fast
 // Sessions keep an end's state in registers for a kernel that uses it for a whole launch (no state
 // load before the first store, the latency path):
