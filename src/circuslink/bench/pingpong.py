@@ -183,8 +183,9 @@ class ChannelPair:
             budget = world.backend.sm_budget or 1
             cap = grid_blocks or max(1, budget if stream else budget // 2)
             self.blocks_most = max(1, min(min(world.allgather_object(most)), cap))
-            # the rendezvous form's copies are its readers' alone (the writer waits): a block an SM of the budget
-            # (one H200, 2 ranks: 66 blocks of 256 threads 1,390 GB/s at 64-256 MiB against 1,010 at 33)
+            # the rendezvous form's copies are its readers' alone (the writer waits), so it takes every block it may
+            # have resident, up to one an SM of the budget (one H200, 2 ranks, a hand-written form of it: 66 blocks
+            # of 256 threads 1,390 GB/s at 64-256 MiB against 1,010 at 33; the library's kernel fits 49)
             most = world.backend.max_blocks(self._module.get_function("pingpong_rdv"), GRID_THREADS)
             self.blocks_rdv = max(1, min(min(world.allgather_object(most)), grid_blocks or budget))
 

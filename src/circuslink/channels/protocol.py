@@ -38,7 +38,7 @@ MAX_RING_BYTES = (1 << 32) - 1  # slot offsets are 32-bit on the device
 LL_MAX_DEFAULT = 1024
 # Grid writes of at least this many bytes from a channel's window go by rendezvous (docs/protocol.md): where
 # the pull overtook the ring's grid form in `bench pingpong` on one H200 (2 ranks under MPS, 2026-11-29: 256 KiB
-# ring 3.78 us one-way against the pull's 4.59, 1 MiB ring 7.48 against 5.74).
+# ring 3.77 us one-way against the pull's 4.74; 512 KiB 7.52 against 5.19; 1 MiB 7.58 against 6.01).
 RDV_MIN_DEFAULT = 512 << 10
 
 # control block (per channel, 128 bytes, in every rank's copy; each field used on its owner)
