@@ -27,6 +27,7 @@ parser.add_argument("--blocks", default="8,33,66")
 parser.add_argument("--launch", default="resident,plain")
 parser.add_argument("--samples", type=int, default=7)
 parser.add_argument("--backoff", default="256", help="CIRCUSLINK_RDV_BACKOFF_NS values to compile the kernel with")
+parser.add_argument("--defines", default="", help="more #defines for every variant, e.g. CIRCUSLINK_RDV_ARRIVE_ACQREL=1")
 parser.add_argument("--json", default=None)
 args = parser.parse_args()
 
@@ -38,8 +39,9 @@ def size(text: str) -> int:
 
 w = cl.init()
 cp = w.xp
-fns = {b: cl.compile(f"#define CIRCUSLINK_RDV_BACKOFF_NS {b}\n" + pp.KERNELS.read_text()).get_function("pingpong_rdv")
-       for b in args.backoff.split(",")}
+extra = "".join(f"#define {d.replace('=', ' ', 1)}\n" for d in args.defines.split(",") if d)
+fns = {b: cl.compile(f"#define CIRCUSLINK_RDV_BACKOFF_NS {b}\n{extra}" + pp.KERNELS.read_text())
+       .get_function("pingpong_rdv") for b in args.backoff.split(",")}
 fn = next(iter(fns.values()))
 sizes = [size(s) for s in args.sizes.split(",")]
 win = w.alloc(max(sizes))
@@ -82,7 +84,7 @@ for launch, backoff in [(la, b) for la in args.launch.split(",") for b in fns]:
                 assert int(status.get()[0]) == 1
             ok = w.rank != 0 or bool((dst == src).all())
             if w.rank == 0:
-                row = dict(bytes=n, blocks=blocks, launch=launch, backoff_ns=int(backoff),
+                row = dict(bytes=n, blocks=blocks, launch=launch, backoff_ns=int(backoff), defines=args.defines,
                            one_way_us=statistics.median(times_l), min_one_way_us=min(times_l), verified=ok)
                 rows.append(row)
                 print(f"{launch:9s} backoff {backoff:>5s} ns {blocks:3d} blocks {n:>10d} B: "

@@ -1476,6 +1476,24 @@ __device__ __forceinline__ unsigned int* rdv_arrivals(const ChannelHandle& h) {
   return reinterpret_cast<unsigned int*>(reinterpret_cast<unsigned char*>(h.state) - kCtrlRecvState + kCtrlRdv);
 }
 
+#ifndef CIRCUSLINK_RDV_ARRIVE_ACQREL
+#define CIRCUSLINK_RDV_ARRIVE_ACQREL 0
+#endif
+// The reading warps' arrival and the last one's ack as one acquire-release atomic and one release store, at the
+// scope where the two ends are (as fence_for): the experiment CIRCUSLINK_RDV_ARRIVE_ACQREL.
+__device__ __forceinline__ u32 rdv_arrive(const ChannelHandle& h, unsigned int* p) {
+  u32 old;
+  if (h.flags & kHandleGpuScope)
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
+  else
+    asm volatile("atom.acq_rel.sys.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
+  return old;
+}
+__device__ __forceinline__ void rdv_store_ack(const ChannelHandle& h, unsigned long long* p, u64 v) {
+  if (h.flags & kHandleGpuScope) asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+  else asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 // Warp-level, every warp of the writing group: the first (`post`) stores descriptor packet seq for nbytes at
 // `off` in the window; each waits until the reader has pulled the whole message, so that when the call
 // returns on a warp the source may be reused (as after any grid write, once the grid barrier that follows).
@@ -1579,6 +1597,15 @@ __device__ bool rdv_recv(const ChannelHandle& h, u64 seq, unsigned char* dst, u6
   __syncwarp();
   if (lane == 0) {
     unsigned int* arrivals = rdv_arrivals(h);
+#if CIRCUSLINK_RDV_ARRIVE_ACQREL
+    // (experiment, off by default: one acquire-release atomic a warp and a release store of the ack, no separate
+    // fences; scripts/dev/rdv_variants.sh measures it against the default)
+    if (rdv_arrive(h, arrivals) == step - 1) {
+      *arrivals = 0u;
+      st_relaxed(h.slot_credit + ((u32)seq & (h.nslots - 1u)), flag_of(seq));
+      rdv_store_ack(h, rdv_ack_word(h, true), seq + 1);
+    }
+#else
     __threadfence();  // release: this warp's loads of the window and stores to dst before its arrival
     if (atomicAdd(arrivals, 1u) == step - 1) {
       __threadfence();  // acquire: every warp's arrival and what it did before it
@@ -1587,6 +1614,7 @@ __device__ bool rdv_recv(const ChannelHandle& h, u64 seq, unsigned char* dst, u6
       fence_for(h);
       st_relaxed_u64(rdv_ack_word(h, true), seq + 1);
     }
+#endif
   }
   __syncwarp();
   return true;
