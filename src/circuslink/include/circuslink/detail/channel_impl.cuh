@@ -1428,6 +1428,7 @@ __device__ bool grid_forward(const ChannelHandle& rx, const ChannelHandle& tx, u
 // writing group waits for before its call returns (the source may then be reused).
 // Measured on one H200 (2 ranks under MPS, a hand-written form: scripts/dev/rdv_pingpong.cu): 16 MiB one-way
 // 12.5 us, 256 MiB 194 us, against 16.0 and 310 for NVSHMEM's block put and 25.9 and 900 for the ring.
+//
 // The rendezvous' waits are made by every warp of a group at once, for one word: hundreds of warps. The group's
 // first warp polls without pause; the others back off (__nanosleep, doubling up to kRdvBackoffNs) and read the
 // host's abort word only every 16th check: without that, every warp's check read host memory every 256 polls and
