@@ -53,12 +53,16 @@ class _End:
         except TimeoutError:
             raise self._fail(code, seq) from None
 
-    def _fail(self, code: int, seq: int) -> ChannelError:
+    def _record(self, code: int, seq: int) -> None:
+        """This end's first failure, for the host and the peer's messages (the device's record_error)."""
         if self.error[0] == P.ERR_NONE:
             self.error[1] = self.channel_id
             self.error[2] = seq & P.FLAG_MASK
             self.error[3] = seq >> 32
             self.error[0] = code
+
+    def _fail(self, code: int, seq: int) -> ChannelError:
+        self._record(code, seq)
         what = P.ERROR_TEXT[code].format(seq=seq)
         return ChannelError(f"{self.describe}: timed out after {self.timeout_s:g} s: {what}")
 
@@ -194,10 +198,7 @@ class CpuReceiver(_End):
         offset, n = (int(v) for v in units.view("<u8"))
         window = self.window
         if window is None or have or self.offset or n != nbytes or offset + n > len(window):
-            self.error[1] = self.channel_id
-            self.error[2] = seq & P.FLAG_MASK
-            self.error[3] = seq >> 32
-            self.error[0] = P.ERR_MISUSE
+            self._record(P.ERR_MISUSE, seq)
             raise ChannelError(f"{self.describe}: {P.ERROR_TEXT[P.ERR_MISUSE].format(seq=seq)}: a rendezvous "
                                f"message of {n} bytes is read whole, by one read of {n} bytes (this read asked for "
                                f"{nbytes}{f', {have} taken before it' if have else ''})")
@@ -244,8 +245,7 @@ class CpuEnd:
         self.impl.watch = fn
 
     def write(self, arr: np.ndarray) -> None:
-        impl = self.impl
-        window = getattr(impl, "window", None)
+        impl, window = self.impl, self.impl.window
         if window is not None and arr.nbytes >= impl.rdv_min and arr.flags.c_contiguous:
             offset = arr.__array_interface__["data"][0] - window.__array_interface__["data"][0]
             if 0 <= offset and offset + arr.nbytes <= window.nbytes:  # from my window: the reader pulls it
