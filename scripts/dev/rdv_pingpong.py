@@ -33,11 +33,13 @@ parser.add_argument("--threads", default="256,1024")
 parser.add_argument("--samples", type=int, default=11)
 parser.add_argument("--seed", type=int, default=None)
 parser.add_argument("--json", default=None)
+parser.add_argument("--defines", default="", help="#defines for the kernel, e.g. RDV_POLL_WARPS=1,RDV_SLICE_WARP=1")
 args = parser.parse_args()
 
 w = cl.init()
 cp = w.xp
-mod = cl.compile(Path(__file__).with_name("rdv_pingpong.cu").read_text())
+extra = "".join(f"#define {d.replace('=', ' ', 1)}\n" for d in args.defines.split(",") if d)
+mod = cl.compile(extra + Path(__file__).with_name("rdv_pingpong.cu").read_text())
 fn = mod.get_function("rdv_pingpong")
 sizes = [size(s) for s in args.sizes.split(",")]
 top = max(sizes)
