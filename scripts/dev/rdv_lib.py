@@ -46,7 +46,7 @@ fn = next(iter(fns.values()))
 sizes = [size(s) for s in args.sizes.split(",")]
 win = w.alloc(max(sizes))
 byte = element_type("uchar")
-opts = {"chunk": 64 << 10, "ll_max": 0, "window": win, "nslots": 16}
+opts = {"chunk": 64 << 10, "ll_max": 0, "window": win, "nslots": 16, "rendezvous_min": min(sizes)}
 ch = channels.open(w, [Link("ping", "ping_in", 1, 2, 0, 1, byte, 1 << 20), Link("pong", "pong_in", 3, 4, 1, 0, byte,
                                                                                1 << 20)],
                    options={"ping": opts, "pong": opts})

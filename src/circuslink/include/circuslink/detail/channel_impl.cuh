@@ -1555,6 +1555,10 @@ __device__ __forceinline__ u32 rdv_peek(const ChannelHandle& h, u64 seq, bool le
   return (u32)WarpG::bcast(word);
 }
 
+#ifndef CIRCUSLINK_RDV_TEAM
+#define CIRCUSLINK_RDV_TEAM 1
+#endif
+enum : u32 { kRdvTeam = CIRCUSLINK_RDV_TEAM };
 // Warp-level, every warp of the reading group: take descriptor seq, pull this warp's slice into dst, arrive.
 __device__ bool rdv_recv(const ChannelHandle& h, u64 seq, unsigned char* dst, u64 nbytes, u32 first, u32 step,
                          u64 (&d)[4]) {
@@ -1585,11 +1589,16 @@ __device__ bool rdv_recv(const ChannelHandle& h, u64 seq, unsigned char* dst, u6
   if (!WarpG::bcast(okv)) return false;
   off = WarpG::bcast(off);
   const unsigned char* src = h.window + off;
-  // this warp's slice: whole 16-byte vectors where both ends allow them, else bytes
+  // this warp's team's slice: whole 16-byte vectors where both ends allow them, else bytes. A team is
+  // kRdvTeam consecutive warps of the group (the warps of a block in a whole-grid group) interleaved 512 bytes
+  // apart, so that fewer streams of addresses run at once
   if (((((u64)src) | ((u64)dst) | nbytes) & 15ull) == 0) {
-    const u64 nvec = nbytes / 16, per = (nvec + step - 1) / step, lo = per * first;
+    const u32 teams = (step + kRdvTeam - 1) / kRdvTeam, team = first / kRdvTeam, member = first % kRdvTeam;
+    const u32 members = step - team * kRdvTeam < kRdvTeam ? step - team * kRdvTeam : kRdvTeam;
+    const u64 nvec = nbytes / 16, per = (nvec + teams - 1) / teams, lo = per * team;
     const u64 cnt = lo >= nvec ? 0 : (nvec - lo < per ? nvec - lo : per);
-    copy_v4<kGridCopyDepth>(dst + 16 * lo, src + 16 * lo, (u32)cnt, lane, 32, LoadCg{}, StorePlain{});
+    copy_v4<kGridCopyDepth>(dst + 16 * lo, src + 16 * lo, (u32)cnt, member * 32 + lane, members * 32, LoadCg{},
+                            StorePlain{});
   } else {
     const u64 per = (nbytes + step - 1) / step, lo = per * first;
     const u64 hi = lo + per < nbytes ? lo + per : nbytes;
