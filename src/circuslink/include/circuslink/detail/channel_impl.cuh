@@ -1434,6 +1434,13 @@ __device__ bool grid_forward(const ChannelHandle& rx, const ChannelHandle& tx, u
 // host's abort word only every 16th check: without that, every warp's check read host memory every 256 polls and
 // the reads queued behind each other for hundreds of microseconds (one H200, 2 x 264 warps: a 256 KiB one-way
 // median of 700 us against a minimum of 4.3).
+// A development hook: CIRCUSLINK_RDV_PROBE(event, seq) marks the phases of a rendezvous on the lane that
+// reaches them (0 send entered, 1 descriptor posted, 2 ack seen; 3 peek entered, 4 header seen, 5 copy
+// started, 6 copy done, 7 ack stored). Empty unless a kernel defines it before including channel.cuh
+// (scripts/dev/rdv_probe.py times one round trip's phases with it).
+#ifndef CIRCUSLINK_RDV_PROBE
+#define CIRCUSLINK_RDV_PROBE(event, seq)
+#endif
 #ifndef CIRCUSLINK_RDV_BACKOFF_NS
 #define CIRCUSLINK_RDV_BACKOFF_NS 256
 #endif
@@ -1501,6 +1508,7 @@ __device__ __forceinline__ void rdv_store_ack(const ChannelHandle& h, unsigned l
 __device__ bool rdv_send(const ChannelHandle& h, u64 seq, u64 off, u64 nbytes, bool post) {
   const u32 lane = lane_id();
   u64 okv = 1;
+  if (lane == 0) CIRCUSLINK_RDV_PROBE(0, seq);
   if (post) {
     if (lane == 0 && seq >= h.nslots) {
       const unsigned int* credit = h.slot_credit + ((u32)seq & (h.nslots - 1u));
@@ -1516,11 +1524,13 @@ __device__ bool rdv_send(const ChannelHandle& h, u64 seq, u64 off, u64 nbytes, b
 #pragma unroll
     for (u32 u = 0; u < 6; ++u) word = lane == u ? words[u] : word;
     if (lane < 6 || rewrites_all(seq, h.nslots)) st_unit(slot + lane * kUnitBytes, word, flag_of(seq));
+    if (lane == 0) CIRCUSLINK_RDV_PROBE(1, seq);
   }
   if (lane == 0) {
     unsigned long long* ack = rdv_ack_word(h, false);
     okv = wait_many(h, [&] { return ld_relaxed_u64(ack) >= seq + 1; }, kErrCreditTimeout, seq, post) ? 1 : 0;
     fence_for(h);  // acquire: the reader's loads of the window came before its ack
+    CIRCUSLINK_RDV_PROBE(2, seq);
   }
   return WarpG::bcast(okv) != 0;
 }
@@ -1534,6 +1544,7 @@ __device__ bool rdv_send(const ChannelHandle& h, u64 seq, u64 off, u64 nbytes, b
 __device__ __forceinline__ u32 rdv_peek(const ChannelHandle& h, u64 seq, bool leader, u64 (&d)[4]) {
   u64 word = 0;
   if (lane_id() == 0) {
+    CIRCUSLINK_RDV_PROBE(3, seq);
     const unsigned char* slot = slot_of(h, seq);
     const u32 flag = flag_of(seq);
     u64 hd = 0;
@@ -1548,6 +1559,7 @@ __device__ __forceinline__ u32 rdv_peek(const ChannelHandle& h, u64 seq, bool le
           return (int)(unit_flag(hd) - flag) >= 0;
         }, kErrDataTimeout, seq, leader))
       word = unit_flag(hd) == flag ? (u32)hd : kKindBulk;
+    CIRCUSLINK_RDV_PROBE(4, seq);
     if (!leader)
 #pragma unroll
       for (u32 u = 0; u < 4; ++u) d[u] = ld_unit(slot + (2 + u) * kUnitBytes);
@@ -1588,6 +1600,7 @@ __device__ bool rdv_recv(const ChannelHandle& h, u64 seq, unsigned char* dst, u6
   }
   if (!WarpG::bcast(okv)) return false;
   off = WarpG::bcast(off);
+  if (lane == 0) CIRCUSLINK_RDV_PROBE(5, seq);
   const unsigned char* src = h.window + off;
   // this warp's team's slice: whole 16-byte vectors where both ends allow them, else bytes. A team is
   // kRdvTeam consecutive warps of the group (the warps of a block in a whole-grid group) interleaved 512 bytes
@@ -1606,6 +1619,7 @@ __device__ bool rdv_recv(const ChannelHandle& h, u64 seq, unsigned char* dst, u6
   }
   __syncwarp();
   if (lane == 0) {
+    CIRCUSLINK_RDV_PROBE(6, seq);
     unsigned int* arrivals = rdv_arrivals(h);
 #if CIRCUSLINK_RDV_ARRIVE_ACQREL
     // (experiment, off by default: one acquire-release atomic a warp and a release store of the ack, no separate
@@ -1623,6 +1637,7 @@ __device__ bool rdv_recv(const ChannelHandle& h, u64 seq, unsigned char* dst, u6
       st_relaxed(h.slot_credit + ((u32)seq & (h.nslots - 1u)), flag_of(seq));
       fence_for(h);
       st_relaxed_u64(rdv_ack_word(h, true), seq + 1);
+      CIRCUSLINK_RDV_PROBE(7, seq);
     }
 #endif
   }
