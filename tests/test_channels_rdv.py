@@ -27,14 +27,14 @@ from circuslink.spec import Link, element_type
 def test_the_descriptor_packet_byte_for_byte(rng, first_seq):
     geo = P.geometry(1, 1, nslots=4, chunk=4096)
     ring = np.zeros(geo.ring_bytes, dtype=np.uint8)
-    credit, ack, slots = np.zeros(1, "<u8"), np.zeros(1, "<u8"), np.zeros(geo.nslots, "<u4")
+    credit, rdv, slots = np.zeros(1, "<u8"), np.zeros(2, "<u8"), np.zeros(geo.nslots, "<u4")
     window = rng.integers(0, 256, 1 << 20, dtype=np.uint8)
     route = P.route_of(9, 3)
     ends = [cls(name, name, 7, geo, ring, credit, slots, np.zeros(4, "<u4"), 5.0, route)
             for cls, name in ((CpuSender, "tx"), (CpuReceiver, "rx"))]
     for end in ends:
         end.seq = first_seq
-        end.window, end.rdv_min, end.rdv_ack = window, 4096, ack
+        end.window, end.rdv_min, end.rdv = window, 4096, rdv
     ends[0].credit_cache = credit[0] = first_seq
     offset, n = int(rng.integers(0, 1 << 19)), int(rng.integers(4096, 1 << 19))
     writer = threading.Thread(target=ends[0].write_rendezvous, args=(offset, n))
@@ -42,7 +42,9 @@ def test_the_descriptor_packet_byte_for_byte(rng, first_seq):
     got = ends[1].read_bytes(n)
     writer.join()
     assert got == window[offset:offset + n].tobytes()
-    assert int(ack[0]) == first_seq + 1 and int(credit[0]) == first_seq + 1
+    # done: one finished message; posted: (seq + 1) << 32 | its number among the rendezvous messages
+    assert int(rdv[0]) == P.RDV_DONE and int(credit[0]) == first_seq + 1
+    assert int(rdv[1]) == ((first_seq + 1) & 0xFFFFFFFF) << 32 | 1
     flag = (first_seq & 0xFFFFFFFF) | 1
     words = [route, 16 | 0x80000000 | 0x40000000, offset & 0xFFFFFFFF, offset >> 32, n & 0xFFFFFFFF, n >> 32]
     if first_seq % (1 << 31) < geo.nslots:  # the first lap after 2^31 k: every unit of the slot is rewritten

@@ -32,8 +32,8 @@ __device__ __forceinline__ void cl_rdv_probe(int ev, unsigned long long seq) {
 }
 #define CIRCUSLINK_RDV_PROBE(ev, seq) cl_rdv_probe(ev, seq)
 """
-NAMES = ["send entered", "descriptor posted", "ack seen", "peek entered", "header seen", "copy started",
-         "copy done", "ack stored"]
+NAMES = ["send entered", "descriptor posted", "finish seen", "peek entered", "header seen", "copy started",
+         "copy done", "(unused)"]
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--sizes", default="256K,1M,4M,16M")

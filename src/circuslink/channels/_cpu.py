@@ -38,10 +38,10 @@ class _End:
         self.route = route
         self.watch = None  # called between polls of a wait; may raise (a routed end: its rank's relay failed)
         # rendezvous (make_end sets them for a channel opened with a window): the writer's window as mapped here,
-        # the least bytes a write sends by rendezvous, the sender's ack word (u64[1])
+        # the least bytes a write sends by rendezvous, the sender's rendezvous words (u64[2]: done, posted)
         self.window: np.ndarray | None = None
         self.rdv_min = 0
-        self.rdv_ack: np.ndarray | None = None
+        self.rdv: np.ndarray | None = None
 
     def _slot(self, seq: int) -> int:
         return (seq % self.geo.nslots) * self.geo.slot_bytes
@@ -86,10 +86,14 @@ class CpuSender(_End):
         has pulled it (docs/protocol.md, Rendezvous)."""
         seq = self.seq
         self._credit_for(seq)
+        r = ((int(self.rdv[0]) >> P.RDV_DONE_SHIFT) + 1) & 0xFFFFFFFF  # every earlier one has finished
+        self.rdv[1] = ((seq + 1) & 0xFFFFFFFF) << 32 | r
         self._store_ll(seq, np.array([offset, nbytes], dtype="<u8").tobytes(),
                        word=P.RDV_BYTES | P.KIND_BULK | P.KIND_RDV)
         self.seq += 1
-        self._wait(lambda: int(self.rdv_ack[0]) >= seq + 1, P.ERR_CREDIT_TIMEOUT, seq)
+        self._wait(lambda: ((int(self.rdv[0]) >> P.RDV_DONE_SHIFT) - r) & 0xFFFFFFFF < 1 << 31,
+                   P.ERR_CREDIT_TIMEOUT, seq)
+        self.slot_credits[seq % self.geo.nslots] = P.flag_of(seq)  # the reader is done with the slot
 
     def _credit_for(self, seq: int) -> None:
         if seq < self.credit_cache + self.geo.nslots:
@@ -203,10 +207,9 @@ class CpuReceiver(_End):
                                f"message of {n} bytes is read whole, by one read of {n} bytes (this read asked for "
                                f"{nbytes}{f', {have} taken before it' if have else ''})")
         data = window[offset:offset + n].tobytes()
-        self.slot_credits[seq % self.geo.nslots] = P.flag_of(seq)
         self.seq += 1
         self.credit[0] = self.seq
-        self.rdv_ack[0] = seq + 1  # the writer may reuse its source
+        self.rdv[0] += P.RDV_DONE  # one reader, all of it: the writer may reuse its source and the slot
         return data
 
     def read_bytes(self, nbytes: int) -> bytes:
@@ -277,11 +280,11 @@ def make_end(channels: Any, link: Any, geo: P.RingGeometry, lay: Any, kind: str,
             link.send_id if kind == "send" else link.recv_id, geo, ring, credit, slot_credits, error,
             channels.host_timeout, P.route_of(link.recv_id, link.dst_rank))
     impl = CpuSender(*args) if kind == "send" else CpuReceiver(*args)
-    # rendezvous (a channel opened with a window): the writer's window as this rank maps it, the sender's ack word
+    # rendezvous (a channel opened with a window): the writer's window as this rank maps it, the sender's words
     window, impl.rdv_min = channels._plan.window_of(link) or (None, 0)
     impl.window = window.peer(link.src_rank) if window is not None else None
     ack = where.credit[1] - P.CTRL_CREDIT + P.CTRL_RDV
-    impl.rdv_ack = buf.peer(where.credit[0])[ack:ack + 8].view("<u8")
+    impl.rdv = buf.peer(where.credit[0])[ack:ack + 16].view("<u8")
     return CpuEnd(impl, link.element.numpy_dtype)
 
 

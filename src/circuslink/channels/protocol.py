@@ -28,6 +28,11 @@ NBYTES_MASK = 0x7FFFFFFF
 # writer's window and its size, u64 each, little-endian); the reader pulls the message from the window
 KIND_RDV = 0x40000000
 RDV_BYTES = 16
+# The sender's rendezvous words (CTRL_RDV): `done` counts finished messages in units of RDV_DONE (each reading
+# warp adds 1, the group's first RDV_DONE - warps more, so a message adds RDV_DONE once every warp took it);
+# `posted` = (seq + 1 mod 2^32) << 32 | r for descriptor seq, the channel's r-th rendezvous message
+RDV_DONE_SHIFT = 20
+RDV_DONE = 1 << RDV_DONE_SHIFT
 REWRITE_PERIOD = 1 << 31  # the first lap after every multiple rewrites every unit of its slots
 
 MIN_CHUNK = 256
@@ -48,7 +53,7 @@ CTRL_SEND_STATE = 16  # SendState
 CTRL_RECV_STATE = 48  # RecvState
 CTRL_SEND_ERROR = 80  # u32 code, u32 channel id, u32 seq lo, u32 seq hi
 CTRL_RECV_ERROR = 96
-CTRL_RDV = 112  # sender's copy: u64, seq + 1 of the last rendezvous message read; receiver's: u32, warps done with it
+CTRL_RDV = 112  # sender's copy: u64 done, u64 posted (see RDV_DONE); unused in the receiver's
 
 ERR_NONE = 0
 ERR_DATA_TIMEOUT = 1

@@ -1423,9 +1423,12 @@ __device__ bool grid_forward(const ChannelHandle& rx, const ChannelHandle& tx, u
 // at least rdv_min bytes whose source lies in the writer's window as one descriptor packet (a low-latency
 // packet of kRdvBytes: the source's offset in the window, the size; header word kRdvBytes | kKindBulk |
 // kKindRdv). Every warp of the reading group takes the descriptor, pulls its slice of the message from the
-// window (mapped on the reader's GPU) into the destination and counts itself in the receiver's kCtrlRdv word;
-// the last one hands the slot back and stores seq + 1 into the sender's kCtrlRdv word, which every warp of the
-// writing group waits for before its call returns (the source may then be reused).
+// window (mapped on the reader's GPU) into the destination and adds itself to the sender's `done` word (a
+// release reduction: no answer to wait for, no last warp); every warp of the writing group waits until `done`
+// shows the message finished before its call returns (the source may then be reused), and the writing group's
+// first warp hands the slot back. Measured with scripts/dev/rdv_probe.py (one H200, 256 KiB, 49 blocks): when
+// the last warp counted itself with an atomic and then stored the ack, 1.5 us passed between the last copy and
+// the ack, and the reading warps could not leave before their atomic answered.
 // Measured on one H200 (2 ranks under MPS, a hand-written form: scripts/dev/rdv_pingpong.cu): 16 MiB one-way
 // 12.5 us, 256 MiB 194 us, against 16.0 and 310 for NVSHMEM's block put and 25.9 and 900 for the ring.
 //
@@ -1435,8 +1438,8 @@ __device__ bool grid_forward(const ChannelHandle& rx, const ChannelHandle& tx, u
 // the reads queued behind each other for hundreds of microseconds (one H200, 2 x 264 warps: a 256 KiB one-way
 // median of 700 us against a minimum of 4.3).
 // A development hook: CIRCUSLINK_RDV_PROBE(event, seq) marks the phases of a rendezvous on the lane that
-// reaches them (0 send entered, 1 descriptor posted, 2 ack seen; 3 peek entered, 4 header seen, 5 copy
-// started, 6 copy done, 7 ack stored). Empty unless a kernel defines it before including channel.cuh
+// reaches them (0 send entered, 1 descriptor posted, 2 finish seen; 3 peek entered, 4 header seen, 5 copy
+// started, 6 copy done and counted). Empty unless a kernel defines it before including channel.cuh
 // (scripts/dev/rdv_probe.py times one round trip's phases with it).
 #ifndef CIRCUSLINK_RDV_PROBE
 #define CIRCUSLINK_RDV_PROBE(event, seq)
@@ -1473,42 +1476,37 @@ __device__ __forceinline__ bool rdv_source(const ChannelHandle& h, const unsigne
   return h.rdv_min != 0u && nbytes >= h.rdv_min && (u64)src >= (u64)h.window && off <= h.window_bytes &&
          nbytes <= h.window_bytes - off;
 }
-__device__ __forceinline__ unsigned long long* rdv_ack_word(const ChannelHandle& h, bool receiver) {
-  // receiver: the sender's word (its control block starts at h.credit); sender: its own (h.state is
+// The sender's control words of the rendezvous: `done` (+112) counts finished messages in units of kRdvDone:
+// every reading warp adds 1 when its slice is in, the group's first adds kRdvDone - W more (W the group's
+// warps), so a message adds exactly kRdvDone once all W have added and less before; done >> 20 is the number of
+// finished messages. `posted` (+120) = (u32)(seq + 1) << 32 | r, stored by the writing group's first warp when
+// it posts descriptor seq, the r-th rendezvous message of the channel: the other writing warps learn r from it.
+enum : u32 { kRdvDoneShift = 20 };
+constexpr u64 kRdvDone = 1ull << kRdvDoneShift;
+__device__ __forceinline__ unsigned long long* rdv_word(const ChannelHandle& h, bool receiver, u32 which) {
+  // receiver: the sender's words (its control block starts at h.credit); sender: its own (h.state is
   // control block + kCtrlSendState)
-  return receiver ? reinterpret_cast<unsigned long long*>(reinterpret_cast<unsigned char*>(h.credit) + kCtrlRdv)
-                  : reinterpret_cast<unsigned long long*>(reinterpret_cast<unsigned char*>(h.state) - kCtrlSendState +
-                                                          kCtrlRdv);
+  unsigned char* ctrl = receiver ? reinterpret_cast<unsigned char*>(h.credit)
+                                 : reinterpret_cast<unsigned char*>(h.state) - kCtrlSendState;
+  return reinterpret_cast<unsigned long long*>(ctrl + kCtrlRdv) + which;
 }
-__device__ __forceinline__ unsigned int* rdv_arrivals(const ChannelHandle& h) {
-  return reinterpret_cast<unsigned int*>(reinterpret_cast<unsigned char*>(h.state) - kCtrlRecvState + kCtrlRdv);
-}
-
-#ifndef CIRCUSLINK_RDV_ARRIVE_ACQREL
-#define CIRCUSLINK_RDV_ARRIVE_ACQREL 0
-#endif
-// The reading warps' arrival and the last one's ack as one acquire-release atomic and one release store, at the
-// scope where the two ends are (as fence_for): the experiment CIRCUSLINK_RDV_ARRIVE_ACQREL.
-__device__ __forceinline__ u32 rdv_arrive(const ChannelHandle& h, unsigned int* p) {
-  u32 old;
-  if (h.flags & kHandleGpuScope)
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
-  else
-    asm volatile("atom.acq_rel.sys.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
-  return old;
-}
-__device__ __forceinline__ void rdv_store_ack(const ChannelHandle& h, unsigned long long* p, u64 v) {
-  if (h.flags & kHandleGpuScope) asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-  else asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+__device__ __forceinline__ void red_release_add_u64(const ChannelHandle& h, unsigned long long* p, u64 v) {
+  if (h.flags & kHandleGpuScope) asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+  else asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 // Warp-level, every warp of the writing group: the first (`post`) stores descriptor packet seq for nbytes at
 // `off` in the window; each waits until the reader has pulled the whole message, so that when the call
 // returns on a warp the source may be reused (as after any grid write, once the grid barrier that follows).
+// The first warp then hands the descriptor's slot back itself: every reading warp added to `done` only after
+// it took the descriptor, so none will look at the slot again.
 __device__ bool rdv_send(const ChannelHandle& h, u64 seq, u64 off, u64 nbytes, bool post) {
   const u32 lane = lane_id();
+  unsigned long long* done = rdv_word(h, false, 0);
+  unsigned long long* posted = rdv_word(h, false, 1);
   u64 okv = 1;
   if (lane == 0) CIRCUSLINK_RDV_PROBE(0, seq);
+  u32 r = 0;  // this message's number among the channel's rendezvous messages (from 1, mod 2^32)
   if (post) {
     if (lane == 0 && seq >= h.nslots) {
       const unsigned int* credit = h.slot_credit + ((u32)seq & (h.nslots - 1u));
@@ -1516,6 +1514,12 @@ __device__ bool rdv_send(const ChannelHandle& h, u64 seq, u64 off, u64 nbytes, b
       okv = wait_for(h, [&] { return ld_relaxed(credit) == want; }, kErrCreditTimeout, seq) ? 1 : 0;
     }
     if (!WarpG::bcast(okv)) return false;
+    // every earlier rendezvous message has finished (its first warp waited for it before returning), so
+    // done >> 20 counts them all and no reader adds to it until the descriptor below is seen
+    if (lane == 0) {
+      r = (u32)(ld_relaxed_u64(done) >> kRdvDoneShift) + 1u;
+      st_relaxed_u64(posted, (u64)(u32)(seq + 1) << 32 | r);
+    }
     unsigned char* slot = slot_of(h, seq);
     // unit u of the packet from lane u: the header, the descriptor's four words, zeros past them on a rewrite lap
     const u32 words[6] = {h.route, kRdvBytes | kKindBulk | kKindRdv, (u32)off, (u32)(off >> 32), (u32)nbytes,
@@ -1527,9 +1531,19 @@ __device__ bool rdv_send(const ChannelHandle& h, u64 seq, u64 off, u64 nbytes, b
     if (lane == 0) CIRCUSLINK_RDV_PROBE(1, seq);
   }
   if (lane == 0) {
-    unsigned long long* ack = rdv_ack_word(h, false);
-    okv = wait_many(h, [&] { return ld_relaxed_u64(ack) >= seq + 1; }, kErrCreditTimeout, seq, post) ? 1 : 0;
-    fence_for(h);  // acquire: the reader's loads of the window came before its ack
+    if (!post) {  // learn r from the first warp's `posted`; a later message posted means this one finished
+      u64 seen = 0;
+      okv = wait_many(h, [&] {
+        seen = ld_relaxed_u64(posted);
+        return (int)((u32)(seen >> 32) - (u32)(seq + 1)) >= 0;
+      }, kErrCreditTimeout, seq, false) ? 1 : 0;
+      r = (u32)(seen >> 32) == (u32)(seq + 1) ? (u32)seen : 0u;
+    }
+    if (okv && (post || r != 0u))
+      okv = wait_many(h, [&] { return (int)((u32)(ld_relaxed_u64(done) >> kRdvDoneShift) - r) >= 0; },
+                      kErrCreditTimeout, seq, post) ? 1 : 0;
+    if (okv && post) st_relaxed(h.slot_credit + ((u32)seq & (h.nslots - 1u)), flag_of(seq));
+    fence_for(h);  // acquire: the reader's loads of the window came before its adds
     CIRCUSLINK_RDV_PROBE(2, seq);
   }
   return WarpG::bcast(okv) != 0;
@@ -1593,8 +1607,10 @@ __device__ bool rdv_recv(const ChannelHandle& h, u64 seq, unsigned char* dst, u6
       }, kErrDataTimeout, seq) ? 1 : 0;
     off = (u64)(u32)d[0] | ((u64)(u32)d[1] << 32);
     n = (u64)(u32)d[2] | ((u64)(u32)d[3] << 32);
-    if (okv && (n != nbytes || off > h.window_bytes || n > h.window_bytes - off)) {
-      if (first == 0) record_error(h, kErrMisuse, seq);  // read with another n, or a window of another size
+    if (okv && (n != nbytes || off > h.window_bytes || n > h.window_bytes - off || step >= kRdvDone)) {
+      // read with another n, or a window of another size (or a group of 2^20 warps or more, which `done`
+      // could not count)
+      if (first == 0) record_error(h, kErrMisuse, seq);
       okv = 0;
     }
   }
@@ -1620,26 +1636,9 @@ __device__ bool rdv_recv(const ChannelHandle& h, u64 seq, unsigned char* dst, u6
   __syncwarp();
   if (lane == 0) {
     CIRCUSLINK_RDV_PROBE(6, seq);
-    unsigned int* arrivals = rdv_arrivals(h);
-#if CIRCUSLINK_RDV_ARRIVE_ACQREL
-    // (experiment, off by default: one acquire-release atomic a warp and a release store of the ack, no separate
-    // fences; scripts/dev/rdv_variants.sh measures it against the default)
-    if (rdv_arrive(h, arrivals) == step - 1) {
-      *arrivals = 0u;
-      st_relaxed(h.slot_credit + ((u32)seq & (h.nslots - 1u)), flag_of(seq));
-      rdv_store_ack(h, rdv_ack_word(h, true), seq + 1);
-    }
-#else
-    __threadfence();  // release: this warp's loads of the window and stores to dst before its arrival
-    if (atomicAdd(arrivals, 1u) == step - 1) {
-      __threadfence();  // acquire: every warp's arrival and what it did before it
-      *arrivals = 0u;   // the next rendezvous message is written only after the ack below
-      st_relaxed(h.slot_credit + ((u32)seq & (h.nslots - 1u)), flag_of(seq));
-      fence_for(h);
-      st_relaxed_u64(rdv_ack_word(h, true), seq + 1);
-      CIRCUSLINK_RDV_PROBE(7, seq);
-    }
-#endif
+    // release: this warp's loads of the window (and its lanes', ordered by the __syncwarp) before the add; the
+    // writer counts the adds, so no warp waits for an atomic's answer and none is last
+    red_release_add_u64(h, rdv_word(h, true, 0), first == 0 ? 1ull + kRdvDone - step : 1ull);
   }
   __syncwarp();
   return true;

@@ -76,9 +76,9 @@ struct ChannelHandle {
   unsigned long long window_bytes;
 };
 
-// Control-block words of the rendezvous (docs/protocol.md, "Rendezvous"), at byte 112 of each end's copy:
-// the sender's holds the seq + 1 of the last rendezvous message its reader finished (the reader stores it);
-// the receiver's counts the reading warps that finished the current one.
+// Control-block words of the rendezvous (docs/protocol.md, "Rendezvous"), at byte 112 of the sender's copy:
+// u64 `done` (the reading warps add to it: finished messages in units of 2^20), u64 `posted` (the writing
+// group's first warp: the descriptor it posted last and the message's number).
 enum : unsigned int { kCtrlRdv = 112, kCtrlSendState = 16, kCtrlRecvState = 48 };
 
 struct SendState {                   // control block + 16
