@@ -1555,6 +1555,9 @@ __device__ bool rdv_send(const ChannelHandle& h, u64 seq, u64 off, u64 nbytes, b
 // first warp took and handed back while this warp came late: then kKindBulk (a descriptor's slot is handed back
 // only after every warp of the group took it). Lane 0 loads a descriptor's four units in the same round as the
 // header (d), so a rendezvous costs no second round trip.
+#ifndef CIRCUSLINK_RDV_PEEK_ALL
+#define CIRCUSLINK_RDV_PEEK_ALL 0
+#endif
 __device__ __forceinline__ u32 rdv_peek(const ChannelHandle& h, u64 seq, bool leader, u64 (&d)[4]) {
   u64 word = 0;
   if (lane_id() == 0) {
@@ -1565,6 +1568,18 @@ __device__ __forceinline__ u32 rdv_peek(const ChannelHandle& h, u64 seq, bool le
     // signed distance from the awaited flag: < 0 an earlier occupant (or a zeroed slot on the first lap), > 0 a later one
     // (the other warps poll the header alone: a poll of five units from every warp of a large grid crowded the
     // slot's L2 lines while the peer's grid copied)
+#if CIRCUSLINK_RDV_PEEK_ALL
+    // (experiment: every warp loads units 0-5 in each poll, three 16-byte loads in one round)
+    if (wait_many(h, [&] {
+          u64 u0;
+          ld_units2(slot, u0, hd);
+          ld_units2(slot + 2 * kUnitBytes, d[0], d[1]);
+          ld_units2(slot + 4 * kUnitBytes, d[2], d[3]);
+          return (int)(unit_flag(hd) - flag) >= 0;
+        }, kErrDataTimeout, seq, leader))
+      word = unit_flag(hd) == flag ? (u32)hd : kKindBulk;
+    CIRCUSLINK_RDV_PROBE(4, seq);
+#else
     if (wait_many(h, [&] {
           hd = ld_unit(slot + kUnitBytes);
           if (leader)
@@ -1577,6 +1592,7 @@ __device__ __forceinline__ u32 rdv_peek(const ChannelHandle& h, u64 seq, bool le
     if (!leader)
 #pragma unroll
       for (u32 u = 0; u < 4; ++u) d[u] = ld_unit(slot + (2 + u) * kUnitBytes);
+#endif
   }
   return (u32)WarpG::bcast(word);
 }
