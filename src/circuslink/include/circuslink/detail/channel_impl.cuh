@@ -1555,9 +1555,6 @@ __device__ bool rdv_send(const ChannelHandle& h, u64 seq, u64 off, u64 nbytes, b
 // first warp took and handed back while this warp came late: then kKindBulk (a descriptor's slot is handed back
 // only after every warp of the group took it). Lane 0 loads a descriptor's four units in the same round as the
 // header (d), so a rendezvous costs no second round trip.
-#ifndef CIRCUSLINK_RDV_PEEK_ALL
-#define CIRCUSLINK_RDV_PEEK_ALL 0
-#endif
 __device__ __forceinline__ u32 rdv_peek(const ChannelHandle& h, u64 seq, bool leader, u64 (&d)[4]) {
   u64 word = 0;
   if (lane_id() == 0) {
@@ -1566,10 +1563,9 @@ __device__ __forceinline__ u32 rdv_peek(const ChannelHandle& h, u64 seq, bool le
     const u32 flag = flag_of(seq);
     u64 hd = 0;
     // signed distance from the awaited flag: < 0 an earlier occupant (or a zeroed slot on the first lap), > 0 a later one
-    // (the other warps poll the header alone: a poll of five units from every warp of a large grid crowded the
-    // slot's L2 lines while the peer's grid copied)
-#if CIRCUSLINK_RDV_PEEK_ALL
-    // (experiment: every warp loads units 0-5 in each poll, three 16-byte loads in one round)
+    // every warp loads units 0-5 in each poll, three 16-byte loads in one round: the descriptor comes with the
+    // header (loading the four units after the header took another round; A/B with scripts/dev/rdv_ab.sh on
+    // one H200, 49 blocks: 256 KiB one-way 3.94 us against 4.08, 1 MiB 4.91 against 5.19)
     if (wait_many(h, [&] {
           u64 u0;
           ld_units2(slot, u0, hd);
@@ -1579,24 +1575,13 @@ __device__ __forceinline__ u32 rdv_peek(const ChannelHandle& h, u64 seq, bool le
         }, kErrDataTimeout, seq, leader))
       word = unit_flag(hd) == flag ? (u32)hd : kKindBulk;
     CIRCUSLINK_RDV_PROBE(4, seq);
-#else
-    if (wait_many(h, [&] {
-          hd = ld_unit(slot + kUnitBytes);
-          if (leader)
-#pragma unroll
-            for (u32 u = 0; u < 4; ++u) d[u] = ld_unit(slot + (2 + u) * kUnitBytes);
-          return (int)(unit_flag(hd) - flag) >= 0;
-        }, kErrDataTimeout, seq, leader))
-      word = unit_flag(hd) == flag ? (u32)hd : kKindBulk;
-    CIRCUSLINK_RDV_PROBE(4, seq);
-    if (!leader)
-#pragma unroll
-      for (u32 u = 0; u < 4; ++u) d[u] = ld_unit(slot + (2 + u) * kUnitBytes);
-#endif
   }
   return (u32)WarpG::bcast(word);
 }
 
+// The reading warps' slices are cut per team of kRdvTeam warps (an experiment switch; 1, a slice a warp, by
+// default). On one H200 (scripts/dev/rdv_ab.sh, 49 blocks) teams of 8 took 16 MiB in 18.6 us against 20.4 but
+// 256 MiB in 224 against 201: fewer streams of addresses help while the data sits in L2, more help from DRAM.
 #ifndef CIRCUSLINK_RDV_TEAM
 #define CIRCUSLINK_RDV_TEAM 1
 #endif
