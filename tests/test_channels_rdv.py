@@ -66,13 +66,13 @@ w = cl.init()
 seed = int(os.environ["CIRCUSLINK_TEST_SEED"])
 rng = np.random.default_rng(seed)
 byte = element_type("uchar")
-win = w.alloc(4 << 20)
-ch = channels.open(w, [Link("a", "a_in", 1, 2, 0, 1, byte, 1 << 16)],
-                   options={"a": {"nslots": 4, "chunk": 4096, "window": win, "rendezvous_min": 5000}}, timeout=30)
 sizes = rng.integers(1, 200_000, 40)
 from_window = rng.random(40) < 0.6
 data = rng.integers(0, 256, int(sizes.sum()) + 64, dtype=np.uint8)
 offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]) + rng.integers(0, 64)  # any alignment
+win = w.alloc(data.size)  # every message's bytes at its offset (a fixed 4 MiB held the sum only half the time)
+ch = channels.open(w, [Link("a", "a_in", 1, 2, 0, 1, byte, 1 << 16)],
+                   options={"a": {"nslots": 4, "chunk": 4096, "window": win, "rendezvous_min": 5000}}, timeout=30)
 if w.rank == 0:
     win.local[:data.size] = data
     for n, o, fw in zip(sizes, offsets, from_window):

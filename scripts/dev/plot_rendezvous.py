@@ -3,9 +3,12 @@ before the rendezvous (its best form then: the ring's grid form) and after (best
 the rendezvous above), against NVSHMEM's block put of the same runs, and the ratio to it.
 
     python scripts/dev/plot_rendezvous.py
+    python scripts/dev/plot_rendezvous.py --before pingpong-rendezvous --now pingpong-rendezvous-done-word \
+        --out rendezvous-done-word     # the fourteenth session's change against the thirteenth's record
 """
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -23,14 +26,24 @@ def rows(name: str, impl: str) -> dict[int, float]:
     return {r["bytes"]: r["one_way_us"] for r in data["rows"] if r.get("impl") == impl and r.get("one_way_us")}
 
 
-before, after = rows("pingpong-before-rendezvous", "circuslink"), rows("pingpong-rendezvous", "circuslink")
-nv_before = rows("pingpong-before-rendezvous", "nvshmem-put-signal-block")
-nv_after = rows("pingpong-rendezvous", "nvshmem-put-signal-block")
-rdv = rows("pingpong-rendezvous", "circuslink-rdv")
+parser = argparse.ArgumentParser()
+parser.add_argument("--before", default="pingpong-before-rendezvous")
+parser.add_argument("--now", default="pingpong-rendezvous")
+parser.add_argument("--out", default="rendezvous")
+args = parser.parse_args()
+before, after = rows(args.before, "circuslink"), rows(args.now, "circuslink")
+nv_before = rows(args.before, "nvshmem-put-signal-block")
+nv_after = rows(args.now, "nvshmem-put-signal-block")
+rdv = rows(args.now, "circuslink-rdv")
+rdv_before = rows(args.before, "circuslink-rdv")
+first = args.before == "pingpong-before-rendezvous"
 fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.5))
-for series, label, style in ((before, "circuslink before (ring, grid form)", "o-"),
-                             (after, "circuslink now (best form)", "s-"), (rdv, "circuslink rendezvous form", "^--"),
-                             (nv_after, "NVSHMEM block put-with-signal", "d-")):
+curves = [(before, "circuslink before (ring, grid form)" if first else "circuslink before (best form)", "o-"),
+          (after, "circuslink now (best form)", "s-"), (rdv, "circuslink rendezvous form", "^--"),
+          (nv_after, "NVSHMEM block put-with-signal", "d-")]
+if not first:
+    curves.insert(1, (rdv_before, "circuslink rendezvous form before", "v:"))
+for series, label, style in curves:
     xs = sorted(x for x in series if x >= 32 << 10)
     a.plot(xs, [series[x] for x in xs], style, label=label)
 a.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="one-way time (us, median)",
@@ -46,6 +59,6 @@ b.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="circusl
 b.legend(fontsize=8)
 b.grid(True, which="both", alpha=0.3)
 fig.tight_layout()
-out = R / f"rendezvous-{D}.png"
+out = R / f"{args.out}-{D}.png"
 fig.savefig(out, dpi=110)
 print("wrote", out)

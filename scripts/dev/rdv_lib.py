@@ -27,7 +27,7 @@ parser.add_argument("--blocks", default="8,33,66")
 parser.add_argument("--launch", default="resident,plain")
 parser.add_argument("--samples", type=int, default=7)
 parser.add_argument("--backoff", default="256", help="CIRCUSLINK_RDV_BACKOFF_NS values to compile the kernel with")
-parser.add_argument("--defines", default="", help="more #defines for every variant, e.g. CIRCUSLINK_RDV_ARRIVE_ACQREL=1")
+parser.add_argument("--defines", default="", help="more #defines for every variant, e.g. CIRCUSLINK_RDV_TEAM=8")
 parser.add_argument("--json", default=None)
 args = parser.parse_args()
 

@@ -114,9 +114,9 @@ for n in sizes:
         out.append(dict(bytes=n, blocks=blocks, one_way_us=statistics.median(times_l), min_one_way_us=min(times_l),
                         phases=rowsn))
 if w.rank == 0 and args.json:
-    Path(args.json).write_text(json.dumps(dict(benchmark="rdv-probe-dev", device=os.environ.get("CIRCUSLINK_DEVICE_NAME"),
-                                               commit=os.environ.get("CIRCUSLINK_COMMIT"), defines=args.defines,
-                                               rows=out), indent=1))
+    meta = dict(benchmark="rdv-probe-dev", device=os.environ.get("CIRCUSLINK_DEVICE_NAME"),
+                commit=os.environ.get("CIRCUSLINK_COMMIT"), defines=args.defines)
+    Path(args.json).write_text(json.dumps(dict(meta, rows=out), indent=1))
 ch.close()
 win.close()
 w.close()

@@ -3,6 +3,7 @@
 # one-way at 128-256 KiB on one H200, against 2.5 for the hand-written form), the library's pingpong_rdv as it is
 # against CIRCUSLINK_RDV_ARRIVE_ACQREL=1 (one acquire-release atomic a warp, no separate fences), then the
 # hand-written form, all in one call. Results under $R.
+# (Run 2026-11-29 at f7ba9df: rdv-variants-s14-...json. The acquire-release switch went with the done word.)
 set -u
 R=${R:?} PY=${PY:-python3}
 for v in default CIRCUSLINK_RDV_ARRIVE_ACQREL=1 default; do
