@@ -144,9 +144,10 @@ class ChannelPair:
         else:
             configs["default"]["ring"] = max(top, 8192)
         self.window = None
-        if self.gpu and not stream and top >= RDV_FROM:
+        if self.gpu and top >= RDV_FROM:
             # every rank's sources and the echo's buffer: rank 0 writes from its window, rank 1 reads into its own
-            # and writes back from there (a writer's large messages are pulled from its window)
+            # and writes back from there (a writer's large messages are pulled from its window); a stream's
+            # messages are rank 0's window
             self.window = world.alloc(top)
             configs["rdv"] = {"ring": RDV_RING_BYTES, "chunk": 64 << 10, "min": RDV_FROM,
                               "options": {"chunk": 64 << 10, "ll_max": 0, "window": self.window,

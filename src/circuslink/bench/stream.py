@@ -6,8 +6,9 @@ byte) and answers with one 4-byte acknowledgement; the sample's time runs from r
 rank 1's ready message arrived: both kernels are running) to the acknowledgement, on rank 0's clock.
 Throughput = K n / time (K is chosen so that every sample moves at least 256 MiB or 1,000 messages, and never
 fewer than 16 messages, which makes the acknowledgement's one-way time negligible). Forms:
-one warp a side (up to 64 KiB) and every warp of a co-resident grid; the ``circuslink`` row is the
-faster. Median over samples, with the minimum time beside it; the floor from the same run.
+one warp a side (up to 64 KiB), every warp of a co-resident grid through the ring, and from 128 KiB the same
+grid writing from the channel's window (a rendezvous: the reader pulls each message straight from it); the
+``circuslink`` row is the fastest. Median over samples, with the minimum time beside it; the floor from the same run.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .pingpong import (
     GRID_MIN,
     GRID_THREADS,
     NVSHMEM_TIMEOUT_S,
+    RDV_FROM,
     WARP_MAX,
     ChannelPair,
     add_grid_blocks_argument,
@@ -76,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
                 for config, cfg in pair.configs.items():
                     if config.startswith("grid") and nbytes <= cfg["max"]:
                         rows.append(_measure(pair, config, "grid", nbytes, samples, warmup))
+                if "rdv" in pair.configs and nbytes >= RDV_FROM:
+                    rows.append(_measure(pair, "rdv", "rdv", nbytes, samples, warmup))
             if world.rank == 0:
                 rows = [r for r in rows if r]
                 for r in rows:
@@ -133,7 +137,12 @@ def _measure(pair: ChannelPair, config: str, form: str, nbytes: int, samples: in
                 throughput_GBps=messages * nbytes / med / 1e9,
                 max_throughput_GBps=messages * nbytes / min(times) / 1e9, one_way_us=med / messages * 1e6,
                 samples=samples, verified=True, ll_max=geo.ll_max, chunk=geo.chunk, nslots=geo.nslots,
-                blocks=pair.grid_blocks(config, nbytes) if form == "grid" else 1)
+                blocks=_blocks(pair, config, form, nbytes))
+
+
+def _blocks(pair: ChannelPair, config: str, form: str, nbytes: int) -> int:
+    # the rendezvous form's copies are the reader's alone, so its grid is every block the stream may have
+    return pair.grid_blocks(config, nbytes) if form == "grid" else pair.blocks_most if form == "rdv" else 1
 
 
 def _sample(pair: ChannelPair, config: str, form: str, nbytes: int, messages: int, seed: int) -> tuple[float, bool]:
@@ -149,9 +158,8 @@ def _sample(pair: ChannelPair, config: str, form: str, nbytes: int, messages: in
     recv = rx if role == 1 else pair.channels[f"pong_{config}_in"]
     ack_s = pair.channels["ack"] if role == 1 else pair.channels["ack_in"]  # unused on rank 0 (a placeholder)
     ack_r = pair.channels["ack_in"] if role == 0 else pair.channels["ack"]
-    blocks = pair.grid_blocks(config, nbytes) if form == "grid" else 1
-    return device_stream(world, pair._module, form, send, recv, ack_s, ack_r, nbytes, role, messages, seed, blocks,
-                         label)
+    return device_stream(world, pair._module, form, send, recv, ack_s, ack_r, nbytes, role, messages, seed,
+                         _blocks(pair, config, form, nbytes), label, window=pair.window)
 
 
 def cpu_stream(end: Any, ack: Any, nbytes: int, messages: int, seed: int, sender: bool) -> tuple[float, bool]:
@@ -173,16 +181,22 @@ def cpu_stream(end: Any, ack: Any, nbytes: int, messages: int, seed: int, sender
 
 
 def device_stream(world: Any, module: Any, form: str, send: Any, recv: Any, ack_s: Any, ack_r: Any, nbytes: int,
-                  role: int, messages: int, seed: int, blocks: int = 1, label: str = "stream") -> tuple[float, bool]:
+                  role: int, messages: int, seed: int, blocks: int = 1, label: str = "stream",
+                  window: Any = None) -> tuple[float, bool]:
     """One sample of ``stream_warp`` / ``stream_grid`` (``kernels/pingpong_channels.cu``): role 0 writes
     ``messages`` messages of a seeded pattern on ``send`` and waits for the acknowledgement on ``ack_r``; role 1
     reads them on ``recv`` and acknowledges on ``ack_s`` (the ends a role does not use are placeholders of the
-    right kind). Returns (seconds on role 0, bytes right on role 1); also used by ``bench hops``."""
+    right kind). Form ``rdv``: ``stream_grid`` with the pattern in role 0's part of ``window`` (the channel's
+    symmetric buffer), so that every message goes by rendezvous. Returns (seconds on role 0, bytes right on
+    role 1); also used by ``bench hops``."""
     import cupy as cp
 
     stream = world.backend.stream
     with stream:
         pattern = cp.random.RandomState(seed).randint(0, 256, nbytes, dtype=cp.uint8)  # the same on both ranks
+        if form == "rdv" and role == 0:
+            window.local[:nbytes] = pattern
+            pattern = window.local[:nbytes]
         dst = cp.zeros(nbytes if role == 1 else 1, dtype=cp.uint8)
         times = cp.zeros(2, dtype=cp.uint64)
         status = cp.ones(1, dtype=cp.int32)
