@@ -187,7 +187,8 @@ class ChannelPair:
             # the rendezvous form's copies are its readers' alone (the writer waits), so it takes every block it may
             # have resident, up to one an SM of the budget (one H200, 2 ranks, a hand-written form of it: 66 blocks
             # of 256 threads 1,390 GB/s at 64-256 MiB against 1,010 at 33; the library's kernel fits 49)
-            most = world.backend.max_blocks(self._module.get_function("pingpong_rdv"), GRID_THREADS)
+            kernel = self._module.get_function("stream_rdv" if stream else "pingpong_rdv")
+            most = world.backend.max_blocks(kernel, GRID_THREADS)
             self.blocks_rdv = max(1, min(min(world.allgather_object(most)), grid_blocks or budget))
 
     def ends(self, config: str) -> tuple[Any, Any]:

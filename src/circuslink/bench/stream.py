@@ -141,8 +141,10 @@ def _measure(pair: ChannelPair, config: str, form: str, nbytes: int, samples: in
 
 
 def _blocks(pair: ChannelPair, config: str, form: str, nbytes: int) -> int:
-    # the rendezvous form's copies are the reader's alone, so its grid is every block the stream may have
-    return pair.grid_blocks(config, nbytes) if form == "grid" else pair.blocks_most if form == "rdv" else 1
+    # the rendezvous form's copies are the reader's alone, so its grid is every block of stream_rdv that may
+    # stay resident (at its default grid of 33 blocks, stream_grid's, a 256 MiB message took 291 us against
+    # 201 in the pingpong's rendezvous at 49)
+    return pair.grid_blocks(config, nbytes) if form == "grid" else pair.blocks_rdv if form == "rdv" else 1
 
 
 def _sample(pair: ChannelPair, config: str, form: str, nbytes: int, messages: int, seed: int) -> tuple[float, bool]:
@@ -186,9 +188,9 @@ def device_stream(world: Any, module: Any, form: str, send: Any, recv: Any, ack_
     """One sample of ``stream_warp`` / ``stream_grid`` (``kernels/pingpong_channels.cu``): role 0 writes
     ``messages`` messages of a seeded pattern on ``send`` and waits for the acknowledgement on ``ack_r``; role 1
     reads them on ``recv`` and acknowledges on ``ack_s`` (the ends a role does not use are placeholders of the
-    right kind). Form ``rdv``: ``stream_grid`` with the pattern in role 0's part of ``window`` (the channel's
-    symmetric buffer), so that every message goes by rendezvous. Returns (seconds on role 0, bytes right on
-    role 1); also used by ``bench hops``."""
+    right kind). Form ``rdv``: ``stream_rdv`` (``stream_grid`` bounded to 3 blocks an SM) with the pattern in
+    role 0's part of ``window`` (the channel's symmetric buffer), so that every message goes by rendezvous.
+    Returns (seconds on role 0, bytes right on role 1); also used by ``bench hops``."""
     import cupy as cp
 
     stream = world.backend.stream
@@ -206,9 +208,13 @@ def device_stream(world: Any, module: Any, form: str, send: Any, recv: Any, ack_
     with stream:
         if form == "warp":
             module.get_function("stream_warp")((1,), (32,), args + (times, status))
-        else:
+        elif form == "grid":
             module.get_function("stream_grid")((blocks,), (GRID_THREADS,), args + (
                 gate_and_done[0:1], gate_and_done[1:2], np.uint64(send.channels.device_timeout_ns), times, status))
+    if form == "rdv":
+        world.backend.launch_resident(module.get_function("stream_rdv"), blocks, GRID_THREADS, args + (
+            gate_and_done[0:1], gate_and_done[1:2], np.uint64(send.channels.device_timeout_ns), times, status),
+            stream=stream)
     send.channels.wait_kernel(stream, lambda: f"{label} on rank {role}")
     recv.check()
     send.check()  # a writer that stalled on credits says so (with what its slot's credit holds)

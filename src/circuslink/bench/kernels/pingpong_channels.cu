@@ -205,11 +205,12 @@ extern "C" __global__ void stream_warp(Tx tx, Rx rx, Tx ack_tx, Rx ack_rx, const
 // message). The handshake: rank 1's warp 0 sends a ready message, rank 0's warp 0 takes it and opens
 // `gate`; rank 0's other warps start when the gate is open. At the end each of rank 1's warps counts
 // itself in `done`; the last one sends the acknowledgement, and rank 0's warp 0 stops the clock on it.
-// gate and done: zeroed u32s.
-extern "C" __global__ void stream_grid(Tx tx, Rx rx, Tx ack_tx, Rx ack_rx, const unsigned char* src,
-                                       unsigned char* dst, unsigned long long n, int role, int iters,
-                                       unsigned int* gate, unsigned int* done, unsigned long long timeout_ns,
-                                       unsigned long long* times, int* status) {
+// gate and done: zeroed u32s. stream_rdv is the same for the rendezvous form, bounded as pingpong_rdv (80
+// registers, 3 blocks an SM: 49 blocks at 2 ranks on one H200, where stream_grid fits 33).
+__device__ __forceinline__ void stream_body(Tx tx, Rx rx, Tx ack_tx, Rx ack_rx, const unsigned char* src,
+                                            unsigned char* dst, unsigned long long n, int role, int iters,
+                                            unsigned int* gate, unsigned int* done, unsigned long long timeout_ns,
+                                            unsigned long long* times, int* status) {
   const unsigned int w = grid_warp(), W = grid_warps(), lane = threadIdx.x & 31;
   bool ok = true;
   unsigned int ack = 0xAC;
@@ -255,4 +256,15 @@ extern "C" __global__ void stream_grid(Tx tx, Rx rx, Tx ack_tx, Rx ack_rx, const
     if (__shfl_sync(0xffffffffu, last, 0)) ok = ack_tx.write_warp(reinterpret_cast<const unsigned char*>(&ack), 4) && ok;
   }
   if (!ok && lane == 0) atomicExch(status, 0);
+}
+extern "C" __global__ void stream_grid(Tx tx, Rx rx, Tx ack_tx, Rx ack_rx, const unsigned char* src,
+                                       unsigned char* dst, unsigned long long n, int role, int iters,
+                                       unsigned int* gate, unsigned int* done, unsigned long long timeout_ns,
+                                       unsigned long long* times, int* status) {
+  stream_body(tx, rx, ack_tx, ack_rx, src, dst, n, role, iters, gate, done, timeout_ns, times, status);
+}
+extern "C" __global__ void __launch_bounds__(256, 3) stream_rdv(Tx tx, Rx rx, Tx ack_tx, Rx ack_rx,
+    const unsigned char* src, unsigned char* dst, unsigned long long n, int role, int iters, unsigned int* gate,
+    unsigned int* done, unsigned long long timeout_ns, unsigned long long* times, int* status) {
+  stream_body(tx, rx, ack_tx, ack_rx, src, dst, n, role, iters, gate, done, timeout_ns, times, status);
 }
