@@ -264,11 +264,18 @@ def _report(results: drv.Results, args: argparse.Namespace) -> None:
             print(line)
 
     def draw(path: str) -> None:
-        rows = [r for r in results.rows if r["impl"].startswith(("circuslink", "nvshmem")) and "skipped" not in r]
-        sizes = sorted({r["bytes"] for r in rows})
-        env = {"floor": [(n, n / (envelope_us(floor, n) * 1e3)) for n in sizes if envelope_us(floor, n)]}
-        drv.plot(rows, x="bytes", y="throughput_GBps", group="impl", path=path,
-                 title="one-way streaming throughput", xlabel="message size (bytes)", ylabel="GB/s (median)",
-                 extra=env if results.meta.get("runs_kernels", True) else None)
+        draw_stream(results.rows, floor, results.meta.get("runs_kernels", True), path)
 
     drv.finish(results, args, text, draw)
+
+
+def draw_stream(rows: list[dict], floor: dict, runs_kernels: bool, path: str) -> str:
+    """The stream's figure: throughput against size, a line per form (the ring's grid form a line per ring
+    configuration, since each has its own largest message), NVSHMEM's, and the floor's envelope on a GPU."""
+    rows = [dict(r, series=f"{r['impl']} ({r['config']})" if r["impl"] == "circuslink-grid" else r["impl"])
+            for r in rows if r["impl"].startswith(("circuslink", "nvshmem")) and "skipped" not in r]
+    sizes = sorted({r["bytes"] for r in rows})
+    env = {"floor": [(n, n / (envelope_us(floor, n) * 1e3)) for n in sizes if envelope_us(floor, n)]}
+    return drv.plot(rows, x="bytes", y="throughput_GBps", group="series", path=path,
+                    title="one-way streaming throughput", xlabel="message size (bytes)", ylabel="GB/s (median)",
+                    extra=env if runs_kernels else None)
