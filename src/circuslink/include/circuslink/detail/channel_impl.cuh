@@ -1276,14 +1276,19 @@ __device__ __forceinline__ u64 grid_base(const ChannelHandle& h) {
   return WarpG::bcast(WarpG::rank() == 0 ? ld_relaxed_u64(h.state) : 0ull);
 }
 
+// One thread: wait until packet seq's slot is free, its previous occupant (seq - nslots) handed back by its
+// per-slot credit (the grid forms' and the rendezvous' flow control).
+__device__ __forceinline__ bool wait_slot_free(const ChannelHandle& h, u64 seq) {
+  if (seq < h.nslots) return true;
+  const unsigned int* credit = h.slot_credit + ((u32)seq & (h.nslots - 1u));
+  const u32 want = flag_of(seq - h.nslots);
+  return wait_for(h, [&] { return ld_relaxed(credit) == want; }, kErrCreditTimeout, seq);
+}
+
 // Warp-level: send one bulk packet (seq) of a grid call, waiting for its slot's previous occupant to be consumed.
 __device__ __forceinline__ bool grid_send_packet(const ChannelHandle& h, const unsigned char* src, u64 seq, u32 nb) {
   u64 okv = 1;
-  if (WarpG::rank() == 0 && seq >= h.nslots) {
-    const unsigned int* credit = h.slot_credit + ((u32)seq & (h.nslots - 1u));
-    const u32 want = flag_of(seq - h.nslots);
-    okv = wait_for(h, [&] { return ld_relaxed(credit) == want; }, kErrCreditTimeout, seq) ? 1 : 0;
-  }
+  if (WarpG::rank() == 0) okv = wait_slot_free(h, seq) ? 1 : 0;
   if (!WarpG::bcast(okv)) return false;
   bulk_store_packet<WarpG, kGridCopyDepth>(h, src, seq, nb);
   return true;
@@ -1351,11 +1356,7 @@ __device__ __forceinline__ bool grid_forward_packet(const ChannelHandle& rx, u64
                  rseq)) {
       word = (u32)hd;
       fence_for(rx);
-      if (word == (expect | kKindBulk) && sseq >= tx.nslots) {
-        const unsigned int* credit = tx.slot_credit + ((u32)sseq & (tx.nslots - 1u));
-        const u32 want = flag_of(sseq - tx.nslots);
-        if (!wait_for(tx, [&] { return ld_relaxed(credit) == want; }, kErrCreditTimeout, sseq)) word = 0;
-      }
+      if (word == (expect | kKindBulk) && !wait_slot_free(tx, sseq)) word = 0;
     }
   }
   word = WarpG::bcast(word);
@@ -1508,11 +1509,7 @@ __device__ bool rdv_send(const ChannelHandle& h, u64 seq, u64 off, u64 nbytes, b
   if (lane == 0) CIRCUSLINK_RDV_PROBE(0, seq);
   u32 r = 0;  // this message's number among the channel's rendezvous messages (from 1, mod 2^32)
   if (post) {
-    if (lane == 0 && seq >= h.nslots) {
-      const unsigned int* credit = h.slot_credit + ((u32)seq & (h.nslots - 1u));
-      const u32 want = flag_of(seq - h.nslots);
-      okv = wait_for(h, [&] { return ld_relaxed(credit) == want; }, kErrCreditTimeout, seq) ? 1 : 0;
-    }
+    if (lane == 0) okv = wait_slot_free(h, seq) ? 1 : 0;
     if (!WarpG::bcast(okv)) return false;
     // every earlier rendezvous message has finished (its first warp waited for it before returning), so
     // done >> 20 counts them all and no reader adds to it until the descriptor below is seen
