@@ -109,6 +109,9 @@ extern "C" __global__ void pingpong_grid(Tx tx, Rx rx, const unsigned char* src,
           unsigned long long deadline = 0;
           unsigned int spins = 0;
           while (ok && ld_relaxed(done) < want) {
+#ifdef PINGPONG_DONE_BACKOFF  // (experiment: scripts/dev/grid_wait_ab.sh)
+            __nanosleep(PINGPONG_DONE_BACKOFF);
+#endif
             if (++spins == 4096) {
               spins = 0;
               const unsigned long long t = now_ns();

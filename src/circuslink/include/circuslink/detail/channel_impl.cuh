@@ -254,6 +254,43 @@ __device__ __forceinline__ bool wait_for(const ChannelHandle& h, Ready ready, u3
   }
 }
 
+// The waits of the grid forms' packets (a slot's credit, a packet's header), made by every warp of a grid at
+// once. CIRCUSLINK_GRID_WAIT is an experiment switch (scripts/dev/grid_wait_ab.sh): 0 (default) wait_for; 1 as
+// wait_for but reading the host's abort word at every 16th check only; 2 as 1 with a __nanosleep back-off (up
+// to 256 ns) between polls.
+#ifndef CIRCUSLINK_GRID_WAIT
+#define CIRCUSLINK_GRID_WAIT 0
+#endif
+template <typename Ready>
+__device__ __forceinline__ bool grid_wait(const ChannelHandle& h, Ready ready, u32 code, u64 seq) {
+#if CIRCUSLINK_GRID_WAIT == 0
+  return wait_for(h, ready, code, seq);
+#else
+  if (ready()) return true;
+  u64 deadline = 0;
+  u32 checks = 0;
+#if CIRCUSLINK_GRID_WAIT == 2
+  u32 ns = 0;
+#endif
+  while (true) {
+#pragma unroll 1
+    for (u32 k = 0; k < kSpinsPerCheck; ++k) {
+      if (ready()) return true;
+#if CIRCUSLINK_GRID_WAIT == 2
+      __nanosleep(ns);
+      ns = ns < 256u ? 2 * ns + 32 : 256u;
+#endif
+    }
+    deadline = wait_check(deadline, h.timeout_ns, h.error, (++checks & 15u) == 0 ? h.abort : nullptr);
+    if (deadline < kWaitLive) {
+      if (ready()) return true;
+      wait_failed(h, deadline, code, seq);
+      return false;
+    }
+  }
+#endif
+}
+
 // A warp polls together: every kSpinsPerCheck failed rounds lane 0 runs the check and the warp agrees.
 // Returns false when the wait must end (the reason is recorded).
 struct WarpWait {
@@ -1282,7 +1319,7 @@ __device__ __forceinline__ bool wait_slot_free(const ChannelHandle& h, u64 seq) 
   if (seq < h.nslots) return true;
   const unsigned int* credit = h.slot_credit + ((u32)seq & (h.nslots - 1u));
   const u32 want = flag_of(seq - h.nslots);
-  return wait_for(h, [&] { return ld_relaxed(credit) == want; }, kErrCreditTimeout, seq);
+  return grid_wait(h, [&] { return ld_relaxed(credit) == want; }, kErrCreditTimeout, seq);
 }
 
 // Warp-level: send one bulk packet (seq) of a grid call, waiting for its slot's previous occupant to be consumed.
@@ -1301,7 +1338,7 @@ __device__ __forceinline__ bool grid_recv_packet(const ChannelHandle& h, unsigne
     const unsigned char* slot = slot_of(h, seq);
     const u32 flag = flag_of(seq);
     u64 hd = 0;
-    if (wait_for(h, [&] { hd = ld_unit(slot + kUnitBytes); return unit_flag(hd) == flag; }, kErrDataTimeout, seq)) {
+    if (grid_wait(h, [&] { hd = ld_unit(slot + kUnitBytes); return unit_flag(hd) == flag; }, kErrDataTimeout, seq)) {
       word = (u32)hd;
       fence_for(h);
     }
@@ -1352,8 +1389,8 @@ __device__ __forceinline__ bool grid_forward_packet(const ChannelHandle& rx, u64
     const unsigned char* slot = slot_of(rx, rseq);
     const u32 flag = flag_of(rseq);
     u64 hd = 0;
-    if (wait_for(rx, [&] { hd = ld_unit(slot + kUnitBytes); return unit_flag(hd) == flag; }, kErrDataTimeout,
-                 rseq)) {
+    if (grid_wait(rx, [&] { hd = ld_unit(slot + kUnitBytes); return unit_flag(hd) == flag; }, kErrDataTimeout,
+                  rseq)) {
       word = (u32)hd;
       fence_for(rx);
       if (word == (expect | kKindBulk) && !wait_slot_free(tx, sseq)) word = 0;
