@@ -6,6 +6,9 @@ too often. Variants of the kernels of bench/kernels/pingpong_channels.cu: the li
 pingpong kernel's own spin on its round counter with a back-off (PINGPONG_DONE_BACKOFF=128).
 
     circuslink run -n 2 -- python scripts/dev/grid_wait_ab.py [--json FILE]
+
+(Ran at e78b6e7: grid-wait-ab-...json. Both switches are gone since: variant 1 is the grid forms' wait, the
+pingpong's back-off changed nothing.)
 """
 from __future__ import annotations
 

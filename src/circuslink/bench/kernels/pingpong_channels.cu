@@ -109,9 +109,6 @@ extern "C" __global__ void pingpong_grid(Tx tx, Rx rx, const unsigned char* src,
           unsigned long long deadline = 0;
           unsigned int spins = 0;
           while (ok && ld_relaxed(done) < want) {
-#ifdef PINGPONG_DONE_BACKOFF  // (experiment: scripts/dev/grid_wait_ab.sh)
-            __nanosleep(PINGPONG_DONE_BACKOFF);
-#endif
             if (++spins == 4096) {
               spins = 0;
               const unsigned long long t = now_ns();
@@ -148,10 +145,7 @@ extern "C" __global__ void pingpong_grid(Tx tx, Rx rx, const unsigned char* src,
 // grid has it (grid barrier) writes it back from there; rank 0 writes from its window and reads the reply into
 // `dst`. A write returns on each warp once the reader has pulled the message, so the next round trip cannot
 // overtake this one; rank 0 stops its clock after a last grid barrier. bar: 2 zeroed u32s.
-#ifndef PINGPONG_RDV_MIN_BLOCKS
-#define PINGPONG_RDV_MIN_BLOCKS 3
-#endif
-extern "C" __global__ void __launch_bounds__(256, PINGPONG_RDV_MIN_BLOCKS) pingpong_rdv(Tx tx, Rx rx, unsigned char* src, unsigned char* dst, unsigned long long n,
+extern "C" __global__ void __launch_bounds__(256, 3) pingpong_rdv(Tx tx, Rx rx, unsigned char* src, unsigned char* dst, unsigned long long n,
                                         int role, int warmup, int iters, unsigned int* bar,
                                         unsigned long long timeout_ns, unsigned long long* times, int* status) {
   const unsigned int lane = threadIdx.x & 31;
