@@ -1,7 +1,8 @@
 """Rendezvous messages in the cpu reference (docs/protocol.md, Rendezvous), and the options that turn them on.
 
 * the descriptor packet's slot, byte for byte, built here from the layout the protocol page gives (on the first
-  lap, whose packets rewrite every unit of their slot, and later);
+  lap, whose packets rewrite every unit of their slot, and later), and the sender's rendezvous words after it;
+* the rendezvous words over several messages, across the 32-bit wrap of seq;
 * a channel opened with a window: host writes of at least rendezvous_min bytes from the window go by
   rendezvous, writes from elsewhere and smaller ones through the ring; the reader gets every byte back in order;
 * a rendezvous message read in pieces fails naming the misuse and the channel;
@@ -55,6 +56,34 @@ def test_the_descriptor_packet_byte_for_byte(rng, first_seq):
     slot = (first_seq % geo.nslots) * geo.slot_bytes
     assert ring[slot:slot + 256].tobytes() == want.tobytes()
     assert int(slots[first_seq % geo.nslots]) == flag  # the slot handed back
+
+def test_the_rendezvous_words_count_messages_across_the_32_bit_wrap(rng):
+    """done counts finished messages in units of RDV_DONE; posted carries (seq + 1) mod 2^32 and the message's
+    number, which goes on from what done held (a channel whose earlier messages finished), across seq 2^32."""
+    geo = P.geometry(1, 1, nslots=4, chunk=4096)
+    ring = np.zeros(geo.ring_bytes, dtype=np.uint8)
+    credit, rdv, slots = np.zeros(1, "<u8"), np.zeros(2, "<u8"), np.zeros(geo.nslots, "<u4")
+    window = rng.integers(0, 256, 1 << 18, dtype=np.uint8)
+    ends = [cls(name, name, 7, geo, ring, credit, slots, np.zeros(4, "<u4"), 5.0, P.route_of(1, 1))
+            for cls, name in ((CpuSender, "tx"), (CpuReceiver, "rx"))]
+    first_seq, before = (1 << 32) - 3, int(rng.integers(0, 1000))
+    rdv[0] = before * P.RDV_DONE
+    for end in ends:
+        end.seq = first_seq
+        end.window, end.rdv_min, end.rdv = window, 4096, rdv
+    ends[0].credit_cache = credit[0] = first_seq
+    for k in range(1, 7):
+        seq = first_seq + k - 1
+        offset, n = int(rng.integers(0, 1 << 17)), int(rng.integers(4096, 1 << 17))
+        writer = threading.Thread(target=ends[0].write_rendezvous, args=(offset, n))
+        writer.start()
+        got = ends[1].read_bytes(n)
+        writer.join()
+        assert got == window[offset:offset + n].tobytes(), f"message {k}"
+        assert int(rdv[0]) == (before + k) * P.RDV_DONE, f"message {k}: done"
+        assert int(rdv[1]) == ((seq + 1) & 0xFFFFFFFF) << 32 | (before + k), f"message {k}: posted"
+        assert int(slots[seq % geo.nslots]) == P.flag_of(seq), f"message {k}: the slot handed back"
+
 
 MIXED = r"""
 import os
