@@ -1583,10 +1583,11 @@ __device__ __forceinline__ u32 rdv_peek(const ChannelHandle& h, u64 seq, bool le
     const unsigned char* slot = slot_of(h, seq);
     const u32 flag = flag_of(seq);
     u64 hd = 0;
-    // signed distance from the awaited flag: < 0 an earlier occupant (or a zeroed slot on the first lap), > 0 a later one
-    // every warp loads units 0-5 in each poll, three 16-byte loads in one round: the descriptor comes with the
-    // header (loading the four units after the header took another round; A/B with scripts/dev/rdv_ab.sh on
-    // one H200, 49 blocks: 256 KiB one-way 3.94 us against 4.08, 1 MiB 4.91 against 5.19)
+    // The header's flag against the awaited one, a signed distance: < 0 an earlier occupant (or a zeroed slot on
+    // the first lap), > 0 a later one. Every warp loads units 0-5 in each poll, three 16-byte loads in one
+    // round, so the descriptor comes with the header (loading its four units after the header took another
+    // round; A/B with scripts/dev/rdv_ab.sh on one H200, 49 blocks: 256 KiB one-way 3.94 us against 4.08,
+    // 1 MiB 4.91 against 5.19).
     if (wait_many(h, [&] {
           u64 u0;
           ld_units2(slot, u0, hd);
