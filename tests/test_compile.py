@@ -55,3 +55,21 @@ def test_compile_without_cupy_or_gpu_is_a_clear_error():
         pytest.skip("a GPU is present")
     with pytest.raises(cl.Error):
         cl.compile('extern "C" __global__ void k() {}')
+
+
+def test_device_defines_from_the_environment():
+    from circuslink.device_code import defines_from_env
+
+    assert defines_from_env({}) == []
+    env = {"CIRCUSLINK_DEVICE_DEFINES": "CIRCUSLINK_RDV_TEAM=8, FLAG ,X_1=-3,"}
+    assert defines_from_env(env) == ["-DCIRCUSLINK_RDV_TEAM=8", "-DFLAG", "-DX_1=-3"]
+
+
+@pytest.mark.parametrize("bad", ["1ABC", "A B", "A=", "A=1 2", "A;B", "=3"])
+def test_device_defines_that_cannot_be_read_fail_in_one_line_naming_the_variable(bad):
+    from circuslink.device_code import defines_from_env
+
+    with pytest.raises(cl.ConfigError) as err:
+        defines_from_env({"CIRCUSLINK_DEVICE_DEFINES": f"GOOD=1,{bad}"})
+    text = str(err.value)
+    assert "CIRCUSLINK_DEVICE_DEFINES" in text and repr(bad.strip()) in text and "\n" not in text

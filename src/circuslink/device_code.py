@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Sequence
+import os
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .errors import BackendError, CompileError
+from .errors import BackendError, CompileError, ConfigError
 
 INCLUDE_DIR = Path(__file__).parent / "include"
 
@@ -31,6 +33,27 @@ def headers_digest() -> str:
         h.update(path.relative_to(INCLUDE_DIR).as_posix().encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
+
+
+DEFINES_VAR = "CIRCUSLINK_DEVICE_DEFINES"
+_DEFINE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(=[^\s,]+)?")
+
+
+def defines_from_env(env: Mapping[str, str] | None = None) -> list[str]:
+    """The ``-D`` options that ``CIRCUSLINK_DEVICE_DEFINES`` asks for: comma-separated ``NAME`` or ``NAME=VALUE``,
+    defined in every device compile of the process. It reaches the device code's experiment switches (for
+    example ``CIRCUSLINK_RDV_TEAM=8``) from any benchmark or application, so that an A/B run needs no script of
+    its own. Raises :class:`~circuslink.ConfigError` naming the variable and the item it cannot read."""
+    text = (os.environ if env is None else env).get(DEFINES_VAR, "")
+    out = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        if not _DEFINE.fullmatch(item):
+            raise ConfigError(f"{DEFINES_VAR}: {item!r} is not NAME or NAME=VALUE (a C identifier, a value without "
+                              f"spaces or commas)")
+        out.append(f"-D{item}")
+    return out
 
 
 def arch_flag(device: int | None = None) -> str:
@@ -51,8 +74,9 @@ def compile(  # noqa: A001 - the public name mirrors what it does
 ):
     """Compile ``source`` and return a ``cupy.RawModule``; ``module.get_function(name)`` gives kernels.
 
-    Raises :class:`~circuslink.CompileError` with the compiler's log when the source is wrong,
-    and :class:`~circuslink.BackendError` when CuPy or a GPU is missing.
+    ``CIRCUSLINK_DEVICE_DEFINES`` (comma-separated ``NAME`` or ``NAME=VALUE``) adds macros to every compile
+    (:func:`defines_from_env`). Raises :class:`~circuslink.CompileError` with the compiler's log when the source
+    is wrong, and :class:`~circuslink.BackendError` when CuPy or a GPU is missing.
     """
     try:
         import cupy
@@ -65,7 +89,7 @@ def compile(  # noqa: A001 - the public name mirrors what it does
     opts = ["-std=c++17", f"-I{include_dir()}", "-DCIRCUSLINK_NVRTC=1"]
     if not any(o.startswith(("-arch", "--gpu-architecture")) for o in options):
         opts.append(arch_flag())
-    opts += list(options)
+    opts += defines_from_env() + list(options)
     tagged = f"// circuslink headers {headers_digest()}\n{source}"
     try:
         module = cupy.RawModule(
