@@ -109,6 +109,9 @@ __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_re
 // The host can end every wait of its process at once: `abort` points at a word in host-mapped
 // memory that the host sets when its own, bounded wait for a kernel gives up (for example on a
 // dead peer with a device time-out of 0, "never"). A wait that sees it returns as if timed out.
+#ifndef CIRCUSLINK_DEADLINE_ABORT_EVERY
+#define CIRCUSLINK_DEADLINE_ABORT_EVERY 1
+#endif
 struct Deadline {
   unsigned long long limit_ns;    // absolute, set at the first clock check; 0 until then
   unsigned long long timeout_ns;  // 0 means "never"
@@ -116,6 +119,7 @@ struct Deadline {
   const volatile unsigned int* abort;  // host-mapped; may be null
   unsigned int polls;
   static constexpr unsigned int kCheckEvery = 32;
+  static constexpr unsigned int kAbortEvery = CIRCUSLINK_DEADLINE_ABORT_EVERY;
 
   // No clock read here: a wait that is satisfied by its first polls (the latency path of every
   // protocol) never reads %globaltimer. The limit counts from the first check, kCheckEvery polls
@@ -130,10 +134,14 @@ struct Deadline {
     d.checks_left = timeout_ns == 0ull ? 0ull : timeout_ns / kCheckEvery + 1ull;  // >= timeout_ns calls
     return d;
   }
-  // True once the deadline has passed or the host aborted (both read every kCheckEvery calls).
+  // True once the deadline has passed or the host aborted (both read every kCheckEvery calls; the abort word,
+  // in host memory, every CIRCUSLINK_DEADLINE_ABORT_EVERY-th check: an experiment switch, 1 by default. The
+  // waits of the grid forms and the rendezvous read it at every 16th check, since hundreds of waiting warps
+  // reading it queued (BENCHMARKS.md, fourteenth session); a grid barrier has one waiter a block).
   __device__ __forceinline__ bool expired() {
     if ((++polls % kCheckEvery) != 0) return false;
-    if (abort != nullptr && *abort != 0u) return true;
+    if (abort != nullptr && (kAbortEvery == 1u || polls % (kCheckEvery * kAbortEvery) == 0u) && *abort != 0u)
+      return true;
     if (timeout_ns == 0ull) return false;
     if (--checks_left == 0ull) return true;
     const unsigned long long now = globaltimer_ns();
