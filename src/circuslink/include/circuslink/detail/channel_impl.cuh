@@ -236,16 +236,34 @@ __device__ __forceinline__ void wait_failed(const ChannelHandle& h, u64 why, u32
   else if (why == kWaitExpired) record_error(h, code, seq);
 }
 
-// One thread polls until ready() holds (the hot loop is the poll alone).
+// One thread polls until ready() holds (the hot loop is the poll alone), running wait_check every kSpinsPerCheck
+// failed polls. Every wait of one thread is this loop; its callers choose two things:
+// * abort_always: read the host's abort word (host memory, across the bus) at every check, else at every 16th.
+//   Where every warp of a grid may be waiting at once the reads queued: on one H200 at 33 blocks a rank, the
+//   ring's grid form took a median of 423 us one-way for 1 MiB in 4 KiB packets against a minimum of 4.7, and
+//   525 us for 4 MiB in 16 KiB packets; at every 16th check 4.85 and 10.2 us, 32 KiB unchanged (3.48 us
+//   against 3.50; scripts/dev/grid_wait_ab.sh). The rendezvous' first cut showed the same (700 us against 4.3).
+// * backoff: __nanosleep between polls, doubling up to kWaitBackoffNs (for the many waiters of one word).
+#ifndef CIRCUSLINK_RDV_BACKOFF_NS
+#define CIRCUSLINK_RDV_BACKOFF_NS 256
+#endif
+enum : u32 { kWaitBackoffNs = CIRCUSLINK_RDV_BACKOFF_NS };
 template <typename Ready>
-__device__ __forceinline__ bool wait_for(const ChannelHandle& h, Ready ready, u32 code, u64 seq) {
+__device__ __forceinline__ bool poll_until(const ChannelHandle& h, Ready ready, u32 code, u64 seq, bool abort_always,
+                                           bool backoff) {
   if (ready()) return true;
   u64 deadline = 0;
+  u32 ns = 0, checks = 0;
   while (true) {
 #pragma unroll 1
-    for (u32 k = 0; k < kSpinsPerCheck; ++k)
+    for (u32 k = 0; k < kSpinsPerCheck; ++k) {
       if (ready()) return true;
-    deadline = wait_check(deadline, h.timeout_ns, h.error, h.abort);
+      if (backoff) {
+        __nanosleep(ns);
+        ns = ns < kWaitBackoffNs ? 2 * ns + 32 : kWaitBackoffNs;
+      }
+    }
+    deadline = wait_check(deadline, h.timeout_ns, h.error, abort_always || (++checks & 15u) == 0 ? h.abort : nullptr);
     if (deadline < kWaitLive) {
       if (ready()) return true;
       wait_failed(h, deadline, code, seq);
@@ -253,29 +271,15 @@ __device__ __forceinline__ bool wait_for(const ChannelHandle& h, Ready ready, u3
     }
   }
 }
-
-// The waits of the grid forms' packets (a slot's credit, a packet's header), made by every warp of a grid at
-// once: as wait_for, but reading the host's abort word (host memory, across the bus) at every 16th check only.
-// With every warp reading it every kSpinsPerCheck polls, the reads queued: on one H200 at 33 blocks a rank, the
-// ring's grid form took a median of 423 us one-way for 1 MiB in 4 KiB packets against a minimum of 4.7, and
-// 525 us for 4 MiB in 16 KiB packets; with this wait 4.85 and 10.2 us, 32 KiB unchanged (3.48 us against 3.50;
-// scripts/dev/grid_wait_ab.sh, where a back-off between polls as well cost 0.1-0.3 us more).
+// A wait of one thread alone (the latency path of every protocol).
+template <typename Ready>
+__device__ __forceinline__ bool wait_for(const ChannelHandle& h, Ready ready, u32 code, u64 seq) {
+  return poll_until(h, ready, code, seq, true, false);
+}
+// The waits of the grid forms' packets (a slot's credit, a packet's header), made by every warp of a grid at once.
 template <typename Ready>
 __device__ __forceinline__ bool grid_wait(const ChannelHandle& h, Ready ready, u32 code, u64 seq) {
-  if (ready()) return true;
-  u64 deadline = 0;
-  u32 checks = 0;
-  while (true) {
-#pragma unroll 1
-    for (u32 k = 0; k < kSpinsPerCheck; ++k)
-      if (ready()) return true;
-    deadline = wait_check(deadline, h.timeout_ns, h.error, (++checks & 15u) == 0 ? h.abort : nullptr);
-    if (deadline < kWaitLive) {
-      if (ready()) return true;
-      wait_failed(h, deadline, code, seq);
-      return false;
-    }
-  }
+  return poll_until(h, ready, code, seq, false, false);
 }
 
 // A warp polls together: every kSpinsPerCheck failed rounds lane 0 runs the check and the warp agrees.
@@ -1458,7 +1462,7 @@ __device__ bool grid_forward(const ChannelHandle& rx, const ChannelHandle& tx, u
 // 12.5 us, 256 MiB 194 us, against 16.0 and 310 for NVSHMEM's block put and 25.9 and 900 for the ring.
 //
 // The rendezvous' waits are made by every warp of a group at once, for one word: hundreds of warps. The group's
-// first warp polls without pause; the others back off (__nanosleep, doubling up to kRdvBackoffNs) and read the
+// first warp polls without pause; the others back off (__nanosleep, doubling up to kWaitBackoffNs) and read the
 // host's abort word only every 16th check: without that, every warp's check read host memory every 256 polls and
 // the reads queued behind each other for hundreds of microseconds (one H200, 2 x 264 warps: a 256 KiB one-way
 // median of 700 us against a minimum of 4.3).
@@ -1469,31 +1473,11 @@ __device__ bool grid_forward(const ChannelHandle& rx, const ChannelHandle& tx, u
 #ifndef CIRCUSLINK_RDV_PROBE
 #define CIRCUSLINK_RDV_PROBE(event, seq)
 #endif
-#ifndef CIRCUSLINK_RDV_BACKOFF_NS
-#define CIRCUSLINK_RDV_BACKOFF_NS 256
-#endif
-enum : u32 { kRdvBackoffNs = CIRCUSLINK_RDV_BACKOFF_NS };
+// The rendezvous' waits, on one word by every warp of a group: the group's first warp polls without pause and
+// reads the abort word at every check; the others back off and read it at every 16th.
 template <typename Ready>
 __device__ bool wait_many(const ChannelHandle& h, Ready ready, u32 code, u64 seq, bool leader) {
-  if (ready()) return true;
-  u64 deadline = 0;
-  u32 ns = 0, checks = 0;
-  while (true) {
-#pragma unroll 1
-    for (u32 k = 0; k < kSpinsPerCheck; ++k) {
-      if (ready()) return true;
-      if (!leader) {
-        __nanosleep(ns);
-        ns = ns < kRdvBackoffNs ? 2 * ns + 32 : kRdvBackoffNs;
-      }
-    }
-    deadline = wait_check(deadline, h.timeout_ns, h.error, leader || (++checks & 15u) == 0 ? h.abort : nullptr);
-    if (deadline < kWaitLive) {
-      if (ready()) return true;
-      wait_failed(h, deadline, code, seq);
-      return false;
-    }
-  }
+  return poll_until(h, ready, code, seq, leader, !leader);
 }
 
 __device__ __forceinline__ bool rdv_source(const ChannelHandle& h, const unsigned char* src, u64 nbytes) {
