@@ -21,6 +21,8 @@ from pathlib import Path
 
 import circuslink as cl
 from circuslink.bench import pingpong as pp
+from circuslink.bench._driver import parse_sizes
+from circuslink.device_code import DEFINES_VAR, defines_from_env
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--variants", default=",CIRCUSLINK_GRID_WAIT=1,CIRCUSLINK_GRID_WAIT=2,PINGPONG_DONE_BACKOFF=128")
@@ -31,18 +33,12 @@ parser.add_argument("--json", default=None)
 args = parser.parse_args()
 
 
-def size(text: str) -> int:
-    mult = {"K": 1 << 10, "M": 1 << 20}
-    return int(text[:-1]) * mult[text[-1]] if text[-1] in mult else int(text)
-
-
 w = cl.init()
-cases = [(c.split(":")[0], size(c.split(":")[1])) for c in args.cases.split(",")]
+cases = [(c.split(":")[0], parse_sizes(c.split(":")[1], "--cases")[0]) for c in args.cases.split(",")]
 pair = pp.ChannelPair(w, sorted({n for _, n in cases}) + [256 << 20])  # the record's rings (sized by its top)
 rows = []
 for variant in args.variants.split(","):
-    mod = cl.compile("".join(f"#define {d.replace('=', ' ', 1)}\n" for d in variant.split("+") if d)
-                     + pp.KERNELS.read_text())
+    mod = cl.compile(pp.KERNELS.read_text(), options=defines_from_env({DEFINES_VAR: variant.replace("+", ",")}))
     for config, n in cases:
         tx, rx = pair.ends(config)
         blocks = pair.grid_blocks(config, n)

@@ -19,6 +19,8 @@ import numpy as np
 import circuslink as cl
 from circuslink import channels
 from circuslink.bench import pingpong as pp
+from circuslink.bench._driver import parse_sizes
+from circuslink.device_code import DEFINES_VAR, defines_from_env
 from circuslink.spec import Link, element_type
 
 parser = argparse.ArgumentParser()
@@ -32,18 +34,13 @@ parser.add_argument("--json", default=None)
 args = parser.parse_args()
 
 
-def size(text: str) -> int:
-    mult = {"K": 1 << 10, "M": 1 << 20}
-    return int(text[:-1]) * mult[text[-1]] if text[-1] in mult else int(text)
-
-
 w = cl.init()
 cp = w.xp
-extra = "".join(f"#define {d.replace('=', ' ', 1)}\n" for d in args.defines.split(",") if d)
-fns = {b: cl.compile(f"#define CIRCUSLINK_RDV_BACKOFF_NS {b}\n{extra}" + pp.KERNELS.read_text())
+extra = defines_from_env({DEFINES_VAR: args.defines})
+fns = {b: cl.compile(pp.KERNELS.read_text(), options=[f"-DCIRCUSLINK_RDV_BACKOFF_NS={b}"] + extra)
        .get_function("pingpong_rdv") for b in args.backoff.split(",")}
 fn = next(iter(fns.values()))
-sizes = [size(s) for s in args.sizes.split(",")]
+sizes = parse_sizes(args.sizes)
 win = w.alloc(max(sizes))
 byte = element_type("uchar")
 opts = {"chunk": 64 << 10, "ll_max": 0, "window": win, "nslots": 16, "rendezvous_min": min(sizes)}

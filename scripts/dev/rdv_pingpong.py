@@ -19,12 +19,8 @@ from pathlib import Path
 import numpy as np
 
 import circuslink as cl
-
-
-def size(text: str) -> int:
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * mult[text[-1]] if text[-1] in mult else int(text)
-
+from circuslink.bench._driver import parse_sizes
+from circuslink.device_code import DEFINES_VAR, defines_from_env
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--sizes", default="32K,256K,1M,4M,16M,64M,256M")
@@ -38,10 +34,10 @@ args = parser.parse_args()
 
 w = cl.init()
 cp = w.xp
-extra = "".join(f"#define {d.replace('=', ' ', 1)}\n" for d in args.defines.split(",") if d)
-mod = cl.compile(extra + Path(__file__).with_name("rdv_pingpong.cu").read_text())
+mod = cl.compile(Path(__file__).with_name("rdv_pingpong.cu").read_text(),
+                 options=defines_from_env({DEFINES_VAR: args.defines}))
 fn = mod.get_function("rdv_pingpong")
-sizes = [size(s) for s in args.sizes.split(",")]
+sizes = parse_sizes(args.sizes)
 top = max(sizes)
 send = w.alloc(top)
 words = w.alloc(4096)

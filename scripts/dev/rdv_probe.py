@@ -18,6 +18,8 @@ import numpy as np
 import circuslink as cl
 from circuslink import channels
 from circuslink.bench import pingpong as pp
+from circuslink.bench._driver import parse_sizes
+from circuslink.device_code import DEFINES_VAR, defines_from_env
 from circuslink.spec import Link, element_type
 
 PRELUDE = r"""
@@ -44,20 +46,14 @@ parser.add_argument("--json", default=None)
 args = parser.parse_args()
 
 
-def size(text: str) -> int:
-    mult = {"K": 1 << 10, "M": 1 << 20}
-    return int(text[:-1]) * mult[text[-1]] if text[-1] in mult else int(text)
-
-
 w = cl.init()
 cp = w.xp
-extra = "".join(f"#define {d.replace('=', ' ', 1)}\n" for d in args.defines.split(",") if d)
-mod = cl.compile(PRELUDE + extra + pp.KERNELS.read_text())
+mod = cl.compile(PRELUDE + pp.KERNELS.read_text(), options=defines_from_env({DEFINES_VAR: args.defines}))
 fn = mod.get_function("pingpong_rdv")
 probe = cp.ndarray((2, 8), dtype=cp.uint64, memptr=mod.get_global("cl_probe"))
 probe_seq = cp.ndarray((1,), dtype=cp.uint64, memptr=mod.get_global("cl_probe_seq"))
 probe_seq[...] = 1 << 62
-sizes = [size(s) for s in args.sizes.split(",")]
+sizes = parse_sizes(args.sizes)
 win = w.alloc(max(sizes))
 byte = element_type("uchar")
 opts = {"chunk": 64 << 10, "ll_max": 0, "window": win, "nslots": 16, "rendezvous_min": min(sizes)}
