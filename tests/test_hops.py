@@ -153,7 +153,10 @@ def test_load_pattern(rng):
     seed, n, m = int(rng.integers(0, 1 << 31)), int(rng.integers(2, 17)), int(rng.integers(1, 4000))
     dest = load_destinations(seed, 3, n, m)
     assert dest.shape == (n, m) and (dest != np.arange(n)[:, None]).all() and dest.min() >= 0 and dest.max() < n
-    assert (load_destinations(seed, 3, n, m) == dest).all() and not (load_destinations(seed, 4, n, m) == dest).all()
+    assert (load_destinations(seed, 3, n, m) == dest).all()
+    # another sample draws another pattern (on 8 ranks x 64 messages: with 2 ranks, or 3 ranks and one message,
+    # every pattern could equal another: seed 82444319 drew n = 2)
+    assert not (load_destinations(seed, 4, 8, 64) == load_destinations(seed, 3, 8, 64)).all()
     counts = load_counts(dest)
     assert counts.sum() == n * m and (np.diag(counts) == 0).all()
     for src in range(n):
