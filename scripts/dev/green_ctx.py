@@ -42,9 +42,13 @@ extern "C" __global__ void work(unsigned long long* out, int rounds, float* sink
   if (s == 12345.f) sink[0] = s;
   __syncthreads();
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-  if (threadIdx.x == 0) { hold[0] = 1; out[3 * blockIdx.x] = smid; out[3 * blockIdx.x + 1] = t0; out[3 * blockIdx.x + 2] = t1 - t0; }
+  if (threadIdx.x == 0) {
+    hold[0] = 1; out[3 * blockIdx.x] = smid; out[3 * blockIdx.x + 1] = t0; out[3 * blockIdx.x + 2] = t1 - t0;
+  }
 }
-extern "C" __global__ void poke(unsigned* peer, unsigned value) { if (threadIdx.x == 0) peer[blockIdx.x] = value + blockIdx.x; }
+extern "C" __global__ void poke(unsigned* peer, unsigned value) {
+  if (threadIdx.x == 0) peer[blockIdx.x] = value + blockIdx.x;
+}
 """
 
 ap = argparse.ArgumentParser()
