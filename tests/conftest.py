@@ -249,7 +249,7 @@ def spmd(tmp_path, request):
             # the library's own command line: it forwards CIRCUSLINK_*, CUDA_* (the MPS pipe) and the rest
             full_env["CIRCUSLINK_BACKEND"] = backend
             if backend == "cuda":  # ranks sharing the GPU under MPS, as `circuslink run` would give them
-                full_env.setdefault(mps.ENV_SHARE, str(mps.share_percent(n)))
+                full_env.setdefault(mps.ENV_SHARE, mps.rank_share(n, full_env))
             cmd = mpirun_command(n, [sys.executable, str(script)], full_env)
             if tag:  # every chunk a rank writes tagged with its rank (Job.rank_lines reads them)
                 cmd.insert(1, "--tag-output")

@@ -217,7 +217,7 @@ class _GpuStandIn:
 
 
 def built_backend(monkeypatch, rank: int, device_of_rank: list[int], buses: list[str], sms: int = 33,
-                  share: str | None = None):
+                  share: str | None = None, partition: str = "off"):
     """Rank ``rank``'s CudaBackend, built by its own __init__, in a job whose rank r uses GPU
     ``device_of_rank[r]`` (pinned by CIRCUSLINK_DEVICE, as ``circuslink run`` pins every rank's GPU), under the
     MPS cap ``circuslink run`` gives ranks sharing a GPU unless ``share`` says otherwise ("100": uncapped)."""
@@ -229,6 +229,7 @@ def built_backend(monkeypatch, rank: int, device_of_rank: list[int], buses: list
     monkeypatch.setattr(cuda, "_cupy", lambda: _GpuStandIn(buses, sms))
     monkeypatch.setenv("CIRCUSLINK_DEVICE", str(device_of_rank[rank]))
     monkeypatch.delenv("CIRCUSLINK_SM_BUDGET", raising=False)
+    monkeypatch.setenv("CIRCUSLINK_SM_PARTITION", partition)  # never a real green context without a GPU
     sharing = device_of_rank.count(device_of_rank[rank])
     if share is None and sharing > 1:
         share = str(100 // sharing)  # as `circuslink run` caps ranks that share a GPU

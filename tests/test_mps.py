@@ -30,6 +30,7 @@ def fake_gpu(tmp_path, monkeypatch):
     env["FAKE_MPS_LOG"] = str(log)
     env["CUDA_MPS_PIPE_DIRECTORY"] = str(tmp_path / "no-daemon-here")
     env["TMPDIR"] = str(tmp_path)
+    env["CIRCUSLINK_SM_PARTITION"] = "off"  # MPS's cap, whatever this machine's driver offers (test_partition.py)
     for key in ("CIRCUSLINK_MPS", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_LOG_DIRECTORY", "CIRCUSLINK_RANK",
                 "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"):
         env.pop(key, None)
@@ -71,6 +72,19 @@ def test_shared_gpu_starts_a_private_daemon_and_gives_each_rank_its_share(fake_g
     assert {r[1] for r in rows} == {"0"} and {r[3] for r in rows} == {"25"}  # 4 ranks share GPU 0
     assert {r[4] for r in rows} == {"0"}  # NVLink multicast stays off in every rank
     assert "warning" not in job.stderr.replace("warning: 4 ranks on", "")  # (more ranks than cores: another warning)
+    _assert_stopped(log, tmp)
+
+
+def test_ranks_with_sms_of_their_own_run_uncapped(fake_gpu):
+    """With a green context a rank (CIRCUSLINK_SM_PARTITION=green) MPS must leave the ranks uncapped: it honours
+    a client's green context only then."""
+    env, log, tmp = fake_gpu
+    env["FAKE_GPUS"] = "1"
+    env["CIRCUSLINK_SM_PARTITION"] = "green"
+    job = _run(env, "run", "-n", "2", "--backend", "cuda", "--", sys.executable, "-c", REPORT)
+    assert job.returncode == 0, job.stderr
+    rows = [line.split("RANK", 1)[1].split() for line in job.stdout.splitlines() if "RANK" in line]
+    assert len(rows) == 2 and {r[3] for r in rows} == {"100"}
     _assert_stopped(log, tmp)
 
 

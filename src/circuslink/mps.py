@@ -134,7 +134,7 @@ class Session:
             return {}
         env = dict(self.env)
         if ranks_on_my_gpu > 1 and ENV_SHARE not in os.environ:
-            env[ENV_SHARE] = str(share_percent(ranks_on_my_gpu))
+            env[ENV_SHARE] = rank_share(ranks_on_my_gpu)
         return env
 
     def stop(self) -> None:
@@ -148,6 +148,15 @@ class Session:
 def share_percent(ranks_on_gpu: int) -> int:
     """Each of ``ranks_on_gpu`` ranks gets this percentage of the GPU's threads (at least 1)."""
     return max(1, 100 // max(1, ranks_on_gpu))
+
+
+def rank_share(ranks_on_gpu: int, env: dict[str, str] | None = None) -> str:
+    """``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` for each of ``ranks_on_gpu`` ranks sharing a GPU: 100 where each takes
+    SMs of its own through a green context (MPS honours one only uncapped; ``backends/_partition.py``), else
+    ``100 / ranks_on_gpu``."""
+    from .backends import _partition
+
+    return "100" if _partition.wanted(ranks_on_gpu, env) else str(share_percent(ranks_on_gpu))
 
 
 def start(mode: str, needed: bool, label: str = "job") -> Session:

@@ -510,7 +510,7 @@ def _mps_share_under_mpirun(env) -> None:
     gpus = _env_int(env, mps.ENV_GPUS) or 0
     local = _env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE") or 0
     if gpus > 0 and local > gpus:
-        os.environ[mps.ENV_SHARE] = str(mps.share_percent(-(-local // gpus)))
+        os.environ[mps.ENV_SHARE] = mps.rank_share(-(-local // gpus), env)
 
 
 def _init_from_mpi(env: dict[str, str], backend: str | None, connect_timeout: float) -> World:

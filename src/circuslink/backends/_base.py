@@ -58,6 +58,11 @@ class Backend(ABC):
         """Order this back-end's own work after what the caller already issued (no-op without a device)."""
         return None
 
+    def bind_thread(self) -> None:
+        """Make this rank's device context current on the calling thread; a thread the library starts calls it
+        before its first device call (no-op without a device)."""
+        return None
+
     def wait_stream(self, stream: Any, deadline: Any, what: Any) -> None:
         """Wait, bounded, for device work on ``stream`` (back-ends without streams have nothing to wait for)."""
         return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 import socket
+import sys
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from .._config import default_timeout
 from .._wait import Deadline, wait_until
 from ..errors import BackendError, ConfigError, TimeoutError
 from ..memory import SymmetricBuffer
-from . import _grid, _occupancy, _resident
+from . import _grid, _occupancy, _partition, _resident
 from ._base import Backend
 
 _HOST_ALLOC_PORTABLE = 1
@@ -119,6 +120,7 @@ def _sm_budget(sm_count: int, ranks_on_gpu: int, capped: bool) -> int:
 class CudaBackend(Backend):
     name = "cuda"
     runs_kernels = True
+    partition: _partition.GreenPartition | None = None  # this rank's SMs of its own, where it has them
 
     def __init__(self, boot: Any) -> None:
         super().__init__(boot)
@@ -138,19 +140,36 @@ class CudaBackend(Backend):
             raise ConfigError(f"CIRCUSLINK_DEVICE={device} but this machine has {count} GPU(s)")
         self.device = device
         _use_device(cp, device)
-        # The world's stream is non-blocking: our kernels never wait behind the user's stream
-        # by accident, and after_caller() orders them behind it on purpose.
-        self.stream = cp.cuda.Stream(non_blocking=True)
-        self._caller_done = cp.cuda.Event(disable_timing=True)
         self.sm_count = int(cp.cuda.Device(device).attributes["MultiProcessorCount"])
         self.device_identity = f"{socket.gethostname()}:{cp.cuda.Device(device).pci_bus_id}"
         # Collective: the ranks whose GPU is this one, counted by device identity whoever chose the device
         # (max_blocks divides the GPU among them). A peer may still be waiting in _use_device for the GPU.
-        self.ranks_on_gpu = _ranks_sharing(
-            world.allgather_object(self.device_identity, _unavailable_wait_s() + default_timeout()),
-            self.device_identity)
+        identities = world.allgather_object(self.device_identity, _unavailable_wait_s() + default_timeout())
+        self.ranks_on_gpu = _ranks_sharing(identities, self.device_identity)
         self.capped = _mps_capped()
-        self.sm_budget = _sm_budget(self.sm_count, self.ranks_on_gpu, self.capped)
+        # Ranks sharing the GPU uncapped each take SMs of their own (a green context, _partition.py), before any
+        # stream is made: streams made earlier run on every SM.
+        if not self.capped and _partition.wanted(self.ranks_on_gpu):
+            try:
+                self.partition = _partition.GreenPartition(
+                    device, self.ranks_on_gpu, _partition.index_on_gpu(identities, world.rank))
+            except BackendError as exc:
+                if _partition.mode() == "green":
+                    raise
+                # auto: share the GPU uncapped, as without green contexts, and say so once
+                print(f"circuslink: warning: rank {world.rank}: {exc}", file=sys.stderr, flush=True)
+            else:
+                self.sm_count = self.partition.sm_count
+        self.sm_budget = _sm_budget(self.sm_count, 1 if self.partition else self.ranks_on_gpu, self.capped)
+        # The world's stream is non-blocking: our kernels never wait behind the user's stream
+        # by accident, and after_caller() orders them behind it on purpose.
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self._caller_done = cp.cuda.Event(disable_timing=True)
+        if self.partition is not None:
+            # CuPy's null stream runs on every SM whatever context is current: the caller's work goes to a
+            # stream of the partition instead (ordered with the null stream like any blocking stream).
+            self.caller_stream = cp.cuda.Stream(non_blocking=False)
+            self.caller_stream.use()
         # The abort word (detail/sync.cuh): host-mapped, so the host can end every device wait of
         # this process when its own bounded wait for a kernel gives up. With unified addressing the
         # host pointer of mapped memory is also its device pointer.
@@ -163,6 +182,14 @@ class CudaBackend(Backend):
         # it a plain launch of the checked grid (an A/B switch: with four ranks under MPS a persistent stencil
         # grid was seen not to start until the other ranks' grids had ended).
         self._cooperative = os.environ.get("CIRCUSLINK_COOPERATIVE", "1") != "0"
+
+    def bind_thread(self) -> None:
+        """Make this rank's context current on the calling thread: its green context where the rank has SMs of
+        its own (a thread's first CUDA call would otherwise bind the primary context), else its device."""
+        if self.partition is not None:
+            self.partition.bind()
+        else:
+            self.xp.cuda.Device(self.device).use()
 
     def wait_stream(self, stream: Any, deadline: Deadline | float | None, what) -> None:
         """Wait, bounded, until ``stream`` has finished its work; on time-out set the abort word (every
@@ -208,7 +235,9 @@ class CudaBackend(Backend):
             why = _occupancy.describe(attrs, threads, shared_bytes)
             raise BackendError(f"kernel {attrs.name} does not fit an SM ({why}): "
                                "give it __launch_bounds__ or launch fewer threads")
-        return per_sm, _occupancy.resident_blocks(per_sm, self.sm_budget, self.ranks_on_gpu, self.capped)
+        # a rank in SMs of its own (a green context) is alone on them, as on a GPU of its own
+        sharing = 1 if self.partition is not None else self.ranks_on_gpu
+        return per_sm, _occupancy.resident_blocks(per_sm, self.sm_budget, sharing, self.capped)
 
     def launch_resident(self, kernel: Any, grid: Any, block: Any, args: tuple, shared_bytes: int = 0,
                         stream: Any = None, limit: int | None = None) -> None:
@@ -249,7 +278,8 @@ class CudaBackend(Backend):
             most = min(most, int(limit))
         if blocks > most:
             attrs = _occupancy.attributes_of(kernel)
-            share = (f"{self.ranks_on_gpu} ranks share GPU {self.device}, {self.sm_budget} SMs each"
+            share = (self.partition.describe() if self.partition is not None else
+                     f"{self.ranks_on_gpu} ranks share GPU {self.device}, {self.sm_budget} SMs each"
                      if self.ranks_on_gpu > 1 else f"GPU {self.device}, {self.sm_budget} SMs")
             advice = (f"launch at most {most} blocks" if most else
                       "no grid of it can be: the ranks' one blocks would not all fit the SMs they share under the "

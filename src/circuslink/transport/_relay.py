@@ -387,6 +387,7 @@ class GenericRelays(RelayGroup):
     def _run(self) -> None:
         idle = 0
         try:
+            self.world.backend.bind_thread()  # its device calls run in this rank's context (its own SMs)
             while not self._stop.is_set():
                 now = time.monotonic()
                 closing = self._closing.is_set()

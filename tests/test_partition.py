@@ -1,0 +1,153 @@
+"""SMs of its own for each rank sharing a GPU (backends/_partition.py): the split's arithmetic, the mode, the
+launcher's share, and the back-end built around a partition, all without a GPU (the driver is a stand-in).
+The GPU side (blocks confined to a rank's SMs, ranks' SMs disjoint) is tests/test_partition_gpu.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from test_backend_blocks import KERNEL, FakeDriverError, built_backend
+
+from circuslink import mps
+from circuslink.backends import _partition, cuda
+from circuslink.errors import BackendError, ConfigError
+
+
+def test_groups_are_equal_whole_units_of_the_driver_alignment():
+    assert _partition.group_sms(132, 2) == 64  # an H100 / H200: 2 x 64, 4 SMs left over
+    assert _partition.group_sms(132, 4) == 32
+    assert _partition.group_sms(132, 3) == 40
+    assert _partition.group_sms(132, 16) == 8
+    assert _partition.group_sms(132, 17) == 0  # fewer than 8 SMs a group
+    assert _partition.group_sms(78, 2, min_partition=2, alignment=2) == 38
+    assert _partition.group_sms(0, 2) == 0 and _partition.group_sms(132, 0) == 0
+
+
+def test_a_rank_takes_its_place_among_the_ranks_of_its_gpu():
+    ids = ["h:a", "h:b", "h:a", "h:a", "h:b"]
+    assert [_partition.index_on_gpu(ids, r) for r in range(5)] == [0, 0, 1, 2, 1]
+
+
+@pytest.mark.parametrize("raw, want", [("", "auto"), ("AUTO", "auto"), (" green ", "green"), ("off", "off")])
+def test_mode_reads_the_environment(raw, want):
+    assert _partition.mode({"CIRCUSLINK_SM_PARTITION": raw}) == want
+
+
+def test_a_bad_mode_is_one_line_naming_the_variable():
+    with pytest.raises(ConfigError, match=r"CIRCUSLINK_SM_PARTITION='green-ish'.*auto, green, off"):
+        _partition.mode({"CIRCUSLINK_SM_PARTITION": "green-ish"})
+
+
+def test_the_launcher_leaves_partitioned_ranks_uncapped(monkeypatch):
+    monkeypatch.setattr(_partition, "available", lambda: True)
+    assert mps.rank_share(4, {}) == "100"  # auto where the driver has green contexts
+    assert mps.rank_share(4, {"CIRCUSLINK_SM_PARTITION": "off"}) == "25"
+    monkeypatch.setattr(_partition, "available", lambda: False)
+    assert mps.rank_share(4, {}) == "25"  # auto without them: MPS's cap, as before
+    assert mps.rank_share(3, {"CIRCUSLINK_SM_PARTITION": "green"}) == "100"
+    assert not _partition.wanted(1, {"CIRCUSLINK_SM_PARTITION": "green"})  # a rank alone needs none
+
+
+class FakePartition:
+    """A green context as the back-end uses it: its SM count, bind() on a thread, describe()."""
+
+    made: list[tuple[int, int, int]] = []
+
+    def __init__(self, device: int, groups: int, index: int) -> None:
+        FakePartition.made.append((device, groups, index))
+        self.sm_count, self.bound = 32, 0
+
+    def bind(self) -> None:
+        self.bound += 1
+
+    def describe(self) -> str:
+        return f"SM group of {self.sm_count} SMs"
+
+
+class Stream:
+    used = 0
+
+    def __init__(self, non_blocking: bool) -> None:
+        self.non_blocking = non_blocking
+
+    def use(self) -> None:
+        Stream.used += 1
+
+
+def _built(monkeypatch, rank, partition):
+    from test_backend_blocks import _GpuStandIn
+
+    def cupy_with_streams():
+        cp = _GpuStandIn(["0000:19:00.0"], 132)
+        cp.cuda.Stream = Stream
+        return cp
+
+    import socket
+
+    host = socket.gethostname()
+    monkeypatch.setattr(cuda, "_cupy", cupy_with_streams)
+    monkeypatch.setenv("CIRCUSLINK_DEVICE", "0")
+    monkeypatch.delenv("CIRCUSLINK_SM_BUDGET", raising=False)
+    monkeypatch.setenv("CIRCUSLINK_SM_PARTITION", partition)
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")
+    peers = [f"{host}:0000:19:00.0"] * 4
+    boot = SimpleNamespace(rank=rank, size=4, local_rank=rank, local_size=4, allgather_object=lambda o, t=None: peers)
+    return cuda.CudaBackend(boot)
+
+
+def _occupancy_answer(backend, per_sm):
+    driver = SimpleNamespace(occupancyMaxActiveBlocksPerMultiprocessor=lambda ptr, threads, shared: per_sm,
+                             CUDADriverError=FakeDriverError)
+    backend.xp = SimpleNamespace(cuda=SimpleNamespace(driver=driver, get_current_stream=lambda: "current"))
+    return backend
+
+
+def test_a_partitioned_rank_is_alone_on_its_own_sms(monkeypatch):
+    backend = _built_with(monkeypatch, rank=2)
+    assert FakePartition.made == [(0, 4, 2)]  # group 2 of 4: its place among the ranks of GPU 0
+    assert backend.ranks_on_gpu == 4 and not backend.capped
+    assert backend.sm_count == 32 and backend.sm_budget == 32
+    assert Stream.used == 1  # a stream of the partition is CuPy's current stream, not the null stream
+    # alone on its SMs: every block they hold, where sharing the GPU uncapped gave half of its 1/4 share
+    assert cuda.CudaBackend.max_blocks(_occupancy_answer(backend, 2), KERNEL, 256) == 64
+    backend.bind_thread()
+    assert backend.partition.bound == 1
+    with pytest.raises(BackendError, match="SM group of 32 SMs"):
+        cuda.CudaBackend.check_resident(_occupancy_answer(backend, 2), SimpleNamespace(
+            kernel=SimpleNamespace(ptr=0), name="k", num_regs=32), 65, 256)
+
+
+def _built_with(monkeypatch, rank, partition="auto", fail=False):
+    FakePartition.made, Stream.used = [], 0
+
+    def make(device, groups, index):
+        if fail:
+            raise BackendError("CIRCUSLINK_SM_PARTITION: cuGreenCtxCreate failed on GPU 0: stand-in")
+        return FakePartition(device, groups, index)
+
+    monkeypatch.setattr(_partition, "GreenPartition", make)
+    monkeypatch.setattr(_partition, "available", lambda: True)
+    return _built(monkeypatch, rank, partition)
+
+
+def test_auto_falls_back_to_sharing_the_gpu_with_one_warning(monkeypatch, capsys):
+    backend = _built_with(monkeypatch, rank=1, fail=True)
+    assert backend.partition is None and backend.sm_count == 132 and backend.sm_budget == 33
+    assert Stream.used == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "warning: rank 1" in err and "cuGreenCtxCreate failed" in err
+
+
+def test_green_required_fails_in_one_line(monkeypatch):
+    with pytest.raises(BackendError, match="cuGreenCtxCreate failed on GPU 0"):
+        _built_with(monkeypatch, rank=1, partition="green", fail=True)
+
+
+def test_capped_ranks_take_no_partition(monkeypatch):
+    FakePartition.made = []
+    monkeypatch.setattr(_partition, "GreenPartition", FakePartition)
+    monkeypatch.setattr(_partition, "available", lambda: True)
+    backend = built_backend(monkeypatch, rank=1, device_of_rank=[0, 0], buses=["0000:19:00.0"], sms=66,
+                            partition="auto")
+    assert backend.capped and backend.partition is None and FakePartition.made == []
