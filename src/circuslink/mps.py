@@ -14,20 +14,17 @@ that relaunches itself) runs them under MPS:
   is killed.
 
 ``--mps auto`` (default) falls back to time slicing with one warning when MPS cannot start;
-``on`` makes that an error; ``off`` never uses MPS. Each rank that shares a GPU gets
-``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / ranks on its GPU``: its share of the SMs, the basis
-of the forward-progress rule (``World.sm_budget``). Under ``mpirun``, ``circuslink mps -- mpirun
--np 4 python app.py`` does the same around the whole command.
+``on`` makes that an error; ``off`` never uses MPS. Under ``mpirun``, ``circuslink mps -- mpirun -np 4 python
+app.py`` does the same around the whole command.
 
-The cap limits how many SMs a rank uses, not which: on an H200 (2026-11-29, ``scripts/dev/sm_placement.py``)
-two ranks capped at 50 % both ran on SMs 0-65 and four at 25 % all on SMs 0-31, the rest of the GPU idle.
-``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100`` in the environment (kept as it is) runs the ranks uncapped: the
-hardware spreads their blocks over the whole GPU and the forward-progress rule gives each its 1/k of the
-SMs (the device-resident CG at 32^4 on 2x2x1x1 ranks: 1,389 us an iteration against 4,830 capped). It is
-not the default yet: the GPU test suite passes whole in that mode, but that CG stalls there when one rank is
-late because it compiles a kernel the others found in CuPy's cache (a share of 99 % too; not with the cache
-warm, nor at 50 %); capped it never has. What the late rank then waits for is not found (BENCHMARKS.md,
-2026-11-29, twelfth session).
+Which SMs each rank runs on. MPS's cap (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / ranks on its GPU``) limits
+how many SMs a rank uses, not which: on an H200 (2026-11-29, ``scripts/dev/sm_placement.py``) two ranks capped
+at 50 % both ran on SMs 0-65 and four at 25 % all on SMs 0-31, the rest of the GPU idle. So where the driver
+offers CUDA green contexts each rank takes a disjoint group of the GPU's SMs instead
+(``backends/_partition.py``, ``CIRCUSLINK_SM_PARTITION``), and the launcher leaves such ranks uncapped
+(``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100``: MPS honours a client's green context only then); elsewhere each
+gets the cap, the basis of the forward-progress rule (``World.sm_budget``). A share set before the launch is
+kept as it is.
 """
 
 from __future__ import annotations

@@ -213,10 +213,10 @@ class CudaBackend(Backend):
         """Blocks of ``kernel`` (a cupy RawKernel) at ``threads`` threads a block and ``shared_bytes`` of dynamic
         shared memory that this rank may have resident at once, whatever the other ranks on its GPU run:
         the blocks one SM holds of it (the driver's occupancy: registers, shared memory, block size) times
-        its SM budget when alone on the GPU; where k ranks share it, half of 1/k of those under an MPS cap (all k
-        may run on the capped SMs), half of those uncapped (the budget is then the rank's 1/k of the SMs; the
-        rule and why: backends/_occupancy.py); 0 where not even the k ranks' single blocks fit the SMs they
-        share."""
+        its SM budget when alone on its SMs: the GPU, or the group of them a green context gives the rank where
+        k ranks share the GPU (_partition.py); otherwise half of 1/k of those under an MPS cap (all k may run on
+        the capped SMs), half of those uncapped (the budget is then the rank's 1/k of the SMs; the rule and why:
+        backends/_occupancy.py); 0 where not even the k ranks' single blocks fit the SMs they share."""
         return self._fit(kernel, threads, shared_bytes)[1]
 
     def wave_blocks(self, kernel: Any, threads: int, shared_bytes: int = 0) -> int:
