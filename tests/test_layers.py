@@ -392,6 +392,7 @@ PROCESS_STATE = {
     ("launcher.py", "_invocation"): "the command line a command relaunches itself with",
     ("_wait.py", "_alone"): "a constant of the process: its ranks have cores of their own",
     ("device_code.py", "headers_digest"): "a constant of the installation: the headers' digest",
+    ("backends/_partition.py", "_available"): "a constant of the machine: whether its driver has green contexts",
     ("channels/_cuda.py", "_kernels"): "compiled device code, the same for every World",
     ("channels/_router_cuda.py", "_kernel"): "compiled device code, the same for every World",
     ("rma/_cuda.py", "_kernels"): "compiled device code, the same for every World",
