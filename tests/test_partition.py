@@ -103,19 +103,19 @@ def _occupancy_answer(backend, per_sm):
     return backend
 
 
-def test_a_partitioned_rank_is_alone_on_its_own_sms(monkeypatch):
+def test_a_partitioned_rank_sizes_its_grids_by_its_own_sms(monkeypatch):
     backend = _built_with(monkeypatch, rank=2)
     assert FakePartition.made == [(0, 4, 2)]  # group 2 of 4: its place among the ranks of GPU 0
     assert backend.ranks_on_gpu == 4 and not backend.capped
     assert backend.sm_count == 32 and backend.sm_budget == 32
     assert Stream.used == 1  # a stream of the partition is CuPy's current stream, not the null stream
-    # alone on its SMs: every block they hold, where sharing the GPU uncapped gave half of its 1/4 share
-    assert cuda.CudaBackend.max_blocks(_occupancy_answer(backend, 2), KERNEL, 256) == 64
+    # half of what its own 32 SMs hold (the margin uncapped ranks keep), where the 25 % cap gave half of 1/4
+    assert cuda.CudaBackend.max_blocks(_occupancy_answer(backend, 2), KERNEL, 256) == 32
     backend.bind_thread()
     assert backend.partition.bound == 1
     with pytest.raises(BackendError, match="SM group of 32 SMs"):
         cuda.CudaBackend.check_resident(_occupancy_answer(backend, 2), SimpleNamespace(
-            kernel=SimpleNamespace(ptr=0), name="k", num_regs=32), 65, 256)
+            kernel=SimpleNamespace(ptr=0), name="k", num_regs=32), 33, 256)
 
 
 def _built_with(monkeypatch, rank, partition="auto", fail=False):

@@ -55,7 +55,9 @@ def test_the_sizing_table_is_what_the_rule_gives():
         cells = [int(c) for c in line.strip("| ").split("|")]
         regs, per_sm, *blocks = cells
         assert blocks_per_sm(KernelAttributes("k", regs), DeviceLimits(), 256) == per_sm, line
-        assert blocks == [resident_blocks(per_sm, b, 1) for b in budgets], line  # each rank alone on its group
+        # each rank uncapped in its own group of SMs: half of what the group holds
+        assert blocks == [resident_blocks(per_sm, b, k, capped=False)
+                          for k, b in zip((1, 2, 4, 8), budgets, strict=True)], line
 
 
 def test_the_api_the_page_names_exists():

@@ -213,10 +213,10 @@ class CudaBackend(Backend):
         """Blocks of ``kernel`` (a cupy RawKernel) at ``threads`` threads a block and ``shared_bytes`` of dynamic
         shared memory that this rank may have resident at once, whatever the other ranks on its GPU run:
         the blocks one SM holds of it (the driver's occupancy: registers, shared memory, block size) times
-        its SM budget when alone on its SMs: the GPU, or the group of them a green context gives the rank where
-        k ranks share the GPU (_partition.py); otherwise half of 1/k of those under an MPS cap (all k may run on
-        the capped SMs), half of those uncapped (the budget is then the rank's 1/k of the SMs; the rule and why:
-        backends/_occupancy.py); 0 where not even the k ranks' single blocks fit the SMs they share."""
+        its SM budget when alone on the GPU; where k ranks share it, half of 1/k of those under an MPS cap (all k
+        may run on the capped SMs), half of those uncapped (the budget is then the rank's group of SMs of its own,
+        _partition.py, or without one its 1/k of the SMs; the rule and why: backends/_occupancy.py); 0 where not
+        even the k ranks' single blocks fit the SMs they share."""
         return self._fit(kernel, threads, shared_bytes)[1]
 
     def wave_blocks(self, kernel: Any, threads: int, shared_bytes: int = 0) -> int:
@@ -235,9 +235,10 @@ class CudaBackend(Backend):
             why = _occupancy.describe(attrs, threads, shared_bytes)
             raise BackendError(f"kernel {attrs.name} does not fit an SM ({why}): "
                                "give it __launch_bounds__ or launch fewer threads")
-        # a rank in SMs of its own (a green context) is alone on them, as on a GPU of its own
-        sharing = 1 if self.partition is not None else self.ranks_on_gpu
-        return per_sm, _occupancy.resident_blocks(per_sm, self.sm_budget, sharing, self.capped)
+        # In SMs of its own (a green context) a rank still takes half of what they hold, as uncapped ranks do: with
+        # grids of the whole group the device-resident CG at 32^4 on 2 ranks stalled (H100, 2026-12-07), as it had
+        # with uncapped grids of the whole share (2026-11-29).
+        return per_sm, _occupancy.resident_blocks(per_sm, self.sm_budget, self.ranks_on_gpu, self.capped)
 
     def launch_resident(self, kernel: Any, grid: Any, block: Any, args: tuple, shared_bytes: int = 0,
                         stream: Any = None, limit: int | None = None) -> None:
