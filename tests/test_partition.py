@@ -29,7 +29,7 @@ def test_a_rank_takes_its_place_among_the_ranks_of_its_gpu():
     assert [_partition.index_on_gpu(ids, r) for r in range(5)] == [0, 0, 1, 2, 1]
 
 
-@pytest.mark.parametrize("raw, want", [("", "auto"), ("AUTO", "auto"), (" green ", "green"), ("off", "off")])
+@pytest.mark.parametrize("raw, want", [("", "off"), ("AUTO", "auto"), (" green ", "green"), ("off", "off")])
 def test_mode_reads_the_environment(raw, want):
     assert _partition.mode({"CIRCUSLINK_SM_PARTITION": raw}) == want
 
@@ -41,10 +41,11 @@ def test_a_bad_mode_is_one_line_naming_the_variable():
 
 def test_the_launcher_leaves_partitioned_ranks_uncapped(monkeypatch):
     monkeypatch.setattr(_partition, "available", lambda: True)
-    assert mps.rank_share(4, {}) == "100"  # auto where the driver has green contexts
+    assert mps.rank_share(4, {}) == "25"  # the default: MPS's cap
+    assert mps.rank_share(4, {"CIRCUSLINK_SM_PARTITION": "auto"}) == "100"  # where the driver has green contexts
     assert mps.rank_share(4, {"CIRCUSLINK_SM_PARTITION": "off"}) == "25"
     monkeypatch.setattr(_partition, "available", lambda: False)
-    assert mps.rank_share(4, {}) == "25"  # auto without them: MPS's cap, as before
+    assert mps.rank_share(4, {"CIRCUSLINK_SM_PARTITION": "auto"}) == "25"  # auto without them: the cap
     assert mps.rank_share(3, {"CIRCUSLINK_SM_PARTITION": "green"}) == "100"
     assert not _partition.wanted(1, {"CIRCUSLINK_SM_PARTITION": "green"})  # a rank alone needs none
 
@@ -149,5 +150,5 @@ def test_capped_ranks_take_no_partition(monkeypatch):
     monkeypatch.setattr(_partition, "GreenPartition", FakePartition)
     monkeypatch.setattr(_partition, "available", lambda: True)
     backend = built_backend(monkeypatch, rank=1, device_of_rank=[0, 0], buses=["0000:19:00.0"], sms=66,
-                            partition="auto")
+                            partition="green")
     assert backend.capped and backend.partition is None and FakePartition.made == []

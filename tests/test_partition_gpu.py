@@ -99,6 +99,6 @@ w.close()
 @pytest.mark.gpu
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_ranks_run_on_disjoint_sms_of_their_own(spmd, ranks):
-    job = spmd(ranks, JOB, backend="cuda", timeout=120)
+    job = spmd(ranks, JOB, backend="cuda", timeout=120, env={"CIRCUSLINK_SM_PARTITION": "green"})
     job.check()
     assert job.output.count("; ok") == ranks, job.output

@@ -16,7 +16,6 @@ from conftest import builds_for
 import circuslink as cl
 from circuslink.backends._base import Backend
 from circuslink.backends._occupancy import DeviceLimits, KernelAttributes, blocks_per_sm, resident_blocks
-from circuslink.backends._partition import group_sms
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "user-kernels.md"
@@ -49,15 +48,12 @@ def test_the_sizing_table_is_what_the_rule_gives():
     text = DOC.read_text()
     section = text[text.index("| registers a thread | blocks an SM | 1 rank"):]
     rows = [line for line in section.splitlines()[2:] if line.startswith("|")][:4]
-    budgets = [132] + [group_sms(132, k) for k in (2, 4, 8)]  # a group of SMs of its own a rank (the default)
-    assert budgets == [132, 64, 32, 16]
+    budgets = (132, 66, 33, 16)
     for line in rows:
         cells = [int(c) for c in line.strip("| ").split("|")]
         regs, per_sm, *blocks = cells
         assert blocks_per_sm(KernelAttributes("k", regs), DeviceLimits(), 256) == per_sm, line
-        # each rank uncapped in its own group of SMs: half of what the group holds
-        assert blocks == [resident_blocks(per_sm, b, k, capped=False)
-                          for k, b in zip((1, 2, 4, 8), budgets, strict=True)], line
+        assert blocks == [resident_blocks(per_sm, b, k) for k, b in zip((1, 2, 4, 8), budgets, strict=True)], line
 
 
 def test_the_api_the_page_names_exists():

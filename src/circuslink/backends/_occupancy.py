@@ -25,7 +25,7 @@ Two pure functions, so that the rule is tested on any machine (tests/test_occupa
   spreads every rank's blocks over the whole GPU, each rank's budget is its 1/k of the GPU's SMs (what code
   that sizes its work by SMs takes as its own), and its grids take half of the blocks those hold, so the k
   grids together fill half of the GPU. A rank in a group of SMs of its own (a green context, ``_partition.py``,
-  the launcher's default where the driver offers them) is uncapped and its budget is its group: its grids take
+  `CIRCUSLINK_SM_PARTITION=auto`) is uncapped and its budget is its group: its grids take
   half of what the group holds (grids of the whole group stalled the same CG at 32^4 on 2 ranks, H100,
   2026-12-07). At the full share (two uncapped ranks of 132 blocks of 2 an SM on an
   H200's 132 SMs: the GPU exactly full) the device-resident CG stalled (2026-11-29).

@@ -16,8 +16,11 @@ context was current ran in the group; work on the legacy null stream and on stre
 SM. So the back-end switches to the green context before it makes any stream, and makes a stream of it CuPy's
 current stream.
 
-``CIRCUSLINK_SM_PARTITION``: ``auto`` (default: a green context a rank where the driver offers them), ``green``
-(required: an error where it cannot be made), ``off`` (none: the ranks share the GPU under MPS's cap).
+``CIRCUSLINK_SM_PARTITION``: ``off`` (default: the ranks share the GPU under MPS's cap), ``auto`` (a green
+context a rank where the driver offers them, else the cap), ``green`` (required: an error where it cannot be
+made). Not the default yet: on an H100 (2026-12-07) the partition ran the device-resident CG at 16^4 on 2x2x1x1
+ranks in 197 us an iteration against 371 capped, but with grids of the whole group the CG at 32^4 on 2 ranks
+stalled; grids of half the group (the rule now) have not yet run on a GPU (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -29,12 +32,13 @@ from ..errors import BackendError, ConfigError
 
 ENV = "CIRCUSLINK_SM_PARTITION"
 MODES = ("auto", "green", "off")
+DEFAULT = "off"
 _MIN_DRIVER = 12040  # green contexts: CUDA 12.4
 
 
 def mode(env: dict[str, str] | None = None) -> str:
-    """The partition mode the environment asks for (``auto`` unless set); a bad value is one line naming it."""
-    raw = (os.environ if env is None else env).get(ENV, "").strip().lower() or "auto"
+    """The partition mode the environment asks for (``off`` unless set); a bad value is one line naming it."""
+    raw = (os.environ if env is None else env).get(ENV, "").strip().lower() or DEFAULT
     if raw not in MODES:
         raise ConfigError(f"{ENV}={raw!r}: choose one of {', '.join(MODES)}")
     return raw
