@@ -112,7 +112,11 @@ class Results:
         if world.device is not None:
             from .mps import status
 
+            from .backends import _partition
+
             self.meta["mps"] = status().active  # ranks sharing a GPU ran concurrently (MPS) or time-sliced
+            # how ranks sharing a GPU split its SMs: MPS's cap ("off") or a green context each ("auto", "green")
+            self.meta["sm_partition"] = _partition.mode()
         self._rank = world.rank
 
     def add(self, **row: Any) -> dict:
