@@ -152,3 +152,18 @@ def test_capped_ranks_take_no_partition(monkeypatch):
     backend = built_backend(monkeypatch, rank=1, device_of_rank=[0, 0], buses=["0000:19:00.0"], sms=66,
                             partition="green")
     assert backend.capped and backend.partition is None and FakePartition.made == []
+
+
+def test_info_says_how_ranks_sharing_a_gpu_split_its_sms(capsys):
+    from circuslink import info
+
+    facts = {"circuslink": "x", "python": "3", "platform": "p", "packages": {}, "tools": {},
+             "backends": {"cpu": True, "cuda": True}, "default_backend": "cuda",
+             "nodes": {"CIRCUSLINK_RANKS_PER_NODE": None, "host": "h"},
+             "cuda": {"runtime": 13000, "driver": 13000}, "mps": {"active": True, "how": "started", "pipe_dir": "/p"},
+             "sm_partition": {"mode": "auto", "green_contexts": False},
+             "gpus": [{"index": 0, "name": "GPU", "sm": "9.0", "multiprocessors": 132, "memory_GiB": 80}],
+             "peer_access": [[True]], "nvlinks": None}
+    info._print(facts)
+    out = capsys.readouterr().out
+    assert "CIRCUSLINK_SM_PARTITION=auto (green contexts not available here; off: MPS's cap)" in out

@@ -90,6 +90,9 @@ def gather(nranks: int | None = None, ranks_per_node: int | None = None) -> dict
 
         st = mps.status()
         info["mps"] = {"active": st.active, "pipe_dir": st.pipe_dir, "how": st.how}
+        from .backends import _partition
+
+        info["sm_partition"] = {"mode": _partition.mode(), "green_contexts": _partition.available()}
         import cupy as cp
 
         rt = cp.cuda.runtime
@@ -171,6 +174,10 @@ def _print(info: dict) -> None:
     else:
         print(f"MPS: not active ({mps_info.get('how', '')}): ranks sharing a GPU are time-sliced "
               "(circuslink run starts MPS for them)")
+    part = info.get("sm_partition") or {}
+    if part:
+        print(f"SMs of ranks sharing a GPU: CIRCUSLINK_SM_PARTITION={part['mode']} (green contexts "
+              f"{'available' if part['green_contexts'] else 'not available'} here; off: MPS's cap)")
     for g in info["gpus"]:
         print(f"  GPU {g['index']}: {g['name']}, sm_{g['sm'].replace('.', '')}, {g['multiprocessors']} SMs, "
               f"{g['memory_GiB']} GiB")

@@ -110,9 +110,8 @@ class Results:
             "python": sys.version.split()[0],
         }
         if world.device is not None:
-            from .mps import status
-
             from .backends import _partition
+            from .mps import status
 
             self.meta["mps"] = status().active  # ranks sharing a GPU ran concurrently (MPS) or time-sliced
             # how ranks sharing a GPU split its SMs: MPS's cap ("off") or a green context each ("auto", "green")
