@@ -40,7 +40,9 @@ b = w.backend
 share = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
 assert b.partition is not None, f"rank {w.rank}: no SM partition (MPS share {share})"
 sms = b.partition.sm_count
-assert b.sm_budget == sms and sms * w.size <= int(cp.cuda.Device().attributes["MultiProcessorCount"]) + 8 * w.size
+from circuslink.backends._partition import group_sms
+total = int(cp.cuda.Device().attributes["MultiProcessorCount"])  # the device's, not the green context's
+assert sms == group_sms(total, w.size) and b.sm_budget == sms, (sms, total, b.sm_budget)
 mod = cp.RawModule(code=SRC)
 work, poke = mod.get_function("work"), mod.get_function("poke")
 smem = 100 * 1024
