@@ -17,9 +17,10 @@ SM. So the back-end switches to the green context before it makes any stream, an
 current stream.
 
 ``CIRCUSLINK_SM_PARTITION``: ``off`` (default: the ranks share the GPU under MPS's cap), ``auto`` (a green
-context a rank where the driver offers them, else the cap), ``green`` (required: an error where it cannot be
-made). Not the default yet: on an H100 (2026-12-07) the partition ran the device-resident CG at 16^4 on 2x2x1x1
-ranks in 197 us an iteration against 371 capped, but with grids of the whole group the CG at 32^4 on 2 ranks
+context a rank where the driver offers them, else the cap; where it offers them but one cannot be made, the
+rank says so in one line and shares the GPU uncapped), ``green`` (required: an error where it cannot be made).
+Not the default yet: on an H100 (2026-12-07) the partition ran the device-resident CG at 16^4 on 2x2x1x1 ranks
+in 197 us an iteration against 371 capped, but with grids of the whole group the CG at 32^4 on 2 ranks
 stalled; grids of half the group (the rule now) have not yet run on a GPU (BENCHMARKS.md).
 """
 
