@@ -210,9 +210,19 @@ class _GpuStandIn:
             def use(self):
                 return None
 
+        standin = self
+        self.streams_used = 0  # streams made CuPy's current stream (Stream.use)
+
+        class Stream:
+            def __init__(self, non_blocking: bool) -> None:
+                self.non_blocking = non_blocking
+
+            def use(self) -> None:
+                standin.streams_used += 1
+
         runtime = SimpleNamespace(getDeviceCount=lambda: len(buses), hostAllocMapped=2,
                                   hostAlloc=lambda nbytes, flags: words, CUDARuntimeError=FakeRuntimeError)
-        self.cuda = SimpleNamespace(runtime=runtime, Device=Device, Stream=lambda non_blocking: "stream",
+        self.cuda = SimpleNamespace(runtime=runtime, Device=Device, Stream=Stream,
                                     Event=lambda disable_timing: "event")
 
 

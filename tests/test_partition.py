@@ -66,37 +66,6 @@ class FakePartition:
         return f"SM group of {self.sm_count} SMs"
 
 
-class Stream:
-    used = 0
-
-    def __init__(self, non_blocking: bool) -> None:
-        self.non_blocking = non_blocking
-
-    def use(self) -> None:
-        Stream.used += 1
-
-
-def _built(monkeypatch, rank, partition):
-    from test_backend_blocks import _GpuStandIn
-
-    def cupy_with_streams():
-        cp = _GpuStandIn(["0000:19:00.0"], 132)
-        cp.cuda.Stream = Stream
-        return cp
-
-    import socket
-
-    host = socket.gethostname()
-    monkeypatch.setattr(cuda, "_cupy", cupy_with_streams)
-    monkeypatch.setenv("CIRCUSLINK_DEVICE", "0")
-    monkeypatch.delenv("CIRCUSLINK_SM_BUDGET", raising=False)
-    monkeypatch.setenv("CIRCUSLINK_SM_PARTITION", partition)
-    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")
-    peers = [f"{host}:0000:19:00.0"] * 4
-    boot = SimpleNamespace(rank=rank, size=4, local_rank=rank, local_size=4, allgather_object=lambda o, t=None: peers)
-    return cuda.CudaBackend(boot)
-
-
 def _occupancy_answer(backend, per_sm):
     driver = SimpleNamespace(occupancyMaxActiveBlocksPerMultiprocessor=lambda ptr, threads, shared: per_sm,
                              CUDADriverError=FakeDriverError)
@@ -109,7 +78,7 @@ def test_a_partitioned_rank_sizes_its_grids_by_its_own_sms(monkeypatch):
     assert FakePartition.made == [(0, 4, 2)]  # group 2 of 4: its place among the ranks of GPU 0
     assert backend.ranks_on_gpu == 4 and not backend.capped
     assert backend.sm_count == 32 and backend.sm_budget == 32
-    assert Stream.used == 1  # a stream of the partition is CuPy's current stream, not the null stream
+    assert backend.xp.streams_used == 1  # a stream of the partition is CuPy's current stream, not the null one
     # half of what its own 32 SMs hold (the margin uncapped ranks keep), where the 25 % cap gave half of 1/4
     assert cuda.CudaBackend.max_blocks(_occupancy_answer(backend, 2), KERNEL, 256) == 32
     backend.bind_thread()
@@ -120,7 +89,8 @@ def test_a_partitioned_rank_sizes_its_grids_by_its_own_sms(monkeypatch):
 
 
 def _built_with(monkeypatch, rank, partition="auto", fail=False):
-    FakePartition.made, Stream.used = [], 0
+    """Rank ``rank`` of 4 sharing GPU 0 of 132 SMs uncapped, its green context a stand-in (or one that fails)."""
+    FakePartition.made = []
 
     def make(device, groups, index):
         if fail:
@@ -129,13 +99,14 @@ def _built_with(monkeypatch, rank, partition="auto", fail=False):
 
     monkeypatch.setattr(_partition, "GreenPartition", make)
     monkeypatch.setattr(_partition, "available", lambda: True)
-    return _built(monkeypatch, rank, partition)
+    return built_backend(monkeypatch, rank=rank, device_of_rank=[0, 0, 0, 0], buses=["0000:19:00.0"], sms=132,
+                         share="100", partition=partition)
 
 
 def test_auto_falls_back_to_sharing_the_gpu_with_one_warning(monkeypatch, capsys):
     backend = _built_with(monkeypatch, rank=1, fail=True)
     assert backend.partition is None and backend.sm_count == 132 and backend.sm_budget == 33
-    assert Stream.used == 0
+    assert backend.xp.streams_used == 0
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "warning: rank 1" in err and "cuGreenCtxCreate failed" in err
 
