@@ -57,9 +57,7 @@ class ResidentKernel:
     def _keep_running(self, device: int) -> None:
         import cupy as cp
 
-        bind = getattr(self.backend, "bind_thread", None)
-        if bind is not None:
-            bind()  # this rank's context (its SMs of its own, where it has them) on this thread
+        self.backend.bind_thread()  # this rank's context (its SMs of its own, where it has them) on this thread
         with cp.cuda.Device(device):
             while self._running and not self._failed():
                 with self._lock:
