@@ -902,13 +902,16 @@ __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const Dslas
         interior_sites<R>(I, first - blockDim.x, stride - blockDim.x, A.split);
       }
       if (blockIdx.x == 0) {
-        laps.lap(kPhaseDslash);
+        laps.lap(kPhaseDslash);  // its interior share where it is the only block
         __syncthreads();
         const bool arrived = ok && rma_wait(q);
         if (!arrived && threadIdx.x == 0) atomicExch(A.status, kCgHaloFailed);
+        laps.lap(kPhaseHalo);
       }
+      // Block 0's wait at this barrier is the interior the other blocks have still to do once the ghosts are in:
+      // dslash time. (Until the previous lap it was the faces' trip, however much interior ran meanwhile.)
       if (!barrier(A, bar)) return false;
-      laps.lap(kPhaseHalo);
+      laps.lap(kPhaseDslash);
       if (*status != kCgOk) return false;  // every block sees it after the barrier
       const DslashArgs& E = hops[4 + h];
       for (int j = first; j < E.n_sites; j += stride) exterior_site<R>(E, E.sites[j]);
