@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
-# Dev experiment (gpu-check.sh dev): the device-resident CG with each rank on SMs of its own
-# (CIRCUSLINK_SM_PARTITION=green: a green context a rank, its persistent grids half of what its group holds)
-# against MPS's cap (off, the default), in one call: bench qcd --cg device --halos rma-device at $LATTICES
-# (default 16,32) on 1, 2 and 4 ranks. The partitioned runs dump every rank's Python stacks every $DUMP_S s
-# (scripts/dev/stall_dump): with grids of the whole group the CG at 32^4 on 2 ranks stalled (2026-12-07), so if
-# it stalls again the log says where each rank was. Results under $R.
+# Dev experiment (gpu-check.sh dev): the device-resident CG (bench qcd --cg device --halos rma-device) on 1, 2 and
+# 4 ranks under variants, in one call. $VARIANTS: "name:lattices[:VAR=value,...]" separated by spaces; default
+#   green:16,32:CIRCUSLINK_SM_PARTITION=green          each rank on SMs of its own (a green context a rank)
+#   green-1face:16:CIRCUSLINK_SM_PARTITION=green,CIRCUSLINK_QCD_FACE_BLOCKS=1   ... faces copied by one block
+#   off:16:CIRCUSLINK_SM_PARTITION=off                  MPS's cap (the default)
+# Partitioned runs dump every rank's Python stacks every $DUMP_S s (scripts/dev/stall_dump): with grids of the
+# whole group the CG at 32^4 on 2 ranks stalled (2026-12-07), so if it stalls again the log says where each rank
+# was. Each run is bounded by $QCD_S seconds. Results under $R: qcd-partition-<name>.{json,log}.
 set -u
 R=${R:?} PY=${PY:-python3}
-for v in green off; do
-  dump=()
-  [ $v = green ] && dump=(PYTHONPATH="$PWD/scripts/dev/stall_dump${PYTHONPATH:+:$PYTHONPATH}" CIRCUSLINK_DEV_DUMP_S=${DUMP_S:-15})
-  env "${dump[@]}" CIRCUSLINK_SM_PARTITION=$v timeout ${QCD_S:-200} $PY -m circuslink bench qcd --cg device \
-    --halos rma-device --lattices "${LATTICES:-16,32}" --json "$R/qcd-partition-$v.json" > "$R/qcd-partition-$v.log" 2>&1
-  echo "== $v rc=$?"; grep -E "^(none|rma-device) |MISSED|met|skipped" "$R/qcd-partition-$v.log" | tail -12
+VARIANTS=${VARIANTS:-"green:16,32:CIRCUSLINK_SM_PARTITION=green green-1face:16:CIRCUSLINK_SM_PARTITION=green,CIRCUSLINK_QCD_FACE_BLOCKS=1 off:16:CIRCUSLINK_SM_PARTITION=off"}
+for v in $VARIANTS; do
+  IFS=: read -r name lattices vars <<< "$v"
+  envs=()
+  IFS=, read -r -a envs <<< "${vars:-}"
+  case " ${envs[*]} " in *SM_PARTITION=green*)
+    envs+=(PYTHONPATH="$PWD/scripts/dev/stall_dump${PYTHONPATH:+:$PYTHONPATH}" CIRCUSLINK_DEV_DUMP_S=${DUMP_S:-15});;
+  esac
+  env "${envs[@]}" timeout ${QCD_S:-200} $PY -m circuslink bench qcd --cg device --halos rma-device \
+    --lattices "$lattices" --json "$R/qcd-partition-$name.json" > "$R/qcd-partition-$name.log" 2>&1
+  echo "== $name rc=$? (${envs[*]})"; grep -E "^(none|rma-device) |MISSED|met|skipped" "$R/qcd-partition-$name.log" | tail -12
 done
 exit 0

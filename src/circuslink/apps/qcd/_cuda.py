@@ -41,7 +41,7 @@ CG_RESIDENT_ARGS = Struct("circuslink::qcd::CgResidentArgs", "circuslink/qcd/dsl
     ("rhs", PTR), ("precise_r", PTR), ("precise_ap", PTR), ("s", PTR), ("partial", PTR), ("done", PTR),
     ("phase_ns", PTR), ("peers", PTR), ("seq", PTR), ("status", PTR), ("n", I64), ("n_precise", I64),
     ("delta2", F64), ("timeout_ns", U64), ("rank", I32), ("size", I32), ("iterations", I32), ("halo", I32),
-    ("updates", I32), ("split", I32),
+    ("updates", I32), ("split", I32), ("face_blocks", I32),
 ])
 # CgStatus codes the resident kernel and qcd_cg_scalars record (two int32 after the scalars: _STATUS)
 _CG_HALO_FAILED, _CG_BARRIER_FAILED, _CG_SUM_FAILED = 1, 2, 3
@@ -440,8 +440,9 @@ class ResidentCG:
         # the GPU holds them; grid-stride beyond.
         resident = int(backend.max_blocks(self.fn, THREADS))
         self.lanes = hop_split(d.lat.half, min(resident, int(d.world.sm_budget or resident)))
-        # (with halos block 0 copies the faces while the others take the interior: one block more)
-        self.blocks = max(1, min(resident, d._blocks(d.lat.half * self.lanes) + int(d.halo is not None)))
+        # (with halos a team of blocks copies the faces while the others take the interior: that many blocks more)
+        self.face_blocks = face_blocks(12 * np.dtype(d.real).itemsize * d.lat.face_total, resident) if d.halo else 0
+        self.blocks = max(1, min(resident, d._blocks(d.lat.half * self.lanes) + self.face_blocks))
         self.barrier = backend.grid_barrier(timeout=None)
         self.queue = d.halo.device_handle() if d.halo is not None else np.uint64(0)  # RmaHandle{nullptr}: no halos
         self.timed = timed
@@ -450,7 +451,7 @@ class ResidentCG:
         self.base = dict(d.cg_base, hops=_ptr(self.hops), x=_ptr(views[0]), r=_ptr(views[1]), p=_ptr(views[2]),
                          ap=_ptr(views[3]), s=_ptr(s), status=d._status_ptr(s), n=int(views[0].size), delta2=delta2,
                          phase_ns=_ptr(d.cg_phase_ns) if timed else 0, halo=int(d.halo is not None),
-                         split=self.lanes, **precise)
+                         split=self.lanes, face_blocks=max(1, self.face_blocks), **precise)
         self._args: dict[int, Any] = {}
 
     def run(self, iterations: int) -> None:
@@ -476,6 +477,19 @@ class ResidentCG:
 
 
 _SPLITS = (8, 4, 2, 1)
+_FACE_BYTES_A_BLOCK = 32 << 10
+
+
+def face_blocks(face_bytes: int, resident: int) -> int:
+    """Blocks of the resident CG that copy a hop's faces together while the others take the interior: one per
+    32 KiB of faces (a block's copy moves a few tens of GB/s, so each takes about a microsecond), at most an eighth
+    of the grid. CIRCUSLINK_QCD_FACE_BLOCKS fixes it, for A/B runs."""
+    text = os.environ.get("CIRCUSLINK_QCD_FACE_BLOCKS", "").strip()
+    if text:
+        if not text.isdigit() or int(text) < 1:
+            raise ConfigError(f"CIRCUSLINK_QCD_FACE_BLOCKS={text!r}: a whole number of blocks, at least 1")
+        return int(text)
+    return max(1, min(-(-int(face_bytes) // _FACE_BYTES_A_BLOCK), max(1, int(resident) // 8)))
 
 
 def hop_split(sites: int, blocks: int) -> int:

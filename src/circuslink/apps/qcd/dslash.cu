@@ -886,25 +886,26 @@ __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const Dslas
                                             RmaHandle q, Laps& laps, int first, int stride) {
   __shared__ int ok;
   const volatile int* status = A.status;
+  // Blocks 0 .. team-1 copy the faces (one block alone moves a few tens of GB/s: 200 KB of faces took longer than
+  // the interior) while the others take the interior: were they to take their share too, every block would wait
+  // at the barrier for the copy and its sites one after the other.
+  const unsigned int team = A.face_blocks < 1 || gridDim.x == 1 ? 1u
+                            : static_cast<unsigned int>(min(A.face_blocks, static_cast<int>(gridDim.x) - 1));
+  const int skip = gridDim.x == 1 ? 0 : static_cast<int>(team * blockDim.x);
   for (int h = 0; h < 4; ++h) {
     const DslashArgs& I = hops[h];
     if (A.halo) {
-      if (blockIdx.x == 0) {
-        const bool started = rma_start(q);
+      unsigned long long epoch = 0ull;
+      if (blockIdx.x < team) {
+        const bool started = rma_start_team(q, bar, team, epoch);
         if (threadIdx.x == 0) ok = started;
         laps.lap(kPhaseHalo);
       }
-      // Block 0 copies the faces (rma_start) while the other blocks take the interior: were it to take its share
-      // too, every block would wait at the barrier for its copy and its sites one after the other.
-      if (gridDim.x == 1) {
-        interior_sites<R>(I, first, stride, A.split);
-      } else if (blockIdx.x != 0) {
-        interior_sites<R>(I, first - blockDim.x, stride - blockDim.x, A.split);
-      }
+      if (gridDim.x == 1 || blockIdx.x >= team) interior_sites<R>(I, first - skip, stride - skip, A.split);
       if (blockIdx.x == 0) {
         laps.lap(kPhaseDslash);  // its interior share where it is the only block
         __syncthreads();
-        const bool arrived = ok && rma_wait(q);
+        const bool arrived = ok && rma_wait_epoch(q, epoch);
         if (!arrived && threadIdx.x == 0) atomicExch(A.status, kCgHaloFailed);
         laps.lap(kPhaseHalo);
       }

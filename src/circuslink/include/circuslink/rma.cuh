@@ -136,6 +136,47 @@ __device__ __forceinline__ bool rma_start_grid(RmaHandle queue, const GridBarrie
   return ok;
 }
 
+// The team form, for a co-resident grid whose other blocks have work of their own while the chain goes out (a
+// dslash's interior while its faces travel): blocks 0 .. team-1 call it (every thread of each), share the copy and
+// go on without waiting for one another; the last of them to finish raises the arrivals. It counts the team's blocks
+// in the barrier's second word, which grid_sync leaves alone, and leaves it at 0; so between two team starts on the
+// same barrier the grid must pass a grid_sync. `epoch` receives the epoch started, for rma_wait_epoch by any team
+// block (the queue's own epoch moves on only once the last one is done). One block gives a one-block copy at least
+// a hundred KB long a few tens of GB/s (rma_copy_span_full's loads in flight); a team of k, k times that. The team's
+// answer for this block: false when a target never posted (recorded for the host).
+__device__ __forceinline__ bool rma_start_team(RmaHandle queue, const GridBarrier& bar, unsigned int team,
+                                               unsigned long long& epoch) {
+  const RmaQueue& q = queue.q;
+  const unsigned long long index = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  detail::RmaAhead a;
+  epoch = q.state->epoch + 1;  // every team block reads it before the last one can move it on
+  const bool ok = detail::rma_start_blocks(q, index, team, false, a);  // ends with the block's __syncthreads
+  __shared__ int last;
+  if (detail::block_thread() == 0) {
+    __threadfence();  // release: this block's copies before its count
+    last = atomicAdd(bar.counters + 1, 1u) == team - 1u;
+    if (last) {
+      atomicExch(bar.counters + 1, 0u);
+      __threadfence();  // acquire: the other team blocks' copies before the arrivals
+    }
+  }
+  __syncthreads();
+  if (!last) return ok;
+  const bool all = detail::ld_relaxed_u64(&q.state->failed) == 0ull;  // every team block's failure, recorded before
+  if (detail::block_thread() == 0) q.state->epoch = epoch;             // its count
+  if (all && !detail::rma_low_latency(q)) {  // low-latency lines carry their epoch: no arrival
+    if (!detail::rma_gpu_scope(q)) detail::fence_acq_rel_sys();
+    detail::rma_raise(q, q.arrival_at_target, q.n_targets, epoch, a.raise);
+  }
+  __syncthreads();
+  return ok;
+}
+
+// rma_wait for the epoch a team start returned (the queue's own epoch may not have moved on yet).
+__device__ __forceinline__ bool rma_wait_epoch(RmaHandle queue, unsigned long long epoch) {
+  return detail::rma_wait_queue(queue.q, queue.q.timeout_ns, epoch);
+}
+
 __device__ __forceinline__ bool rma_wait_grid(RmaHandle queue, const GridBarrier& bar) {
   const unsigned long long index = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   if (index == 0) detail::rma_wait_queue(queue.q, queue.q.timeout_ns);

@@ -424,18 +424,23 @@ __device__ __forceinline__ RmaAhead rma_start_ahead(const RmaQueue& q, unsigned 
 // the queue (RmaHandle::q, in the kernel's parameters), not the queue in device memory: every acquire
 // invalidates L1, after which each field read there would be a trip to L2. The counters' addresses are
 // read before the wait polls.
-__device__ __forceinline__ bool rma_wait_queue(const RmaQueue& q, unsigned long long timeout_ns) {
+__device__ __forceinline__ bool rma_wait_queue(const RmaQueue& q, unsigned long long timeout_ns,
+                                               unsigned long long epoch) {
   const unsigned long long t = block_thread();
   if (rma_low_latency(q)) {
     unsigned long long* post = rma_remote_slot(q.post_at_origin, q.n_origins, t);
-    return rma_wait_lines(q, q.state->epoch, timeout_ns, post);
+    return rma_wait_lines(q, epoch, timeout_ns, post);
   }
   const RmaPoll mine = rma_poll_slot(q, q.origins, 0ull, q.n_origins, t);
   unsigned long long* post = q.post_at_wait ? rma_remote_slot(q.post_at_origin, q.n_origins, t) : nullptr;
-  const unsigned long long epoch = q.state->epoch;
   const bool ok = rma_wait_counters(q, q.origins, 0ull, q.n_origins, epoch, 2ull, timeout_ns, mine);
   if (q.post_at_wait) rma_raise(q, q.post_at_origin, q.n_origins, epoch + 1, post);
   return ok;
+}
+
+// The current epoch's wait (the queue's epoch, as the block's own start left it).
+__device__ __forceinline__ bool rma_wait_queue(const RmaQueue& q, unsigned long long timeout_ns) {
+  return rma_wait_queue(q, timeout_ns, q.state->epoch);
 }
 
 #endif  // __CUDACC__ || __CUDACC_RTC__

@@ -107,6 +107,8 @@ struct CgResidentArgs {
   int updates;                        // 1: a due reliable update is made here (the precise fields are given)
   int split;                          // lanes a site in the hops' interiors: 1, 2, 4 or 8 (a lattice too small to
                                       // give every thread a site spreads its 8 directions)
+  int face_blocks;                    // blocks that copy the faces of a hop together (rma_start_team), the rest
+                                      // taking the interior meanwhile
 };
 
 }  // namespace qcd
