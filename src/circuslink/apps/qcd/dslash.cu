@@ -615,11 +615,12 @@ __device__ __forceinline__ void device_driven(const DslashArgs& I, const DslashA
 // -- reductions: sum over blocks by the last block to finish ------------------------------------------
 constexpr int kReduceThreads = 256;
 
-// Every thread of every block brings its part v; true on thread 0 of the last block to finish, which gets
-// the total. The block sums are added by the last block's first warp in a fixed tree (lane l takes blocks
-// l, l + 32, ..., then a butterfly): the same total whatever order the blocks finish in, and 32 loads in
-// flight where one thread would wait for each in turn.
-__device__ __forceinline__ bool block_total(double v, double* partial, unsigned int* done, double& total) {
+// Every thread of every block brings its part v; true on every lane of the first warp of the last block to
+// finish, each with the total. The block sums are added by that warp in a fixed tree (lane l takes blocks l,
+// l + 32, ..., then a butterfly, whose every step adds the same two numbers on both lanes of a pair, so all lanes
+// end with the same bits): the same total whatever order the blocks finish in, and 32 loads in flight where one
+// thread would wait for each in turn.
+__device__ __forceinline__ bool block_total_warp(double v, double* partial, unsigned int* done, double& total) {
   __shared__ double sums[kReduceThreads / 32];
   __shared__ bool last;
   for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
@@ -638,10 +639,14 @@ __device__ __forceinline__ bool block_total(double v, double* partial, unsigned 
   double t = 0;
   for (unsigned int b = threadIdx.x; b < gridDim.x; b += 32) t += static_cast<volatile double*>(partial)[b];
   for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-  if (threadIdx.x != 0) return false;
   total = t;
-  *done = 0;  // ready for the next reduction
+  if (threadIdx.x == 0) *done = 0;  // ready for the next reduction (every lane has read the partial sums)
   return true;
+}
+
+// The same, true on thread 0 of the last block only.
+__device__ __forceinline__ bool block_total(double v, double* partial, unsigned int* done, double& total) {
+  return block_total_warp(v, partial, done, total) && threadIdx.x == 0;
 }
 
 __device__ __forceinline__ void finish_sum(double v, double* partial, unsigned int* done, double* result) {
@@ -736,37 +741,48 @@ QCD_HD void cg_update_step(double* s) {
 namespace {
 
 // -- the resident CG: the global sums, and an iteration inside one launch --------------------------------
-// A sum over ranks of one double, by thread 0 of one block. Each rank's buffer (symmetric memory, mapped by
-// every rank) holds two banks of one slot per rank: {value, sequence number}. Sum number q writes my part
-// into slot `rank` of bank q & 1 of every rank's buffer (the value, then the number with a system-scope
-// release), waits until every slot of bank q & 1 of mine carries q, and adds them in rank order, so every
-// rank gets bitwise the same total. Two banks suffice: a rank writes its part of sum q + 2 only after it has
-// read every part of sum q + 1, which every rank writes only after it has read all of sum q. Bounded: a
-// part that does not come records the rank it waited for.
-__device__ bool rank_sum(const CgResidentArgs& A, const volatile unsigned int* abort, double& value) {
+// A sum over ranks of one double, by `lanes` lanes of one warp (lanes 0 .. lanes-1 call it with the same value:
+// 32, the first warp of a block, or 1, one thread). Each rank's buffer (symmetric memory, mapped by every rank)
+// holds two banks of one slot per rank: {value, sequence number}. Sum number q writes my part into slot `rank` of
+// bank q & 1 of every rank's buffer (the value, then the number with a system-scope release), waits until every
+// slot of bank q & 1 of mine carries q, and adds them in rank order, so every rank gets bitwise the same total.
+// Lane l takes ranks l, l + lanes, ...: the writes to the ranks and the waits for them overlap, where one thread
+// paid a system-scope release per rank one after the other. Two banks suffice: a rank writes its part of sum q + 2
+// only after it has read every part of sum q + 1, which every rank writes only after it has read all of sum q.
+// Bounded: a part that does not come records the rank it waited for. The same answer on every lane.
+__device__ bool rank_sum(const CgResidentArgs& A, const volatile unsigned int* abort, double& value,
+                         unsigned int lane = 0u, unsigned int lanes = 1u) {
   if (A.size <= 1) return true;
   // (volatile: the previous sum's last block, which wrote the count, may have run on another SM)
   const unsigned long long q = *static_cast<volatile unsigned long long*>(A.seq) + 1ull;
-  *static_cast<volatile unsigned long long*>(A.seq) = q;
+  if (lanes > 1u) __syncwarp();  // every lane has read the count before lane 0 moves it on
+  if (lane == 0u) *static_cast<volatile unsigned long long*>(A.seq) = q;
   const unsigned long long bank = (q & 1ull) * static_cast<unsigned long long>(A.size);
-  for (int r = 0; r < A.size; ++r) {
+  for (int r = static_cast<int>(lane); r < A.size; r += static_cast<int>(lanes)) {
     unsigned long long* slot = A.peers[r] + 2ull * (bank + A.rank);
     detail::st_relaxed_u64(slot, static_cast<unsigned long long>(__double_as_longlong(value)));
     detail::st_release_sys_u64(slot + 1, q);
   }
   const unsigned long long* mine = A.peers[A.rank];
-  double total = 0.0;
-  for (int r = 0; r < A.size; ++r) {
+  bool ok = true;
+  for (int r = static_cast<int>(lane); r < A.size; r += static_cast<int>(lanes)) {
     const unsigned long long* slot = mine + 2ull * (bank + r);
     detail::Deadline deadline = detail::Deadline::after(A.timeout_ns, abort);
     if (!detail::spin_until([&] { return detail::ld_relaxed_u64(slot + 1) >= q; }, deadline)) {
       A.status[1] = r;
       atomicExch(A.status, kCgSumFailed);
-      return false;
+      ok = false;
+      break;
     }
     (void)detail::ld_acquire_sys_u64(slot + 1);
-    total += __longlong_as_double(static_cast<long long>(detail::ld_relaxed_u64(slot)));
   }
+  // __syncwarp orders memory among the lanes: each part a lane acquired is visible to every lane after it.
+  if (lanes > 1u) ok = __all_sync(0xffffffffu, ok);
+  if (!ok) return false;
+  if (lanes > 1u) __syncwarp();
+  double total = 0.0;
+  for (int r = 0; r < A.size; ++r)
+    total += __longlong_as_double(static_cast<long long>(detail::ld_relaxed_u64(mine + 2ull * (bank + r))));
   value = total;
   return true;
 }
@@ -829,15 +845,15 @@ __device__ __forceinline__ double axpy_norm_part(R* x, R* r, const R* p, const R
   return v;
 }
 
-// Block sums of v, then (the last block to finish) the sum over ranks into s[kCgLocal] and the scalars' step:
-// 0 and 1 cg_scalar_step's, kUpdateStep cg_update_step. The caller's grid barrier makes the new scalars
-// visible to every block.
+// Block sums of v, then (the first warp of the last block to finish) the sum over ranks into s[kCgLocal] and
+// the scalars' step: 0 and 1 cg_scalar_step's, kUpdateStep cg_update_step. The caller's grid barrier makes the
+// new scalars visible to every block.
 constexpr int kUpdateStep = 2;
 __device__ __forceinline__ void reduce_step(const CgResidentArgs& A, const volatile unsigned int* abort, double v,
                                             int step) {
   double total;
-  if (!block_total(v, A.partial, A.done, total)) return;
-  if (!rank_sum(A, abort, total)) return;
+  if (!block_total_warp(v, A.partial, A.done, total)) return;
+  if (!rank_sum(A, abort, total, threadIdx.x, 32u) || threadIdx.x != 0) return;
   A.s[kCgLocal] = total;
   if (step == kUpdateStep) {
     cg_update_step(A.s);
