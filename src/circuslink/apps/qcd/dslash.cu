@@ -849,11 +849,18 @@ __device__ __forceinline__ double axpy_norm_part(R* x, R* r, const R* p, const R
 // the scalars' step: 0 and 1 cg_scalar_step's, kUpdateStep cg_update_step. The caller's grid barrier makes the
 // new scalars visible to every block.
 constexpr int kUpdateStep = 2;
+// Lanes of the sum over ranks: 32, or 1 (-DCIRCUSLINK_QCD_SUM_LANES=1 through CIRCUSLINK_DEVICE_DEFINES, for A/B
+// runs: one thread writes to the ranks and waits for them in turn).
+#ifndef CIRCUSLINK_QCD_SUM_LANES
+#define CIRCUSLINK_QCD_SUM_LANES 32
+#endif
+static_assert(CIRCUSLINK_QCD_SUM_LANES == 32 || CIRCUSLINK_QCD_SUM_LANES == 1, "the sum's lanes: 32 or 1");
 __device__ __forceinline__ void reduce_step(const CgResidentArgs& A, const volatile unsigned int* abort, double v,
                                             int step) {
   double total;
   if (!block_total_warp(v, A.partial, A.done, total)) return;
-  if (!rank_sum(A, abort, total, threadIdx.x, 32u) || threadIdx.x != 0) return;
+  if (CIRCUSLINK_QCD_SUM_LANES == 1 && threadIdx.x != 0) return;
+  if (!rank_sum(A, abort, total, threadIdx.x, CIRCUSLINK_QCD_SUM_LANES) || threadIdx.x != 0) return;
   A.s[kCgLocal] = total;
   if (step == kUpdateStep) {
     cg_update_step(A.s);
