@@ -920,7 +920,7 @@ __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const Dslas
     if (A.halo) {
       unsigned long long epoch = 0ull;
       if (blockIdx.x < team) {
-        const bool started = rma_start_team(q, bar, team, epoch);
+        const bool started = team == 1u ? rma_start(q) : rma_start_team(q, bar, team, epoch);
         if (threadIdx.x == 0) ok = started;
         laps.lap(kPhaseHalo);
       }
@@ -928,7 +928,7 @@ __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const Dslas
       if (blockIdx.x == 0) {
         laps.lap(kPhaseDslash);  // its interior share where it is the only block
         __syncthreads();
-        const bool arrived = ok && rma_wait_epoch(q, epoch);
+        const bool arrived = ok && (team == 1u ? rma_wait(q) : rma_wait_epoch(q, epoch));
         if (!arrived && threadIdx.x == 0) atomicExch(A.status, kCgHaloFailed);
         laps.lap(kPhaseHalo);
       }
