@@ -184,12 +184,14 @@ def test_resident_hop_split_follows_the_lattice(monkeypatch):
 
 @pytest.mark.parametrize("bad", ["0", "-2", "two", "1.5"])
 def test_resident_face_blocks_follow_the_faces(monkeypatch, bad):
-    """The blocks that copy a hop's faces together: one per 32 KiB of faces, at least one, at most an eighth of the
-    grid; the environment variable fixes it and a bad value is refused naming it."""
+    """The blocks that copy a hop's faces together: one by default; with auto one per 32 KiB of faces, at least
+    one, at most an eighth of the grid; a number fixes it and a bad value is refused naming it."""
     from circuslink.apps.qcd._cuda import face_blocks
     from circuslink.errors import ConfigError
 
     monkeypatch.delenv("CIRCUSLINK_QCD_FACE_BLOCKS", raising=False)
+    assert face_blocks(1572864, 132) == 1
+    monkeypatch.setenv("CIRCUSLINK_QCD_FACE_BLOCKS", "auto")
     assert face_blocks(0, 132) == 1
     assert face_blocks(196608, 132) == 6  # 16^4 on 2x1x1x1, single precision: 192 KiB of faces
     assert face_blocks(1572864, 132) == 16  # 32^4 on 2x1x1x1: 1.5 MiB, capped at 132 // 8

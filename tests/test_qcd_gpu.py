@@ -213,3 +213,20 @@ def test_device_resident_cg_agrees_with_the_cpu_solver(spmd, tmp_path, grid, hal
     assert f"made by the kernel {inside}," in job.output, job.output
     cpu, gpu = np.load(tmp_path / "x_cpu.npy"), np.load(tmp_path / "x_gpu.npy")
     assert np.linalg.norm(gpu - cpu) / np.linalg.norm(cpu) < 1e-8
+
+
+@pytest.mark.parametrize("grid", [(2, 1, 1, 1), (2, 2, 1, 1)])
+@pytest.mark.parametrize("sloppy", ["double", "single"])
+def test_device_resident_cg_with_a_face_team_and_lane_sums_agrees(spmd, tmp_path, grid, sloppy):
+    """The resident CG's opt-in forms: a team of 3 blocks copies each hop's faces (rma_start_team; the others take
+    the interior, block 0 waits with rma_wait_epoch) and the sums over ranks take a lane a rank
+    (CIRCUSLINK_QCD_SUM_LANES=32), against the host-driven CG of the cpu back-end on the same fields."""
+    n = int(np.prod(grid))
+    spmd(n, DEVICE_CG.format(grid=grid, halo="rma", every=None, sloppy=sloppy, tag="cpu"), backend="cpu",
+         timeout=300).check()
+    env = {"CIRCUSLINK_QCD_FACE_BLOCKS": "3", "CIRCUSLINK_DEVICE_DEFINES": "CIRCUSLINK_QCD_SUM_LANES=32"}
+    job = spmd(n, DEVICE_CG.format(grid=grid, halo="rma-device", every=10, sloppy=sloppy, tag="gpu"), backend="cuda",
+               timeout=300, env=env).check()
+    assert "ok gpu: loop device resident," in job.output, job.output
+    cpu, gpu = np.load(tmp_path / "x_cpu.npy"), np.load(tmp_path / "x_gpu.npy")
+    assert np.linalg.norm(gpu - cpu) / np.linalg.norm(cpu) < 1e-8

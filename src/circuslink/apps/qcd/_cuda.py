@@ -481,13 +481,15 @@ _FACE_BYTES_A_BLOCK = 32 << 10
 
 
 def face_blocks(face_bytes: int, resident: int) -> int:
-    """Blocks of the resident CG that copy a hop's faces together while the others take the interior: one per
-    32 KiB of faces (a block's copy moves a few tens of GB/s, so each takes about a microsecond), at most an eighth
-    of the grid. CIRCUSLINK_QCD_FACE_BLOCKS fixes it, for A/B runs."""
-    text = os.environ.get("CIRCUSLINK_QCD_FACE_BLOCKS", "").strip()
-    if text:
+    """Blocks of the resident CG that copy a hop's faces together while the others take the interior
+    (``rma_start_team``). CIRCUSLINK_QCD_FACE_BLOCKS: unset or ``1`` (the default), one block, as the CG was last
+    measured on a GPU; ``auto``, one per 32 KiB of faces (a block's copy moves a few tens of GB/s, so each takes
+    about a microsecond), at most an eighth of the grid; a whole number, that many. The team is opt-in until a
+    GPU run has measured it against the one block."""
+    text = os.environ.get("CIRCUSLINK_QCD_FACE_BLOCKS", "").strip().lower() or "1"
+    if text != "auto":
         if not text.isdigit() or int(text) < 1:
-            raise ConfigError(f"CIRCUSLINK_QCD_FACE_BLOCKS={text!r}: a whole number of blocks, at least 1")
+            raise ConfigError(f"CIRCUSLINK_QCD_FACE_BLOCKS={text!r}: auto, or a whole number of blocks, at least 1")
         return int(text)
     return max(1, min(-(-int(face_bytes) // _FACE_BYTES_A_BLOCK), max(1, int(resident) // 8)))
 

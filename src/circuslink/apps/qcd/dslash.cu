@@ -849,10 +849,11 @@ __device__ __forceinline__ double axpy_norm_part(R* x, R* r, const R* p, const R
 // the scalars' step: 0 and 1 cg_scalar_step's, kUpdateStep cg_update_step. The caller's grid barrier makes the
 // new scalars visible to every block.
 constexpr int kUpdateStep = 2;
-// Lanes of the sum over ranks: 32, or 1 (-DCIRCUSLINK_QCD_SUM_LANES=1 through CIRCUSLINK_DEVICE_DEFINES, for A/B
-// runs: one thread writes to the ranks and waits for them in turn).
+// Lanes of the sum over ranks: 1 (the default, as the CG was last measured on a GPU: one thread writes to the
+// ranks and waits for them in turn) or 32 (-DCIRCUSLINK_QCD_SUM_LANES=32 through CIRCUSLINK_DEVICE_DEFINES: a lane
+// a rank; opt-in until a GPU run has measured it).
 #ifndef CIRCUSLINK_QCD_SUM_LANES
-#define CIRCUSLINK_QCD_SUM_LANES 32
+#define CIRCUSLINK_QCD_SUM_LANES 1
 #endif
 static_assert(CIRCUSLINK_QCD_SUM_LANES == 32 || CIRCUSLINK_QCD_SUM_LANES == 1, "the sum's lanes: 32 or 1");
 __device__ __forceinline__ void reduce_step(const CgResidentArgs& A, const volatile unsigned int* abort, double v,
