@@ -910,9 +910,9 @@ __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const Dslas
                                             RmaHandle q, Laps& laps, int first, int stride) {
   __shared__ int ok;
   const volatile int* status = A.status;
-  // Blocks 0 .. team-1 copy the faces (one block alone moves a few tens of GB/s: 200 KB of faces took longer than
-  // the interior) while the others take the interior: were they to take their share too, every block would wait
-  // at the barrier for the copy and its sites one after the other.
+  // Blocks 0 .. team-1 copy the faces (A.face_blocks: block 0 alone by default; one block's copy moves a few tens
+  // of GB/s) while the others take the interior: were they to take their share too, every block would wait at the
+  // barrier for the copy and its sites one after the other.
   const unsigned int team = A.face_blocks < 1 || gridDim.x == 1 ? 1u
                             : static_cast<unsigned int>(min(A.face_blocks, static_cast<int>(gridDim.x) - 1));
   const int skip = gridDim.x == 1 ? 0 : static_cast<int>(team * blockDim.x);
