@@ -141,9 +141,9 @@ __device__ __forceinline__ bool rma_start_grid(RmaHandle queue, const GridBarrie
 // go on without waiting for one another; the last of them to finish raises the arrivals. It counts the team's blocks
 // in the barrier's second word, which grid_sync leaves alone, and leaves it at 0; so between two team starts on the
 // same barrier the grid must pass a grid_sync. `epoch` receives the epoch started, for rma_wait_epoch by any team
-// block (the queue's own epoch moves on only once the last one is done). One block gives a one-block copy at least
-// a hundred KB long a few tens of GB/s (rma_copy_span_full's loads in flight); a team of k, k times that. The team's
-// answer for this block: false when a target never posted (recorded for the host).
+// block (the queue's own epoch moves on only once the last one is done). Why a team: one block's copy moves a few
+// tens of GB/s (the loads it keeps in flight), and a team of k shares the chain's units k ways. The answer for this
+// block: false when a target never posted (recorded for the host).
 __device__ __forceinline__ bool rma_start_team(RmaHandle queue, const GridBarrier& bar, unsigned int team,
                                                unsigned long long& epoch) {
   const RmaQueue& q = queue.q;
