@@ -29,7 +29,8 @@ namespace circuslink {
 
 // What the host gives a kernel (by value; the host's table is circuslink.backends._grid.GRID_BARRIER).
 struct GridBarrier {
-  unsigned int* counters;              // 2 words in device memory, zeroed: the arrival count (the second is unused)
+  unsigned int* counters;              // 2 words in device memory, zeroed: the arrival count, and rma_start_team's
+                                       // count of a team's blocks (rma.cuh; grid_sync leaves it alone)
   const volatile unsigned int* abort;  // host-mapped: the host sets it to end every device wait (may be null)
   unsigned long long timeout_ns;       // a wait gives up after this long (0: never; the host's abort still ends it)
 };
@@ -39,8 +40,8 @@ struct GridBarrier {
 // other block 1, so the last arrival flips the word's top bit and leaves its low bits as they were; a block that has
 // arrived waits for the flip it can compute from the value its own atomic returned. One atomic and one poll a
 // block: no reset and no separate generation store after the last arrival, each of which would add a round trip
-// through L2 (a 2-word form with them took 1.5 us a barrier on one H200). bar[1] is unused (the host's table keeps
-// two words). False (on every thread) when the wait ran past timeout_ns (0: never) or the host aborted; the barrier
+// through L2 (a 2-word form with them took 1.5 us a barrier on one H200). grid_sync leaves bar[1] alone
+// (rma_start_team counts a team in it). False (on every thread) when the wait ran past timeout_ns (0: never) or the host aborted; the barrier
 // is then spent, as any barrier a block left early. The form below passes the three from the GridBarrier handle.
 __device__ __forceinline__ bool grid_sync(unsigned int* bar, unsigned long long timeout_ns,
                                           const volatile unsigned int* abort = nullptr) {
