@@ -58,46 +58,6 @@ extern "C" __global__ void user_cycles(circuslink::RmaHandle q, unsigned char* w
   atomicAdd(&out[0], bad);
   if (t == 0) out[1] = done;
 }
-// The team form: blocks [0, team) share the chain and go on; the others write a scratch area meanwhile (work of
-// their own, as a dslash's interior); block 0 waits for the epoch its start returned; then every block checks.
-extern "C" __global__ void team_cycles(circuslink::RmaHandle q, circuslink::GridBarrier bar, unsigned char* win,
-                                       unsigned long long S, unsigned long long me, unsigned long long left,
-                                       unsigned long long cycles, unsigned long long* out, unsigned int team,
-                                       unsigned char* scratch) {
-  const unsigned long long t = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
-  const unsigned long long nt = (unsigned long long)gridDim.x * blockDim.x;
-  unsigned long long bad = 0, done = 0;
-  for (unsigned long long c = 0; c < cycles; ++c) {
-    for (unsigned long long i = t; i < S; i += nt) win[i] = value(me, c, i);
-    if (!circuslink::grid_sync(bar)) break;
-    unsigned long long epoch = 0;
-    bool ok = true;
-    if (blockIdx.x < team) {
-      ok = circuslink::rma_start_team(q, bar, team, epoch);
-    } else {
-      const unsigned long long first = t - team * (unsigned long long)blockDim.x, others = nt - team * blockDim.x;
-      for (unsigned long long i = first; i < S; i += others) scratch[i] = value(me, c + 7, i);
-    }
-    if (blockIdx.x == 0) {
-      __syncthreads();
-      ok = ok && circuslink::rma_wait_epoch(q, epoch);
-      if (threadIdx.x == 0 && ok) atomicExch(&out[2], out[2] + 1);
-    }
-    if (!circuslink::grid_sync(bar)) break;
-    if (*static_cast<volatile unsigned long long*>(&out[2]) != c + 1) break;  // block 0's wait failed
-    for (unsigned long long i = t; i < S / 2; i += nt) bad += win[S + i] != value(left, c, i);
-    for (unsigned long long i = t; i < S / 2; i += nt) {
-      const unsigned long long b = i / 512, k = i % 512;
-      bad += win[2 * S + b * 768 + k] != value(left, c, S / 2 + i);
-      if (k < 256) bad += win[2 * S + b * 768 + 512 + k] != 0xA5;   // the gaps keep their poison
-    }
-    for (unsigned long long i = t; i < S; i += nt) bad += scratch[i] != value(me, c + 7, i);
-    if (!circuslink::grid_sync(bar)) break;  // every block has read the epoch before the next start
-    ++done;
-  }
-  atomicAdd(&out[0], bad);
-  if (t == 0) out[1] = done;
-}
 """
 
 world = cl.init()
@@ -441,17 +401,39 @@ __device__ unsigned char value(unsigned long long rank, unsigned long long cycle
   return (unsigned char)(x >> 24);
 }
 // Sources [0, S): [0, S/2) contiguous to the right neighbour's [S, 3S/2); [S/2, S) as blocks of 512 B at
-// source stride 512 to the neighbour's 2S at stride 768 (no packing). Every block of the grid copies.
+// source stride 512 to the neighbour's 2S at stride 768 (no packing). team == 0: the grid form, every block of the
+// grid copies. team > 0: the team form, blocks [0, team) share the chain and go on while the others write a scratch
+// area of their own (as a dslash's interior), and block 0 waits for the epoch its start returned.
 extern "C" __global__ void grid_cycles(circuslink::RmaHandle q, circuslink::GridBarrier bar, unsigned char* win,
                                        unsigned long long S, unsigned long long me, unsigned long long left,
-                                       unsigned long long cycles, unsigned long long* out) {
+                                       unsigned long long cycles, unsigned long long* out, unsigned int team,
+                                       unsigned char* scratch) {
   const unsigned long long t = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
   const unsigned long long nt = (unsigned long long)gridDim.x * blockDim.x;
   unsigned long long bad = 0, done = 0;
   for (unsigned long long c = 0; c < cycles; ++c) {
     for (unsigned long long i = t; i < S; i += nt) win[i] = value(me, c, i);
     if (!circuslink::grid_sync(bar)) break;
-    if (!circuslink::rma_start_grid(q, bar) || !circuslink::rma_wait_grid(q, bar)) break;
+    if (team == 0) {
+      if (!circuslink::rma_start_grid(q, bar) || !circuslink::rma_wait_grid(q, bar)) break;
+    } else {
+      unsigned long long epoch = 0;
+      bool ok = true;
+      if (blockIdx.x < team) {
+        ok = circuslink::rma_start_team(q, bar, team, epoch);
+      } else {
+        const unsigned long long first = t - team * (unsigned long long)blockDim.x, others = nt - team * blockDim.x;
+        for (unsigned long long i = first; i < S; i += others) scratch[i] = value(me, c + 7, i);
+      }
+      if (blockIdx.x == 0) {
+        __syncthreads();
+        ok = ok && circuslink::rma_wait_epoch(q, epoch);
+        if (threadIdx.x == 0 && ok) out[2] = c + 1;  // the grid barrier below makes it visible
+      }
+      if (!circuslink::grid_sync(bar)) break;
+      if (*static_cast<volatile unsigned long long*>(&out[2]) != c + 1) break;  // block 0's wait failed
+      for (unsigned long long i = t; i < S; i += nt) bad += scratch[i] != value(me, c + 7, i);
+    }
     for (unsigned long long i = t; i < S / 2; i += nt) bad += win[S + i] != value(left, c, i);
     for (unsigned long long i = t; i < S / 2; i += nt) {
       const unsigned long long b = i / 512, k = i % 512;
@@ -485,14 +467,12 @@ out = cp.zeros(3, dtype=cp.uint64)
 team = int(os.environ.get("TEAM", "0"))  # 0: the grid form; k: the team form, k blocks (-1: all but one)
 cp.cuda.Device().synchronize()
 world.barrier()
-args = (q.device_handle(), bar.device_handle(), win.local, np.uint64(S), np.uint64(me), np.uint64(left),
-        np.uint64(20), out)
 if team:
     team = blocks - 1 if team < 0 else min(team, blocks - 1)
-    scratch = cp.zeros(S, dtype=cp.uint8)
-    kernel = cl.compile(USER_KERNEL).get_function("team_cycles")
-    args += (np.uint32(team), scratch)
-backend.launch_resident(kernel, blocks, 256, args, stream=backend.stream)
+scratch = cp.zeros(S if team else 1, dtype=cp.uint8)
+backend.launch_resident(kernel, blocks, 256, (q.device_handle(), bar.device_handle(), win.local, np.uint64(S),
+                        np.uint64(me), np.uint64(left), np.uint64(20), out, np.uint32(team), scratch),
+                        stream=backend.stream)
 q.check_device()
 bad, done, _ = (int(x) for x in out.get(stream=backend.stream))
 assert done == 20 and bad == 0 and blocks > 1, (blocks, team, done, bad)
