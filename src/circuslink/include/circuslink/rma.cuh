@@ -91,6 +91,21 @@ __device__ __forceinline__ bool rma_start_blocks(const RmaQueue& q, unsigned lon
   return ok;
 }
 
+// The end of a start that several blocks shared, by the one block that ends it once every block's copies (and
+// failures) are visible to it: the queue's epoch moves on and, unless a block failed, the arrivals are raised.
+// Whether none failed.
+__device__ __forceinline__ bool rma_finish_shared_start(const RmaQueue& q, unsigned long long epoch,
+                                                        const RmaAhead& a) {
+  const bool ok = ld_relaxed_u64(&q.state->failed) == 0ull;
+  if (block_thread() == 0) q.state->epoch = epoch;
+  if (ok && !rma_low_latency(q)) {  // low-latency lines carry their epoch: no arrival
+    if (!rma_gpu_scope(q)) fence_acq_rel_sys();  // the other blocks' copies, to the system
+    rma_raise(q, q.arrival_at_target, q.n_targets, epoch, a.raise);
+  }
+  __syncthreads();
+  return ok;
+}
+
 }  // namespace detail
 
 // Start the next epoch: post my window to my origins (unless the queue posts at wait), wait until
@@ -124,16 +139,8 @@ __device__ __forceinline__ bool rma_start_grid(RmaHandle queue, const GridBarrie
   detail::rma_start_blocks(q, index, blocks, false, a);
   if (!grid_sync(bar)) return false;  // every block's copies are done and visible (gpu scope)
   // Every block's failure was recorded before the barrier: one answer for the whole grid.
-  const bool ok = detail::ld_relaxed_u64(&q.state->failed) == 0ull;
-  if (index == 0) {
-    if (detail::block_thread() == 0) q.state->epoch = epoch;
-    if (ok && !detail::rma_low_latency(q)) {  // low-latency lines carry their epoch: no arrival
-      if (!detail::rma_gpu_scope(q)) detail::fence_acq_rel_sys();  // the other blocks' copies, to the system
-      detail::rma_raise(q, q.arrival_at_target, q.n_targets, epoch, a.raise);
-    }
-    __syncthreads();
-  }
-  return ok;
+  if (index == 0) return detail::rma_finish_shared_start(q, epoch, a);
+  return detail::ld_relaxed_u64(&q.state->failed) == 0ull;
 }
 
 // The team form, for a co-resident grid whose other blocks have work of their own while the chain goes out (a
@@ -161,14 +168,7 @@ __device__ __forceinline__ bool rma_start_team(RmaHandle queue, const GridBarrie
     }
   }
   __syncthreads();
-  if (!last) return ok;
-  const bool all = detail::ld_relaxed_u64(&q.state->failed) == 0ull;  // every team block's failure, recorded before
-  if (detail::block_thread() == 0) q.state->epoch = epoch;             // its count
-  if (all && !detail::rma_low_latency(q)) {  // low-latency lines carry their epoch: no arrival
-    if (!detail::rma_gpu_scope(q)) detail::fence_acq_rel_sys();
-    detail::rma_raise(q, q.arrival_at_target, q.n_targets, epoch, a.raise);
-  }
-  __syncthreads();
+  if (last) detail::rma_finish_shared_start(q, epoch, a);  // every team block's failure was recorded before its count
   return ok;
 }
 
