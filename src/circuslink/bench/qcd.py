@@ -58,6 +58,7 @@ from ..errors import ConfigError
 
 _HALOS = "rma,rma-device,transport,mpi-p2p,mpi-rma,nvshmem,nccl"
 _GRIDS = "1x1x1x1,2x1x1x1,2x2x1x1"
+_FAILED_TAIL_CHARS = 16000  # of a failed configuration's stderr, echoed to the bench's own
 _KAPPA = 0.2  # CG needs ~140 iterations to 1e-12 on a hot 8^4 field: loops of 100 stay far from round-off
 _REALS_PER_SITE = 8 * 24 + 8 * 18 + 24
 
@@ -419,7 +420,8 @@ def _configuration(args: argparse.Namespace, backend: str, grid: tuple, dim: tup
         lines = [ln.split("] ", 1)[1] if ln.startswith("[") and "] " in ln else ln for ln in lines]  # rank tags
         errors = [ln for ln in lines if "error" in ln.lower() or "unavailable" in ln.lower()]
         why = (errors or lines or [f"exit code {proc.returncode}"])[0][-300:]
-        sys.stderr.write(proc.stderr[-2000:])
+        # The tail shows every rank's last words (a stalled rank's stack dumps run to several KiB a rank).
+        sys.stderr.write(proc.stderr[-_FAILED_TAIL_CHARS:])
         return [dict(base, skipped=why)]
     return rows
 

@@ -750,9 +750,16 @@ namespace {
 // paid a system-scope release per rank one after the other. Two banks suffice: a rank writes its part of sum q + 2
 // only after it has read every part of sum q + 1, which every rank writes only after it has read all of sum q.
 // Bounded: a part that does not come records the rank it waited for. The same answer on every lane.
+//
+// CIRCUSLINK_QCD_DEV_ALONE (a timing experiment, never a solve: the answers are wrong) takes the ranks apart:
+// bit 1 skips the halo exchanges (the ghosts keep what they hold), bit 2 the sums over ranks (each rank its own).
+// With both, each rank runs the CG of its own sub-lattice on its SMs: what the iteration costs without peers.
+#ifndef CIRCUSLINK_QCD_DEV_ALONE
+#define CIRCUSLINK_QCD_DEV_ALONE 0
+#endif
 __device__ bool rank_sum(const CgResidentArgs& A, const volatile unsigned int* abort, double& value,
                          unsigned int lane = 0u, unsigned int lanes = 1u) {
-  if (A.size <= 1) return true;
+  if (A.size <= 1 || (CIRCUSLINK_QCD_DEV_ALONE & 2)) return true;
   // (volatile: the previous sum's last block, which wrote the count, may have run on another SM)
   const unsigned long long q = *static_cast<volatile unsigned long long*>(A.seq) + 1ull;
   if (lanes > 1u) __syncwarp();  // every lane has read the count before lane 0 moves it on
@@ -918,7 +925,12 @@ __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const Dslas
   const int skip = gridDim.x == 1 ? 0 : static_cast<int>(team * blockDim.x);
   for (int h = 0; h < 4; ++h) {
     const DslashArgs& I = hops[h];
-    if (A.halo) {
+    if (A.halo && (CIRCUSLINK_QCD_DEV_ALONE & 1)) {  // the same laps and barriers, no exchange
+      if (blockIdx.x >= team || gridDim.x == 1) interior_sites<R>(I, first - skip, stride - skip, A.split);
+      if (!barrier(A, bar)) return false;
+      const DslashArgs& E = hops[4 + h];
+      for (int j = first; j < E.n_sites; j += stride) exterior_site<R>(E, E.sites[j]);
+    } else if (A.halo) {
       unsigned long long epoch = 0ull;
       if (blockIdx.x < team) {
         const bool started = team == 1u ? rma_start(q) : rma_start_team(q, bar, team, epoch);
