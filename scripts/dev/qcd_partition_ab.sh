@@ -7,7 +7,7 @@
 #   off:16:CIRCUSLINK_SM_PARTITION=off                  MPS's cap (the default)
 # Partitioned runs dump every rank's Python stacks every $DUMP_S s (scripts/dev/stall_dump): with grids of the
 # whole group the CG at 32^4 on 2 ranks stalled (2026-12-07), so if it stalls again the log says where each rank
-# was. $GRIDS: the rank grids (bench qcd --grids). Each run is bounded by $QCD_S seconds. Results under $R: qcd-partition-<name>.{json,log}.
+# was. $GRIDS: the rank grids (bench qcd --grids); $BENCH_ARGS: more options. Each run is bounded by $QCD_S seconds. Results under $R: qcd-partition-<name>.{json,log}.
 set -u
 R=${R:?} PY=${PY:-python3}
 G=CIRCUSLINK_SM_PARTITION=green T=CIRCUSLINK_QCD_FACE_BLOCKS=auto L=CIRCUSLINK_DEVICE_DEFINES=CIRCUSLINK_QCD_SUM_LANES=32
@@ -20,7 +20,7 @@ for v in $VARIANTS; do
     envs+=(PYTHONPATH="$PWD/scripts/dev/stall_dump${PYTHONPATH:+:$PYTHONPATH}" CIRCUSLINK_DEV_DUMP_S=${DUMP_S:-15});;
   esac
   env "${envs[@]}" timeout ${QCD_S:-200} $PY -m circuslink bench qcd --cg device --halos rma-device \
-    --lattices "$lattices" --grids "${GRIDS:-1x1x1x1,2x1x1x1,2x2x1x1}" --json "$R/qcd-partition-$name.json" > "$R/qcd-partition-$name.log" 2>&1
+    --lattices "$lattices" --grids "${GRIDS:-1x1x1x1,2x1x1x1,2x2x1x1}" ${BENCH_ARGS:-} --json "$R/qcd-partition-$name.json" > "$R/qcd-partition-$name.log" 2>&1
   echo "== $name rc=$? (${envs[*]})"; grep -E "^(none|rma-device) |MISSED|met|skipped" "$R/qcd-partition-$name.log" | tail -12
 done
 exit 0
