@@ -17,7 +17,8 @@ for v in $VARIANTS; do
   envs=()
   IFS=, read -r -a envs <<< "${vars:-}"
   case " ${envs[*]} " in *SM_PARTITION=green*)
-    envs+=(PYTHONPATH="$PWD/scripts/dev/stall_dump${PYTHONPATH:+:$PYTHONPATH}" CIRCUSLINK_DEV_DUMP_S=${DUMP_S:-15});;
+    envs+=(PYTHONPATH="$PWD/scripts/dev/stall_dump${PYTHONPATH:+:$PYTHONPATH}" CIRCUSLINK_DEV_DUMP_S=${DUMP_S:-15}
+          CIRCUSLINK_DEV_DUMP_DIR="$R/dumps-$name");;
   esac
   env "${envs[@]}" timeout ${QCD_S:-200} $PY -m circuslink bench qcd --cg device --halos rma-device \
     --lattices "$lattices" --grids "${GRIDS:-1x1x1x1,2x1x1x1,2x2x1x1}" ${BENCH_ARGS:-} --json "$R/qcd-partition-$name.json" > "$R/qcd-partition-$name.log" 2>&1

@@ -163,6 +163,7 @@ class Dslash:
         self.partial = cp.zeros(_REDUCE_BLOCKS, dtype=cp.float64)
         self.done = cp.zeros(1, dtype=cp.uint32)
         self.fused = None
+        self._met = False  # whether a device-driven hop has met the peers (apply)
         if halo is not None and halo.device_driven:
             self.fused = get(f"qcd_dslash_device_{self.suffix}")
             try:
@@ -232,6 +233,12 @@ class Dslash:
         if self.fused is not None:
             # One kernel starts, waits for and applies the halo: its time is all dslash on the timeline.
             phases.mark("dslash")
+            if not self._met:
+                # The first such hop meets the peers on the host first. Ranks whose hops already waited on the
+                # GPU for a late peer still setting up (its checkerboard split, CuPy loading kernels) stalled
+                # until the time-out at 32^4 on 2x2x1x1 ranks under MPS, the late rank's setup not returning.
+                self.world.barrier()
+                self._met = True
             exterior = self._hop_args("exterior", out, inp, parity, dagger, a, x, b, emit, halo.ghost)
             self.fused((self.fused_grid,), (THREADS,),
                        (interior, exterior, halo.device_handle(), self.grid_barrier, self.timeout_ns,

@@ -68,11 +68,6 @@ class WilsonOperator(Resource):
         self.phases = NO_PHASES
         self._tmp = [self.d.new_field() for _ in range(3)]
         self._register(world)
-        # Every rank has loaded its kernels before any uses the operator. A rank still loading (CuPy loads its
-        # own kernels at their first use, here the checkerboard split's) while its peers' device-driven hops
-        # already waited for it stayed inside that load: the job stalled until the time-out (32^4 on 2x2x1x1
-        # ranks under MPS, uncapped or in SMs of their own; BENCHMARKS.md).
-        world.barrier()
 
     # -- the time split ---------------------------------------------------------------------------
     def new_phases(self) -> Any:
