@@ -134,6 +134,7 @@ class Dslash:
         self.k_xpay_pack_state = get(f"qcd_xpay_pack_state_{self.suffix}")
         self.k_cg_scalars = get("qcd_cg_scalars")
         self.k_cg_resident = get(f"qcd_cg_resident_{self.suffix}")
+        self.k_cg_resident_local = get(f"qcd_cg_resident_local_{self.suffix}")
         self.cg_sums = None      # the slots of the CG's sums over ranks (symmetric memory), made by cg_state
         self.cg_base: dict[str, Any] = {}
         self.cg_other_halos: list[Any] = []  # the precise operator's, where the resident CG makes the updates
@@ -428,12 +429,15 @@ class ResidentCG:
         self.updates = update is not None
         self.hops = _hop_table(cp, hops, d._xpay_state_args(p, r, parity, False))  # alive while the kernel reads it
         backend = d.world.backend
-        self.fn = d.k_cg_resident
+        # Alone (one rank, no halo) the kernel built without the exchanges: their code made the CG's spill.
+        alone = d.world.size == 1 and d.halo is None and (update is None or update.d.halo is None)
+        local = "local_" if alone else ""
+        self.fn = d.k_cg_resident_local if alone else d.k_cg_resident
         precise: dict[str, Any] = {}
         self.precise_queue = np.uint64(0)  # RmaHandle{nullptr}: no second queue
         if update is not None:
             u = update.d
-            self.fn = kernels(d.suffix + u.suffix).get_function(f"qcd_cg_resident_{d.suffix}{u.suffix}")
+            self.fn = kernels(d.suffix + u.suffix).get_function(f"qcd_cg_resident_{local}{d.suffix}{u.suffix}")
             fold = u._pack_args(("fold", _ptr(update.y)), out=_ptr(update.y), **{"in": _ptr(update.y)},
                                 send=u.send_ptr, sites=0, n_sites=0, parity=parity, dagger=0, has_x=0)
             self.precise_hops = _hop_table(cp, u.record(update.normal, update.ay, update.y), fold)

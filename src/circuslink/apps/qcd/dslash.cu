@@ -863,12 +863,15 @@ constexpr int kUpdateStep = 2;
 #define CIRCUSLINK_QCD_SUM_LANES 1
 #endif
 static_assert(CIRCUSLINK_QCD_SUM_LANES == 32 || CIRCUSLINK_QCD_SUM_LANES == 1, "the sum's lanes: 32 or 1");
+template <bool kPeers>
 __device__ __forceinline__ void reduce_step(const CgResidentArgs& A, const volatile unsigned int* abort, double v,
                                             int step) {
   double total;
   if (!block_total_warp(v, A.partial, A.done, total)) return;
-  if (CIRCUSLINK_QCD_SUM_LANES == 1 && threadIdx.x != 0) return;
-  if (!rank_sum(A, abort, total, threadIdx.x, CIRCUSLINK_QCD_SUM_LANES) || threadIdx.x != 0) return;
+  if ((!kPeers || CIRCUSLINK_QCD_SUM_LANES == 1) && threadIdx.x != 0) return;
+  if constexpr (kPeers) {
+    if (!rank_sum(A, abort, total, threadIdx.x, CIRCUSLINK_QCD_SUM_LANES) || threadIdx.x != 0) return;
+  }
   A.s[kCgLocal] = total;
   if (step == kUpdateStep) {
     cg_update_step(A.s);
@@ -909,10 +912,19 @@ __device__ __forceinline__ bool barrier_after_sum(const CgResidentArgs& A, const
   return false;
 }
 
+// A hop's faces out (blocks 0 .. team-1) and in (block 0), through queue q.
+__device__ __forceinline__ bool face_start(const RmaHandle& q, const GridBarrier& bar, unsigned int team,
+                                           unsigned long long& epoch) {
+  return team == 1u ? rma_start(q) : rma_start_team(q, bar, team, epoch);
+}
+__device__ __forceinline__ bool face_wait(const RmaHandle& q, unsigned int team, unsigned long long epoch) {
+  return team == 1u ? rma_wait(q) : rma_wait_epoch(q, epoch);
+}
+
 // The four hops of a normal operator M_pc^dagger M_pc (hops[0..3] interiors, hops[4..7] exteriors), each
 // interior first while block 0 moves the faces through queue q, then the exterior once they have landed.
 // Fields written in this launch are read with plain loads. False: the kernel returns (status recorded).
-template <typename R>
+template <typename R, bool kPeers>
 __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const DslashArgs* hops, const GridBarrier& bar,
                                             RmaHandle q, Laps& laps, int first, int stride) {
   __shared__ int ok;
@@ -925,15 +937,15 @@ __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const Dslas
   const int skip = gridDim.x == 1 ? 0 : static_cast<int>(team * blockDim.x);
   for (int h = 0; h < 4; ++h) {
     const DslashArgs& I = hops[h];
-    if (A.halo && (CIRCUSLINK_QCD_DEV_ALONE & 1)) {  // the same laps and barriers, no exchange
+    if (kPeers && A.halo && (CIRCUSLINK_QCD_DEV_ALONE & 1)) {  // the same laps and barriers, no exchange
       if (blockIdx.x >= team || gridDim.x == 1) interior_sites<R>(I, first - skip, stride - skip, A.split);
       if (!barrier(A, bar)) return false;
       const DslashArgs& E = hops[4 + h];
       for (int j = first; j < E.n_sites; j += stride) exterior_site<R>(E, E.sites[j]);
-    } else if (A.halo) {
+    } else if (kPeers && A.halo) {
       unsigned long long epoch = 0ull;
       if (blockIdx.x < team) {
-        const bool started = team == 1u ? rma_start(q) : rma_start_team(q, bar, team, epoch);
+        const bool started = face_start(q, bar, team, epoch);
         if (threadIdx.x == 0) ok = started;
         laps.lap(kPhaseHalo);
       }
@@ -941,7 +953,7 @@ __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const Dslas
       if (blockIdx.x == 0) {
         laps.lap(kPhaseDslash);  // its interior share where it is the only block
         __syncthreads();
-        const bool arrived = ok && (team == 1u ? rma_wait(q) : rma_wait_epoch(q, epoch));
+        const bool arrived = ok && face_wait(q, team, epoch);
         if (!arrived && threadIdx.x == 0) atomicExch(A.status, kCgHaloFailed);
         laps.lap(kPhaseHalo);
       }
@@ -965,7 +977,7 @@ __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const Dslas
 // A y with the precise operator (its own queue qp); r = rhs - A y and |r|^2 summed over ranks; the book
 // (cg_update_step); unless that hands the CG to the host, r_s = r rounded and p += r_new - r_s (and p's
 // faces). False: the kernel returns (status recorded).
-template <typename RS, typename RP>
+template <typename RS, typename RP, bool kPeers>
 __device__ bool reliable_update(const CgResidentArgs& A, const DslashArgs* hops, const DslashArgs* precise_hops,
                                 const GridBarrier& bar, RmaHandle qp, Laps& laps, int first, int stride) {
   const DslashArgs& Y = precise_hops[8];
@@ -973,7 +985,7 @@ __device__ bool reliable_update(const CgResidentArgs& A, const DslashArgs* hops,
   for (int cb = first; cb < Y.vh; cb += stride) fold_site<RS, RP>(Y, x, cb);
   if (!barrier(A, bar)) return false;
   laps.lap(kPhaseVector);
-  if (!normal_hops<RP>(A, precise_hops, bar, qp, laps, first, stride)) return false;
+  if (!normal_hops<RP, kPeers>(A, precise_hops, bar, qp, laps, first, stride)) return false;
   RP* r = static_cast<RP*>(A.precise_r);
   const RP* rhs = static_cast<const RP*>(A.rhs);
   const RP* ay = static_cast<const RP*>(A.precise_ap);
@@ -984,7 +996,7 @@ __device__ bool reliable_update(const CgResidentArgs& A, const DslashArgs* hops,
     v += (double)ri * (double)ri;
   }
   laps.lap(kPhaseVector);
-  reduce_step(A, bar.abort, v, kUpdateStep);
+  reduce_step<kPeers>(A, bar.abort, v, kUpdateStep);
   if (!barrier_after_sum(A, bar)) return false;
   laps.lap(kPhaseReduction);
   if (flags_of(A.s) & kCgFrozen) return true;  // the host takes over from here (the same on every block)
@@ -997,7 +1009,12 @@ __device__ bool reliable_update(const CgResidentArgs& A, const DslashArgs* hops,
 
 // Up to A.iterations CG iterations; with kUpdates (and A.updates) a due reliable update is made here, the
 // precise operator being RP. Every block makes the same decisions: they read the flags after a barrier.
-template <typename R, typename RP, bool kUpdates>
+// kPeers false (the _local kernels, for one rank: no halo, no sums over ranks) compiles the exchanges out. Their
+// code, though never run on one rank, shares the kernel's register allocation, which then spills in the site
+// loops: on one H100 the single-precision CG at 32^4 on one rank took 851-855 us an iteration built without it,
+// 952-967 us with it (2026-12-07, BENCHMARKS.md; ptxas, sm_90: a 216-byte frame and 496 bytes of spill stores
+// with it, none without).
+template <typename R, typename RP, bool kUpdates, bool kPeers>
 __device__ void cg_resident(const CgResidentArgs& A, const GridBarrier& bar, RmaHandle q, RmaHandle qp) {
   const int first = blockIdx.x * blockDim.x + threadIdx.x, stride = gridDim.x * blockDim.x;
   Laps laps{blockIdx.x == 0 && threadIdx.x == 0 ? A.phase_ns : nullptr, 0ull};
@@ -1026,23 +1043,23 @@ __device__ void cg_resident(const CgResidentArgs& A, const GridBarrier& bar, Rma
       if constexpr (kUpdates) update = A.updates && !(flags & (kCgStalled | kCgUpdated));
       if (!update) break;
       if constexpr (kUpdates) {
-        if (!reliable_update<R, RP>(A, hops, precise_hops, bar, qp, laps, first, stride)) return;
+        if (!reliable_update<R, RP, kPeers>(A, hops, precise_hops, bar, qp, laps, first, stride)) return;
       }
       if (flags_of(A.s) & kCgFrozen) break;
     }
     if (done == A.iterations) break;
     // A p = M_pc^dagger M_pc p
-    if (!normal_hops<R>(A, hops, bar, q, laps, first, stride)) return;
+    if (!normal_hops<R, kPeers>(A, hops, bar, q, laps, first, stride)) return;
     // <p, A p>, summed over ranks: alpha.
     double v = dot_part(p, ap, A.n, first, stride);
-    reduce_step(A, bar.abort, v, 0);
+    reduce_step<kPeers>(A, bar.abort, v, 0);
     if (!barrier_after_sum(A, bar)) return;
     laps.lap(kPhaseReduction);
     // x += alpha p, r -= alpha A p, |r|^2 summed over ranks: beta, the count and the flags.
     const R alpha = R(static_cast<const volatile double*>(A.s)[kCgAlpha]);
     v = axpy_norm_part(x, r, p, ap, alpha, A.n, first, stride);
     laps.lap(kPhaseVector);
-    reduce_step(A, bar.abort, v, 1);
+    reduce_step<kPeers>(A, bar.abort, v, 1);
     if (!barrier_after_sum(A, bar)) return;
     laps.lap(kPhaseReduction);
     // p = r + beta p and its faces for the next iteration's first hop (skipped once frozen at its start).
@@ -1136,7 +1153,12 @@ extern "C" __global__ void qcd_cg_scalars(CgResidentArgs A, int step, const unsi
   /* Two blocks an SM: the split hop's lanes hold a direction's link, spinor and the sum without spilling. */  \
   extern "C" __global__ void __launch_bounds__(256, 2)                                                         \
       qcd_cg_resident_##SUFFIX(CgResidentArgs A, GridBarrier bar, RmaHandle q, RmaHandle qp) {                \
-    circuslink::qcd::cg_resident<R, R, false>(A, bar, q, qp);                                                  \
+    circuslink::qcd::cg_resident<R, R, false, true>(A, bar, q, qp);                                            \
+  }                                                                                                            \
+  /* ... on one rank: the exchanges compiled out (cg_resident's kPeers). */                                   \
+  extern "C" __global__ void __launch_bounds__(256, 2)                                                         \
+      qcd_cg_resident_local_##SUFFIX(CgResidentArgs A, GridBarrier bar, RmaHandle q, RmaHandle qp) {          \
+    circuslink::qcd::cg_resident<R, R, false, false>(A, bar, q, qp);                                           \
   }
 
 #endif
@@ -1153,6 +1175,10 @@ QCD_KERNELS(d, double, 2)
 #if CIRCUSLINK_QCD_KERNELS == 0 || CIRCUSLINK_QCD_KERNELS == 3
 extern "C" __global__ void __launch_bounds__(256, 2)
     qcd_cg_resident_fd(CgResidentArgs A, GridBarrier bar, RmaHandle q, RmaHandle qp) {
-  circuslink::qcd::cg_resident<float, double, true>(A, bar, q, qp);
+  circuslink::qcd::cg_resident<float, double, true, true>(A, bar, q, qp);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+    qcd_cg_resident_local_fd(CgResidentArgs A, GridBarrier bar, RmaHandle q, RmaHandle qp) {
+  circuslink::qcd::cg_resident<float, double, true, false>(A, bar, q, qp);
 }
 #endif
