@@ -24,6 +24,13 @@
 #include <circuslink/detail/sync.cuh>
 #include <circuslink/grid.cuh>
 #include <circuslink/qcd/dslash_types.cuh>
+// One low-latency line a thread at a time in the queue's waits (four by default): inlined into the resident CG,
+// four lines' addresses and values made ptxas spill its registers (sm_90, single precision: 496 bytes of spill
+// stores, 24 with one line), and a kernel that spilled so ran its one-rank iteration 11 % slower (BENCHMARKS.md).
+// Faces travel as lines only below 4 KiB a rank (tiny local lattices), where a line at a time costs little.
+#ifndef CIRCUSLINK_RMA_LINES_IN_FLIGHT
+#define CIRCUSLINK_RMA_LINES_IN_FLIGHT 1
+#endif
 #include <circuslink/rma.cuh>
 
 // The per-site functions are __host__ __device__ so that a host program can run them over a lattice and

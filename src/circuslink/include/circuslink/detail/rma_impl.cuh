@@ -345,7 +345,14 @@ __device__ __forceinline__ bool rma_start_lines(const RmaQueue& q, unsigned long
   return ok;
 }
 
-constexpr unsigned int kRmaLinesInFlight = 4;
+// Lines a thread of a low-latency wait polls at once. Four keep their first polls in flight together; a kernel
+// short of registers may define CIRCUSLINK_RMA_LINES_IN_FLIGHT lower before it includes rma.cuh (the resident CG:
+// four lines' addresses and values, inlined into it, made it spill in loops that never wait).
+#ifndef CIRCUSLINK_RMA_LINES_IN_FLIGHT
+#define CIRCUSLINK_RMA_LINES_IN_FLIGHT 4
+#endif
+constexpr unsigned int kRmaLinesInFlight = CIRCUSLINK_RMA_LINES_IN_FLIGHT;
+static_assert(kRmaLinesInFlight >= 1, "CIRCUSLINK_RMA_LINES_IN_FLIGHT: at least 1");
 
 // A low-latency wait (block-cooperative): every line I receive, polled for epoch's flag (at most timeout_ns each)
 // and its word stored to its destination; then "consumed through epoch" to every origin (relaxed: the lines'
