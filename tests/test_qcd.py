@@ -7,6 +7,7 @@ Lattices are 4^4 (4x4x4x8 where antiperiodic t momenta need a longer t), the slo
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -201,3 +202,37 @@ def test_resident_face_blocks_follow_the_faces(monkeypatch, bad):
     monkeypatch.setenv("CIRCUSLINK_QCD_FACE_BLOCKS", bad)
     with pytest.raises(ConfigError, match=f"CIRCUSLINK_QCD_FACE_BLOCKS='{bad}'"):
         face_blocks(196608, 132)
+
+
+def test_dev_trace_is_written_and_summarised(tmp_path, monkeypatch, seed):
+    """The resident CG's dev trace (CIRCUSLINK_QCD_DEV_TRACE): the stamps of the traced hops, read back after the
+    phases, become one file a rank with each event's time since the first hop began, and scripts/dev/qcd_trace.py
+    turns two ranks' files into medians and the ranks' skew."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from circuslink.apps.qcd._cuda import _TRACE_EVENTS, _TRACE_HOPS, _write_trace
+    from circuslink.apps.qcd._lattice import Lattice
+
+    rng = np.random.default_rng(seed)
+    monkeypatch.setenv("CIRCUSLINK_QCD_DEV_TRACE_DIR", str(tmp_path))
+    for rank in (0, 1):
+        stamps = np.zeros(_TRACE_HOPS * len(_TRACE_EVENTS), dtype=np.uint64)
+        t0 = 10**12 + rank * int(rng.integers(1000, 5000))
+        hops = stamps.reshape(_TRACE_HOPS, len(_TRACE_EVENTS))
+        offsets = np.array([0, 3000, 9000, 20000, 25000, 7000], dtype=np.uint64)  # started < arrived < ... (ns)
+        for h in range(3):
+            hops[h] = t0 + 30000 * h + offsets
+        d = SimpleNamespace(world=SimpleNamespace(rank=rank), lat=Lattice((4, 4, 4, 4), (2, 1, 1, 1), rank))
+        _write_trace(d, stamps)
+    got = json.loads((tmp_path / "trace-8x4x4x4-2x1x1x1-rank1.json").read_text())
+    assert got["rank"] == 1 and got["unit"] == "us" and len(got["hops"]) == 3
+    assert got["hops"][2] == {"begin": 60.0, "started": 63.0, "arrived": 69.0, "interior": 80.0, "end": 85.0,
+                              "last_interior": 67.0}, f"seed {seed}"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "dev" / "qcd_trace.py"
+    out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
+                         check=True).stdout
+    assert "rank" in out and "    3.0" in out and "30.0" in out and "ranks' hop beginnings apart" in out, out
+    _write_trace(d, np.zeros_like(stamps))  # no trace compiled in: nothing written, nothing fails

@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
 # Dev experiment (gpu-check.sh dev): the device-resident CG (bench qcd --cg device --halos rma-device) on 1, 2 and
-# 4 ranks under variants, in one call. $VARIANTS: "name:lattices[:VAR=value,...]" separated by spaces; default
-#   green:16,32:CIRCUSLINK_SM_PARTITION=green          each rank on SMs of its own (a green context a rank)
-#   green-team:16,32:...,CIRCUSLINK_QCD_FACE_BLOCKS=auto   ... a team of blocks copies the faces (rma_start_team)
-#   green-team-lanes:16:...,CIRCUSLINK_DEVICE_DEFINES=CIRCUSLINK_QCD_SUM_LANES=32   ... and the sums a lane a rank
-#   off:16:CIRCUSLINK_SM_PARTITION=off                  MPS's cap (the default)
-# Partitioned runs dump every rank's Python stacks every $DUMP_S s (scripts/dev/stall_dump): with grids of the
-# whole group the CG at 32^4 on 2 ranks stalled (2026-12-07), so if it stalls again the log says where each rank
-# was. $GRIDS: the rank grids (bench qcd --grids); $BENCH_ARGS: more options. Each run is bounded by $QCD_S seconds. Results under $R: qcd-partition-<name>.{json,log}.
+# 4 ranks under variants, in one call. $VARIANTS: "name:lattices[:VAR=value+VAR=value...]" separated by spaces
+# (a value may hold commas: CIRCUSLINK_DEVICE_DEFINES=A=1,B=2); the default, on SMs of their own a rank (green):
+#   green:16,32             the library's defaults (since 2026-12-07: the QCD waits a line at a time)
+#   green-lines4:16,32      ... four low-latency lines in flight, as before (CIRCUSLINK_RMA_LINES_IN_FLIGHT=4)
+#   green-trace:32          ... with the per-hop trace (CIRCUSLINK_QCD_DEV_TRACE=16), summed by qcd_trace.py
+#   alone-halo:32           ... without the halo exchanges (CIRCUSLINK_QCD_DEV_ALONE=1: timing only)
+#   alone:32                ... without the exchanges and the sums over ranks (CIRCUSLINK_QCD_DEV_ALONE=3)
+# Partitioned runs dump every rank's Python stacks every $DUMP_S s into $R/dumps-<name>/ (scripts/dev/stall_dump),
+# so a stalled rank's place survives the run's end. $GRIDS: the rank grids (bench qcd --grids); $BENCH_ARGS: more
+# options. Each run is bounded by $QCD_S seconds. Results under $R: qcd-partition-<name>.{json,log}, and the
+# trace's files under $R/trace-<name>/.
 set -u
 R=${R:?} PY=${PY:-python3}
-G=CIRCUSLINK_SM_PARTITION=green T=CIRCUSLINK_QCD_FACE_BLOCKS=auto L=CIRCUSLINK_DEVICE_DEFINES=CIRCUSLINK_QCD_SUM_LANES=32
-VARIANTS=${VARIANTS:-"green:16,32:$G green-team:16,32:$G,$T green-team-lanes:16:$G,$T,$L off:16:CIRCUSLINK_SM_PARTITION=off"}
+G=CIRCUSLINK_SM_PARTITION=green D=CIRCUSLINK_DEVICE_DEFINES
+VARIANTS=${VARIANTS:-"green:16,32:$G green-lines4:16,32:$G+$D=CIRCUSLINK_RMA_LINES_IN_FLIGHT=4
+  green-trace:32:$G+$D=CIRCUSLINK_QCD_DEV_TRACE=16 alone-halo:32:$G+$D=CIRCUSLINK_QCD_DEV_ALONE=1
+  alone:32:$G+$D=CIRCUSLINK_QCD_DEV_ALONE=3"}
 for v in $VARIANTS; do
   IFS=: read -r name lattices vars <<< "$v"
   envs=()
-  IFS=, read -r -a envs <<< "${vars:-}"
+  IFS=+ read -r -a envs <<< "${vars:-}"
+  envs+=(CIRCUSLINK_QCD_DEV_TRACE_DIR="$R/trace-$name")
   case " ${envs[*]} " in *SM_PARTITION=green*)
     envs+=(PYTHONPATH="$PWD/scripts/dev/stall_dump${PYTHONPATH:+:$PYTHONPATH}" CIRCUSLINK_DEV_DUMP_S=${DUMP_S:-15}
           CIRCUSLINK_DEV_DUMP_DIR="$R/dumps-$name");;
@@ -23,5 +29,6 @@ for v in $VARIANTS; do
   env "${envs[@]}" timeout ${QCD_S:-200} $PY -m circuslink bench qcd --cg device --halos rma-device \
     --lattices "$lattices" --grids "${GRIDS:-1x1x1x1,2x1x1x1,2x2x1x1}" ${BENCH_ARGS:-} --json "$R/qcd-partition-$name.json" > "$R/qcd-partition-$name.log" 2>&1
   echo "== $name rc=$? (${envs[*]})"; grep -E "^(none|rma-device) |MISSED|met|skipped" "$R/qcd-partition-$name.log" | tail -12
+  [ -d "$R/trace-$name" ] && $PY scripts/dev/qcd_trace.py "$R/trace-$name"
 done
 exit 0

@@ -13,6 +13,7 @@ whole hop is one launch whose block 0 starts and waits on the queue itself.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -310,7 +311,8 @@ class Dslash:
             ptrs = self.cg_sums.ptrs if self.cg_sums is not None else [0]
             self.cg_peers = cp.asarray(np.array(ptrs, dtype=np.uint64))
             self.cg_seq = cp.zeros(1, dtype=cp.uint64)
-            self.cg_phase_ns = cp.zeros(len(PHASES), dtype=cp.uint64)
+            # the phases' sums, then the dev trace's stamps (dslash.cu: CIRCUSLINK_QCD_DEV_TRACE)
+            self.cg_phase_ns = cp.zeros(len(PHASES) + _TRACE_HOPS * len(_TRACE_EVENTS), dtype=cp.uint64)
             self.cg_base = {"peers": _ptr(self.cg_peers), "seq": _ptr(self.cg_seq), "partial": _ptr(self.partial),
                             "done": _ptr(self.done), "timeout_ns": self.wait_ns, "rank": self.world.rank,
                             "size": size}
@@ -484,7 +486,29 @@ class ResidentCG:
         if not self.timed:
             return {}
         ns = self.d.cg_phase_ns.get()
-        return {name: float(v) * 1e-9 for name, v in zip(PHASES, ns, strict=True)}
+        _write_trace(self.d, ns[len(PHASES):])
+        return {name: float(v) * 1e-9 for name, v in zip(PHASES, ns[:len(PHASES)], strict=True)}
+
+
+# The dev trace (dslash.cu's CIRCUSLINK_QCD_DEV_TRACE, kTraceHops and TraceEvent): stamps of the last timed launch's
+# first hops, written by split() where CIRCUSLINK_QCD_DEV_TRACE_DIR names a folder (scripts/dev/qcd_trace.py reads it).
+_TRACE_HOPS = 64
+_TRACE_EVENTS = ("begin", "started", "arrived", "interior", "end", "last_interior")
+
+
+def _write_trace(d: Dslash, stamps: np.ndarray) -> None:
+    folder = os.environ.get("CIRCUSLINK_QCD_DEV_TRACE_DIR", "")
+    if not folder or not stamps.any():
+        return
+    hops = stamps.reshape(_TRACE_HOPS, len(_TRACE_EVENTS)).astype(np.int64)
+    used = hops[hops[:, 0] > 0]
+    zero = int(used[0, 0])
+    rows = [{e: (int(v) - zero) * 1e-3 if v else None for e, v in zip(_TRACE_EVENTS, h, strict=True)} for h in used]
+    grid = "x".join(map(str, d.lat.grid))
+    name = f"trace-{'x'.join(map(str, d.lat.global_dims))}-{grid}-rank{d.world.rank}.json"
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, name), "w") as f:
+        json.dump({"rank": d.world.rank, "grid": grid, "unit": "us", "t0_ns": zero, "hops": rows}, f)
 
 
 _SPLITS = (8, 4, 2, 1)

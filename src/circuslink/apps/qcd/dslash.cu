@@ -891,16 +891,44 @@ __device__ __forceinline__ int flags_of(const double* s) {
   return static_cast<int>(static_cast<const volatile double*>(s)[kCgFlags]);
 }
 
+// CIRCUSLINK_QCD_DEV_TRACE=N (a dev aid, through CIRCUSLINK_DEVICE_DEFINES; at most kTraceHops): a timed launch
+// also stamps its first N hops' events (kTrace*) on the GPU clock after the phases (CgResidentArgs::phase_ns +
+// kPhases, kTraceEvents a hop, the last launch's): where in a hop the time goes, which the phases' sums hide.
+#ifndef CIRCUSLINK_QCD_DEV_TRACE
+#define CIRCUSLINK_QCD_DEV_TRACE 0
+#endif
+constexpr int kTraceHops = 64;
+static_assert(CIRCUSLINK_QCD_DEV_TRACE >= 0 && CIRCUSLINK_QCD_DEV_TRACE <= kTraceHops, "CIRCUSLINK_QCD_DEV_TRACE");
+// Block 0: the hop starts, its start returns, the faces have arrived, the barrier after the interior, the hop
+// ends; the last block: its interior share is done.
+enum TraceEvent : int { kTraceBegin, kTraceStarted, kTraceArrived, kTraceInterior, kTraceEnd, kTraceLastInterior,
+                        kTraceEvents };
+
 // Block 0's clock: the time since its last lap goes to `phase`. Block 0 drives the halos and waits at every
 // grid barrier, so its laps add up to the launch's whole time.
 struct Laps {
   unsigned long long* ns;
   unsigned long long since;
+  int hop = 0;  // hops begun by this block (the trace's)
   __device__ __forceinline__ void lap(int phase) {
     if (ns == nullptr) return;
     const unsigned long long now = detail::globaltimer_ns();
     ns[phase] += now - since;
     since = now;
+  }
+  // The trace's event for this hop, by block 0 (or the last block: trace_last).
+  __device__ __forceinline__ void trace(int event) {
+    if constexpr (CIRCUSLINK_QCD_DEV_TRACE > 0) {
+      if (ns != nullptr && hop < CIRCUSLINK_QCD_DEV_TRACE)
+        ns[kPhases + hop * kTraceEvents + event] = detail::globaltimer_ns();
+    }
+  }
+  __device__ __forceinline__ void trace_last(const CgResidentArgs& A, int event) {
+    if constexpr (CIRCUSLINK_QCD_DEV_TRACE > 0) {
+      if (A.phase_ns != nullptr && threadIdx.x == 0 && blockIdx.x == gridDim.x - 1 && gridDim.x > 1 &&
+          hop < CIRCUSLINK_QCD_DEV_TRACE)
+        A.phase_ns[kPhases + hop * kTraceEvents + event] = detail::globaltimer_ns();
+    }
   }
 };
 
@@ -942,8 +970,9 @@ __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const Dslas
   const unsigned int team = A.face_blocks < 1 || gridDim.x == 1 ? 1u
                             : static_cast<unsigned int>(min(A.face_blocks, static_cast<int>(gridDim.x) - 1));
   const int skip = gridDim.x == 1 ? 0 : static_cast<int>(team * blockDim.x);
-  for (int h = 0; h < 4; ++h) {
+  for (int h = 0; h < 4; ++h, ++laps.hop) {
     const DslashArgs& I = hops[h];
+    laps.trace(kTraceBegin);
     if (kPeers && A.halo && (CIRCUSLINK_QCD_DEV_ALONE & 1)) {  // the same laps and barriers, no exchange
       if (blockIdx.x >= team || gridDim.x == 1) interior_sites<R>(I, first - skip, stride - skip, A.split);
       if (!barrier(A, bar)) return false;
@@ -955,19 +984,23 @@ __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const Dslas
         const bool started = face_start(q, bar, team, epoch);
         if (threadIdx.x == 0) ok = started;
         laps.lap(kPhaseHalo);
+        laps.trace(kTraceStarted);
       }
       if (gridDim.x == 1 || blockIdx.x >= team) interior_sites<R>(I, first - skip, stride - skip, A.split);
+      laps.trace_last(A, kTraceLastInterior);
       if (blockIdx.x == 0) {
         laps.lap(kPhaseDslash);  // its interior share where it is the only block
         __syncthreads();
         const bool arrived = ok && face_wait(q, team, epoch);
         if (!arrived && threadIdx.x == 0) atomicExch(A.status, kCgHaloFailed);
         laps.lap(kPhaseHalo);
+        laps.trace(kTraceArrived);
       }
       // Block 0's wait at this barrier is the interior the other blocks have still to do once the ghosts are in:
       // dslash time. (Until the previous lap it was the faces' trip, however much interior ran meanwhile.)
       if (!barrier(A, bar)) return false;
       laps.lap(kPhaseDslash);
+      laps.trace(kTraceInterior);
       if (*status != kCgOk) return false;  // every block sees it after the barrier
       const DslashArgs& E = hops[4 + h];
       for (int j = first; j < E.n_sites; j += stride) exterior_site<R>(E, E.sites[j]);
@@ -976,6 +1009,7 @@ __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const Dslas
     }
     if (!barrier(A, bar)) return false;
     laps.lap(kPhaseDslash);
+    laps.trace(kTraceEnd);
   }
   return true;
 }
