@@ -236,3 +236,9 @@ def test_dev_trace_is_written_and_summarised(tmp_path, monkeypatch, seed):
                          check=True).stdout
     assert "rank" in out and "    3.0" in out and "30.0" in out and "ranks' hop beginnings apart" in out, out
     _write_trace(d, np.zeros_like(stamps))  # no trace compiled in: nothing written, nothing fails
+    # the host's layout is the kernel's (dslash.cu: kTraceHops, TraceEvent)
+    src = (Path(__file__).resolve().parents[1] / "src/circuslink/apps/qcd/dslash.cu").read_text()
+    assert f"constexpr int kTraceHops = {_TRACE_HOPS};" in src
+    enum = src[src.index("enum TraceEvent"):src.index("kTraceEvents };")]
+    names = [w.strip().removeprefix("kTrace") for w in enum.split("{", 1)[1].split(",") if w.strip()]
+    assert [n.lower() for n in names] == [e.replace("_", "") for e in _TRACE_EVENTS], names

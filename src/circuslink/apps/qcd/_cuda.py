@@ -431,7 +431,7 @@ class ResidentCG:
         self.updates = update is not None
         self.hops = _hop_table(cp, hops, d._xpay_state_args(p, r, parity, False))  # alive while the kernel reads it
         backend = d.world.backend
-        # Alone (one rank, no halo) the kernel built without the exchanges: their code made the CG's spill.
+        # Alone (one rank, no halo): the kernel built without the exchanges, whose code made the CG spill.
         alone = d.world.size == 1 and d.halo is None and (update is None or update.d.halo is None)
         local = "local_" if alone else ""
         self.fn = d.k_cg_resident_local if alone else d.k_cg_resident

@@ -1051,10 +1051,9 @@ __device__ bool reliable_update(const CgResidentArgs& A, const DslashArgs* hops,
 // Up to A.iterations CG iterations; with kUpdates (and A.updates) a due reliable update is made here, the
 // precise operator being RP. Every block makes the same decisions: they read the flags after a barrier.
 // kPeers false (the _local kernels, for one rank: no halo, no sums over ranks) compiles the exchanges out. Their
-// code, though never run on one rank, shares the kernel's register allocation, which then spills in the site
-// loops: on one H100 the single-precision CG at 32^4 on one rank took 851-855 us an iteration built without it,
-// 952-967 us with it (2026-12-07, BENCHMARKS.md; ptxas, sm_90: a 216-byte frame and 496 bytes of spill stores
-// with it, none without).
+// code, though never run on one rank, shares the kernel's register allocation: built with it (and four low-latency
+// lines in flight) the single-precision kernel spilled 496 bytes (ptxas, sm_90; none without), and on one H100 its
+// one-rank iteration at 32^4 took 952-967 us against 851-855 us without it (2026-12-07, BENCHMARKS.md).
 template <typename R, typename RP, bool kUpdates, bool kPeers>
 __device__ void cg_resident(const CgResidentArgs& A, const GridBarrier& bar, RmaHandle q, RmaHandle qp) {
   const int first = blockIdx.x * blockDim.x + threadIdx.x, stride = gridDim.x * blockDim.x;
