@@ -5,6 +5,7 @@
 #   green:16,32             the library's defaults (since 2026-12-07: the QCD waits a line at a time)
 #   green-lines4:16,32      ... four low-latency lines in flight, as before (CIRCUSLINK_RMA_LINES_IN_FLIGHT=4)
 #   green-trace:32          ... with the per-hop trace (CIRCUSLINK_QCD_DEV_TRACE=16), summed by qcd_trace.py
+#   green-facegrid:32       ... every block copying its share of the faces first (CIRCUSLINK_QCD_FACE_GRID=1)
 #   alone-halo:32           ... without the halo exchanges (CIRCUSLINK_QCD_DEV_ALONE=1: timing only)
 #   alone:32                ... without the exchanges and the sums over ranks (CIRCUSLINK_QCD_DEV_ALONE=3)
 # Partitioned runs dump every rank's Python stacks every $DUMP_S s into $R/dumps-<name>/ (scripts/dev/stall_dump),
@@ -15,7 +16,8 @@ set -u
 R=${R:?} PY=${PY:-python3}
 G=CIRCUSLINK_SM_PARTITION=green D=CIRCUSLINK_DEVICE_DEFINES
 VARIANTS=${VARIANTS:-"green:16,32:$G green-lines4:16,32:$G+$D=CIRCUSLINK_RMA_LINES_IN_FLIGHT=4
-  green-trace:32:$G+$D=CIRCUSLINK_QCD_DEV_TRACE=16 alone-halo:32:$G+$D=CIRCUSLINK_QCD_DEV_ALONE=1
+  green-trace:32:$G+$D=CIRCUSLINK_QCD_DEV_TRACE=16 green-facegrid:32:$G+$D=CIRCUSLINK_QCD_FACE_GRID=1
+  alone-halo:32:$G+$D=CIRCUSLINK_QCD_DEV_ALONE=1
   alone:32:$G+$D=CIRCUSLINK_QCD_DEV_ALONE=3"}
 for v in $VARIANTS; do
   IFS=: read -r name lattices vars <<< "$v"

@@ -947,6 +947,9 @@ __device__ __forceinline__ bool barrier_after_sum(const CgResidentArgs& A, const
   return false;
 }
 
+#ifndef CIRCUSLINK_QCD_FACE_GRID
+#define CIRCUSLINK_QCD_FACE_GRID 0
+#endif
 // A hop's faces out (blocks 0 .. team-1) and in (block 0), through queue q.
 __device__ __forceinline__ bool face_start(const RmaHandle& q, const GridBarrier& bar, unsigned int team,
                                            unsigned long long& epoch) {
@@ -967,9 +970,14 @@ __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const Dslas
   // Blocks 0 .. team-1 copy the faces (A.face_blocks: block 0 alone by default; one block's copy moves a few tens
   // of GB/s) while the others take the interior: were they to take their share too, every block would wait at the
   // barrier for the copy and its sites one after the other.
+  // CIRCUSLINK_QCD_FACE_GRID=1 (through CIRCUSLINK_DEVICE_DEFINES; an A/B switch, compiled in only then: the
+  // code of a third form made the kernel spill): the grid form instead, every block copying its share before its
+  // interior (rma_start_grid, whose grid barrier ends the copy: the faces leave at the copy's full rate, and
+  // every block waits for the slowest share).
+  const bool grid_faces = CIRCUSLINK_QCD_FACE_GRID != 0 && gridDim.x > 1;
   const unsigned int team = A.face_blocks < 1 || gridDim.x == 1 ? 1u
                             : static_cast<unsigned int>(min(A.face_blocks, static_cast<int>(gridDim.x) - 1));
-  const int skip = gridDim.x == 1 ? 0 : static_cast<int>(team * blockDim.x);
+  const int skip = gridDim.x == 1 || grid_faces ? 0 : static_cast<int>(team * blockDim.x);
   for (int h = 0; h < 4; ++h, ++laps.hop) {
     const DslashArgs& I = hops[h];
     laps.trace(kTraceBegin);
@@ -980,13 +988,21 @@ __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const Dslas
       for (int j = first; j < E.n_sites; j += stride) exterior_site<R>(E, E.sites[j]);
     } else if (kPeers && A.halo) {
       unsigned long long epoch = 0ull;
-      if (blockIdx.x < team) {
+      if (grid_faces) {
+        if constexpr (CIRCUSLINK_QCD_FACE_GRID != 0) {
+          const bool started = rma_start_grid(q, bar);  // the same answer on every thread
+          if (threadIdx.x == 0) ok = started;
+          laps.lap(kPhaseHalo);
+          laps.trace(kTraceStarted);
+        }
+      } else if (blockIdx.x < team) {
         const bool started = face_start(q, bar, team, epoch);
         if (threadIdx.x == 0) ok = started;
         laps.lap(kPhaseHalo);
         laps.trace(kTraceStarted);
       }
-      if (gridDim.x == 1 || blockIdx.x >= team) interior_sites<R>(I, first - skip, stride - skip, A.split);
+      if (gridDim.x == 1 || grid_faces || blockIdx.x >= team)
+        interior_sites<R>(I, first - skip, stride - skip, A.split);
       laps.trace_last(A, kTraceLastInterior);
       if (blockIdx.x == 0) {
         laps.lap(kPhaseDslash);  // its interior share where it is the only block
