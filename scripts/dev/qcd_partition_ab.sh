@@ -23,7 +23,8 @@ for v in $VARIANTS; do
   IFS=: read -r name lattices vars <<< "$v"
   envs=()
   IFS=+ read -r -a envs <<< "${vars:-}"
-  envs+=(CIRCUSLINK_QCD_DEV_TRACE_DIR="$R/trace-$name")
+  # the job's own waits give up well before $QCD_S kills it (a killed job takes the MPS server down with it)
+  envs+=(CIRCUSLINK_QCD_DEV_TRACE_DIR="$R/trace-$name" CIRCUSLINK_TIMEOUT=${CIRCUSLINK_TIMEOUT:-40})
   case " ${envs[*]} " in *SM_PARTITION=green*)
     envs+=(PYTHONPATH="$PWD/scripts/dev/stall_dump${PYTHONPATH:+:$PYTHONPATH}" CIRCUSLINK_DEV_DUMP_S=${DUMP_S:-15}
           CIRCUSLINK_DEV_DUMP_DIR="$R/dumps-$name");;
