@@ -233,7 +233,7 @@ def test_dev_trace_is_written_and_summarised(tmp_path, monkeypatch, seed):
                               "last_interior": 67.0}, f"seed {seed}"
     script = Path(__file__).resolve().parents[1] / "scripts" / "dev" / "qcd_trace.py"
     out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
-                         check=True).stdout
+                         check=True, timeout=60).stdout
     assert "rank" in out and "    3.0" in out and "30.0" in out and "ranks' hop beginnings apart" in out, out
     _write_trace(d, np.zeros_like(stamps))  # no trace compiled in: nothing written, nothing fails
     # the host's layout is the kernel's (dslash.cu: kTraceHops, TraceEvent)
