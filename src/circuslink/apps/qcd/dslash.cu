@@ -24,12 +24,16 @@
 #include <circuslink/detail/sync.cuh>
 #include <circuslink/grid.cuh>
 #include <circuslink/qcd/dslash_types.cuh>
-// One low-latency line a thread at a time in the queue's waits (four by default): inlined into the resident CG,
-// four lines' addresses and values made ptxas spill its registers (sm_90, single precision: 496 bytes of spill
-// stores, 24 with one line), and a kernel that spilled so ran its one-rank iteration 11 % slower (BENCHMARKS.md).
-// Faces travel as lines only below 4 KiB a rank (tiny local lattices), where a line at a time costs little.
+// One low-latency line a thread at a time in the queue's waits (four by default), and one small chain's word a
+// thread loaded ahead in its starts (two): inlined into the resident CG, the defaults made ptxas spill its
+// registers (sm_90, single precision: 496 bytes of spill stores, none with one of each; double 1,408 and 464),
+// and a kernel that spilled so ran its one-rank iteration 11 % slower (BENCHMARKS.md). Faces travel as lines and
+// words only below 4 KiB a rank (tiny local lattices), where one at a time costs little.
 #ifndef CIRCUSLINK_RMA_LINES_IN_FLIGHT
 #define CIRCUSLINK_RMA_LINES_IN_FLIGHT 1
+#endif
+#ifndef CIRCUSLINK_RMA_WORDS_AHEAD
+#define CIRCUSLINK_RMA_WORDS_AHEAD 1
 #endif
 #include <circuslink/rma.cuh>
 

@@ -197,8 +197,14 @@ struct alignas(16) RmaVec16 {
 // A small chain's words (RmaQueue::words) that one thread copies first: their destinations and source
 // bytes, loaded when the start begins, before it waits for the targets' posts. The sources are mine and
 // final when the start is called; so the loads (of the word table, then of the sources: two dependent
-// trips to memory) leave the critical path, and after the posts arrive the thread only stores.
-constexpr unsigned int kRmaWordsAhead = 2;
+// trips to memory) leave the critical path, and after the posts arrive the thread only stores. A kernel short
+// of registers may define CIRCUSLINK_RMA_WORDS_AHEAD lower before it includes rma.cuh (as with the lines in flight
+// below: each word ahead holds 6 registers across the wait for the posts).
+#ifndef CIRCUSLINK_RMA_WORDS_AHEAD
+#define CIRCUSLINK_RMA_WORDS_AHEAD 2
+#endif
+constexpr unsigned int kRmaWordsAhead = CIRCUSLINK_RMA_WORDS_AHEAD;
+static_assert(kRmaWordsAhead >= 1, "CIRCUSLINK_RMA_WORDS_AHEAD: at least 1");
 struct RmaWordsAhead {
   RmaVec16 value[kRmaWordsAhead];
   unsigned long long dst[kRmaWordsAhead];
