@@ -2,8 +2,8 @@
 # Dev experiment (gpu-check.sh dev): the device-resident CG (bench qcd --cg device --halos rma-device) on 1, 2 and
 # 4 ranks under variants, in one call. $VARIANTS: "name:lattices[:VAR=value+VAR=value...]" separated by spaces
 # (a value may hold commas: CIRCUSLINK_DEVICE_DEFINES=A=1,B=2); the default, on SMs of their own a rank (green):
-#   green:16,32             the library's defaults (since 2026-12-07: the QCD waits a line at a time)
-#   green-lines4:16,32      ... four low-latency lines in flight, as before (CIRCUSLINK_RMA_LINES_IN_FLIGHT=4)
+#   green:16,32             the library's defaults (since 2026-12-07: QCD's RMA a line and a word at a time)
+#   green-rma-wide:16,32    ... four low-latency lines in flight and two words ahead, as before (the RMA defaults)
 #   green-trace:32          ... with the per-hop trace (CIRCUSLINK_QCD_DEV_TRACE=16), summed by qcd_trace.py
 #   green-facegrid:32       ... every block copying its share of the faces first (CIRCUSLINK_QCD_FACE_GRID=1)
 #   alone-halo:32           ... without the halo exchanges (CIRCUSLINK_QCD_DEV_ALONE=1: timing only)
@@ -15,7 +15,7 @@
 set -u
 R=${R:?} PY=${PY:-python3}
 G=CIRCUSLINK_SM_PARTITION=green D=CIRCUSLINK_DEVICE_DEFINES
-VARIANTS=${VARIANTS:-"green:16,32:$G green-lines4:16,32:$G+$D=CIRCUSLINK_RMA_LINES_IN_FLIGHT=4
+VARIANTS=${VARIANTS:-"green:16,32:$G green-rma-wide:16,32:$G+$D=CIRCUSLINK_RMA_LINES_IN_FLIGHT=4,CIRCUSLINK_RMA_WORDS_AHEAD=2
   green-trace:32:$G+$D=CIRCUSLINK_QCD_DEV_TRACE=16 green-facegrid:32:$G+$D=CIRCUSLINK_QCD_FACE_GRID=1
   alone-halo:32:$G+$D=CIRCUSLINK_QCD_DEV_ALONE=1
   alone:32:$G+$D=CIRCUSLINK_QCD_DEV_ALONE=3"}
