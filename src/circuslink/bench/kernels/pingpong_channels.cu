@@ -139,13 +139,21 @@ extern "C" __global__ void pingpong_grid(Tx tx, Rx rx, const unsigned char* src,
   if (!ok && lane == 0) atomicExch(status, 0);
 }
 
+// The rendezvous kernels' blocks an SM (their register cap): 3 (80 registers) fits more blocks, at the price of
+// spills (ptxas, sm_90: stream_rdv 144 bytes, pingpong_rdv 68; none at 2, where they take 114-118 registers).
+// -DCIRCUSLINK_BENCH_RDV_BLOCKS_PER_SM=2 through CIRCUSLINK_DEVICE_DEFINES is the A/B (not yet run).
+#ifndef CIRCUSLINK_BENCH_RDV_BLOCKS_PER_SM
+#define CIRCUSLINK_BENCH_RDV_BLOCKS_PER_SM 3
+#endif
+#define RDV_BLOCKS_PER_SM CIRCUSLINK_BENCH_RDV_BLOCKS_PER_SM
+
 // Every warp of a co-resident grid on each rank, through channels opened with a window: messages of at least
 // rendezvous_min bytes are pulled by the reader's grid straight from the writer's window (one copy a
 // direction, as NVSHMEM's put). Rank 1 reads each message into its own window (`src` there), and once its whole
 // grid has it (grid barrier) writes it back from there; rank 0 writes from its window and reads the reply into
 // `dst`. A write returns on each warp once the reader has pulled the message, so the next round trip cannot
 // overtake this one; rank 0 stops its clock after a last grid barrier. bar: 2 zeroed u32s.
-extern "C" __global__ void __launch_bounds__(256, 3) pingpong_rdv(Tx tx, Rx rx, unsigned char* src, unsigned char* dst, unsigned long long n,
+extern "C" __global__ void __launch_bounds__(256, RDV_BLOCKS_PER_SM) pingpong_rdv(Tx tx, Rx rx, unsigned char* src, unsigned char* dst, unsigned long long n,
                                         int role, int warmup, int iters, unsigned int* bar,
                                         unsigned long long timeout_ns, unsigned long long* times, int* status) {
   const unsigned int lane = threadIdx.x & 31;
@@ -260,7 +268,7 @@ extern "C" __global__ void stream_grid(Tx tx, Rx rx, Tx ack_tx, Rx ack_rx, const
                                        unsigned long long* times, int* status) {
   stream_body(tx, rx, ack_tx, ack_rx, src, dst, n, role, iters, gate, done, timeout_ns, times, status);
 }
-extern "C" __global__ void __launch_bounds__(256, 3) stream_rdv(Tx tx, Rx rx, Tx ack_tx, Rx ack_rx,
+extern "C" __global__ void __launch_bounds__(256, RDV_BLOCKS_PER_SM) stream_rdv(Tx tx, Rx rx, Tx ack_tx, Rx ack_rx,
     const unsigned char* src, unsigned char* dst, unsigned long long n, int role, int iters, unsigned int* gate,
     unsigned int* done, unsigned long long timeout_ns, unsigned long long* times, int* status) {
   stream_body(tx, rx, ack_tx, ack_rx, src, dst, n, role, iters, gate, done, timeout_ns, times, status);
