@@ -282,3 +282,56 @@ def test_the_first_device_driven_hop_meets_the_peers_first(spmd):
     a peer's setup did not return, and the job stalled until the time-out)."""
     job = spmd(2, FIRST_HOP_MEETS, backend="cuda", timeout=120).check()
     assert "ok rank 0" in job.output and "ok rank 1" in job.output, job.output
+
+
+FIRST_RESIDENT_MEETS = """
+import os, time
+import numpy as np
+import circuslink as cl
+from circuslink.apps import qcd
+from circuslink.apps.qcd import _cgstate as cg
+from circuslink.apps.qcd._lattice import local_from_global
+from circuslink.apps.qcd._solver import _BatchedIterations
+
+seed = int(os.environ["CIRCUSLINK_TEST_SEED"])
+GRID, DIMS = (2, 1, 1, 1), (8, 8, 8, 8)
+world = cl.init("cuda")
+""" + _FIELDS + """
+op = qcd.WilsonOperator(world, lat, U_local, 0.13, "single", halo="rma-device")
+b_e, b_o = op.split(b_local)
+x, r, p, ap = op.zeros(), op.zeros(), op.zeros(), op.zeros()
+r[...] = b_e
+p[...] = b_e
+op.pack(p, 0, False)
+it = _BatchedIterations(op, x, r, p, ap, 0.0, 10, timed=False)
+assert it.resident is not None, "rma-device on 2 ranks: the resident CG"
+book = np.zeros(cg.SLOTS)
+it.restart(op.norm2(r), 0.0, book)
+op.synchronize()
+world.barrier()
+LATE = 3.0
+if world.rank == 1:
+    time.sleep(LATE)  # a peer still setting up
+t0 = time.perf_counter()
+it.resident.run(5)  # asynchronous: the launch returns at once, unless it meets the peers first
+took = time.perf_counter() - t0
+op.synchronize()
+if world.rank == 0:
+    assert took > 0.8 * LATE, f"rank 0's first resident CG launched in {took:.3f} s: it did not meet rank 1"
+t0 = time.perf_counter()
+it.resident.run(5)  # later launches do not meet
+took = time.perf_counter() - t0
+op.synchronize()
+assert took < 0.5, f"rank {world.rank}: a later launch took {took:.3f} s"
+values = op.d.read_state(it.state)  # raises where the kernel timed out or failed
+assert values[cg.ITERATIONS] > 0, values  # the kernel ran its iterations (10 unless the CG froze)
+print(f"ok rank {world.rank}")
+world.close()
+"""
+
+
+def test_the_first_resident_cg_launch_meets_the_peers_first(spmd):
+    """The device-resident CG waits on the GPU for its peers' faces and sums; its first launch meets the peers on
+    the host first, as the first device-driven hop does (a late rank; fails where the launch returns at once)."""
+    job = spmd(2, FIRST_RESIDENT_MEETS, backend="cuda", timeout=120).check()
+    assert "ok rank 0" in job.output and "ok rank 1" in job.output, job.output

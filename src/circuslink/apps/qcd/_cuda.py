@@ -466,11 +466,17 @@ class ResidentCG:
                          phase_ns=_ptr(d.cg_phase_ns) if timed else 0, halo=int(d.halo is not None),
                          split=self.lanes, face_blocks=max(1, self.face_blocks), **precise)
         self._args: dict[int, Any] = {}
+        self._met = False  # whether a launch has met the peers (run)
 
     def run(self, iterations: int) -> None:
         args = self._args.get(iterations)
         if args is None:
             args = self._args[iterations] = CG_RESIDENT_ARGS.pack(**self.base, iterations=iterations)
+        if not self._met and self.d.world.size > 1:
+            # As the first device-driven hop (Dslash.apply): the kernel waits on the GPU for the peers' faces and
+            # sums, so its first launch meets them on the host while one may still be setting up.
+            self.d.world.barrier()
+        self._met = True
         self.d.world.backend.launch_resident(self.fn, self.blocks, THREADS,
                                              (args, self.barrier.device_handle(), self.queue, self.precise_queue))
 
