@@ -954,12 +954,18 @@ __device__ __forceinline__ bool barrier_after_sum(const CgResidentArgs& A, const
 #ifndef CIRCUSLINK_QCD_FACE_GRID
 #define CIRCUSLINK_QCD_FACE_GRID 0
 #endif
-// A hop's faces out (blocks 0 .. team-1) and in (block 0), through queue q.
-__device__ __forceinline__ bool face_start(const RmaHandle& q, const GridBarrier& bar, unsigned int team,
+// A hop's faces out (blocks 0 .. team-1, or every block in the grid form) and in (block 0), through queue q;
+// nothing where CIRCUSLINK_QCD_DEV_ALONE's bit 1 compiles the exchange out.
+__device__ __forceinline__ bool face_start(const RmaHandle& q, const GridBarrier& bar, unsigned int team, bool grid,
                                            unsigned long long& epoch) {
+  if constexpr ((CIRCUSLINK_QCD_DEV_ALONE & 1) != 0) return true;
+  if constexpr (CIRCUSLINK_QCD_FACE_GRID != 0) {
+    if (grid) return rma_start_grid(q, bar);  // the same answer on every thread
+  }
   return team == 1u ? rma_start(q) : rma_start_team(q, bar, team, epoch);
 }
 __device__ __forceinline__ bool face_wait(const RmaHandle& q, unsigned int team, unsigned long long epoch) {
+  if constexpr ((CIRCUSLINK_QCD_DEV_ALONE & 1) != 0) return true;
   return team == 1u ? rma_wait(q) : rma_wait_epoch(q, epoch);
 }
 
@@ -985,22 +991,10 @@ __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const Dslas
   for (int h = 0; h < 4; ++h, ++laps.hop) {
     const DslashArgs& I = hops[h];
     laps.trace(kTraceBegin);
-    if (kPeers && A.halo && (CIRCUSLINK_QCD_DEV_ALONE & 1)) {  // the same laps and barriers, no exchange
-      if (blockIdx.x >= team || gridDim.x == 1) interior_sites<R>(I, first - skip, stride - skip, A.split);
-      if (!barrier(A, bar)) return false;
-      const DslashArgs& E = hops[4 + h];
-      for (int j = first; j < E.n_sites; j += stride) exterior_site<R>(E, E.sites[j]);
-    } else if (kPeers && A.halo) {
+    if (kPeers && A.halo) {
       unsigned long long epoch = 0ull;
-      if (grid_faces) {
-        if constexpr (CIRCUSLINK_QCD_FACE_GRID != 0) {
-          const bool started = rma_start_grid(q, bar);  // the same answer on every thread
-          if (threadIdx.x == 0) ok = started;
-          laps.lap(kPhaseHalo);
-          laps.trace(kTraceStarted);
-        }
-      } else if (blockIdx.x < team) {
-        const bool started = face_start(q, bar, team, epoch);
+      if (grid_faces || blockIdx.x < team) {
+        const bool started = face_start(q, bar, team, grid_faces, epoch);
         if (threadIdx.x == 0) ok = started;
         laps.lap(kPhaseHalo);
         laps.trace(kTraceStarted);
