@@ -241,50 +241,9 @@ def test_device_resident_cg_with_a_face_team_and_lane_sums_agrees(spmd, tmp_path
     assert np.linalg.norm(gpu - cpu) / np.linalg.norm(cpu) < 1e-8
 
 
-FIRST_HOP_MEETS = """
-import os, time
-import numpy as np
-import circuslink as cl
-from circuslink.apps import qcd
-from circuslink.apps.qcd._lattice import local_from_global
-
-seed = int(os.environ["CIRCUSLINK_TEST_SEED"])
-GRID, DIMS = (2, 1, 1, 1), (8, 8, 8, 8)
-world = cl.init("cuda")
-""" + _FIELDS + """
-op = qcd.WilsonOperator(world, lat, U_local, 0.13, "single", halo="rma-device")
-b_e, b_o = op.split(b_local)
-out = op.zeros()
-op.pack(b_o, 1, False)
-op.synchronize()
-LATE = 3.0
-if world.rank == 1:
-    time.sleep(LATE)  # a peer still setting up
-t0 = time.perf_counter()
-op.hop(out, b_o, 0, False)  # asynchronous: the launch returns at once, unless the hop meets the peers first
-took = time.perf_counter() - t0
-op.synchronize()
-if world.rank == 0:
-    assert took > 0.8 * LATE, f"rank 0's first device-driven hop launched in {took:.3f} s: it did not meet rank 1"
-t0 = time.perf_counter()
-op.hop(out, b_o, 0, False)  # later hops launch without meeting
-took = time.perf_counter() - t0
-op.synchronize()
-assert took < 0.5, f"rank {world.rank}: a later hop took {took:.3f} s to launch"
-print(f"ok rank {world.rank}")
-world.close()
-"""
-
-
-def test_the_first_device_driven_hop_meets_the_peers_first(spmd):
-    """A device-driven hop waits on the GPU for its peers' faces; its first launch meets the peers on the host
-    first, so no rank's hop waits on the GPU while a peer still sets up (at 32^4 on 2x2x1x1 ranks under MPS such
-    a peer's setup did not return, and the job stalled until the time-out)."""
-    job = spmd(2, FIRST_HOP_MEETS, backend="cuda", timeout=120).check()
-    assert "ok rank 0" in job.output and "ok rank 1" in job.output, job.output
-
-
-FIRST_RESIDENT_MEETS = """
+# A first launch that waits on the GPU for its peers meets them on the host first: rank 1 comes 3 s late, and rank
+# 0's first launch (asynchronous otherwise) returns only once it has; later launches return at once.
+_LATE_PEER = """
 import os, time
 import numpy as np
 import circuslink as cl
@@ -299,6 +258,36 @@ world = cl.init("cuda")
 """ + _FIELDS + """
 op = qcd.WilsonOperator(world, lat, U_local, 0.13, "single", halo="rma-device")
 b_e, b_o = op.split(b_local)
+
+
+def meets_once(launch, what):
+    op.synchronize()
+    world.barrier()
+    LATE = 3.0
+    if world.rank == 1:
+        time.sleep(LATE)  # a peer still setting up
+    t0 = time.perf_counter()
+    launch()
+    took = time.perf_counter() - t0
+    op.synchronize()
+    if world.rank == 0:
+        assert took > 0.8 * LATE, f"rank 0's first {what} launched in {took:.3f} s: it did not meet rank 1"
+    t0 = time.perf_counter()
+    launch()
+    took = time.perf_counter() - t0
+    op.synchronize()
+    assert took < 0.5, f"rank {world.rank}: a later {what} took {took:.3f} s to launch"
+"""
+
+FIRST_HOP_MEETS = _LATE_PEER + """
+out = op.zeros()
+op.pack(b_o, 1, False)
+meets_once(lambda: op.hop(out, b_o, 0, False), "device-driven hop")
+print(f"ok rank {world.rank}")
+world.close()
+"""
+
+FIRST_RESIDENT_MEETS = _LATE_PEER + """
 x, r, p, ap = op.zeros(), op.zeros(), op.zeros(), op.zeros()
 r[...] = b_e
 p[...] = b_e
@@ -307,27 +296,20 @@ it = _BatchedIterations(op, x, r, p, ap, 0.0, 10, timed=False)
 assert it.resident is not None, "rma-device on 2 ranks: the resident CG"
 book = np.zeros(cg.SLOTS)
 it.restart(op.norm2(r), 0.0, book)
-op.synchronize()
-world.barrier()
-LATE = 3.0
-if world.rank == 1:
-    time.sleep(LATE)  # a peer still setting up
-t0 = time.perf_counter()
-it.resident.run(5)  # asynchronous: the launch returns at once, unless it meets the peers first
-took = time.perf_counter() - t0
-op.synchronize()
-if world.rank == 0:
-    assert took > 0.8 * LATE, f"rank 0's first resident CG launched in {took:.3f} s: it did not meet rank 1"
-t0 = time.perf_counter()
-it.resident.run(5)  # later launches do not meet
-took = time.perf_counter() - t0
-op.synchronize()
-assert took < 0.5, f"rank {world.rank}: a later launch took {took:.3f} s"
+meets_once(lambda: it.resident.run(5), "resident CG")
 values = op.d.read_state(it.state)  # raises where the kernel timed out or failed
 assert values[cg.ITERATIONS] > 0, values  # the kernel ran its iterations (10 unless the CG froze)
 print(f"ok rank {world.rank}")
 world.close()
 """
+
+
+def test_the_first_device_driven_hop_meets_the_peers_first(spmd):
+    """A device-driven hop waits on the GPU for its peers' faces; its first launch meets the peers on the host
+    first, so no rank's hop waits on the GPU while a peer still sets up (at 32^4 on 2x2x1x1 ranks under MPS such
+    a peer's setup did not return, and the job stalled until the time-out)."""
+    job = spmd(2, FIRST_HOP_MEETS, backend="cuda", timeout=120).check()
+    assert "ok rank 0" in job.output and "ok rank 1" in job.output, job.output
 
 
 def test_the_first_resident_cg_launch_meets_the_peers_first(spmd):
