@@ -525,8 +525,8 @@ def face_blocks(face_bytes: int, resident: int) -> int:
     """Blocks of the resident CG that copy a hop's faces together while the others take the interior
     (``rma_start_team``). CIRCUSLINK_QCD_FACE_BLOCKS: unset or ``1`` (the default), one block, as the CG was last
     measured on a GPU; ``auto``, one per 32 KiB of faces (a block's copy moves a few tens of GB/s, so each takes
-    about a microsecond), at most an eighth of the grid; a whole number, that many. The team is opt-in until a
-    GPU run has measured it against the one block."""
+    about a microsecond), at most an eighth of the grid; a whole number, that many. The team stays opt-in: on one
+    H100 it moved no iteration beyond the spread of repeated runs (BENCHMARKS.md)."""
     text = os.environ.get("CIRCUSLINK_QCD_FACE_BLOCKS", "").strip().lower() or "1"
     if text != "auto":
         if not text.isdigit() or int(text) < 1:
