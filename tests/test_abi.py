@@ -99,7 +99,7 @@ CONSTANTS = [
     ("router_types.cuh", "kAgentGpuScope", "circuslink.channels.protocol", "ROUTER_GPU_SCOPE", None),
     *[("rma_types.cuh", c, "circuslink.rma._layout", py, None) for c, py in [
         ("kRmaChunkBytes", "CHUNK_BYTES"), ("kRmaGpuScope", "GPU_SCOPE"), ("kRmaLowLatency", "LOW_LATENCY"),
-        ("kRmaLLDepth", "LL_DEPTH"), ("kRmaSmallChainBytes", "SMALL_CHAIN_BYTES")]],
+        ("kRmaSignalOnly", "SIGNAL_ONLY"), ("kRmaLLDepth", "LL_DEPTH"), ("kRmaSmallChainBytes", "SMALL_CHAIN_BYTES")]],
     *[("router_types.cuh", c, "circuslink.channels.protocol", py, None) for c, py in [
         ("kSharedPerInput", "ROUTER_SHARED_PER_INPUT"), ("kSharedPerOutput", "ROUTER_SHARED_PER_OUTPUT"),
         ("kSharedPerRank", "ROUTER_SHARED_PER_RANK")]],

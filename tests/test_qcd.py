@@ -183,6 +183,46 @@ def test_resident_hop_split_follows_the_lattice(monkeypatch):
         hop_split(2048, 132)
 
 
+class _FakeDirect:
+    """DirectFaces' two questions, with addresses that say what they are: ghost half h at 1000 h + 1000, half h of
+    slot k's neighbour at 100000 (h + 1) + k."""
+
+    def ghost(self, half):
+        return 1000 * (half + 1)
+
+    def face_to(self, half):
+        return [100000 * (half + 1) + k for k in range(8)]
+
+
+def test_resident_direct_faces_alternate_two_ghost_halves(monkeypatch):
+    """With direct faces hop h of the resident CG reads ghost half h & 1 and writes the next hop's faces into the
+    neighbours' half (h + 1) & 1, p's (the last entry) into half 0; interiors keep what they had; without,
+    nothing changes. The switch is CIRCUSLINK_QCD_DIRECT_FACES, 1 by default, refused naming itself otherwise."""
+    from circuslink.apps.qcd._cuda import DSLASH_ARGS, _hop_table, direct_faces_wanted
+    from circuslink.errors import ConfigError
+
+    rng = np.random.default_rng()
+    args = [DSLASH_ARGS.pack(ghost=int(g), send=int(g) + 1, face_to=[int(g) + 1] * 8)
+            for g in rng.integers(1, 1 << 40, 9)]
+    hops = list(zip(args[:4], args[4:8], strict=True))
+    plain = _hop_table(np, hops, args[8]).view(DSLASH_ARGS.dtype)
+    assert [int(e["ghost"]) for e in plain] == [int(a["ghost"]) for a in args]
+    table = _hop_table(np, hops, args[8], _FakeDirect()).view(DSLASH_ARGS.dtype)
+    for h in range(4):
+        assert int(table[h]["ghost"]) == int(args[h]["ghost"])  # interiors: untouched
+        assert int(table[4 + h]["ghost"]) == 1000 * ((h & 1) + 1)
+        assert list(table[4 + h]["face_to"]) == [100000 * (((h + 1) & 1) + 1) + k for k in range(8)]
+        assert int(table[4 + h]["send"]) == int(args[4 + h]["send"])
+    assert list(table[8]["face_to"]) == [100000 + k for k in range(8)]
+    monkeypatch.delenv("CIRCUSLINK_QCD_DIRECT_FACES", raising=False)
+    assert direct_faces_wanted()
+    monkeypatch.setenv("CIRCUSLINK_QCD_DIRECT_FACES", "0")
+    assert not direct_faces_wanted()
+    monkeypatch.setenv("CIRCUSLINK_QCD_DIRECT_FACES", "yes")
+    with pytest.raises(ConfigError, match="CIRCUSLINK_QCD_DIRECT_FACES='yes'"):
+        direct_faces_wanted()
+
+
 @pytest.mark.parametrize("bad", ["0", "-2", "two", "1.5"])
 def test_resident_face_blocks_follow_the_faces(monkeypatch, bad):
     """The blocks that copy a hop's faces together: one by default; with auto one per 32 KiB of faces, at least

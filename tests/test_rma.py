@@ -984,3 +984,91 @@ def test_auto_launch_picks_the_copy_engine_for_large_chains_of_large_blocks(monk
     from circuslink.rma._cuda import launch_mode
     with pytest.raises(cl.RmaError, match="CIRCUSLINK_RMA_LAUNCH='dma': choose one of auto, kernel, graph"):
         launch_mode()
+
+
+# -- signal-only queues: the origin's own stores into the targets' windows (add_target, Window.peer) ------------
+# Every rank writes fresh bytes into both neighbours' windows (mapped here), into the half of this cycle's
+# parity, then starts: the start only tells them. Two halves are enough because a rank writes cycle c only after
+# its wait for cycle c - 1, which both neighbours start after checking cycle c - 2 (the half c reuses).
+# Window per rank: half h (h = cycle & 1) holds [from my left | from my right], BLOCK bytes each.
+SIGNAL_ONLY = """
+import os
+import numpy as np
+import circuslink as cl
+from circuslink import rma
+
+CYCLES, BLOCK = {cycles}, 1000
+SEED = int(os.environ["CIRCUSLINK_TEST_SEED"])
+world = cl.init()
+me, n = world.rank, world.size
+right, left = (me + 1) % n, (me - 1) % n
+xp = world.xp
+
+def payload(origin, target, cycle):
+    return np.random.default_rng([SEED, origin, target, cycle]).integers(0, 256, BLOCK, dtype=np.uint8)
+
+def at(half, from_left):
+    return (2 * half + (0 if from_left else 1)) * BLOCK
+
+win = rma.window_alloc(world, 4 * BLOCK)
+win.local[:] = 0
+q = rma.Queue.alloc(win)
+for t in sorted({{left, right}}):
+    q.add_target(t)
+    q.add_origin(t)
+q.commit()
+assert q.describe()["signal_only"] and q.describe()["targets"] == sorted({{left, right}})
+world.barrier()
+for cycle in range(CYCLES):
+    half = cycle & 1
+    a = at(half, True)   # I am my right neighbour's left
+    win.peer(right)[a:a + BLOCK] = xp.asarray(payload(me, right, cycle))
+    a = at(half, False)  # ... and my left neighbour's right
+    win.peer(left)[a:a + BLOCK] = xp.asarray(payload(me, left, cycle))
+    q.start()
+    q.wait()
+    got = win.local.get() if hasattr(win.local, "get") else win.local
+    for from_left, origin in ((True, left), (False, right)):
+        a = at(half, from_left)
+        if not np.array_equal(got[a:a + BLOCK], payload(origin, me, cycle)):
+            raise SystemExit(f"rank {{me}} cycle {{cycle}}: the bytes from rank {{origin}} differ")
+q.free()
+win.free()
+world.close()
+print(f"rank {{me}} ok {{CYCLES}} cycles")
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n", [2, 3])
+def test_signal_only_queue_carries_the_origins_own_stores(spmd, backend, n):
+    cycles = 200
+    job = spmd(n, SIGNAL_ONLY.format(cycles=cycles), backend=backend, timeout=300).check()
+    assert job.output.count(f"ok {cycles} cycles") == n, job.output
+
+
+def test_signal_only_queue_refuses_a_chain_and_bad_ranks(world, win):
+    q = rma.Queue.alloc(win)
+    q.add_target(0)
+    with pytest.raises(cl.RmaError, match=r"push on rma queue .*: its writes are the caller's own \(add_target\)"):
+        q.push(rma.declare_write(win, 0, win, 512, 8, 0))
+    with pytest.raises(cl.RmaError, match="add_target: rank 0 is already a target"):
+        q.add_target(0)
+    with pytest.raises(cl.RmaError, match="add_target: rank 5 is out of range for a world of 1 ranks"):
+        q.add_target(5)
+    with pytest.raises(cl.RmaError, match="Window.peer: rank -1 is out of range"):
+        win.peer(-1)
+    q.add_origin(0)
+    q.commit()
+    with pytest.raises(cl.RmaError, match="add_target after commit"):
+        q.add_target(0)
+    win.peer(0)[:8] = 7  # my own write into rank 0's window (mine): the start releases it
+    q.start()
+    q.wait()
+    assert (win.local[:8] == 7).all()
+    q.clear()
+    assert not q.describe()["signal_only"]  # clear forgets the targets too
+    q.push(rma.declare_write(win, 0, win, 512, 8, 0))
+    with pytest.raises(cl.RmaError, match="add_target on .*: it has a chain of declared writes"):
+        q.add_target(0)
+    q.free()

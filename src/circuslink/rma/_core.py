@@ -77,6 +77,19 @@ class Window(Resource):
         itemsize = np.dtype(dtype).itemsize
         return arr[: self.nbytes - self.nbytes % itemsize].view(dtype)
 
+    def peer(self, rank: int):
+        """Rank ``rank``'s part of the window, mapped here, as a uint8 array (numpy on cpu, cupy when the world is
+        cuda: its ``data.ptr`` is the device address a kernel stores through): where a queue's origin writes
+        itself (:meth:`Queue.add_target`). Windows of MPI-3 memory have no such mapping."""
+        self._check()
+        size = self.world.size
+        if isinstance(rank, bool) or not isinstance(rank, int | np.integer) or not 0 <= rank < size:
+            raise RmaError(f"Window.peer: rank {rank!r} is out of range for a world of {size} ranks")
+        if not hasattr(self._impl, "peer"):
+            raise RmaError(f"Window.peer: window {self.index} is {self.label} memory, which maps no peer's part; "
+                           "use memory='mapped'")
+        return self._impl.peer(int(rank))
+
     @property
     def freed(self) -> bool:
         return self._closed
@@ -306,6 +319,7 @@ class Queue(Resource):
         self._impl = impl
         self._handles: list[MsgHandle] = []
         self._origins: list[int] = []
+        self._own_targets: list[int] = []  # add_target: ranks whose window I write myself
         self._state = _OPEN
         self.epoch = 0  # the last epoch started (host-driven); counters agree on it at commit
         self.post_at = "start"
@@ -353,7 +367,12 @@ class Queue(Resource):
 
     @property
     def targets(self) -> tuple[int, ...]:
-        return tuple(sorted({h.dst_rank for h in self._handles}))
+        return tuple(sorted({h.dst_rank for h in self._handles} | set(self._own_targets)))
+
+    @property
+    def signal_only(self) -> bool:
+        """Whether the queue's writes are its origin's own stores (:meth:`add_target`): no chain to copy."""
+        return bool(self._own_targets)
 
     @property
     def committed(self) -> bool:
@@ -367,6 +386,9 @@ class Queue(Resource):
             raise RmaError(f"push after commit on {self._where()}: call clear() first to change the chain")
         if not isinstance(handle, MsgHandle):
             raise RmaError(f"push: expected a MsgHandle from declare_write, got {type(handle).__name__}")
+        if self._own_targets:
+            raise RmaError(f"push on {self._where()}: its writes are the caller's own (add_target); a queue is "
+                           "either a chain of declared writes or that, not both")
         if handle.dst_window is not self.window:
             raise RmaError(
                 f"push: {handle.describe()} writes into window {handle.dst_window.index}, but {self.name} "
@@ -399,6 +421,29 @@ class Queue(Resource):
             raise RmaError(f"add_origin: rank {rank} is already an origin of {self._where()}")
         self._origins.append(int(rank))
 
+    def add_target(self, rank: int) -> None:
+        """Declare that I write into ``rank``'s window myself, through its mapping here (:meth:`Window.peer`):
+        my kernel's own stores are the epoch's writes, made before the start, whose only job is then to release
+        them and tell the target (a signal-only queue: nothing to copy, so its output can be the message itself).
+        Nothing is posted and no post is waited for, so which bytes I may write when is the caller's protocol:
+        for instance two halves of the target's window alternating by epoch, written only after the wait for
+        the target's previous epoch. A queue is either this or a chain of declared writes (push), not both."""
+        self._check_not_freed("add_target")
+        if self._state != _OPEN:
+            raise RmaError(f"add_target after commit on {self._where()}: call clear() first")
+        size = self.world.size
+        if isinstance(rank, bool) or not isinstance(rank, int | np.integer) or not 0 <= rank < size:
+            raise RmaError(f"add_target: rank {rank!r} is out of range for a world of {size} ranks")
+        if self._handles:
+            raise RmaError(f"add_target on {self._where()}: it has a chain of declared writes (push); a queue is "
+                           "either that or the caller's own writes, not both")
+        if int(rank) in self._own_targets:
+            raise RmaError(f"add_target: rank {rank} is already a target of {self._where()}")
+        if not hasattr(self.window._impl, "peer"):
+            raise RmaError(f"add_target on {self._where()}: the {self.window.label} window maps no peer's part, "
+                           "so nothing could write it; use memory='mapped'")
+        self._own_targets.append(int(rank))
+
     def commit(self, post_at: str = "start", timeout: float | None = None) -> None:
         """Collective: check the chain against every peer's and build it once (descriptors, graphs, datatypes).
 
@@ -427,11 +472,17 @@ class Queue(Resource):
             "origins": list(self._origins),
             "epoch": self._impl.current_epoch(self.epoch, deadline),
             "post_at": post_at,
+            "signal_only": self.signal_only,
         }
         everyone = self.world.allgather_object(mine, deadline)
         modes = {r: d["post_at"] for r, d in enumerate(everyone)}
         if len(set(modes.values())) != 1:
             raise RmaError(f"commit of {self.name}: post_at differs between ranks ({modes})")
+        own = {r: d["signal_only"] for r, d in enumerate(everyone)}
+        if len(set(own.values())) != 1:
+            raise RmaError(f"commit of {self.name}: ranks {sorted(r for r, v in own.items() if v)} write themselves "
+                           f"(add_target) and ranks {sorted(r for r, v in own.items() if not v)} push a chain; "
+                           "every rank's queue must be the same kind")
         problems = []
         for r, d in enumerate(everyone):
             for t in d["targets"]:
@@ -534,6 +585,7 @@ class Queue(Resource):
         self._impl.clear(Deadline.after(self.timeout))
         self._handles.clear()
         self._origins.clear()
+        self._own_targets.clear()
         self._state = _OPEN
 
     def free(self, timeout: float | None = None) -> None:
@@ -565,7 +617,8 @@ class Queue(Resource):
         """The queue and, once committed, the plan its window's module built: a dict for logs and benchmarks.
 
         Keys: ``queue``, ``rank``, ``memory``, ``state``, ``epoch``, ``post_at``, ``timeout_s``,
-        ``targets``, ``origins``, ``handles`` (their descriptions), ``transposes`` (one entry per
+        ``targets``, ``origins``, ``signal_only`` (:meth:`add_target`), ``handles`` (their descriptions),
+        ``transposes`` (one entry per
         transposing put: handle id, dtype, rows, cols and ``tile``, the (m, n) the module uses, None
         where it moves the block whole); once committed, the module's own (cuda: ``launch``
         "kernel" or "graph", ``grid``, ``threads``, ``work_units``).
@@ -580,7 +633,8 @@ class Queue(Resource):
         return {"queue": self.name, "rank": self.world.rank, "memory": self.window.memory, "state": state,
                 "epoch": self.epoch, "post_at": self.post_at, "timeout_s": self.timeout,
                 "targets": list(self.targets), "origins": list(self._origins),
-                "handles": [h.describe() for h in self._handles], "transposes": transposes, **plan}
+                "signal_only": self.signal_only, "handles": [h.describe() for h in self._handles],
+                "transposes": transposes, **plan}
 
     def device_handle(self) -> np.void:
         """The queue's device handle: a numpy scalar of ``circuslink::RmaHandle``, passed to a kernel by value.

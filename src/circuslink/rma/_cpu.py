@@ -75,6 +75,7 @@ class CpuQueue:
         self.chain: list[tuple[int, list[tuple[np.ndarray, np.ndarray]]]] = []
         self.tiles: dict[int, tuple[int, int] | None] = {}
         self.origins: list[int] = []
+        self.own_targets: list[int] = []  # a signal-only queue's targets (Queue.add_target)
         self.post_at = "start"
 
     def current_epoch(self, host_epoch: int, deadline: Deadline) -> int:
@@ -95,7 +96,8 @@ class CpuQueue:
             dst = _view(self.window.peer(h.dst_rank), h.dst_offset, h.count, h.block_bytes, h.dst_stride)
             by_target.setdefault(h.dst_rank, []).append((dst, src))
         self.chain = sorted(by_target.items())
-        if post_at == "wait":
+        self.own_targets = [t for t in queue.targets if queue.signal_only]
+        if post_at == "wait" and not queue.signal_only:
             self._post(base + 1)  # the first epoch is open from the start
 
     def describe(self) -> dict:
@@ -108,6 +110,10 @@ class CpuQueue:
 
     def start(self, epoch: int, deadline: Deadline, stream: Any) -> None:
         queue = self.queue
+        if self.own_targets:  # my own writes into their windows came first: only the arrivals, no posts
+            for t in self.own_targets:
+                self.peers[t][self.world.rank] = epoch
+            return
         if self.post_at == "start":
             self._post(epoch)
         me, mine = self.world.rank, self.mine
@@ -124,13 +130,14 @@ class CpuQueue:
         wait_until(lambda: all(int(mine[o]) >= epoch for o in origins), deadline,
                    lambda: self.queue._stall("waiting for the writes of origin",
                                              [o for o in origins if int(mine[o]) < epoch], epoch))
-        if self.post_at == "wait":
+        if self.post_at == "wait" and not self.own_targets:
             self._post(epoch + 1)
 
     def clear(self, deadline: Deadline | None) -> None:
         self.chain = []
         self.tiles = {}
         self.origins = []
+        self.own_targets = []
 
     def close(self, deadline: Deadline) -> None:
         self.clear(deadline)

@@ -49,6 +49,7 @@ from ._layout import (
     LL_LINE_BYTES,
     LOW_LATENCY,
     QUEUE,
+    SIGNAL_ONLY,
     SMALL_CHAIN_BYTES,
     WORD,
     work_units,
@@ -185,6 +186,9 @@ class CudaWindow:
     def local(self):
         return self.buf.local
 
+    def peer(self, rank: int):
+        return self.buf.peer(rank)
+
     def new_queue(self, deadline: Deadline) -> CudaQueue:
         return CudaQueue(self, deadline)
 
@@ -272,7 +276,8 @@ class CudaQueue:
         origins = list(queue.origins)
         lines = LINE.array(0)
         slot_bytes = 0
-        ll = self._plan_low_latency(handles, words, bool(tputs), origins, deadline)
+        signal_only = queue.signal_only  # no chain: the start only releases my own stores and raises arrivals
+        ll = None if signal_only else self._plan_low_latency(handles, words, bool(tputs), origins, deadline)
         if ll is not None:
             words, lines, slot_bytes = ll
             word_bytes = 8
@@ -300,10 +305,12 @@ class CudaQueue:
             "origins": base_ptr + offsets[3], "post_at_origin": base_ptr + offsets[4], "n_origins": len(origins),
             "state": self.state.data.ptr, "error": self.error_ptr,
             # The queue's time-out (commit's), for every device wait of a start and of device-driven waits.
-            "timeout_ns": max(1, int(deadline.limit * 1e9)), "post_at_wait": int(post_at == "wait"),
+            "timeout_ns": max(1, int(deadline.limit * 1e9)),
+            "post_at_wait": int(post_at == "wait" and not signal_only),  # a signal-only queue posts nothing
             "abort": self.world.backend.abort_ptr,
             "transposes": self.tchain.ptr,
-            "flags": (GPU_SCOPE if self.window.gpu_scope else 0) | (LOW_LATENCY if ll is not None else 0),
+            "flags": ((GPU_SCOPE if self.window.gpu_scope else 0) | (LOW_LATENCY if ll is not None else 0)
+                      | (SIGNAL_ONLY if signal_only else 0)),
             "words": base_ptr + offsets[5] if len(words) else 0, "n_words": len(words), "word_bytes": word_bytes,
             "lines": base_ptr + offsets[6] if len(lines) else 0, "n_lines": len(lines), "ll_slot_bytes": slot_bytes,
             "ll_base": base,
@@ -344,7 +351,7 @@ class CudaQueue:
         self.k_wait = kernels.get_function("circuslink_rma_wait")
         self._stream_wait(self.stream, deadline, "setting up the queue's state on the device")
         del host  # the copy above has landed
-        if post_at == "wait":
+        if post_at == "wait" and not signal_only:
             # The first epoch is open from the start: post it into every origin (landed before commit returns).
             one = np.array([base + 1], dtype=np.uint64)
             for o in origins:

@@ -43,6 +43,7 @@ LINE = abi.Struct("circuslink::RmaLine", HEADER, [("staging", abi.U64), ("dst", 
 WORD = abi.Struct("circuslink::RmaWord", HEADER, [("src", abi.U64), ("dst", abi.U64)])
 GPU_SCOPE = 1  # kRmaGpuScope: the counters release / acquire at .gpu scope (every rank on one GPU)
 LOW_LATENCY = 2  # kRmaLowLatency: the small chain travels as low-latency lines into the targets' staging
+SIGNAL_ONLY = 4  # kRmaSignalOnly: no chain; the start releases the origin's own stores and raises the arrivals
 LL_DEPTH = 4  # kRmaLLDepth: staging slots (epochs an origin may run ahead of a target's wait)
 LL_LINE_BYTES = 16  # one 8-byte word and its epoch, twice
 SMALL_CHAIN_BYTES = 4096  # kRmaSmallChainBytes: plain writes up to this many bytes are committed as words

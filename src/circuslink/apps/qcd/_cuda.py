@@ -30,7 +30,8 @@ from ._phases import NO_PHASES, PHASES
 
 #: The kernels' argument block (include/circuslink/qcd/dslash_types.cuh), passed by value.
 DSLASH_ARGS = Struct("circuslink::qcd::DslashArgs", "circuslink/qcd/dslash_types.cuh", [
-    ("out", PTR), ("in", PTR), ("x", PTR), ("gauge", PTR), ("send", PTR), ("ghost", PTR), ("sites", PTR),
+    ("out", PTR), ("in", PTR), ("x", PTR), ("gauge", PTR), ("send", PTR), ("ghost", PTR), ("face_to", PTR, 8),
+    ("sites", PTR),
     ("a", F64), ("b", F64), ("fwd_sign", F64, 4), ("bwd_sign", F64, 4),
     ("dims", I32, 4), ("face_offset", I32, 8), ("vh", I32), ("faces", I32), ("n_sites", I32), ("parity", I32),
     ("dagger", I32), ("emit", I32), ("partitioned", I32), ("has_x", I32),
@@ -42,7 +43,7 @@ CG_RESIDENT_ARGS = Struct("circuslink::qcd::CgResidentArgs", "circuslink/qcd/dsl
     ("rhs", PTR), ("precise_r", PTR), ("precise_ap", PTR), ("s", PTR), ("partial", PTR), ("done", PTR),
     ("phase_ns", PTR), ("peers", PTR), ("seq", PTR), ("status", PTR), ("n", I64), ("n_precise", I64),
     ("delta2", F64), ("timeout_ns", U64), ("rank", I32), ("size", I32), ("iterations", I32), ("halo", I32),
-    ("updates", I32), ("split", I32), ("face_blocks", I32),
+    ("updates", I32), ("split", I32), ("face_blocks", I32), ("direct", I32),
 ])
 # CgStatus codes the resident kernel and qcd_cg_scalars record (two int32 after the scalars: _STATUS)
 _CG_HALO_FAILED, _CG_BARRIER_FAILED, _CG_SUM_FAILED = 1, 2, 3
@@ -199,6 +200,7 @@ class Dslash:
         """The argument block for ``values`` (cached: the CG reuses a handful of field combinations)."""
         args = self._args.get(key)
         if args is None:
+            values.setdefault("face_to", [values.get("send", 0)] * 8)  # the faces written go to send
             args = DSLASH_ARGS.pack(**{**self.base, **values})
             if len(self._args) > 256:
                 self._args.clear()
@@ -429,7 +431,11 @@ class ResidentCG:
         self.d = d
         self.update = update
         self.updates = update is not None
-        self.hops = _hop_table(cp, hops, d._xpay_state_args(p, r, parity, False))  # alive while the kernel reads it
+        # Direct faces (the default where the halo offers them): the hops write their faces into the neighbours'
+        # ghosts themselves and the queue only signals (DirectFaces); else the queue copies them from `send`.
+        want = direct_faces_wanted()
+        self.direct = d.halo.direct_faces() if want and hasattr(d.halo, "direct_faces") else None
+        self.hops = _hop_table(cp, hops, d._xpay_state_args(p, r, parity, False), self.direct)  # alive while read
         backend = d.world.backend
         # Alone (one rank, no halo): the kernel built without the exchanges, whose code made the CG spill.
         alone = d.world.size == 1 and d.halo is None and (update is None or update.d.halo is None)
@@ -442,29 +448,34 @@ class ResidentCG:
             self.fn = kernels(d.suffix + u.suffix).get_function(f"qcd_cg_resident_{local}{d.suffix}{u.suffix}")
             fold = u._pack_args(("fold", _ptr(update.y)), out=_ptr(update.y), **{"in": _ptr(update.y)},
                                 send=u.send_ptr, sites=0, n_sites=0, parity=parity, dagger=0, has_x=0)
-            self.precise_hops = _hop_table(cp, u.record(update.normal, update.ay, update.y), fold)
+            precise_direct = u.halo.direct_faces() if want and hasattr(u.halo, "direct_faces") else None
+            self.precise_hops = _hop_table(cp, u.record(update.normal, update.ay, update.y), fold, precise_direct)
             wide = [f.reshape(-1).view(u.real) for f in (update.y, update.rhs, update.r, update.ay)]
             precise = dict(precise_hops=_ptr(self.precise_hops), y=_ptr(wide[0]), rhs=_ptr(wide[1]),
                            precise_r=_ptr(wide[2]), precise_ap=_ptr(wide[3]), n_precise=int(wide[0].size), updates=1)
             if u.halo is not None:
-                self.precise_queue = u.halo.device_handle()
+                self.precise_queue = (precise_direct or u.halo).device_handle()
                 d.cg_other_halos = [u.halo]
         # Lanes a site in the hops (hop_split), and enough blocks for that many lanes where the rank's share of
         # the GPU holds them; grid-stride beyond.
         resident = int(backend.max_blocks(self.fn, THREADS))
         self.lanes = hop_split(d.lat.half, min(resident, int(d.world.sm_budget or resident)))
         # (with halos a team of blocks copies the faces while the others take the interior: that many blocks more)
-        self.face_blocks = face_blocks(12 * np.dtype(d.real).itemsize * d.lat.face_total, resident) if d.halo else 0
+        # (none with direct faces: nothing to copy)
+        self.face_blocks = (face_blocks(12 * np.dtype(d.real).itemsize * d.lat.face_total, resident)
+                            if d.halo and self.direct is None else 0)
         self.blocks = max(1, min(resident, d._blocks(d.lat.half * self.lanes) + self.face_blocks))
         self.barrier = backend.grid_barrier(timeout=None)
-        self.queue = d.halo.device_handle() if d.halo is not None else np.uint64(0)  # RmaHandle{nullptr}: no halos
+        # RmaHandle{nullptr}: no halos
+        self.queue = (self.direct or d.halo).device_handle() if d.halo is not None else np.uint64(0)
         self.timed = timed
         d.cg_phase_ns.fill(0)
         views = [f.reshape(-1).view(d.real) for f in (x, r, p, ap)]
         self.base = dict(d.cg_base, hops=_ptr(self.hops), x=_ptr(views[0]), r=_ptr(views[1]), p=_ptr(views[2]),
                          ap=_ptr(views[3]), s=_ptr(s), status=d._status_ptr(s), n=int(views[0].size), delta2=delta2,
                          phase_ns=_ptr(d.cg_phase_ns) if timed else 0, halo=int(d.halo is not None),
-                         split=self.lanes, face_blocks=max(1, self.face_blocks), **precise)
+                         split=self.lanes, face_blocks=max(1, self.face_blocks), direct=int(self.direct is not None),
+                         **precise)
         self._args: dict[int, Any] = {}
         self._met = False  # whether a launch has met the peers (run)
 
@@ -550,7 +561,24 @@ def hop_split(sites: int, blocks: int) -> int:
     return next(v for v in _SPLITS if v == 1 or sites * v <= lanes)
 
 
-def _hop_table(cp: Any, hops: list[tuple[Any, Any]], last: Any) -> Any:
-    """The kernel's table of argument blocks in device memory: the 4 interiors, the 4 exteriors, then ``last``."""
+def _hop_table(cp: Any, hops: list[tuple[Any, Any]], last: Any, direct: Any = None) -> Any:
+    """The kernel's table of argument blocks in device memory: the 4 interiors, the 4 exteriors, then ``last``.
+    With ``direct`` (_halo.DirectFaces) hop h reads ghost half h & 1 and writes the next hop's faces into the
+    neighbours' half (h + 1) & 1; ``last`` (p's or y's faces, for hop 0) into their half 0."""
     table = np.array([i for i, _ in hops] + [e for _, e in hops] + [last], dtype=DSLASH_ARGS.dtype)
+    if direct is not None:
+        for h in range(4):
+            table[4 + h]["ghost"] = direct.ghost(h & 1)
+            table[4 + h]["face_to"] = direct.face_to((h + 1) & 1)
+        table[8]["face_to"] = direct.face_to(0)
     return cp.asarray(table.view(np.uint8))
+
+
+def direct_faces_wanted() -> bool:
+    """Whether the resident CG writes its faces straight into the neighbours' ghosts (_halo.DirectFaces):
+    CIRCUSLINK_QCD_DIRECT_FACES, 1 (the default) or 0 (the queue copies them from the send array, for A/B runs)."""
+    text = os.environ.get("CIRCUSLINK_QCD_DIRECT_FACES", "1").strip() or "1"
+    if text not in ("0", "1"):
+        raise ConfigError(f"CIRCUSLINK_QCD_DIRECT_FACES={text!r}: 1 (faces written into the neighbours' ghosts) "
+                          "or 0 (copied by the RMA queue)")
+    return text == "1"

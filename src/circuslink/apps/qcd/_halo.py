@@ -145,6 +145,7 @@ class RmaHalo(Halo):
         for o in sorted(origins):
             self.queue.add_origin(o)
         self.queue.commit()
+        self._direct: DirectFaces | None = None
 
     def start(self) -> None:
         self.queue.start()
@@ -157,15 +158,66 @@ class RmaHalo(Halo):
         """The queue's ``circuslink::RmaHandle`` (a numpy scalar the dslash kernel takes by value)."""
         return self.queue.device_handle()
 
+    def direct_faces(self) -> DirectFaces:
+        """Collective (the first call): the faces written straight into the neighbours' ghosts (see
+        :class:`DirectFaces`), on a window and a signal-only queue of their own."""
+        if self._direct is None:
+            self._direct = DirectFaces(self.world, self.lat, 6 * self.faces * self.dtype.itemsize)
+        return self._direct
+
     def check_device(self) -> None:
         self.queue.check_device()
+        if self._direct is not None:
+            self._direct.queue.check_device()
 
     def _close(self, timeout: float | None) -> None:
         self.send = self.ghost = None
+        if self._direct is not None:
+            self._direct.window.free(timeout)
         self.window.free(timeout)
 
     def _release_local(self) -> None:
         self.send = self.ghost = None
+
+
+class DirectFaces:
+    """A device-resident CG's faces without a copy (QUDA's remote write): the kernel that computes a hop's
+    output writes its faces straight into the neighbours' ghost arrays (mapped here, ``Window.peer``) and a
+    signal-only queue (``Queue.add_target``) only tells them, after the grid barrier that ends the writes.
+
+    The window holds two ghost halves, ``(6, S)`` each; hop ``h`` of the CG's four reads half ``h & 1`` and
+    writes the next hop's faces into the neighbours' half ``(h + 1) & 1``, p's (for hop 0) into half 0. Two are
+    enough: a rank writes a half only after waiting for the neighbour's faces of the hop after the one that last
+    read it, which the neighbour signals once that read is done."""
+
+    def __init__(self, world: Any, lattice: Lattice, region: int) -> None:
+        from ... import rma
+
+        self.region = region
+        self.window = rma.window_alloc(world, 2 * region)
+        self.queue = rma.Queue.alloc(self.window)
+        plan = transfers(lattice)
+        for t in sorted({dst for _, _, dst, _ in plan}):
+            self.queue.add_target(t)
+        for o in sorted({src for _, _, _, src in plan}):
+            self.queue.add_origin(o)
+        self.queue.commit()
+        # slot (mu, d) of my faces feeds the same slot of rank dst's ghost array (transfers)
+        self._to = {2 * mu + d: dst for ((mu, d), (_, _, dst, _)) in zip(lattice.slots, plan, strict=True)}
+        self._peer = {r: int(self.window.peer(r).data.ptr) for r in set(self._to.values())}
+        self._local = int(self.window.local.data.ptr)
+
+    def ghost(self, half: int) -> int:
+        """The address of my ghost half ``half``."""
+        return self._local + half * self.region
+
+    def face_to(self, half: int) -> list[int]:
+        """Per slot (index 2 mu + d), the address of the ghost half ``half`` that slot's faces go to (0 where
+        the direction is not split)."""
+        return [self._peer[self._to[k]] + half * self.region if k in self._to else 0 for k in range(8)]
+
+    def device_handle(self) -> Any:
+        return self.queue.device_handle()
 
 
 class ConnectionHalo(Halo):

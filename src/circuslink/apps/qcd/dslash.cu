@@ -419,14 +419,13 @@ template <typename R>
 QCD_HD void emit_faces(const DslashArgs& A, const Site& s, int cb, int parity, int dagger,
                                            const Spinor<R>& psi) {
   const R s_up = dagger ? R(1) : R(-1);
-  R* send = static_cast<R*>(A.send);
 #pragma unroll
   for (int mu = 0; mu < 4; ++mu) {
     if (!partitioned(A, mu)) continue;
     if (s.c[mu] == 0) {  // feeds the backward neighbour's forward hop
       Half<R> h;
       project(mu, s_up, psi, h);
-      store_half(send, A.faces, A.face_offset[2 * mu] + face_index(A, s, mu), h);
+      store_half(static_cast<R*>(A.face_to[2 * mu]), A.faces, A.face_offset[2 * mu] + face_index(A, s, mu), h);
     }
     if (s.c[mu] == A.dims[mu] - 1) {  // feeds the forward neighbour's backward hop, U^dagger applied here
       Half<R> h, uh;
@@ -434,19 +433,34 @@ QCD_HD void emit_faces(const DslashArgs& A, const Site& s, int cb, int parity, i
       Link<R> u;
       load_link(static_cast<const R*>(A.gauge), A.vh, parity, mu, cb, u);
       link_dagger_times(u, h, uh);
-      store_half(send, A.faces, A.face_offset[2 * mu + 1] + face_index(A, s, mu), uh);
+      store_half(static_cast<R*>(A.face_to[2 * mu + 1]), A.faces, A.face_offset[2 * mu + 1] + face_index(A, s, mu),
+                 uh);
     }
   }
+}
+
+QCD_HD bool on_face(const DslashArgs& A, const Site& s) {
+  bool face = false;
+#pragma unroll
+  for (int mu = 0; mu < 4; ++mu) face |= partitioned(A, mu) && (s.c[mu] == 0 || s.c[mu] == A.dims[mu] - 1);
+  return face;
 }
 
 // The faces of `psi` (site `cb` of A.parity) for a next hop with A.dagger, where the site lies on one.
 template <typename R>
 QCD_HD void emit_if_on_face(const DslashArgs& A, int cb, const Spinor<R>& psi) {
   const Site s = site_coords(A, cb, A.parity);
-  bool face = false;
-#pragma unroll
-  for (int mu = 0; mu < 4; ++mu) face |= partitioned(A, mu) && (s.c[mu] == 0 || s.c[mu] == A.dims[mu] - 1);
-  if (face) emit_faces(A, s, cb, A.parity, A.dagger, psi);
+  if (on_face(A, s)) emit_faces(A, s, cb, A.parity, A.dagger, psi);
+}
+
+// The faces of A.out as it stands (site `cb`), read only where the site lies on one.
+template <typename R>
+QCD_HD void emit_out_if_on_face(const DslashArgs& A, int cb) {
+  const Site s = site_coords(A, cb, A.parity);
+  if (!on_face(A, s)) return;
+  Spinor<R> psi;
+  load_spinor_rw(static_cast<const R*>(A.out), A.vh, cb, psi);
+  emit_faces(A, s, cb, A.parity, A.dagger, psi);
 }
 
 // The hops of boundary site `cb` that cross partitioned boundaries, from the ghosts; then its faces.
@@ -1085,6 +1099,16 @@ __device__ void cg_resident(const CgResidentArgs& A, const GridBarrier& bar, Rma
       reinterpret_cast<int*>(precise_hops)[i] = reinterpret_cast<const int*>(A.precise_hops)[i];
   }
   __syncthreads();
+  if constexpr (kPeers) {
+    if (A.direct) {
+      // The faces of p go straight into the neighbours' ghosts, which only this kernel writes: p's may have
+      // changed on the host since the last launch (a reliable update, the first p). Safe to write: every
+      // neighbour is past its reads of that half (the last launch waited for its faces of the hop after them).
+      const DslashArgs& P = hops[8];
+      for (int cb = first; cb < P.vh; cb += stride) emit_out_if_on_face<R>(P, cb);
+      if (!barrier(A, bar)) return;
+    }
+  }
   R* x = static_cast<R*>(A.x);
   R* r = static_cast<R*>(A.r);
   const R* p = static_cast<const R*>(A.p);

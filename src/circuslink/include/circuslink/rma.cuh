@@ -54,6 +54,15 @@ __device__ __forceinline__ bool rma_start_blocks(const RmaQueue& q, unsigned lon
   }
 #endif
   const unsigned long long t = block_thread(), threads = block_threads();
+  if (rma_signal_only(q)) {  // the caller's own stores are the epoch's writes: release them, raise the arrivals
+    a.raise = rma_remote_slot(q.arrival_at_target, q.n_targets, t);
+    __syncthreads();  // the block's stores before the release (other blocks': a grid barrier before the call)
+    if (!raise_arrivals) return true;
+    if (t == 0) q.state->epoch = epoch;
+    rma_raise(q, q.arrival_at_target, q.n_targets, epoch, a.raise);
+    __syncthreads();  // the new epoch, for this block's next call
+    return true;
+  }
   a.poll = rma_poll_slot(q, q.targets, q.size, q.n_targets, t);
   if (rma_low_latency(q)) {  // lines into the targets' staging: no post, no arrival (rma_types.cuh)
     __syncthreads();  // the block's threads wrote the sources before the call

@@ -310,6 +310,7 @@ __device__ __forceinline__ void rma_copy_descriptors(const RmaQueue& q, unsigned
 
 // ---- low-latency queues (kRmaLowLatency) ----------------------------------------------------------------------
 __device__ __forceinline__ bool rma_low_latency(const RmaQueue& q) { return (q.flags & kRmaLowLatency) != 0ull; }
+__device__ __forceinline__ bool rma_signal_only(const RmaQueue& q) { return (q.flags & kRmaSignalOnly) != 0ull; }
 
 // One 8-byte word as an LL line (sync.cuh: ll_store / ll_load) at a staging address, and the word back.
 __device__ __forceinline__ void rma_line_store(unsigned long long addr, unsigned long long v, unsigned int flag) {

@@ -28,6 +28,11 @@ constexpr unsigned long long kRmaGpuScope = 1ull;
 // origin writes epoch e only once every target has consumed e - kRmaLLDepth (kRmaLLDepth staging slots).
 constexpr unsigned long long kRmaLowLatency = 2ull;
 constexpr unsigned long long kRmaLLDepth = 4ull;
+// kRmaSignalOnly: the queue has no chain; its writes are the origin's own stores into the targets' windows (mapped
+// here: Window.peer), made before the start (Queue.add_target). The start releases them and raises the arrivals;
+// nothing is posted and no post is waited for: which bytes an origin may write when is the caller's protocol (two
+// halves alternating by epoch, for instance). What a kernel whose own output is the message saves: the copy.
+constexpr unsigned long long kRmaSignalOnly = 4ull;
 
 // A small chain (at most this many bytes of plain writes, every block a whole number of aligned 8- or
 // 16-byte words) is committed as a list of words: thread i of the start copies word i with one load and

@@ -19,6 +19,9 @@ struct DslashArgs {
   const void* gauge;      // (2, 4, 9, Vh) complex
   void* send;             // (6, faces) half spinors this rank sends
   const void* ghost;      // (6, faces) half spinors received
+  // Where the faces written (emit, pack) go, slot (mu, d) at index 2 mu + d, laid out as `send`: `send` itself,
+  // or, for the resident CG's direct faces, the ghost half of the neighbour that slot feeds (mapped here)
+  void* face_to[8];
   const int* sites;       // checkerboard sites a list kernel visits (exterior, pack); n_sites of them
   double a;               // out = a x + b D in
   double b;
@@ -109,6 +112,8 @@ struct CgResidentArgs {
                                       // give every thread a site spreads its 8 directions)
   int face_blocks;                    // blocks that copy the faces of a hop together (rma_start_team), the rest
                                       // taking the interior meanwhile
+  int direct;                         // 1: the hops' faces go straight into the neighbours' ghost halves
+                                      // (face_to) and the queues only signal; each launch first writes p's
 };
 
 }  // namespace qcd
