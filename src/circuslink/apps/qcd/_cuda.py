@@ -448,7 +448,8 @@ class ResidentCG:
             self.fn = kernels(d.suffix + u.suffix).get_function(f"qcd_cg_resident_{local}{d.suffix}{u.suffix}")
             fold = u._pack_args(("fold", _ptr(update.y)), out=_ptr(update.y), **{"in": _ptr(update.y)},
                                 send=u.send_ptr, sites=0, n_sites=0, parity=parity, dagger=0, has_x=0)
-            precise_direct = u.halo.direct_faces() if want and hasattr(u.halo, "direct_faces") else None
+            # (the kernel takes both operators' hops the same way: direct faces for both or for neither)
+            precise_direct = u.halo.direct_faces() if self.direct is not None and u.halo is not None else None
             self.precise_hops = _hop_table(cp, u.record(update.normal, update.ay, update.y), fold, precise_direct)
             wide = [f.reshape(-1).view(u.real) for f in (update.y, update.rhs, update.r, update.ay)]
             precise = dict(precise_hops=_ptr(self.precise_hops), y=_ptr(wide[0]), rhs=_ptr(wide[1]),

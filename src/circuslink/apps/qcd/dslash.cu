@@ -314,23 +314,40 @@ QCD_HD Where where(const DslashArgs& A, int cb, int parity) {
 
 // Direction d of site `cb`'s interior hop: mu = d / 2, forward (d even: (1 + s_up g) U_mu(x) psi(x + mu)) or
 // backward ((1 - s_up g) U_mu(x - mu)^dagger psi(x - mu)), added to acc; nothing where the neighbour is on
-// another rank. Written with selects on d rather than branches: the split hop gives the lanes of one site
-// different d, and with d a constant (the unrolled loop of interior_site) it compiles to the plain hop.
-template <typename R, bool kLdg>
+// another rank (with kGhosts, the ghost's term instead: the exterior's, in the same pass). Written with selects
+// on d rather than branches: the split hop gives the lanes of one site different d, and with d a constant (the
+// unrolled loop of interior_site) it compiles to the plain hop.
+template <typename R, bool kLdg, bool kGhosts = false>
 QCD_HD void hop_term(const DslashArgs& A, const Where& w, int cb, int d, R s_up, Spinor<R>& acc) {
   const int mu = d >> 1;
   const bool back = (d & 1) != 0;
   const int L = A.dims[mu];
   const int c = mu == 0 ? w.s.c[0] : mu == 1 ? w.s.c[1] : mu == 2 ? w.s.c[2] : w.s.c[3];
   const bool edge = back ? c == 0 : c == L - 1;
-  if (edge && partitioned(A, mu)) return;
+  const R sign = back ? -s_up : s_up;
+  if (edge && partitioned(A, mu)) {
+    if constexpr (kGhosts) {  // as exterior_site: the neighbour's projected spinor (U^dagger applied there)
+      Half<R> h;
+      load_half(static_cast<const R*>(A.ghost), A.faces, A.face_offset[2 * mu + (back ? 1 : 0)] +
+                face_index(A, w.s, mu), R(back ? A.bwd_sign[mu] : A.fwd_sign[mu]), h);
+      if (back) {
+        accumulate(mu, sign, h, acc);
+      } else {
+        Link<R> u;
+        Half<R> uh;
+        load_link(static_cast<const R*>(A.gauge), A.vh, A.parity, mu, cb, u);
+        link_times(u, h, uh);
+        accumulate(mu, sign, uh, acc);
+      }
+    }
+    return;
+  }
   const int stride = mu == 0 ? 1 : mu == 1 ? A.dims[0] : mu == 2 ? A.dims[0] * A.dims[1]
                                                                  : A.dims[0] * A.dims[1] * A.dims[2];
   const int step = back ? (edge ? L - 1 : -1) : (edge ? 1 - L : 1);
   const int nb = (w.lex + step * stride) >> 1;
   Spinor<R> psi;
   load_field<kLdg>(static_cast<const R*>(A.in), A.vh, nb, psi);
-  const R sign = back ? -s_up : s_up;
   Half<R> h, uh;
   project(mu, sign, psi, h);
   if (edge && (back ? A.bwd_sign[mu] : A.fwd_sign[mu]) < 0) {  // crossed the antiperiodic t boundary (local wrap)
@@ -344,13 +361,13 @@ QCD_HD void hop_term(const DslashArgs& A, const Where& w, int cb, int d, R s_up,
 }
 
 // Directions first, first + step, ... < 8 of site cb's interior hop, into acc (zeroed here).
-template <typename R, bool kLdg>
+template <typename R, bool kLdg, bool kGhosts = false>
 QCD_HD void interior_part(const DslashArgs& A, const Where& w, int cb, int first, int step, Spinor<R>& acc) {
   const R s_up = A.dagger ? R(1) : R(-1);
 #pragma unroll
   for (int k = 0; k < 12; ++k) acc.c[k] = cx(R(0), R(0));
 #pragma unroll
-  for (int d = first; d < 8; d += step) hop_term<R, kLdg>(A, w, cb, d, s_up, acc);
+  for (int d = first; d < 8; d += step) hop_term<R, kLdg, kGhosts>(A, w, cb, d, s_up, acc);
 }
 
 // One 16-byte vector of a field (k of the site's 6 in single, 12 in double: the layout of load_spinor), as
@@ -588,6 +605,43 @@ __device__ __forceinline__ void interior_sites(const DslashArgs& A, int first, i
   }
 }
 #endif
+
+// The whole hop of sites first / split, ... in one pass, the ghosts' terms included (their faces have landed:
+// the resident CG's direct faces), as interior_sites; a site on a face then writes the faces of its result for
+// the next hop (E.emit). One pass instead of the interior, a grid barrier and the exterior's second pass over
+// the boundary sites (their `out` loaded and stored again).
+template <typename R>
+__device__ __forceinline__ void whole_hop_sites(const DslashArgs& E, int first, int stride, int split) {
+  const int part = first & (split - 1);
+  const int lane = threadIdx.x & 31;
+  const unsigned int group = ((1u << split) - 1u) << (lane & ~(split - 1));
+  const R a = R(E.a), b = R(E.b);
+  for (int cb = first / split; cb < E.vh; cb += stride / split) {
+    const Where w = where(E, cb, E.parity);
+    Spinor<R> acc;
+    interior_part<R, false, true>(E, w, cb, part, split, acc);
+    for (int o = split >> 1; o > 0; o >>= 1) {
+#pragma unroll
+      for (int k = 0; k < 12; ++k) {
+        acc.c[k].re += __shfl_xor_sync(group, acc.c[k].re, o, split);
+        acc.c[k].im += __shfl_xor_sync(group, acc.c[k].im, o, split);
+      }
+    }
+    interior_finish<R, false>(E, cb, acc, part, split);
+    if (E.emit >= 0 && part == 0 && on_face(E, w.s)) {  // the whole result, by one lane of the site
+      Spinor<R> o;
+      if (E.has_x) {
+        load_field<false>(static_cast<const R*>(E.x), E.vh, cb, o);
+#pragma unroll
+        for (int k = 0; k < 12; ++k) o.c[k] = a * o.c[k] + b * acc.c[k];
+      } else {
+#pragma unroll
+        for (int k = 0; k < 12; ++k) o.c[k] = b * acc.c[k];
+      }
+      emit_faces(E, w.s, cb, E.parity, E.emit, o);
+    }
+  }
+}
 
 // -- a grid barrier for the device-driven hop (every block resident: the grid is sized by max_blocks) ----
 __device__ __forceinline__ bool grid_barrier(unsigned int* bar, unsigned long long timeout_ns) {
@@ -982,15 +1036,46 @@ __device__ __forceinline__ bool face_wait(const RmaHandle& q, unsigned int team,
   if constexpr ((CIRCUSLINK_QCD_DEV_ALONE & 1) != 0) return true;
   return team == 1u ? rma_wait(q) : rma_wait_epoch(q, epoch);
 }
+// Direct faces: any block's wait for the neighbours' signal of `epoch` (its own count of the queue's epochs).
+__device__ __forceinline__ bool faces_landed(const RmaHandle& q, unsigned long long epoch) {
+  if constexpr ((CIRCUSLINK_QCD_DEV_ALONE & 1) != 0) return true;
+  return rma_wait_epoch(q, epoch);
+}
 
 // The four hops of a normal operator M_pc^dagger M_pc (hops[0..3] interiors, hops[4..7] exteriors), each
 // interior first while block 0 moves the faces through queue q, then the exterior once they have landed.
 // Fields written in this launch are read with plain loads. False: the kernel returns (status recorded).
+// With direct faces (A.direct) a hop is one pass instead: its faces are already in the neighbours' ghosts (the
+// last pass wrote them), so block 0 only signals, every block waits for the neighbours' signals (`epoch`: the
+// block's count of q's epochs) and takes its share of the whole hop (whole_hop_sites), one grid barrier after.
 template <typename R, bool kPeers>
 __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const DslashArgs* hops, const GridBarrier& bar,
-                                            RmaHandle q, Laps& laps, int first, int stride) {
+                                            RmaHandle q, Laps& laps, int first, int stride,
+                                            unsigned long long& epoch) {
   __shared__ int ok;
   const volatile int* status = A.status;
+  if (kPeers && A.halo && A.direct) {
+    for (int h = 0; h < 4; ++h, ++laps.hop) {
+      laps.trace(kTraceBegin);
+      bool landed = true;
+      if (blockIdx.x == 0) {
+        unsigned long long unused = 0ull;
+        landed = face_start(q, bar, 1u, false, unused);  // the same on every thread of the block
+        laps.trace(kTraceStarted);
+      }
+      landed = faces_landed(q, ++epoch) && landed;
+      if (!landed && threadIdx.x == 0) atomicExch(A.status, kCgHaloFailed);
+      laps.lap(kPhaseHalo);
+      laps.trace(kTraceArrived);
+      whole_hop_sites<R>(hops[4 + h], first, stride, A.split);
+      laps.trace_last(A, kTraceLastInterior);
+      if (!barrier(A, bar)) return false;
+      laps.lap(kPhaseDslash);
+      laps.trace(kTraceEnd);
+      if (*status != kCgOk) return false;  // every block sees it after the barrier
+    }
+    return true;
+  }
   // Blocks 0 .. team-1 copy the faces (A.face_blocks: block 0 alone by default; one block's copy moves a few tens
   // of GB/s) while the others take the interior: were they to take their share too, every block would wait at the
   // barrier for the copy and its sites one after the other.
@@ -1048,13 +1133,14 @@ __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const Dslas
 // faces). False: the kernel returns (status recorded).
 template <typename RS, typename RP, bool kPeers>
 __device__ bool reliable_update(const CgResidentArgs& A, const DslashArgs* hops, const DslashArgs* precise_hops,
-                                const GridBarrier& bar, RmaHandle qp, Laps& laps, int first, int stride) {
+                                const GridBarrier& bar, RmaHandle qp, Laps& laps, int first, int stride,
+                                unsigned long long& epoch) {
   const DslashArgs& Y = precise_hops[8];
   RS* x = static_cast<RS*>(A.x);
   for (int cb = first; cb < Y.vh; cb += stride) fold_site<RS, RP>(Y, x, cb);
   if (!barrier(A, bar)) return false;
   laps.lap(kPhaseVector);
-  if (!normal_hops<RP, kPeers>(A, precise_hops, bar, qp, laps, first, stride)) return false;
+  if (!normal_hops<RP, kPeers>(A, precise_hops, bar, qp, laps, first, stride, epoch)) return false;
   RP* r = static_cast<RP*>(A.precise_r);
   const RP* rhs = static_cast<const RP*>(A.rhs);
   const RP* ay = static_cast<const RP*>(A.precise_ap);
@@ -1099,8 +1185,13 @@ __device__ void cg_resident(const CgResidentArgs& A, const GridBarrier& bar, Rma
       reinterpret_cast<int*>(precise_hops)[i] = reinterpret_cast<const int*>(A.precise_hops)[i];
   }
   __syncthreads();
+  // With direct faces every block counts the queues' epochs itself (normal_hops), from where the last launch
+  // left them: read here, before the barrier below lets block 0 start the next.
+  unsigned long long epoch_q = 0ull, epoch_qp = 0ull;
   if constexpr (kPeers) {
     if (A.direct) {
+      if (A.halo) epoch_q = q.q.state->epoch;
+      if (kUpdates && A.updates && qp.queue != nullptr) epoch_qp = qp.q.state->epoch;
       // The faces of p go straight into the neighbours' ghosts, which only this kernel writes: p's may have
       // changed on the host since the last launch (a reliable update, the first p). Safe to write: every
       // neighbour is past its reads of that half (the last launch waited for its faces of the hop after them).
@@ -1121,13 +1212,13 @@ __device__ void cg_resident(const CgResidentArgs& A, const GridBarrier& bar, Rma
       if constexpr (kUpdates) update = A.updates && !(flags & (kCgStalled | kCgUpdated));
       if (!update) break;
       if constexpr (kUpdates) {
-        if (!reliable_update<R, RP, kPeers>(A, hops, precise_hops, bar, qp, laps, first, stride)) return;
+        if (!reliable_update<R, RP, kPeers>(A, hops, precise_hops, bar, qp, laps, first, stride, epoch_qp)) return;
       }
       if (flags_of(A.s) & kCgFrozen) break;
     }
     if (done == A.iterations) break;
     // A p = M_pc^dagger M_pc p
-    if (!normal_hops<R, kPeers>(A, hops, bar, q, laps, first, stride)) return;
+    if (!normal_hops<R, kPeers>(A, hops, bar, q, laps, first, stride, epoch_q)) return;
     // <p, A p>, summed over ranks: alpha.
     double v = dot_part(p, ap, A.n, first, stride);
     reduce_step<kPeers>(A, bar.abort, v, 0);
