@@ -609,38 +609,45 @@ __device__ __forceinline__ void interior_sites(const DslashArgs& A, int first, i
 // The whole hop of sites first / split, ... in one pass, the ghosts' terms included (their faces have landed:
 // the resident CG's direct faces), as interior_sites; a site on a face then writes the faces of its result for
 // the next hop (E.emit). One pass instead of the interior, a grid barrier and the exterior's second pass over
-// the boundary sites (their `out` loaded and stored again).
+// the boundary sites (their `out` loaded and stored again). whole_hop_site: one site, by lane `part` of the
+// `split` lanes of `group` that share it.
 template <typename R>
-__device__ __forceinline__ void whole_hop_sites(const DslashArgs& E, int first, int stride, int split) {
-  const int part = first & (split - 1);
-  const int lane = threadIdx.x & 31;
-  const unsigned int group = ((1u << split) - 1u) << (lane & ~(split - 1));
-  const R a = R(E.a), b = R(E.b);
-  for (int cb = first / split; cb < E.vh; cb += stride / split) {
-    const Where w = where(E, cb, E.parity);
-    Spinor<R> acc;
-    interior_part<R, false, true>(E, w, cb, part, split, acc);
-    for (int o = split >> 1; o > 0; o >>= 1) {
+__device__ __forceinline__ void whole_hop_site(const DslashArgs& E, int cb, int part, int split, unsigned int group) {
+  const Where w = where(E, cb, E.parity);
+  Spinor<R> acc;
+  interior_part<R, false, true>(E, w, cb, part, split, acc);
+  for (int o = split >> 1; o > 0; o >>= 1) {
 #pragma unroll
-      for (int k = 0; k < 12; ++k) {
-        acc.c[k].re += __shfl_xor_sync(group, acc.c[k].re, o, split);
-        acc.c[k].im += __shfl_xor_sync(group, acc.c[k].im, o, split);
-      }
-    }
-    interior_finish<R, false>(E, cb, acc, part, split);
-    if (E.emit >= 0 && part == 0 && on_face(E, w.s)) {  // the whole result, by one lane of the site
-      Spinor<R> o;
-      if (E.has_x) {
-        load_field<false>(static_cast<const R*>(E.x), E.vh, cb, o);
-#pragma unroll
-        for (int k = 0; k < 12; ++k) o.c[k] = a * o.c[k] + b * acc.c[k];
-      } else {
-#pragma unroll
-        for (int k = 0; k < 12; ++k) o.c[k] = b * acc.c[k];
-      }
-      emit_faces(E, w.s, cb, E.parity, E.emit, o);
+    for (int k = 0; k < 12; ++k) {
+      acc.c[k].re += __shfl_xor_sync(group, acc.c[k].re, o, split);
+      acc.c[k].im += __shfl_xor_sync(group, acc.c[k].im, o, split);
     }
   }
+  interior_finish<R, false>(E, cb, acc, part, split);
+  if (E.emit >= 0 && part == 0 && on_face(E, w.s)) {  // the whole result, by one lane of the site
+    const R a = R(E.a), b = R(E.b);
+    Spinor<R> o;
+    if (E.has_x) {
+      load_field<false>(static_cast<const R*>(E.x), E.vh, cb, o);
+#pragma unroll
+      for (int k = 0; k < 12; ++k) o.c[k] = a * o.c[k] + b * acc.c[k];
+    } else {
+#pragma unroll
+      for (int k = 0; k < 12; ++k) o.c[k] = b * acc.c[k];
+    }
+    emit_faces(E, w.s, cb, E.parity, E.emit, o);
+  }
+}
+
+template <typename R>
+__device__ __forceinline__ void whole_hop_sites(const DslashArgs& E, int first, int stride, int split) {
+  if (split == 1) {  // constants: the directions' loop unrolls into the plain hop (hop_term's selects fold away)
+    for (int cb = first; cb < E.vh; cb += stride) whole_hop_site<R>(E, cb, 0, 1, 0xffffffffu);
+    return;
+  }
+  const int part = first & (split - 1);
+  const unsigned int group = ((1u << split) - 1u) << ((threadIdx.x & 31) & ~(split - 1));
+  for (int cb = first / split; cb < E.vh; cb += stride / split) whole_hop_site<R>(E, cb, part, split, group);
 }
 
 // -- a grid barrier for the device-driven hop (every block resident: the grid is sized by max_blocks) ----
