@@ -198,7 +198,7 @@ def test_resident_direct_faces_alternate_two_ghost_halves(monkeypatch):
     """With direct faces hop h of the resident CG reads ghost half h & 1 and writes the next hop's faces into the
     neighbours' half (h + 1) & 1, p's (the last entry) into half 0; interiors keep what they had; without,
     nothing changes. The switch is CIRCUSLINK_QCD_DIRECT_FACES, 1 by default, refused naming itself otherwise."""
-    from circuslink.apps.qcd._cuda import DSLASH_ARGS, _hop_table, direct_faces_wanted
+    from circuslink.apps.qcd._cuda import DSLASH_ARGS, _hop_table, direct_faces_wanted, one_pass
     from circuslink.errors import ConfigError
 
     rng = np.random.default_rng()
@@ -221,6 +221,13 @@ def test_resident_direct_faces_alternate_two_ghost_halves(monkeypatch):
     monkeypatch.setenv("CIRCUSLINK_QCD_DIRECT_FACES", "yes")
     with pytest.raises(ConfigError, match="CIRCUSLINK_QCD_DIRECT_FACES='yes'"):
         direct_faces_wanted()
+    monkeypatch.delenv("CIRCUSLINK_QCD_ONE_PASS", raising=False)
+    assert one_pass(1) and one_pass(8)
+    monkeypatch.setenv("CIRCUSLINK_QCD_ONE_PASS", "0")
+    assert not one_pass(1) and not one_pass(8)
+    monkeypatch.setenv("CIRCUSLINK_QCD_ONE_PASS", "2")
+    with pytest.raises(ConfigError, match="CIRCUSLINK_QCD_ONE_PASS='2'"):
+        one_pass(1)
 
 
 @pytest.mark.parametrize("bad", ["0", "-2", "two", "1.5"])

@@ -218,13 +218,15 @@ def test_device_resident_cg_agrees_with_the_cpu_solver(spmd, tmp_path, grid, hal
 _COPIED = {"CIRCUSLINK_QCD_DIRECT_FACES": "0"}  # the faces copied by the RMA queue, not written by the hops
 _FACE_FORMS = {  # the resident CG's opt-in forms of a hop's faces and sums
     "copy": _COPIED,
+    "two-pass": {"CIRCUSLINK_QCD_ONE_PASS": "0"},
     "team": {**_COPIED, "CIRCUSLINK_QCD_FACE_BLOCKS": "3", "CIRCUSLINK_DEVICE_DEFINES": "CIRCUSLINK_QCD_SUM_LANES=32"},
     "grid": {**_COPIED, "CIRCUSLINK_DEVICE_DEFINES": "CIRCUSLINK_QCD_FACE_GRID=1"},
 }
 
 
 @pytest.mark.parametrize("grid, sloppy, form", [
-    ((2, 1, 1, 1), "double", "copy"), ((2, 2, 1, 1), "single", "copy"),
+    ((2, 1, 1, 1), "double", "copy"), ((2, 2, 1, 1), "single", "copy"), ((2, 2, 1, 1), "double", "two-pass"),
+    ((2, 1, 1, 1), "single", "two-pass"),
     ((2, 1, 1, 1), "double", "team"), ((2, 1, 1, 1), "single", "team"), ((2, 2, 1, 1), "double", "team"),
     ((2, 2, 1, 1), "single", "team"), ((2, 1, 1, 1), "single", "grid"), ((2, 2, 1, 1), "double", "grid"),
 ])
@@ -232,6 +234,7 @@ def test_device_resident_cg_with_a_face_team_and_lane_sums_agrees(spmd, tmp_path
     """The resident CG's other forms against the host-driven CG of the cpu back-end on the same fields (the
     default, faces written straight into the neighbours' ghosts, is test_device_resident_cg_agrees_with_the_cpu_
     solver's). copy: the RMA queue copies each hop's faces from the send array (CIRCUSLINK_QCD_DIRECT_FACES=0).
+    two-pass: direct faces, each hop the interior, a grid barrier and the exterior (CIRCUSLINK_QCD_ONE_PASS=0).
     team: ... with 3 blocks (rma_start_team; the others take the interior, block 0 waits with rma_wait_epoch)
     and the sums over ranks take a lane a rank (CIRCUSLINK_QCD_SUM_LANES=32). grid: every block copies its share of
     the faces before its interior (rma_start_grid, CIRCUSLINK_QCD_FACE_GRID=1)."""

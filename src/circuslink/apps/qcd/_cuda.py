@@ -43,7 +43,7 @@ CG_RESIDENT_ARGS = Struct("circuslink::qcd::CgResidentArgs", "circuslink/qcd/dsl
     ("rhs", PTR), ("precise_r", PTR), ("precise_ap", PTR), ("s", PTR), ("partial", PTR), ("done", PTR),
     ("phase_ns", PTR), ("peers", PTR), ("seq", PTR), ("status", PTR), ("n", I64), ("n_precise", I64),
     ("delta2", F64), ("timeout_ns", U64), ("rank", I32), ("size", I32), ("iterations", I32), ("halo", I32),
-    ("updates", I32), ("split", I32), ("face_blocks", I32), ("direct", I32),
+    ("updates", I32), ("split", I32), ("face_blocks", I32), ("direct", I32), ("one_pass", I32),
 ])
 # CgStatus codes the resident kernel and qcd_cg_scalars record (two int32 after the scalars: _STATUS)
 _CG_HALO_FAILED, _CG_BARRIER_FAILED, _CG_SUM_FAILED = 1, 2, 3
@@ -476,7 +476,7 @@ class ResidentCG:
                          ap=_ptr(views[3]), s=_ptr(s), status=d._status_ptr(s), n=int(views[0].size), delta2=delta2,
                          phase_ns=_ptr(d.cg_phase_ns) if timed else 0, halo=int(d.halo is not None),
                          split=self.lanes, face_blocks=max(1, self.face_blocks), direct=int(self.direct is not None),
-                         **precise)
+                         one_pass=int(self.direct is not None and one_pass(self.lanes)), **precise)
         self._args: dict[int, Any] = {}
         self._met = False  # whether a launch has met the peers (run)
 
@@ -573,6 +573,16 @@ def _hop_table(cp: Any, hops: list[tuple[Any, Any]], last: Any, direct: Any = No
             table[4 + h]["face_to"] = direct.face_to((h + 1) & 1)
         table[8]["face_to"] = direct.face_to(0)
     return cp.asarray(table.view(np.uint8))
+
+
+def one_pass(lanes: int) -> bool:
+    """Whether a hop of the resident CG with direct faces is one pass over its sites (the ghosts' terms inline,
+    one grid barrier) rather than the interior, a barrier and the exterior: CIRCUSLINK_QCD_ONE_PASS, ``auto`` (the
+    default: one pass), 1 or 0 (for A/B runs)."""
+    text = os.environ.get("CIRCUSLINK_QCD_ONE_PASS", "auto").strip().lower() or "auto"
+    if text not in ("auto", "0", "1"):
+        raise ConfigError(f"CIRCUSLINK_QCD_ONE_PASS={text!r}: auto, 1 (one pass a hop) or 0 (interior, exterior)")
+    return text != "0"
 
 
 def direct_faces_wanted() -> bool:

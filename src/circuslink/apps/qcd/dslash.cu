@@ -1052,7 +1052,7 @@ __device__ __forceinline__ bool faces_landed(const RmaHandle& q, unsigned long l
 // The four hops of a normal operator M_pc^dagger M_pc (hops[0..3] interiors, hops[4..7] exteriors), each
 // interior first while block 0 moves the faces through queue q, then the exterior once they have landed.
 // Fields written in this launch are read with plain loads. False: the kernel returns (status recorded).
-// With direct faces (A.direct) a hop is one pass instead: its faces are already in the neighbours' ghosts (the
+// With direct faces (A.direct) and A.one_pass a hop is one pass instead: its faces are already in the neighbours' ghosts (the
 // last pass wrote them), so block 0 only signals, every block waits for the neighbours' signals (`epoch`: the
 // block's count of q's epochs) and takes its share of the whole hop (whole_hop_sites), one grid barrier after.
 template <typename R, bool kPeers>
@@ -1061,7 +1061,7 @@ __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const Dslas
                                             unsigned long long& epoch) {
   __shared__ int ok;
   const volatile int* status = A.status;
-  if (kPeers && A.halo && A.direct) {
+  if (kPeers && A.halo && A.direct && A.one_pass) {
     for (int h = 0; h < 4; ++h, ++laps.hop) {
       laps.trace(kTraceBegin);
       bool landed = true;

@@ -114,6 +114,8 @@ struct CgResidentArgs {
                                       // taking the interior meanwhile
   int direct;                         // 1: the hops' faces go straight into the neighbours' ghost halves
                                       // (face_to) and the queues only signal; each launch first writes p's
+  int one_pass;                       // with direct: a hop is one pass over its sites (whole_hop_sites), not
+                                      // the interior, a grid barrier and the exterior
 };
 
 }  // namespace qcd
