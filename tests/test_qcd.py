@@ -221,13 +221,16 @@ def test_resident_direct_faces_alternate_two_ghost_halves(monkeypatch):
     monkeypatch.setenv("CIRCUSLINK_QCD_DIRECT_FACES", "yes")
     with pytest.raises(ConfigError, match="CIRCUSLINK_QCD_DIRECT_FACES='yes'"):
         direct_faces_wanted()
+    # auto: one pass where the sites fit the rank's threads (16^4 on 2 ranks of 66 SMs), two where not (32^4)
     monkeypatch.delenv("CIRCUSLINK_QCD_ONE_PASS", raising=False)
-    assert one_pass(1) and one_pass(8)
+    assert one_pass(16384, 66 * 256) and not one_pass(262144, 66 * 256) and one_pass(5, 5) and not one_pass(6, 5)
+    monkeypatch.setenv("CIRCUSLINK_QCD_ONE_PASS", "1")
+    assert one_pass(16384, 66 * 256) and one_pass(262144, 66 * 256)
     monkeypatch.setenv("CIRCUSLINK_QCD_ONE_PASS", "0")
-    assert not one_pass(1) and not one_pass(8)
+    assert not one_pass(16384, 66 * 256) and not one_pass(262144, 66 * 256)
     monkeypatch.setenv("CIRCUSLINK_QCD_ONE_PASS", "2")
     with pytest.raises(ConfigError, match="CIRCUSLINK_QCD_ONE_PASS='2'"):
-        one_pass(1)
+        one_pass(1, 1)
 
 
 @pytest.mark.parametrize("bad", ["0", "-2", "two", "1.5"])

@@ -460,7 +460,8 @@ class ResidentCG:
         # Lanes a site in the hops (hop_split), and enough blocks for that many lanes where the rank's share of
         # the GPU holds them; grid-stride beyond.
         resident = int(backend.max_blocks(self.fn, THREADS))
-        self.lanes = hop_split(d.lat.half, min(resident, int(d.world.sm_budget or resident)))
+        share = min(resident, int(d.world.sm_budget or resident))  # one block an SM of the rank's share
+        self.lanes = hop_split(d.lat.half, share)
         # (with halos a team of blocks copies the faces while the others take the interior: that many blocks more)
         # (none with direct faces: nothing to copy)
         self.face_blocks = (face_blocks(12 * np.dtype(d.real).itemsize * d.lat.face_total, resident)
@@ -476,7 +477,7 @@ class ResidentCG:
                          ap=_ptr(views[3]), s=_ptr(s), status=d._status_ptr(s), n=int(views[0].size), delta2=delta2,
                          phase_ns=_ptr(d.cg_phase_ns) if timed else 0, halo=int(d.halo is not None),
                          split=self.lanes, face_blocks=max(1, self.face_blocks), direct=int(self.direct is not None),
-                         one_pass=int(self.direct is not None and one_pass(self.lanes)), **precise)
+                         one_pass=int(self.direct is not None and one_pass(d.lat.half, share * THREADS)), **precise)
         self._args: dict[int, Any] = {}
         self._met = False  # whether a launch has met the peers (run)
 
@@ -575,14 +576,18 @@ def _hop_table(cp: Any, hops: list[tuple[Any, Any]], last: Any, direct: Any = No
     return cp.asarray(table.view(np.uint8))
 
 
-def one_pass(lanes: int) -> bool:
+def one_pass(sites: int, threads: int) -> bool:
     """Whether a hop of the resident CG with direct faces is one pass over its sites (the ghosts' terms inline,
-    one grid barrier) rather than the interior, a barrier and the exterior: CIRCUSLINK_QCD_ONE_PASS, ``auto`` (the
-    default: one pass), 1 or 0 (for A/B runs)."""
+    one grid barrier) rather than the interior, a barrier and the exterior: CIRCUSLINK_QCD_ONE_PASS, 1, 0, or
+    ``auto`` (the default): one pass where the hop's ``sites`` fit the ``threads`` of the rank's blocks (one block
+    an SM of its share) at one site a thread or fewer, where a hop is latency, not bandwidth, and the one pass was
+    measured faster (16^4 on 2 ranks with SMs of their own, one H100: 107 against 185 us an iteration; on 4, 178
+    against 213); else two passes: at 32^4 on 2 ranks the one pass, then through the split path's selects, took
+    1,474 us against 1,244 (BENCHMARKS.md; the pass with the plain hop's constants is not measured there yet)."""
     text = os.environ.get("CIRCUSLINK_QCD_ONE_PASS", "auto").strip().lower() or "auto"
     if text not in ("auto", "0", "1"):
         raise ConfigError(f"CIRCUSLINK_QCD_ONE_PASS={text!r}: auto, 1 (one pass a hop) or 0 (interior, exterior)")
-    return text != "0"
+    return sites <= threads if text == "auto" else text == "1"
 
 
 def direct_faces_wanted() -> bool:
