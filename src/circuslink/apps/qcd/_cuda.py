@@ -581,9 +581,10 @@ def one_pass(sites: int, threads: int) -> bool:
     one grid barrier) rather than the interior, a barrier and the exterior: CIRCUSLINK_QCD_ONE_PASS, 1, 0, or
     ``auto`` (the default): one pass where the hop's ``sites`` fit the ``threads`` of the rank's blocks (one block
     an SM of its share) at one site a thread or fewer, where a hop is latency, not bandwidth, and the one pass was
-    measured faster (16^4 on 2 ranks with SMs of their own, one H100: 107 against 185 us an iteration; on 4, 178
-    against 213); else two passes: at 32^4 on 2 ranks the one pass, then through the split path's selects, took
-    1,474 us against 1,244 (BENCHMARKS.md; the pass with the plain hop's constants is not measured there yet)."""
+    measured faster (16^4 on 2 ranks with SMs of their own, one H100: 107 us an iteration against 182 with the
+    faces copied in the same call; on 4, 178 against 233); else two passes: at 32^4 on 2 ranks the one pass, then
+    through the split path's selects, took 1,474 us against 1,320 copied (and 1,244 with two passes, another call;
+    BENCHMARKS.md; the pass with the plain hop's constants is not measured there yet)."""
     text = os.environ.get("CIRCUSLINK_QCD_ONE_PASS", "auto").strip().lower() or "auto"
     if text not in ("auto", "0", "1"):
         raise ConfigError(f"CIRCUSLINK_QCD_ONE_PASS={text!r}: auto, 1 (one pass a hop) or 0 (interior, exterior)")
