@@ -35,19 +35,15 @@ __device__ __forceinline__ void rma_start_launch(const RmaQueue q) {
   const unsigned long long first = static_cast<unsigned long long>(blockIdx.x) * threads + t;
   const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * threads;
   const cd::RmaAhead a = cd::rma_start_ahead(q, first, stride);  // before anything waits
-  if (cd::rma_signal_only(q)) {  // one CTA, nothing to copy: the stream's earlier stores are the epoch's writes
-    if (!cd::rma_gpu_scope(q)) cd::rma_fence(q);  // .gpu: the kernel boundary before this launch ordered them
-    cd::rma_raise(q, q.arrival_at_target, q.n_targets, epoch, a.raise);
-    __syncthreads();
-    if (t == 0) q.state->epoch = epoch;
-    if constexpr (kWait) {
-      __syncthreads();  // the new epoch, for the wait's read
-      cd::rma_wait_queue(q, q.timeout_ns);
+  // One CTA and no post to wait for: a signal-only queue (nothing to copy: the stream's earlier stores are the
+  // epoch's writes) or lines into the targets' staging (a small chain).
+  if (cd::rma_signal_only(q) || cd::rma_low_latency(q)) {
+    if (cd::rma_signal_only(q)) {
+      if (!cd::rma_gpu_scope(q)) cd::rma_fence(q);  // .gpu: the kernel boundary before this launch ordered them
+      cd::rma_raise(q, q.arrival_at_target, q.n_targets, epoch, a.raise);
+    } else {
+      cd::rma_start_lines(q, epoch, first, stride, a.poll, a.words);
     }
-    return;
-  }
-  if (cd::rma_low_latency(q)) {  // lines into the targets' staging (one CTA: a small chain)
-    cd::rma_start_lines(q, epoch, first, stride, a.poll, a.words);
     __syncthreads();
     if (t == 0) q.state->epoch = epoch;
     if constexpr (kWait) {
