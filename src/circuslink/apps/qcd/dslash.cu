@@ -1052,16 +1052,16 @@ __device__ __forceinline__ bool faces_landed(const RmaHandle& q, unsigned long l
 // The four hops of a normal operator M_pc^dagger M_pc (hops[0..3] interiors, hops[4..7] exteriors), each
 // interior first while block 0 moves the faces through queue q, then the exterior once they have landed.
 // Fields written in this launch are read with plain loads. False: the kernel returns (status recorded).
-// With direct faces (A.direct) and A.one_pass a hop is one pass instead: its faces are already in the neighbours' ghosts (the
+// With direct faces (A.direct) and A.one_pass (kOnePass: compiled in) a hop is one pass instead: its faces are already in the neighbours' ghosts (the
 // last pass wrote them), so block 0 only signals, every block waits for the neighbours' signals (`epoch`: the
 // block's count of q's epochs) and takes its share of the whole hop (whole_hop_sites), one grid barrier after.
-template <typename R, bool kPeers>
+template <typename R, bool kPeers, bool kOnePass = true>
 __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const DslashArgs* hops, const GridBarrier& bar,
                                             RmaHandle q, Laps& laps, int first, int stride,
                                             unsigned long long& epoch) {
   __shared__ int ok;
   const volatile int* status = A.status;
-  if (kPeers && A.halo && A.direct && A.one_pass) {
+  if (kPeers && kOnePass && A.halo && A.direct && A.one_pass) {
     for (int h = 0; h < 4; ++h, ++laps.hop) {
       laps.trace(kTraceBegin);
       bool landed = true;
@@ -1147,7 +1147,9 @@ __device__ bool reliable_update(const CgResidentArgs& A, const DslashArgs* hops,
   for (int cb = first; cb < Y.vh; cb += stride) fold_site<RS, RP>(Y, x, cb);
   if (!barrier(A, bar)) return false;
   laps.lap(kPhaseVector);
-  if (!normal_hops<RP, kPeers>(A, precise_hops, bar, qp, laps, first, stride, epoch)) return false;
+  // (two passes: the one pass's code in the precise precision too made the mixed kernel spill 1,020 bytes against
+  // 812 (ptxas, sm_90); the update is one operator's worth of hops every few hundred iterations)
+  if (!normal_hops<RP, kPeers, false>(A, precise_hops, bar, qp, laps, first, stride, epoch)) return false;
   RP* r = static_cast<RP*>(A.precise_r);
   const RP* rhs = static_cast<const RP*>(A.rhs);
   const RP* ay = static_cast<const RP*>(A.precise_ap);
