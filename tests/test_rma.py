@@ -1072,3 +1072,35 @@ def test_signal_only_queue_refuses_a_chain_and_bad_ranks(world, win):
     with pytest.raises(cl.RmaError, match="add_target on .*: it has a chain of declared writes"):
         q.add_target(0)
     q.free()
+
+
+MIXED_KINDS = """
+import circuslink as cl
+from circuslink import rma
+
+world = cl.init()
+me, other = world.rank, 1 - world.rank
+win = rma.window_alloc(world, 64)
+q = rma.Queue.alloc(win)
+if me == 0:
+    q.add_target(other)     # writes rank 1's window itself
+else:
+    q.push(rma.declare_write(win, 0, win, 32, 8, other))  # a chain
+q.add_origin(other)
+try:
+    q.commit()
+except cl.RmaError as exc:
+    print(f"rank {me} refused: {exc}")
+q.free()
+win.free()
+world.close()
+"""
+
+
+def test_signal_only_and_chain_queues_cannot_meet(spmd):
+    """A rank whose queue writes itself and one whose queue copies a chain would wait for different things (posts,
+    arrivals): commit refuses on every rank, naming which ranks are which."""
+    job = spmd(2, MIXED_KINDS, timeout=120).check()
+    for r in (0, 1):
+        assert (f"rank {r} refused: commit of rma queue 1 of window 1: ranks [0] write themselves (add_target) and "
+                "ranks [1] push a chain; every rank's queue must be the same kind") in job.output, job.output
