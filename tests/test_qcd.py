@@ -292,3 +292,30 @@ def test_dev_trace_is_written_and_summarised(tmp_path, monkeypatch, seed):
     enum = src[src.index("enum TraceEvent"):src.index("kTraceEvents };")]
     names = [w.strip().removeprefix("kTrace") for w in enum.split("{", 1)[1].split(",") if w.strip()]
     assert [n.lower() for n in names] == [e.replace("_", "") for e in _TRACE_EVENTS], names
+
+
+def test_bench_halo_engine_verdicts_take_each_engines_fastest_loop(capsys):
+    """The halo engines' targets at 16^4 on 2 ranks: circuslink's RMA in its fastest loop (here the resident CG on
+    rma-device) against MPI-3 RMA's and NVSHMEM's fastest; other lattices, grids and precisions are not mixed in."""
+    from circuslink.bench.qcd import _halo_engine_verdicts
+
+    rng = np.random.default_rng()
+    ours, mpi, nvs = (float(v) for v in rng.uniform(50, 500, 3))
+    base = {"lattice": "16x16x16x16", "grid": "2x1x1x1", "prec": "single"}
+    rows = [dict(base, impl="rma", cg="host", time_per_iter_us=ours * 3),
+            dict(base, impl="rma-device", cg="device resident", time_per_iter_us=ours),
+            dict(base, impl="mpi-rma", cg="host", time_per_iter_us=mpi),
+            dict(base, impl="mpi-rma", cg="device", time_per_iter_us=mpi * 2),
+            dict(base, impl="nvshmem", cg="host", time_per_iter_us=nvs),
+            dict(base, impl="rma-device", prec="double", time_per_iter_us=1.0),
+            dict(base, impl="rma-device", grid="2x2x1x1", time_per_iter_us=1.0),
+            dict(base, impl="mpi-rma", lattice="32x32x32x32", time_per_iter_us=1e9)]
+    _halo_engine_verdicts(rows)
+    out = capsys.readouterr().out
+    verdict = lambda r, t: "met" if r <= t else "MISSED"  # noqa: E731
+    assert (f"16^4 on 2x1x1x1: circuslink RMA / MPI-3 RMA per iteration = {ours / mpi:.3f} (target <= 0.45): "
+            f"{verdict(ours / mpi, 0.45)}") in out, out
+    assert (f"16^4 on 2x1x1x1: circuslink RMA / NVSHMEM per iteration = {ours / nvs:.3f} (target <= 1): "
+            f"{verdict(ours / nvs, 1.0)}") in out, out
+    _halo_engine_verdicts([r for r in rows if r["impl"] != "nvshmem"])
+    assert "NVSHMEM" not in capsys.readouterr().out  # no row, no verdict
