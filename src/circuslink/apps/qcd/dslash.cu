@@ -1052,9 +1052,10 @@ __device__ __forceinline__ bool faces_landed(const RmaHandle& q, unsigned long l
 // The four hops of a normal operator M_pc^dagger M_pc (hops[0..3] interiors, hops[4..7] exteriors), each
 // interior first while block 0 moves the faces through queue q, then the exterior once they have landed.
 // Fields written in this launch are read with plain loads. False: the kernel returns (status recorded).
-// With direct faces (A.direct) and A.one_pass (kOnePass: compiled in) a hop is one pass instead: its faces are already in the neighbours' ghosts (the
-// last pass wrote them), so block 0 only signals, every block waits for the neighbours' signals (`epoch`: the
-// block's count of q's epochs) and takes its share of the whole hop (whole_hop_sites), one grid barrier after.
+// With direct faces (A.direct) and A.one_pass (kOnePass: compiled in) a hop is one pass instead: its faces are
+// already in the neighbours' ghosts (the last pass wrote them), so block 0 only signals, every block waits for the
+// neighbours' signals (`epoch`: the block's count of q's epochs) and takes its share of the whole hop
+// (whole_hop_sites), one grid barrier after.
 template <typename R, bool kPeers, bool kOnePass = true>
 __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const DslashArgs* hops, const GridBarrier& bar,
                                             RmaHandle q, Laps& laps, int first, int stride,
@@ -1140,16 +1141,16 @@ __device__ __forceinline__ bool normal_hops(const CgResidentArgs& A, const Dslas
 // faces). False: the kernel returns (status recorded).
 template <typename RS, typename RP, bool kPeers>
 __device__ bool reliable_update(const CgResidentArgs& A, const DslashArgs* hops, const DslashArgs* precise_hops,
-                                const GridBarrier& bar, RmaHandle qp, Laps& laps, int first, int stride,
-                                unsigned long long& epoch) {
+                                const GridBarrier& bar, RmaHandle qp, Laps& laps, int first, int stride) {
   const DslashArgs& Y = precise_hops[8];
   RS* x = static_cast<RS*>(A.x);
   for (int cb = first; cb < Y.vh; cb += stride) fold_site<RS, RP>(Y, x, cb);
   if (!barrier(A, bar)) return false;
   laps.lap(kPhaseVector);
-  // (two passes: the one pass's code in the precise precision too made the mixed kernel spill 1,020 bytes against
-  // 812 (ptxas, sm_90); the update is one operator's worth of hops every few hundred iterations)
-  if (!normal_hops<RP, kPeers, false>(A, precise_hops, bar, qp, laps, first, stride, epoch)) return false;
+  // Two passes (block 0 counts qp's epochs): the one pass's code in the precise precision too made the mixed
+  // kernel spill 1,020 bytes against 812 (ptxas, sm_90); the update is one operator's hops every so many iterations.
+  unsigned long long unused = 0ull;
+  if (!normal_hops<RP, kPeers, false>(A, precise_hops, bar, qp, laps, first, stride, unused)) return false;
   RP* r = static_cast<RP*>(A.precise_r);
   const RP* rhs = static_cast<const RP*>(A.rhs);
   const RP* ay = static_cast<const RP*>(A.precise_ap);
@@ -1194,13 +1195,12 @@ __device__ void cg_resident(const CgResidentArgs& A, const GridBarrier& bar, Rma
       reinterpret_cast<int*>(precise_hops)[i] = reinterpret_cast<const int*>(A.precise_hops)[i];
   }
   __syncthreads();
-  // With direct faces every block counts the queues' epochs itself (normal_hops), from where the last launch
+  // With direct faces every block counts q's epochs itself (normal_hops' one pass), from where the last launch
   // left them: read here, before the barrier below lets block 0 start the next.
-  unsigned long long epoch_q = 0ull, epoch_qp = 0ull;
+  unsigned long long epoch_q = 0ull;
   if constexpr (kPeers) {
     if (A.direct) {
       if (A.halo) epoch_q = q.q.state->epoch;
-      if (kUpdates && A.updates && qp.queue != nullptr) epoch_qp = qp.q.state->epoch;
       // The faces of p go straight into the neighbours' ghosts, which only this kernel writes: p's may have
       // changed on the host since the last launch (a reliable update, the first p). Safe to write: every
       // neighbour is past its reads of that half (the last launch waited for its faces of the hop after them).
@@ -1221,7 +1221,7 @@ __device__ void cg_resident(const CgResidentArgs& A, const GridBarrier& bar, Rma
       if constexpr (kUpdates) update = A.updates && !(flags & (kCgStalled | kCgUpdated));
       if (!update) break;
       if constexpr (kUpdates) {
-        if (!reliable_update<R, RP, kPeers>(A, hops, precise_hops, bar, qp, laps, first, stride, epoch_qp)) return;
+        if (!reliable_update<R, RP, kPeers>(A, hops, precise_hops, bar, qp, laps, first, stride)) return;
       }
       if (flags_of(A.s) & kCgFrozen) break;
     }
