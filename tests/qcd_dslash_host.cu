@@ -4,7 +4,7 @@
 //   qcd_dslash_host DIR    reads DIR/{job.txt, args.bin, in.bin, x.bin, out.bin, gauge.bin, ghost.bin,
 //                          send.bin, sites.bin}, writes DIR/out.bin and DIR/send.bin.
 // job.txt: "MODE PREC BETA" with MODE interior | interior2 | interior4 | interior8 (the split hop) | exterior |
-// xpay | pack, PREC f | d; or MODE fold | newres (the
+// whole | whole2 | whole4 | whole8 (the one-pass hop) | xpay | pack, PREC f | d; or MODE fold | newres (the
 // resident CG's reliable update in single and double, PREC ignored): fold adds x (single) into out (double,
 // y) and zeroes x; newres takes in (double, the new residual) into out (single, p) and x (single, r_s).
 // x.bin is written back too.
@@ -60,6 +60,20 @@ static void run(const std::string& mode, DslashArgs& A, double beta) {
       }
       for (int part = 0; part < split; ++part) circuslink::qcd::interior_finish<R, true>(A, cb, total, part, split);
     }
+  } else if (mode == "whole" || mode == "whole2" || mode == "whole4" || mode == "whole8") {
+    // The resident CG's one-pass hop (direct faces): every site's directions with the ghosts' terms inline, the
+    // lanes' parts added in part order (a butterfly on the GPU), then each part's end (whole_hop_finish).
+    const int split = mode.size() > 5 ? std::atoi(mode.c_str() + 5) : 1;
+    for (int cb = 0; cb < A.vh; ++cb) {
+      const circuslink::qcd::Where w = circuslink::qcd::where(A, cb, A.parity);
+      circuslink::qcd::Spinor<R> total, acc;
+      circuslink::qcd::interior_part<R, false, true>(A, w, cb, 0, split, total);
+      for (int part = 1; part < split; ++part) {
+        circuslink::qcd::interior_part<R, false, true>(A, w, cb, part, split, acc);
+        for (int k = 0; k < 12; ++k) total.c[k] = total.c[k] + acc.c[k];
+      }
+      for (int part = 0; part < split; ++part) circuslink::qcd::whole_hop_finish<R>(A, cb, w, total, part, split);
+    }
   } else if (mode == "exterior") {
     for (int j = 0; j < A.n_sites; ++j) circuslink::qcd::exterior_site<R>(A, A.sites[j]);
   } else if (mode == "xpay") {
@@ -104,6 +118,7 @@ int main(int argc, char** argv) {
   A.gauge = gauge.data();
   A.ghost = ghost.data();
   A.send = send.data();
+  for (void*& to : A.face_to) to = A.send;  // every slot's faces into the send array, as the host's copies expect
   A.sites = reinterpret_cast<const int*>(sites.data());
   if (std::string(mode) == "pack") A.in = A.out;  // the packed field
   if (std::string(mode) == "fold") {

@@ -3,7 +3,8 @@
 The kernels' site functions are ``__host__ __device__``: ``qcd_dslash_host.cu`` (built here with nvcc) runs
 them over a whole local lattice with the exact argument block the cuda back-end module packs (its ABI table; the
 size is checked against ``sizeof(DslashArgs)``) and the kernels' field layouts. Interior and exterior hops,
-the faces emitted for the next hop, the CG's fused ``p = r + beta p`` + faces, and the plain pack are
+the faces emitted for the next hop, the resident CG's one-pass hop (ghost terms inline, then the faces), the CG's
+fused ``p = r + beta p`` + faces, and the plain pack are
 compared with ``_cpu.Dslash`` on random fields, single and double, with and without dagger, for a rank whose
 t faces cross the antiperiodic boundary and for a rank that wraps t locally.
 """
@@ -127,6 +128,20 @@ def test_kernel_site_code_matches_numpy(harness, tmp_path, seed, geometry, dtype
         halo.send[...] = 0
         cpu.pack(want, parity, emit)
         np.testing.assert_allclose(send, halo.send, atol=tol, err_msg=f"emitted faces parity {parity}")
+
+        # the resident CG's one-pass hop (direct faces): interior and ghost terms in one pass, then the faces of
+        # the result, one lane a site and split over 2, 4 and 8 (x on one parity, none on the other)
+        has_x = parity
+        args = DSLASH_ARGS.pack(**common, has_x=has_x, emit=int(emit))
+        want = np.zeros_like(out0)
+        cpu._interior(want, inp, parity, dagger, a, x if has_x else None, b)
+        cpu._exterior(want, ghost, parity, dagger, b)
+        halo.send[...] = 0
+        cpu.pack(want, parity, emit)
+        for mode in ("whole", "whole2", "whole4", "whole8"):
+            got, send = run_harness(harness, tmp_path / f"{mode}{parity}", mode, dtype, args, 0.0, arrays)
+            np.testing.assert_allclose(from_kernel(got), want, atol=tol, err_msg=f"{mode} parity {parity}")
+            np.testing.assert_allclose(send, halo.send, atol=tol, err_msg=f"{mode} faces parity {parity}")
 
         # the CG's p = r + beta p with the faces of p
         beta = 0.37

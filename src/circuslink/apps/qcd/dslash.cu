@@ -609,8 +609,27 @@ __device__ __forceinline__ void interior_sites(const DslashArgs& A, int first, i
 // The whole hop of sites first / split, ... in one pass, the ghosts' terms included (their faces have landed:
 // the resident CG's direct faces), as interior_sites; a site on a face then writes the faces of its result for
 // the next hop (E.emit). One pass instead of the interior, a grid barrier and the exterior's second pass over
-// the boundary sites (their `out` loaded and stored again). whole_hop_site: one site, by lane `part` of the
-// `split` lanes of `group` that share it.
+// the boundary sites (their `out` loaded and stored again). whole_hop_finish: a site's end once its lanes have
+// added their parts into acc (lane `part` of `split`: its share of the stores; lane 0 the faces);
+// whole_hop_site: one site, by lane `part` of the `split` lanes of `group` that share it.
+template <typename R>
+QCD_HD void whole_hop_finish(const DslashArgs& E, int cb, const Where& w, const Spinor<R>& acc, int part, int split) {
+  interior_finish<R, false>(E, cb, acc, part, split);
+  if (E.emit < 0 || part != 0 || !on_face(E, w.s)) return;
+  const R a = R(E.a), b = R(E.b);
+  Spinor<R> o;
+  if (E.has_x) {
+    load_field<false>(static_cast<const R*>(E.x), E.vh, cb, o);
+#pragma unroll
+    for (int k = 0; k < 12; ++k) o.c[k] = a * o.c[k] + b * acc.c[k];
+  } else {
+#pragma unroll
+    for (int k = 0; k < 12; ++k) o.c[k] = b * acc.c[k];
+  }
+  emit_faces(E, w.s, cb, E.parity, E.emit, o);
+}
+
+#ifdef __CUDACC__
 template <typename R>
 __device__ __forceinline__ void whole_hop_site(const DslashArgs& E, int cb, int part, int split, unsigned int group) {
   const Where w = where(E, cb, E.parity);
@@ -623,20 +642,7 @@ __device__ __forceinline__ void whole_hop_site(const DslashArgs& E, int cb, int 
       acc.c[k].im += __shfl_xor_sync(group, acc.c[k].im, o, split);
     }
   }
-  interior_finish<R, false>(E, cb, acc, part, split);
-  if (E.emit >= 0 && part == 0 && on_face(E, w.s)) {  // the whole result, by one lane of the site
-    const R a = R(E.a), b = R(E.b);
-    Spinor<R> o;
-    if (E.has_x) {
-      load_field<false>(static_cast<const R*>(E.x), E.vh, cb, o);
-#pragma unroll
-      for (int k = 0; k < 12; ++k) o.c[k] = a * o.c[k] + b * acc.c[k];
-    } else {
-#pragma unroll
-      for (int k = 0; k < 12; ++k) o.c[k] = b * acc.c[k];
-    }
-    emit_faces(E, w.s, cb, E.parity, E.emit, o);
-  }
+  whole_hop_finish<R>(E, cb, w, acc, part, split);
 }
 
 template <typename R>
@@ -649,6 +655,7 @@ __device__ __forceinline__ void whole_hop_sites(const DslashArgs& E, int first, 
   const unsigned int group = ((1u << split) - 1u) << ((threadIdx.x & 31) & ~(split - 1));
   for (int cb = first / split; cb < E.vh; cb += stride / split) whole_hop_site<R>(E, cb, part, split, group);
 }
+#endif
 
 // -- a grid barrier for the device-driven hop (every block resident: the grid is sized by max_blocks) ----
 __device__ __forceinline__ bool grid_barrier(unsigned int* bar, unsigned long long timeout_ns) {
