@@ -2,10 +2,12 @@
 # Dev experiment (gpu-check.sh dev): the device-resident CG (bench qcd --cg device --halos rma-device) on 1, 2 and
 # 4 ranks under variants, in one call. $VARIANTS: "name:lattices[:VAR=value+VAR=value...]" separated by spaces
 # (a value may hold commas: CIRCUSLINK_DEVICE_DEFINES=A=1,B=2); the default, on SMs of their own a rank (green):
-#   green:16,32             the library's defaults (since 2026-12-07: QCD's RMA a line and a word at a time)
-#   green-rma-wide:16,32    ... four low-latency lines in flight and two words ahead, as before (the RMA defaults)
+#   green:16,32             the library's defaults (direct faces; one pass a hop where the sites fit the threads)
+#   green-1pass:16,32       ... one pass a hop everywhere (CIRCUSLINK_QCD_ONE_PASS=1)
+#   green-2pass:16,32       ... two passes everywhere (CIRCUSLINK_QCD_ONE_PASS=0)
+#   green-copy:16,32        ... the faces copied by the RMA queue (CIRCUSLINK_QCD_DIRECT_FACES=0)
 #   green-trace:32          ... with the per-hop trace (CIRCUSLINK_QCD_DEV_TRACE=16), summed by qcd_trace.py
-#   green-facegrid:32       ... every block copying its share of the faces first (CIRCUSLINK_QCD_FACE_GRID=1)
+#   green-facegrid:32       ... copied faces, every block copying its share first (CIRCUSLINK_QCD_FACE_GRID=1)
 #   alone-halo:32           ... without the halo exchanges (CIRCUSLINK_QCD_DEV_ALONE=1: timing only)
 #   alone:32                ... without the exchanges and the sums over ranks (CIRCUSLINK_QCD_DEV_ALONE=3)
 # Partitioned runs dump every rank's Python stacks every $DUMP_S s into $R/dumps-<name>/ (scripts/dev/stall_dump),
@@ -15,8 +17,9 @@
 set -u
 R=${R:?} PY=${PY:-python3}
 G=CIRCUSLINK_SM_PARTITION=green D=CIRCUSLINK_DEVICE_DEFINES
-VARIANTS=${VARIANTS:-"green:16,32:$G green-rma-wide:16,32:$G+$D=CIRCUSLINK_RMA_LINES_IN_FLIGHT=4,CIRCUSLINK_RMA_WORDS_AHEAD=2
-  green-trace:32:$G+$D=CIRCUSLINK_QCD_DEV_TRACE=16 green-facegrid:32:$G+$D=CIRCUSLINK_QCD_FACE_GRID=1
+VARIANTS=${VARIANTS:-"green:16,32:$G green-1pass:16,32:$G+CIRCUSLINK_QCD_ONE_PASS=1
+  green-2pass:16,32:$G+CIRCUSLINK_QCD_ONE_PASS=0 green-copy:16,32:$G+CIRCUSLINK_QCD_DIRECT_FACES=0
+  green-trace:32:$G+$D=CIRCUSLINK_QCD_DEV_TRACE=16 green-facegrid:32:$G+CIRCUSLINK_QCD_DIRECT_FACES=0+$D=CIRCUSLINK_QCD_FACE_GRID=1
   alone-halo:32:$G+$D=CIRCUSLINK_QCD_DEV_ALONE=1
   alone:32:$G+$D=CIRCUSLINK_QCD_DEV_ALONE=3"}
 for v in $VARIANTS; do
