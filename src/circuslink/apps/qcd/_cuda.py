@@ -43,7 +43,7 @@ CG_RESIDENT_ARGS = Struct("circuslink::qcd::CgResidentArgs", "circuslink/qcd/dsl
     ("rhs", PTR), ("precise_r", PTR), ("precise_ap", PTR), ("s", PTR), ("partial", PTR), ("done", PTR),
     ("phase_ns", PTR), ("peers", PTR), ("seq", PTR), ("status", PTR), ("n", I64), ("n_precise", I64),
     ("delta2", F64), ("timeout_ns", U64), ("rank", I32), ("size", I32), ("iterations", I32), ("halo", I32),
-    ("updates", I32), ("split", I32), ("face_blocks", I32), ("direct", I32), ("one_pass", I32),
+    ("updates", I32), ("split", I32), ("face_blocks", I32), ("direct", I32), ("one_pass", I32), ("gpu_scope", I32),
 ])
 # CgStatus codes the resident kernel and qcd_cg_scalars record (two int32 after the scalars: _STATUS)
 _CG_HALO_FAILED, _CG_BARRIER_FAILED, _CG_SUM_FAILED = 1, 2, 3
@@ -315,9 +315,13 @@ class Dslash:
             self.cg_seq = cp.zeros(1, dtype=cp.uint64)
             # the phases' sums, then the dev trace's stamps (dslash.cu: CIRCUSLINK_QCD_DEV_TRACE)
             self.cg_phase_ns = cp.zeros(len(PHASES) + _TRACE_HOPS * len(_TRACE_EVENTS), dtype=cp.uint64)
+            from ...channels import fences_at_gpu_scope
+
+            # every rank on this GPU: the sums' release / acquire at .gpu scope (CIRCUSLINK_SYS_FENCES=1: .sys)
+            gpu_scope = fences_at_gpu_scope(self.world.allgather_object(self.world.backend.device_identity))
             self.cg_base = {"peers": _ptr(self.cg_peers), "seq": _ptr(self.cg_seq), "partial": _ptr(self.partial),
                             "done": _ptr(self.done), "timeout_ns": self.wait_ns, "rank": self.world.rank,
-                            "size": size}
+                            "size": size, "gpu_scope": int(gpu_scope)}
         return cp.zeros(cg.SLOTS + 1, dtype=cp.float64)
 
     @staticmethod

@@ -116,6 +116,8 @@ struct CgResidentArgs {
                                       // (face_to) and the queues only signal; each launch first writes p's
   int one_pass;                       // with direct: a hop is one pass over its sites (whole_hop_sites), not
                                       // the interior, a grid barrier and the exterior
+  int gpu_scope;                      // 1: every rank shares this GPU (under MPS): the sums over ranks release
+                                      // and acquire at .gpu scope, as the RMA queues' counters do
 };
 
 }  // namespace qcd
