@@ -32,7 +32,8 @@
 #   fft-full        distributed FFT, 2-D 8192^2 and 16384^2, 3-D 512^3 and 1024^3, both precisions, 2 and 4 ranks,
 #                   against the slab all-to-all baselines (copy engine, NVSHMEM program) and the 1-rank ceiling
 #                   (about 2-3 min per rank count; the NVSHMEM program is built once, ~1 min, then cached)
-#   qcd             Wilson-Dirac CG: an 8^4-per-rank solve on a 2x2 grid, and per-iteration time by halo exchange
+#   qcd             Wilson-Dirac CG: an 8^4-per-rank solve on a 2x2 grid, per-iteration time by halo exchange, the
+#                   device-resident CG's strong scaling, and the halo engines at 16^4 on 2 ranks
 #   qcd-timing      the device-resident CG on one rank: per iteration at 8^4 and 16^4, and cold and warm 8^4
 #                   mixed-precision solves with their stages (scripts/dev/qcd_cg_timing.py; not part of "all")
 #   hops            routed channels: latency and throughput by hop count on line:8, ring:8 (8 ranks), torus:4x4, mesh:4x4 (16);
@@ -175,6 +176,9 @@ want qcd && step qcd cl bench qcd --json "$R/qcd.json" --plot "$R/qcd.png"
 want qcd-timing explicit && step qcd-timing $PY scripts/dev/qcd_cg_timing.py --json "$R/qcd-cg-timing.json"
 want qcd && step qcd-device cl bench qcd --cg device --halos rma-device --lattices 8,16,32 \
   --json "$R/qcd-device.json"
+# The halo engines' targets: 16^4 on 2 ranks, each engine in its fastest CG loop (bench qcd prints the verdicts).
+want qcd && step qcd-engines cl bench qcd --cg host,device --lattices 16 --grids 1x1x1x1,2x1x1x1 \
+  --halos rma,rma-device,mpi-rma,nvshmem --json "$R/qcd-engines.json"
 want hops && step hops-line8 cl bench hops -n 8 --topology line:8 --json "$R/hops-line8.json" \
   --plot "$R/hops-line8.png"
 want hops && step hops-ring8 cl bench hops -n 8 --topology ring:8 --sizes 1M --json "$R/hops-ring8.json"
