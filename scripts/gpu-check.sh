@@ -176,6 +176,9 @@ want qcd && step qcd cl bench qcd --json "$R/qcd.json" --plot "$R/qcd.png"
 want qcd-timing explicit && step qcd-timing $PY scripts/dev/qcd_cg_timing.py --json "$R/qcd-cg-timing.json"
 want qcd && step qcd-device cl bench qcd --cg device --halos rma-device --lattices 8,16,32 \
   --json "$R/qcd-device.json"
+# ... with each rank on SMs of its own (green contexts), the mode the QCD figures of BENCHMARKS.md were measured in
+want qcd && step qcd-device-green env CIRCUSLINK_SM_PARTITION=green $PY -m circuslink bench qcd --cg device \
+  --halos rma-device --lattices 16,32 --json "$R/qcd-device-green.json"
 # The halo engines' targets: 16^4 on 2 ranks, each engine in its fastest CG loop (bench qcd prints the verdicts).
 want qcd && step qcd-engines cl bench qcd --cg host,device --lattices 16 --grids 1x1x1x1,2x1x1x1 \
   --halos rma,rma-device,mpi-rma,nvshmem --json "$R/qcd-engines.json"
