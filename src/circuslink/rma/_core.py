@@ -48,6 +48,13 @@ def _window_module(world: Any, memory: str):
     return world.backend_module(__package__)
 
 
+def _rank_arg(op: str, rank: Any, size: int) -> int:
+    """``rank`` as an int, refused in one line naming ``op`` unless it is a rank of a world of ``size``."""
+    if isinstance(rank, bool) or not isinstance(rank, int | np.integer) or not 0 <= rank < size:
+        raise RmaError(f"{op}: rank {rank!r} is out of range for a world of {size} ranks")
+    return int(rank)
+
+
 # -- windows ------------------------------------------------------------------------------------
 class Window(Resource):
     """A region of every rank's memory that remote writes may target. Create with :func:`window_alloc`."""
@@ -82,13 +89,11 @@ class Window(Resource):
         cuda: its ``data.ptr`` is the device address a kernel stores through): where a queue's origin writes
         itself (:meth:`Queue.add_target`). Windows of MPI-3 memory have no such mapping."""
         self._check()
-        size = self.world.size
-        if isinstance(rank, bool) or not isinstance(rank, int | np.integer) or not 0 <= rank < size:
-            raise RmaError(f"Window.peer: rank {rank!r} is out of range for a world of {size} ranks")
+        rank = _rank_arg("Window.peer", rank, self.world.size)
         if not hasattr(self._impl, "peer"):
             raise RmaError(f"Window.peer: window {self.index} is {self.label} memory, which maps no peer's part; "
                            "use memory='mapped'")
-        return self._impl.peer(int(rank))
+        return self._impl.peer(rank)
 
     @property
     def freed(self) -> bool:
@@ -414,12 +419,10 @@ class Queue(Resource):
         self._check_not_freed("add_origin")
         if self._state != _OPEN:
             raise RmaError(f"add_origin after commit on {self._where()}: call clear() first")
-        size = self.world.size
-        if isinstance(rank, bool) or not isinstance(rank, int | np.integer) or not 0 <= rank < size:
-            raise RmaError(f"add_origin: rank {rank!r} is out of range for a world of {size} ranks")
-        if int(rank) in self._origins:
+        rank = _rank_arg("add_origin", rank, self.world.size)
+        if rank in self._origins:
             raise RmaError(f"add_origin: rank {rank} is already an origin of {self._where()}")
-        self._origins.append(int(rank))
+        self._origins.append(rank)
 
     def add_target(self, rank: int) -> None:
         """Declare that I write into ``rank``'s window myself, through its mapping here (:meth:`Window.peer`):
@@ -431,18 +434,16 @@ class Queue(Resource):
         self._check_not_freed("add_target")
         if self._state != _OPEN:
             raise RmaError(f"add_target after commit on {self._where()}: call clear() first")
-        size = self.world.size
-        if isinstance(rank, bool) or not isinstance(rank, int | np.integer) or not 0 <= rank < size:
-            raise RmaError(f"add_target: rank {rank!r} is out of range for a world of {size} ranks")
+        rank = _rank_arg("add_target", rank, self.world.size)
         if self._handles:
             raise RmaError(f"add_target on {self._where()}: it has a chain of declared writes (push); a queue is "
                            "either that or the caller's own writes, not both")
-        if int(rank) in self._own_targets:
+        if rank in self._own_targets:
             raise RmaError(f"add_target: rank {rank} is already a target of {self._where()}")
         if not hasattr(self.window._impl, "peer"):
             raise RmaError(f"add_target on {self._where()}: the {self.window.label} window maps no peer's part, "
                            "so nothing could write it; use memory='mapped'")
-        self._own_targets.append(int(rank))
+        self._own_targets.append(rank)
 
     def commit(self, post_at: str = "start", timeout: float | None = None) -> None:
         """Collective: check the chain against every peer's and build it once (descriptors, graphs, datatypes).

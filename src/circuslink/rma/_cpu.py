@@ -96,7 +96,7 @@ class CpuQueue:
             dst = _view(self.window.peer(h.dst_rank), h.dst_offset, h.count, h.block_bytes, h.dst_stride)
             by_target.setdefault(h.dst_rank, []).append((dst, src))
         self.chain = sorted(by_target.items())
-        self.own_targets = [t for t in queue.targets if queue.signal_only]
+        self.own_targets = list(queue.targets) if queue.signal_only else []
         if post_at == "wait" and not queue.signal_only:
             self._post(base + 1)  # the first epoch is open from the start
 
