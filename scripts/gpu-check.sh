@@ -61,8 +61,8 @@
 #                   Nsight Compute's per-instruction stall samples of it (scripts/dev/ll_pair.cu; not part of "all")
 #   lines           dev experiment: line formats, echo forms, fences and streaming rings side by side
 #                   (scripts/dev/line_variants.py; not part of "all")
-#   dev             dev experiment: the bash script $DEV_SCRIPT (a file of this tree), under this run's MPS daemon,
-#                   its results under $R (not part of "all")
+#   dev             dev experiment: the bash scripts $DEV_SCRIPT (files of this tree, separated by spaces; each a
+#                   step of its own), under this run's MPS daemon, their results under $R (not part of "all")
 #
 # One MPS control daemon serves the whole run: the script re-executes itself under
 # `circuslink mps`, which starts one (or reuses a running one) and stops it at the end, also on
@@ -133,7 +133,8 @@ if want smoke explicit; then
 fi
 want probe && step probe-2 cl probe -n 2 --json "$R/probe-2.json"
 want probe && step probe-4 cl probe -n 4 --quick --json "$R/probe-4.json"
-want dev explicit && step dev env R="$R" PY="$PY" bash "${DEV_SCRIPT:?the dev stage runs \$DEV_SCRIPT}"
+if want dev explicit; then for s in ${DEV_SCRIPT:?the dev stage runs \$DEV_SCRIPT}; do
+  step "dev-$(basename "$s" .sh)" env R="$R" PY="$PY" bash "$s"; done; fi
 want pingpong && step pingpong cl bench pingpong --json "$R/pingpong.json" --plot "$R/pingpong.png"
 want stream && step stream cl bench stream --json "$R/stream.json" --plot "$R/stream.png"
 if want stream-stress explicit; then
