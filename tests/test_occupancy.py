@@ -178,3 +178,19 @@ def test_a_rank_budget_is_its_share_of_the_gpu_unless_capped(monkeypatch):
     for value, capped in (("", False), ("100", False), ("50", True), ("25.5", True), ("junk", False)):
         monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", value)
         assert _mps_capped() is capped, value
+
+
+def test_a_rank_in_sms_of_its_own_may_take_the_whole_group_when_asked():
+    assert resident_blocks(2, 64, 2, capped=False) == 64  # half of its group's 128 slots (the default)
+    assert resident_blocks(2, 64, 2, capped=False, whole=True) == 128
+    assert resident_blocks(2, 32, 4, capped=False, whole=True) == 64
+
+
+def test_the_partition_grid_share_is_read_and_checked():
+    from circuslink.backends import _partition
+    from circuslink.errors import ConfigError
+
+    assert _partition.grid_share({}) == "half"
+    assert _partition.grid_share({"CIRCUSLINK_PARTITION_GRID": " Whole "}) == "whole"
+    with pytest.raises(ConfigError, match="CIRCUSLINK_PARTITION_GRID='most'"):
+        _partition.grid_share({"CIRCUSLINK_PARTITION_GRID": "most"})

@@ -138,7 +138,7 @@ def blocks_per_sm(kernel: KernelAttributes, device: DeviceLimits, threads: int, 
     return max(0, min(limits))
 
 
-def resident_blocks(per_sm: int, sm_budget: int, ranks_on_gpu: int, capped: bool = True) -> int:
+def resident_blocks(per_sm: int, sm_budget: int, ranks_on_gpu: int, capped: bool = True, whole: bool = False) -> int:
     """Blocks a rank's grid may have so that it is resident at once beside the grids of the other ranks on
     its GPU (the module's docstring says why): every block of every SM of its budget when alone, else half
     of them, counted over the budget's SMs. Where half is less than one block, one block, if the k ranks' one
@@ -147,10 +147,12 @@ def resident_blocks(per_sm: int, sm_budget: int, ranks_on_gpu: int, capped: bool
     and the back-end refuses it rather than let half the ranks wait for SMs the others never give back.
     ``per_sm`` is :func:`blocks_per_sm`'s answer, ``ranks_on_gpu`` the k ranks sharing the GPU, ``sm_budget``
     the rank's SMs: where an MPS cap is set (``capped``, the launcher's default) the count CUDA reports under
-    it, which all k ranks may share, so that the rank takes half of 1/k of it; else its own 1/k of the GPU's."""
+    it, which all k ranks may share, so that the rank takes half of 1/k of it; else its own 1/k of the GPU's.
+    ``whole``: the budget is SMs no other rank runs on (a green context) and the rank takes all of them, as a
+    rank alone does (``CIRCUSLINK_PARTITION_GRID=whole``, an experiment: ``_partition.py``)."""
     if per_sm < 1 or sm_budget < 1:
         return 0
-    if ranks_on_gpu <= 1:
+    if ranks_on_gpu <= 1 or whole:
         return per_sm * sm_budget
     # the k ranks' SMs: capped, the one budget they may all land on; uncapped, k budgets side by side
     ranks_sharing = ranks_on_gpu if capped else 1

@@ -37,6 +37,21 @@ DEFAULT = "off"
 _MIN_DRIVER = 12040  # green contexts: CUDA 12.4
 
 
+GRID_ENV = "CIRCUSLINK_PARTITION_GRID"
+GRID_SHARES = ("half", "whole")
+
+
+def grid_share(env: dict[str, str] | None = None) -> str:
+    """How much of its group a partitioned rank's persistent grid may take (``CIRCUSLINK_PARTITION_GRID``): ``half``
+    (default: what the group holds, halved, as for uncapped ranks; ``_occupancy.py``) or ``whole`` (every block
+    the group holds, as a rank alone on the GPU: the group's SMs are no other rank's, and the launch is
+    cooperative, so the driver starts every block at once or refuses). An experiment until measured."""
+    raw = (os.environ if env is None else env).get(GRID_ENV, "").strip().lower() or "half"
+    if raw not in GRID_SHARES:
+        raise ConfigError(f"{GRID_ENV}={raw!r}: choose one of {', '.join(GRID_SHARES)}")
+    return raw
+
+
 def mode(env: dict[str, str] | None = None) -> str:
     """The partition mode the environment asks for (``off`` unless set); a bad value is one line naming it."""
     raw = (os.environ if env is None else env).get(ENV, "").strip().lower() or DEFAULT

@@ -238,7 +238,8 @@ class CudaBackend(Backend):
         # In SMs of its own (a green context) a rank still takes half of what they hold, as uncapped ranks do: with
         # grids of the whole group the device-resident CG at 32^4 on 2 ranks stalled (H100, 2026-12-07), as it had
         # with uncapped grids of the whole share (2026-11-29).
-        return per_sm, _occupancy.resident_blocks(per_sm, self.sm_budget, self.ranks_on_gpu, self.capped)
+        whole = self.partition is not None and _partition.grid_share() == "whole"
+        return per_sm, _occupancy.resident_blocks(per_sm, self.sm_budget, self.ranks_on_gpu, self.capped, whole)
 
     def launch_resident(self, kernel: Any, grid: Any, block: Any, args: tuple, shared_bytes: int = 0,
                         stream: Any = None, limit: int | None = None) -> None:
