@@ -276,3 +276,22 @@ def test_verdicts_name_the_worst_case_and_judge_every_one(capsys):
         "met",
     ]
 
+
+
+@pytest.mark.parametrize("gpus,expected", [(1, "25"), (2, "50"), (4, "100")])
+def test_the_nvshmem_slab_pes_get_the_share_nvshmem_needs_whatever_the_ranks_had(monkeypatch, gpus, expected):
+    # Ranks in SMs of their own run uncapped (100); NVSHMEM's on-stream all-to-all runs under MPS only with each
+    # PE's share at most 100 / the PEs on its GPU, so the baseline's job sets it for its own PEs.
+    from circuslink import mps
+    from circuslink.bench import fft_baseline
+    from circuslink.bench.baselines import _nvshmem
+
+    seen = {}
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")
+    monkeypatch.setattr(_nvshmem, "find_nvshmem", lambda: Path("/nonexistent/nvshmem"))
+    monkeypatch.setattr(fft_baseline, "build_nvshmem", lambda: Path("/nonexistent/fft_slab_nvshmem"))
+    monkeypatch.setattr(mps, "gpu_count", lambda: gpus)
+    monkeypatch.setattr(_nvshmem, "mpirun_command", lambda binary, args, env, n: ["mpirun"])
+    monkeypatch.setattr(_nvshmem, "_run", lambda name, binary, cmd, env, timeout, n, describe: seen.update(env) or [])
+    assert fft_baseline.nvshmem_slab(4, [((64, 64), "complex64")], 2, 1, [1]) == []
+    assert seen["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == expected

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import mps
 from .._wait import Deadline
 from ..errors import BackendError, ConfigError
 
@@ -410,6 +411,10 @@ def nvshmem_slab(nranks: int, cases: list[tuple[tuple[int, ...], str]], iters: i
     biggest = max(int(np.prod(s)) * np.dtype(d).itemsize for s, d in cases)
     env = _nvshmem._job_env(nv, biggest)
     env["NVSHMEM_SYMMETRIC_SIZE"] = str(-(-biggest // nranks) * 2 + (1 << 30))
+    # Its all-to-all is an on-stream collective, which NVSHMEM runs under MPS only with each PE's share at most
+    # 100 / the PEs on its GPU ("not supported with limited MPG"), whatever the share of the ranks that started it
+    # (100 where they take SMs of their own).
+    env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps.share_percent(-(-nranks // max(1, mps.gpu_count()))))
     spec = ";".join(f"{'x'.join(map(str, s))}:{d}" for s, d in cases)
     args = [f"cases={spec}", f"iters={iters}", f"warmup={warmup}", f"chunks={','.join(map(str, chunks))}",
             f"seed={_nvshmem.fresh_seed()}"]
