@@ -4,6 +4,7 @@ The GPU side (blocks confined to a rank's SMs, ranks' SMs disjoint) is tests/tes
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -79,13 +80,15 @@ def test_a_partitioned_rank_sizes_its_grids_by_its_own_sms(monkeypatch):
     assert backend.ranks_on_gpu == 4 and not backend.capped
     assert backend.sm_count == 32 and backend.sm_budget == 32
     assert backend.xp.streams_used == 1  # a stream of the partition is CuPy's current stream, not the null one
-    # half of what its own 32 SMs hold (the margin uncapped ranks keep), where the 25 % cap gave half of 1/4
-    assert cuda.CudaBackend.max_blocks(_occupancy_answer(backend, 2), KERNEL, 256) == 32
+    # all its own 32 SMs hold (no other rank's blocks run there), where the 25 % cap gave half of 1/4
+    assert cuda.CudaBackend.max_blocks(_occupancy_answer(backend, 2), KERNEL, 256) == 64
     backend.bind_thread()
     assert backend.partition.bound == 1
     with pytest.raises(BackendError, match="SM group of 32 SMs"):
         cuda.CudaBackend.check_resident(_occupancy_answer(backend, 2), SimpleNamespace(
-            kernel=SimpleNamespace(ptr=0), name="k", num_regs=32), 33, 256)
+            kernel=SimpleNamespace(ptr=0), name="k", num_regs=32), 65, 256)
+    monkeypatch.setenv(_partition.GRID_ENV, "half")  # the margin of uncapped ranks without a partition
+    assert cuda.CudaBackend.max_blocks(_occupancy_answer(backend, 2), KERNEL, 256) == 32
 
 
 def _built_with(monkeypatch, rank, partition="auto", fail=False):
@@ -138,3 +141,40 @@ def test_info_says_how_ranks_sharing_a_gpu_split_its_sms(capsys):
     info._print(facts)
     out = capsys.readouterr().out
     assert "CIRCUSLINK_SM_PARTITION=auto (green contexts not available here; off: MPS's cap)" in out
+
+
+@pytest.mark.parametrize("user,want", [(None, "auto"), ("off", "off"), ("green", "green")])
+def test_a_command_s_partition_mode_is_a_default_the_user_overrides(monkeypatch, user, want):
+    # The FFT's commands start their ranks in SMs of their own (measured faster) unless the user chose a mode.
+    from circuslink import launcher
+
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # relaunch_self sets the mode in the environment
+    if user is None:
+        monkeypatch.delenv(_partition.ENV, raising=False)
+    else:
+        monkeypatch.setenv(_partition.ENV, user)
+    seen = {}
+
+    def launch(*args, **kwargs):
+        seen["mode"] = os.environ.get(_partition.ENV)
+        return 0
+
+    monkeypatch.setattr(launcher, "launch", launch)
+    launcher.relaunch_self(2, "cpu", argv=["fft2", "--help"], sm_partition="auto")
+    assert seen["mode"] == want
+
+
+def test_a_command_s_bad_partition_default_is_refused_before_any_rank(monkeypatch):
+    from circuslink import launcher
+
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    monkeypatch.delenv(_partition.ENV, raising=False)
+    monkeypatch.setattr(launcher, "launch", lambda *a, **k: pytest.fail("a rank started"))
+    with pytest.raises(ConfigError, match="CIRCUSLINK_SM_PARTITION='most'"):
+        launcher.relaunch_self(2, "cpu", argv=["fft2"], sm_partition="most")
+
+
+def test_the_fft_commands_ask_for_sms_of_their_own():
+    from circuslink.apps.fft import _plan
+
+    assert _plan.SM_PARTITION == "auto"

@@ -619,7 +619,7 @@ def set_invocation(argv: Sequence[str]) -> None:
 
 def relaunch_self(nranks: int, backend: str | None, prefer_mpirun: bool = False, mps_mode: str = "auto",
                   argv: Sequence[str] | None = None, ranks_per_node: int | None = None, rank_bytes: int = 0,
-                  gpu_bytes: int = 0) -> int:
+                  gpu_bytes: int = 0, sm_partition: str | None = None) -> int:
     """Run this ``circuslink`` command again as ``nranks`` ranks (multi-rank CLI commands call this
     when they are not inside a job yet); the one way a command relaunches itself.
 
@@ -629,8 +629,15 @@ def relaunch_self(nranks: int, backend: str | None, prefer_mpirun: bool = False,
     :func:`launch`. Either way ranks that share a GPU run under MPS (``mps_mode``). ``ranks_per_node``
     declares nodes on this machine (``CIRCUSLINK_RANKS_PER_NODE``, which mpirun forwards). ``rank_bytes`` and
     ``gpu_bytes``: host and GPU memory each rank needs beyond its interpreter and context (:func:`check_limits`).
+    ``sm_partition``: the ``CIRCUSLINK_SM_PARTITION`` mode of the command's ranks where the environment sets none
+    (a command measured faster with SMs of its own a rank passes ``auto``; a mode set by the user is kept).
     """
+    from .backends import _partition
     from .world import ENV_RANKS_PER_NODE, node_layout
+
+    if sm_partition is not None and not os.environ.get(_partition.ENV, "").strip():
+        _partition.mode({_partition.ENV: sm_partition})  # a bad mode is refused here, before any rank starts
+        os.environ[_partition.ENV] = sm_partition  # the ranks inherit it; so does the launcher's MPS share
 
     args = list(argv) if argv is not None else list(_invocation if _invocation is not None else sys.argv[1:])
     command = [sys.executable, "-m", "circuslink", *args]

@@ -25,9 +25,9 @@ Two pure functions, so that the rule is tested on any machine (tests/test_occupa
   spreads every rank's blocks over the whole GPU, each rank's budget is its 1/k of the GPU's SMs (what code
   that sizes its work by SMs takes as its own), and its grids take half of the blocks those hold, so the k
   grids together fill half of the GPU. A rank in a group of SMs of its own (a green context, ``_partition.py``,
-  `CIRCUSLINK_SM_PARTITION=auto`) is uncapped and its budget is its group: its grids take
-  half of what the group holds (grids of the whole group stalled the same CG at 32^4 on 2 ranks, H100,
-  2026-12-07). At the full share (two uncapped ranks of 132 blocks of 2 an SM on an
+  `CIRCUSLINK_SM_PARTITION=auto`) is uncapped and its budget is its group, which runs no other rank's blocks: its
+  grids take all of what the group holds (``whole``; ``CIRCUSLINK_PARTITION_GRID=half`` keeps the margin,
+  ``_partition.grid_share``). At the full share (two uncapped ranks of 132 blocks of 2 an SM on an
   H200's 132 SMs: the GPU exactly full) the device-resident CG stalled (2026-11-29).
 """
 
@@ -149,7 +149,7 @@ def resident_blocks(per_sm: int, sm_budget: int, ranks_on_gpu: int, capped: bool
     the rank's SMs: where an MPS cap is set (``capped``, the launcher's default) the count CUDA reports under
     it, which all k ranks may share, so that the rank takes half of 1/k of it; else its own 1/k of the GPU's.
     ``whole``: the budget is SMs no other rank runs on (a green context) and the rank takes all of them, as a
-    rank alone does (``CIRCUSLINK_PARTITION_GRID=whole``, an experiment: ``_partition.py``)."""
+    rank alone does (``_partition.grid_share``)."""
     if per_sm < 1 or sm_budget < 1:
         return 0
     if ranks_on_gpu <= 1 or whole:

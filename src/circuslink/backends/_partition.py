@@ -19,9 +19,12 @@ current stream.
 ``CIRCUSLINK_SM_PARTITION``: ``off`` (default: the ranks share the GPU under MPS's cap), ``auto`` (a green
 context a rank where the driver offers them, else the cap; where it offers them but one cannot be made, the
 rank says so in one line and shares the GPU uncapped), ``green`` (required: an error where it cannot be made).
-Not the default yet: on an H100 (2026-12-07) the partition ran the device-resident CG at 16^4 on 2x2x1x1 ranks
-in 197 us an iteration against 371 capped, but with grids of the whole group the CG at 32^4 on 2 ranks
-stalled; grids of half the group (the rule now) have not yet run on a GPU (BENCHMARKS.md).
+The library's default stays ``off`` until the whole GPU suite has run under ``auto``. Commands measured faster
+with it ask for ``auto`` where the user sets no mode (``launcher.relaunch_self``'s ``sm_partition``): the FFT's
+(fft2, fft3, bench fft: at 4 ranks on one H100, 16384^2 complex64 4.96 ms against 6.27 capped, 2026-12-07). On
+the same GPU the device-resident CG at 32^4 ran partitioned on 2 and 4 ranks in 1.4-1.6x of one rank against
+2.3-4.9x capped (BENCHMARKS.md); ``bench qcd`` still runs as the user sets it: its halo engines (NVSHMEM's among
+them) have been measured under the cap only.
 """
 
 from __future__ import annotations
@@ -42,11 +45,15 @@ GRID_SHARES = ("half", "whole")
 
 
 def grid_share(env: dict[str, str] | None = None) -> str:
-    """How much of its group a partitioned rank's persistent grid may take (``CIRCUSLINK_PARTITION_GRID``): ``half``
-    (default: what the group holds, halved, as for uncapped ranks; ``_occupancy.py``) or ``whole`` (every block
-    the group holds, as a rank alone on the GPU: the group's SMs are no other rank's, and the launch is
-    cooperative, so the driver starts every block at once or refuses). An experiment until measured."""
-    raw = (os.environ if env is None else env).get(GRID_ENV, "").strip().lower() or "half"
+    """How much of its group a partitioned rank's persistent grid may take (``CIRCUSLINK_PARTITION_GRID``):
+    ``whole`` (default: every block the group holds, as a rank alone on the GPU takes; the group's SMs run no other
+    rank's blocks) or ``half`` (what the group holds, halved, the margin uncapped ranks without a partition keep:
+    ``_occupancy.py``). On one H100 (2026-12-07, BENCHMARKS.md) the device-resident CG with the whole group took
+    32^4 on 2 and 4 ranks in 1,281 and 1,267 us an iteration against 1,318 and 1,344 with half, 16^4 on 2 ranks
+    127.6 against 137.8 (the same call), and none of 30 runs stalled. (The stall once seen with whole groups, 32^4
+    on 2 ranks, came back with half as well; it was a late rank's module load while its peers' first hop waited
+    on the GPU, which the first device-driven hop's meeting on the host ended.)"""
+    raw = (os.environ if env is None else env).get(GRID_ENV, "").strip().lower() or "whole"
     if raw not in GRID_SHARES:
         raise ConfigError(f"{GRID_ENV}={raw!r}: choose one of {', '.join(GRID_SHARES)}")
     return raw

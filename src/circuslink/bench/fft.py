@@ -240,7 +240,9 @@ def run(args: argparse.Namespace) -> int:
 
             progress(cfg.note)
         argv = ["bench", "fft", *sys.argv[sys.argv.index("fft") + 1:]] if "fft" in sys.argv else ["bench", "fft"]
-        return launcher.relaunch_self(args.nranks, argv=argv, backend=args.backend)
+        from ..apps.fft._plan import SM_PARTITION
+
+        return launcher.relaunch_self(args.nranks, argv=argv, backend=args.backend, sm_partition=SM_PARTITION)
     import circuslink
 
     world = circuslink.init(args.backend)

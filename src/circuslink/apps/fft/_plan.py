@@ -39,6 +39,11 @@ _ALIGN = 256
 _CHUNK_CANDIDATES = (1, 2, 4)
 _CHUNK_OVERHEAD_S = 10e-6  # one more chunk's launches and events, beside its put's start cost (the model's t0)
 _UNSURE = 0.10  # candidates predicted within this of the best are measured
+# The FFT's commands (fft2, fft3, bench fft) run ranks that share a GPU in SMs of their own (CIRCUSLINK_SM_PARTITION,
+# where the user sets none): under MPS's cap every rank ran on the same SMs, a quarter of the GPU at 4 ranks. On
+# one H100 (2026-12-07, BENCHMARKS.md) 16384^2 on 4 ranks took 4.96 ms (complex64) and 13.96 (complex128) against
+# 6.27 and 16.12 capped in the same call, and 1024^3 complex64 23.65 / 25.22 ms on 2 / 4 ranks against 24.74 / 26.83.
+SM_PARTITION = "auto"
 
 
 def check_dtype(dtype: Any, where: str) -> str:

@@ -247,7 +247,8 @@ def run_command(args: argparse.Namespace, ndim: int) -> int:
             if need > free:
                 raise ConfigError(f"{problem} needs about {need / (1 << 30):.1f} GiB of {where}, but only "
                                   f"{free / (1 << 30):.1f} GiB is free: use single precision or a smaller size")
-        return launcher.relaunch_self(args.nranks, argv=_argv(args, ndim), backend=backend)
+        return launcher.relaunch_self(args.nranks, argv=_argv(args, ndim), backend=backend,
+                                     sm_partition=_plan.SM_PARTITION)
     import circuslink
 
     world = circuslink.init(args.backend)
