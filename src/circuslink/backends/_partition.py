@@ -50,7 +50,7 @@ def grid_share(env: dict[str, str] | None = None) -> str:
     rank's blocks) or ``half`` (what the group holds, halved, the margin uncapped ranks without a partition keep:
     ``_occupancy.py``). On one H100 (2026-12-07, BENCHMARKS.md) the device-resident CG with the whole group took
     32^4 on 2 and 4 ranks in 1,281 and 1,267 us an iteration against 1,318 and 1,344 with half, 16^4 on 2 ranks
-    127.6 against 137.8 (the same call), and none of 30 runs stalled. (The stall once seen with whole groups, 32^4
+    127.6 against 137.8 (the same call), and none of 18 such runs stalled. (The stall once seen with whole groups, 32^4
     on 2 ranks, came back with half as well; it was a late rank's module load while its peers' first hop waited
     on the GPU, which the first device-driven hop's meeting on the host ended.)"""
     raw = (os.environ if env is None else env).get(GRID_ENV, "").strip().lower() or "whole"
