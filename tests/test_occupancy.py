@@ -190,7 +190,7 @@ def test_the_partition_grid_share_is_read_and_checked():
     from circuslink.backends import _partition
     from circuslink.errors import ConfigError
 
-    assert _partition.grid_share({}) == "whole"
-    assert _partition.grid_share({"CIRCUSLINK_PARTITION_GRID": " Half "}) == "half"
+    assert _partition.grid_share({}) == "half"
+    assert _partition.grid_share({"CIRCUSLINK_PARTITION_GRID": " Whole "}) == "whole"
     with pytest.raises(ConfigError, match="CIRCUSLINK_PARTITION_GRID='most'"):
         _partition.grid_share({"CIRCUSLINK_PARTITION_GRID": "most"})

@@ -80,15 +80,15 @@ def test_a_partitioned_rank_sizes_its_grids_by_its_own_sms(monkeypatch):
     assert backend.ranks_on_gpu == 4 and not backend.capped
     assert backend.sm_count == 32 and backend.sm_budget == 32
     assert backend.xp.streams_used == 1  # a stream of the partition is CuPy's current stream, not the null one
-    # all its own 32 SMs hold (no other rank's blocks run there), where the 25 % cap gave half of 1/4
-    assert cuda.CudaBackend.max_blocks(_occupancy_answer(backend, 2), KERNEL, 256) == 64
+    # half of what its own 32 SMs hold (the margin uncapped ranks keep), where the 25 % cap gave half of 1/4
+    assert cuda.CudaBackend.max_blocks(_occupancy_answer(backend, 2), KERNEL, 256) == 32
     backend.bind_thread()
     assert backend.partition.bound == 1
     with pytest.raises(BackendError, match="SM group of 32 SMs"):
         cuda.CudaBackend.check_resident(_occupancy_answer(backend, 2), SimpleNamespace(
-            kernel=SimpleNamespace(ptr=0), name="k", num_regs=32), 65, 256)
-    monkeypatch.setenv(_partition.GRID_ENV, "half")  # the margin of uncapped ranks without a partition
-    assert cuda.CudaBackend.max_blocks(_occupancy_answer(backend, 2), KERNEL, 256) == 32
+            kernel=SimpleNamespace(ptr=0), name="k", num_regs=32), 33, 256)
+    monkeypatch.setenv(_partition.GRID_ENV, "whole")  # all of it: no other rank's blocks run there
+    assert cuda.CudaBackend.max_blocks(_occupancy_answer(backend, 2), KERNEL, 256) == 64
 
 
 def _built_with(monkeypatch, rank, partition="auto", fail=False):

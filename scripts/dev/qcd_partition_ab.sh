@@ -5,7 +5,7 @@
 #   green:16,32             the library's defaults (direct faces; one pass a hop where the sites fit the threads)
 #   green-1pass:16,32       ... one pass a hop everywhere (CIRCUSLINK_QCD_ONE_PASS=1)
 #   green-2pass:16,32       ... two passes everywhere (CIRCUSLINK_QCD_ONE_PASS=0)
-#   green-half:16,32        ... grids of half the group, not the whole (CIRCUSLINK_PARTITION_GRID=half)
+#   green-whole:16,32       ... grids of the whole group, not half (CIRCUSLINK_PARTITION_GRID=whole)
 #   green-copy:16,32        ... the faces copied by the RMA queue (CIRCUSLINK_QCD_DIRECT_FACES=0)
 #   green-sys:16,32         ... the sums over ranks (and the RMA counters) at .sys scope (CIRCUSLINK_SYS_FENCES=1)
 #   green-trace:32          ... with the per-hop trace (CIRCUSLINK_QCD_DEV_TRACE=16), summed by qcd_trace.py
@@ -20,7 +20,7 @@ set -u
 R=${R:?} PY=${PY:-python3}
 G=CIRCUSLINK_SM_PARTITION=green D=CIRCUSLINK_DEVICE_DEFINES
 VARIANTS=${VARIANTS:-"green:16,32:$G green-1pass:16,32:$G+CIRCUSLINK_QCD_ONE_PASS=1
-  green-2pass:16,32:$G+CIRCUSLINK_QCD_ONE_PASS=0 green-half:16,32:$G+CIRCUSLINK_PARTITION_GRID=half green-copy:16,32:$G+CIRCUSLINK_QCD_DIRECT_FACES=0
+  green-2pass:16,32:$G+CIRCUSLINK_QCD_ONE_PASS=0 green-whole:16,32:$G+CIRCUSLINK_PARTITION_GRID=whole green-copy:16,32:$G+CIRCUSLINK_QCD_DIRECT_FACES=0
   green-sys:16,32:$G+CIRCUSLINK_SYS_FENCES=1
   green-trace:32:$G+$D=CIRCUSLINK_QCD_DEV_TRACE=16 green-facegrid:32:$G+CIRCUSLINK_QCD_DIRECT_FACES=0+$D=CIRCUSLINK_QCD_FACE_GRID=1
   alone-halo:32:$G+$D=CIRCUSLINK_QCD_DEV_ALONE=1

@@ -26,9 +26,10 @@ Two pure functions, so that the rule is tested on any machine (tests/test_occupa
   that sizes its work by SMs takes as its own), and its grids take half of the blocks those hold, so the k
   grids together fill half of the GPU. A rank in a group of SMs of its own (a green context, ``_partition.py``,
   `CIRCUSLINK_SM_PARTITION=auto`) is uncapped and its budget is its group, which runs no other rank's blocks: its
-  grids take all of what the group holds (``whole``; ``CIRCUSLINK_PARTITION_GRID=half`` keeps the margin,
-  ``_partition.grid_share``). At the full share (two uncapped ranks of 132 blocks of 2 an SM on an
-  H200's 132 SMs: the GPU exactly full) the device-resident CG stalled (2026-11-29).
+  grids take half of what the group holds, room for its own kernels on other streams (``half``;
+  ``CIRCUSLINK_PARTITION_GRID=whole`` takes all of it, ``_partition.grid_share``). At the full share (two
+  uncapped ranks of 132 blocks of 2 an SM on an H200's 132 SMs: the GPU exactly full) the device-resident CG
+  stalled (2026-11-29).
 """
 
 from __future__ import annotations

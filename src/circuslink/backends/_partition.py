@@ -46,14 +46,14 @@ GRID_SHARES = ("half", "whole")
 
 def grid_share(env: dict[str, str] | None = None) -> str:
     """How much of its group a partitioned rank's persistent grid may take (``CIRCUSLINK_PARTITION_GRID``):
-    ``whole`` (default: every block the group holds, as a rank alone on the GPU takes; the group's SMs run no other
-    rank's blocks) or ``half`` (what the group holds, halved, the margin uncapped ranks without a partition keep:
-    ``_occupancy.py``). On one H100 (2026-12-07, BENCHMARKS.md) the device-resident CG with the whole group took
-    32^4 on 2 and 4 ranks in 1,281 and 1,267 us an iteration against 1,318 and 1,344 with half, 16^4 on 2 ranks
-    127.6 against 137.8 (the same call), and none of 18 such runs stalled. (The stall once seen with whole groups, 32^4
-    on 2 ranks, came back with half as well; it was a late rank's module load while its peers' first hop waited
-    on the GPU, which the first device-driven hop's meeting on the host ended.)"""
-    raw = (os.environ if env is None else env).get(GRID_ENV, "").strip().lower() or "whole"
+    ``half`` (default: what the group holds, halved, the margin uncapped ranks without a partition keep:
+    ``_occupancy.py``) or ``whole`` (every block the group holds, as a rank alone on the GPU takes; the group's
+    SMs run no other rank's blocks). On one H100 (2026-12-07, BENCHMARKS.md) the device-resident CG with the whole
+    group took 32^4 on 2 and 4 ranks in 1,281 and 1,267 us an iteration against 1,318 and 1,344 with half, 16^4
+    on 2 ranks 127.6 against 137.8 (the same call), and none of 18 such runs stalled. Not the default: the gain is
+    within the spread between calls, and the half keeps room for the rank's own kernels on other streams (the
+    FFT's transforms beside its puts, whose start launch waits on peers), which whole grids have not run beside."""
+    raw = (os.environ if env is None else env).get(GRID_ENV, "").strip().lower() or "half"
     if raw not in GRID_SHARES:
         raise ConfigError(f"{GRID_ENV}={raw!r}: choose one of {', '.join(GRID_SHARES)}")
     return raw

@@ -235,8 +235,8 @@ class CudaBackend(Backend):
             why = _occupancy.describe(attrs, threads, shared_bytes)
             raise BackendError(f"kernel {attrs.name} does not fit an SM ({why}): "
                                "give it __launch_bounds__ or launch fewer threads")
-        # In SMs of its own (a green context) a rank takes all they hold, unless CIRCUSLINK_PARTITION_GRID=half
-        # (_partition.grid_share says why).
+        # In SMs of its own (a green context) a rank takes half of what they hold, as uncapped ranks do, unless
+        # CIRCUSLINK_PARTITION_GRID=whole (_partition.grid_share says why).
         whole = self.partition is not None and _partition.grid_share() == "whole"
         return per_sm, _occupancy.resident_blocks(per_sm, self.sm_budget, self.ranks_on_gpu, self.capped, whole)
 
