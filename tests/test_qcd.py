@@ -272,19 +272,26 @@ def test_dev_trace_is_written_and_summarised(tmp_path, monkeypatch, seed):
         stamps = np.zeros(_TRACE_HOPS * len(_TRACE_EVENTS), dtype=np.uint64)
         t0 = 10**12 + rank * int(rng.integers(1000, 5000))
         hops = stamps.reshape(_TRACE_HOPS, len(_TRACE_EVENTS))
-        offsets = np.array([0, 3000, 9000, 20000, 25000, 7000], dtype=np.uint64)  # started < arrived < ... (ns)
+        # started < arrived < ... (ns); after an iteration's last hop (here hop 2) its sums' and vector's events
+        offsets = np.array([0, 3000, 9000, 20000, 25000, 7000, 26000, 29000, 31000, 33000, 36000], dtype=np.uint64)
         for h in range(3):
             hops[h] = t0 + 30000 * h + offsets
+            if h < 2:
+                hops[h][6:] = 0
         d = SimpleNamespace(world=SimpleNamespace(rank=rank), lat=Lattice((4, 4, 4, 4), (2, 1, 1, 1), rank))
         _write_trace(d, stamps)
     got = json.loads((tmp_path / "trace-8x4x4x4-2x1x1x1-rank1.json").read_text())
     assert got["rank"] == 1 and got["unit"] == "us" and len(got["hops"]) == 3
     assert got["hops"][2] == {"begin": 60.0, "started": 63.0, "arrived": 69.0, "interior": 80.0, "end": 85.0,
-                              "last_interior": 67.0}, f"seed {seed}"
+                              "last_interior": 67.0, "dot": 86.0, "sum0": 89.0, "axpy": 91.0, "sum1": 93.0,
+                              "vector": 96.0}, f"seed {seed}"
+    assert got["hops"][0]["dot"] is None
     script = Path(__file__).resolve().parents[1] / "scripts" / "dev" / "qcd_trace.py"
     out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
                          check=True, timeout=60).stdout
     assert "rank" in out and "    3.0" in out and "30.0" in out and "ranks' hop beginnings apart" in out, out
+    # the iteration's line: dot, sum0, axpy, sum1, vector after its last hop ended (85 us)
+    assert "  1.0       4.0       6.0       8.0      11.0" in out, out
     _write_trace(d, np.zeros_like(stamps))  # no trace compiled in: nothing written, nothing fails
     # the host's layout is the kernel's (dslash.cu: kTraceHops, TraceEvent)
     src = (Path(__file__).resolve().parents[1] / "src/circuslink/apps/qcd/dslash.cu").read_text()

@@ -1,7 +1,7 @@
 """Dev aid: the resident CG's per-hop trace (dslash.cu's CIRCUSLINK_QCD_DEV_TRACE, written by _cuda.py where
 CIRCUSLINK_QCD_DEV_TRACE_DIR names a folder) as a table: for each rank and lattice, the median over the traced hops
-of each event's time since the hop began (us), and how far the ranks' hop beginnings lie apart (the GPU clock is
-one for every process on a GPU).
+of each event's time since the hop began (us), each traced iteration's sums and vector steps after its last hop,
+and how far the ranks' hop beginnings lie apart (the GPU clock is one for every process on a GPU).
 
     python scripts/dev/qcd_trace.py FOLDER
 """
@@ -16,6 +16,9 @@ import sys
 from collections import defaultdict
 
 EVENTS = ("started", "arrived", "last_interior", "interior", "end")
+# After an iteration's last hop, in its record: block 0's dot part, the sum's barrier, its axpy part, the second
+# sum's barrier, p's update's barrier.
+AFTER = ("dot", "sum0", "axpy", "sum1", "vector")
 
 
 def main(argv: list[str]) -> int:
@@ -37,6 +40,15 @@ def main(argv: list[str]) -> int:
                 cells.append(f"{statistics.median(v):13.1f}" if v else f"{'-':>13}")
             span = [b["begin"] - a["begin"] for a, b in zip(hops[:-1], hops[1:], strict=True)]
             print(f"{d['rank']:>4} " + " ".join(cells) + (f"   {statistics.median(span):.1f}" if span else ""))
+        # Every traced iteration's sums and vector steps, us after its last hop ended: the first iteration of a
+        # launch against the others.
+        if any(h.get("dot") is not None for d in ranks for h in d["hops"]):
+            print("rank iter " + " ".join(f"{e:>9}" for e in AFTER) + "   (us after the iteration's last hop ended)")
+            for d in sorted(ranks, key=lambda r: r["rank"]):
+                last = [h for h in d["hops"] if h.get("dot") is not None and h.get("end") is not None]
+                for i, h in enumerate(last):
+                    cells = [f"{h[e] - h['end']:9.1f}" if h.get(e) is not None else f"{'-':>9}" for e in AFTER]
+                    print(f"{d['rank']:>4} {i:>4} " + " ".join(cells))
         if len(ranks) > 1:  # the same hop's beginning on every rank, on the one clock
             n = min(len(r["hops"]) for r in ranks)
             skew = [max(r["t0_ns"] * 1e-3 + r["hops"][i]["begin"] for r in ranks)

@@ -516,7 +516,8 @@ class ResidentCG:
 # The dev trace (dslash.cu's CIRCUSLINK_QCD_DEV_TRACE, kTraceHops and TraceEvent): stamps of the last timed launch's
 # first hops, written by split() where CIRCUSLINK_QCD_DEV_TRACE_DIR names a folder (scripts/dev/qcd_trace.py reads it).
 _TRACE_HOPS = 64
-_TRACE_EVENTS = ("begin", "started", "arrived", "interior", "end", "last_interior")
+_TRACE_EVENTS = ("begin", "started", "arrived", "interior", "end", "last_interior", "dot", "sum0", "axpy", "sum1",
+                 "vector")
 
 
 def _write_trace(d: Dslash, stamps: np.ndarray) -> None:

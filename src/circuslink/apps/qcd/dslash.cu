@@ -990,9 +990,12 @@ __device__ __forceinline__ int flags_of(const double* s) {
 constexpr int kTraceHops = 64;
 static_assert(CIRCUSLINK_QCD_DEV_TRACE >= 0 && CIRCUSLINK_QCD_DEV_TRACE <= kTraceHops, "CIRCUSLINK_QCD_DEV_TRACE");
 // Block 0: the hop starts, its start returns, the faces have arrived, the barrier after the interior, the hop
-// ends; the last block: its interior share is done.
+// ends; the last block: its interior share is done. After an iteration's last hop (in that hop's record), block
+// 0: its part of <p, A p> is done, the barrier after that sum over ranks is passed, its part of x, r and |r|^2 is
+// done, the barrier after that sum is passed, the barrier after p's update is passed: where the sums' time goes
+// (the first iteration of a launch on 2 ranks took 0.7-1.0 ms longer there than the others, H100, 2026-12-07).
 enum TraceEvent : int { kTraceBegin, kTraceStarted, kTraceArrived, kTraceInterior, kTraceEnd, kTraceLastInterior,
-                        kTraceEvents };
+                        kTraceDot, kTraceSum0, kTraceAxpy, kTraceSum1, kTraceVector, kTraceEvents };
 
 // Block 0's clock: the time since its last lap goes to `phase`. Block 0 drives the halos and waits at every
 // grid barrier, so its laps add up to the launch's whole time.
@@ -1011,6 +1014,13 @@ struct Laps {
     if constexpr (CIRCUSLINK_QCD_DEV_TRACE > 0) {
       if (ns != nullptr && hop < CIRCUSLINK_QCD_DEV_TRACE)
         ns[kPhases + hop * kTraceEvents + event] = detail::globaltimer_ns();
+    }
+  }
+  // An event of the iteration after its last hop, in that hop's record (hop has moved past it).
+  __device__ __forceinline__ void trace_after(int event) {
+    if constexpr (CIRCUSLINK_QCD_DEV_TRACE > 0) {
+      if (ns != nullptr && hop > 0 && hop - 1 < CIRCUSLINK_QCD_DEV_TRACE)
+        ns[kPhases + (hop - 1) * kTraceEvents + event] = detail::globaltimer_ns();
     }
   }
   __device__ __forceinline__ void trace_last(const CgResidentArgs& A, int event) {
@@ -1241,16 +1251,20 @@ __device__ void cg_resident(const CgResidentArgs& A, const GridBarrier& bar, Rma
     if (!normal_hops<R, kPeers>(A, hops, bar, q, laps, first, stride, epoch_q)) return;
     // <p, A p>, summed over ranks: alpha.
     double v = dot_part(p, ap, A.n, first, stride);
+    laps.trace_after(kTraceDot);
     reduce_step<kPeers>(A, bar.abort, v, 0);
     if (!barrier_after_sum(A, bar)) return;
     laps.lap(kPhaseReduction);
+    laps.trace_after(kTraceSum0);
     // x += alpha p, r -= alpha A p, |r|^2 summed over ranks: beta, the count and the flags.
     const R alpha = R(static_cast<const volatile double*>(A.s)[kCgAlpha]);
     v = axpy_norm_part(x, r, p, ap, alpha, A.n, first, stride);
     laps.lap(kPhaseVector);
+    laps.trace_after(kTraceAxpy);
     reduce_step<kPeers>(A, bar.abort, v, 1);
     if (!barrier_after_sum(A, bar)) return;
     laps.lap(kPhaseReduction);
+    laps.trace_after(kTraceSum1);
     // p = r + beta p and its faces for the next iteration's first hop (skipped once frozen at its start).
     if (!(flags_of(A.s) & kCgSkip)) {
       const DslashArgs& P = hops[8];
@@ -1259,6 +1273,7 @@ __device__ void cg_resident(const CgResidentArgs& A, const GridBarrier& bar, Rma
     }
     if (!barrier(A, bar)) return;
     laps.lap(kPhaseVector);
+    laps.trace_after(kTraceVector);
   }
 }
 
