@@ -993,7 +993,7 @@ static_assert(CIRCUSLINK_QCD_DEV_TRACE >= 0 && CIRCUSLINK_QCD_DEV_TRACE <= kTrac
 // ends; the last block: its interior share is done. After an iteration's last hop (in that hop's record), block
 // 0: its part of <p, A p> is done, the barrier after that sum over ranks is passed, its part of x, r and |r|^2 is
 // done, the barrier after that sum is passed, the barrier after p's update is passed: where the sums' time goes
-// (the first iteration of a launch on 2 ranks took 0.7-1.0 ms longer there than the others, H100, 2026-12-07).
+// (the first iteration of a launch on 2 and 4 ranks took 0.6-1.0 ms longer there than the others, H100, 2026-12-07).
 enum TraceEvent : int { kTraceBegin, kTraceStarted, kTraceArrived, kTraceInterior, kTraceEnd, kTraceLastInterior,
                         kTraceDot, kTraceSum0, kTraceAxpy, kTraceSum1, kTraceVector, kTraceEvents };
 
