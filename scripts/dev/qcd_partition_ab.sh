@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Dev experiment (gpu-check.sh dev): the device-resident CG (bench qcd --cg device --halos rma-device) on 1, 2 and
-# 4 ranks under variants, in one call. $VARIANTS: "name:lattices[:VAR=value+VAR=value...]" separated by spaces
-# (a value may hold commas: CIRCUSLINK_DEVICE_DEFINES=A=1,B=2); the default, on SMs of their own a rank (green):
+# 4 ranks under variants, in one call. $VARIANTS: "name:lattices[:VAR=value+VAR=value+--option=value...]" separated
+# by spaces (a value may hold commas: CIRCUSLINK_DEVICE_DEFINES=A=1,B=2; an entry starting with -- is an option of
+# bench qcd: --check-every=100); the default, on SMs of their own a rank (green):
 #   green:16,32             the library's defaults (direct faces; one pass a hop where the sites fit the threads)
 #   green-1pass:16,32       ... one pass a hop everywhere (CIRCUSLINK_QCD_ONE_PASS=1)
 #   green-2pass:16,32       ... two passes everywhere (CIRCUSLINK_QCD_ONE_PASS=0)
@@ -27,8 +28,11 @@ VARIANTS=${VARIANTS:-"green:16,32:$G green-1pass:16,32:$G+CIRCUSLINK_QCD_ONE_PAS
   alone:32:$G+$D=CIRCUSLINK_QCD_DEV_ALONE=3"}
 for v in $VARIANTS; do
   IFS=: read -r name lattices vars <<< "$v"
-  envs=()
-  IFS=+ read -r -a envs <<< "${vars:-}"
+  settings=() envs=() args=()
+  IFS=+ read -r -a settings <<< "${vars:-}"
+  for e in "${settings[@]}"; do  # an option of bench qcd (--check-every=100) or a VAR=value
+    case "$e" in --*) args+=("$e");; *) envs+=("$e");; esac
+  done
   # the job's own waits give up well before $QCD_S kills it (a killed job takes the MPS server down with it)
   envs+=(CIRCUSLINK_QCD_DEV_TRACE_DIR="$R/trace-$name" CIRCUSLINK_TIMEOUT=${CIRCUSLINK_TIMEOUT:-40})
   case " ${envs[*]} " in *SM_PARTITION=green*)
@@ -36,8 +40,8 @@ for v in $VARIANTS; do
           CIRCUSLINK_DEV_DUMP_DIR="$R/dumps-$name");;
   esac
   env "${envs[@]}" timeout ${QCD_S:-200} $PY -m circuslink bench qcd --cg device --halos rma-device \
-    --lattices "$lattices" --grids "${GRIDS:-1x1x1x1,2x1x1x1,2x2x1x1}" ${BENCH_ARGS:-} --json "$R/qcd-partition-$name.json" > "$R/qcd-partition-$name.log" 2>&1
-  echo "== $name rc=$? (${envs[*]})"; grep -E "^(none|rma-device) |MISSED|met|skipped" "$R/qcd-partition-$name.log" | tail -12
+    --lattices "$lattices" --grids "${GRIDS:-1x1x1x1,2x1x1x1,2x2x1x1}" ${BENCH_ARGS:-} "${args[@]}" --json "$R/qcd-partition-$name.json" > "$R/qcd-partition-$name.log" 2>&1
+  echo "== $name rc=$? (${envs[*]} ${args[*]})"; grep -E "^(none|rma-device) |MISSED|met|skipped" "$R/qcd-partition-$name.log" | tail -12
   [ -d "$R/trace-$name" ] && $PY scripts/dev/qcd_trace.py "$R/trace-$name"
 done
 exit 0
