@@ -295,3 +295,32 @@ def test_the_nvshmem_slab_pes_get_the_share_nvshmem_needs_whatever_the_ranks_had
     monkeypatch.setattr(_nvshmem, "_run", lambda name, binary, cmd, env, timeout, n, describe: seen.update(env) or [])
     assert fft_baseline.nvshmem_slab(4, [((64, 64), "complex64")], 2, 1, [1]) == []
     assert seen["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == expected
+
+
+HANDSHAKE = """
+import time
+import circuslink as cl
+from circuslink.bench.fft import _handshake
+
+world = cl.init()
+late = world.rank == world.size - 1
+for cycle in range(5):
+    world.barrier()
+    if late and cycle == 3:
+        time.sleep(0.5)  # the others' handshake of this cycle must wait for mine
+    t0 = time.monotonic()
+    _handshake(world)  # on the cpu a host-driven cycle: it returns once every rank has come
+    waited = time.monotonic() - t0
+    if cycle == 3 and not late and waited < 0.4:
+        raise SystemExit(f"rank {world.rank}: the handshake returned after {waited:.3f} s, before the late rank came")
+print(f"rank {world.rank} met {cycle + 1} times", flush=True)
+world.close()
+"""
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_the_timed_iterations_handshake_waits_for_every_rank(spmd, n):
+    # The clock of a timed FFT iteration starts after this meeting of every rank (on the GPU, on the stream the
+    # clock is recorded on), not when a rank's host left the host barrier.
+    job = spmd(n, HANDSHAKE, backend="cpu", timeout=120).check()
+    assert job.output.count("met 5 times") == n, job.output
