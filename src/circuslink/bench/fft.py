@@ -359,23 +359,26 @@ def _alltoalls(world: Any, cfg: Config) -> dict[str, str | None]:
 _HANDSHAKE = "circuslink.bench.fft.handshake"  # World.registry key: the ranks' device-side handshake queue
 
 
-def _handshake(world: Any) -> None:
+def _handshake(world: Any) -> Any:
     """The device-side handshake a timed iteration's clock starts after, as the NVSHMEM baseline's
     ``nvshmemx_barrier_all_on_stream``: one cycle of a signal-only RMA queue between every pair of ranks (each
     signals every other and waits for them), enqueued on the caller's current stream without a host wait, so that
     a plan's clock (its first event, ordered behind the caller's stream) starts once every rank's GPU is there,
     not when its host left the barrier. Collective; made on first use (every rank measures the same cases in the
-    same order), freed with the world. On the cpu, a host-driven cycle: the same meeting."""
+    same order), freed with the world. On the cpu, a host-driven cycle: the same meeting. Returns the queue (None
+    on one rank): after the timed work, its ``check_device()`` raises what a device-side wait recorded, naming
+    the rank that did not come."""
     if world.size < 2:
-        return
+        return None
     queue = world.registry(_HANDSHAKE, lambda: _handshake_queue(world))
     if world.xp is np:
         queue.start()
         queue.wait()
-        return
+        return queue
     stream = world.xp.cuda.get_current_stream()
     queue.start(stream=stream)
     queue.wait(stream=stream, block=False)
+    return queue
 
 
 def _handshake_queue(world: Any) -> Any:
@@ -401,8 +404,10 @@ def _measure(world: Any, obj: Any, x0: Any, cfg: Config) -> dict:
         obj.input[...] = x0  # every iteration transforms the same input (FFT after FFT would overflow)
         module.sync(world, "restoring the input")  # landed before the barrier: the clock starts after it
         world.barrier()
-        _handshake(world)
+        met = _handshake(world)
         obj.forward(profile=True)
+        if met is not None:
+            met.check_device()
         if i >= cfg.warmup:
             totals.append(obj.seconds)
             for k in phases:
@@ -422,8 +427,10 @@ def _exchanges_alone(world: Any, plan: Any, cfg: Config) -> float:
     alone = []
     for i in range(cfg.warmup + cfg.iters):
         world.barrier()
-        _handshake(world)
+        met = _handshake(world)
         seconds = plan.time_exchanges()
+        if met is not None:
+            met.check_device()
         if i >= cfg.warmup:
             alone.append(seconds)
     return statistics.median(drv.slowest_rank(world, alone))
