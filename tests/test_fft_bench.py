@@ -300,7 +300,7 @@ def test_the_nvshmem_slab_pes_get_the_share_nvshmem_needs_whatever_the_ranks_had
 HANDSHAKE = """
 import time
 import circuslink as cl
-from circuslink.bench.fft import _handshake
+from circuslink.bench._driver import handshake
 
 world = cl.init()
 late = world.rank == world.size - 1
@@ -309,7 +309,7 @@ for cycle in range(5):
     if late and cycle == 3:
         time.sleep(0.5)  # the others' handshake of this cycle must wait for mine
     t0 = time.monotonic()
-    _handshake(world)  # on the cpu a host-driven cycle: it returns once every rank has come
+    handshake(world)  # on the cpu a host-driven cycle: it returns once every rank has come
     waited = time.monotonic() - t0
     if cycle == 3 and not late and waited < 0.4:
         raise SystemExit(f"rank {world.rank}: the handshake returned after {waited:.3f} s, before the late rank came")

@@ -216,6 +216,44 @@ def memory_per_rank(args: argparse.Namespace, buffers: float, cpu_max: int | Non
     return {"rank_bytes": int(buffers * min(top, cpu_max or top)), "gpu_bytes": 0}
 
 
+# -- timing ------------------------------------------------------------------------------------
+_HANDSHAKE = "circuslink.bench.handshake"  # World.registry key: the ranks' device-side handshake queue
+
+
+def handshake(world: Any) -> Any:
+    """The device-side handshake a timed sample's clock starts after, as NVSHMEM's programs start theirs after
+    ``nvshmemx_barrier_all_on_stream``: one cycle of a signal-only RMA queue between every pair of ranks (each
+    signals every other and waits for them), enqueued on the caller's current stream without a host wait. A clock
+    recorded on that stream after it (and work launched behind it) then starts once every rank's GPU is there,
+    not when each rank's host left the host barrier. Collective; made on first use (every rank measures the same
+    cases in the same order), freed with the world. On the cpu, a host-driven cycle: the same meeting. Returns
+    the queue (None on one rank): after the timed work, its ``check_device()`` raises what a device-side wait
+    recorded, naming the rank that did not come."""
+    if world.size < 2:
+        return None
+    queue = world.registry(_HANDSHAKE, lambda: _handshake_queue(world))
+    if world.device is None:
+        queue.start()
+        queue.wait()
+        return queue
+    stream = world.xp.cuda.get_current_stream()
+    queue.start(stream=stream)
+    queue.wait(stream=stream, block=False)
+    return queue
+
+
+def _handshake_queue(world: Any) -> Any:
+    from .. import rma
+
+    queue = rma.Queue.alloc(rma.window_alloc(world, 64))
+    for r in range(world.size):
+        if r != world.rank:
+            queue.add_target(r)
+            queue.add_origin(r)
+    queue.commit()
+    return queue
+
+
 # -- output -------------------------------------------------------------------------------------
 def slowest_rank(world: Any, samples: Sequence[float]) -> list[float]:
     """Collective: sample by sample, the slowest rank's value (every rank passes its own, as many as the others)."""

@@ -18,9 +18,10 @@ complex128), in one run, on the same ranks and the same slabs of axis 0:
 
 Every row is the median (``time_ms``) and minimum (``time_min_ms``) over ``--iters`` transforms, each the slowest
 rank's device time (CUDA events; the host clock on the cpu) after a device-side handshake of every rank
-(``_handshake``), the input restored before each; ``fft_ms`` / ``transpose_ms`` / ``comm_ms`` split it from device
-events (they may overlap: their sum can exceed the total). ``less_time_pct`` (on transpose-put rows): time saved
-against the fastest baseline of the case (``vs``); ``vs_1rank``: the time over the ceiling's. Before timing, each
+(``_driver.handshake``), the input restored before each; ``fft_ms`` / ``transpose_ms`` / ``comm_ms`` split it from
+device events (they may overlap: their sum can exceed the total). ``less_time_pct`` (on transpose-put rows): time
+saved against the fastest baseline of the case (``vs``); ``vs_1rank``: the time over the ceiling's. Before timing,
+each
 scheme's output is checked on a few lines along axis 0 against a direct DFT of the input in float64
 (``max_rel_err``, the norm-wise relative error). Every case's memory is checked before anything runs.
 The probe's floor of the same run is in ``floor``.
@@ -356,46 +357,9 @@ def _alltoalls(world: Any, cfg: Config) -> dict[str, str | None]:
     return agreed[0]
 
 
-_HANDSHAKE = "circuslink.bench.fft.handshake"  # World.registry key: the ranks' device-side handshake queue
-
-
-def _handshake(world: Any) -> Any:
-    """The device-side handshake a timed iteration's clock starts after, as the NVSHMEM baseline's
-    ``nvshmemx_barrier_all_on_stream``: one cycle of a signal-only RMA queue between every pair of ranks (each
-    signals every other and waits for them), enqueued on the caller's current stream without a host wait, so that
-    a plan's clock (its first event, ordered behind the caller's stream) starts once every rank's GPU is there,
-    not when its host left the barrier. Collective; made on first use (every rank measures the same cases in the
-    same order), freed with the world. On the cpu, a host-driven cycle: the same meeting. Returns the queue (None
-    on one rank): after the timed work, its ``check_device()`` raises what a device-side wait recorded, naming
-    the rank that did not come."""
-    if world.size < 2:
-        return None
-    queue = world.registry(_HANDSHAKE, lambda: _handshake_queue(world))
-    if world.xp is np:
-        queue.start()
-        queue.wait()
-        return queue
-    stream = world.xp.cuda.get_current_stream()
-    queue.start(stream=stream)
-    queue.wait(stream=stream, block=False)
-    return queue
-
-
-def _handshake_queue(world: Any) -> Any:
-    from .. import rma
-
-    queue = rma.Queue.alloc(rma.window_alloc(world, 64))
-    for r in range(world.size):
-        if r != world.rank:
-            queue.add_target(r)
-            queue.add_origin(r)
-    queue.commit()
-    return queue
-
-
 def _measure(world: Any, obj: Any, x0: Any, cfg: Config) -> dict:
     """Median / minimum (the slowest rank of each iteration) and the phases' medians (the slowest rank's); each
-    iteration's clock starts after a device-side handshake (:func:`_handshake`)."""
+    iteration's clock starts after a device-side handshake (``_driver.handshake``)."""
     from . import _driver as drv
 
     module = world.backend_module("circuslink.apps.fft")
@@ -404,7 +368,7 @@ def _measure(world: Any, obj: Any, x0: Any, cfg: Config) -> dict:
         obj.input[...] = x0  # every iteration transforms the same input (FFT after FFT would overflow)
         module.sync(world, "restoring the input")  # landed before the barrier: the clock starts after it
         world.barrier()
-        met = _handshake(world)
+        met = drv.handshake(world)
         obj.forward(profile=True)
         if met is not None:
             met.check_device()
@@ -427,7 +391,7 @@ def _exchanges_alone(world: Any, plan: Any, cfg: Config) -> float:
     alone = []
     for i in range(cfg.warmup + cfg.iters):
         world.barrier()
-        met = _handshake(world)
+        met = drv.handshake(world)
         seconds = plan.time_exchanges()
         if met is not None:
             met.check_device()

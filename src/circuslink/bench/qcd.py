@@ -9,7 +9,8 @@ Rows:
   copy bandwidth of the same run (the floor).
 * one row per halo exchange and grid (``--halos`` x ``--grids``, local lattice ``--dim``): the time of one CG
   iteration on the even-odd normal equations (4 hops, 2 global reductions, the vector updates), median and
-  minimum over ``--samples`` loops (the slowest rank's time), the share of it spent waiting on halos
+  minimum over ``--samples`` loops (the slowest rank's time, each loop's clock started after a device-side
+  handshake of every rank: ``_driver.handshake``), the share of it spent waiting on halos
   (host-side waits; device-driven exchanges show ~0), GFLOP/s by QUDA's count (2,832 flops per site per
   iteration), and the job's seconds outside the timed loops (``compile_s``, ``setup_s``, ``warmup_s``,
   ``measure_s``). Each configuration runs as its own job (under mpirun for the MPI exchanges), so an
@@ -485,6 +486,7 @@ def measure_cg(world: Any, lat: Any, halo: str, prec: str, cg: str, iters: int, 
     from ..apps.qcd._operator import EVEN, ODD
     from ..apps.qcd._phases import NO_PHASES
     from ..apps.qcd._solver import _BatchedIterations
+    from . import _driver as drv
 
     clock = time.perf_counter
     spent = dict(spent or {})
@@ -530,6 +532,7 @@ def measure_cg(world: Any, lat: Any, halo: str, prec: str, cg: str, iters: int, 
         op.synchronize()
         world.barrier()
         op.phases.mark(None)
+        met = drv.handshake(world)  # the clock starts once every rank's GPU is here
         t0 = start()
         if device:
             done = 0
@@ -546,7 +549,10 @@ def measure_cg(world: Any, lat: Any, halo: str, prec: str, cg: str, iters: int, 
                 op.xpay_pack(p, r, rr_new / rr, EVEN, False)
                 rr = rr_new
         op.phases.mark(None)
-        return stop(t0)
+        seconds = stop(t0)
+        if met is not None:
+            met.check_device()
+        return seconds
 
     t0 = clock()
     iterations(max(1, warmup))
