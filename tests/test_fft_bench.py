@@ -324,3 +324,12 @@ def test_the_timed_iterations_handshake_waits_for_every_rank(spmd, n):
     # clock is recorded on), not when a rank's host left the host barrier.
     job = spmd(n, HANDSHAKE, backend="cpu", timeout=120).check()
     assert job.output.count("met 5 times") == n, job.output
+
+
+def test_ranks_on_several_nodes_time_after_the_host_barrier_alone(spmd):
+    # No window maps every peer across nodes: the handshake gives way to the host barrier instead of failing.
+    code = ("import circuslink as cl\nfrom circuslink.bench._driver import handshake\nworld = cl.init()\n"
+            "assert len(world.nodes) == 2 and handshake(world) is None and handshake(world) is None\n"
+            "print('host barrier alone', flush=True)\nworld.close()\n")
+    job = spmd(2, code, backend="cpu", timeout=120, env={"CIRCUSLINK_RANKS_PER_NODE": "1"}).check()
+    assert job.output.count("host barrier alone") == 2, job.output

@@ -228,10 +228,13 @@ def handshake(world: Any) -> Any:
     not when each rank's host left the host barrier. Collective; made on first use (every rank measures the same
     cases in the same order), freed with the world. On the cpu, a host-driven cycle: the same meeting. Returns
     the queue (None on one rank): after the timed work, its ``check_device()`` raises what a device-side wait
-    recorded, naming the rank that did not come."""
+    recorded, naming the rank that did not come. Where the ranks span nodes (no window maps every peer), None:
+    the clock starts after the host barrier alone."""
     if world.size < 2:
         return None
     queue = world.registry(_HANDSHAKE, lambda: _handshake_queue(world))
+    if queue is None:
+        return None
     if world.device is None:
         queue.start()
         queue.wait()
@@ -245,6 +248,8 @@ def handshake(world: Any) -> Any:
 def _handshake_queue(world: Any) -> Any:
     from .. import rma
 
+    if len(world.nodes) > 1:  # every rank sees the same layout, so every rank decides alike
+        return None
     queue = rma.Queue.alloc(rma.window_alloc(world, 64))
     for r in range(world.size):
         if r != world.rank:
