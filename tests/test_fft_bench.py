@@ -333,3 +333,21 @@ def test_ranks_on_several_nodes_time_after_the_host_barrier_alone(spmd):
             "print('host barrier alone', flush=True)\nworld.close()\n")
     job = spmd(2, code, backend="cpu", timeout=120, env={"CIRCUSLINK_RANKS_PER_NODE": "1"}).check()
     assert job.output.count("host barrier alone") == 2, job.output
+
+
+def test_the_handshake_switch_is_read_and_checked(monkeypatch):
+    from types import SimpleNamespace
+
+    from circuslink.bench import _driver
+    from circuslink.errors import ConfigError
+
+    assert _driver.handshake_wanted({}) is True
+    assert _driver.handshake_wanted({"CIRCUSLINK_BENCH_HANDSHAKE": "0"}) is False
+    with pytest.raises(ConfigError, match="CIRCUSLINK_BENCH_HANDSHAKE='yes'"):
+        _driver.handshake_wanted({"CIRCUSLINK_BENCH_HANDSHAKE": "yes"})
+
+    def no_queue(key, factory):
+        raise AssertionError("no handshake queue may be made with CIRCUSLINK_BENCH_HANDSHAKE=0")
+
+    monkeypatch.setenv("CIRCUSLINK_BENCH_HANDSHAKE", "0")  # the old clock, for A/B runs
+    assert _driver.handshake(SimpleNamespace(size=2, registry=no_queue)) is None

@@ -228,9 +228,10 @@ def handshake(world: Any) -> Any:
     not when each rank's host left the host barrier. Collective; made on first use (every rank measures the same
     cases in the same order), freed with the world. On the cpu, a host-driven cycle: the same meeting. Returns
     the queue (None on one rank): after the timed work, its ``check_device()`` raises what a device-side wait
-    recorded, naming the rank that did not come. Where the ranks span nodes (no window maps every peer), None:
-    the clock starts after the host barrier alone."""
-    if world.size < 2:
+    recorded, naming the rank that did not come. Where the ranks span nodes (no window maps every peer), or
+    ``CIRCUSLINK_BENCH_HANDSHAKE=0`` asks for the old clock (A/B runs), None: the clock starts after the host
+    barrier alone."""
+    if world.size < 2 or not handshake_wanted():
         return None
     queue = world.registry(_HANDSHAKE, lambda: _handshake_queue(world))
     if queue is None:
@@ -243,6 +244,16 @@ def handshake(world: Any) -> Any:
     queue.start(stream=stream)
     queue.wait(stream=stream, block=False)
     return queue
+
+
+def handshake_wanted(env: dict[str, str] | None = None) -> bool:
+    """``CIRCUSLINK_BENCH_HANDSHAKE``: 1 (default) starts timed samples after the device-side handshake, 0 after
+    the host barrier alone; anything else is one line naming the variable."""
+    raw = (os.environ if env is None else env).get("CIRCUSLINK_BENCH_HANDSHAKE", "1").strip() or "1"
+    if raw not in ("0", "1"):
+        raise ConfigError(f"CIRCUSLINK_BENCH_HANDSHAKE={raw!r}: 1 (a device-side handshake before each timed "
+                          "sample) or 0 (the host barrier alone)")
+    return raw == "1"
 
 
 def _handshake_queue(world: Any) -> Any:
