@@ -22,10 +22,9 @@ how many SMs a rank uses, not which: on an H200 (2026-11-29, ``scripts/dev/sm_pl
 at 50 % both ran on SMs 0-65 and four at 25 % all on SMs 0-31, the rest of the GPU idle. With
 ``CIRCUSLINK_SM_PARTITION=auto`` (the FFT's commands' default; not yet the library's) each rank takes a disjoint
 group of the GPU's SMs instead, a CUDA green context (``backends/_partition.py``), and the launcher leaves such
-ranks uncapped
-(``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100``: MPS honours a client's green context only then); otherwise each
-gets the cap, the basis of the forward-progress rule (``World.sm_budget``). A share set before the launch is
-kept as it is.
+ranks uncapped (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100``: MPS honours a client's green context only then);
+otherwise each gets the cap, the basis of the forward-progress rule (``World.sm_budget``). A share set before the
+launch is kept as it is.
 """
 
 from __future__ import annotations
