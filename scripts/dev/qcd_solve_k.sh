@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Dev experiment (gpu-check.sh dev): a real solve's cost of the host's looks. `qcd invert --cg device --halo
+# rma-device` (the resident kernel checks convergence itself after every iteration; --check-every only sets how
+# often it returns to the host, so each look is a relaunch whose start the ranks meet at) at --check-every $KS
+# (default "10 100 1000"), on 1 rank (the global lattice) and 2 ranks (2x1x1x1), SMs of their own a rank.
+# $LATTICE: the global lattice "X Y Z T" (default 32 32 32 32); $SOLVE_ARGS: more options (default: double with
+# single sloppy, --tol 1e-9 --niter 400). Each run is bounded by $SOLVE_S seconds. Results under $R:
+# qcd-solve-<ranks>r-k<K>.{json,log}; the summary prints iteration_us (the iterations' seconds / their count).
+set -u
+R=${R:?} PY=${PY:-python3}
+read -r X Y Z T <<< "${LATTICE:-32 32 32 32}"
+for k in ${KS:-10 100 1000}; do
+  for grid in "1 1 1 1" "2 1 1 1"; do
+    read -r px py pz pt <<< "$grid"; n=$((px * py * pz * pt))
+    f="$R/qcd-solve-${n}r-k$k"
+    CIRCUSLINK_SM_PARTITION=green CIRCUSLINK_TIMEOUT=${CIRCUSLINK_TIMEOUT:-40} timeout ${SOLVE_S:-120} \
+      $PY -m circuslink qcd invert --cg device --halo rma-device --check-every "$k" \
+      --dim $((X / px)) $((Y / py)) $((Z / pz)) $((T / pt)) --gridsize $px $py $pz $pt \
+      ${SOLVE_ARGS:---prec double --prec-sloppy single --tol 1e-9 --niter 400} --json "$f.json" > "$f.log" 2>&1
+    echo "== ${n} ranks --check-every $k rc=$?"; grep -E "^(CG|Done|per iteration|solve time)" "$f.log" | tail -4
+    $PY - "$f.json" <<'PY' 2>/dev/null
+import json, sys
+row = json.load(open(sys.argv[1]))
+row = row["rows"][0] if "rows" in row else row
+print({k: row.get(k) for k in ("iterations", "time_per_iter_us", "iteration_us", "true_residual")})
+PY
+  done
+done
+exit 0
