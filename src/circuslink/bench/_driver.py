@@ -217,23 +217,22 @@ def memory_per_rank(args: argparse.Namespace, buffers: float, cpu_max: int | Non
 
 
 # -- timing ------------------------------------------------------------------------------------
-_HANDSHAKE = "circuslink.bench.handshake"  # World.registry key: the ranks' device-side handshake queue
-
-
 def handshake(world: Any) -> Any:
     """The device-side handshake a timed sample's clock starts after, as NVSHMEM's programs start theirs after
-    ``nvshmemx_barrier_all_on_stream``: one cycle of a signal-only RMA queue between every pair of ranks (each
-    signals every other and waits for them), enqueued on the caller's current stream without a host wait. A clock
+    ``nvshmemx_barrier_all_on_stream``: one cycle of the world's meeting queue (``rma.meeting_queue``: signals
+    only, between every pair of ranks), enqueued on the caller's current stream without a host wait. A clock
     recorded on that stream after it (and work launched behind it) then starts once every rank's GPU is there,
-    not when each rank's host left the host barrier. Collective; made on first use (every rank measures the same
-    cases in the same order), freed with the world. On the cpu, a host-driven cycle: the same meeting. Returns
+    not when each rank's host left the host barrier. Collective (every rank measures the same cases in the same
+    order). On the cpu, a host-driven cycle: the same meeting. Returns
     the queue (None on one rank): after the timed work, its ``check_device()`` raises what a device-side wait
     recorded, naming the rank that did not come. Where the ranks span nodes (no window maps every peer), or
     ``CIRCUSLINK_BENCH_HANDSHAKE=0`` asks for the old clock (A/B runs), None: the clock starts after the host
     barrier alone."""
     if world.size < 2 or not handshake_wanted():
         return None
-    queue = world.registry(_HANDSHAKE, lambda: _handshake_queue(world))
+    from .. import rma
+
+    queue = rma.meeting_queue(world)
     if queue is None:
         return None
     if world.device is None:
@@ -254,20 +253,6 @@ def handshake_wanted(env: dict[str, str] | None = None) -> bool:
         raise ConfigError(f"CIRCUSLINK_BENCH_HANDSHAKE={raw!r}: 1 (a device-side handshake before each timed "
                           "sample) or 0 (the host barrier alone)")
     return raw == "1"
-
-
-def _handshake_queue(world: Any) -> Any:
-    from .. import rma
-
-    if len(world.nodes) > 1:  # every rank sees the same layout, so every rank decides alike
-        return None
-    queue = rma.Queue.alloc(rma.window_alloc(world, 64))
-    for r in range(world.size):
-        if r != world.rank:
-            queue.add_target(r)
-            queue.add_origin(r)
-    queue.commit()
-    return queue
 
 
 # -- output -------------------------------------------------------------------------------------

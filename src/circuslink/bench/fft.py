@@ -6,6 +6,8 @@ complex128), in one run, on the same ranks and the same slabs of axis 0:
 * ``transpose-put``: circuslink's plan (apps.fft), the global transpose done by transposing puts, the
   chunks picked by the tile model (``chunks``; the model's prediction of the puts in ``predicted_comm_ms``
   beside ``put_alone_ms``, the reshapes timed with no transform between them, its error in ``model_err_pct``;
+  where the ranks share one GPU, at least every rank's bytes at ``shared_copy_gbps``, and the model fitted
+  on each rank alone in ``predicted_comm_alone_ms``;
   ``put_ms`` is the puts' own launches inside the pipeline);
 * ``baseline-<all-to-all>``: the slab scheme as cuFFTMp and heFFTe implement it (bench/fft_baseline.py:
   cuFFT on the local axes, a tiled transpose into a send buffer, an all-to-all, chunked on two streams),
@@ -430,6 +432,9 @@ def _measure_ours(world: Any, module: Any, shape: tuple[int, ...], dtype: str, c
             # What the model predicts: the puts with nothing beside them. In the pipeline (put_ms) they share the
             # GPU with the other ranks' transforms, which no tile model sees.
             row["model_err_pct"] = 100.0 * (row["predicted_comm_ms"] / row["put_alone_ms"] - 1.0)
+            if pred.get("shared_copy_bps"):  # the model fitted on each rank alone, beside the shared bound
+                row["predicted_comm_alone_ms"] = pred["comm_alone_s"] * 1e3
+                row["shared_copy_gbps"] = pred["shared_copy_bps"] / 1e9
         if pred.get("chunk_candidates"):
             bounds = pred["chunk_candidates"].get(plan.chunks)
             if bounds:

@@ -32,7 +32,16 @@ semantics.
 
 from __future__ import annotations
 
-from ._core import MsgHandle, Queue, Window, declare_strided_write, declare_write, queue_alloc, window_alloc
+from ._core import (
+                    MsgHandle,
+                    Queue,
+                    Window,
+                    declare_strided_write,
+                    declare_write,
+                    meeting_queue,
+                    queue_alloc,
+                    window_alloc,
+)
 from ._transpose import TransposeHandle, declare_transpose_write, plan_local_transpose, transpose_tiles
 
 __all__ = [
@@ -43,6 +52,7 @@ __all__ = [
     "declare_strided_write",
     "declare_transpose_write",
     "declare_write",
+    "meeting_queue",
     "plan_local_transpose",
     "queue_alloc",
     "transpose_tiles",

@@ -668,3 +668,31 @@ class Queue(Resource):
 def queue_alloc(window: Window, timeout: float | None = None) -> Queue:
     """Collective: ``Queue.alloc(window)``."""
     return Queue.alloc(window, timeout)
+
+
+_MEETING = "circuslink.rma.meeting"  # World.registry key: the world's meeting queue (or None)
+
+
+def meeting_queue(world: Any) -> Queue | None:
+    """Collective on first use: the world's meeting queue, a committed signal-only queue between every pair of
+    ranks (each signals every other and waits for them). One cycle enqueued on a stream (``q.start(stream=s)``,
+    ``q.wait(stream=s, block=False)``) is a device-side barrier: work behind it on ``s`` starts once every rank's
+    GPU is there, not when each rank's host left a host barrier (as NVSHMEM's ``barrier_all_on_stream``). Made
+    once per world, freed with it. None on one rank, and where the ranks span nodes (no window maps every peer):
+    callers then meet at the host barrier alone. After the work, ``q.check_device()`` raises what a device-side
+    wait recorded, naming the rank that did not come."""
+    if world.size < 2:
+        return None
+    return world.registry(_MEETING, lambda: _make_meeting_queue(world))
+
+
+def _make_meeting_queue(world: Any) -> Queue | None:
+    if len(world.nodes) > 1:  # every rank sees the same layout, so every rank decides alike
+        return None
+    queue = Queue.alloc(window_alloc(world, 64))
+    for r in range(world.size):
+        if r != world.rank:
+            queue.add_target(r)
+            queue.add_origin(r)
+    queue.commit()
+    return queue

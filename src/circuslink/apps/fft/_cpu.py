@@ -127,6 +127,11 @@ def same_memory(world: Any) -> bool:
     return True
 
 
+def shared_copy_bandwidth(world: Any) -> float | None:
+    """No tile model here, so nothing for the ranks' shared bandwidth to bound."""
+    return None
+
+
 def time_op(world: Any, op: Callable[[], None]) -> float:
     t0 = time.perf_counter()
     op()

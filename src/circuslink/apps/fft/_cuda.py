@@ -250,6 +250,47 @@ def same_memory(world: Any) -> bool:
     return len(set(world.allgather_object(world.backend.device_identity))) == 1
 
 
+_SHARED_COPY = "circuslink.fft.shared_copy"  # World.registry key: shared_copy_bandwidth's figure
+
+
+def shared_copy_bandwidth(world: Any, nbytes: int = 32 << 20, copies: int = 8) -> float | None:
+    """Collective: bytes/s that all ranks of the world, sharing one GPU, copy together (device-to-device, every
+    rank at once, each sample started after the world's meeting queue so that no rank copies alone): the memory
+    bandwidth a reshape's puts of every rank share. The tile model is fitted on each rank alone and cannot see
+    it. Measured once per world; None on one rank or across nodes (no meeting queue)."""
+    from ... import rma
+
+    if world.size < 2:
+        return None
+
+    def measure() -> float | None:
+        meet = rma.meeting_queue(world)
+        if meet is None:
+            return None
+        cp = _cp()
+        rt = cp.cuda.runtime
+        src, dst = cp.cuda.alloc(nbytes), cp.cuda.alloc(nbytes)
+        stream = world.backend.stream
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        best = float("inf")
+        for sample in range(4):  # the first warms up
+            world.barrier()
+            meet.start(stream=stream)
+            meet.wait(stream=stream, block=False)
+            start.record(stream)
+            for _ in range(copies):
+                rt.memcpyAsync(dst.ptr, src.ptr, nbytes, rt.memcpyDeviceToDevice, stream.ptr)
+            end.record(stream)
+            world.backend.wait_stream(stream, None, lambda: f"rank {world.rank}: the ranks' shared copy (fft model)")
+            meet.check_device()
+            slowest = max(world.allgather_object(cp.cuda.get_elapsed_time(start, end) * 1e-3))
+            if sample:
+                best = min(best, slowest)
+        return world.size * nbytes * copies / best
+
+    return world.registry(_SHARED_COPY, measure)
+
+
 def time_op(world: Any, op: Callable[[], None]) -> float:
     """Seconds ``op`` takes on the GPU (events around it on a fresh stream, after one untimed run)."""
     cp = _cp()

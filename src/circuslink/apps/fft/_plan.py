@@ -434,13 +434,16 @@ class Plan(Resource):
         return best
 
     def _predict_committed(self) -> None:
-        """The tile model's seconds for each forward reshape with the tiles the queues committed."""
+        """The tile model's seconds for each forward reshape with the tiles the queues committed: per reshape the
+        slowest rank's, and where the ranks share one GPU at least every rank's bytes at the bandwidth they copy
+        with together (``shared_copy_bandwidth``): the model is fitted on each rank alone, but a reshape's puts
+        of every rank run at once on one memory."""
         from ...rma import _tile_model as tm
 
         model = self._impl.tile_model(self.world, self.cdtype) if len(self._arrays) > 1 else None
         if model is None:
             return
-        total = 0.0
+        mine = []  # per forward reshape: (this rank's predicted seconds, its bytes)
         for step in self._programs["forward"]:
             if not step.queues:
                 continue
@@ -449,9 +452,17 @@ class Plan(Resource):
                 for tr in q.describe()["transposes"]:
                     if tr.get("tile"):
                         used[(tr["rows"], tr["cols"])] = tuple(tr["tile"])
-            total += _predict_pieces(model, tm, None, DTYPES[step.src.dtype], step.pieces, used)
-        self.prediction["comm_s"] = max(self.world.allgather_object(total))
-        self.prediction["model"] = model.as_dict()
+            e = DTYPES[step.src.dtype]
+            nbytes = sum(p.elements * e for pieces in step.pieces for p, _t in pieces)
+            mine.append((_predict_pieces(model, tm, None, e, step.pieces, used), nbytes))
+        every = self.world.allgather_object(mine)
+        alone = sum(max(r[i][0] for r in every) for i in range(len(mine)))
+        shared_bw = self._impl.shared_copy_bandwidth(self.world) if self._impl.same_memory(self.world) else None
+        total = alone
+        if shared_bw:
+            total = sum(max(max(r[i][0] for r in every), sum(r[i][1] for r in every) / shared_bw)
+                        for i in range(len(mine)))
+        self.prediction.update(comm_s=total, comm_alone_s=alone, shared_copy_bps=shared_bw, model=model.as_dict())
 
     # -- what users see ---------------------------------------------------------------------------
     @property
