@@ -311,6 +311,41 @@ print(f"ok rank {world.rank}")
 world.close()
 """
 
+STALLED_PEER = _LATE_PEER + """
+x, r, p, ap = op.zeros(), op.zeros(), op.zeros(), op.zeros()
+r[...] = b_e
+p[...] = b_e
+op.pack(p, 0, False)
+it = _BatchedIterations(op, x, r, p, ap, 0.0, 10, timed=False)
+book = np.zeros(cg.SLOTS)
+it.restart(op.norm2(r), 0.0, book)
+it.resident.run(5)  # the first launch meets the peer
+op.d.read_state(it.state)
+world.barrier()
+if world.rank == 1:
+    time.sleep(25)  # stops taking part: rank 0's next launch waits on the GPU for faces that never come
+    os._exit(0)
+t0 = time.perf_counter()
+it.resident.run(5)
+try:
+    op.d.read_state(it.state)
+except Exception as e:
+    print(f"rank 0 raised after {time.perf_counter() - t0:.1f} s: {e}", flush=True)
+    os._exit(0)
+raise SystemExit("rank 0: the resident CG went on without its peer")
+"""
+
+
+def test_a_stalled_resident_cg_names_what_it_waited_for(spmd):
+    """Rank 1 stops taking part after the first launch: rank 0's kernel waits on the GPU for its faces, gives up
+    after CIRCUSLINK_TIMEOUT and records why; the host, waiting longer (Deadline.behind_device), raises that
+    record, which names the halo and the rank, not only "its kernels did not finish"."""
+    job = spmd(2, STALLED_PEER, backend="cuda", timeout=120, env={"CIRCUSLINK_TIMEOUT": "4"})
+    line = next((ln for ln in job.output.splitlines() if "rank 0 raised after" in ln), None)
+    assert line is not None, job.output
+    assert "did not finish" not in line and "timed out" in line, line
+    assert "rank 1" in line or "RMA queue" in line, line  # the peer, or the queue it writes through
+
 
 def test_the_first_device_driven_hop_meets_the_peers_first(spmd):
     """A device-driven hop waits on the GPU for its peers' faces; its first launch meets the peers on the host

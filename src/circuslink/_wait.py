@@ -32,6 +32,7 @@ _YIELD_POLLS = 200
 _SLEEP_MIN_S = 20e-6
 _SLEEP_MAX_S = 2e-3
 _ALONE_SPIN_S = 1.0
+_DEVICE_GRACE_S = 5.0  # Deadline.behind_device: the least the host outwaits a device-side time-out by
 _ALONE_YIELD_EVERY = 1024  # polls between yields while spinning alone (lets a busy core's other work run)
 
 
@@ -61,6 +62,17 @@ class Deadline:
         if isinstance(timeout, Deadline):
             return timeout
         limit = resolve_timeout(timeout)
+        return cls(time.monotonic() + limit, limit)
+
+    @classmethod
+    def behind_device(cls, timeout: float | None = None) -> Deadline:
+        """The host's deadline for device work whose own waits give up after ``timeout`` (None:
+        CIRCUSLINK_TIMEOUT): that limit plus a grace of a quarter of it, at least ``_DEVICE_GRACE_S``. A device
+        wait names what stalled (the peer, queue or barrier) and ends the kernel; the host's can only say that the
+        work did not end. With equal limits the host's fired first, since it starts after the launch (a resident
+        QCD CG that stalled on 4 ranks said only "its kernels did not finish")."""
+        limit = resolve_timeout(timeout)
+        limit += max(_DEVICE_GRACE_S, limit / 4)
         return cls(time.monotonic() + limit, limit)
 
     def remaining(self) -> float:

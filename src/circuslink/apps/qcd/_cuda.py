@@ -382,7 +382,8 @@ class Dslash:
     def read_state(self, s: Any) -> np.ndarray:
         """The scalars, after a bounded wait for the work queued so far (the one host wait of a batch)."""
         rank = self.world.rank
-        self.world.backend.wait_stream(self.cp.cuda.get_current_stream(), Deadline.after(None),
+        # The kernel's own waits time out first and name what stalled (read below); the host's only backs them up.
+        self.world.backend.wait_stream(self.cp.cuda.get_current_stream(), Deadline.behind_device(),
                                        lambda: f"qcd device-resident CG on rank {rank}: its kernels did not finish")
         if self.fused is not None:
             self.synchronize()  # a device-driven halo that timed out, named by its queue
@@ -405,7 +406,9 @@ class Dslash:
         s[:cg.SLOTS].set(np.asarray(values, dtype=np.float64))
 
     def synchronize(self) -> None:
-        self.cp.cuda.get_current_stream().synchronize()
+        rank = self.world.rank
+        self.world.backend.wait_stream(self.cp.cuda.get_current_stream(), Deadline.behind_device(),
+                                       lambda: f"qcd on rank {rank}: its device work did not finish")
         if self.fused is not None:
             self.halo.check_device()  # a wait that timed out on the device, named by the queue
             code = int(self.status.get()[0])
