@@ -219,8 +219,8 @@ def memory_per_rank(args: argparse.Namespace, buffers: float, cpu_max: int | Non
 # -- timing ------------------------------------------------------------------------------------
 def handshake(world: Any) -> Any:
     """The device-side handshake a timed sample's clock starts after, as NVSHMEM's programs start theirs after
-    ``nvshmemx_barrier_all_on_stream``: one cycle of the world's meeting queue (``rma.meeting_queue``: signals
-    only, between every pair of ranks), enqueued on the caller's current stream without a host wait. A clock
+    ``nvshmemx_barrier_all_on_stream``: one cycle of the world's meeting queue (``rma.meet``: signals only,
+    between every pair of ranks), enqueued on the caller's current stream without a host wait. A clock
     recorded on that stream after it (and work launched behind it) then starts once every rank's GPU is there,
     not when each rank's host left the host barrier. Collective (every rank measures the same cases in the same
     order). On the cpu, a host-driven cycle: the same meeting. Returns
@@ -232,17 +232,7 @@ def handshake(world: Any) -> Any:
         return None
     from .. import rma
 
-    queue = rma.meeting_queue(world)
-    if queue is None:
-        return None
-    if world.device is None:
-        queue.start()
-        queue.wait()
-        return queue
-    stream = world.xp.cuda.get_current_stream()
-    queue.start(stream=stream)
-    queue.wait(stream=stream, block=False)
-    return queue
+    return rma.meet(world)
 
 
 def handshake_wanted(env: dict[str, str] | None = None) -> bool:

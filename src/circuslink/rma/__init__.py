@@ -33,14 +33,15 @@ semantics.
 from __future__ import annotations
 
 from ._core import (
-                    MsgHandle,
-                    Queue,
-                    Window,
-                    declare_strided_write,
-                    declare_write,
-                    meeting_queue,
-                    queue_alloc,
-                    window_alloc,
+    MsgHandle,
+    Queue,
+    Window,
+    declare_strided_write,
+    declare_write,
+    meet,
+    meeting_queue,
+    queue_alloc,
+    window_alloc,
 )
 from ._transpose import TransposeHandle, declare_transpose_write, plan_local_transpose, transpose_tiles
 
@@ -52,6 +53,7 @@ __all__ = [
     "declare_strided_write",
     "declare_transpose_write",
     "declare_write",
+    "meet",
     "meeting_queue",
     "plan_local_transpose",
     "queue_alloc",

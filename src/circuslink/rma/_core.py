@@ -686,6 +686,25 @@ def meeting_queue(world: Any) -> Queue | None:
     return world.registry(_MEETING, lambda: _make_meeting_queue(world))
 
 
+def meet(world: Any) -> Queue | None:
+    """One cycle of the world's meeting queue (collective): on a device enqueued on the caller's current stream
+    with no host wait, so that work queued behind it starts once every rank's GPU is there; on the cpu a
+    host-driven cycle, returning once every rank has come. Returns the queue, whose ``check_device()`` after the
+    work raises what a device-side wait recorded; None where there is no meeting queue (one rank, several nodes):
+    the caller meets at the host barrier alone."""
+    queue = meeting_queue(world)
+    if queue is None:
+        return None
+    if world.device is None:
+        queue.start()
+        queue.wait()
+        return queue
+    stream = world.xp.cuda.get_current_stream()
+    queue.start(stream=stream)
+    queue.wait(stream=stream, block=False)
+    return queue
+
+
 def _make_meeting_queue(world: Any) -> Queue | None:
     if len(world.nodes) > 1:  # every rank sees the same layout, so every rank decides alike
         return None

@@ -275,8 +275,8 @@ def shared_copy_bandwidth(world: Any, nbytes: int = 32 << 20, copies: int = 8) -
         best = float("inf")
         for sample in range(4):  # the first warms up
             world.barrier()
-            meet.start(stream=stream)
-            meet.wait(stream=stream, block=False)
+            with stream:
+                rma.meet(world)
             start.record(stream)
             for _ in range(copies):
                 rt.memcpyAsync(dst.ptr, src.ptr, nbytes, rt.memcpyDeviceToDevice, stream.ptr)
