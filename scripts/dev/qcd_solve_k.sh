@@ -6,6 +6,10 @@
 # $LATTICE: the global lattice "X Y Z T" (default 32 32 32 32); $SOLVE_ARGS: more options (default: double with
 # single sloppy, --tol 1e-9 --niter 400). Each run is bounded by $SOLVE_S seconds. Results under $R:
 # qcd-solve-<ranks>r-k<K>.{json,log}; the summary prints iteration_us (the iterations' seconds / their count).
+# Every rank dumps its Python stacks every $DUMP_S s into $R/dumps-solve-<ranks>r-k<K>/ (scripts/dev/stall_dump),
+# and the job's own time-out ($SOLVE_TIMEOUT, default 20 s; the host outwaits the device's by a grace) ends
+# well before $SOLVE_S, so a stalled run says what it waited for: on 2026-12-07 (one H100) three of the four runs
+# were killed at 60 s with neither (both one-rank runs then passed --halo rma-device, which they no longer do).
 set -u
 R=${R:?} PY=${PY:-python3}
 read -r X Y Z T <<< "${LATTICE:-32 32 32 32}"
@@ -13,8 +17,11 @@ for k in ${KS:-10 100 1000}; do
   for grid in "1 1 1 1" "2 1 1 1"; do
     read -r px py pz pt <<< "$grid"; n=$((px * py * pz * pt))
     f="$R/qcd-solve-${n}r-k$k"
-    CIRCUSLINK_SM_PARTITION=green CIRCUSLINK_TIMEOUT=${CIRCUSLINK_TIMEOUT:-40} timeout ${SOLVE_S:-120} \
-      $PY -m circuslink qcd invert --cg device --halo rma-device --check-every "$k" \
+    halo=(); [ "$n" -gt 1 ] && halo=(--halo rma-device)  # one rank: no exchange (as bench qcd's "none" rows)
+    PYTHONPATH="$PWD/scripts/dev/stall_dump${PYTHONPATH:+:$PYTHONPATH}" CIRCUSLINK_DEV_DUMP_S=${DUMP_S:-10} \
+    CIRCUSLINK_DEV_DUMP_DIR="$R/dumps-solve-${n}r-k$k" \
+    CIRCUSLINK_SM_PARTITION=green CIRCUSLINK_TIMEOUT=${SOLVE_TIMEOUT:-20} timeout ${SOLVE_S:-120} \
+      $PY -m circuslink qcd invert --cg device "${halo[@]}" --check-every "$k" \
       --dim $((X / px)) $((Y / py)) $((Z / pz)) $((T / pt)) --gridsize $px $py $pz $pt \
       ${SOLVE_ARGS:---prec double --prec-sloppy single --tol 1e-9 --niter 400} --json "$f.json" > "$f.log" 2>&1
     echo "== ${n} ranks --check-every $k rc=$?"; grep -E "^(CG|Done|per iteration|solve time)" "$f.log" | tail -4
