@@ -828,4 +828,3 @@ def test_nvshmem_allreduce_compiles(tmp_path):
     cmd = _nvshmem.build_command(tmp_path / "bin", _nvshmem.ALLREDUCE_SOURCE)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-

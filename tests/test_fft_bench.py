@@ -279,7 +279,6 @@ def test_verdicts_name_the_worst_case_and_judge_every_one(capsys):
     ]
 
 
-
 @pytest.mark.parametrize("gpus,expected", [(1, "25"), (2, "50"), (4, "100")])
 def test_the_nvshmem_slab_pes_get_the_share_nvshmem_needs_whatever_the_ranks_had(monkeypatch, gpus, expected):
     # Ranks in SMs of their own run uncapped (100); NVSHMEM's on-stream all-to-all runs under MPS only with each

@@ -296,7 +296,8 @@ print(f"ok rank {world.rank}")
 world.close()
 """
 
-FIRST_RESIDENT_MEETS = _LATE_PEER + """
+# The resident CG of 2 ranks, restarted from b (the source's even half), not yet launched.
+_RESIDENT_CG = _LATE_PEER + """
 x, r, p, ap = op.zeros(), op.zeros(), op.zeros(), op.zeros()
 r[...] = b_e
 p[...] = b_e
@@ -305,6 +306,9 @@ it = _BatchedIterations(op, x, r, p, ap, 0.0, 10, timed=False)
 assert it.resident is not None, "rma-device on 2 ranks: the resident CG"
 book = np.zeros(cg.SLOTS)
 it.restart(op.norm2(r), 0.0, book)
+"""
+
+FIRST_RESIDENT_MEETS = _RESIDENT_CG + """
 meets_once(lambda: it.resident.run(5), "resident CG")
 values = op.d.read_state(it.state)  # raises where the kernel timed out or failed
 assert values[cg.ITERATIONS] > 0, values  # the kernel ran its iterations (10 unless the CG froze)
@@ -312,14 +316,7 @@ print(f"ok rank {world.rank}")
 world.close()
 """
 
-STALLED_PEER = _LATE_PEER + """
-x, r, p, ap = op.zeros(), op.zeros(), op.zeros(), op.zeros()
-r[...] = b_e
-p[...] = b_e
-op.pack(p, 0, False)
-it = _BatchedIterations(op, x, r, p, ap, 0.0, 10, timed=False)
-book = np.zeros(cg.SLOTS)
-it.restart(op.norm2(r), 0.0, book)
+STALLED_PEER = _RESIDENT_CG + """
 it.resident.run(5)  # the first launch meets the peer
 op.d.read_state(it.state)
 world.barrier()

@@ -463,13 +463,12 @@ class Plan(Resource):
             e = DTYPES[step.src.dtype]
             nbytes = sum(p.elements * e for pieces in step.pieces for p, _t in pieces)
             mine.append((_predict_pieces(model, tm, None, e, step.pieces, used), nbytes))
-        every = self.world.allgather_object(mine)
-        alone = sum(max(r[i][0] for r in every) for i in range(len(mine)))
+        # per reshape: (the slowest rank's predicted seconds, every rank's bytes)
+        steps = [(max(s[0] for s in ranks), sum(s[1] for s in ranks))
+                 for ranks in zip(*self.world.allgather_object(mine), strict=True)]
+        alone = sum(t for t, _ in steps)
         shared_bw = self._impl.shared_copy_bandwidth(self.world) if self._impl.same_memory(self.world) else None
-        total = alone
-        if shared_bw:
-            total = sum(max(max(r[i][0] for r in every), sum(r[i][1] for r in every) / shared_bw)
-                        for i in range(len(mine)))
+        total = sum(max(t, b / shared_bw) for t, b in steps) if shared_bw else alone
         self.prediction.update(comm_s=total, comm_alone_s=alone, shared_copy_bps=shared_bw, model=model.as_dict())
 
     # -- what users see ---------------------------------------------------------------------------
