@@ -157,7 +157,7 @@ def test_bench_fft_quick(tmp_path, backend):
             if "predicted_comm_ms" in r:
                 assert r["model_err_pct"] == pytest.approx(100 * (r["predicted_comm_ms"] / r["put_alone_ms"] - 1)), r
             if backend == "cuda":  # two ranks on the one GPU: the shared bound is measured and never lowers the model
-                assert r["shared_copy_gbps"] > 0 and r["predicted_comm_ms"] >= r["predicted_comm_alone_ms"] > 0, r
+                assert r["shared_put_gbps"] > 0 and r["predicted_comm_ms"] >= r["predicted_comm_alone_ms"] > 0, r
         if r["impl"].startswith("baseline-"):
             assert r["alltoall"] == "copy-engine" and r["transpose_ms"] > 0, r
     assert res["meta"]["alltoalls"]["copy-engine"] == "measured"

@@ -6,7 +6,7 @@ complex128), in one run, on the same ranks and the same slabs of axis 0:
 * ``transpose-put``: circuslink's plan (apps.fft), the global transpose done by transposing puts, the
   chunks picked by the tile model (``chunks``; the model's prediction of the puts in ``predicted_comm_ms``
   beside ``put_alone_ms``, the reshapes timed with no transform between them, its error in ``model_err_pct``;
-  where the ranks share one GPU, at least every rank's bytes at ``shared_copy_gbps``, and the model fitted
+  where the ranks share one GPU, at least every rank's bytes at ``shared_put_gbps``, and the model fitted
   on each rank alone in ``predicted_comm_alone_ms``;
   ``put_ms`` is the puts' own launches inside the pipeline);
 * ``baseline-<all-to-all>``: the slab scheme as cuFFTMp and heFFTe implement it (bench/fft_baseline.py:
@@ -431,14 +431,16 @@ def _measure_ours(world: Any, module: Any, shape: tuple[int, ...], dtype: str, c
             # What the model predicts: the puts with nothing beside them. In the pipeline (put_ms) they share the
             # GPU with the other ranks' transforms, which no tile model sees.
             row["model_err_pct"] = 100.0 * (row["predicted_comm_ms"] / row["put_alone_ms"] - 1.0)
-            if pred.get("shared_copy_bps"):  # the model fitted on each rank alone, beside the shared bound
+            if pred.get("shared_put_bps"):  # the model fitted on each rank alone, beside the shared bound
                 row["predicted_comm_alone_ms"] = pred["comm_alone_s"] * 1e3
-                row["shared_copy_gbps"] = pred["shared_copy_bps"] / 1e9
+                row["shared_put_gbps"] = pred["shared_put_bps"] / 1e9
         if pred.get("chunk_candidates"):
             bounds = pred["chunk_candidates"].get(plan.chunks)
             if bounds:
                 row["predicted_ms_range"] = [bounds["low_s"] * 1e3, bounds["high_s"] * 1e3]
             row["chunk_choice"] = "measured" if pred.get("chunk_measured_s") else "model"
+            if pred.get("chunk_measured_s"):  # each candidate's forward, the slowest rank's (the choice's evidence)
+                row["chunk_measured_ms"] = {str(k): v * 1e3 for k, v in pred["chunk_measured_s"].items()}
         elif cfg.chunks is None:
             row["chunk_choice"] = "no model (cpu)" if world.xp is np else "one stage"
         else:

@@ -127,7 +127,7 @@ def same_memory(world: Any) -> bool:
     return True
 
 
-def shared_copy_bandwidth(world: Any) -> float | None:
+def shared_put_bandwidth(world: Any, dtype: str) -> float | None:
     """No tile model here, so nothing for the ranks' shared bandwidth to bound."""
     return None
 

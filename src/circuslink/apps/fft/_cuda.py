@@ -123,6 +123,7 @@ class Runner:
         self._begin, self._end = cp.cuda.Event(), cp.cuda.Event()
         self._pool: list = []
         self.times: dict[str, float] = {}
+        self.timeline: list[tuple[str, float, float]] = []
         self.total = 0.0
 
     def _event(self) -> Any:
@@ -228,6 +229,9 @@ class Runner:
                 times[phase] += get(a, b) * 1e-3
             times["total"] = self.total
             self.times = times
+            # each phase's (name, start, end) in seconds from the execute's start: where a rank waited (dev runs)
+            self.timeline = [(phase, get(self._begin, a) * 1e-3, get(self._begin, b) * 1e-3)
+                             for phase, a, b in self._marks]
 
 
 def free_bytes(world: Any) -> tuple[int, str]:
@@ -251,26 +255,36 @@ def same_memory(world: Any) -> bool:
     return len(set(world.allgather_object(world.backend.device_identity))) == 1
 
 
-_SHARED_COPY = "circuslink.fft.shared_copy"  # World.registry key: shared_copy_bandwidth's figure
+_SHARED_PUT = "circuslink.fft.shared_put"  # World.registry key: {element bytes: shared_put_bandwidth's figure}
 
 
-def shared_copy_bandwidth(world: Any, nbytes: int = 32 << 20, copies: int = 8) -> float | None:
-    """Collective: bytes/s that all ranks of the world, sharing one GPU, copy together (device-to-device, every
-    rank at once, each sample started after the world's meeting queue so that no rank copies alone): the memory
+def shared_put_bandwidth(world: Any, dtype: str, nbytes: int = 32 << 20, loops: int = 4) -> float | None:
+    """Collective: bytes/s that all ranks of the world, sharing one GPU, move together with the transposing put
+    (every rank transposes a ``nbytes`` block of ``dtype`` in its own memory at once, with the tile the model
+    ranks first for it, each sample started after the world's meeting queue so that no rank runs alone): the
     bandwidth a reshape's puts of every rank share. The tile model is fitted on each rank alone and cannot see
-    it. Measured once per world; None on one rank or across nodes (no meeting queue)."""
+    it; a plain copy's shared figure (1,547 GB/s on 4 ranks of one H100) left the prediction 18-20 % under the
+    puts alone (BENCHMARKS.md), which move their bytes through the transpose's tiles, not a copy engine.
+    Measured once per world and element size; None on one rank or across nodes (no meeting queue)."""
     from ... import rma
+    from ...rma import _tile_model as tm
+    from ...rma._transpose import DTYPES
+    from ...rma._transpose._cuda import DeviceChain, Piece, calibrated_model, square_shape, tile_candidates
 
     if world.size < 2:
         return None
+    elem = DTYPES[dtype]
 
     def measure() -> float | None:
         queue = rma.meeting_queue(world)
         if queue is None:
             return None
         cp = _cp()
-        rt = cp.cuda.runtime
-        src, dst = cp.cuda.alloc(nbytes), cp.cuda.alloc(nbytes)
+        rows, cols = square_shape(nbytes, elem)
+        tile = tm.rank_tiles(calibrated_model(world, elem), tile_candidates(elem), elem, rows, cols)[0][0]
+        tile = world.broadcast_object(tile)  # every rank the same work (their models differ in the last digits)
+        src, dst = cp.cuda.alloc(rows * cols * elem), cp.cuda.alloc(rows * cols * elem)
+        chain = DeviceChain(world, [Piece(src.ptr, dst.ptr, rows, cols, cols, rows, elem, tile)])
         stream = world.backend.stream
         start, end = cp.cuda.Event(), cp.cuda.Event()
         best = float("inf")
@@ -279,18 +293,21 @@ def shared_copy_bandwidth(world: Any, nbytes: int = 32 << 20, copies: int = 8) -
             with stream:
                 rma.meet(world)
             start.record(stream)
-            for _ in range(copies):
-                rt.memcpyAsync(dst.ptr, src.ptr, nbytes, rt.memcpyDeviceToDevice, stream.ptr)
+            for _ in range(loops):
+                chain.launch(stream)
             end.record(stream)
             world.backend.wait_stream(stream, Deadline.behind_device(),  # the meeting's own wait names a late rank
-                                      lambda: f"rank {world.rank}: the ranks' shared copy (fft model)")
+                                      lambda: f"rank {world.rank}: the ranks' shared transposing put (fft model)")
             queue.check_device()
             slowest = max(world.allgather_object(cp.cuda.get_elapsed_time(start, end) * 1e-3))
             if sample:
                 best = min(best, slowest)
-        return world.size * nbytes * copies / best
+        return world.size * rows * cols * elem * loops / best
 
-    return world.registry(_SHARED_COPY, measure)
+    figures = world.registry(_SHARED_PUT, dict)
+    if elem not in figures:
+        figures[elem] = measure()
+    return figures[elem]
 
 
 def time_op(world: Any, op: Callable[[], None]) -> float:

@@ -443,9 +443,9 @@ class Plan(Resource):
 
     def _predict_committed(self) -> None:
         """The tile model's seconds for each forward reshape with the tiles the queues committed: per reshape the
-        slowest rank's, and where the ranks share one GPU at least every rank's bytes at the bandwidth they copy
-        with together (``shared_copy_bandwidth``): the model is fitted on each rank alone, but a reshape's puts
-        of every rank run at once on one memory."""
+        slowest rank's, and where the ranks share one GPU at least every rank's bytes at the bandwidth they move
+        together through the transposing put (``shared_put_bandwidth``): the model is fitted on each rank alone,
+        but a reshape's puts of every rank run at once on one memory."""
         from ...rma import _tile_model as tm
 
         model = self._impl.tile_model(self.world, self.cdtype) if len(self._arrays) > 1 else None
@@ -467,9 +467,10 @@ class Plan(Resource):
         steps = [(max(s[0] for s in ranks), sum(s[1] for s in ranks))
                  for ranks in zip(*self.world.allgather_object(mine), strict=True)]
         alone = sum(t for t, _ in steps)
-        shared_bw = self._impl.shared_copy_bandwidth(self.world) if self._impl.same_memory(self.world) else None
+        shared = self._impl.same_memory(self.world)
+        shared_bw = self._impl.shared_put_bandwidth(self.world, self.cdtype) if shared else None
         total = sum(max(t, b / shared_bw) for t, b in steps) if shared_bw else alone
-        self.prediction.update(comm_s=total, comm_alone_s=alone, shared_copy_bps=shared_bw, model=model.as_dict())
+        self.prediction.update(comm_s=total, comm_alone_s=alone, shared_put_bps=shared_bw, model=model.as_dict())
 
     # -- what users see ---------------------------------------------------------------------------
     @property

@@ -1,0 +1,67 @@
+"""Dev experiment: where a forward 2-D FFT's time goes on each rank (one GPU, ranks under MPS, green SMs).
+
+For each --chunks value: a plan of --size^2 --dtype, warm-up, then --iters profiled forwards, each started after
+the device-side meeting (rma.meet); prints, for the median iteration, every rank's phases (fft on the compute
+stream, put launches and the exchange from first put to last wait on the comm stream) as start-end ms from the
+execute's start, and the exchanges alone (Plan.time_exchanges). Writes --json with every iteration's timelines.
+Run: circuslink run -n 4 -- python scripts/dev/fft_timeline.py --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import circuslink as cl
+from circuslink import rma
+from circuslink.apps import fft
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--size", type=int, default=16384)
+ap.add_argument("--dtype", default="complex128")
+ap.add_argument("--chunks", default="1,2,4")
+ap.add_argument("--iters", type=int, default=10)
+ap.add_argument("--json", default=None)
+args = ap.parse_args()
+
+w = cl.init()
+cp = __import__("cupy")
+shape = (args.size, args.size)
+ins, outs = fft.boxes(shape, w.size, "slab", layout="transposed")
+out = {"size": args.size, "dtype": args.dtype, "ranks": w.size, "cases": {}}
+for k in [int(c) for c in args.chunks.split(",")]:
+    with fft.Plan(w, ins[w.rank], outs[w.rank], args.dtype, decomposition="slab", chunks=k) as plan:
+        x = cp.random.default_rng(w.rank).standard_normal(plan.input.shape).astype(args.dtype)
+        runs = []
+        for i in range(2 + args.iters):
+            plan.input[...] = x
+            cp.cuda.get_current_stream().synchronize()
+            w.barrier()
+            met = rma.meet(w)
+            plan.forward(profile=True)
+            if met is not None:
+                met.check_device()
+            if i >= 2:
+                runs.append((plan._runner.total, list(plan._runner.timeline)))
+        alone = []
+        for _ in range(2 + args.iters):
+            w.barrier()
+            met = rma.meet(w)
+            alone.append(plan.time_exchanges())
+        ranks = w.allgather_object({"runs": runs, "alone": alone[2:]})
+    if w.rank == 0:
+        totals = [max(r["runs"][i][0] for r in ranks) for i in range(args.iters)]
+        med = sorted(range(args.iters), key=lambda i: totals[i])[args.iters // 2]
+        alone = statistics.median(max(a) for a in zip(*[r["alone"] for r in ranks], strict=True))
+        print(f"== chunks {k}: total median {statistics.median(totals)*1e3:.2f} ms (min {min(totals)*1e3:.2f}); "
+              f"exchanges alone median {alone*1e3:.2f} ms; iteration {med}:")
+        for rank, r in enumerate(ranks):
+            total, tl = r["runs"][med]
+            phases = "  ".join(f"{p}:{a*1e3:.2f}-{b*1e3:.2f}" for p, a, b in tl)
+            print(f"  rank {rank} total {total*1e3:.2f}  {phases}")
+        out["cases"][k] = {"totals_s": totals, "ranks": ranks}
+if w.rank == 0 and args.json:
+    with open(args.json, "w") as f:
+        json.dump(out, f)
+    print(f"wrote {args.json}")
+w.close()
