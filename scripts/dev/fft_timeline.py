@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import time
 
 import circuslink as cl
 from circuslink import rma
@@ -28,7 +30,9 @@ w = cl.init()
 cp = __import__("cupy")
 shape = (args.size, args.size)
 ins, outs = fft.boxes(shape, w.size, "slab", layout="transposed")
-out = {"size": args.size, "dtype": args.dtype, "ranks": w.size, "cases": {}}
+out = {"benchmark": "fft-timeline", "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+       "commit": os.environ.get("CIRCUSLINK_COMMIT", ""), "date": time.strftime("%Y-%m-%d"),
+       "size": args.size, "dtype": args.dtype, "ranks": w.size, "cases": {}}
 for k in [int(c) for c in args.chunks.split(",")]:
     with fft.Plan(w, ins[w.rank], outs[w.rank], args.dtype, decomposition="slab", chunks=k) as plan:
         x = cp.random.default_rng(w.rank).standard_normal(plan.input.shape).astype(args.dtype)
