@@ -25,8 +25,6 @@ args = ap.parse_args()
 N, R = args.size, 4
 S = N // R
 dt = np.dtype(args.dtype)
-real = "double" if dt == np.complex128 else "float"
-vec = real + "2"
 
 
 def timed(fn):
@@ -61,7 +59,9 @@ ref = cp.fft.fftn(gathered, axes=(0,))
 show("strided", lambda: cp.fft.fftn(gathered, axes=(0,)))
 
 code = r"""
-extern "C" __device__ VEC pull_slabs(void* dataIn, unsigned long long offset, void* callerInfo, void* sharedPtr) {
+#include <cufftXt.h>
+
+__device__ VEC pull_slabs(void* dataIn, size_t offset, void* callerInfo, void* sharedPtr) {
   const unsigned long long* info = (const unsigned long long*)callerInfo;  // S, N, column offset, slab pointers
   unsigned long long S = info[0], N = info[1], col = info[2];
   unsigned long long b = offset / S, j = offset - b * S;
@@ -69,7 +69,7 @@ extern "C" __device__ VEC pull_slabs(void* dataIn, unsigned long long offset, vo
   const VEC* src = (const VEC*)info[3 + s];
   return src[r * N + col + j];
 }
-""".replace("VEC", vec)
+""".replace("VEC", "cufftDoubleComplex" if dt == np.complex128 else "cufftComplex")
 info = cp.asarray(np.array([S, N, t * S] + [s.data.ptr for s in slabs], dtype=np.uint64))
 dummy = cp.empty((N, S), dtype=dt)
 try:
@@ -84,3 +84,18 @@ try:
         show("pull", lambda: cp.fft.fftn(dummy, axes=(0,)))
 except Exception as exc:  # what the device's CuPy / cuFFT say: the finding
     print(f"pull FAILED: {type(exc).__name__}: {exc}", flush=True)
+
+# the transposed output layout: rank t's (S, N) rows, each a whole transform (loads strided by N in the slabs)
+code_rows = code.replace("pull_slabs", "pull_rows").replace(
+    "unsigned long long b = offset / S, j = offset - b * S;", "unsigned long long j = offset / N, b = offset - j * N;")
+ref_rows = cp.fft.fft(cp.ascontiguousarray(gathered.T), axis=-1)
+dummy_rows = cp.empty((S, N), dtype=dt)
+try:
+    with cp.fft.config.set_cufft_callbacks(cb_load=code_rows, cb_load_name="pull_rows", cb_load_data=info.data,
+                                           cb_ver="jit"):
+        out = cp.fft.fft(dummy_rows, axis=-1)
+        err = float(cp.abs(out - ref_rows).max() / cp.abs(ref_rows).max())
+        print(f"pull-rows max rel err {err:.2e}", flush=True)
+        show("pull-rows", lambda: cp.fft.fft(dummy_rows, axis=-1))
+except Exception as exc:
+    print(f"pull-rows FAILED: {type(exc).__name__}: {exc}", flush=True)
