@@ -177,6 +177,13 @@ def case(shape, dtype, decomposition, layout, scheme, chunks, scales, own):
     what = (shape, dtype, decomposition, layout, scheme, chunks, scales, own)
     if me == 0:  # the case a fault or a hang happened in (a device fault surfaces at a later call)
         print("case", what, flush=True)
+    if scheme == "pull" and (real or len(shape) != 2 or own or (layout != "transposed" and R > 1)):
+        try:  # outside what the pull reads: refused in one line on every rank, nothing left behind
+            fft.Plan(world, ins[me], outs[me], dtype, decomposition=decomposition, scheme=scheme)
+        except cl.ConfigError as exc:
+            assert "scheme='pull'" in str(exc) and len(str(exc).splitlines()) == 1, exc
+            return 0
+        raise AssertionError(("the pull scheme accepted", what))
     with fft.Plan(world, ins[me], outs[me], dtype, decomposition=decomposition if not own else "auto",
                   scheme=scheme, chunks=chunks) as plan:
         ref = (np.fft.rfftn(x.astype(np.float64)) if real else np.fft.fftn(x.astype(np.complex128))) * factor[fs]
@@ -204,6 +211,8 @@ def case(shape, dtype, decomposition, layout, scheme, chunks, scales, own):
         assert set(plan.timings) == {{"fft", "transpose", "comm", "put", "total"}}
         if scheme == "transpose-put":
             assert plan.timings["transpose"] == 0.0
+        if scheme == "pull" and len(plan.stages) == 2:  # no reshape: the second stage read the first where it lay
+            assert plan.describe()["reshapes"] == {{"forward": 0, "backward": 0}} and plan.chunks == 1
     return 1
 
 
@@ -214,10 +223,12 @@ for k in range({cases}):
     dtype = str(g.choice(["complex64", "complex128", "float32", "float64"]))
     decomposition = str(g.choice(["slab", "pencil"])) if ndim == 3 else "slab"
     layout = str(g.choice(["natural", "transposed"]))
-    scheme = str(g.choice(["transpose-put", "local-transpose"]))
+    own = bool(g.random() < 0.3)
+    pullable = ndim == 2 and dtype.startswith("complex") and layout == "transposed" and not own
+    scheme = str(g.choice(["transpose-put", "local-transpose"] + ["pull"] * pullable))
     chunks = [None, 2, 3][int(g.integers(0, 3))]
     scales = [("none", "full"), ("symmetric", "symmetric"), ("full", "none")][int(g.integers(0, 3))]
-    checked += case(shape, dtype, decomposition, layout, scheme, chunks, scales, own=bool(g.random() < 0.3))
+    checked += case(shape, dtype, decomposition, layout, scheme, chunks, scales, own=own)
 for shape, dtype, dec, scheme, chunks, own in {fixed}:
     for layout in ("natural",) if own else ("natural", "transposed"):  # own boxes choose their output layout
         checked += case(shape, dtype, dec, layout, scheme, chunks, ("none", "full"), own=own)
@@ -230,7 +241,10 @@ FIXED = [((1, 1), "complex128", "slab", "transpose-put", 2, False),
          ((3, 4, 5), "float64", "slab", "transpose-put", 2, False),
          ((3, 2, 7), "complex64", "pencil", "transpose-put", 2, False),
          ((5, 1, 9), "float32", "pencil", "transpose-put", 2, False),
-         ((2, 17), "float64", "slab", "transpose-put", 2, False)]
+         ((2, 17), "float64", "slab", "transpose-put", 2, False),
+         ((7, 3), "complex128", "slab", "pull", None, False),  # natural layout: refused; transposed: pulled
+         ((4, 9), "float32", "slab", "pull", None, False),  # real: refused in both layouts
+         ((2, 5), "complex64", "slab", "pull", None, False)]  # fewer rows than ranks: empty slabs
 # The GPU's: both precisions, uneven slabs (no size divides by 2 or 4 ranks), many tiles with partial ones at
 # the edges, boxes of the user's own (random uneven cuts: some ranks may hold nothing), c2c and r2c / c2r,
 # slab and pencil, both schemes, chunks from the tile model (None: the model's choice, measured where it
@@ -245,7 +259,9 @@ GPU_FIXED = [((37, 50), "complex64", "slab", "transpose-put", None, False),
              ((29, 23), "complex128", "auto", "transpose-put", 2, True),
              ((17, 9, 6), "complex64", "auto", "transpose-put", None, True),
              ((1, 1), "complex128", "slab", "transpose-put", 2, False),
-             ((5, 1, 9), "float32", "pencil", "transpose-put", 2, False)]
+             ((5, 1, 9), "float32", "pencil", "transpose-put", 2, False),
+             ((37, 50), "complex128", "slab", "pull", None, False),
+             ((301, 257), "complex64", "slab", "pull", None, False)]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])

@@ -99,3 +99,19 @@ try:
         show("pull-rows", lambda: cp.fft.fft(dummy_rows, axis=-1))
 except Exception as exc:
     print(f"pull-rows FAILED: {type(exc).__name__}: {exc}", flush=True)
+
+# the library's route (apps/fft/_cuda.make_pull_fft): a plan from cupyx's get_fft_plan made inside the context,
+# executed later outside it
+try:
+    from cupyx.scipy.fftpack import get_fft_plan
+
+    with cp.fft.config.set_cufft_callbacks(cb_load=code_rows, cb_load_name="pull_rows", cb_load_data=info.data,
+                                           cb_ver="jit"):
+        plan = get_fft_plan(dummy_rows, axes=(1,), value_type="C2C")
+    out = cp.empty_like(dummy_rows)
+    plan.fft(dummy_rows, out, -1)
+    err = float(cp.abs(out - ref_rows).max() / cp.abs(ref_rows).max())
+    print(f"plan-route {type(plan).__name__} max rel err {err:.2e}", flush=True)
+    show("plan-route", lambda: plan.fft(dummy_rows, dummy_rows, -1))
+except Exception as exc:
+    print(f"plan-route FAILED: {type(exc).__name__}: {exc}", flush=True)

@@ -9,6 +9,9 @@ complex128), in one run, on the same ranks and the same slabs of axis 0:
   where the ranks share one GPU, at least every rank's bytes at ``shared_put_gbps``, and the model fitted
   on each rank alone in ``predicted_comm_alone_ms``;
   ``put_ms`` is the puts' own launches inside the pipeline);
+* ``pull`` (2-D, layout transposed): circuslink's plan with ``scheme="pull"``: no reshape pass, the second stage's
+  transform reads every piece from the rank holding it (cuFFT's load callback on the GPU); its communication is
+  inside ``fft_ms``, and ``comm_ms`` is its two device-side meetings;
 * ``baseline-<all-to-all>``: the slab scheme as cuFFTMp and heFFTe implement it (bench/fft_baseline.py:
   cuFFT on the local axes, a tiled transpose into a send buffer, an all-to-all, chunked on two streams),
   once per all-to-all available here and per chunk count of ``--baseline-chunks`` (``alltoall``,
@@ -21,8 +24,9 @@ complex128), in one run, on the same ranks and the same slabs of axis 0:
 Every row is the median (``time_ms``) and minimum (``time_min_ms``) over ``--iters`` transforms, each the slowest
 rank's device time (CUDA events; the host clock on the cpu) after a device-side handshake of every rank
 (``_driver.handshake``), the input restored before each; ``fft_ms`` / ``transpose_ms`` / ``comm_ms`` split it from
-device events (they may overlap: their sum can exceed the total). ``less_time_pct`` (on transpose-put rows): time
-saved against the fastest baseline of the case (``vs``); ``vs_1rank``: the time over the ceiling's. Before timing, each
+device events (they may overlap: their sum can exceed the total). ``less_time_pct`` (on circuslink's rows): time
+saved against the fastest baseline of the case (``vs``); ``vs_1rank``: the time over the ceiling's. The verdicts
+take, per case, circuslink's fastest scheme (the tile model's, the transpose-put rows). Before timing, each
 scheme's output is checked on a few lines along axis 0 against a direct DFT of the input in float64
 (``max_rel_err``, the norm-wise relative error). Every case's memory is checked before anything runs.
 The probe's floor of the same run is in ``floor``.
@@ -40,9 +44,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, Error
+from ..errors import BackendError, ConfigError, Error
 
 _DTYPES = ("complex64", "complex128")
+SCHEMES = ("transpose-put", "pull")  # circuslink's rows (pull: 2-D, layout transposed)
 _TOLERANCE = {"complex64": 1e-5, "complex128": 1e-12}
 _LONG_WAIT_S = 1800.0  # other ranks wait this long while rank 0 builds and runs NVSHMEM or the ceiling
 _MARGIN = 512 << 20
@@ -56,6 +61,7 @@ class Config:
     iters: int = 10
     warmup: int = 2
     layout: str = "transposed"
+    schemes: list[str] = field(default_factory=lambda: list(SCHEMES))
     chunks: int | None = None
     baseline_chunks: list[int] = field(default_factory=lambda: [1, 4])
     alltoalls: list[str] = field(default_factory=lambda: ["auto"])
@@ -93,6 +99,10 @@ def add_fft_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layout", default="transposed", choices=("natural", "transposed"),
                         help="output boxes: transposed (default: slabs of axis 1, axis 0 fastest, one global "
                              "transpose, as cuFFTMp's slab output) or natural (slabs of axis 0 again: two)")
+    parser.add_argument("--schemes", default=",".join(SCHEMES),
+                        help="circuslink's schemes, each a row: transpose-put (the reshape by transposing puts) and "
+                             "pull (2-D, layout transposed: the second stage's transform reads the peers' rows; "
+                             f"default {','.join(SCHEMES)})")
     parser.add_argument("--chunks", type=int, default=None,
                         help="circuslink's pipeline chunks (default: the tile model's choice)")
     parser.add_argument("--baseline-chunks", default="1,4",
@@ -159,9 +169,13 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if bad:
         raise ConfigError(f"bench fft: --alltoall {bad[0]!r}: choose auto or from {', '.join(ALLTOALLS)}")
     chunks = _ints(args.baseline_chunks, "--baseline-chunks")
+    schemes = [x.strip() for x in str(getattr(args, "schemes", ",".join(SCHEMES))).split(",") if x.strip()]
+    bad = [x for x in schemes if x not in SCHEMES] or ([] if schemes else ["(none)"])
+    if bad:
+        raise ConfigError(f"bench fft: --schemes {bad[0]!r}: choose from {', '.join(SCHEMES)}")
     if args.chunks is not None and args.chunks < 1:
         raise ConfigError(f"bench fft: --chunks {args.chunks} must be positive")
-    return Config(cases=cases, iters=iters, warmup=warmup, layout=args.layout, chunks=args.chunks,
+    return Config(cases=cases, iters=iters, warmup=warmup, layout=args.layout, schemes=schemes, chunks=args.chunks,
                   baseline_chunks=[2] if quick and args.baseline_chunks == "1,4" else chunks, alltoalls=alltoalls,
                   transpose=args.baseline_transpose, quick=quick, json=args.json, plot=args.plot,
                   baselines=not getattr(args, "no_baselines", False), csv=getattr(args, "csv", False),
@@ -274,9 +288,10 @@ def run_rank(world: Any, cfg: Config) -> int:
     results.meta["alltoalls"] = {a: why or "measured" for a, why in alltoalls.items()}
     for index, (shape, dtype) in enumerate(cfg.cases):
         x0 = module.random_array(world, _slab_shape(shape, world), dtype, [seed, index, world.rank])
-        drv.progress(f"fft: transpose-put {_label(shape)} {dtype} on {world.size} ranks")
-        results.add(**_measure_ours(world, module, shape, dtype, cfg, x0))
-        module.release_memory(world)
+        for scheme in cfg.schemes:
+            drv.progress(f"fft: {scheme} {_label(shape)} {dtype} on {world.size} ranks")
+            results.add(**_measure_ours(world, module, shape, dtype, cfg, x0, scheme))
+            module.release_memory(world)
         if cfg.baselines:
             for alltoall, why in alltoalls.items():
                 if alltoall == "nvshmem":
@@ -414,10 +429,23 @@ def _finish(row: dict, shape: tuple[int, ...]) -> dict:
     return row
 
 
-def _measure_ours(world: Any, module: Any, shape: tuple[int, ...], dtype: str, cfg: Config, x0: Any) -> dict:
+def _measure_ours(world: Any, module: Any, shape: tuple[int, ...], dtype: str, cfg: Config, x0: Any,
+                  scheme: str = "transpose-put") -> dict:
     from ..apps import fft
 
     ins, outs = fft.boxes(shape, world.size, "slab", layout=cfg.layout)
+    if scheme == "pull":
+        try:
+            plan = fft.Plan(world, ins[world.rank], outs[world.rank], dtype, decomposition="slab", scheme="pull")
+        except (ConfigError, BackendError) as exc:  # where the pull does not apply, or cuFFT cannot plan it
+            return _base_row(world, shape, dtype, cfg, "pull", skipped=str(exc).splitlines()[0])
+        with plan:
+            plan.input[...] = x0
+            out = plan.forward()
+            err = check_lines(world, module, x0, plan.inbox, plan.outbox, out, shape, dtype, "pull")
+            row = _base_row(world, shape, dtype, cfg, "pull", chunks=1, max_rel_err=err,
+                            **_measure(world, plan, x0, cfg))
+        return _finish(row, shape)
     with fft.Plan(world, ins[world.rank], outs[world.rank], dtype, decomposition="slab", chunks=cfg.chunks) as plan:
         plan.input[...] = x0
         out = plan.forward()
@@ -524,9 +552,9 @@ def _ceiling_rows(world: Any, module: Any, cfg: Config) -> list[dict]:
 
 
 def _compare(rows: list[dict]) -> None:
-    """transpose-put rows: time saved against the fastest baseline of the case, and the ratio to the ceiling."""
+    """circuslink's rows: time saved against the fastest baseline of the case, and the ratio to the ceiling."""
     for r in rows:
-        if r["impl"] != "transpose-put" or not r.get("time_ms"):
+        if r["impl"] not in SCHEMES or not r.get("time_ms"):
             continue
         same = [b for b in rows if b.get("case") == r["case"] and b.get("dtype") == r["dtype"] and b.get("time_ms")]
         bases = [b for b in same if b["impl"].startswith("baseline-")]
@@ -545,8 +573,16 @@ LESS_TIME_PCT, VS_1RANK, VS_1RANK_CASES, MODEL_ERR_PCT = 25.0, 1.5, ((16384, 2),
 
 
 def _verdicts(rows: list[dict]) -> None:
-    """One line a target, naming the worst case, over the transpose-put rows that have the figure."""
-    ours = [r for r in rows if r["impl"] == "transpose-put" and r.get("time_ms")]
+    """One line a target, naming the worst case: per case circuslink's fastest scheme; the tile model's error over
+    the transpose-put rows."""
+    fastest: dict[tuple, dict] = {}
+    for r in rows:
+        if r["impl"] in SCHEMES and r.get("time_ms"):
+            key = (r["case"], r["dtype"])
+            if key not in fastest or r["time_ms"] < fastest[key]["time_ms"]:
+                fastest[key] = r
+    ours = list(fastest.values())
+    puts = [r for r in rows if r["impl"] == "transpose-put" and r.get("time_ms")]
 
     def line(what: str, values: list[tuple[float, dict]], limit: float, at_least: bool) -> None:
         if not values:
@@ -557,7 +593,8 @@ def _verdicts(rows: list[dict]) -> None:
         else:
             value, r = max(values, key=lambda v: abs(v[0]))
             met = all(abs(v) <= limit for v, _ in values)
-        print(f"{what}: worst {value:.2f} at {r['case']} {r['dtype']} (target {'>=' if at_least else '<='} {limit:g} "
+        print(f"{what}: worst {value:.2f} at {r['case']} {r['dtype']} ({r['impl']}) "
+              f"(target {'>=' if at_least else '<='} {limit:g} "
               f"at each of {len(values)}): {'met' if met else 'MISSED'}")
 
     line("less time than the strongest baseline, %", [(r["less_time_pct"], r) for r in ours if "less_time_pct" in r],
@@ -565,7 +602,7 @@ def _verdicts(rows: list[dict]) -> None:
     largest = [r for r in ours if r.get("vs_1rank") and (r["n"], r["ndim"]) in VS_1RANK_CASES]
     line("time / one rank's cuFFT", [(r["vs_1rank"], r) for r in largest], VS_1RANK, False)
     line("tile model error against the puts alone, %",
-         [(r["model_err_pct"], r) for r in ours if r.get("model_err_pct") is not None], MODEL_ERR_PCT, False)
+         [(r["model_err_pct"], r) for r in puts if r.get("model_err_pct") is not None], MODEL_ERR_PCT, False)
 
 
 def check_lines(world: Any, module: Any, x0: Any, inbox: Any, outbox: Any, out: Any, shape: tuple[int, ...],

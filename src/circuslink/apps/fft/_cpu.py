@@ -36,6 +36,26 @@ def make_fft(world: Any, kind: str, src: np.ndarray, dst: np.ndarray, count: int
     return lambda: np.copyto(dst, np.fft.irfftn(src, s=s, axes=axes, norm="forward"))
 
 
+def make_pull_fft(world: Any, window: Any, dst: np.ndarray, ranks: np.ndarray, offsets: np.ndarray, inverse: bool,
+                  cache: dict) -> Callable[[], None] | None:
+    """The pull scheme's transform: ``dst`` (rows j, transform axis b last) gathered from the ranks' windows,
+    ``dst[j, b] = window of ranks[b] [offsets[b] + j]`` (elements of ``dst``'s type), then transformed in place
+    over its last axis. The cuda module does both in one cuFFT plan (a load callback)."""
+    if dst.size == 0:
+        return None
+    rows = np.arange(dst.shape[0])[:, None]
+    sources = [(np.flatnonzero(ranks == r), r) for r in np.unique(ranks)]
+    transform = make_fft(world, "c2c", dst, dst, 1, inverse, cache)
+
+    def run() -> None:
+        for cols, r in sources:
+            flat = window.peer(int(r)).view(dst.dtype)
+            dst[:, cols] = flat[offsets[cols][None, :] + rows]
+        transform()
+
+    return run
+
+
 def scale(world: Any, a: np.ndarray, factor: float) -> None:
     a *= a.dtype.type(factor)
 
@@ -86,6 +106,12 @@ class Runner:
     def wait(self, queues: list) -> None:
         for q in queues:
             self._phase("comm", q.wait)
+
+    def meet(self) -> None:
+        """Every rank meets (the pull scheme: between a stage and the transforms that read it)."""
+        from ... import rma
+
+        self._phase("comm", lambda: rma.meet(self.world))
 
     def scale(self, a: np.ndarray, factor: float) -> None:
         self._phase("fft", lambda: scale(self.world, a, factor))

@@ -99,6 +99,55 @@ def make_fft(world: Any, kind: str, src: Any, dst: Any, count: int, inverse: boo
     return run
 
 
+_PULL_CALLBACK = r"""
+#include <cufftXt.h>
+
+// The pull scheme's load callback: element (j, b) of the transform's input (rows j, transform axis b last,
+// packed) is element j of row b's run in the rank that holds it: info = {n, &table[0]}, table[b] its address.
+__device__ ELEMENT circuslink_fft_pull(void* dataIn, size_t offset, void* callerInfo, void* sharedPtr) {
+  const unsigned long long* info = (const unsigned long long*)callerInfo;
+  const unsigned long long n = info[0];
+  const ELEMENT* const* table = (const ELEMENT* const*)info[1];
+  const unsigned long long j = offset / n;
+  return table[offset - j * n][j];
+}
+"""
+
+
+def make_pull_fft(world: Any, window: Any, dst: Any, ranks: np.ndarray, offsets: np.ndarray, inverse: bool,
+                  cache: dict) -> Callable[[], None] | None:
+    """The pull scheme's transform: one cuFFT plan over ``dst``'s last axis whose loads read ``dst[j, b]`` from
+    the window of ``ranks[b]`` at element ``offsets[b] + j`` (a JIT-linked load callback, CuPy's
+    ``set_cufft_callbacks(cb_ver="jit")``), so that the reshape costs no pass of its own; in place."""
+    if dst.size == 0:
+        return None
+    cp = _cp()
+    from cupyx.scipy.fftpack import get_fft_plan
+
+    e = dst.itemsize
+    bases = {int(r): int(window.peer(int(r)).data.ptr) for r in np.unique(ranks)}
+    table = cp.asarray(np.array([bases[int(r)] for r in ranks], dtype=np.uint64) + offsets.astype(np.uint64) * e)
+    info = cp.asarray(np.array([dst.shape[-1], table.data.ptr], dtype=np.uint64))
+    element = "cufftDoubleComplex" if dst.dtype == np.complex128 else "cufftComplex"
+    try:
+        with cp.fft.config.set_cufft_callbacks(cb_load=_PULL_CALLBACK.replace("ELEMENT", element),
+                                               cb_load_name="circuslink_fft_pull", cb_load_data=info.data,
+                                               cb_ver="jit"):
+            plan = get_fft_plan(dst, axes=(dst.ndim - 1,), value_type="C2C")
+    except Exception as exc:  # CuPy without JIT callbacks, NVRTC or cuFFT refusing: one line naming the plan
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise BackendError(f"rank {world.rank}: fft scheme 'pull': cuFFT could not plan {dst.shape[0]} transform(s)"
+                           f" of {dst.shape[-1]} points with a load callback ({type(exc).__name__}: {reason}); "
+                           "use scheme='transpose-put'") from None
+    direction = _INVERSE if inverse else _FORWARD
+
+    def run() -> None:
+        plan.fft(dst, dst, direction)
+
+    run.plan, run.keep = plan, (table, info)  # the callback reads them for the plan's life
+    return run
+
+
 def scale(world: Any, a: Any, factor: float) -> None:
     a *= a.dtype.type(factor)
 
@@ -138,6 +187,7 @@ class Runner:
         self._used = 0
         self._marks: list[tuple[str, Any, Any]] = []
         self._comm_start = None
+        self._met: list = []
         caller = self.cp.cuda.get_current_stream()
         if caller.ptr != self.compute.ptr:  # the caller's writes of the input land first
             self._handoff.record(caller)
@@ -212,6 +262,18 @@ class Runner:
         self._handoff.record(self.comm)
         self.compute.wait_event(self._handoff)
 
+    def meet(self) -> None:
+        """Every rank's GPU meets on the compute stream (``rma.meet``; the pull scheme: between a stage and the
+        transforms that read it from the peers); its device-side errors are raised at ``end``."""
+        from ... import rma
+
+        def cycle() -> None:
+            queue = rma.meet(self.world)
+            if queue is not None and queue not in self._met:
+                self._met.append(queue)
+
+        self._timed("comm", self.compute, cycle)
+
     def scale(self, a: Any, factor: float) -> None:
         self._timed("fft", self.compute, lambda: scale(self.world, a, factor))
 
@@ -219,7 +281,7 @@ class Runner:
         self._end.record(self.compute)
         self.world.backend.wait_stream(self.compute, deadline,
                                        lambda: f"rank {self.world.rank}: an FFT plan's transforms did not finish")
-        for q in queues:  # bounded waits for the comm stream; errors its device waits recorded are raised
+        for q in [*queues, *self._met]:  # bounded waits for the comm stream; errors its device waits recorded
             q.check_device()
         get = self.cp.cuda.get_elapsed_time
         self.total = get(self._begin, self._end) * 1e-3

@@ -13,6 +13,15 @@ j's transform, then chunk j's puts, so that the puts of one chunk overlap the tr
 cuda module's two streams). How many chunks: the tile model's prediction of the puts beside the measured
 transform time; where it cannot tell the candidates apart (ranks sharing one GPU share its bandwidth), the
 candidates are measured, as the tile model measures close tiles.
+
+The *pull* scheme has no reshape of its own: after the first stage every rank meets the others on the device
+(``rma.meet``), and the second stage's transform reads its input straight from the rank that holds each piece
+(cuFFT's load callback on the GPU, a gather on the cpu), then meets them again so that no rank overwrites what
+a peer still reads. On one GPU the transforms are memory-bound and the put is one more pass over the data
+(16384^2 complex128 on 4 ranks, one H100: two stages of 4 x 1.3 ms of cuFFT and 3.3 ms of puts, the ranks'
+transforms taking turns at the memory: BENCHMARKS.md); the pull leaves that pass out. It applies to 2-D
+complex slabs whose input and output are the two stages' own layouts, where every rank maps every other's
+memory (one node).
 """
 
 from __future__ import annotations
@@ -26,13 +35,13 @@ import numpy as np
 
 from ..._lifecycle import Resource
 from ..._wait import Deadline
-from ...errors import ConfigError
+from ...errors import BackendError, ConfigError
 from . import _boxes as bx
 
 DTYPES = {"complex64": 8, "complex128": 16, "float32": 4, "float64": 8}
 COMPLEX = {"float32": "complex64", "float64": "complex128", "complex64": "complex64", "complex128": "complex128"}
 SCALES = ("none", "full", "symmetric")
-SCHEMES = ("transpose-put", "local-transpose")
+SCHEMES = ("transpose-put", "local-transpose", "pull")
 DECOMPOSITIONS = ("auto", "slab", "pencil")
 _MARGIN = 256 << 20  # bytes a rank keeps free beside its estimate (tile calibration scratch, CUDA context)
 _ALIGN = 256
@@ -86,6 +95,7 @@ class _Step:
     packs: list = field(default_factory=list)  # local-transpose scheme: each chunk's local transposes
     pieces: list = field(default_factory=list)  # each chunk's (piece, target rank): the model's input
     src: _Array | None = None
+    meet_after: bool = False  # pull scheme: every rank meets on the device after the transforms
 
 
 class Plan(Resource):
@@ -98,8 +108,10 @@ class Plan(Resource):
     uneven, in any storage order, and empty. ``decomposition``: "slab" (one reshape between two stages),
     "pencil" (3-D: three stages over a P0 x P1 ``grid``, two reshapes within rows and columns of the grid)
     or "auto" (pencil when the input boxes already are pencils of a 2-D grid, else slab). ``scheme``:
-    "transpose-put" (reshapes by transposing puts) or "local-transpose" (the FFTW-MPI way: a local
-    transpose into a staging region, then block puts). ``chunks``: pieces each reshape after a transform is
+    "transpose-put" (reshapes by transposing puts), "local-transpose" (the FFTW-MPI way: a local
+    transpose into a staging region, then block puts) or "pull" (no reshape: the second stage's transform reads
+    each piece where the first stage left it; 2-D complex slabs in the stages' own layouts on one node, see the
+    module docstring; anything else is one line saying why). ``chunks``: pieces each reshape after a transform is
     cut into (None: chosen by the tile model, see the module docstring). ``reserve_bytes``: memory per rank
     the caller will allocate beside the plan (counted in the memory check).
 
@@ -177,7 +189,8 @@ class Plan(Resource):
             self.prediction: dict = {}
             self._cache: dict = {}  # cuFFT plans of this plan's transforms (back-end-specific)
             self._prebuilt: list | None = None
-            self.chunks = self._choose_chunks(chunks)
+            self._pulls = self._pull_maps() if scheme == "pull" else None
+            self.chunks = 1 if self._pulls else self._choose_chunks(chunks)
             forward = self._prebuilt or self._forward(self.chunks)
             self._prebuilt = None
             self._programs = {"forward": forward, "backward": self._backward(self.chunks)}
@@ -257,8 +270,74 @@ class Plan(Resource):
                                                                               False)
         return "c2c", stage, stage, count, inverse
 
+    def _pull_maps(self) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
+        """The pull scheme's sources, per direction: for this rank's second-stage array (forward) or first-stage
+        array (backward), per index b of its transform axis, the rank whose other-stage piece holds row b and
+        that row's element offset in the rank's window: ``dst[j, b] = window of that rank [offset + j]``."""
+        def refuse(why: str) -> ConfigError:
+            return ConfigError(f"fft: scheme='pull' {why}; use scheme='transpose-put'")
+
+        if len(self.stages) == 1 and not self.real and len(self.shape) == 2:
+            return None  # one rank: one stage, no peer to read; a local reshape, if any, stays a put
+        if self.real or len(self.shape) != 2 or len(self.stages) != 2:
+            raise refuse("takes 2-D complex-to-complex slabs (one reshape between two stages)")
+        first, second = self._stage_arrays
+        if self._arrays != [first, second]:
+            raise refuse("needs the input and output boxes to be the two stages' own (a slab of axis 0 in, "
+                         "of axis 1 out, the transformed axis stored last: layout 'transposed')")
+        if len(self.world.nodes) > 1 or not self._impl.same_memory(self.world):
+            raise refuse("needs every rank to map every other's memory (one node, one GPU or the cpu)")
+        maps = {"forward": self._pull_map(first, second), "backward": self._pull_map(second, first)}
+        bad = self.world.allgather_object(any(m is None for m in maps.values()))
+        if any(bad):
+            raise refuse(f"cannot read rank(s) {', '.join(str(r) for r, b in enumerate(bad) if b)}'s rows "
+                         "from one rank each")
+        return maps
+
+    def _pull_map(self, src: _Array, dst: _Array) -> tuple[np.ndarray, np.ndarray] | None:
+        me = self.world.rank
+        box = dst.boxes[me]
+        u, t = box.order  # the other axis, the transformed one (stored last)
+        e = DTYPES[src.dtype]
+        ranks = np.full(box.shape[t], -1, dtype=np.int64)
+        offsets = np.zeros(box.shape[t], dtype=np.int64)
+        if box.empty:
+            return ranks, offsets
+        for r, held in enumerate(src.boxes):
+            lo, hi = max(held.low[t], box.low[t]), min(held.high[t], box.high[t])
+            if held.empty or lo >= hi:
+                continue
+            # a row of dst is one contiguous run of the holder's storage: the holder stores axis u last and
+            # holds every index of it that dst does
+            if held.order[-1] != u or held.low[u] > box.low[u] or held.high[u] < box.high[u]:
+                return None
+            b = np.arange(lo, hi)
+            ranks[b - box.low[t]] = r
+            offsets[b - box.low[t]] = (src.region * self._region // e + (b - held.low[t]) * held.shape[u]
+                                       + box.low[u] - held.low[u])
+        return (ranks, offsets) if (ranks >= 0).all() else None
+
+    def _pulled(self, direction: str, cache: dict) -> list[_Step]:
+        """The pull scheme's program: one stage's transforms, the meeting, the other's reading the peers."""
+        first, second = (0, 1) if direction == "forward" else (1, 0)
+        inverse = direction == "backward"
+        dst = self._stage_arrays[second]
+        ranks, offsets = self._pulls[direction]
+        try:  # every rank plans alike, but a refusal on one must not leave the others in a collective
+            why = None
+            pull = self._impl.make_pull_fft(self.world, self.window, dst.view, ranks, offsets, inverse, cache)
+        except BackendError as exc:
+            pull, why = None, str(exc)
+        refused = [w for w in self.world.allgather_object(why) if w]
+        if refused:
+            raise BackendError(refused[0])
+        return [_Step(self._fft_ops(self._transform(first, inverse), 1, cache), meet_after=True),
+                _Step([pull], meet_after=True)]
+
     def _forward(self, parts: int, cache: dict | None = None) -> list[_Step]:
         cache = self._cache if cache is None else cache
+        if self._pulls:
+            return self._pulled("forward", cache)
         steps = []
         if self._spatial is not self._arrays[0]:
             steps.append(self._reshape(self._arrays[0], self._spatial, None, 1, cache))
@@ -273,6 +352,8 @@ class Plan(Resource):
 
     def _backward(self, parts: int, cache: dict | None = None) -> list[_Step]:
         cache = self._cache if cache is None else cache
+        if self._pulls:
+            return self._pulled("backward", cache)
         steps = []
         last = self._stage_arrays[-1]
         if self._arrays[-1] is not last:
@@ -448,7 +529,7 @@ class Plan(Resource):
         but a reshape's puts of every rank run at once on one memory."""
         from ...rma import _tile_model as tm
 
-        model = self._impl.tile_model(self.world, self.cdtype) if len(self._arrays) > 1 else None
+        model = self._impl.tile_model(self.world, self.cdtype) if len(self._arrays) > 1 and not self._pulls else None
         if model is None:
             return
         mine = []  # per forward reshape: (this rank's predicted seconds, its bytes)
@@ -561,6 +642,8 @@ class Plan(Resource):
                 for op in step.ops:
                     if op is not None:
                         run.fft(op)
+                if step.meet_after:
+                    run.meet()
                 continue
             for j, q in enumerate(step.queues):
                 op = step.ops[j] if j < len(step.ops) else None
