@@ -2,7 +2,7 @@
 
     circuslink fft2 --input X.npy --output Y.npy -n R [--backend cpu|cuda] [--inverse | --r2c | --c2r]
                     [--layout natural|transposed] [--scale none|full|symmetric] [--chunks K]
-                    [--scheme transpose-put|local-transpose]
+                    [--scheme transpose-put|local-transpose|pull]
     circuslink fft3 ... the same, and [--decomposition auto|slab|pencil] [--grid P0xP1]
 
 X is the whole array, any dtype numpy's FFT takes (complex64 / complex128 kept; float32 and float16 become
