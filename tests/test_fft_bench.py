@@ -136,8 +136,8 @@ def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("backend", [on_backend("cpu"), on_backend("cuda", marks=pytest.mark.slow)])
 def test_bench_fft_quick(tmp_path, backend):
     out = tmp_path / "fft.json"
-    proc = _cli("bench", "fft", "--quick", "-n", "2", "--backend", backend, "--json", str(out), "--plot",
-                str(tmp_path / "fft.png"))
+    proc = _cli("bench", "fft", "--quick", "-n", "2", "--backend", backend, "--schemes", "transpose-put,pull",
+                "--json", str(out), "--plot", str(tmp_path / "fft.png"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads(out.read_text())
     measured = [r for r in res["rows"] if "skipped" not in r]
@@ -193,6 +193,8 @@ BENCH_BAD = [
     (["--dims", "4"], r"bench fft: --dims '4': give 2, 3 or 2,3"),
     (["--alltoall", "carrier-pigeon"], r"--alltoall 'carrier-pigeon': choose auto or from copy-engine"),
     (["--size3", "abc"], r"bench fft: --size3 'abc': bad size 'abc'"),
+    (["--schemes", "transpose-put,teleport"], r"bench fft: --schemes 'teleport': choose from transpose-put, pull"),
+    (["--schemes", ","], r"bench fft: --schemes '\(none\)': choose from transpose-put, pull"),
 ]
 
 

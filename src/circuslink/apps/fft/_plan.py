@@ -21,7 +21,7 @@ a peer still reads. On one GPU the transforms are memory-bound and the put is on
 (16384^2 complex128 on 4 ranks, one H100: two stages of 4 x 1.3 ms of cuFFT and 3.3 ms of puts, the ranks'
 transforms taking turns at the memory: BENCHMARKS.md); the pull leaves that pass out. It applies to 2-D
 complex slabs whose input and output are the two stages' own layouts, where every rank maps every other's
-memory (one node).
+memory (one node). Its GPU path (the callback) has not yet run on a GPU (docs/fft.md).
 """
 
 from __future__ import annotations
