@@ -73,3 +73,47 @@ def test_device_defines_that_cannot_be_read_fail_in_one_line_naming_the_variable
         defines_from_env({"CIRCUSLINK_DEVICE_DEFINES": f"GOOD=1,{bad}"})
     text = str(err.value)
     assert "CIRCUSLINK_DEVICE_DEFINES" in text and repr(bad.strip()) in text and "\n" not in text
+
+
+def test_a_slow_compile_says_so_once_and_a_quick_one_says_nothing(monkeypatch, capsys):
+    """A first compile on a machine can take minutes; the user is told once that it is still compiling, not left
+    with a silent process. A stand-in for CuPy (no GPU needed) whose compile takes as long as the test says."""
+    import sys
+    import threading
+    import types
+
+    from circuslink import backends, device_code
+
+    done = threading.Event()
+
+    class Module:
+        delay = 0.0
+
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+        def compile(self):
+            done.wait(self.delay)
+
+    class CompileException(Exception):
+        pass
+
+    fake = types.ModuleType("cupy")
+    fake.RawModule = Module
+    fake.cuda = types.SimpleNamespace(compiler=types.SimpleNamespace(CompileException=CompileException))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(backends, "cuda_device_count", lambda: 1)
+    monkeypatch.setattr(device_code, "arch_flag", lambda device=None: "-arch=sm_90a")
+    monkeypatch.setattr(device_code, "_SLOW_COMPILE_S", 0.05)
+
+    Module.delay = 0.3
+    device_code.compile("// slow\n" * 2048)
+    err = capsys.readouterr().err
+    assert err.count("still compiling device code after 0.05 s") == 1 and "16 KiB of source" in err, err
+
+    Module.delay = 0.0
+    device_code.compile("// quick")
+    import time
+
+    time.sleep(0.15)  # past the note's time: a cancelled note never prints
+    assert capsys.readouterr().err == ""

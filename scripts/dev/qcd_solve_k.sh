@@ -10,6 +10,9 @@
 # and the job's own time-out ($SOLVE_TIMEOUT, default 20 s; the host outwaits the device's by a grace) ends
 # well before $SOLVE_S, so a stalled run says what it waited for: on 2026-12-07 (one H100) three of the four runs
 # were killed at 60 s with neither (both one-rank runs then passed --halo rma-device, which they no longer do).
+# Later that day (twenty-first session, two fresh machines) every run was killed inside NVRTC: the dumps show the
+# double-precision modules still compiling after 50-60 s, and a killed compile caches nothing, so each run began
+# again. $SOLVE_S defaults to 240 s: the first run on a machine compiles, the others load CuPy's cache.
 set -u
 R=${R:?} PY=${PY:-python3}
 read -r X Y Z T <<< "${LATTICE:-32 32 32 32}"
@@ -20,7 +23,7 @@ for k in ${KS:-10 100 1000}; do
     halo=(); [ "$n" -gt 1 ] && halo=(--halo rma-device)  # one rank: no exchange (as bench qcd's "none" rows)
     PYTHONPATH="$PWD/scripts/dev/stall_dump${PYTHONPATH:+:$PYTHONPATH}" CIRCUSLINK_DEV_DUMP_S=${DUMP_S:-10} \
     CIRCUSLINK_DEV_DUMP_DIR="$R/dumps-solve-${n}r-k$k" \
-    CIRCUSLINK_SM_PARTITION=green CIRCUSLINK_TIMEOUT=${SOLVE_TIMEOUT:-20} timeout ${SOLVE_S:-120} \
+    CIRCUSLINK_SM_PARTITION=green CIRCUSLINK_TIMEOUT=${SOLVE_TIMEOUT:-20} timeout ${SOLVE_S:-240} \
       $PY -m circuslink qcd invert --cg device "${halo[@]}" --check-every "$k" \
       --dim $((X / px)) $((Y / py)) $((Z / pz)) $((T / pt)) --gridsize $px $py $pz $pt \
       ${SOLVE_ARGS:---prec double --prec-sloppy single --tol 1e-9 --niter 400} --json "$f.json" > "$f.log" 2>&1

@@ -13,10 +13,14 @@ import functools
 import hashlib
 import os
 import re
+import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .errors import BackendError, CompileError, ConfigError
+
+_SLOW_COMPILE_S = 15.0  # a compile still running after this long says so (compile)
 
 INCLUDE_DIR = Path(__file__).parent / "include"
 
@@ -91,6 +95,13 @@ def compile(  # noqa: A001 - the public name mirrors what it does
         opts.append(arch_flag())
     opts += defines_from_env() + list(options)
     tagged = f"// circuslink headers {headers_digest()}\n{source}"
+    # A first compile on a machine can take minutes (the QCD solver's double-precision modules took over 60 s on
+    # one H100, 2026-12-07): say so once instead of sitting silent; CuPy's cache makes later processes quick.
+    note = threading.Timer(_SLOW_COMPILE_S, lambda: print(
+        f"circuslink: still compiling device code after {_SLOW_COMPILE_S:g} s (NVRTC, {len(source) >> 10} KiB of "
+        "source; the first run on a machine, CuPy caches it for later ones)", file=sys.stderr, flush=True))
+    note.daemon = True
+    note.start()
     try:
         module = cupy.RawModule(
             code=tagged, options=tuple(opts), backend=backend,
@@ -100,4 +111,6 @@ def compile(  # noqa: A001 - the public name mirrors what it does
     except cupy.cuda.compiler.CompileException as exc:
         log = exc.get_message() if hasattr(exc, "get_message") else str(exc)
         raise CompileError(f"device code failed to compile:\n{log}") from None
+    finally:
+        note.cancel()
     return module
