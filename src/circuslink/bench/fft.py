@@ -9,7 +9,7 @@ complex128), in one run, on the same ranks and the same slabs of axis 0:
   where the ranks share one GPU, at least every rank's bytes at ``shared_put_gbps``, and the model fitted
   on each rank alone in ``predicted_comm_alone_ms``;
   ``put_ms`` is the puts' own launches inside the pipeline);
-* ``pull`` (with ``--schemes transpose-put,pull``; 2-D, layout transposed): circuslink's plan with
+* ``pull`` (with ``--schemes transpose-put,pull``; slabs, layout transposed): circuslink's plan with
   ``scheme="pull"``: no reshape pass, the second stage's transform reads every piece from the rank holding it
   (cuFFT's load callback on the GPU, not yet run on one); its communication is inside ``fft_ms``, and
   ``comm_ms`` is its two device-side meetings;
@@ -48,7 +48,7 @@ import numpy as np
 from ..errors import BackendError, ConfigError, Error
 
 _DTYPES = ("complex64", "complex128")
-SCHEMES = ("transpose-put", "pull")  # circuslink's rows (pull: 2-D, layout transposed)
+SCHEMES = ("transpose-put", "pull")  # circuslink's rows (pull: complex slabs, layout transposed)
 # The pull is asked for (--schemes transpose-put,pull) until a GPU has run it: its cuFFT load callback was written
 # on 2026-12-07 when no device time was left to run it, and a wrong result stops the whole run (check_lines).
 DEFAULT_SCHEMES = ("transpose-put",)
@@ -105,7 +105,7 @@ def add_fft_arguments(parser: argparse.ArgumentParser) -> None:
                              "transpose, as cuFFTMp's slab output) or natural (slabs of axis 0 again: two)")
     parser.add_argument("--schemes", default=",".join(DEFAULT_SCHEMES),
                         help="circuslink's schemes, each a row: transpose-put (the reshape by transposing puts) and "
-                             "pull (2-D, layout transposed: the second stage's transform reads the peers' rows; "
+                             "pull (layout transposed: the second stage's transform reads the peers' slabs; "
                              f"not yet run on a GPU); default {','.join(DEFAULT_SCHEMES)}")
     parser.add_argument("--chunks", type=int, default=None,
                         help="circuslink's pipeline chunks (default: the tile model's choice)")

@@ -36,21 +36,21 @@ def make_fft(world: Any, kind: str, src: np.ndarray, dst: np.ndarray, count: int
     return lambda: np.copyto(dst, np.fft.irfftn(src, s=s, axes=axes, norm="forward"))
 
 
-def make_pull_fft(world: Any, window: Any, dst: np.ndarray, ranks: np.ndarray, offsets: np.ndarray, inverse: bool,
-                  cache: dict) -> Callable[[], None] | None:
-    """The pull scheme's transform: ``dst`` (rows j, transform axis b last) gathered from the ranks' windows,
-    ``dst[j, b] = window of ranks[b] [offsets[b] + j]`` (elements of ``dst``'s type), then transformed in place
-    over its last axis. The cuda module does both in one cuFFT plan (a load callback)."""
+def make_pull_fft(world: Any, window: Any, dst: np.ndarray, count: int, ranks: np.ndarray, offsets: np.ndarray,
+                  inverse: bool, cache: dict) -> Callable[[], None] | None:
+    """The pull scheme's transform: ``dst`` gathered from the ranks' windows, ``dst.reshape(-1, n)[j, b] = window
+    of ranks[b] [offsets[b] + j]`` (n: the points of its last ``count`` axes; elements of ``dst``'s type), then
+    transformed in place over those axes. The cuda module does both in one cuFFT plan (a load callback)."""
     if dst.size == 0:
         return None
-    rows = np.arange(dst.shape[0])[:, None]
-    sources = [(np.flatnonzero(ranks == r), r) for r in np.unique(ranks)]
-    transform = make_fft(world, "c2c", dst, dst, 1, inverse, cache)
+    flat = dst.reshape(-1, offsets.size)
+    runs = np.arange(flat.shape[0])[:, None]
+    sources = [(np.flatnonzero(ranks == r), int(r)) for r in np.unique(ranks)]
+    transform = make_fft(world, "c2c", dst, dst, count, inverse, cache)
 
     def run() -> None:
-        for cols, r in sources:
-            flat = window.peer(int(r)).view(dst.dtype)
-            dst[:, cols] = flat[offsets[cols][None, :] + rows]
+        for points, r in sources:
+            flat[:, points] = window.peer(r).view(dst.dtype)[offsets[points][None, :] + runs]
         transform()
 
     return run

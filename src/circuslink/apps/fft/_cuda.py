@@ -102,8 +102,9 @@ def make_fft(world: Any, kind: str, src: Any, dst: Any, count: int, inverse: boo
 _PULL_CALLBACK = r"""
 #include <cufftXt.h>
 
-// The pull scheme's load callback: element (j, b) of the transform's input (rows j, transform axis b last,
-// packed) is element j of row b's run in the rank that holds it: info = {n, &table[0]}, table[b] its address.
+// The pull scheme's load callback: element (j, b) of the transform's input (runs j of the untransformed axes, b
+// the transformed points, packed) is element j of the run at b in the rank that holds it: info = {n, &table[0]},
+// table[b] the run's address there.
 __device__ ELEMENT circuslink_fft_pull(void* dataIn, size_t offset, void* callerInfo, void* sharedPtr) {
   const unsigned long long* info = (const unsigned long long*)callerInfo;
   const unsigned long long n = info[0];
@@ -114,11 +115,12 @@ __device__ ELEMENT circuslink_fft_pull(void* dataIn, size_t offset, void* caller
 """
 
 
-def make_pull_fft(world: Any, window: Any, dst: Any, ranks: np.ndarray, offsets: np.ndarray, inverse: bool,
-                  cache: dict) -> Callable[[], None] | None:
-    """The pull scheme's transform: one cuFFT plan over ``dst``'s last axis whose loads read ``dst[j, b]`` from
-    the window of ``ranks[b]`` at element ``offsets[b] + j`` (a JIT-linked load callback, CuPy's
-    ``set_cufft_callbacks(cb_ver="jit")``), so that the reshape costs no pass of its own; in place."""
+def make_pull_fft(world: Any, window: Any, dst: Any, count: int, ranks: np.ndarray, offsets: np.ndarray,
+                  inverse: bool, cache: dict) -> Callable[[], None] | None:
+    """The pull scheme's transform: one cuFFT plan over ``dst``'s last ``count`` axes whose loads read
+    ``dst.reshape(-1, n)[j, b]`` from the window of ``ranks[b]`` at element ``offsets[b] + j`` (a JIT-linked load
+    callback, CuPy's ``set_cufft_callbacks(cb_ver="jit")``), so that the reshape costs no pass of its own; in
+    place. Not yet run on a GPU (docs/fft.md)."""
     if dst.size == 0:
         return None
     cp = _cp()
@@ -127,22 +129,36 @@ def make_pull_fft(world: Any, window: Any, dst: Any, ranks: np.ndarray, offsets:
     e = dst.itemsize
     bases = {int(r): int(window.peer(int(r)).data.ptr) for r in np.unique(ranks)}
     table = cp.asarray(np.array([bases[int(r)] for r in ranks], dtype=np.uint64) + offsets.astype(np.uint64) * e)
-    info = cp.asarray(np.array([dst.shape[-1], table.data.ptr], dtype=np.uint64))
+    n = int(offsets.size)
+    dims = cufft_dims("c2c", tuple(int(x) for x in dst.shape[dst.ndim - count:]))
+    if not dims:  # transforms of single points: the gather alone
+        flat = dst.reshape(-1, n)
+        tables = [(cp.asarray(np.flatnonzero(ranks == r)), int(r)) for r in np.unique(ranks)]
+        runs = cp.arange(flat.shape[0])[:, None]
+        host_offsets = cp.asarray(offsets)
+
+        def gather() -> None:
+            for points, r in tables:
+                flat[:, points] = window.peer(r).view(dst.dtype)[host_offsets[points][None, :] + runs]
+
+        return gather
+    shaped = dst.reshape(-1, *dims)  # the same packed order: axes of one point dropped
+    info = cp.asarray(np.array([n, table.data.ptr], dtype=np.uint64))
     element = "cufftDoubleComplex" if dst.dtype == np.complex128 else "cufftComplex"
     try:
         with cp.fft.config.set_cufft_callbacks(cb_load=_PULL_CALLBACK.replace("ELEMENT", element),
                                                cb_load_name="circuslink_fft_pull", cb_load_data=info.data,
                                                cb_ver="jit"):
-            plan = get_fft_plan(dst, axes=(dst.ndim - 1,), value_type="C2C")
+            plan = get_fft_plan(shaped, axes=tuple(range(1, shaped.ndim)), value_type="C2C")
     except Exception as exc:  # CuPy without JIT callbacks, NVRTC or cuFFT refusing: one line naming the plan
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise BackendError(f"rank {world.rank}: fft scheme 'pull': cuFFT could not plan {dst.shape[0]} transform(s)"
-                           f" of {dst.shape[-1]} points with a load callback ({type(exc).__name__}: {reason}); "
+        raise BackendError(f"rank {world.rank}: fft scheme 'pull': cuFFT could not plan {shaped.shape[0]} "
+                           f"transform(s) of shape {dims} with a load callback ({type(exc).__name__}: {reason}); "
                            "use scheme='transpose-put'") from None
     direction = _INVERSE if inverse else _FORWARD
 
     def run() -> None:
-        plan.fft(dst, dst, direction)
+        plan.fft(shaped, shaped, direction)
 
     run.plan, run.keep = plan, (table, info)  # the callback reads them for the plan's life
     return run

@@ -19,9 +19,9 @@ The *pull* scheme has no reshape of its own: after the first stage every rank me
 (cuFFT's load callback on the GPU, a gather on the cpu), then meets them again so that no rank overwrites what
 a peer still reads. On one GPU the transforms are memory-bound and the put is one more pass over the data
 (16384^2 complex128 on 4 ranks, one H100: two stages of 4 x 1.3 ms of cuFFT and 3.3 ms of puts, the ranks'
-transforms taking turns at the memory: BENCHMARKS.md); the pull leaves that pass out. It applies to 2-D
-complex slabs whose input and output are the two stages' own layouts, where every rank maps every other's
-memory (one node). Its GPU path (the callback) has not yet run on a GPU (docs/fft.md).
+transforms taking turns at the memory: BENCHMARKS.md); the pull leaves that pass out. It applies to complex
+slabs (2-D and 3-D) whose input and output are the first and last stages' own layouts, where every rank maps
+every other's memory (one node). Its GPU path (the callback) has not yet run on a GPU (docs/fft.md).
 """
 
 from __future__ import annotations
@@ -109,9 +109,9 @@ class Plan(Resource):
     "pencil" (3-D: three stages over a P0 x P1 ``grid``, two reshapes within rows and columns of the grid)
     or "auto" (pencil when the input boxes already are pencils of a 2-D grid, else slab). ``scheme``:
     "transpose-put" (reshapes by transposing puts), "local-transpose" (the FFTW-MPI way: a local
-    transpose into a staging region, then block puts) or "pull" (no reshape: the second stage's transform reads
-    each piece where the first stage left it; 2-D complex slabs in the stages' own layouts on one node, see the
-    module docstring; anything else is one line saying why). ``chunks``: pieces each reshape after a transform is
+    transpose into a staging region, then block puts) or "pull" (no reshape: each stage's transform reads its
+    input where the stage before left it; complex slabs in the stages' own layouts on one node, see the module
+    docstring; anything else is one line saying why). ``chunks``: pieces each reshape after a transform is
     cut into (None: chosen by the tile model, see the module docstring). ``reserve_bytes``: memory per rank
     the caller will allocate beside the plan (counted in the memory check).
 
@@ -270,69 +270,83 @@ class Plan(Resource):
                                                                               False)
         return "c2c", stage, stage, count, inverse
 
-    def _pull_maps(self) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
-        """The pull scheme's sources, per direction: for this rank's second-stage array (forward) or first-stage
-        array (backward), per index b of its transform axis, the rank whose other-stage piece holds row b and
-        that row's element offset in the rank's window: ``dst[j, b] = window of that rank [offset + j]``."""
+    def _pull_maps(self) -> dict[str, list[tuple[np.ndarray, np.ndarray]]] | None:
+        """The pull scheme's sources, per direction and per stage after the first it runs: for this rank's array
+        of that stage, per point b of its transformed axes (flattened as stored), the rank whose piece of the
+        stage before holds the run of the other axes at b, and that run's element offset in the rank's window:
+        ``dst.reshape(-1, n)[j, b] = window of that rank [offset + j]``. None where there is nothing to pull."""
         def refuse(why: str) -> ConfigError:
             return ConfigError(f"fft: scheme='pull' {why}; use scheme='transpose-put'")
 
-        if len(self.stages) == 1 and not self.real and len(self.shape) == 2:
-            return None  # one rank: one stage, no peer to read; a local reshape, if any, stays a put
-        if self.real or len(self.shape) != 2 or len(self.stages) != 2:
-            raise refuse("takes 2-D complex-to-complex slabs (one reshape between two stages)")
-        first, second = self._stage_arrays
-        if self._arrays != [first, second]:
-            raise refuse("needs the input and output boxes to be the two stages' own (a slab of axis 0 in, "
-                         "of axis 1 out, the transformed axis stored last: layout 'transposed')")
+        stages = self._stage_arrays
+        if len(stages) == 1:
+            return None  # one stage (one rank): no peer to read; a reshape of the input or output stays a put
+        if self.real:
+            raise refuse("takes complex-to-complex transforms (a real transform's first stage is out of place)")
+        if self._arrays != stages:
+            raise refuse("needs the input and output boxes to be the first and last stages' own (slabs of axis 0 "
+                         "in, the transformed axes stored last out: layout 'transposed')")
         if len(self.world.nodes) > 1 or not self._impl.same_memory(self.world):
             raise refuse("needs every rank to map every other's memory (one node, one GPU or the cpu)")
-        maps = {"forward": self._pull_map(first, second), "backward": self._pull_map(second, first)}
-        bad = self.world.allgather_object(any(m is None for m in maps.values()))
+        K = len(stages)
+        maps = {"forward": [self._pull_map(stages[k - 1], stages[k], self.stages[k].count) for k in range(1, K)],
+                "backward": [self._pull_map(stages[k + 1], stages[k], self.stages[k].count)
+                             for k in reversed(range(K - 1))]}
+        bad = self.world.allgather_object(any(m is None for ms in maps.values() for m in ms))
         if any(bad):
-            raise refuse(f"cannot read rank(s) {', '.join(str(r) for r, b in enumerate(bad) if b)}'s rows "
-                         "from one rank each")
+            raise refuse(f"cannot read rank(s) {', '.join(str(r) for r, b in enumerate(bad) if b)}'s runs of "
+                         "the untransformed axes from one rank each")
         return maps
 
-    def _pull_map(self, src: _Array, dst: _Array) -> tuple[np.ndarray, np.ndarray] | None:
-        me = self.world.rank
-        box = dst.boxes[me]
-        u, t = box.order  # the other axis, the transformed one (stored last)
-        e = DTYPES[src.dtype]
-        ranks = np.full(box.shape[t], -1, dtype=np.int64)
-        offsets = np.zeros(box.shape[t], dtype=np.int64)
+    def _pull_map(self, src: _Array, dst: _Array, count: int) -> tuple[np.ndarray, np.ndarray] | None:
+        box = dst.boxes[self.world.rank]
+        axes, free = box.order[len(box.order) - count:], box.order[:len(box.order) - count]
+        n = math.prod(box.shape[a] for a in axes)
+        ranks = np.full(n, -1, dtype=np.int64)
+        offsets = np.zeros(n, dtype=np.int64)
         if box.empty:
             return ranks, offsets
+        points = np.indices([box.shape[a] for a in axes]).reshape(count, -1)  # b's coordinates, as stored
+        at = {a: points[i] + box.low[a] for i, a in enumerate(axes)}
+        e = DTYPES[src.dtype]
         for r, held in enumerate(src.boxes):
-            lo, hi = max(held.low[t], box.low[t]), min(held.high[t], box.high[t])
-            if held.empty or lo >= hi:
+            if held.empty:
                 continue
-            # a row of dst is one contiguous run of the holder's storage: the holder stores axis u last and
-            # holds every index of it that dst does
-            if held.order[-1] != u or held.low[u] > box.low[u] or held.high[u] < box.high[u]:
+            inside = np.logical_and.reduce([(held.low[a] <= at[a]) & (at[a] < held.high[a]) for a in axes])
+            if not inside.any():
+                continue
+            # dst's run of the other axes at b is one contiguous run of the holder's storage: the holder stores
+            # those axes last, in the same order, holds all of dst's range on them, and all of them but the
+            # first have the same extent in both
+            if (free and tuple(held.order[-len(free):]) != tuple(free)) or \
+                    any(held.low[a] > box.low[a] or held.high[a] < box.high[a] for a in free) or \
+                    any(held.shape[a] != box.shape[a] for a in free[1:]):
                 return None
-            b = np.arange(lo, hi)
-            ranks[b - box.low[t]] = r
-            offsets[b - box.low[t]] = (src.region * self._region // e + (b - held.low[t]) * held.shape[u]
-                                       + box.low[u] - held.low[u])
+            stride = held.strides()
+            base = src.region * self._region // e + sum((box.low[a] - held.low[a]) * stride[a] for a in free)
+            ranks[inside] = r
+            offsets[inside] = base + sum((at[a][inside] - held.low[a]) * stride[a] for a in axes)
         return (ranks, offsets) if (ranks >= 0).all() else None
 
     def _pulled(self, direction: str, cache: dict) -> list[_Step]:
-        """The pull scheme's program: one stage's transforms, the meeting, the other's reading the peers."""
-        first, second = (0, 1) if direction == "forward" else (1, 0)
+        """The pull scheme's program: the first stage's transforms, then per later stage a meeting and its
+        transforms reading the stage before from the peers, and a last meeting."""
+        K = len(self._stage_arrays)
         inverse = direction == "backward"
-        dst = self._stage_arrays[second]
-        ranks, offsets = self._pulls[direction]
-        try:  # every rank plans alike, but a refusal on one must not leave the others in a collective
-            why = None
-            pull = self._impl.make_pull_fft(self.world, self.window, dst.view, ranks, offsets, inverse, cache)
-        except BackendError as exc:
-            pull, why = None, str(exc)
-        refused = [w for w in self.world.allgather_object(why) if w]
-        if refused:
-            raise BackendError(refused[0])
-        return [_Step(self._fft_ops(self._transform(first, inverse), 1, cache), meet_after=True),
-                _Step([pull], meet_after=True)]
+        order = list(reversed(range(K))) if inverse else list(range(K))
+        steps = [_Step(self._fft_ops(self._transform(order[0], inverse), 1, cache), meet_after=True)]
+        for k, (ranks, offsets) in zip(order[1:], self._pulls[direction], strict=True):
+            try:  # every rank plans alike, but a refusal on one must not leave the others in a collective
+                why = None
+                pull = self._impl.make_pull_fft(self.world, self.window, self._stage_arrays[k].view,
+                                                self.stages[k].count, ranks, offsets, inverse, cache)
+            except BackendError as exc:
+                pull, why = None, str(exc)
+            refused = [w for w in self.world.allgather_object(why) if w]
+            if refused:
+                raise BackendError(refused[0])
+            steps.append(_Step([pull], meet_after=True))
+        return steps
 
     def _forward(self, parts: int, cache: dict | None = None) -> list[_Step]:
         cache = self._cache if cache is None else cache
