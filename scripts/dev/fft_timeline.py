@@ -1,9 +1,11 @@
-"""Dev experiment: where a forward 2-D FFT's time goes on each rank (one GPU, ranks under MPS, green SMs).
+"""Dev experiment: where a forward 2-D FFT's time goes on each rank (one GPU, ranks under MPS, green SMs; the cpu
+back-end's host clock works too, for checking the script).
 
-For each --chunks value: a plan of --size^2 --dtype, warm-up, then --iters profiled forwards, each started after
-the device-side meeting (rma.meet); prints, for the median iteration, every rank's phases (fft on the compute
-stream, put launches and the exchange from first put to last wait on the comm stream) as start-end ms from the
-execute's start, and the exchanges alone (Plan.time_exchanges). Writes --json with every iteration's timelines.
+For each --chunks value (--scheme pull: one plan, its meetings as the comm phases): a plan of --size^2 --dtype,
+warm-up, then --iters profiled forwards, each started after the device-side meeting (rma.meet); prints, for the
+median iteration, every rank's phases (fft on the compute stream, put launches and the exchange from first put to
+last wait on the comm stream) as start-end ms from the execute's start, and the exchanges alone
+(Plan.time_exchanges). Writes --json with every iteration's timelines.
 Run: circuslink run -n 4 -- python scripts/dev/fft_timeline.py --json out.json
 """
 from __future__ import annotations
@@ -14,6 +16,8 @@ import os
 import statistics
 import time
 
+import numpy as np
+
 import circuslink as cl
 from circuslink import rma
 from circuslink.apps import fft
@@ -22,24 +26,28 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--size", type=int, default=16384)
 ap.add_argument("--dtype", default="complex128")
 ap.add_argument("--chunks", default="1,2,4")
+ap.add_argument("--scheme", default="transpose-put", help="the plan's scheme (pull: one case, no chunks)")
 ap.add_argument("--iters", type=int, default=10)
 ap.add_argument("--json", default=None)
 args = ap.parse_args()
 
 w = cl.init()
-cp = __import__("cupy")
+xp = w.xp
 shape = (args.size, args.size)
 ins, outs = fft.boxes(shape, w.size, "slab", layout="transposed")
-out = {"benchmark": "fft-timeline", "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+device = xp.cuda.runtime.getDeviceProperties(0)["name"].decode() if xp is not np else "cpu"
+out = {"benchmark": "fft-timeline", "device": device,
        "commit": os.environ.get("CIRCUSLINK_COMMIT", ""), "date": time.strftime("%Y-%m-%d"),
-       "size": args.size, "dtype": args.dtype, "ranks": w.size, "cases": {}}
-for k in [int(c) for c in args.chunks.split(",")]:
-    with fft.Plan(w, ins[w.rank], outs[w.rank], args.dtype, decomposition="slab", chunks=k) as plan:
-        x = cp.random.default_rng(w.rank).standard_normal(plan.input.shape).astype(args.dtype)
+       "size": args.size, "dtype": args.dtype, "scheme": args.scheme, "ranks": w.size, "cases": {}}
+for k in [1] if args.scheme == "pull" else [int(c) for c in args.chunks.split(",")]:
+    with fft.Plan(w, ins[w.rank], outs[w.rank], args.dtype, decomposition="slab", chunks=k,
+                  scheme=args.scheme) as plan:
+        x = xp.asarray(np.random.default_rng(w.rank).standard_normal(plan.input.shape).astype(args.dtype))
         runs = []
         for i in range(2 + args.iters):
             plan.input[...] = x
-            cp.cuda.get_current_stream().synchronize()
+            if xp is not np:
+                xp.cuda.get_current_stream().synchronize()
             w.barrier()
             met = rma.meet(w)
             plan.forward(profile=True)

@@ -52,7 +52,10 @@ def grid_share(env: dict[str, str] | None = None) -> str:
     group took 32^4 on 2 and 4 ranks in 1,281 and 1,267 us an iteration against 1,318 and 1,344 with half, 16^4
     on 2 ranks 127.6 against 137.8 (the same call), and none of 18 such runs stalled. Not the default: the gain is
     within the spread between calls, and the half keeps room for the rank's own kernels on other streams (the
-    FFT's transforms beside its puts, whose start launch waits on peers), which whole grids have not run beside."""
+    FFT's transforms beside its puts, whose start launch waits on peers), which whole grids have not run beside.
+    With one pass a hop as well (CIRCUSLINK_QCD_ONE_PASS=1), 32^4 on 2x2x1x1 stalled in both calls that ran it
+    (2026-12-07, one H100: every rank's host waiting in the resident CG's status read; stack dumps in
+    benchmarks/results/qcd-stall-whole-1pass*), a cause not yet found."""
     raw = (os.environ if env is None else env).get(GRID_ENV, "").strip().lower() or "half"
     if raw not in GRID_SHARES:
         raise ConfigError(f"{GRID_ENV}={raw!r}: choose one of {', '.join(GRID_SHARES)}")

@@ -72,17 +72,21 @@ class Runner:
     def __init__(self, world: Any) -> None:
         self.world = world
         self.times: dict[str, float] = {}
+        self.timeline: list[tuple[str, float, float]] = []
         self.total = 0.0
 
     def begin(self, profile: bool) -> None:
         self.times = {"fft": 0.0, "transpose": 0.0, "comm": 0.0, "put": 0.0}
+        self.timeline: list[tuple[str, float, float]] = []  # (phase, start, end) from the execute's start
         self._t0 = time.perf_counter()
         self._comm_from: float | None = None
 
     def _phase(self, phase: str, op: Callable[[], None]) -> None:
         t0 = time.perf_counter()
         op()
-        self.times[phase] += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        self.times[phase] += t1 - t0
+        self.timeline.append((phase, t0 - self._t0, t1 - self._t0))
 
     def fft(self, op: Callable[[], None]) -> None:
         self._phase("fft", op)
