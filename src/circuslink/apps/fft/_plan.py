@@ -14,8 +14,8 @@ cuda module's two streams). How many chunks: the tile model's prediction of the 
 transform time; where it cannot tell the candidates apart (ranks sharing one GPU share its bandwidth), the
 candidates are measured, as the tile model measures close tiles.
 
-The *pull* scheme has no reshape of its own: after the first stage every rank meets the others on the device
-(``rma.meet``), and the second stage's transform reads its input straight from the rank that holds each piece
+The *pull* scheme has no reshape of its own: after a stage every rank meets the others on the device
+(``rma.meet``), and the next stage's transform reads its input straight from the rank that holds each piece
 (cuFFT's load callback on the GPU, a gather on the cpu), then meets them again so that no rank overwrites what
 a peer still reads. On one GPU the transforms are memory-bound and the put is one more pass over the data
 (16384^2 complex128 on 4 ranks, one H100: two stages of 4 x 1.3 ms of cuFFT and 3.3 ms of puts, the ranks'
