@@ -103,7 +103,7 @@ except Exception as exc:
 # the library's route (apps/fft/_cuda.make_pull_fft): a plan from cupyx's get_fft_plan made inside the context,
 # executed later outside it
 try:
-    from cupyx.scipy.fftpack import get_fft_plan
+    from cupyx.scipy.fft import get_fft_plan
 
     with cp.fft.config.set_cufft_callbacks(cb_load=code_rows, cb_load_name="pull_rows", cb_load_data=info.data,
                                            cb_ver="jit"):

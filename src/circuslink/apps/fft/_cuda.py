@@ -124,7 +124,10 @@ def make_pull_fft(world: Any, window: Any, dst: Any, count: int, ranks: np.ndarr
     if dst.size == 0:
         return None
     cp = _cp()
-    from cupyx.scipy.fftpack import get_fft_plan
+    try:
+        from cupyx.scipy.fft import get_fft_plan
+    except ImportError:  # CuPy before cupyx.scipy.fft re-exported it
+        from cupyx.scipy.fftpack import get_fft_plan
 
     e = dst.itemsize
     bases = {int(r): int(window.peer(int(r)).data.ptr) for r in np.unique(ranks)}
