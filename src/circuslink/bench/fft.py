@@ -26,8 +26,8 @@ Every row is the median (``time_ms``) and minimum (``time_min_ms``) over ``--ite
 rank's device time (CUDA events; the host clock on the cpu) after a device-side handshake of every rank
 (``_driver.handshake``), the input restored before each; ``fft_ms`` / ``transpose_ms`` / ``comm_ms`` split it from
 device events (they may overlap: their sum can exceed the total). ``less_time_pct`` (on circuslink's rows): time
-saved against the fastest baseline of the case (``vs``); ``vs_1rank``: the time over the ceiling's. The verdicts
-take, per case, circuslink's fastest scheme (the tile model's, the transpose-put rows). Before timing, each
+saved against the fastest baseline of the case (``vs``); ``vs_1rank``: the time over the ceiling's. The time verdicts
+take, per case, circuslink's fastest scheme; the tile model's verdict the transpose-put rows. Before timing, each
 scheme's output is checked on a few lines along axis 0 against a direct DFT of the input in float64
 (``max_rel_err``, the norm-wise relative error). Every case's memory is checked before anything runs.
 The probe's floor of the same run is in ``floor``.

@@ -136,13 +136,13 @@ def make_pull_fft(world: Any, window: Any, dst: Any, count: int, ranks: np.ndarr
     dims = cufft_dims("c2c", tuple(int(x) for x in dst.shape[dst.ndim - count:]))
     if not dims:  # transforms of single points: the gather alone
         flat = dst.reshape(-1, n)
-        tables = [(cp.asarray(np.flatnonzero(ranks == r)), int(r)) for r in np.unique(ranks)]
+        sources = [(cp.asarray(np.flatnonzero(ranks == r)), int(r)) for r in np.unique(ranks)]
         runs = cp.arange(flat.shape[0])[:, None]
-        host_offsets = cp.asarray(offsets)
+        starts = cp.asarray(offsets)
 
         def gather() -> None:
-            for points, r in tables:
-                flat[:, points] = window.peer(r).view(dst.dtype)[host_offsets[points][None, :] + runs]
+            for points, r in sources:
+                flat[:, points] = window.peer(r).view(dst.dtype)[starts[points][None, :] + runs]
 
         return gather
     shaped = dst.reshape(-1, *dims)  # the same packed order: axes of one point dropped
