@@ -115,6 +115,42 @@ __device__ ELEMENT circuslink_fft_pull(void* dataIn, size_t offset, void* caller
 """
 
 
+# A callback that loads ones: a plan made the way make_pull_fft makes its own must transform 8 of them into
+# (8, 0, ..., 0), or CuPy made it without the callback (checked once per element type, before the first pull).
+_CANARY_CALLBACK = r"""
+#include <cufftXt.h>
+
+__device__ ELEMENT circuslink_fft_canary(void* dataIn, size_t offset, void* callerInfo, void* sharedPtr) {
+  ELEMENT one;
+  one.x = 1;
+  one.y = 0;
+  return one;
+}
+"""
+_CALLBACKS_SEEN: set = set()
+
+
+def _callback_plan(cp: Any, get_fft_plan: Any, shaped: Any, code: str, name: str, data: Any) -> Any:
+    """A cuFFT plan over ``shaped``'s axes after the first, made inside CuPy's callback context (JIT-linked)."""
+    element = "cufftDoubleComplex" if shaped.dtype == np.complex128 else "cufftComplex"
+    with cp.fft.config.set_cufft_callbacks(cb_load=code.replace("ELEMENT", element), cb_load_name=name,
+                                           cb_load_data=data, cb_ver="jit"):
+        return get_fft_plan(shaped, axes=tuple(range(1, shaped.ndim)), value_type="C2C")
+
+
+def _check_callbacks(cp: Any, get_fft_plan: Any, dtype: Any) -> None:
+    if dtype in _CALLBACKS_SEEN:
+        return
+    ones = cp.zeros((1, 8), dtype=dtype)
+    plan = _callback_plan(cp, get_fft_plan, ones, _CANARY_CALLBACK, "circuslink_fft_canary", None)
+    out = cp.empty_like(ones)
+    plan.fft(ones, out, _FORWARD)
+    got = out.get()[0]
+    if abs(got[0] - 8) > 1e-3 or np.abs(got[1:]).max() > 1e-3:
+        raise RuntimeError("the plan CuPy made inside set_cufft_callbacks ignored its load callback")
+    _CALLBACKS_SEEN.add(dtype)
+
+
 def make_pull_fft(world: Any, window: Any, dst: Any, count: int, ranks: np.ndarray, offsets: np.ndarray,
                   inverse: bool, cache: dict) -> Callable[[], None] | None:
     """The pull scheme's transform: one cuFFT plan over ``dst``'s last ``count`` axes whose loads read
@@ -147,12 +183,9 @@ def make_pull_fft(world: Any, window: Any, dst: Any, count: int, ranks: np.ndarr
         return gather
     shaped = dst.reshape(-1, *dims)  # the same packed order: axes of one point dropped
     info = cp.asarray(np.array([n, table.data.ptr], dtype=np.uint64))
-    element = "cufftDoubleComplex" if dst.dtype == np.complex128 else "cufftComplex"
     try:
-        with cp.fft.config.set_cufft_callbacks(cb_load=_PULL_CALLBACK.replace("ELEMENT", element),
-                                               cb_load_name="circuslink_fft_pull", cb_load_data=info.data,
-                                               cb_ver="jit"):
-            plan = get_fft_plan(shaped, axes=tuple(range(1, shaped.ndim)), value_type="C2C")
+        _check_callbacks(cp, get_fft_plan, dst.dtype)
+        plan = _callback_plan(cp, get_fft_plan, shaped, _PULL_CALLBACK, "circuslink_fft_pull", info.data)
     except Exception as exc:  # CuPy without JIT callbacks, NVRTC or cuFFT refusing: one line naming the plan
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise BackendError(f"rank {world.rank}: fft scheme 'pull': cuFFT could not plan {shaped.shape[0]} "
