@@ -438,24 +438,22 @@ def _measure_ours(world: Any, module: Any, shape: tuple[int, ...], dtype: str, c
     from ..apps import fft
 
     ins, outs = fft.boxes(shape, world.size, "slab", layout=cfg.layout)
-    if scheme == "pull":
-        try:
-            plan = fft.Plan(world, ins[world.rank], outs[world.rank], dtype, decomposition="slab", scheme="pull")
-        except (ConfigError, BackendError) as exc:  # where the pull does not apply, or cuFFT cannot plan it
-            return _base_row(world, shape, dtype, cfg, "pull", skipped=str(exc).splitlines()[0])
-        with plan:
-            plan.input[...] = x0
-            out = plan.forward()
-            err = check_lines(world, module, x0, plan.inbox, plan.outbox, out, shape, dtype, "pull")
-            row = _base_row(world, shape, dtype, cfg, "pull", chunks=1, max_rel_err=err,
-                            **_measure(world, plan, x0, cfg))
-        return _finish(row, shape)
-    with fft.Plan(world, ins[world.rank], outs[world.rank], dtype, decomposition="slab", chunks=cfg.chunks) as plan:
+    options = {"scheme": "pull"} if scheme == "pull" else {"chunks": cfg.chunks}
+    try:
+        plan = fft.Plan(world, ins[world.rank], outs[world.rank], dtype, decomposition="slab", **options)
+    except (ConfigError, BackendError) as exc:
+        if scheme != "pull":
+            raise
+        # where the pull does not apply, or cuFFT cannot plan it: a row saying why
+        return _base_row(world, shape, dtype, cfg, scheme, skipped=str(exc).splitlines()[0])
+    with plan:
         plan.input[...] = x0
         out = plan.forward()
-        err = check_lines(world, module, x0, plan.inbox, plan.outbox, out, shape, dtype, "transpose-put")
-        row = _base_row(world, shape, dtype, cfg, "transpose-put", chunks=plan.chunks, max_rel_err=err,
+        err = check_lines(world, module, x0, plan.inbox, plan.outbox, out, shape, dtype, scheme)
+        row = _base_row(world, shape, dtype, cfg, scheme, chunks=plan.chunks, max_rel_err=err,
                         **_measure(world, plan, x0, cfg))
+        if scheme == "pull":  # no reshape, no puts: nothing for the tile model
+            return _finish(row, shape)
         row["put_alone_ms"] = _exchanges_alone(world, plan, cfg) * 1e3
         pred = plan.prediction
         if pred.get("comm_s"):

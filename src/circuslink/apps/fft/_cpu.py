@@ -77,7 +77,7 @@ class Runner:
 
     def begin(self, profile: bool) -> None:
         self.times = {"fft": 0.0, "transpose": 0.0, "comm": 0.0, "put": 0.0}
-        self.timeline: list[tuple[str, float, float]] = []  # (phase, start, end) from the execute's start
+        self.timeline = []  # (phase, start, end) from the execute's start
         self._t0 = time.perf_counter()
         self._comm_from: float | None = None
 
