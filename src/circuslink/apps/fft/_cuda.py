@@ -138,13 +138,15 @@ def _callback_plan(cp: Any, get_fft_plan: Any, shaped: Any, code: str, name: str
         return get_fft_plan(shaped, axes=tuple(range(1, shaped.ndim)), value_type="C2C")
 
 
-def _check_callbacks(cp: Any, get_fft_plan: Any, dtype: Any) -> None:
+def _check_callbacks(world: Any, cp: Any, get_fft_plan: Any, dtype: Any) -> None:
     if dtype in _CALLBACKS_SEEN:
         return
     ones = cp.zeros((1, 8), dtype=dtype)
     plan = _callback_plan(cp, get_fft_plan, ones, _CANARY_CALLBACK, "circuslink_fft_canary", None)
     out = cp.empty_like(ones)
     plan.fft(ones, out, _FORWARD)
+    world.backend.wait_stream(cp.cuda.get_current_stream(), None,
+                              lambda: f"rank {world.rank}: the fft pull's check of cuFFT's load callback")
     got = out.get()[0]
     if abs(got[0] - 8) > 1e-3 or np.abs(got[1:]).max() > 1e-3:
         raise RuntimeError("the plan CuPy made inside set_cufft_callbacks ignored its load callback")
@@ -184,7 +186,7 @@ def make_pull_fft(world: Any, window: Any, dst: Any, count: int, ranks: np.ndarr
     shaped = dst.reshape(-1, *dims)  # the same packed order: axes of one point dropped
     info = cp.asarray(np.array([n, table.data.ptr], dtype=np.uint64))
     try:
-        _check_callbacks(cp, get_fft_plan, dst.dtype)
+        _check_callbacks(world, cp, get_fft_plan, dst.dtype)
         plan = _callback_plan(cp, get_fft_plan, shaped, _PULL_CALLBACK, "circuslink_fft_pull", info.data)
     except Exception as exc:  # CuPy without JIT callbacks, NVRTC or cuFFT refusing: one line naming the plan
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
