@@ -4,9 +4,11 @@ The slab pipeline is memory-bound on one GPU: at 16384^2 complex128 each rank's 
 writes its slab twice (cuFFT takes two passes for 16384 double points) and the transposing put moves it once more.
 This times, for a 4-rank split of --size^2 --dtype in one process: (rows) the first stage's batched row
 transforms of one slab; (strided) the second stage on one rank's columns as a strided transform (istride = the
-batch, idist 1) of a gathered array; (pull) the same with a cuFFT JIT-LTO load callback that reads every element
-from the four slabs where the first stage left them (no reshape pass); and checks pull against strided.
-Prints ms per transform (best and median of --reps event-timed runs) and the callback plan's creation time.
+batch, idist 1) of a gathered array; (pull-strided-*) the same with a JIT-linked load callback
+(circuslink.apps.fft._cufft_callback) that reads every element from the four slabs where the first stage left
+them (no reshape pass), into the natural or the transposed layout; (pull-rows) the library's form, packed rows in
+place; each checked against cuFFT on the gathered array. Prints ms per transform (best and median of --reps
+event-timed runs) and each callback plan's creation time.
 """
 from __future__ import annotations
 
@@ -58,10 +60,15 @@ gathered = cp.concatenate([s[:, t * S:(t + 1) * S] for s in slabs], axis=0)
 ref = cp.fft.fftn(gathered, axes=(0,))
 show("strided", lambda: cp.fft.fftn(gathered, axes=(0,)))
 
-code = r"""
-#include <cufftXt.h>
+from circuslink.apps.fft import _cufft_callback as cb  # noqa: E402
 
-__device__ VEC pull_slabs(void* dataIn, size_t offset, void* callerInfo, void* sharedPtr) {
+print(f"cupy {cp.__version__}, cuFFT {cb.version()}", flush=True)
+E = cb.ELEMENT[dt.itemsize]
+# (pull) rank t's columns as a strided transform: input (N, S) offset b * S + j -> row b, column t*S + j of the
+# slab holding row b (consecutive j: consecutive addresses); output the transposed layout (S, N) (ostride 1,
+# odist N) or the natural (N, S) (ostride S, odist 1): --out-layout both are timed
+code = r"""
+extern "C" __device__ VEC pull_slabs(void* dataIn, unsigned long long offset, void* callerInfo, void* sharedPtr) {
   const unsigned long long* info = (const unsigned long long*)callerInfo;  // S, N, column offset, slab pointers
   unsigned long long S = info[0], N = info[1], col = info[2];
   unsigned long long b = offset / S, j = offset - b * S;
@@ -69,49 +76,42 @@ __device__ VEC pull_slabs(void* dataIn, size_t offset, void* callerInfo, void* s
   const VEC* src = (const VEC*)info[3 + s];
   return src[r * N + col + j];
 }
-""".replace("VEC", "cufftDoubleComplex" if dt == np.complex128 else "cufftComplex")
+""".replace("VEC", E)
 info = cp.asarray(np.array([S, N, t * S] + [s.data.ptr for s in slabs], dtype=np.uint64))
+ref_rows = cp.ascontiguousarray(ref.T)  # (S, N): the transposed layout
 dummy = cp.empty((N, S), dtype=dt)
-try:
-    t0 = time.perf_counter()
-    with cp.fft.config.set_cufft_callbacks(cb_load=code, cb_load_name="pull_slabs", cb_load_data=info.data,
-                                           cb_ver="jit"):
-        out = cp.fft.fftn(dummy, axes=(0,))
-        cp.cuda.Device().synchronize()
-        print(f"pull plan + first run {time.perf_counter() - t0:.2f} s", flush=True)
-        err = float(cp.abs(out - ref).max() / cp.abs(ref).max())
-        print(f"pull max rel err {err:.2e}", flush=True)
-        show("pull", lambda: cp.fft.fftn(dummy, axes=(0,)))
-except Exception as exc:  # what the device's CuPy / cuFFT say: the finding
-    print(f"pull FAILED: {type(exc).__name__}: {exc}", flush=True)
+out = cp.empty((N, S), dtype=dt)
+stream = cp.cuda.get_current_stream()
+for label, strides, want in (("pull-strided-natural", (S, 1, S, 1), ref), ("pull-strided-transposed", (S, 1, 1, N),
+                                                                             ref_rows)):
+    try:
+        t0 = time.perf_counter()
+        plan = cb.LoadCallbackPlan((N,), S, dt.itemsize, cb.lto_ir(code, "pull_slabs"), "pull_slabs",
+                                   info.data.ptr, strides)
+        print(f"{label} plan {time.perf_counter() - t0:.2f} s", flush=True)
+        run = lambda p=plan: p.execute(dummy.data.ptr, -1, stream.ptr, out.data.ptr)  # noqa: E731
+        run()
+        got = out.reshape(want.shape)
+        err = float(cp.abs(got - want).max() / cp.abs(want).max())
+        print(f"{label} max rel err {err:.2e}", flush=True)
+        show(label, run)
+    except Exception as exc:  # what the device's cuFFT says: the finding
+        print(f"{label} FAILED: {type(exc).__name__}: {exc}", flush=True)
 
-# the transposed output layout: rank t's (S, N) rows, each a whole transform (loads strided by N in the slabs)
+# (pull-rows) the library's route (apps/fft/_cuda.make_pull_fft): rank t's (S, N) rows, each a whole packed
+# transform, in place (loads strided by N in the slabs)
 code_rows = code.replace("pull_slabs", "pull_rows").replace(
     "unsigned long long b = offset / S, j = offset - b * S;", "unsigned long long j = offset / N, b = offset - j * N;")
-ref_rows = cp.fft.fft(cp.ascontiguousarray(gathered.T), axis=-1)
-dummy_rows = cp.empty((S, N), dtype=dt)
+rows_out = cp.empty((S, N), dtype=dt)
 try:
-    with cp.fft.config.set_cufft_callbacks(cb_load=code_rows, cb_load_name="pull_rows", cb_load_data=info.data,
-                                           cb_ver="jit"):
-        out = cp.fft.fft(dummy_rows, axis=-1)
-        err = float(cp.abs(out - ref_rows).max() / cp.abs(ref_rows).max())
-        print(f"pull-rows max rel err {err:.2e}", flush=True)
-        show("pull-rows", lambda: cp.fft.fft(dummy_rows, axis=-1))
+    t0 = time.perf_counter()
+    plan_rows = cb.LoadCallbackPlan((N,), S, dt.itemsize, cb.lto_ir(code_rows, "pull_rows"), "pull_rows",
+                                    info.data.ptr)
+    print(f"pull-rows plan {time.perf_counter() - t0:.2f} s", flush=True)
+    run_rows = lambda: plan_rows.execute(rows_out.data.ptr, -1, stream.ptr)  # noqa: E731
+    run_rows()
+    err = float(cp.abs(rows_out - ref_rows).max() / cp.abs(ref_rows).max())
+    print(f"pull-rows max rel err {err:.2e}", flush=True)
+    show("pull-rows", run_rows)
 except Exception as exc:
     print(f"pull-rows FAILED: {type(exc).__name__}: {exc}", flush=True)
-
-# the library's route (apps/fft/_cuda.make_pull_fft): a plan from cupyx's get_fft_plan made inside the context,
-# executed later outside it
-try:
-    from cupyx.scipy.fft import get_fft_plan
-
-    with cp.fft.config.set_cufft_callbacks(cb_load=code_rows, cb_load_name="pull_rows", cb_load_data=info.data,
-                                           cb_ver="jit"):
-        plan = get_fft_plan(dummy_rows, axes=(1,), value_type="C2C")
-    out = cp.empty_like(dummy_rows)
-    plan.fft(dummy_rows, out, -1)
-    err = float(cp.abs(out - ref_rows).max() / cp.abs(ref_rows).max())
-    print(f"plan-route {type(plan).__name__} max rel err {err:.2e}", flush=True)
-    show("plan-route", lambda: plan.fft(dummy_rows, dummy_rows, -1))
-except Exception as exc:
-    print(f"plan-route FAILED: {type(exc).__name__}: {exc}", flush=True)

@@ -99,13 +99,12 @@ def make_fft(world: Any, kind: str, src: Any, dst: Any, count: int, inverse: boo
     return run
 
 
+# The pull scheme's load callback: element (j, b) of the transform's input (runs j of the untransformed axes, b
+# the transformed points, packed) is element j of the run at b in the rank that holds it: info = {n, &table[0]},
+# table[b] the run's address there. extern "C": cuFFT finds it by name.
 _PULL_CALLBACK = r"""
-#include <cufftXt.h>
-
-// The pull scheme's load callback: element (j, b) of the transform's input (runs j of the untransformed axes, b
-// the transformed points, packed) is element j of the run at b in the rank that holds it: info = {n, &table[0]},
-// table[b] the run's address there.
-__device__ ELEMENT circuslink_fft_pull(void* dataIn, size_t offset, void* callerInfo, void* sharedPtr) {
+extern "C" __device__ ELEMENT circuslink_fft_pull(void* dataIn, unsigned long long offset, void* callerInfo,
+                                                  void* sharedPtr) {
   const unsigned long long* info = (const unsigned long long*)callerInfo;
   const unsigned long long n = info[0];
   const ELEMENT* const* table = (const ELEMENT* const*)info[1];
@@ -116,11 +115,10 @@ __device__ ELEMENT circuslink_fft_pull(void* dataIn, size_t offset, void* caller
 
 
 # A callback that loads ones: a plan made the way make_pull_fft makes its own must transform 8 of them into
-# (8, 0, ..., 0), or CuPy made it without the callback (checked once per element type, before the first pull).
+# (8, 0, ..., 0), or cuFFT ran it without the callback (checked once per element type, before the first pull).
 _CANARY_CALLBACK = r"""
-#include <cufftXt.h>
-
-__device__ ELEMENT circuslink_fft_canary(void* dataIn, size_t offset, void* callerInfo, void* sharedPtr) {
+extern "C" __device__ ELEMENT circuslink_fft_canary(void* dataIn, unsigned long long offset, void* callerInfo,
+                                                    void* sharedPtr) {
   ELEMENT one;
   one.x = 1;
   one.y = 0;
@@ -130,43 +128,37 @@ __device__ ELEMENT circuslink_fft_canary(void* dataIn, size_t offset, void* call
 _CALLBACKS_SEEN: set = set()
 
 
-def _callback_plan(cp: Any, get_fft_plan: Any, shaped: Any, code: str, name: str, data: Any) -> Any:
-    """A cuFFT plan over ``shaped``'s axes after the first, made inside CuPy's callback context (JIT-linked)."""
-    element = "cufftDoubleComplex" if shaped.dtype == np.complex128 else "cufftComplex"
-    with cp.fft.config.set_cufft_callbacks(cb_load=code.replace("ELEMENT", element), cb_load_name=name,
-                                           cb_load_data=data, cb_ver="jit"):
-        return get_fft_plan(shaped, axes=tuple(range(1, shaped.ndim)), value_type="C2C")
+def _callback_plan(dims: tuple[int, ...], batch: int, itemsize: int, code: str, name: str, info: int) -> Any:
+    """``batch`` packed transforms of shape ``dims`` whose loads are the device function ``name`` in ``code``."""
+    from . import _cufft_callback as cb
+
+    source = code.replace("ELEMENT", cb.ELEMENT[itemsize])
+    return cb.LoadCallbackPlan(dims, batch, itemsize, cb.lto_ir(source, name), name, info)
 
 
-def _check_callbacks(world: Any, cp: Any, get_fft_plan: Any, dtype: Any) -> None:
+def _check_callbacks(world: Any, cp: Any, dtype: Any) -> None:
     if dtype in _CALLBACKS_SEEN:
         return
-    ones = cp.zeros((1, 8), dtype=dtype)
-    plan = _callback_plan(cp, get_fft_plan, ones, _CANARY_CALLBACK, "circuslink_fft_canary", None)
-    out = cp.empty_like(ones)
-    plan.fft(ones, out, _FORWARD)
-    world.backend.wait_stream(cp.cuda.get_current_stream(), None,
-                              lambda: f"rank {world.rank}: the fft pull's check of cuFFT's load callback")
-    got = out.get()[0]
+    out = cp.zeros(8, dtype=dtype)
+    plan = _callback_plan((8,), 1, out.itemsize, _CANARY_CALLBACK, "circuslink_fft_canary", 0)
+    stream = cp.cuda.get_current_stream()
+    plan.execute(out.data.ptr, _FORWARD, stream.ptr)
+    world.backend.wait_stream(stream, None, lambda: f"rank {world.rank}: the fft pull's check of cuFFT's load callback")
+    plan.close()
+    got = out.get()
     if abs(got[0] - 8) > 1e-3 or np.abs(got[1:]).max() > 1e-3:
-        raise RuntimeError("the plan CuPy made inside set_cufft_callbacks ignored its load callback")
+        raise RuntimeError("cuFFT ran the canary plan without its load callback")
     _CALLBACKS_SEEN.add(dtype)
 
 
 def make_pull_fft(world: Any, window: Any, dst: Any, count: int, ranks: np.ndarray, offsets: np.ndarray,
                   inverse: bool, cache: dict) -> Callable[[], None] | None:
     """The pull scheme's transform: one cuFFT plan over ``dst``'s last ``count`` axes whose loads read
-    ``dst.reshape(-1, n)[j, b]`` from the window of ``ranks[b]`` at element ``offsets[b] + j`` (a JIT-linked load
-    callback, CuPy's ``set_cufft_callbacks(cb_ver="jit")``), so that the reshape costs no pass of its own; in
-    place. Not yet run on a GPU (docs/fft.md)."""
+    ``dst.reshape(-1, n)[j, b]`` from the window of ``ranks[b]`` at element ``offsets[b] + j`` (a load callback
+    JIT-linked into cuFFT's kernels, _cufft_callback), so that the reshape costs no pass of its own; in place."""
     if dst.size == 0:
         return None
     cp = _cp()
-    try:
-        from cupyx.scipy.fft import get_fft_plan
-    except ImportError:  # CuPy before cupyx.scipy.fft re-exported it
-        from cupyx.scipy.fftpack import get_fft_plan
-
     e = dst.itemsize
     bases = {int(r): int(window.peer(int(r)).data.ptr) for r in np.unique(ranks)}
     table = cp.asarray(np.array([bases[int(r)] for r in ranks], dtype=np.uint64) + offsets.astype(np.uint64) * e)
@@ -183,20 +175,21 @@ def make_pull_fft(world: Any, window: Any, dst: Any, count: int, ranks: np.ndarr
                 flat[:, points] = window.peer(r).view(dst.dtype)[starts[points][None, :] + runs]
 
         return gather
-    shaped = dst.reshape(-1, *dims)  # the same packed order: axes of one point dropped
+    batch = dst.size // n
     info = cp.asarray(np.array([n, table.data.ptr], dtype=np.uint64))
     try:
-        _check_callbacks(world, cp, get_fft_plan, dst.dtype)
-        plan = _callback_plan(cp, get_fft_plan, shaped, _PULL_CALLBACK, "circuslink_fft_pull", info.data)
-    except Exception as exc:  # CuPy without JIT callbacks, NVRTC or cuFFT refusing: one line naming the plan
+        _check_callbacks(world, cp, dst.dtype)
+        plan = _callback_plan(dims, batch, e, _PULL_CALLBACK, "circuslink_fft_pull", info.data.ptr)
+    except Exception as exc:  # no JIT callbacks in this cuFFT, NVRTC or cuFFT refusing: one line naming the plan
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise BackendError(f"rank {world.rank}: fft scheme 'pull': cuFFT could not plan {shaped.shape[0]} "
-                           f"transform(s) of shape {dims} with a load callback ({type(exc).__name__}: {reason}); "
+        raise BackendError(f"rank {world.rank}: fft scheme 'pull': cuFFT could not plan {batch} transform(s) of "
+                           f"shape {dims} with a load callback ({type(exc).__name__}: {reason}); "
                            "use scheme='transpose-put'") from None
     direction = _INVERSE if inverse else _FORWARD
+    flat = dst.reshape(-1)
 
     def run() -> None:
-        plan.fft(shaped, shaped, direction)
+        plan.execute(flat.data.ptr, direction, cp.cuda.get_current_stream().ptr)
 
     run.plan, run.keep = plan, (table, info)  # the callback reads them for the plan's life
     return run
