@@ -68,7 +68,7 @@ E = cb.ELEMENT[dt.itemsize]
 # slab holding row b (consecutive j: consecutive addresses); output the transposed layout (S, N) (ostride 1,
 # odist N) or the natural (N, S) (ostride S, odist 1): --out-layout both are timed
 code = r"""
-extern "C" __device__ VEC pull_slabs(void* dataIn, unsigned long long offset, void* callerInfo, void* sharedPtr) {
+__device__ VEC pull_slabs(void* dataIn, unsigned long long offset, void* callerInfo, void* sharedPtr) {
   const unsigned long long* info = (const unsigned long long*)callerInfo;  // S, N, column offset, slab pointers
   unsigned long long S = info[0], N = info[1], col = info[2];
   unsigned long long b = offset / S, j = offset - b * S;

@@ -103,7 +103,7 @@ def make_fft(world: Any, kind: str, src: Any, dst: Any, count: int, inverse: boo
 # the transformed points, packed) is element j of the run at b in the rank that holds it: info = {n, &table[0]},
 # table[b] the run's address there. extern "C": cuFFT finds it by name.
 _PULL_CALLBACK = r"""
-extern "C" __device__ ELEMENT circuslink_fft_pull(void* dataIn, unsigned long long offset, void* callerInfo,
+__device__ ELEMENT circuslink_fft_pull(void* dataIn, unsigned long long offset, void* callerInfo,
                                                   void* sharedPtr) {
   const unsigned long long* info = (const unsigned long long*)callerInfo;
   const unsigned long long n = info[0];
@@ -117,7 +117,7 @@ extern "C" __device__ ELEMENT circuslink_fft_pull(void* dataIn, unsigned long lo
 # A callback that loads ones: a plan made the way make_pull_fft makes its own must transform 8 of them into
 # (8, 0, ..., 0), or cuFFT ran it without the callback (checked once per element type, before the first pull).
 _CANARY_CALLBACK = r"""
-extern "C" __device__ ELEMENT circuslink_fft_canary(void* dataIn, unsigned long long offset, void* callerInfo,
+__device__ ELEMENT circuslink_fft_canary(void* dataIn, unsigned long long offset, void* callerInfo,
                                                     void* sharedPtr) {
   ELEMENT one;
   one.x = 1;
