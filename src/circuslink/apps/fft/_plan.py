@@ -21,7 +21,7 @@ a peer still reads. On one GPU the transforms are memory-bound and the put is on
 (16384^2 complex128 on 4 ranks, one H100: two stages of 4 x 1.3 ms of cuFFT and 3.3 ms of puts, the ranks'
 transforms taking turns at the memory: BENCHMARKS.md); the pull leaves that pass out. It applies to complex
 slabs (2-D and 3-D) whose input and output are the first and last stages' own layouts, where every rank maps
-every other's memory (one node). Its GPU path (the callback) has not yet run on a GPU (docs/fft.md).
+every other's memory (one node). On the GPU the callback is JIT-linked into cuFFT's kernels (_cufft_callback).
 """
 
 from __future__ import annotations
