@@ -32,8 +32,8 @@
 #   fft-full        distributed FFT, 2-D 8192^2 and 16384^2, 3-D 512^3 and 1024^3, both precisions, 2 and 4 ranks,
 #                   against the slab all-to-all baselines (copy engine, NVSHMEM program) and the 1-rank ceiling
 #                   (about 2-3 min per rank count; the NVSHMEM program is built once, ~1 min, then cached);
-#                   $FFT_RANKS (default "2 4"), $FFT_DIMS, $FFT_SIZES, $FFT_SIZES3 and $FFT_SCHEMES (default
-#                   transpose-put) narrow or widen it
+#                   $FFT_RANKS (default "2 4"), $FFT_DIMS, $FFT_SIZES, $FFT_SIZES3 and $FFT_SCHEMES (default both:
+#                   transpose-put,pull) narrow or widen it
 #   qcd             Wilson-Dirac CG: an 8^4-per-rank solve on a 2x2 grid, per-iteration time by halo exchange, the
 #                   device-resident CG's strong scaling, and the halo engines at 16^4 on 2 ranks
 #   qcd-timing      the device-resident CG on one rank: per iteration at 8^4 and 16^4, and cold and warm 8^4
@@ -172,7 +172,7 @@ if want fft; then
 fi
 if want fft-full; then for n in ${FFT_RANKS:-2 4}; do
   STEP_S=${FFT_STEP_S:-420} step "fft-$n" cl bench fft -n $n --size ${FFT_SIZES:-8192,16384} \
-    --size3 ${FFT_SIZES3:-512,1024} --dims ${FFT_DIMS:-2,3} --dtype both --schemes ${FFT_SCHEMES:-transpose-put} \
+    --size3 ${FFT_SIZES3:-512,1024} --dims ${FFT_DIMS:-2,3} --dtype both --schemes ${FFT_SCHEMES:-transpose-put,pull} \
     --iters 10 --warmup 2 --json "$R/fft-${n}ranks.json" --plot "$R/fft-${n}ranks.png"; done; fi
 want qcd && step qcd-invert cl qcd invert --dim 8 8 8 8 --gridsize 2 2 1 1 --prec double --prec-sloppy single \
   --halo rma --verify --json "$R/qcd-invert.json"
