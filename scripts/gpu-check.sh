@@ -176,9 +176,12 @@ if want fft-full; then
   mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
   [ "${mib:-0}" -ge 110000 ] && size3=512,1024 || size3=512
   for n in ${FFT_RANKS:-2 4}; do
-  STEP_S=${FFT_STEP_S:-420} step "fft-$n" cl bench fft -n $n --size ${FFT_SIZES:-8192,16384} \
-    --size3 ${FFT_SIZES3:-$size3} --dims ${FFT_DIMS:-2,3} --dtype both --schemes ${FFT_SCHEMES:-transpose-put,pull} \
-    --iters 10 --warmup 2 --json "$R/fft-${n}ranks.json" --plot "$R/fft-${n}ranks.png"; done; fi
+    STEP_S=${FFT_STEP_S:-420} step "fft-$n" cl bench fft -n $n --size ${FFT_SIZES:-8192,16384} \
+      --size3 ${FFT_SIZES3:-$size3} --dims ${FFT_DIMS:-2,3} --dtype both \
+      --schemes ${FFT_SCHEMES:-transpose-put,pull} --iters 10 --warmup 2 --json "$R/fft-${n}ranks.json" \
+      --plot "$R/fft-${n}ranks.png"
+  done
+fi
 want qcd && step qcd-invert cl qcd invert --dim 8 8 8 8 --gridsize 2 2 1 1 --prec double --prec-sloppy single \
   --halo rma --verify --json "$R/qcd-invert.json"
 want qcd && step qcd cl bench qcd --json "$R/qcd.json" --plot "$R/qcd.png"
