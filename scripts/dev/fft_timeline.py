@@ -5,7 +5,10 @@ For each --chunks value (--scheme pull: one plan, its meetings as the comm phase
 warm-up, then --iters profiled forwards, each started after the device-side meeting (rma.meet); prints, for the
 median iteration, every rank's phases (fft on the compute stream, put launches and the exchange from first put to
 last wait on the comm stream) as start-end ms from the execute's start, and the exchanges alone
-(Plan.time_exchanges). Writes --json with every iteration's timelines.
+(Plan.time_exchanges). Writes --json with every iteration's timelines. On a GPU each iteration also stamps the GPU
+clock (%globaltimer, one clock for every process on the GPU) on the caller's stream right after the meeting,
+which the execute's start follows: each rank's zero on one clock ("zero_ns"), printed as how late each rank's
+execute began after the earliest (a rank whose meeting kernel waited for SMs starts late).
 Run: circuslink run -n 4 -- python scripts/dev/fft_timeline.py --json out.json
 """
 from __future__ import annotations
@@ -33,6 +36,12 @@ args = ap.parse_args()
 
 w = cl.init()
 xp = w.xp
+stamp = None
+if xp is not np:
+    stamp = xp.RawKernel(r"""
+extern "C" __global__ void stamp(unsigned long long* t) { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t[0])); }
+""", "stamp")
+    zero = xp.zeros(1, dtype=xp.uint64)
 shape = (args.size, args.size)
 ins, outs = fft.boxes(shape, w.size, "slab", layout="transposed")
 device = xp.cuda.runtime.getDeviceProperties(0)["name"].decode() if xp is not np else "cpu"
@@ -50,11 +59,14 @@ for k in [1] if args.scheme == "pull" else [int(c) for c in args.chunks.split(",
                 xp.cuda.get_current_stream().synchronize()
             w.barrier()
             met = rma.meet(w)
+            if stamp is not None:
+                stamp((1,), (1,), (zero,))  # the caller's stream: the execute's start waits for it
             plan.forward(profile=True)
             if met is not None:
                 met.check_device()
             if i >= 2:
-                runs.append((plan._runner.total, list(plan._runner.timeline)))
+                runs.append((plan._runner.total, list(plan._runner.timeline),
+                             int(zero.get()[0]) if stamp is not None else 0))
         alone = []
         for _ in range(2 + args.iters):
             w.barrier()
@@ -67,10 +79,12 @@ for k in [1] if args.scheme == "pull" else [int(c) for c in args.chunks.split(",
         alone = statistics.median(max(a) for a in zip(*[r["alone"] for r in ranks], strict=True))
         print(f"== chunks {k}: total median {statistics.median(totals)*1e3:.2f} ms (min {min(totals)*1e3:.2f}); "
               f"exchanges alone median {alone*1e3:.2f} ms; iteration {med}:")
+        first = min(r["runs"][med][2] for r in ranks)
         for rank, r in enumerate(ranks):
-            total, tl = r["runs"][med]
+            total, tl, zero_ns = r["runs"][med]
             phases = "  ".join(f"{p}:{a*1e3:.2f}-{b*1e3:.2f}" for p, a, b in tl)
-            print(f"  rank {rank} total {total*1e3:.2f}  {phases}")
+            late = f" (began {(zero_ns - first) * 1e-6:.2f} ms after the first)" if first else ""
+            print(f"  rank {rank} total {total*1e3:.2f}{late}  {phases}")
         out["cases"][k] = {"totals_s": totals, "ranks": ranks}
 if w.rank == 0 and args.json:
     with open(args.json, "w") as f:
