@@ -71,12 +71,24 @@ def version() -> int:
     return v.value
 
 
+_IR: dict = {}  # (source, name, arch): LTO IR; each plan of a pull links the same callback
+
+
 def lto_ir(source: str, name: str) -> bytes:
-    """``source`` compiled by NVRTC to LTO IR for this GPU; one line with NVRTC's log where it fails."""
+    """``source`` compiled by NVRTC to LTO IR for this GPU (once per process); one line with NVRTC's log where it
+    fails."""
     import cupy
-    from cuda.bindings import nvrtc
 
     arch = cupy.cuda.Device().compute_capability
+    key = (source, name, arch)
+    if key not in _IR:
+        _IR[key] = _compile(source, name, arch)
+    return _IR[key]
+
+
+def _compile(source: str, name: str, arch: str) -> bytes:
+    from cuda.bindings import nvrtc
+
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         raise CufftError(f"nvrtcCreateProgram: {err}")
