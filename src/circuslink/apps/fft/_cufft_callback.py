@@ -71,7 +71,7 @@ def version() -> int:
     return v.value
 
 
-_IR: dict = {}  # (source, name, arch): LTO IR; each plan of a pull links the same callback
+_ir: dict = {}  # (source, name, arch): LTO IR; each plan of a pull links the same callback
 
 
 def lto_ir(source: str, name: str) -> bytes:
@@ -81,9 +81,9 @@ def lto_ir(source: str, name: str) -> bytes:
 
     arch = cupy.cuda.Device().compute_capability
     key = (source, name, arch)
-    if key not in _IR:
-        _IR[key] = _compile(source, name, arch)
-    return _IR[key]
+    if key not in _ir:
+        _ir[key] = _compile(source, name, arch)
+    return _ir[key]
 
 
 def _compile(source: str, name: str, arch: str) -> bytes:
