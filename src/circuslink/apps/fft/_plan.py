@@ -27,6 +27,7 @@ every other's memory (one node). On the GPU the callback is JIT-linked into cuFF
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,7 @@ DECOMPOSITIONS = ("auto", "slab", "pencil")
 _MARGIN = 256 << 20  # bytes a rank keeps free beside its estimate (tile calibration scratch, CUDA context)
 _ALIGN = 256
 _CHUNK_CANDIDATES = (1, 2, 4)
+_CHUNK_RUNS = 5  # timed forwards per measured candidate (a 16384^2 complex128 forward on 4 ranks: ~13 ms)
 _CHUNK_OVERHEAD_S = 10e-6  # one more chunk's launches and events, beside its put's start cost (the model's t0)
 _UNSURE = 0.10  # candidates predicted within this of the best are measured
 # The FFT's commands (fft2, fft3, bench fft) run ranks that share a GPU in SMs of their own (CIRCUSLINK_SM_PARTITION,
@@ -504,10 +506,13 @@ class Plan(Resource):
         return fft_s, put_s
 
     def _measure_chunks(self, candidates: list[int]) -> int:
-        """Time a forward execute for every candidate (the slowest rank's), keep the fastest. Each run starts after
-        the world's device-side meeting (``rma.meet``): after the host barrier alone the ranks' launches came up to
-        a millisecond apart under MPS, a rank's puts waited that long for its peers' posts, and two runs of one
-        case picked 4 and 2 chunks (16384^2 complex64 on 4 ranks, one H100)."""
+        """Time forward executes of every candidate and keep the fastest by the statistic the benchmarks report:
+        the median over ``_CHUNK_RUNS`` runs (after one to warm up) of the slowest rank's time. Each run starts
+        after the world's device-side meeting (``rma.meet``): after the host barrier alone the ranks' launches came
+        up to a millisecond apart under MPS, a rank's puts waited that long for its peers' posts, and two runs of
+        one case picked 4 and 2 chunks (16384^2 complex64 on 4 ranks, one H100). The best of two runs, the
+        earlier statistic, follows a case's fast mode: at 512^3 complex64 on 2 ranks it picked 4 chunks, whose
+        median was 3.08 ms, where 1 chunk's had been 2.74 in another run (H100, 2026-12-07)."""
         from ... import rma
 
         measured: dict[int, float] = {}
@@ -517,14 +522,15 @@ class Plan(Resource):
             program = self._forward(k, self._cache)
             queues = self._queues_all[first:]
             times = []
-            for _ in range(3):
+            for _ in range(1 + _CHUNK_RUNS):
                 self.world.barrier()
                 met = rma.meet(self.world)
                 self._execute(program, None, 1.0, False)
                 if met is not None:
                     met.check_device()
                 times.append(self._runner.total)
-            measured[k] = max(self.world.allgather_object(min(times[1:])))
+            slowest = [max(run) for run in zip(*self.world.allgather_object(times[1:]), strict=True)]
+            measured[k] = statistics.median(slowest)
             kept[k] = (program, queues)
         best = min(candidates, key=lambda k: (measured[k], k))
         for k in candidates:  # every rank frees the same queues in the same order
