@@ -470,7 +470,7 @@ def _measure_ours(world: Any, module: Any, shape: tuple[int, ...], dtype: str, c
             if bounds:
                 row["predicted_ms_range"] = [bounds["low_s"] * 1e3, bounds["high_s"] * 1e3]
             row["chunk_choice"] = "measured" if pred.get("chunk_measured_s") else "model"
-            if pred.get("chunk_measured_s"):  # each candidate's forward, the slowest rank's (the choice's evidence)
+            if pred.get("chunk_measured_s"):  # each candidate's median forward of the slowest rank (the evidence)
                 row["chunk_measured_ms"] = {str(k): v * 1e3 for k, v in pred["chunk_measured_s"].items()}
         elif cfg.chunks is None:
             row["chunk_choice"] = "no model (cpu)" if world.xp is np else "one stage"
