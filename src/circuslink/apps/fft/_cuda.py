@@ -101,10 +101,11 @@ def make_fft(world: Any, kind: str, src: Any, dst: Any, count: int, inverse: boo
 
 # The pull scheme's load callback: element (j, b) of the transform's input (runs j of the untransformed axes, b
 # the transformed points, packed) is element j of the run at b in the rank that holds it: info = {n, &table[0]},
-# table[b] the run's address there. extern "C": cuFFT finds it by name.
+# table[b] the run's address there. A C++ function, found by its plain name: cuFFT 12 would not plan with an
+# extern "C" one (CUFFT_INTERNAL_ERROR, one H100, 2026-12-07).
 _PULL_CALLBACK = r"""
 __device__ ELEMENT circuslink_fft_pull(void* dataIn, unsigned long long offset, void* callerInfo,
-                                                  void* sharedPtr) {
+                                      void* sharedPtr) {
   const unsigned long long* info = (const unsigned long long*)callerInfo;
   const unsigned long long n = info[0];
   const ELEMENT* const* table = (const ELEMENT* const*)info[1];
@@ -118,7 +119,7 @@ __device__ ELEMENT circuslink_fft_pull(void* dataIn, unsigned long long offset, 
 # (8, 0, ..., 0), or cuFFT ran it without the callback (checked once per element type, before the first pull).
 _CANARY_CALLBACK = r"""
 __device__ ELEMENT circuslink_fft_canary(void* dataIn, unsigned long long offset, void* callerInfo,
-                                                    void* sharedPtr) {
+                                        void* sharedPtr) {
   ELEMENT one;
   one.x = 1;
   one.y = 0;

@@ -115,7 +115,8 @@ def _compile(source: str, name: str, arch: str) -> bytes:
 
 class LoadCallbackPlan:
     """``batch`` complex transforms of shape ``dims`` (C order, element size ``itemsize``: 8 or 16) whose
-    every input element comes from the ``extern "C"`` device function ``symbol`` in ``ir`` (LTO IR), called with
+    every input element comes from the device function ``symbol`` in ``ir`` (LTO IR; a C++ function, named
+    plainly: cuFFT 12 would not plan with an ``extern "C"`` one), called with
     ``caller_info`` (a device address) as its third argument. Packed, or with ``strides`` = (istride, idist,
     ostride, odist) in elements (cuFFT's advanced layout, the embeddings being ``dims``)."""
 
