@@ -8,7 +8,7 @@ last wait on the comm stream) as start-end ms from the execute's start, and the 
 (Plan.time_exchanges). Writes --json with every iteration's timelines. On a GPU each iteration also stamps the GPU
 clock (%globaltimer, one clock for every process on the GPU) on the caller's stream right after the meeting,
 which the execute's start follows: each rank's zero on one clock ("zero_ns"), printed as how late each rank's
-execute began after the earliest (a rank whose meeting kernel waited for SMs starts late).
+execute began after the earliest (the phases are otherwise each rank's own clock from its own start).
 Run: circuslink run -n 4 -- python scripts/dev/fft_timeline.py --json out.json
 """
 from __future__ import annotations
