@@ -157,6 +157,11 @@ def same_memory(world: Any) -> bool:
     return True
 
 
+def reshape_sync_seconds(world: Any) -> float | None:
+    """No tile model here, so no hand-off cost to add to it."""
+    return None
+
+
 def shared_put_bandwidth(world: Any, dtype: str) -> float | None:
     """No tile model here, so nothing for the ranks' shared bandwidth to bound."""
     return None

@@ -546,7 +546,8 @@ class Plan(Resource):
         """The tile model's seconds for each forward reshape with the tiles the queues committed: per reshape the
         slowest rank's, and where the ranks share one GPU at least every rank's bytes at the bandwidth they move
         together through the transposing put (``shared_put_bandwidth``): the model is fitted on each rank alone,
-        but a reshape's puts of every rank run at once on one memory."""
+        but a reshape's puts of every rank run at once on one memory. Plus, per reshape, the ranks' hand-off
+        (``reshape_sync_seconds``: one meeting of every rank, which no single rank's fit sees)."""
         from ...rma import _tile_model as tm
 
         model = self._impl.tile_model(self.world, self.cdtype) if len(self._arrays) > 1 and not self._pulls else None
@@ -571,7 +572,11 @@ class Plan(Resource):
         shared = self._impl.same_memory(self.world)
         shared_bw = self._impl.shared_put_bandwidth(self.world, self.cdtype) if shared else None
         total = sum(max(t, b / shared_bw) for t, b in steps) if shared_bw else alone
-        self.prediction.update(comm_s=total, comm_alone_s=alone, shared_put_bps=shared_bw, model=model.as_dict())
+        # each reshape ends in every rank's wait for every peer: one meeting's cost, whatever the chunks
+        sync = self._impl.reshape_sync_seconds(self.world) or 0.0
+        total += sync * len(steps)
+        self.prediction.update(comm_s=total, comm_alone_s=alone, shared_put_bps=shared_bw, sync_s=sync,
+                               model=model.as_dict())
 
     # -- what users see ---------------------------------------------------------------------------
     @property
