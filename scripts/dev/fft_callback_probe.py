@@ -86,7 +86,7 @@ for label, strides, want in (("pull-strided-natural", (S, 1, S, 1), ref), ("pull
                                                                              ref_rows)):
     try:
         t0 = time.perf_counter()
-        plan = cb.LoadCallbackPlan((N,), S, dt.itemsize, cb.lto_ir(code, "pull_slabs"), "pull_slabs",
+        plan = cb.CallbackPlan((N,), S, dt.itemsize, cb.lto_ir(code, "pull_slabs"), "pull_slabs",
                                    info.data.ptr, strides)
         print(f"{label} plan {time.perf_counter() - t0:.2f} s", flush=True)
         run = lambda p=plan: p.execute(dummy.data.ptr, -1, stream.ptr, out.data.ptr)  # noqa: E731
@@ -105,7 +105,7 @@ code_rows = code.replace("pull_slabs", "pull_rows").replace(
 rows_out = cp.empty((S, N), dtype=dt)
 try:
     t0 = time.perf_counter()
-    plan_rows = cb.LoadCallbackPlan((N,), S, dt.itemsize, cb.lto_ir(code_rows, "pull_rows"), "pull_rows",
+    plan_rows = cb.CallbackPlan((N,), S, dt.itemsize, cb.lto_ir(code_rows, "pull_rows"), "pull_rows",
                                     info.data.ptr)
     print(f"pull-rows plan {time.perf_counter() - t0:.2f} s", flush=True)
     run_rows = lambda: plan_rows.execute(rows_out.data.ptr, -1, stream.ptr)  # noqa: E731

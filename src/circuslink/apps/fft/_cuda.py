@@ -135,7 +135,7 @@ def _callback_plan(dims: tuple[int, ...], batch: int, itemsize: int, code: str, 
     from . import _cufft_callback as cb
 
     source = code.replace("ELEMENT", cb.ELEMENT[itemsize])
-    return cb.LoadCallbackPlan(dims, batch, itemsize, cb.lto_ir(source, name), name, info)
+    return cb.CallbackPlan(dims, batch, itemsize, cb.lto_ir(source, name), name, info)
 
 
 def _check_callbacks(world: Any, cp: Any, dtype: Any) -> None:

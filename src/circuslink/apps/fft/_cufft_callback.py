@@ -1,4 +1,5 @@
-"""cuFFT plans with a JIT-linked load callback, called through ctypes: what the FFT's pull scheme reads through.
+"""cuFFT plans with a JIT-linked load or store callback, called through ctypes: what the FFT's pull scheme reads
+through (a load callback) and what its dev probes of a push (a store callback) write through.
 
 Why not CuPy's ``set_cufft_callbacks(cb_ver="jit")``: on the GPU image of 2026-12-07 (CuPy 14.2.0 on CUDA 13,
 cuFFT 12.0) every plan CuPy made with a JIT callback failed with CUFFT_INTERNAL_ERROR, its own one-line example
@@ -16,8 +17,9 @@ import ctypes
 import os
 from typing import Any
 
-# cufftXtCallbackType: CUFFT_CB_LD_COMPLEX, CUFFT_CB_LD_COMPLEX_DOUBLE; cufftType: CUFFT_C2C, CUFFT_Z2Z
+# cufftXtCallbackType: CUFFT_CB_LD_COMPLEX(_DOUBLE), CUFFT_CB_ST_COMPLEX(_DOUBLE); cufftType: CUFFT_C2C, CUFFT_Z2Z
 LOAD_COMPLEX = {8: 0x0, 16: 0x1}
+STORE_COMPLEX = {8: 0x4, 16: 0x5}
 C2C = {8: 0x29, 16: 0x69}
 ELEMENT = {8: "float2", 16: "double2"}
 SYMBOL_NAME_SINCE = 12000  # cufftGetVersion() from which cufftXtSetJITCallback takes the symbol's name
@@ -113,15 +115,16 @@ def _compile(source: str, name: str, arch: str) -> bytes:
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-class LoadCallbackPlan:
+class CallbackPlan:
     """``batch`` complex transforms of shape ``dims`` (C order, element size ``itemsize``: 8 or 16) whose
-    every input element comes from the device function ``symbol`` in ``ir`` (LTO IR; a C++ function, named
-    plainly: cuFFT 12 would not plan with an ``extern "C"`` one), called with
-    ``caller_info`` (a device address) as its third argument. Packed, or with ``strides`` = (istride, idist,
-    ostride, odist) in elements (cuFFT's advanced layout, the embeddings being ``dims``)."""
+    every input element comes from (``store=False``) or every output element goes through (``store=True``) the
+    device function ``symbol`` in ``ir`` (LTO IR; a C++ function, named plainly: cuFFT 12 would not plan with
+    an ``extern "C"`` one), called with ``caller_info`` (a device address) as its caller-info argument. Packed,
+    or with ``strides`` = (istride, idist, ostride, odist) in elements (cuFFT's advanced layout, the embeddings
+    being ``dims``)."""
 
     def __init__(self, dims: tuple[int, ...], batch: int, itemsize: int, ir: bytes, symbol: str,
-                 caller_info: int, strides: tuple[int, int, int, int] | None = None) -> None:
+                 caller_info: int, strides: tuple[int, int, int, int] | None = None, store: bool = False) -> None:
         lib = _library()
         self._lib = lib
         self.handle = ctypes.c_int(0)
@@ -129,13 +132,14 @@ class LoadCallbackPlan:
         try:
             self._ir = ctypes.create_string_buffer(ir, len(ir))
             self._info = (ctypes.c_void_p * 1)(caller_info)  # cuFFT keeps the pointer: held for the plan's life
+            kind = (STORE_COMPLEX if store else LOAD_COMPLEX)[itemsize]
             if version() >= SYMBOL_NAME_SINCE:
                 self._symbol = ctypes.c_char_p(symbol.encode())
                 rc = lib.cufftXtSetJITCallback(self.handle, self._symbol, self._ir, ctypes.c_size_t(len(ir)),
-                                               LOAD_COMPLEX[itemsize], self._info)
+                                               kind, self._info)
             else:
                 rc = lib.cufftXtSetJITCallback(self.handle, self._ir, ctypes.c_size_t(len(ir)),
-                                               LOAD_COMPLEX[itemsize], self._info)
+                                               kind, self._info)
             _check(rc, "cufftXtSetJITCallback")
             n = (ctypes.c_longlong * len(dims))(*dims)
             embed = n if strides else None
