@@ -2,7 +2,7 @@
 
     circuslink fft2 --input X.npy --output Y.npy -n R [--backend cpu|cuda] [--inverse | --r2c | --c2r]
                     [--layout natural|transposed] [--scale none|full|symmetric] [--chunks K]
-                    [--scheme transpose-put|local-transpose|pull|push]
+                    [--scheme transpose-put|local-transpose|pull]
     circuslink fft3 ... the same, and [--decomposition auto|slab|pencil] [--grid P0xP1]
 
 X is the whole array, any dtype numpy's FFT takes (complex64 / complex128 kept; float32 and float16 become
@@ -75,9 +75,7 @@ def add_command_arguments(p: argparse.ArgumentParser, ndim: int) -> None:
     p.add_argument("--scale", choices=SCALES, default=None,
                    help="none, full (1/N) or symmetric (1/sqrt(N)); default numpy's: none forward, full inverse")
     p.add_argument("--scheme", choices=SCHEMES, default="transpose-put",
-                   help="global transposes by transposing puts (default), local transpose + block puts, or none: "
-                        "pull (each stage's transform reads the peers) or push (writes them); pull and push take "
-                        "complex slabs with --layout transposed")
+                   help="global transposes by transposing puts (default) or local transpose + block puts")
     p.add_argument("--chunks", type=positive_int, default=None,
                    help="pipeline chunks per reshape (default: the tile model's choice)")
     if ndim == 3:
