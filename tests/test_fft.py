@@ -180,15 +180,15 @@ def case(shape, dtype, decomposition, layout, scheme, chunks, scales, own):
     try:
         plan = fft.Plan(world, ins[me], outs[me], dtype, decomposition=decomposition if not own else "auto",
                         scheme=scheme, chunks=chunks)
-    except cl.ConfigError as exc:  # the pull / push outside what it reaches: refused in one line on every rank
-        if scheme not in ("pull", "push"):
+    except cl.ConfigError as exc:  # the pull outside what it reads: refused in one line on every rank
+        if scheme != "pull":
             raise
-        assert f"scheme={{scheme!r}}" in str(exc) and len(str(exc).splitlines()) == 1, exc
+        assert "scheme='pull'" in str(exc) and len(str(exc).splitlines()) == 1, exc
         # a complex slab in the stages' own layout is always pulled; a real one (more than one stage) never
         assert not (not real and not own and layout == "transposed" and decomposition == "slab"), (what, exc)
         return 0
-    if scheme in ("pull", "push") and real:
-        assert len(plan.stages) == 1, (what, "a real transform pulled or pushed")
+    if scheme == "pull" and real:
+        assert len(plan.stages) == 1, (what, "a real transform pulled")
     with plan:
         ref = (np.fft.rfftn(x.astype(np.float64)) if real else np.fft.fftn(x.astype(np.complex128))) * factor[fs]
         for rep in range(2):  # a plan runs many times: the second run must agree too
@@ -215,7 +215,7 @@ def case(shape, dtype, decomposition, layout, scheme, chunks, scales, own):
         assert set(plan.timings) == {{"fft", "transpose", "comm", "put", "total"}}
         if scheme == "transpose-put":
             assert plan.timings["transpose"] == 0.0
-        if scheme in ("pull", "push") and len(plan.stages) > 1:  # no reshape: each stage read / wrote the next
+        if scheme == "pull" and len(plan.stages) > 1:  # no reshape: each stage read the one before where it lay
             assert plan.describe()["reshapes"] == {{"forward": 0, "backward": 0}} and plan.chunks == 1
     return 1
 
@@ -229,7 +229,7 @@ for k in range({cases}):
     layout = str(g.choice(["natural", "transposed"]))
     own = bool(g.random() < 0.3)
     pullable = dtype.startswith("complex") and layout == "transposed" and not own
-    scheme = str(g.choice(["transpose-put", "local-transpose"] + ["pull", "push"] * pullable))
+    scheme = str(g.choice(["transpose-put", "local-transpose"] + ["pull"] * pullable))
     chunks = [None, 2, 3][int(g.integers(0, 3))]
     scales = [("none", "full"), ("symmetric", "symmetric"), ("full", "none")][int(g.integers(0, 3))]
     checked += case(shape, dtype, decomposition, layout, scheme, chunks, scales, own=own)
@@ -250,12 +250,7 @@ FIXED = [((1, 1), "complex128", "slab", "transpose-put", 2, False),
          ((4, 9), "float32", "slab", "pull", None, False),  # real: refused in both layouts
          ((2, 5), "complex64", "slab", "pull", None, False),  # fewer rows than ranks: empty slabs
          ((5, 6, 7), "complex128", "slab", "pull", None, False),  # 3-D: one pull of a plane's runs
-         ((6, 5, 4), "complex64", "pencil", "pull", None, False),  # pencils: pulled where the runs allow
-         ((7, 3), "complex64", "slab", "push", None, False),  # the push: the same cases
-         ((4, 9), "float64", "slab", "push", None, False),
-         ((2, 5), "complex128", "slab", "push", None, False),
-         ((5, 6, 7), "complex64", "slab", "push", None, False),
-         ((6, 5, 4), "complex128", "pencil", "push", None, False)]
+         ((6, 5, 4), "complex64", "pencil", "pull", None, False)]  # pencils: pulled where the runs allow
 # The GPU's: both precisions, uneven slabs (no size divides by 2 or 4 ranks), many tiles with partial ones at
 # the edges, boxes of the user's own (random uneven cuts: some ranks may hold nothing), c2c and r2c / c2r,
 # slab and pencil, both schemes, chunks from the tile model (None: the model's choice, measured where it
@@ -272,10 +267,7 @@ GPU_FIXED = [((37, 50), "complex64", "slab", "transpose-put", None, False),
              ((1, 1), "complex128", "slab", "transpose-put", 2, False),
              ((5, 1, 9), "float32", "pencil", "transpose-put", 2, False),
              ((37, 50), "complex128", "slab", "pull", None, False),
-             ((301, 257), "complex64", "slab", "pull", None, False),
-             ((45, 31), "complex128", "slab", "push", None, False),
-             ((257, 301), "complex64", "slab", "push", None, False),
-             ((13, 10, 9), "complex64", "slab", "push", None, False)]
+             ((301, 257), "complex64", "slab", "pull", None, False)]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
@@ -379,44 +371,6 @@ world.close()
 def test_ranks_agree_on_chunks_whatever_their_tile_models(spmd):
     job = spmd(2, AGREED_CHUNKS, timeout=120, env={"CIRCUSLINK_TIMEOUT": "20"}).check()
     assert job.output.count("agreed on") == 2, job.output
-
-
-RESULT_KEPT = """
-import os
-import time
-import numpy as np
-import circuslink as cl
-from circuslink.apps import fft
-
-# A result is valid until this rank's next execute, whatever its peers do. The push writes into the peers' next
-# stage, which is their output: a peer that starts its next forward at once must not overwrite the output this
-# rank still reads (rank 0 reads its output late, and on the first forward it starts late).
-world = cl.init()
-me, xp = world.rank, world.xp
-host = lambda a: a.get() if hasattr(a, "get") else np.asarray(a)
-g = np.random.default_rng(int(os.environ["CIRCUSLINK_TEST_SEED"]))
-shape = (13, 9)
-xs = [(g.standard_normal(shape) + 1j * g.standard_normal(shape)).astype(np.complex128) for _ in range(3)]
-ins, outs = fft.boxes(shape, world.size, "slab", layout="transposed")
-with fft.Plan(world, ins[me], outs[me], "complex128", scheme="{scheme}") as plan:
-    box = plan.outbox
-    for i, x in enumerate(xs):
-        if me == 0:
-            time.sleep(0.3)
-        y = plan.forward(xp.asarray(x[ins[me].low[0]: ins[me].high[0]]))
-        if me == 0:
-            time.sleep(0.3)
-        want = np.fft.fft2(x)[tuple(slice(lo, hi) for lo, hi in zip(box.low, box.high))].transpose(box.order)
-        assert np.abs(host(y) - want).max() < 1e-12 * np.abs(want).max(), ("forward", i)
-print(f"rank {{me}} kept its results")
-world.close()
-"""
-
-
-@pytest.mark.parametrize("scheme", ["push", "pull", "transpose-put"])
-def test_a_result_stays_until_this_ranks_next_execute(spmd, scheme):
-    job = spmd(3, RESULT_KEPT.format(scheme=scheme), timeout=120, env={"CIRCUSLINK_TIMEOUT": "20"}).check()
-    assert job.output.count("kept its results") == 3, job.output
 
 
 # -- the Python API's refusals (in this process: a world of one rank) ----------------------------------

@@ -9,7 +9,7 @@
 set -u
 R=${R:?} PY=${PY:-python3}
 CIRCUSLINK_TIMEOUT=${CIRCUSLINK_TIMEOUT:-60} timeout ${PULL_S:-200} $PY -m circuslink bench fft -n ${RANKS:-4} \
-  --schemes ${SCHEMES:-transpose-put,pull,push} ${FFT_ARGS:---size 16384 --dims 2 --dtype both --iters 10 --warmup 2} \
+  --schemes transpose-put,pull ${FFT_ARGS:---size 16384 --dims 2 --dtype both --iters 10 --warmup 2} \
   --json "$R/fft-pull-ab.json" > "$R/fft-pull-ab.log" 2>&1
 echo "== bench rc=$?"; tail -25 "$R/fft-pull-ab.log"
 CIRCUSLINK_SM_PARTITION=${CIRCUSLINK_SM_PARTITION:-auto} CIRCUSLINK_TIMEOUT=${CIRCUSLINK_TIMEOUT:-60} \

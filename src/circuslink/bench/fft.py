@@ -10,8 +10,6 @@ complex128), in one run, on the same ranks and the same slabs of axis 0:
   on each rank alone in ``predicted_comm_alone_ms``; the ranks' hand-off per reshape, one device-side
   meeting, in ``predicted_sync_ms``, counted once per reshape inside ``predicted_comm_ms``;
   ``put_ms`` is the puts' own launches inside the pipeline);
-* ``push`` (slabs, layout transposed): the pull's mirror, ``scheme="push"``: the first stage's transform writes
-  every element into the next stage's slab of the rank owning it (cuFFT's store callback on the GPU);
 * ``pull`` (slabs, layout transposed): circuslink's plan with
   ``scheme="pull"``: no reshape pass, the second stage's transform reads every piece from the rank holding it
   (cuFFT's load callback on the GPU); its communication is inside ``fft_ms``, and
@@ -51,7 +49,7 @@ import numpy as np
 from ..errors import BackendError, ConfigError, Error
 
 _DTYPES = ("complex64", "complex128")
-SCHEMES = ("transpose-put", "pull", "push")  # circuslink's rows (pull, push: complex slabs, layout transposed)
+SCHEMES = ("transpose-put", "pull")  # circuslink's rows (pull: complex slabs, layout transposed)
 # Both by default: neither is faster everywhere (one H100, 2026-12-07: the pull at 512^3 complex128 on 2 and 4 ranks,
 # the puts at complex64 and 8192^2 complex128; 16384^2 complex128 either way), and the verdicts take the faster of
 # each case. A GPU whose cuFFT cannot link the pull's callback gets a skipped row, not a stop.
@@ -109,8 +107,7 @@ def add_fft_arguments(parser: argparse.ArgumentParser) -> None:
                              "transpose, as cuFFTMp's slab output) or natural (slabs of axis 0 again: two)")
     parser.add_argument("--schemes", default=",".join(DEFAULT_SCHEMES),
                         help="circuslink's schemes, each a row: transpose-put (the reshape by transposing puts) and "
-                             "pull (layout transposed: the second stage's transform reads the peers' slabs), "
-                             "push (the first stage's transform writes them); "
+                             "pull (layout transposed: the second stage's transform reads the peers' slabs); "
                              f"default {','.join(DEFAULT_SCHEMES)}")
     parser.add_argument("--chunks", type=int, default=None,
                         help="circuslink's pipeline chunks (default: the tile model's choice)")
@@ -443,13 +440,13 @@ def _measure_ours(world: Any, module: Any, shape: tuple[int, ...], dtype: str, c
     from ..apps import fft
 
     ins, outs = fft.boxes(shape, world.size, "slab", layout=cfg.layout)
-    options = {"scheme": scheme} if scheme in ("pull", "push") else {"chunks": cfg.chunks}
+    options = {"scheme": "pull"} if scheme == "pull" else {"chunks": cfg.chunks}
     try:
         plan = fft.Plan(world, ins[world.rank], outs[world.rank], dtype, decomposition="slab", **options)
     except (ConfigError, BackendError) as exc:
-        if scheme not in ("pull", "push"):
+        if scheme != "pull":
             raise
-        # where the pull or push does not apply, or cuFFT cannot plan it: a row saying why
+        # where the pull does not apply, or cuFFT cannot plan it: a row saying why
         return _base_row(world, shape, dtype, cfg, scheme, skipped=str(exc).splitlines()[0])
     with plan:
         plan.input[...] = x0
@@ -457,7 +454,7 @@ def _measure_ours(world: Any, module: Any, shape: tuple[int, ...], dtype: str, c
         err = check_lines(world, module, x0, plan.inbox, plan.outbox, out, shape, dtype, scheme)
         row = _base_row(world, shape, dtype, cfg, scheme, chunks=plan.chunks, max_rel_err=err,
                         **_measure(world, plan, x0, cfg))
-        if scheme in ("pull", "push"):  # no reshape, no puts: nothing for the tile model
+        if scheme == "pull":  # no reshape, no puts: nothing for the tile model
             return _finish(row, shape)
         row["put_alone_ms"] = _exchanges_alone(world, plan, cfg) * 1e3
         pred = plan.prediction

@@ -56,27 +56,6 @@ def make_pull_fft(world: Any, window: Any, dst: np.ndarray, count: int, ranks: n
     return run
 
 
-def make_push_fft(world: Any, window: Any, src: np.ndarray, count: int, ranks: np.ndarray, offsets: np.ndarray,
-                  inverse: bool, cache: dict) -> Callable[[], None] | None:
-    """The push scheme's transform: ``src`` transformed in place over its last ``count`` axes, then scattered to
-    the ranks' windows, ``window of ranks[b] [offsets[b] + j] = src.reshape(-1, n)[j, b]`` (n: the points of
-    those axes). The cuda module does both in one cuFFT plan (a store callback)."""
-    if src.size == 0:
-        return None
-    flat = src.reshape(-1, offsets.size)
-    runs = np.arange(flat.shape[0])[:, None]
-    targets = [(np.flatnonzero(ranks == r), int(r)) for r in np.unique(ranks)]
-    transform = make_fft(world, "c2c", src, src, count, inverse, cache)
-
-    def run() -> None:
-        if transform is not None:
-            transform()
-        for points, r in targets:
-            window.peer(r).view(src.dtype)[offsets[points][None, :] + runs] = flat[:, points]
-
-    return run
-
-
 def scale(world: Any, a: np.ndarray, factor: float) -> None:
     a *= a.dtype.type(factor)
 

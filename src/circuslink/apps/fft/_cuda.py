@@ -116,20 +116,6 @@ __device__ ELEMENT circuslink_fft_pull(void* dataIn, unsigned long long offset, 
 """
 
 
-# The push scheme's store callback, the pull's mirror: element (j, b) of the transform's output is element j of
-# the run at b in the rank that holds it in the next stage: info = {n, &table[0]}, table[b] the run's address
-# there. cuFFT calls it for the last pass's stores only; the passes before use the transform's own array.
-_PUSH_CALLBACK = r"""
-__device__ void circuslink_fft_push(void* dataOut, unsigned long long offset, ELEMENT element, void* callerInfo,
-                                    void* sharedPtr) {
-  const unsigned long long* info = (const unsigned long long*)callerInfo;
-  const unsigned long long n = info[0];
-  ELEMENT* const* table = (ELEMENT* const*)info[1];
-  const unsigned long long j = offset / n;
-  table[offset - j * n][j] = element;
-}
-"""
-
 # A callback that loads ones: a plan made the way make_pull_fft makes its own must transform 8 of them into
 # (8, 0, ..., 0), or cuFFT ran it without the callback (checked once per element type, before the first pull).
 _CANARY_CALLBACK = r"""
@@ -141,52 +127,30 @@ __device__ ELEMENT circuslink_fft_canary(void* dataIn, unsigned long long offset
   return one;
 }
 """
-# A store callback that adds one to every element's real part: a plan made the way make_push_fft makes its own
-# must transform 8 ones into (9, 1, ..., 1).
-_STORE_CANARY_CALLBACK = r"""
-__device__ void circuslink_fft_store_canary(void* dataOut, unsigned long long offset, ELEMENT element,
-                                            void* callerInfo, void* sharedPtr) {
-  element.x += 1;
-  ((ELEMENT*)dataOut)[offset] = element;
-}
-"""
-_CALLBACKS_SEEN: set = set()  # (element type, store): callback kinds this process checked
+_CALLBACKS_SEEN: set = set()
 
 
-def _callback_plan(dims: tuple[int, ...], batch: int, itemsize: int, code: str, name: str, info: int,
-                   store: bool = False) -> Any:
-    """``batch`` packed transforms of shape ``dims`` whose loads (or stores) are the device function ``name`` in
-    ``code``."""
+def _callback_plan(dims: tuple[int, ...], batch: int, itemsize: int, code: str, name: str, info: int) -> Any:
+    """``batch`` packed transforms of shape ``dims`` whose loads are the device function ``name`` in ``code``."""
     from . import _cufft_callback as cb
 
     source = code.replace("ELEMENT", cb.ELEMENT[itemsize])
-    return cb.CallbackPlan(dims, batch, itemsize, cb.lto_ir(source, name), name, info, store=store)
+    return cb.CallbackPlan(dims, batch, itemsize, cb.lto_ir(source, name), name, info)
 
 
-def _check_callbacks(world: Any, cp: Any, dtype: Any, store: bool = False) -> None:
-    """Once per element type and kind: a canary plan must run its callback (cuFFT could otherwise plan without
-    it and give plain transforms, a wrong answer rather than an error)."""
-    if (dtype, store) in _CALLBACKS_SEEN:
+def _check_callbacks(world: Any, cp: Any, dtype: Any) -> None:
+    if dtype in _CALLBACKS_SEEN:
         return
-    if store:
-        out = cp.ones(8, dtype=dtype)
-        plan = _callback_plan((8,), 1, out.itemsize, _STORE_CANARY_CALLBACK, "circuslink_fft_store_canary", 0,
-                              store=True)
-        want = np.ones(8)
-        want[0] = 9
-    else:
-        out = cp.zeros(8, dtype=dtype)
-        plan = _callback_plan((8,), 1, out.itemsize, _CANARY_CALLBACK, "circuslink_fft_canary", 0)
-        want = np.zeros(8)
-        want[0] = 8
+    out = cp.zeros(8, dtype=dtype)
+    plan = _callback_plan((8,), 1, out.itemsize, _CANARY_CALLBACK, "circuslink_fft_canary", 0)
     stream = cp.cuda.get_current_stream()
     plan.execute(out.data.ptr, _FORWARD, stream.ptr)
-    kind = "store" if store else "load"
-    world.backend.wait_stream(stream, None, lambda: f"rank {world.rank}: the fft's check of cuFFT's {kind} callback")
+    world.backend.wait_stream(stream, None, lambda: f"rank {world.rank}: the fft pull's check of cuFFT's load callback")
     plan.close()
-    if np.abs(out.get() - want).max() > 1e-3:
-        raise RuntimeError(f"cuFFT ran the canary plan without its {kind} callback")
-    _CALLBACKS_SEEN.add((dtype, store))
+    got = out.get()
+    if abs(got[0] - 8) > 1e-3 or np.abs(got[1:]).max() > 1e-3:
+        raise RuntimeError("cuFFT ran the canary plan without its load callback")
+    _CALLBACKS_SEEN.add(dtype)
 
 
 def make_pull_fft(world: Any, window: Any, dst: Any, count: int, ranks: np.ndarray, offsets: np.ndarray,
@@ -225,51 +189,6 @@ def make_pull_fft(world: Any, window: Any, dst: Any, count: int, ranks: np.ndarr
                            "use scheme='transpose-put'") from None
     direction = _INVERSE if inverse else _FORWARD
     flat = dst.reshape(-1)
-
-    def run() -> None:
-        plan.execute(flat.data.ptr, direction, cp.cuda.get_current_stream().ptr)
-
-    run.plan, run.keep = plan, (table, info)  # the callback reads them for the plan's life
-    return run
-
-
-def make_push_fft(world: Any, window: Any, src: Any, count: int, ranks: np.ndarray, offsets: np.ndarray,
-                  inverse: bool, cache: dict) -> Callable[[], None] | None:
-    """The push scheme's transform: one cuFFT plan over ``src``'s last ``count`` axes, in place, whose last pass
-    stores ``src.reshape(-1, n)[j, b]`` into the window of ``ranks[b]`` at element ``offsets[b] + j`` (a store
-    callback JIT-linked into cuFFT's kernels), so that the reshape costs no pass of its own. ``src`` is the
-    transform's scratch: it holds the passes before the last."""
-    if src.size == 0:
-        return None
-    cp = _cp()
-    e = src.itemsize
-    bases = {int(r): int(window.peer(int(r)).data.ptr) for r in np.unique(ranks)}
-    table = cp.asarray(np.array([bases[int(r)] for r in ranks], dtype=np.uint64) + offsets.astype(np.uint64) * e)
-    n = int(offsets.size)
-    dims = cufft_dims("c2c", tuple(int(x) for x in src.shape[src.ndim - count:]))
-    if not dims:  # transforms of single points: the scatter alone
-        flat = src.reshape(-1, n)
-        targets = [(cp.asarray(np.flatnonzero(ranks == r)), int(r)) for r in np.unique(ranks)]
-        runs = cp.arange(flat.shape[0])[:, None]
-        starts = cp.asarray(offsets)
-
-        def scatter() -> None:
-            for points, r in targets:
-                window.peer(r).view(src.dtype)[starts[points][None, :] + runs] = flat[:, points]
-
-        return scatter
-    batch = src.size // n
-    info = cp.asarray(np.array([n, table.data.ptr], dtype=np.uint64))
-    try:
-        _check_callbacks(world, cp, src.dtype, store=True)
-        plan = _callback_plan(dims, batch, e, _PUSH_CALLBACK, "circuslink_fft_push", info.data.ptr, store=True)
-    except Exception as exc:  # no JIT callbacks in this cuFFT, NVRTC or cuFFT refusing: one line naming the plan
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise BackendError(f"rank {world.rank}: fft scheme 'push': cuFFT could not plan {batch} transform(s) of "
-                           f"shape {dims} with a store callback ({type(exc).__name__}: {reason}); "
-                           "use scheme='transpose-put'") from None
-    direction = _INVERSE if inverse else _FORWARD
-    flat = src.reshape(-1)
 
     def run() -> None:
         plan.execute(flat.data.ptr, direction, cp.cuda.get_current_stream().ptr)

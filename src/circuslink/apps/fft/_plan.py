@@ -42,8 +42,7 @@ from . import _boxes as bx
 DTYPES = {"complex64": 8, "complex128": 16, "float32": 4, "float64": 8}
 COMPLEX = {"float32": "complex64", "float64": "complex128", "complex64": "complex64", "complex128": "complex128"}
 SCALES = ("none", "full", "symmetric")
-SCHEMES = ("transpose-put", "local-transpose", "pull", "push")
-_MOVED = ("pull", "push")  # schemes with no reshape of their own: a stage's transform reads or writes the peers
+SCHEMES = ("transpose-put", "local-transpose", "pull")
 DECOMPOSITIONS = ("auto", "slab", "pencil")
 _MARGIN = 256 << 20  # bytes a rank keeps free beside its estimate (tile calibration scratch, CUDA context)
 _ALIGN = 256
@@ -192,8 +191,8 @@ class Plan(Resource):
             self.prediction: dict = {}
             self._cache: dict = {}  # cuFFT plans of this plan's transforms (back-end-specific)
             self._prebuilt: list | None = None
-            self._maps = self._run_maps() if scheme in _MOVED else None
-            self.chunks = 1 if self._maps else self._choose_chunks(chunks)
+            self._pulls = self._pull_maps() if scheme == "pull" else None
+            self.chunks = 1 if self._pulls else self._choose_chunks(chunks)
             forward = self._prebuilt or self._forward(self.chunks)
             self._prebuilt = None
             self._programs = {"forward": forward, "backward": self._backward(self.chunks)}
@@ -273,19 +272,17 @@ class Plan(Resource):
                                                                               False)
         return "c2c", stage, stage, count, inverse
 
-    def _run_maps(self) -> dict[str, list[tuple[np.ndarray, np.ndarray]]] | None:
-        """The pull and push schemes' maps, per direction, one per pair of consecutive stages in the order the
-        direction runs them: for this rank's array of the stage that moves (the pull: the later one, which reads;
-        the push: the earlier one, which writes), per point b of that stage's transformed axes (flattened as
-        stored), the rank whose array of the other stage holds the run of the untransformed axes at b, and that
-        run's element offset in the rank's window: ``mine.reshape(-1, n)[j, b]`` is ``window of that rank
-        [offset + j]``. None where there is nothing to move."""
+    def _pull_maps(self) -> dict[str, list[tuple[np.ndarray, np.ndarray]]] | None:
+        """The pull scheme's sources, per direction and per stage after the first it runs: for this rank's array
+        of that stage, per point b of its transformed axes (flattened as stored), the rank whose piece of the
+        stage before holds the run of the other axes at b, and that run's element offset in the rank's window:
+        ``dst.reshape(-1, n)[j, b] = window of that rank [offset + j]``. None where there is nothing to pull."""
         def refuse(why: str) -> ConfigError:
-            return ConfigError(f"fft: scheme={self.scheme!r} {why}; use scheme='transpose-put'")
+            return ConfigError(f"fft: scheme='pull' {why}; use scheme='transpose-put'")
 
         stages = self._stage_arrays
         if len(stages) == 1:
-            return None  # one stage (one rank): no peer to reach; a reshape of the input or output stays a put
+            return None  # one stage (one rank): no peer to read; a reshape of the input or output stays a put
         if self.real:
             raise refuse("takes complex-to-complex transforms (a real transform's first stage is out of place)")
         if self._arrays != stages:
@@ -294,24 +291,17 @@ class Plan(Resource):
         if len(self.world.nodes) > 1 or not self._impl.same_memory(self.world):
             raise refuse("needs every rank to map every other's memory (one node, one GPU or the cpu)")
         K = len(stages)
-        if self.scheme == "pull":  # stage k reads stage k -+ 1
-            maps = {"forward": [self._run_map(k, stages[k - 1]) for k in range(1, K)],
-                    "backward": [self._run_map(k, stages[k + 1]) for k in reversed(range(K - 1))]}
-        else:  # stage k writes stage k +- 1
-            maps = {"forward": [self._run_map(k, stages[k + 1]) for k in range(K - 1)],
-                    "backward": [self._run_map(k, stages[k - 1]) for k in reversed(range(1, K))]}
+        maps = {"forward": [self._pull_map(stages[k - 1], stages[k], self.stages[k].count) for k in range(1, K)],
+                "backward": [self._pull_map(stages[k + 1], stages[k], self.stages[k].count)
+                             for k in reversed(range(K - 1))]}
         bad = self.world.allgather_object(any(m is None for ms in maps.values() for m in ms))
         if any(bad):
-            verb = "read" if self.scheme == "pull" else "write"
-            raise refuse(f"cannot {verb} rank(s) {', '.join(str(r) for r, b in enumerate(bad) if b)}'s runs of "
-                         "the untransformed axes in one rank each")
+            raise refuse(f"cannot read rank(s) {', '.join(str(r) for r, b in enumerate(bad) if b)}'s runs of "
+                         "the untransformed axes from one rank each")
         return maps
 
-    def _run_map(self, k: int, other: _Array) -> tuple[np.ndarray, np.ndarray] | None:
-        """This rank's stage-k array against ``other`` (the array it reads or writes): see ``_run_maps``."""
-        mine = self._stage_arrays[k]
-        count = self.stages[k].count
-        box = mine.boxes[self.world.rank]
+    def _pull_map(self, src: _Array, dst: _Array, count: int) -> tuple[np.ndarray, np.ndarray] | None:
+        box = dst.boxes[self.world.rank]
         axes, free = box.order[len(box.order) - count:], box.order[:len(box.order) - count]
         n = math.prod(box.shape[a] for a in axes)
         ranks = np.full(n, -1, dtype=np.int64)
@@ -320,63 +310,50 @@ class Plan(Resource):
             return ranks, offsets
         points = np.indices([box.shape[a] for a in axes]).reshape(count, -1)  # b's coordinates, as stored
         at = {a: points[i] + box.low[a] for i, a in enumerate(axes)}
-        e = DTYPES[other.dtype]
-        for r, held in enumerate(other.boxes):
+        e = DTYPES[src.dtype]
+        for r, held in enumerate(src.boxes):
             if held.empty:
                 continue
             inside = np.logical_and.reduce([(held.low[a] <= at[a]) & (at[a] < held.high[a]) for a in axes])
             if not inside.any():
                 continue
-            # my run of the other axes at b is one contiguous run of the holder's storage: the holder stores
-            # those axes last, in the same order, holds all of my range on them, and all of them but the
+            # dst's run of the other axes at b is one contiguous run of the holder's storage: the holder stores
+            # those axes last, in the same order, holds all of dst's range on them, and all of them but the
             # first have the same extent in both
             if (free and tuple(held.order[-len(free):]) != tuple(free)) or \
                     any(held.low[a] > box.low[a] or held.high[a] < box.high[a] for a in free) or \
                     any(held.shape[a] != box.shape[a] for a in free[1:]):
                 return None
             stride = held.strides()
-            base = other.region * self._region // e + sum((box.low[a] - held.low[a]) * stride[a] for a in free)
+            base = src.region * self._region // e + sum((box.low[a] - held.low[a]) * stride[a] for a in free)
             ranks[inside] = r
             offsets[inside] = base + sum((at[a][inside] - held.low[a]) * stride[a] for a in axes)
         return (ranks, offsets) if (ranks >= 0).all() else None
 
-    def _moved(self, direction: str, cache: dict) -> list[_Step]:
-        """The pull and push schemes' program: each stage's transforms and a meeting after them. The pull: the
-        first stage plain, every later one reading the stage before from the peers (the meeting before it: the
-        data is there; the one after: no rank overwrites what a peer still reads). The push: a meeting first
-        (every peer has left its last execute, so none still reads the result this one overwrites: a peer's output
-        is the array a push writes), every stage but the last writing its results into the next stage's arrays of
-        the peers (the meeting after it: the data is there), the last plain."""
+    def _pulled(self, direction: str, cache: dict) -> list[_Step]:
+        """The pull scheme's program: the first stage's transforms, then per later stage a meeting and its
+        transforms reading the stage before from the peers, and a last meeting."""
         K = len(self._stage_arrays)
         inverse = direction == "backward"
         order = list(reversed(range(K))) if inverse else list(range(K))
-        maps = self._maps[direction]
-        pull = self.scheme == "pull"
-        moving = order[1:] if pull else order[:-1]
-        if pull:
-            steps = [_Step(self._fft_ops(self._transform(order[0], inverse), 1, cache), meet_after=True)]
-        else:
-            steps = [_Step([], meet_after=True)]
-        for k, (ranks, offsets) in zip(moving, maps, strict=True):
-            make = self._impl.make_pull_fft if pull else self._impl.make_push_fft
+        steps = [_Step(self._fft_ops(self._transform(order[0], inverse), 1, cache), meet_after=True)]
+        for k, (ranks, offsets) in zip(order[1:], self._pulls[direction], strict=True):
             try:  # every rank plans alike, but a refusal on one must not leave the others in a collective
                 why = None
-                op = make(self.world, self.window, self._stage_arrays[k].view, self.stages[k].count, ranks, offsets,
-                          inverse, cache)
+                pull = self._impl.make_pull_fft(self.world, self.window, self._stage_arrays[k].view,
+                                                self.stages[k].count, ranks, offsets, inverse, cache)
             except BackendError as exc:
-                op, why = None, str(exc)
+                pull, why = None, str(exc)
             refused = [w for w in self.world.allgather_object(why) if w]
             if refused:
                 raise BackendError(refused[0])
-            steps.append(_Step([op], meet_after=True))
-        if not pull:
-            steps.append(_Step(self._fft_ops(self._transform(order[-1], inverse), 1, cache)))
+            steps.append(_Step([pull], meet_after=True))
         return steps
 
     def _forward(self, parts: int, cache: dict | None = None) -> list[_Step]:
         cache = self._cache if cache is None else cache
-        if self._maps:
-            return self._moved("forward", cache)
+        if self._pulls:
+            return self._pulled("forward", cache)
         steps = []
         if self._spatial is not self._arrays[0]:
             steps.append(self._reshape(self._arrays[0], self._spatial, None, 1, cache))
@@ -391,8 +368,8 @@ class Plan(Resource):
 
     def _backward(self, parts: int, cache: dict | None = None) -> list[_Step]:
         cache = self._cache if cache is None else cache
-        if self._maps:
-            return self._moved("backward", cache)
+        if self._pulls:
+            return self._pulled("backward", cache)
         steps = []
         last = self._stage_arrays[-1]
         if self._arrays[-1] is not last:
@@ -573,7 +550,7 @@ class Plan(Resource):
         (``reshape_sync_seconds``: one meeting of every rank, which no single rank's fit sees)."""
         from ...rma import _tile_model as tm
 
-        model = self._impl.tile_model(self.world, self.cdtype) if len(self._arrays) > 1 and not self._maps else None
+        model = self._impl.tile_model(self.world, self.cdtype) if len(self._arrays) > 1 and not self._pulls else None
         if model is None:
             return
         mine = []  # per forward reshape: (this rank's predicted seconds, its bytes)
