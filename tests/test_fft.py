@@ -373,6 +373,73 @@ def test_ranks_agree_on_chunks_whatever_their_tile_models(spmd):
     assert job.output.count("agreed on") == 2, job.output
 
 
+SYNC_PER_CHUNK = """
+import circuslink as cl
+from circuslink.apps import fft
+from circuslink.apps.fft import _cpu
+from circuslink.rma import _tile_model as tm
+
+# The model counts the ranks' hand-off (one meeting's measured cost) once per chunk's queue of every reshape:
+# each chunk's queue is one cycle of start and wait between all ranks, as a meeting is.
+world = cl.init()
+me = world.rank
+model = tm.TileModel(b_ideal=1e11, x_read=64.0, x_write=64.0, k=1e-8, t0=1e-6)
+_cpu.tile_model = lambda w, dtype: model
+_cpu.reshape_sync_seconds = lambda w: 5e-5
+ins, outs = fft.boxes((12, 10), world.size, "slab", layout="transposed")
+for chunks in (1, 3):
+    with fft.Plan(world, ins[me], outs[me], "complex128", chunks=chunks) as plan:
+        p = plan.prediction
+        queues = sum(len(s.queues) for s in plan._programs["forward"])
+        assert queues == chunks, (queues, chunks)
+        assert p["sync_s"] == 5e-5 and abs(p["comm_s"] - (p["comm_alone_s"] + chunks * 5e-5)) < 1e-15, p
+print(f"rank {me} counted the hand-off per chunk")
+world.close()
+"""
+
+
+def test_the_model_counts_one_hand_off_per_chunk(spmd):
+    job = spmd(2, SYNC_PER_CHUNK, timeout=120).check()
+    assert job.output.count("per chunk") == 2, job.output
+
+
+RESULT_KEPT = """
+import os
+import time
+import numpy as np
+import circuslink as cl
+from circuslink.apps import fft
+
+# A result is valid until this rank's next execute, whatever its peers do: a peer that starts its next forward at
+# once must not overwrite the output this rank still reads (rank 0 reads its output late, and starts late).
+world = cl.init()
+me, xp = world.rank, world.xp
+host = lambda a: a.get() if hasattr(a, "get") else np.asarray(a)
+g = np.random.default_rng(int(os.environ["CIRCUSLINK_TEST_SEED"]))
+shape = (13, 9)
+xs = [(g.standard_normal(shape) + 1j * g.standard_normal(shape)).astype(np.complex128) for _ in range(3)]
+ins, outs = fft.boxes(shape, world.size, "slab", layout="transposed")
+with fft.Plan(world, ins[me], outs[me], "complex128", scheme="{scheme}") as plan:
+    box = plan.outbox
+    for i, x in enumerate(xs):
+        if me == 0:
+            time.sleep(0.3)
+        y = plan.forward(xp.asarray(x[ins[me].low[0]: ins[me].high[0]]))
+        if me == 0:
+            time.sleep(0.3)
+        want = np.fft.fft2(x)[tuple(slice(lo, hi) for lo, hi in zip(box.low, box.high))].transpose(box.order)
+        assert np.abs(host(y) - want).max() < 1e-12 * np.abs(want).max(), ("forward", i)
+print(f"rank {{me}} kept its results")
+world.close()
+"""
+
+
+@pytest.mark.parametrize("scheme", ["pull", "transpose-put"])
+def test_a_result_stays_until_this_ranks_next_execute(spmd, scheme):
+    job = spmd(3, RESULT_KEPT.format(scheme=scheme), timeout=120, env={"CIRCUSLINK_TIMEOUT": "20"}).check()
+    assert job.output.count("kept its results") == 3, job.output
+
+
 # -- the Python API's refusals (in this process: a world of one rank) ----------------------------------
 @pytest.fixture(scope="module")
 def world():

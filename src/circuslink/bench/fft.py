@@ -7,8 +7,8 @@ complex128), in one run, on the same ranks and the same slabs of axis 0:
   chunks picked by the tile model (``chunks``; the model's prediction of the puts in ``predicted_comm_ms``
   beside ``put_alone_ms``, the reshapes timed with no transform between them, its error in ``model_err_pct``;
   where the ranks share one GPU, at least every rank's bytes at ``shared_put_gbps``, and the model fitted
-  on each rank alone in ``predicted_comm_alone_ms``; the ranks' hand-off per reshape, one device-side
-  meeting, in ``predicted_sync_ms``, counted once per reshape inside ``predicted_comm_ms``;
+  on each rank alone in ``predicted_comm_alone_ms``; the ranks' hand-off, one device-side meeting, in
+  ``predicted_sync_ms``, counted once per chunk's queue inside ``predicted_comm_ms``;
   ``put_ms`` is the puts' own launches inside the pipeline);
 * ``pull`` (slabs, layout transposed): circuslink's plan with
   ``scheme="pull"``: no reshape pass, the second stage's transform reads every piece from the rank holding it
@@ -466,7 +466,7 @@ def _measure_ours(world: Any, module: Any, shape: tuple[int, ...], dtype: str, c
             if pred.get("shared_put_bps"):  # the model fitted on each rank alone, beside the shared bound
                 row["predicted_comm_alone_ms"] = pred["comm_alone_s"] * 1e3
                 row["shared_put_gbps"] = pred["shared_put_bps"] / 1e9
-            if pred.get("sync_s"):  # the ranks' hand-off per reshape, inside predicted_comm_ms
+            if pred.get("sync_s"):  # the ranks' hand-off per chunk's queue, inside predicted_comm_ms
                 row["predicted_sync_ms"] = pred["sync_s"] * 1e3
         if pred.get("chunk_candidates"):
             bounds = pred["chunk_candidates"].get(plan.chunks)

@@ -373,12 +373,12 @@ _SYNC = "circuslink.fft.reshape_sync"  # World.registry key: reshape_sync_second
 
 
 def reshape_sync_seconds(world: Any, samples: int = 9) -> float | None:
-    """Collective: seconds one reshape spends on its ranks' hand-off beyond moving bytes: a cycle of the world's
-    meeting queue (every rank signals every other and waits for them, as a reshape's last wait does), launched
-    behind a meeting so that every rank is there, the slowest rank's median. The tile model's t0 is one rank's
-    launch alone and cannot see it; the puts alone ran 0.07 ms (2 ranks) and 0.11 ms (4 ranks) above a line
-    through the origin at 8192^2 and 16384^2 (2026-12-07). Measured once per world; None on one rank or across
-    nodes (no meeting queue)."""
+    """Collective: seconds one cycle of a reshape's queue spends on its ranks' hand-off beyond moving bytes: a
+    cycle of the world's meeting queue (a queue with signals only: every rank signals every other and waits for
+    them, as every chunk's queue does), launched behind a meeting so that every rank is there, the slowest
+    rank's median. The tile model's t0 is one rank's launch alone and cannot see it; the puts alone ran 0.07 ms
+    (2 ranks) and 0.11 ms (4 ranks) above a line through the origin at 8192^2 and 16384^2 (2026-12-07).
+    Measured once per world; None on one rank or across nodes (no meeting queue)."""
     from ... import rma
 
     def measure() -> float | None:

@@ -546,8 +546,8 @@ class Plan(Resource):
         """The tile model's seconds for each forward reshape with the tiles the queues committed: per reshape the
         slowest rank's, and where the ranks share one GPU at least every rank's bytes at the bandwidth they move
         together through the transposing put (``shared_put_bandwidth``): the model is fitted on each rank alone,
-        but a reshape's puts of every rank run at once on one memory. Plus, per reshape, the ranks' hand-off
-        (``reshape_sync_seconds``: one meeting of every rank, which no single rank's fit sees)."""
+        but a reshape's puts of every rank run at once on one memory. Plus, per chunk's queue, the ranks'
+        hand-off (``reshape_sync_seconds``: one meeting of every rank, which no single rank's fit sees)."""
         from ...rma import _tile_model as tm
 
         model = self._impl.tile_model(self.world, self.cdtype) if len(self._arrays) > 1 and not self._pulls else None
@@ -572,9 +572,10 @@ class Plan(Resource):
         shared = self._impl.same_memory(self.world)
         shared_bw = self._impl.shared_put_bandwidth(self.world, self.cdtype) if shared else None
         total = sum(max(t, b / shared_bw) for t, b in steps) if shared_bw else alone
-        # each reshape ends in every rank's wait for every peer: one meeting's cost, whatever the chunks
+        # every chunk's queue is one cycle of start and wait between all ranks, as a meeting is (the meeting
+        # queue is one with signals only): one meeting's cost per chunk of every reshape
         sync = self._impl.reshape_sync_seconds(self.world) or 0.0
-        total += sync * len(steps)
+        total += sync * sum(len(s.queues) for s in self._programs["forward"])
         self.prediction.update(comm_s=total, comm_alone_s=alone, shared_put_bps=shared_bw, sync_s=sync,
                                model=model.as_dict())
 
