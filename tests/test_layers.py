@@ -402,6 +402,7 @@ PROCESS_STATE = {
     ("apps/qcd/_halo_cuda.py", "_lib"): "a loaded shared library (NVSHMEM), once per process",
     ("apps/fft/_cufft_callback.py", "_lib"): "a loaded shared library (the libcufft CuPy loaded), once per process",
     ("apps/fft/_cufft_callback.py", "_ir"): "compiled device code (the pull's callbacks), the same for every World",
+    ("apps/fft/_line_pull.py", "_modules"): "compiled device code (the pull's line kernel), the same for every World",
     ("transport/mpi.py", "_library"): "the progress thread's compiled library, loaded once per process",
     ("transport/nvshmem.py", "_library"): "the NVSHMEM library (initialised once per process, as NVSHMEM is)",
     ("transport/_registry.py", "_registered"): "the transports this process knows (built in, and plug-ins)",

@@ -17,6 +17,7 @@ sum may exceed the total.
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from ..._wait import Deadline
-from ...errors import BackendError
+from ...errors import BackendError, ConfigError
+from . import _line_pull
 
 # Beside the window a rank holds cuFFT's work areas (at most about one region for the plans of a stage).
 EXTRA_REGIONS = 1
@@ -153,11 +155,22 @@ def _check_callbacks(world: Any, cp: Any, dtype: Any) -> None:
     _CALLBACKS_SEEN.add(dtype)
 
 
+def pull_kernel() -> str:
+    """Which transform a pulled stage of one power-of-two axis (up to ``_line_pull.MAX_POINTS``) runs:
+    ``CIRCUSLINK_FFT_PULL_KERNEL=own`` (the default: ``_line_pull``'s kernel, which reads whole sectors) or
+    ``callback`` (cuFFT with a load callback, as every other pulled stage), for A/B runs."""
+    kind = os.environ.get("CIRCUSLINK_FFT_PULL_KERNEL", "own")
+    if kind not in ("own", "callback"):
+        raise ConfigError(f"CIRCUSLINK_FFT_PULL_KERNEL={kind!r}: expected 'own' or 'callback'")
+    return kind
+
+
 def make_pull_fft(world: Any, window: Any, dst: Any, count: int, ranks: np.ndarray, offsets: np.ndarray,
                   inverse: bool, cache: dict) -> Callable[[], None] | None:
-    """The pull scheme's transform: one cuFFT plan over ``dst``'s last ``count`` axes whose loads read
-    ``dst.reshape(-1, n)[j, b]`` from the window of ``ranks[b]`` at element ``offsets[b] + j`` (a load callback
-    JIT-linked into cuFFT's kernels, _cufft_callback), so that the reshape costs no pass of its own; in place."""
+    """The pull scheme's transform over ``dst``'s last ``count`` axes, whose input ``dst.reshape(-1, n)[j, b]``
+    is read from the window of ``ranks[b]`` at element ``offsets[b] + j``, so that the reshape costs no pass of
+    its own; in place. One axis of a power of two: our own kernel (_line_pull); otherwise one cuFFT plan with a
+    load callback JIT-linked into its kernels (_cufft_callback)."""
     if dst.size == 0:
         return None
     cp = _cp()
@@ -177,6 +190,8 @@ def make_pull_fft(world: Any, window: Any, dst: Any, count: int, ranks: np.ndarr
                 flat[:, points] = window.peer(r).view(dst.dtype)[starts[points][None, :] + runs]
 
         return gather
+    if len(dims) == 1 and _line_pull.fits(dims[0], 1) and pull_kernel() == "own":
+        return _line_pull.make(dst.reshape(-1), n, table, inverse)
     batch = dst.size // n
     info = cp.asarray(np.array([n, table.data.ptr], dtype=np.uint64))
     try:

@@ -1,0 +1,86 @@
+"""Dev experiment (one process, one GPU): the FFT pull's own line kernel (apps/fft/_line_pull.py) alone, against
+what bounds it.
+
+For one rank's second stage of a 3-D slab FFT of --size^3 on --ranks ranks (runs = size^2 / ranks of the
+untransformed axes, size points each), times: (own) the kernel reading every point's run from the slabs where
+the first stage left them (a table of addresses into --ranks arrays, as the pull reads the peers); (callback) the
+library's other route, cuFFT with a load callback, the same table; (cufft) cuFFT's packed transforms of the
+gathered input, no pull (what a stage costs when the reshape has been paid); (copy) a device copy of the same
+bytes (one read and one write: the floor of any pass). Each checked against numpy on a sample of runs. Prints
+ms (best and median of --reps event-timed runs) and the bandwidth of one read and one write.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import cupy as cp
+import numpy as np
+
+from circuslink.apps.fft import _cuda, _line_pull
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--size", type=int, default=512)
+ap.add_argument("--ranks", type=int, default=4)
+ap.add_argument("--dtype", default="complex64")
+ap.add_argument("--reps", type=int, default=10)
+args = ap.parse_args()
+N, P = args.size, args.ranks
+dt = np.dtype(args.dtype)
+S = N // P  # each slab's planes; this rank's runs: S planes x N (its y-range) x N
+runs = S * N  # y-range of S rows, every z: the runs a rank's stage 2 transforms, N points each (x)
+
+
+def timed(fn):
+    fn()
+    cp.cuda.Device().synchronize()
+    ts = []
+    for _ in range(args.reps):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(cp.cuda.get_elapsed_time(a, b))
+    return min(ts), statistics.median(ts)
+
+
+nbytes = runs * N * dt.itemsize
+
+
+def show(name, fn):
+    best, med = timed(fn)
+    print(f"{name:9s} best {best:.3f} median {med:.3f} ms  {2 * nbytes / best / 1e6:7.0f} GB/s (one read, one write)",
+          flush=True)
+
+
+rng = cp.random.default_rng(1)
+# slab r: planes x in [r S, (r+1) S), all y and z; this rank (0) reads y in [0, S) of every plane
+slabs = [(rng.standard_normal((S, N, N), dtype=np.float32) + 1j * rng.standard_normal((S, N, N), dtype=np.float32)
+          ).astype(dt) for _ in range(P)]
+print(f"{N}^3 {dt} on {P} ranks: stage 2 of one rank, {runs} runs of {N} points ({nbytes / 2**30:.2f} GiB)",
+      flush=True)
+table = cp.asarray(np.array([slabs[x // S].data.ptr + (x % S) * N * N * dt.itemsize for x in range(N)],
+                            dtype=np.uint64))
+out = cp.empty(runs * N, dtype=dt)
+own = _line_pull.make(out, N, table, inverse=False)
+gathered = cp.concatenate([s[:, :S, :].reshape(S, runs) for s in slabs], axis=0).T.copy()  # (runs, N)
+ref = cp.fft.fft(gathered, axis=1)
+own()
+err = float(cp.abs(out.reshape(runs, N) - ref).max() / cp.abs(ref).max())
+print(f"own kernel max relative error {err:.2e}", flush=True)
+show("own", own)
+info = cp.asarray(np.array([N, table.data.ptr], dtype=np.uint64))
+try:
+    plan = _cuda._callback_plan((N,), runs, dt.itemsize, _cuda._PULL_CALLBACK, "circuslink_fft_pull", info.data.ptr)
+    flat = cp.empty(runs * N, dtype=dt)
+    plan.execute(flat.data.ptr, -1, cp.cuda.get_current_stream().ptr)
+    err = float(cp.abs(flat.reshape(runs, N) - ref).max() / cp.abs(ref).max())
+    print(f"callback max relative error {err:.2e}", flush=True)
+    show("callback", lambda: plan.execute(flat.data.ptr, -1, cp.cuda.get_current_stream().ptr))
+except Exception as exc:  # noqa: BLE001 - a dev probe: say why and go on
+    print(f"callback: {type(exc).__name__}: {exc}", flush=True)
+packed = gathered.copy()
+show("cufft", lambda: cp.fft.fft(packed, axis=1))
+dst = cp.empty_like(gathered)
+show("copy", lambda: cp.copyto(dst, gathered))

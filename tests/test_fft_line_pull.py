@@ -1,0 +1,64 @@
+"""The FFT pull's own line kernel (apps/fft/_line_pull.py): its CUDA source run on the cpu by an emulation that
+makes each block's threads host threads (CI checks the index maths without a GPU), and the kernel itself on a
+GPU; both against a direct transform, every power of two it takes, both precisions and directions, partial
+tiles, sources scattered in a random order."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from circuslink.apps.fft import _line_pull
+
+HARNESS = Path(__file__).parent / "data" / "fft_line_pull_emulation.cpp"
+CXX = shutil.which("g++") or shutil.which("c++")
+
+
+def test_fits_takes_one_axis_of_a_power_of_two():
+    assert [n for n in range(0, 2100) if _line_pull.fits(n, 1)] == [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+    assert not _line_pull.fits(64, 2)
+    for n in (2, 8, 512, 1024):
+        for itemsize in (8, 16):
+            tile, each, threads = _line_pull.shape(n, itemsize)
+            assert tile * itemsize == _line_pull.TILE_BYTES and each >= 8 and threads * each == tile * n
+            assert threads <= _line_pull.THREADS
+
+
+@pytest.mark.skipif(CXX is None, reason="needs a C++20 compiler (.ci/run installs g++)")
+def test_the_kernel_source_transforms_every_size_on_the_cpu(tmp_path, seed):
+    source = _line_pull._SOURCE
+    exe = tmp_path / "emulation"
+    build = subprocess.run([CXX, "-std=c++20", "-O1", "-pthread", f'-DKERNEL_SOURCE="{source}"', str(HARNESS),
+                            "-o", str(exe)], capture_output=True, text=True, timeout=240)
+    assert build.returncode == 0, build.stderr[-3000:]
+    got = subprocess.run([str(exe), str(seed)], capture_output=True, text=True, timeout=240)
+    assert got.returncode == 0 and "FAILED" not in got.stdout, got.stdout + got.stderr
+    assert got.stdout.count("forward") == 20, got.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["complex64", "complex128"])
+def test_the_kernel_matches_numpy_on_gpu(rng, dtype):
+    cp = pytest.importorskip("cupy")
+    tol = {"complex64": 1e-5, "complex128": 1e-12}[dtype]
+    for n in [1 << k for k in range(1, 11)]:
+        runs = int(rng.integers(1, 40))
+        gap = int(rng.integers(0, 5))
+        order = rng.permutation(n)  # point b's run is row order[b] of the pool
+        x = (rng.standard_normal((n, runs)) + 1j * rng.standard_normal((n, runs))).astype(dtype)
+        pool = cp.zeros((n, runs + gap), dtype=dtype)
+        pool[cp.asarray(order), :runs] = cp.asarray(x)
+        e = pool.itemsize
+        table = cp.asarray(np.uint64(pool.data.ptr) + order.astype(np.uint64) * np.uint64((runs + gap) * e))
+        for inverse in (False, True):
+            dst = cp.full(runs * n, np.nan, dtype=dtype)
+            _line_pull.make(dst, n, table, inverse)()
+            cp.cuda.get_current_stream().synchronize()
+            want = (np.fft.ifft(x.T.astype(np.complex128), axis=1) * n if inverse
+                    else np.fft.fft(x.T.astype(np.complex128), axis=1))
+            err = float(np.abs(dst.get().reshape(runs, n) - want).max() / np.abs(want).max())
+            assert err < tol, (dtype, n, runs, inverse, err)
