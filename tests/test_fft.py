@@ -268,10 +268,13 @@ GPU_FIXED = [((37, 50), "complex64", "slab", "transpose-put", None, False),
              ((5, 1, 9), "float32", "pencil", "transpose-put", 2, False),
              ((37, 50), "complex128", "slab", "pull", None, False),
              ((301, 257), "complex64", "slab", "pull", None, False),
-             # powers of two: the pulled stages of one axis run the pull's own line kernel (64 and 128 points
-             # forward, 32 backward), the 3-D backward's two axes cuFFT's callback
+             # powers of two: a pulled stage of one axis runs the pull's own kernels (64 and 128 points
+             # forward, 32 backward; four-step: 2048 forward, 4096 backward), the 3-D backward's two axes and
+             # other lengths cuFFT's callback
              ((64, 24, 10), "complex64", "slab", "pull", None, False),
-             ((128, 32), "complex128", "slab", "pull", None, False)]
+             ((128, 32), "complex128", "slab", "pull", None, False),
+             ((2048, 12), "complex64", "slab", "pull", None, False),
+             ((16, 4096), "complex128", "slab", "pull", None, False)]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])

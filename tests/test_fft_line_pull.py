@@ -1,7 +1,7 @@
-"""The FFT pull's own line kernel (apps/fft/_line_pull.py): its CUDA source run on the cpu by an emulation that
-makes each block's threads host threads (CI checks the index maths without a GPU), and the kernel itself on a
-GPU; both against a direct transform, every power of two it takes, both precisions and directions, partial
-tiles, sources scattered in a random order."""
+"""The FFT pull's own kernels (apps/fft/_line_pull.py, line_pull.cu): their CUDA source run on the cpu by an
+emulation that makes each block's threads host threads (CI checks the index maths without a GPU), and the kernels
+themselves on a GPU; both against a reference transform, every power of two of the one-pass kernel and
+four-step splits, both precisions and directions, partial tiles, sources scattered in a random order."""
 
 from __future__ import annotations
 
@@ -19,8 +19,11 @@ CXX = shutil.which("g++") or shutil.which("c++")
 
 
 def test_fits_takes_one_axis_of_a_power_of_two():
-    assert [n for n in range(0, 2100) if _line_pull.fits(n, 1)] == [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
-    assert not _line_pull.fits(64, 2)
+    assert [n for n in range(0, 5000) if _line_pull.fits(n, 1)] == [1 << k for k in range(1, 13)]
+    assert _line_pull.fits(1 << 20, 1) and not _line_pull.fits(1 << 21, 1) and not _line_pull.fits(64, 2)
+    for n in [1 << k for k in range(11, 21)]:
+        m1, m2 = _line_pull.halves(n)
+        assert m1 * m2 == n and m2 <= m1 <= 2 * m2 and m1 <= _line_pull.MAX_POINTS
     for n in (2, 8, 512, 1024):
         for itemsize in (8, 16):
             tile, each, threads = _line_pull.shape(n, itemsize)
@@ -37,7 +40,7 @@ def test_the_kernel_source_transforms_every_size_on_the_cpu(tmp_path, seed):
     assert build.returncode == 0, build.stderr[-3000:]
     got = subprocess.run([str(exe), str(seed)], capture_output=True, text=True, timeout=240)
     assert got.returncode == 0 and "FAILED" not in got.stdout, got.stdout + got.stderr
-    assert got.stdout.count("forward") == 20, got.stdout
+    assert got.stdout.count("forward") == 32, got.stdout
 
 
 @pytest.mark.gpu
@@ -45,8 +48,9 @@ def test_the_kernel_source_transforms_every_size_on_the_cpu(tmp_path, seed):
 def test_the_kernel_matches_numpy_on_gpu(rng, dtype):
     cp = pytest.importorskip("cupy")
     tol = {"complex64": 1e-5, "complex128": 1e-12}[dtype]
-    for n in [1 << k for k in range(1, 11)]:
-        runs = int(rng.integers(1, 40))
+    cache: dict = {}
+    for n in [1 << k for k in range(1, 11)] + [2048, 8192, 16384]:  # one kernel, then the four-step
+        runs = int(rng.integers(1, 40 if n <= 1024 else 6))
         gap = int(rng.integers(0, 5))
         order = rng.permutation(n)  # point b's run is row order[b] of the pool
         x = (rng.standard_normal((n, runs)) + 1j * rng.standard_normal((n, runs))).astype(dtype)
@@ -56,7 +60,7 @@ def test_the_kernel_matches_numpy_on_gpu(rng, dtype):
         table = cp.asarray(np.uint64(pool.data.ptr) + order.astype(np.uint64) * np.uint64((runs + gap) * e))
         for inverse in (False, True):
             dst = cp.full(runs * n, np.nan, dtype=dtype)
-            _line_pull.make(dst, n, table, inverse)()
+            _line_pull.make(dst, n, table, inverse, cache)()
             cp.cuda.get_current_stream().synchronize()
             want = (np.fft.ifft(x.T.astype(np.complex128), axis=1) * n if inverse
                     else np.fft.fft(x.T.astype(np.complex128), axis=1))

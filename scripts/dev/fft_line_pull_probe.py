@@ -1,8 +1,9 @@
-"""Dev experiment (one process, one GPU): the FFT pull's own line kernel (apps/fft/_line_pull.py) alone, against
-what bounds it.
+"""Dev experiment (one process, one GPU): the FFT pull's own kernels (apps/fft/_line_pull.py) alone, against
+what bounds them.
 
-For one rank's second stage of a 3-D slab FFT of --size^3 on --ranks ranks (runs = size^2 / ranks of the
-untransformed axes, size points each), times: (own) the kernel reading every point's run from the slabs where
+For one rank's second stage of a slab FFT of --size^3 (--dims 3; runs = size^2 / ranks of the untransformed axes,
+size points each: one kernel up to 1024 points) or --size^2 (--dims 2; size / ranks runs: the four-step's two
+kernels above 1024) on --ranks ranks, times: (own) the kernel reading every point's run from the slabs where
 the first stage left them (a table of addresses into --ranks arrays, as the pull reads the peers); (callback) the
 library's other route, cuFFT with a load callback, the same table; (cufft) cuFFT's packed transforms of the
 gathered input, no pull (what a stage costs when the reshape has been paid); (copy) a device copy of the same
@@ -24,11 +25,13 @@ ap.add_argument("--size", type=int, default=512)
 ap.add_argument("--ranks", type=int, default=4)
 ap.add_argument("--dtype", default="complex64")
 ap.add_argument("--reps", type=int, default=10)
+ap.add_argument("--dims", type=int, default=3, choices=(2, 3))
 args = ap.parse_args()
 N, P = args.size, args.ranks
 dt = np.dtype(args.dtype)
-S = N // P  # each slab's planes; this rank's runs: S planes x N (its y-range) x N
-runs = S * N  # y-range of S rows, every z: the runs a rank's stage 2 transforms, N points each (x)
+S = N // P  # each slab's planes (rows); this rank's runs: its S rows of axis 1, every point of axis 2 (3-D)
+plane = N * N if args.dims == 3 else N  # elements of one plane (row) of a slab
+runs = S * N if args.dims == 3 else S  # the runs a rank's stage 2 transforms, N points each (axis 0)
 
 
 def timed(fn):
@@ -56,15 +59,16 @@ def show(name, fn):
 
 rng = cp.random.default_rng(1)
 # slab r: planes x in [r S, (r+1) S), all y and z; this rank (0) reads y in [0, S) of every plane
-slabs = [(rng.standard_normal((S, N, N), dtype=np.float32) + 1j * rng.standard_normal((S, N, N), dtype=np.float32)
+dims = (S, N, N) if args.dims == 3 else (S, N)
+slabs = [(rng.standard_normal(dims, dtype=np.float32) + 1j * rng.standard_normal(dims, dtype=np.float32)
           ).astype(dt) for _ in range(P)]
-print(f"{N}^3 {dt} on {P} ranks: stage 2 of one rank, {runs} runs of {N} points ({nbytes / 2**30:.2f} GiB)",
+print(f"{N}^{args.dims} {dt} on {P} ranks: stage 2 of one rank, {runs} runs of {N} points ({nbytes / 2**30:.2f} GiB)",
       flush=True)
-table = cp.asarray(np.array([slabs[x // S].data.ptr + (x % S) * N * N * dt.itemsize for x in range(N)],
+table = cp.asarray(np.array([slabs[x // S].data.ptr + (x % S) * plane * dt.itemsize for x in range(N)],
                             dtype=np.uint64))
 out = cp.empty(runs * N, dtype=dt)
-own = _line_pull.make(out, N, table, inverse=False)
-gathered = cp.concatenate([s[:, :S, :].reshape(S, runs) for s in slabs], axis=0).T.copy()  # (runs, N)
+own = _line_pull.make(out, N, table, inverse=False, cache={})
+gathered = cp.concatenate([s[:, :S].reshape(S, runs) for s in slabs], axis=0).T.copy()  # (runs, N)
 ref = cp.fft.fft(gathered, axis=1)
 own()
 err = float(cp.abs(out.reshape(runs, N) - ref).max() / cp.abs(ref).max())

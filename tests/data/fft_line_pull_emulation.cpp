@@ -1,19 +1,20 @@
-// The pull's line kernel (src/circuslink/apps/fft/line_pull.cu) run on the cpu: each block's threads are host
+// The FFT pull's kernels (src/circuslink/apps/fft/line_pull.cu) run on the cpu: each block's threads are host
 // threads meeting at a std::barrier for __syncthreads, so the CUDA source's index maths is checked without a GPU
-// (tests/test_fft_line_pull.py compiles this with -DKERNEL_SOURCE naming that file). Every output
-// point is compared with a direct DFT in long double, sources scattered through a pool in a random order.
+// (tests/test_fft_line_pull.py compiles this with -DKERNEL_SOURCE naming that file). Sources are scattered
+// through a pool in a random order; every output point is compared with a long-double FFT of the input.
+#include <algorithm>
 #include <barrier>
-#include <thread>
-#include <vector>
+#include <cmath>
 #include <complex>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <random>
-#include <cmath>
-#include <algorithm>
+#include <thread>
+#include <vector>
 struct float2 { float x, y; };
 struct double2 { double x, y; };
-struct Dim { int x = 0; };
+struct Dim { unsigned x = 0, y = 0; };
 thread_local Dim threadIdx, blockIdx;
 std::barrier<>* bar;
 #define __device__
@@ -27,59 +28,113 @@ inline void __syncthreads() { bar->arrive_and_wait(); }
 alignas(16) unsigned char circuslink_fft_shared[1 << 20];
 #include KERNEL_SOURCE
 
-template <typename V, int N, int T, int E, int S> double run(long long J, unsigned seed) {
+typedef std::complex<long double> C;
+
+// A radix-2 FFT in long double: the reference (exp(S 2 pi i b k / n)).
+void reference(std::vector<C>& a, int S) {
+  const size_t n = a.size();
+  for (size_t i = 1, j = 0; i < n; ++i) {
+    size_t bit = n >> 1;
+    for (; j & bit; bit >>= 1) j ^= bit;
+    j ^= bit;
+    if (i < j) std::swap(a[i], a[j]);
+  }
+  for (size_t len = 2; len <= n; len <<= 1)
+    for (size_t i = 0; i < n; i += len)
+      for (size_t k = 0; k < len / 2; ++k) {
+        long double ang = S * 2.0L * M_PIl * k / len;
+        C w(cosl(ang), sinl(ang)), u = a[i + k], v = a[i + k + len / 2] * w;
+        a[i + k] = u + v; a[i + k + len / 2] = u - v;
+      }
+}
+
+void launch(unsigned gx, unsigned gy, int threads, const std::function<void()>& body) {
+  for (unsigned y = 0; y < gy; ++y)
+    for (unsigned x = 0; x < gx; ++x) {
+      std::barrier<> b(threads); bar = &b;
+      std::vector<std::thread> th;
+      for (int t = 0; t < threads; ++t) th.emplace_back([&, t] { threadIdx.x = t; blockIdx.x = x; blockIdx.y = y; body(); });
+      for (auto& t : th) t.join();
+    }
+}
+
+template <typename V> std::vector<V> table_of(int n, long double S) {
   typedef typename Real<V>::T F;
-  std::mt19937_64 g(seed);
+  std::vector<V> tw(n);
+  for (int k = 0; k < n; ++k) { long double ang = S * 2.0L * M_PIl * k / n; tw[k].x = (F)cosl(ang); tw[k].y = (F)sinl(ang); }
+  return tw;
+}
+
+// The tile and threads as _line_pull.shape picks them (TILE_BYTES 64, THREADS 256, at least 8 elements a thread).
+template <typename V, int N> struct Shape {
+  static constexpr int T = 64 / (int)sizeof(V), E0 = T * N / 256, E = E0 > 8 ? E0 : 8, THREADS = T * N / E;
+};
+
+// FOUR = 0: the line kernel (N points); else the four-step's halves with M1 = N, M2 = FOUR.
+template <typename V, int N, int FOUR, int S> double run(long long J, std::mt19937_64& g) {
+  typedef typename Real<V>::T F;
+  constexpr int M2 = FOUR ? FOUR : 1, n = N * M2;
   std::normal_distribution<double> nd;
-  // sources: N runs of J elements at scrambled places in one pool with gaps
-  long long gap = 3;
-  std::vector<V> pool((J + gap) * N);
-  std::vector<int> perm(N); for (int i = 0; i < N; ++i) perm[i] = i; std::shuffle(perm.begin(), perm.end(), g);
-  std::vector<const V*> table(N);
-  std::vector<std::complex<long double>> x((size_t)J * N);
-  for (int b = 0; b < N; ++b) {
+  const long long gap = 3;
+  std::vector<V> pool((J + gap) * n);
+  std::vector<int> perm(n);
+  for (int i = 0; i < n; ++i) perm[i] = i;
+  std::shuffle(perm.begin(), perm.end(), g);
+  std::vector<const V*> table(n);
+  std::vector<C> x((size_t)J * n);
+  for (int b = 0; b < n; ++b) {
     V* run = pool.data() + perm[b] * (J + gap);
     table[b] = run;
-    for (long long j = 0; j < J; ++j) { double a = nd(g), c = nd(g); run[j].x = (F)a; run[j].y = (F)c; x[j * N + b] = {(long double)run[j].x, (long double)run[j].y}; }
+    for (long long j = 0; j < J; ++j) {
+      run[j].x = (F)nd(g); run[j].y = (F)nd(g);
+      x[j * n + b] = C(run[j].x, run[j].y);
+    }
   }
-  std::vector<V> tw(N);
-  for (int k = 0; k < N; ++k) { long double ang = S * 2.0L * M_PIl * k / N; tw[k].x = (F)cosl(ang); tw[k].y = (F)sinl(ang); }
-  std::vector<V> out((size_t)J * N, V{-7, -7});
-  constexpr int THREADS = T * N / E;
-  long long blocks = (J + T - 1) / T;
-  for (long long bk = 0; bk < blocks; ++bk) {
-    std::barrier<> b(THREADS); bar = &b;
-    std::vector<std::thread> th;
-    for (int t = 0; t < THREADS; ++t) th.emplace_back([&, t] { threadIdx.x = t; blockIdx.x = (int)bk;
-      circuslink_fft_line_pull<V, N, T, E, S>(table.data(), tw.data(), out.data(), J); });
-    for (auto& t : th) t.join();
+  std::vector<V> out((size_t)J * n, V{-7, -7});
+  if constexpr (!FOUR) {
+    typedef Shape<V, N> A;
+    auto tw = table_of<V>(N, S);
+    launch((J + A::T - 1) / A::T, 1, A::THREADS, [&] {
+      circuslink_fft_line_pull<V, N, A::T, A::E, S>(table.data(), tw.data(), out.data(), J); });
+  } else {
+    typedef Shape<V, N> A;
+    typedef Shape<V, M2> B;
+    auto tw1 = table_of<V>(N, S), tw2 = table_of<V>(M2, S), twn = table_of<V>(n, S);
+    std::vector<V> mid((size_t)J * n, V{-5, -5});
+    launch((J + A::T - 1) / A::T, M2, A::THREADS, [&] {
+      circuslink_fft_pull_half1<V, N, A::T, A::E, S>(table.data(), tw1.data(), twn.data(), mid.data(), J, M2); });
+    launch(J, (N + B::T - 1) / B::T, B::THREADS, [&] {
+      circuslink_fft_pull_half2<V, M2, B::T, B::E, S>(mid.data(), tw2.data(), out.data(), N); });
   }
   long double err = 0, mx = 0;
-  for (long long j = 0; j < J; ++j) for (int k = 0; k < N; ++k) {
-    std::complex<long double> s = 0;
-    for (int b = 0; b < N; ++b) { long double ang = S * 2.0L * M_PIl * (long double)((long long)b * k % N) / N; s += x[j * N + b] * std::complex<long double>(cosl(ang), sinl(ang)); }
-    std::complex<long double> got(out[j * N + k].x, out[j * N + k].y);
-    err = std::max(err, std::abs(got - s)); mx = std::max(mx, std::abs(s));
+  for (long long j = 0; j < J; ++j) {
+    std::vector<C> want(x.begin() + j * n, x.begin() + (j + 1) * n);
+    reference(want, S);
+    for (int k = 0; k < n; ++k) {
+      C got(out[j * n + k].x, out[j * n + k].y);
+      err = std::max(err, std::abs(got - want[k])); mx = std::max(mx, std::abs(want[k]));
+    }
   }
   return (double)(err / mx);
 }
+
 unsigned long long seed;
 int failed = 0;
-// The tile and threads as _line_pull.shape picks them (TILE_BYTES 64, THREADS 256, at least 8 elements a thread).
-template <typename V, int N> void both() {
-  constexpr int IS = sizeof(V), T = 64 / IS, E0 = T * N / 256, E = E0 > 8 ? E0 : 8;
-  std::mt19937_64 g(seed * 4099 + N * 2 + IS);
-  const long long J = 1 + (long long)(g() % (3 * T + 2));  // a partial tile most of the time
+template <typename V, int N, int FOUR = 0> void both() {
+  constexpr int IS = sizeof(V), T = 64 / IS;
+  std::mt19937_64 g(seed * 4099 + N * 2 + IS + FOUR * 7);
+  const long long J = FOUR ? 1 + (long long)(g() % 4) : 1 + (long long)(g() % (3 * T + 2));  // a partial tile mostly
   const double tol = IS == 8 ? 1e-6 : 1e-13;
-  double f = run<V, N, T, E, -1>(J, (unsigned)g()), i = run<V, N, T, E, 1>(J, (unsigned)g());
+  double f = run<V, N, FOUR, -1>(J, g), i = run<V, N, FOUR, 1>(J, g);
   const bool bad = !(f < tol) || !(i < tol);
   failed |= bad;
-  printf("%s n=%d runs=%lld threads=%d forward %.2e inverse %.2e%s\n", IS == 8 ? "complex64 " : "complex128", N, J,
-         T * N / E, f, i, bad ? "  FAILED" : "");
+  printf("%s %s n=%d runs=%lld forward %.2e inverse %.2e%s\n", IS == 8 ? "complex64 " : "complex128",
+         FOUR ? "four-step" : "line     ", N * (FOUR ? FOUR : 1), J, f, i, bad ? "  FAILED" : "");
 }
 template <typename V> void sizes() {
   both<V, 2>(); both<V, 4>(); both<V, 8>(); both<V, 16>(); both<V, 32>(); both<V, 64>(); both<V, 128>();
   both<V, 256>(); both<V, 512>(); both<V, 1024>();
+  both<V, 2, 2>(); both<V, 8, 4>(); both<V, 32, 64>(); both<V, 64, 32>(); both<V, 128, 128>(); both<V, 1024, 16>();
 }
 int main(int argc, char** argv) {
   seed = argc > 1 ? strtoull(argv[1], nullptr, 10) : 1;

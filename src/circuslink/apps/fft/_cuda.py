@@ -156,7 +156,7 @@ def _check_callbacks(world: Any, cp: Any, dtype: Any) -> None:
 
 
 def pull_kernel() -> str:
-    """Which transform a pulled stage of one power-of-two axis (up to ``_line_pull.MAX_POINTS``) runs:
+    """Which transform a pulled stage of one power-of-two axis (up to ``_line_pull.MAX_POINTS ** 2``) runs:
     ``CIRCUSLINK_FFT_PULL_KERNEL=own`` (the default: ``_line_pull``'s kernel, which reads whole sectors) or
     ``callback`` (cuFFT with a load callback, as every other pulled stage), for A/B runs."""
     kind = os.environ.get("CIRCUSLINK_FFT_PULL_KERNEL", "own")
@@ -191,7 +191,7 @@ def make_pull_fft(world: Any, window: Any, dst: Any, count: int, ranks: np.ndarr
 
         return gather
     if len(dims) == 1 and _line_pull.fits(dims[0], 1) and pull_kernel() == "own":
-        return _line_pull.make(dst.reshape(-1), n, table, inverse)
+        return _line_pull.make(dst.reshape(-1), n, table, inverse, cache)
     batch = dst.size // n
     info = cp.asarray(np.array([n, table.data.ptr], dtype=np.uint64))
     try:

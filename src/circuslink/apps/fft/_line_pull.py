@@ -1,22 +1,22 @@
-"""The pull scheme's own transform of one axis: a kernel that reads a stage's input straight from the ranks that
-hold it, tile by tile, transforms it in shared memory and writes the stage's output once.
+"""The pull scheme's own transform of one axis: kernels that read a stage's input straight from the ranks that
+hold it, tile by tile, transform it in shared memory and write the stage's output (line_pull.cu).
 
-Why a kernel of our own. Through cuFFT's load callback (``_cuda.make_pull_fft``) every element is one load whose
+Why kernels of our own. Through cuFFT's load callback (``_cuda.make_pull_fft``) every element is one load whose
 neighbours belong to other threads' transforms: at complex64 each 8-byte load takes a 32-byte sector, and the
 pulled stage ran 1.3-1.9 x the puts' whole FFT (BENCHMARKS.md, twenty-second session). Here a block owns ``T``
-neighbouring runs ``j`` (``T`` elements of 64 bytes in all) of every point ``b`` of the axis, so each load
-instruction takes whole sectors from the holder, and the reshape costs no pass over memory of its own: the
-stage reads the peers once and writes its output once, UZURA's transpose inside the communication.
+neighbouring runs ``j`` (``T`` elements of 64 bytes in all) of every point ``b`` it transforms, so each load
+instruction takes whole sectors from the holder, and the reshape costs no pass over memory of its own: UZURA's
+transpose inside the communication.
 
-The transform is a Stockham autosort FFT (radix 8, then one radix-4 or radix-2 pass; Govindaraju et al., "High
-Performance Discrete Fourier Transforms on Graphics Processors", SC 2008) on powers of two up to ``MAX_POINTS``,
-in place in shared memory: each pass reads every element it owns into registers, waits for the block, then
-writes. The first pass reads global memory (the peers) and the last writes global memory (the output rows,
-whole lines), so a transform of 8^3 points makes four passes over shared memory, not eight. Twiddles come from
-a table computed in double precision on the host.
+* Up to ``MAX_POINTS`` points: one kernel, one pass over memory (read the peers, write the output).
+* Up to ``MAX_POINTS ** 2``: a four-step FFT of ``n = m1 x m2`` in two kernels. The first pulls, for each
+  ``b2 < m2``, the ``m1`` points ``b1 x m2 + b2``, transforms them and twiddles them into a scratch array
+  of the output's size (kept in the plan's cache, shared by its pulled stages: they run on one stream); the
+  second transforms across ``b2`` and writes the output. Two passes, as cuFFT takes for such lengths, of which
+  the first is also the reshape.
 
-Layout (as the callback's): ``dst.reshape(-1, n)[j, b]`` is element ``j`` of ``table[b]``, an address in the
-window of the rank holding point ``b``'s run.
+Powers of two only (the kernels' radices are 8, 4 and 2). Layout (as the callback's): ``dst.reshape(-1, n)[j, b]``
+is element ``j`` of ``table[b]``, an address in the window of the rank holding point ``b``'s run.
 """
 
 from __future__ import annotations
@@ -26,18 +26,24 @@ from typing import Any
 
 import numpy as np
 
-MAX_POINTS = 1024  # the largest axis: 8 runs x 1025 complex64 (64 KiB) of shared memory a block
+MAX_POINTS = 1024  # one kernel's largest axis: 8 runs x 1025 complex64 (64 KiB) of shared memory a block
 THREADS = 256  # a block's threads where the tile has enough work for them
 TILE_BYTES = 64  # the run each block reads of every point: two whole 32-byte sectors
 
 _SOURCE = Path(__file__).resolve().parent / "line_pull.cu"
-
-_modules: dict = {}  # (element, n, tile, per thread, sign) -> the compiled kernel
+_modules: dict = {}  # (kernel, element, points, sign) -> (the compiled kernel, tile, threads, shared bytes)
 
 
 def fits(n: int, count: int) -> bool:
-    """Whether this kernel transforms a pulled stage of ``count`` axes and ``n`` points: one axis, a power of two."""
-    return count == 1 and 2 <= n <= MAX_POINTS and n & (n - 1) == 0
+    """Whether these kernels transform a pulled stage of ``count`` axes and ``n`` points: one axis of a power of
+    two, up to ``MAX_POINTS ** 2``."""
+    return count == 1 and 2 <= n <= MAX_POINTS ** 2 and n & (n - 1) == 0
+
+
+def halves(n: int) -> tuple[int, int]:
+    """The four-step's ``(m1, m2)`` for ``n`` points: ``m1`` pulled and transformed first, the larger half."""
+    m1 = 1 << (n.bit_length() // 2)
+    return m1, n // m1
 
 
 def shape(n: int, itemsize: int) -> tuple[int, int, int]:
@@ -47,14 +53,14 @@ def shape(n: int, itemsize: int) -> tuple[int, int, int]:
     return tile, each, tile * n // each
 
 
-def _kernel(itemsize: int, n: int, inverse: bool) -> tuple[Any, int, int, int]:
-    tile, each, threads = shape(n, itemsize)
-    element = {8: "float2", 16: "double2"}[itemsize]
-    name = f"circuslink_fft_line_pull<{element}, {n}, {tile}, {each}, {1 if inverse else -1}>"
-    key = (itemsize, n, inverse)
+def _kernel(which: str, itemsize: int, n: int, inverse: bool) -> tuple[Any, int, int, int]:
+    key = (which, itemsize, n, inverse)
     if key not in _modules:
         from ...device_code import compile as compile_device
 
+        tile, each, threads = shape(n, itemsize)
+        element = {8: "float2", 16: "double2"}[itemsize]
+        name = f"circuslink_fft_{which}<{element}, {n}, {tile}, {each}, {1 if inverse else -1}>"
         kernel = compile_device(_SOURCE.read_text(), name_expressions=[name]).get_function(name)
         smem = tile * (n + 1) * itemsize
         if smem > 48 << 10:
@@ -63,21 +69,46 @@ def _kernel(itemsize: int, n: int, inverse: bool) -> tuple[Any, int, int, int]:
     return _modules[key]
 
 
-def make(dst: Any, n: int, table: Any, inverse: bool) -> Any:
+def _twiddles(cp: Any, n: int, dtype: Any, inverse: bool) -> Any:
+    """exp(+-2 pi i m / n), m < n, computed in double precision."""
+    return cp.asarray(np.exp((1.0 if inverse else -1.0) * 2j * np.pi * np.arange(n) / n).astype(dtype))
+
+
+def make(dst: Any, n: int, table: Any, inverse: bool, cache: dict) -> Any:
     """A callable that fills ``dst`` (contiguous, complex, ``dst.size // n`` runs of ``n`` points) with the
     transforms along its last axis of what ``table`` (device array of ``n`` element addresses, one a point)
-    points at, on the current stream; unnormalised, as cuFFT."""
+    points at, on the current stream; unnormalised, as cuFFT. ``cache``: the plan's (the four-step's scratch)."""
     import cupy as cp
 
-    kernel, tile, threads, smem = _kernel(dst.itemsize, n, inverse)
-    sign = 1.0 if inverse else -1.0
-    tw = cp.asarray(np.exp(sign * 2j * np.pi * np.arange(n) / n).astype(dst.dtype))
     runs = dst.size // n
-    grid = (runs + tile - 1) // tile
-    args = (np.uint64(table.data.ptr), np.uint64(tw.data.ptr), np.uint64(dst.data.ptr), np.int64(runs))
+    if n <= MAX_POINTS:
+        kernel, tile, threads, smem = _kernel("line_pull", dst.itemsize, n, inverse)
+        tw = _twiddles(cp, n, dst.dtype, inverse)
+        grid = ((runs + tile - 1) // tile,)
+        args = (np.uint64(table.data.ptr), np.uint64(tw.data.ptr), np.uint64(dst.data.ptr), np.int64(runs))
 
-    def run() -> None:
-        kernel((grid,), (threads,), args, shared_mem=smem, stream=cp.cuda.get_current_stream())
+        def run() -> None:
+            kernel(grid, (threads,), args, shared_mem=smem, stream=cp.cuda.get_current_stream())
 
-    run.keep = (table, tw)  # the kernel reads them at every launch
-    return run
+        run.keep = (table, tw)  # the kernel reads them at every launch
+        return run
+    m1, m2 = halves(n)
+    one, tile1, threads1, smem1 = _kernel("pull_half1", dst.itemsize, m1, inverse)
+    two, tile2, threads2, smem2 = _kernel("pull_half2", dst.itemsize, m2, inverse)
+    tw1, tw2, twn = (_twiddles(cp, m, dst.dtype, inverse) for m in (m1, m2, n))
+    key = ("pull scratch", dst.size, str(dst.dtype))
+    if key not in cache:
+        cache[key] = cp.empty(dst.size, dtype=dst.dtype)
+    mid = cache[key]
+    grid1, grid2 = ((runs + tile1 - 1) // tile1, m2), (runs, (m1 + tile2 - 1) // tile2)
+    args1 = (np.uint64(table.data.ptr), np.uint64(tw1.data.ptr), np.uint64(twn.data.ptr), np.uint64(mid.data.ptr),
+             np.int64(runs), np.int32(m2))
+    args2 = (np.uint64(mid.data.ptr), np.uint64(tw2.data.ptr), np.uint64(dst.data.ptr), np.int32(m1))
+
+    def four_step() -> None:
+        stream = cp.cuda.get_current_stream()
+        one(grid1, (threads1,), args1, shared_mem=smem1, stream=stream)
+        two(grid2, (threads2,), args2, shared_mem=smem2, stream=stream)
+
+    four_step.keep = (table, tw1, tw2, twn, mid)
+    return four_step

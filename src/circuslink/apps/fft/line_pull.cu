@@ -1,11 +1,14 @@
-// The FFT pull's own transform of one axis (apps/fft/_line_pull.py says why and how it is launched).
+// The FFT pull's own transforms of one axis (apps/fft/_line_pull.py says why and how they are launched).
 //
-// A block owns T neighbouring runs j of every point b of the axis: dst[j * N + b] is the DFT over b of
-// table[b][j], table[b] the address of point b's run in the window of the rank that holds it. A Stockham
-// autosort FFT (radix 8, then one pass of 4 or 2) in place in shared memory: each pass reads every element it
-// owns into registers, waits for the block, then writes. The first pass reads the holders (runs t fastest, so a
-// warp's loads are whole sectors), the last writes the output rows (whole lines), so 8^3 points take four
-// passes over shared memory, not eight. E elements a thread; S = -1 forward, +1 inverse (unnormalised).
+// Point b of the axis has its run of untransformed points at table[b] (element j of the run: the input at run j,
+// point b), an address in the window of the rank that holds it; out[j * n + k] is the DFT over b. A block owns T
+// neighbouring runs and transforms them with a Stockham autosort FFT (radix 8, then one pass of 4 or 2) in place
+// in shared memory: each pass reads every element it owns into registers, waits for the block, then writes. The
+// first pass reads the holders (runs t fastest, so a warp's loads are whole sectors) and the last writes the
+// output, so 8^3 points take four passes over shared memory, not eight. E elements a thread; S = -1 forward, +1
+// inverse (unnormalised). Up to 1024 points in one kernel; up to 1024^2 as a four-step FFT in two (Bailey,
+// "FFTs in external or hierarchical memory", J. Supercomputing 1990): the first pulls and transforms strided
+// points and twiddles, the second transforms across them and writes the output.
 
 template <typename V> struct Real;
 template <> struct Real<float2> { typedef float T; };
@@ -45,27 +48,73 @@ template <int R, int S, typename V> __device__ __forceinline__ void dft(V* v) {
 
 template <int N, int NS> struct Radix { enum { value = (N / NS) >= 8 ? 8 : N / NS }; };
 
-// One Stockham pass of radix R after NS points: E / R butterflies a thread. FIRST reads the peers (runs t
-// fastest, so that a warp's loads are whole sectors), the others shared memory; LAST writes the output rows.
-template <typename V, int N, int T, int E, int S, int NS>
-__device__ __forceinline__ void pass(V* buf, const V* const* table, const V* tw, V* out, long long j0,
-                                     long long J) {
+// Where a kernel's first pass reads and its last pass writes: valid(t), load(t, b) and store(t, k, v) of run t of
+// the block's tile, point b in, point k out. STORE_T_FASTEST: the last pass gives neighbouring threads
+// neighbouring runs (the output is contiguous along the runs), else neighbouring points.
+
+// One pass over the whole axis: out[j * N + k] = DFT over b of table[b][j].
+template <typename V, int N> struct LineIo {
+  static constexpr bool STORE_T_FASTEST = false;
+  const V* const* table;
+  V* out;
+  long long j0, J;
+  __device__ __forceinline__ bool valid(int t) const { return j0 + t < J; }
+  __device__ __forceinline__ V load(int t, int b) const { return table[b][j0 + t]; }
+  __device__ __forceinline__ void store(int t, int k, V v) const { out[(j0 + t) * N + k] = v; }
+};
+
+// Four-step, first half (n = M1 * m2 points, b = b1 * m2 + b2, k = k1 + M1 * k2): for the block's b2, the DFT
+// over b1 of table[b1 * m2 + b2][j], twiddled by exp(S 2 pi i b2 k1 / n), to mid[(j * m2 + b2) * M1 + k1].
+template <typename V, int M1> struct HalfOneIo {
+  static constexpr bool STORE_T_FASTEST = false;
+  const V* const* table;
+  const V* twn;  // exp(S 2 pi i m / n), m < n
+  V* mid;
+  long long j0, J;
+  int b2, m2;
+  __device__ __forceinline__ bool valid(int t) const { return j0 + t < J; }
+  __device__ __forceinline__ V load(int t, int b1) const { return table[b1 * m2 + b2][j0 + t]; }
+  __device__ __forceinline__ void store(int t, int k1, V v) const {
+    mid[((j0 + t) * m2 + b2) * M1 + k1] = mul(v, twn[b2 * k1]);
+  }
+};
+
+// Four-step, second half: for the block's run j and its tile of k1, the DFT over b2 of mid[(j * M2 + b2) * m1 +
+// k1] to out[j * n + k1 + m1 * k2].
+template <typename V, int M2> struct HalfTwoIo {
+  static constexpr bool STORE_T_FASTEST = true;
+  const V* mid;
+  V* out;
+  long long j;
+  int k10, m1;
+  __device__ __forceinline__ bool valid(int t) const { return k10 + t < m1; }
+  __device__ __forceinline__ V load(int t, int b2) const { return mid[(j * M2 + b2) * m1 + k10 + t]; }
+  __device__ __forceinline__ void store(int t, int k2, V v) const {
+    out[j * (long long)m1 * M2 + k10 + t + (long long)m1 * k2] = v;
+  }
+};
+
+// One Stockham pass of radix R after NS points: E / R butterflies a thread. The first reads io (runs t fastest,
+// so that a warp's loads are whole sectors), the others shared memory; the last writes io.
+template <typename V, int N, int T, int E, int S, int NS, class Io>
+__device__ __forceinline__ void pass(V* buf, const V* tw, const Io& io) {
   constexpr int R = Radix<N, NS>::value;
   constexpr int THREADS = T * N / E;
   constexpr int BF = E / R;
   constexpr int P = N + 1;  // a run's pitch in shared memory: a run's neighbours fall in other banks
   constexpr bool FIRST = NS == 1, LAST = NS * R == N;
+  constexpr bool TFAST = FIRST || (LAST && Io::STORE_T_FASTEST);
   V v[BF][R];
   int col[BF], at[BF];
 #pragma unroll
   for (int k = 0; k < BF; ++k) {
     const int q = threadIdx.x + k * THREADS;
-    const int t = FIRST ? q % T : q / (N / R), jj = FIRST ? q / T : q % (N / R);
+    const int t = TFAST ? q % T : q / (N / R), jj = TFAST ? q / T : q % (N / R);
     col[k] = t; at[k] = jj;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if constexpr (FIRST) {
-        v[k][r] = j0 + t < J ? table[jj + r * (N / R)][j0 + t] : make<V>(0, 0);
+        v[k][r] = io.valid(t) ? io.load(t, jj + r * (N / R)) : make<V>(0, 0);
       } else {
         v[k][r] = buf[t * P + jj + r * (N / R)];
         if (r > 0) {
@@ -83,7 +132,7 @@ __device__ __forceinline__ void pass(V* buf, const V* const* table, const V* tw,
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if constexpr (LAST) {
-        if (j0 + t < J) out[(j0 + t) * N + d + r * NS] = v[k][r];
+        if (io.valid(t)) io.store(t, d + r * NS, v[k][r]);
       } else {
         buf[t * P + d + r * NS] = v[k][r];
       }
@@ -91,15 +140,41 @@ __device__ __forceinline__ void pass(V* buf, const V* const* table, const V* tw,
   }
   if constexpr (!LAST) {
     __syncthreads();
-    pass<V, N, T, E, S, NS * R>(buf, table, tw, out, j0, J);
+    pass<V, N, T, E, S, NS * R>(buf, tw, io);
   }
 }
 
+#define CIRCUSLINK_FFT_SHARED(V) \
+  extern __shared__ __align__(16) unsigned char circuslink_fft_shared[]; \
+  V* buf = reinterpret_cast<V*>(circuslink_fft_shared)
+
+// An axis of N <= 1024 points in one pass: block x = a tile of T runs.
 template <typename V, int N, int T, int E, int S>
 __global__ void __launch_bounds__(T * N / E) circuslink_fft_line_pull(const V* const* __restrict__ table,
                                                                         const V* __restrict__ tw,
                                                                         V* __restrict__ out, long long J) {
-  extern __shared__ __align__(16) unsigned char circuslink_fft_shared[];
-  V* buf = reinterpret_cast<V*>(circuslink_fft_shared);
-  pass<V, N, T, E, S, 1>(buf, table, tw, out, (long long)blockIdx.x * T, J);
+  CIRCUSLINK_FFT_SHARED(V);
+  const LineIo<V, N> io{table, out, (long long)blockIdx.x * T, J};
+  pass<V, N, T, E, S, 1>(buf, tw, io);
+}
+
+// The four-step's first half (M1 points a pass): block x = a tile of T runs, y = b2.
+template <typename V, int M1, int T, int E, int S>
+__global__ void __launch_bounds__(T * M1 / E) circuslink_fft_pull_half1(const V* const* __restrict__ table,
+                                                                          const V* __restrict__ tw,
+                                                                          const V* __restrict__ twn,
+                                                                          V* __restrict__ mid, long long J, int m2) {
+  CIRCUSLINK_FFT_SHARED(V);
+  const HalfOneIo<V, M1> io{table, twn, mid, (long long)blockIdx.x * T, J, (int)blockIdx.y, m2};
+  pass<V, M1, T, E, S, 1>(buf, tw, io);
+}
+
+// The four-step's second half (M2 points a pass): block x = the run j, y = a tile of T values of k1.
+template <typename V, int M2, int T, int E, int S>
+__global__ void __launch_bounds__(T * M2 / E) circuslink_fft_pull_half2(const V* __restrict__ mid,
+                                                                          const V* __restrict__ tw,
+                                                                          V* __restrict__ out, int m1) {
+  CIRCUSLINK_FFT_SHARED(V);
+  const HalfTwoIo<V, M2> io{mid, out, (long long)blockIdx.x, (int)blockIdx.y * T, m1};
+  pass<V, M2, T, E, S, 1>(buf, tw, io);
 }
