@@ -387,6 +387,33 @@ _SHARED_PUT = "circuslink.fft.shared_put"  # World.registry key: {element bytes:
 _SYNC = "circuslink.fft.reshape_sync"  # World.registry key: reshape_sync_seconds's figure
 
 
+def _slowest_median(world: Any, queue: Any, op: Callable[[Any], None], samples: int, warmup: int, what: str
+                    ) -> float:
+    """Collective: the median over ``samples`` (after ``warmup`` more) of the slowest rank's seconds for ``op``
+    on the world's stream, each sample's clock started behind a meeting of every rank (so no rank runs alone);
+    ``queue`` the world's meeting queue, asked for an error its device waits recorded; ``what`` names the wait."""
+    from ... import rma
+
+    cp = _cp()
+    stream = world.backend.stream
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for sample in range(samples + warmup):
+        world.barrier()
+        with stream:
+            rma.meet(world)
+            start.record(stream)
+            op(stream)
+            end.record(stream)
+        world.backend.wait_stream(stream, Deadline.behind_device(),  # the meeting's own wait names a late rank
+                                  lambda: f"rank {world.rank}: {what}")
+        queue.check_device()
+        slowest = max(world.allgather_object(cp.cuda.get_elapsed_time(start, end) * 1e-3))
+        if sample >= warmup:
+            times.append(slowest)
+    return statistics.median(times)
+
+
 def reshape_sync_seconds(world: Any, samples: int = 9) -> float | None:
     """Collective: seconds one cycle of a reshape's queue spends on its ranks' hand-off beyond moving bytes: a
     cycle of the world's meeting queue (a queue with signals only: every rank signals every other and waits for
@@ -400,24 +427,8 @@ def reshape_sync_seconds(world: Any, samples: int = 9) -> float | None:
         queue = rma.meeting_queue(world)
         if queue is None:
             return None
-        cp = _cp()
-        stream = world.backend.stream
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        times = []
-        for sample in range(samples + 2):  # two warm up
-            world.barrier()
-            with stream:
-                rma.meet(world)
-                start.record(stream)
-                rma.meet(world)
-                end.record(stream)
-            world.backend.wait_stream(stream, Deadline.behind_device(),
-                                      lambda: f"rank {world.rank}: the ranks' meeting (fft model)")
-            queue.check_device()
-            slowest = max(world.allgather_object(cp.cuda.get_elapsed_time(start, end) * 1e-3))
-            if sample >= 2:
-                times.append(slowest)
-        return statistics.median(times)
+        return _slowest_median(world, queue, lambda stream: rma.meet(world), samples, 2,
+                               "the ranks' meeting (fft model)")
 
     return world.registry(_SYNC, measure)
 
@@ -449,26 +460,15 @@ def shared_put_bandwidth(world: Any, dtype: str, nbytes: int = 32 << 20, loops: 
         tile = world.broadcast_object(tile)  # every rank the same work (their models differ in the last digits)
         src, dst = cp.cuda.alloc(rows * cols * elem), cp.cuda.alloc(rows * cols * elem)
         chain = DeviceChain(world, [Piece(src.ptr, dst.ptr, rows, cols, cols, rows, elem, tile)])
-        stream = world.backend.stream
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        samples = []
-        for sample in range(6):  # the first warms up
-            world.barrier()
-            with stream:
-                rma.meet(world)
-            start.record(stream)
+
+        def puts(stream: Any) -> None:
             for _ in range(loops):
                 chain.launch(stream)
-            end.record(stream)
-            world.backend.wait_stream(stream, Deadline.behind_device(),  # the meeting's own wait names a late rank
-                                      lambda: f"rank {world.rank}: the ranks' shared transposing put (fft model)")
-            queue.check_device()
-            slowest = max(world.allgather_object(cp.cuda.get_elapsed_time(start, end) * 1e-3))
-            if sample:
-                samples.append(slowest)
+
+        seconds = _slowest_median(world, queue, puts, 5, 1, "the ranks' shared transposing put (fft model)")
         # the median, the statistic the benchmark reports of the puts (the best of three read 1,355-1,513 GB/s
         # where the puts alone moved 1,330-1,350 GB/s, 2026-12-07)
-        return world.size * rows * cols * elem * loops / statistics.median(samples)
+        return world.size * rows * cols * elem * loops / seconds
 
     figures = world.registry(_SHARED_PUT, dict)
     if elem not in figures:
