@@ -17,7 +17,7 @@ for case in 3:512 2:16384 ${PROBE_1024:+3:1024}; do
   done
 done
 for ranks in ${AB_RANKS:-4 2}; do
-  for kernel in own callback; do
+  for kernel in ${AB_KERNELS:-own callback}; do
     schemes=transpose-put,pull nobase=; [ $kernel = callback ] && schemes=pull nobase=--no-baselines
     CIRCUSLINK_FFT_PULL_KERNEL=$kernel CIRCUSLINK_TIMEOUT=${CIRCUSLINK_TIMEOUT:-60} timeout ${AB_S:-150} \
       $PY -m circuslink bench fft -n $ranks --schemes $schemes ${nobase:-} \
