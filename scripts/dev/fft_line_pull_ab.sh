@@ -3,7 +3,8 @@
 # and the transposing put, in one call. (1) fft_line_pull_probe.py (one process: the kernels alone against the
 # callback, cuFFT without a pull and a copy; 512^3 and 16384^2 split 4 ways, both precisions, and 1024^3 where
 # $PROBE_1024 is set); (2) per rank count in $AB_RANKS (default "4 2"): bench fft of $FFT_ARGS (default 16384^2 and
-# 512^3, both precisions) with the puts and the pull on its own kernel, then the pull alone with CIRCUSLINK_FFT_PULL_KERNEL=callback.
+# 512^3, both precisions) with the puts and the pull on its own kernel, then the pull alone with
+# CIRCUSLINK_FFT_PULL_KERNEL=callback ($AB_KERNELS, default "own callback", picks which).
 # Each step bounded by $AB_S seconds. Results under $R: fft-line-pull-probe-<size>-<dtype>.log,
 # fft-line-pull-<own|callback>-<ranks>ranks.{json,log}.
 set -u
