@@ -269,8 +269,8 @@ GPU_FIXED = [((37, 50), "complex64", "slab", "transpose-put", None, False),
              ((37, 50), "complex128", "slab", "pull", None, False),
              ((301, 257), "complex64", "slab", "pull", None, False),
              # powers of two: a pulled stage of one axis runs the pull's own kernels (64 and 128 points
-             # forward, 32 backward; four-step: 2048 forward, 4096 backward), the 3-D backward's two axes and
-             # other lengths cuFFT's callback
+             # forward, 32 backward; the four-step: 2048 points forward at complex64), the 3-D backward's two
+             # axes, other lengths and the four-step's at complex128 (4096 backward) cuFFT's callback
              ((64, 24, 10), "complex64", "slab", "pull", None, False),
              ((128, 32), "complex128", "slab", "pull", None, False),
              ((2048, 12), "complex64", "slab", "pull", None, False),

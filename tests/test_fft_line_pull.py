@@ -24,6 +24,8 @@ def test_fits_takes_one_axis_of_a_power_of_two():
     for n in [1 << k for k in range(11, 21)]:
         m1, m2 = _line_pull.halves(n)
         assert m1 * m2 == n and m2 <= m1 <= 2 * m2 and m1 <= _line_pull.MAX_POINTS
+    # by default: one pass at either precision, the four-step at complex64 (measured: _line_pull.faster)
+    assert _line_pull.faster(1024, 16) and _line_pull.faster(16384, 8) and not _line_pull.faster(16384, 16)
     for n in (2, 8, 512, 1024):
         for itemsize in (8, 16):
             tile, each, threads = _line_pull.shape(n, itemsize)

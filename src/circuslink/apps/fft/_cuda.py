@@ -156,12 +156,13 @@ def _check_callbacks(world: Any, cp: Any, dtype: Any) -> None:
 
 
 def pull_kernel() -> str:
-    """Which transform a pulled stage of one power-of-two axis (up to ``_line_pull.MAX_POINTS ** 2``) runs:
-    ``CIRCUSLINK_FFT_PULL_KERNEL=own`` (the default: ``_line_pull``'s kernel, which reads whole sectors) or
-    ``callback`` (cuFFT with a load callback, as every other pulled stage), for A/B runs."""
-    kind = os.environ.get("CIRCUSLINK_FFT_PULL_KERNEL", "own")
-    if kind not in ("own", "callback"):
-        raise ConfigError(f"CIRCUSLINK_FFT_PULL_KERNEL={kind!r}: expected 'own' or 'callback'")
+    """Which transform a pulled stage of one power-of-two axis (up to ``_line_pull.MAX_POINTS ** 2``) runs, from
+    ``CIRCUSLINK_FFT_PULL_KERNEL``: ``auto`` (the default: the pull's own kernels where they were measured faster,
+    ``_line_pull.faster``), ``own`` (wherever they fit) or ``callback`` (cuFFT with a load callback, as every
+    other pulled stage); the last two for A/B runs."""
+    kind = os.environ.get("CIRCUSLINK_FFT_PULL_KERNEL", "auto")
+    if kind not in ("auto", "own", "callback"):
+        raise ConfigError(f"CIRCUSLINK_FFT_PULL_KERNEL={kind!r}: expected 'auto', 'own' or 'callback'")
     return kind
 
 
@@ -190,7 +191,9 @@ def make_pull_fft(world: Any, window: Any, dst: Any, count: int, ranks: np.ndarr
                 flat[:, points] = window.peer(r).view(dst.dtype)[starts[points][None, :] + runs]
 
         return gather
-    if len(dims) == 1 and _line_pull.fits(dims[0], 1) and pull_kernel() == "own":
+    kind = pull_kernel()
+    if len(dims) == 1 and _line_pull.fits(dims[0], 1) and \
+            (kind == "own" or (kind == "auto" and _line_pull.faster(dims[0], e))):
         return _line_pull.make(dst.reshape(-1), n, table, inverse, cache)
     batch = dst.size // n
     info = cp.asarray(np.array([n, table.data.ptr], dtype=np.uint64))

@@ -40,6 +40,14 @@ def fits(n: int, count: int) -> bool:
     return count == 1 and 2 <= n <= MAX_POINTS ** 2 and n & (n - 1) == 0
 
 
+def faster(n: int, itemsize: int) -> bool:
+    """Whether these kernels were measured faster than cuFFT's load callback for ``n`` points (``fits``):
+    one pass at either precision (512 points split 4 ways on one H100: 0.22 against 0.67 ms at complex64, 0.45
+    against 0.52 at complex128), the four-step at complex64 only (16384 points: 1.10 against 1.73 ms; at
+    complex128 2.13 against 1.98; ``scripts/dev/fft_line_pull_probe.py``, BENCHMARKS.md, 2026-12-08)."""
+    return n <= MAX_POINTS or itemsize == 8
+
+
 def halves(n: int) -> tuple[int, int]:
     """The four-step's ``(m1, m2)`` for ``n`` points: ``m1`` pulled and transformed first, the larger half."""
     m1 = 1 << (n.bit_length() // 2)
