@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import BackendError
+
 MAX_POINTS = 1024  # one kernel's largest axis: 8 runs x 1025 complex64 (64 KiB) of shared memory a block
 THREADS = 256  # a block's threads where the tile has enough work for them
 TILE_BYTES = 64  # the run each block reads of every point: two whole 32-byte sectors
@@ -106,7 +108,12 @@ def make(dst: Any, n: int, table: Any, inverse: bool, cache: dict) -> Any:
     tw1, tw2, twn = (_twiddles(cp, m, dst.dtype, inverse) for m in (m1, m2, n))
     key = ("pull scratch", dst.size, str(dst.dtype))
     if key not in cache:
-        cache[key] = cp.empty(dst.size, dtype=dst.dtype)
+        try:
+            cache[key] = cp.empty(dst.size, dtype=dst.dtype)
+        except cp.cuda.memory.OutOfMemoryError:  # beyond the plan's memory check, which counts cuFFT's work area
+            raise BackendError(f"fft scheme 'pull': no GPU memory for the four-step's scratch array "
+                               f"({dst.nbytes / 2**30:.2f} GiB); set CIRCUSLINK_FFT_PULL_KERNEL=callback or "
+                               "use scheme='transpose-put'") from None
     mid = cache[key]
     grid1, grid2 = ((runs + tile1 - 1) // tile1, m2), (runs, (m1 + tile2 - 1) // tile2)
     args1 = (np.uint64(table.data.ptr), np.uint64(tw1.data.ptr), np.uint64(twn.data.ptr), np.uint64(mid.data.ptr),
