@@ -1,7 +1,7 @@
 """The FFT pull's own kernels (apps/fft/_line_pull.py, line_pull.cu): their CUDA source run on the cpu by an
 emulation that makes each block's threads host threads (CI checks the index maths without a GPU), and the kernels
-themselves on a GPU; both against a reference transform, every power of two of the one-pass kernel and
-four-step splits, both precisions and directions, partial tiles, sources scattered in a random order."""
+themselves on a GPU; both against a reference transform, every power of two of the one-pass kernels and
+four-step splits, both precisions and directions, partial tiles and clusters, sources scattered in a random order."""
 
 from __future__ import annotations
 
@@ -31,6 +31,13 @@ def test_fits_takes_one_axis_of_a_power_of_two():
             tile, each, threads = _line_pull.shape(n, itemsize)
             assert tile * itemsize == _line_pull.TILE_BYTES and each >= 8 and threads * each == tile * n
             assert threads <= _line_pull.THREADS
+    # the cluster kernel: one run of up to 128 KiB a block, a cluster of 64 bytes of runs
+    assert [n for n in [1 << k for k in range(1, 16)] if _line_pull.cluster_fits(n, 8)] == [2048, 4096, 8192, 16384]
+    assert [n for n in [1 << k for k in range(1, 16)] if _line_pull.cluster_fits(n, 16)] == [2048, 4096, 8192]
+    for n, itemsize in ((2048, 16), (8192, 16), (8192, 8), (16384, 8)):
+        tile, each, threads = _line_pull.shape(n, itemsize, cluster=True)
+        assert tile * itemsize == _line_pull.TILE_BYTES and each >= 8 and threads * each == n
+        assert threads <= _line_pull.CLUSTER_THREADS
 
 
 @pytest.mark.skipif(CXX is None, reason="needs a C++20 compiler (.ci/run installs g++)")
@@ -42,7 +49,7 @@ def test_the_kernel_source_transforms_every_size_on_the_cpu(tmp_path, seed):
     assert build.returncode == 0, build.stderr[-3000:]
     got = subprocess.run([str(exe), str(seed)], capture_output=True, text=True, timeout=240)
     assert got.returncode == 0 and "FAILED" not in got.stdout, got.stdout + got.stderr
-    assert got.stdout.count("forward") == 32, got.stdout
+    assert got.stdout.count("forward") == 39 and got.stdout.count("cluster") == 7, got.stdout
 
 
 @pytest.mark.gpu
@@ -51,8 +58,9 @@ def test_the_kernel_matches_numpy_on_gpu(rng, dtype):
     cp = pytest.importorskip("cupy")
     tol = {"complex64": 1e-5, "complex128": 1e-12}[dtype]
     cache: dict = {}
-    for n in [1 << k for k in range(1, 11)] + [2048, 8192, 16384]:  # one kernel, then the four-step
-        runs = int(rng.integers(1, 40 if n <= 1024 else 6))
+    # one kernel, then the cluster kernel (up to 128 KiB of points) and the four-step
+    for n, cluster in [(1 << k, True) for k in range(1, 15)] + [(2048, False), (8192, False), (16384, False)]:
+        runs = int(rng.integers(1, 40 if n <= 1024 else 20))
         gap = int(rng.integers(0, 5))
         order = rng.permutation(n)  # point b's run is row order[b] of the pool
         x = (rng.standard_normal((n, runs)) + 1j * rng.standard_normal((n, runs))).astype(dtype)
@@ -62,9 +70,9 @@ def test_the_kernel_matches_numpy_on_gpu(rng, dtype):
         table = cp.asarray(np.uint64(pool.data.ptr) + order.astype(np.uint64) * np.uint64((runs + gap) * e))
         for inverse in (False, True):
             dst = cp.full(runs * n, np.nan, dtype=dtype)
-            _line_pull.make(dst, n, table, inverse, cache)()
+            _line_pull.make(dst, n, table, inverse, cache, cluster)()
             cp.cuda.get_current_stream().synchronize()
             want = (np.fft.ifft(x.T.astype(np.complex128), axis=1) * n if inverse
                     else np.fft.fft(x.T.astype(np.complex128), axis=1))
             err = float(np.abs(dst.get().reshape(runs, n) - want).max() / np.abs(want).max())
-            assert err < tol, (dtype, n, runs, inverse, err)
+            assert err < tol, (dtype, n, cluster, runs, inverse, err)

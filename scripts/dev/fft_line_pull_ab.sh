@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Dev run (gpu-check.sh dev): the FFT pull with its own line kernel against the pull through cuFFT's load callback
 # and the transposing put, in one call. (1) fft_line_pull_probe.py (one process: the kernels alone against the
-# callback, cuFFT without a pull and a copy; 512^3 and 16384^2 split 4 ways, both precisions, and 1024^3 where
-# $PROBE_1024 is set); (2) per rank count in $AB_RANKS (default "4 2"): bench fft of $FFT_ARGS (default 16384^2 and
-# 512^3, both precisions) with the puts and the pull on its own kernel, then the pull alone with
-# CIRCUSLINK_FFT_PULL_KERNEL=callback ($AB_KERNELS, default "own callback", picks which).
+# callback, cuFFT without a pull and a copy; $PROBE_CASES, DIMS:SIZE split 4 ways (default 512^3 and 16384^2),
+# both precisions, and 1024^3 where $PROBE_1024 is set); (2) per rank count in $AB_RANKS (default "4 2"): bench
+# fft of $FFT_ARGS (default 16384^2 and 512^3, both precisions) with the puts and the pull on its own kernel, then the pull alone with
+# CIRCUSLINK_FFT_PULL_KERNEL=callback ($AB_KERNELS, default "own callback", picks which; "four-step" too).
 # Each step bounded by $AB_S seconds. Results under $R: fft-line-pull-probe-<size>-<dtype>.log,
 # fft-line-pull-<own|callback>-<ranks>ranks.{json,log}.
 set -u
 R=${R:?} PY=${PY:-python3}
-for case in 3:512 2:16384 ${PROBE_1024:+3:1024}; do
+for case in ${PROBE_CASES:-3:512 2:16384} ${PROBE_1024:+3:1024}; do
   dims=${case%%:*} size=${case##*:}
   for dt in complex64 complex128; do
     timeout ${AB_S:-150} $PY scripts/dev/fft_line_pull_probe.py --dims $dims --size $size --dtype $dt \
@@ -19,7 +19,7 @@ for case in 3:512 2:16384 ${PROBE_1024:+3:1024}; do
 done
 for ranks in ${AB_RANKS:-4 2}; do
   for kernel in ${AB_KERNELS:-own callback}; do
-    schemes=transpose-put,pull nobase=; [ $kernel = callback ] && schemes=pull nobase=--no-baselines
+    schemes=transpose-put,pull nobase=; [ $kernel != own ] && schemes=pull nobase=--no-baselines
     CIRCUSLINK_FFT_PULL_KERNEL=$kernel CIRCUSLINK_TIMEOUT=${CIRCUSLINK_TIMEOUT:-60} timeout ${AB_S:-150} \
       $PY -m circuslink bench fft -n $ranks --schemes $schemes ${nobase:-} \
       ${FFT_ARGS:---size 16384 --size3 512 --dims 2,3 --dtype both --iters 10 --warmup 2} \

@@ -2,13 +2,14 @@
 what bounds them.
 
 For one rank's second stage of a slab FFT of --size^3 (--dims 3; runs = size^2 / ranks of the untransformed axes,
-size points each: one kernel up to 1024 points) or --size^2 (--dims 2; size / ranks runs: the four-step's two
-kernels above 1024) on --ranks ranks, times: (own) the kernel reading every point's run from the slabs where
-the first stage left them (a table of addresses into --ranks arrays, as the pull reads the peers); (callback) the
-library's other route, cuFFT with a load callback, the same table; (cufft) cuFFT's packed transforms of the
-gathered input, no pull (what a stage costs when the reshape has been paid); (copy) a device copy of the same
-bytes (one read and one write: the floor of any pass). Each checked against numpy on a sample of runs. Prints
-ms (best and median of --reps event-timed runs) and the bandwidth of one read and one write.
+size points each: one kernel up to 1024 points) or --size^2 (--dims 2; size / ranks runs: the cluster kernel up
+to 128 KiB of points, timed against the four-step's two kernels, and the four-step above) on --ranks ranks,
+times: (own) the kernel reading every point's run from the slabs where the first stage left them (a table of
+addresses into --ranks arrays, as the pull reads the peers); (callback) the library's other route, cuFFT with a
+load callback, the same table; (cufft) cuFFT's packed transforms of the gathered input, no pull (what a stage
+costs when the reshape has been paid); (copy) a device copy of the same bytes (one read and one write: the floor
+of any pass). Each checked against numpy. Prints ms (best and median of --reps event-timed runs) and the
+bandwidth of one read and one write.
 """
 from __future__ import annotations
 
@@ -72,8 +73,17 @@ gathered = cp.concatenate([s[:, :S].reshape(S, runs) for s in slabs], axis=0).T.
 ref = cp.fft.fft(gathered, axis=1)
 own()
 err = float(cp.abs(out.reshape(runs, N) - ref).max() / cp.abs(ref).max())
-print(f"own kernel max relative error {err:.2e}", flush=True)
+big = _line_pull.cluster_fits(N, dt.itemsize)
+print(f"own kernel ({'cluster' if big else 'line' if N <= _line_pull.MAX_POINTS else 'four-step'}) max relative "
+      f"error {err:.2e}", flush=True)
 show("own", own)
+if big:  # the four-step too, where the cluster kernel takes its place
+    four = _line_pull.make(out, N, table, inverse=False, cache={}, cluster=False)
+    out.fill(0)
+    four()
+    err = float(cp.abs(out.reshape(runs, N) - ref).max() / cp.abs(ref).max())
+    print(f"four-step max relative error {err:.2e}", flush=True)
+    show("four-step", four)
 info = cp.asarray(np.array([N, table.data.ptr], dtype=np.uint64))
 try:
     plan = _cuda._callback_plan((N,), runs, dt.itemsize, _cuda._PULL_CALLBACK, "circuslink_fft_pull", info.data.ptr)

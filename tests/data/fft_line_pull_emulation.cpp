@@ -1,7 +1,8 @@
 // The FFT pull's kernels (src/circuslink/apps/fft/line_pull.cu) run on the cpu: each block's threads are host
 // threads meeting at a std::barrier for __syncthreads, so the CUDA source's index maths is checked without a GPU
-// (tests/test_fft_line_pull.py compiles this with -DKERNEL_SOURCE naming that file). Sources are scattered
-// through a pool in a random order; every output point is compared with a long-double FFT of the input.
+// (tests/test_fft_line_pull.py compiles this with -DKERNEL_SOURCE naming that file). A thread-block cluster's
+// blocks run at once, each with shared memory of its own, and meet at a barrier of all their threads. Sources are
+// scattered through a pool in a random order; every output point is compared with a long-double FFT of the input.
 #include <algorithm>
 #include <barrier>
 #include <cmath>
@@ -9,6 +10,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -16,16 +19,35 @@ struct float2 { float x, y; };
 struct double2 { double x, y; };
 struct Dim { unsigned x = 0, y = 0; };
 thread_local Dim threadIdx, blockIdx;
-std::barrier<>* bar;
 #define __device__
 #define __forceinline__ inline
 #define __global__
 #define __launch_bounds__(x)
+#define __cluster_dims__(x, y, z)
 #define __restrict__
-#define __shared__
 #define __align__(x)
-inline void __syncthreads() { bar->arrive_and_wait(); }
-alignas(16) unsigned char circuslink_fft_shared[1 << 20];
+#define CIRCUSLINK_FFT_EMULATION
+struct Block {  // one block's shared memory and barrier
+  std::vector<unsigned char> shared = std::vector<unsigned char>(1 << 18);
+  std::barrier<>* bar = nullptr;
+};
+struct Cluster {
+  std::vector<Block>* blocks = nullptr;
+  std::barrier<>* bar = nullptr;
+};
+thread_local Block* block;
+thread_local Cluster cluster;
+thread_local unsigned rank_in_cluster;
+thread_local std::optional<std::barrier<>::arrival_token> arrival;
+inline void __syncthreads() { block->bar->arrive_and_wait(); }
+inline unsigned char* fft_shared() { return block->shared.data(); }
+inline unsigned cluster_rank() { return rank_in_cluster; }
+inline void cluster_arrive() { arrival = cluster.bar->arrive(); }
+inline void cluster_wait() { cluster.bar->wait(std::move(*arrival)); arrival.reset(); }
+template <typename T> T* cluster_peer(T* p, unsigned rank) {
+  const size_t at = reinterpret_cast<unsigned char*>(p) - block->shared.data();
+  return reinterpret_cast<T*>((*cluster.blocks)[rank].shared.data() + at);
+}
 #include KERNEL_SOURCE
 
 typedef std::complex<long double> C;
@@ -48,12 +70,22 @@ void reference(std::vector<C>& a, int S) {
       }
 }
 
-void launch(unsigned gx, unsigned gy, int threads, const std::function<void()>& body) {
+// Blocks in clusters of `size` along x (1: one block at a time), every cluster's blocks at once.
+void launch(unsigned gx, unsigned gy, int threads, const std::function<void()>& body, unsigned size = 1) {
   for (unsigned y = 0; y < gy; ++y)
-    for (unsigned x = 0; x < gx; ++x) {
-      std::barrier<> b(threads); bar = &b;
+    for (unsigned x0 = 0; x0 < gx; x0 += size) {
+      std::vector<Block> blocks(size);
+      std::vector<std::unique_ptr<std::barrier<>>> bars;
+      for (auto& b : blocks) b.bar = bars.emplace_back(std::make_unique<std::barrier<>>(threads)).get();
+      std::barrier<> cbar(threads * size);
       std::vector<std::thread> th;
-      for (int t = 0; t < threads; ++t) th.emplace_back([&, t] { threadIdx.x = t; blockIdx.x = x; blockIdx.y = y; body(); });
+      for (unsigned c = 0; c < size; ++c)
+        for (int t = 0; t < threads; ++t)
+          th.emplace_back([&, c, t] {
+            threadIdx.x = t; blockIdx.x = x0 + c; blockIdx.y = y;
+            block = &blocks[c]; cluster = Cluster{&blocks, &cbar}; rank_in_cluster = c;
+            body();
+          });
       for (auto& t : th) t.join();
     }
 }
@@ -70,8 +102,9 @@ template <typename V, int N> struct Shape {
   static constexpr int T = 64 / (int)sizeof(V), E0 = T * N / 256, E = E0 > 8 ? E0 : 8, THREADS = T * N / E;
 };
 
-// FOUR = 0: the line kernel (N points); else the four-step's halves with M1 = N, M2 = FOUR.
-template <typename V, int N, int FOUR, int S> double run(long long J, std::mt19937_64& g) {
+// FOUR = 0: the line kernel (N points), or with CE > 0 the cluster kernel with CE elements a thread; else the
+// four-step's halves with M1 = N, M2 = FOUR.
+template <typename V, int N, int FOUR, int S, int CE> double run(long long J, std::mt19937_64& g) {
   typedef typename Real<V>::T F;
   constexpr int M2 = FOUR ? FOUR : 1, n = N * M2;
   std::normal_distribution<double> nd;
@@ -91,7 +124,12 @@ template <typename V, int N, int FOUR, int S> double run(long long J, std::mt199
     }
   }
   std::vector<V> out((size_t)J * n, V{-7, -7});
-  if constexpr (!FOUR) {
+  if constexpr (CE > 0) {
+    constexpr int T = 64 / (int)sizeof(V);
+    auto tw = table_of<V>(N, S);
+    launch((J + T - 1) / T * T, 1, N / CE, [&] {
+      circuslink_fft_line_pull_cluster<V, N, T, CE, S>(table.data(), tw.data(), out.data(), J); }, T);
+  } else if constexpr (!FOUR) {
     typedef Shape<V, N> A;
     auto tw = table_of<V>(N, S);
     launch((J + A::T - 1) / A::T, 1, A::THREADS, [&] {
@@ -120,21 +158,26 @@ template <typename V, int N, int FOUR, int S> double run(long long J, std::mt199
 
 unsigned long long seed;
 int failed = 0;
-template <typename V, int N, int FOUR = 0> void both() {
+template <typename V, int N, int FOUR = 0, int CE = 0> void both() {
   constexpr int IS = sizeof(V), T = 64 / IS;
   std::mt19937_64 g(seed * 4099 + N * 2 + IS + FOUR * 7);
   const long long J = FOUR ? 1 + (long long)(g() % 4) : 1 + (long long)(g() % (3 * T + 2));  // a partial tile mostly
   const double tol = IS == 8 ? 1e-6 : 1e-13;
-  double f = run<V, N, FOUR, -1>(J, g), i = run<V, N, FOUR, 1>(J, g);
+  double f = run<V, N, FOUR, -1, CE>(J, g), i = run<V, N, FOUR, 1, CE>(J, g);
   const bool bad = !(f < tol) || !(i < tol);
   failed |= bad;
   printf("%s %s n=%d runs=%lld forward %.2e inverse %.2e%s\n", IS == 8 ? "complex64 " : "complex128",
-         FOUR ? "four-step" : "line     ", N * (FOUR ? FOUR : 1), J, f, i, bad ? "  FAILED" : "");
+         FOUR ? "four-step" : CE ? "cluster  " : "line     ", N * (FOUR ? FOUR : 1), J, f, i, bad ? "  FAILED" : "");
 }
 template <typename V> void sizes() {
   both<V, 2>(); both<V, 4>(); both<V, 8>(); both<V, 16>(); both<V, 32>(); both<V, 64>(); both<V, 128>();
   both<V, 256>(); both<V, 512>(); both<V, 1024>();
   both<V, 2, 2>(); both<V, 8, 4>(); both<V, 32, 64>(); both<V, 64, 32>(); both<V, 128, 128>(); both<V, 1024, 16>();
+  // The cluster kernel: 2048 and 4096 points with _line_pull.shape's elements a thread; its largest sizes with
+  // more elements a thread than the GPU's, for fewer host threads (the index maths is the same for any E).
+  both<V, 2048, 0, 8>(); both<V, 4096, 0, 8>();
+  if constexpr (sizeof(V) == 16) both<V, 8192, 0, 8>();
+  else { both<V, 8192, 0, 64>(); both<V, 16384, 0, 128>(); }
 }
 int main(int argc, char** argv) {
   seed = argc > 1 ? strtoull(argv[1], nullptr, 10) : 1;

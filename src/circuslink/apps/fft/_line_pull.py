@@ -9,6 +9,10 @@ instruction takes whole sectors from the holder, and the reshape costs no pass o
 transpose inside the communication.
 
 * Up to ``MAX_POINTS`` points: one kernel, one pass over memory (read the peers, write the output).
+* Up to ``CLUSTER_BYTES`` of points (16384 complex64, 8192 complex128): still one pass, by a thread-block
+  cluster of ``T`` blocks (``T`` runs of 64 bytes). Each block reads a ``T``-th of the points of every run of
+  the cluster, whole sectors again, and stores them into the shared memory of the run's block (distributed
+  shared memory, sm_90); then each block transforms its own run.
 * Up to ``MAX_POINTS ** 2``: a four-step FFT of ``n = m1 x m2`` in two kernels. The first pulls, for each
   ``b2 < m2``, the ``m1`` points ``b1 x m2 + b2``, transforms them and twiddles them into a scratch array
   of the output's size (kept in the plan's cache, shared by its pulled stages: they run on one stream); the
@@ -31,6 +35,8 @@ from ...errors import BackendError
 MAX_POINTS = 1024  # one kernel's largest axis: 8 runs x 1025 complex64 (64 KiB) of shared memory a block
 THREADS = 256  # a block's threads where the tile has enough work for them
 TILE_BYTES = 64  # the run each block reads of every point: two whole 32-byte sectors
+CLUSTER_BYTES = 128 << 10  # one run's points in one block's shared memory (1/16 more with the padding)
+CLUSTER_THREADS = 1024  # the cluster kernel's threads a block, at least 8 elements each
 
 _SOURCE = Path(__file__).resolve().parent / "line_pull.cu"
 _modules: dict = {}  # (kernel, element, points, sign) -> (the compiled kernel, tile, threads, shared bytes)
@@ -50,15 +56,24 @@ def faster(n: int, itemsize: int) -> bool:
     return n <= MAX_POINTS or itemsize == 8
 
 
+def cluster_fits(n: int, itemsize: int) -> bool:
+    """Whether a run of ``n`` points (``fits``) above ``MAX_POINTS`` fits the cluster kernel's shared memory."""
+    return MAX_POINTS < n and n * itemsize <= CLUSTER_BYTES
+
+
 def halves(n: int) -> tuple[int, int]:
     """The four-step's ``(m1, m2)`` for ``n`` points: ``m1`` pulled and transformed first, the larger half."""
     m1 = 1 << (n.bit_length() // 2)
     return m1, n // m1
 
 
-def shape(n: int, itemsize: int) -> tuple[int, int, int]:
-    """(runs a block, elements a thread, threads a block) for ``n`` points of ``itemsize``-byte elements."""
+def shape(n: int, itemsize: int, cluster: bool = False) -> tuple[int, int, int]:
+    """(runs a block or, for the cluster kernel, a cluster; elements a thread; threads a block) for ``n`` points
+    of ``itemsize``-byte elements."""
     tile = max(1, TILE_BYTES // itemsize)
+    if cluster:  # one run a block
+        each = max(8, n // CLUSTER_THREADS)
+        return tile, each, n // each
     each = max(8, tile * n // THREADS)
     return tile, each, tile * n // each
 
@@ -68,11 +83,12 @@ def _kernel(which: str, itemsize: int, n: int, inverse: bool) -> tuple[Any, int,
     if key not in _modules:
         from ...device_code import compile as compile_device
 
-        tile, each, threads = shape(n, itemsize)
+        cluster = which == "line_pull_cluster"
+        tile, each, threads = shape(n, itemsize, cluster)
         element = {8: "float2", 16: "double2"}[itemsize]
         name = f"circuslink_fft_{which}<{element}, {n}, {tile}, {each}, {1 if inverse else -1}>"
         kernel = compile_device(_SOURCE.read_text(), name_expressions=[name]).get_function(name)
-        smem = tile * (n + 1) * itemsize
+        smem = (n + n // 16 if cluster else tile * (n + 1)) * itemsize  # the cluster kernel's padding: PAD 4
         if smem > 48 << 10:
             kernel.max_dynamic_shared_size_bytes = smem
         _modules[key] = (kernel, tile, threads, smem)
@@ -84,17 +100,19 @@ def _twiddles(cp: Any, n: int, dtype: Any, inverse: bool) -> Any:
     return cp.asarray(np.exp((1.0 if inverse else -1.0) * 2j * np.pi * np.arange(n) / n).astype(dtype))
 
 
-def make(dst: Any, n: int, table: Any, inverse: bool, cache: dict) -> Any:
+def make(dst: Any, n: int, table: Any, inverse: bool, cache: dict, cluster: bool = True) -> Any:
     """A callable that fills ``dst`` (contiguous, complex, ``dst.size // n`` runs of ``n`` points) with the
     transforms along its last axis of what ``table`` (device array of ``n`` element addresses, one a point)
-    points at, on the current stream; unnormalised, as cuFFT. ``cache``: the plan's (the four-step's scratch)."""
+    points at, on the current stream; unnormalised, as cuFFT. ``cache``: the plan's (the four-step's scratch).
+    ``cluster``: the cluster kernel where it fits (``cluster_fits``), else the four-step above ``MAX_POINTS``."""
     import cupy as cp
 
     runs = dst.size // n
-    if n <= MAX_POINTS:
-        kernel, tile, threads, smem = _kernel("line_pull", dst.itemsize, n, inverse)
+    big = cluster and cluster_fits(n, dst.itemsize)
+    if n <= MAX_POINTS or big:
+        kernel, tile, threads, smem = _kernel("line_pull_cluster" if big else "line_pull", dst.itemsize, n, inverse)
         tw = _twiddles(cp, n, dst.dtype, inverse)
-        grid = ((runs + tile - 1) // tile,)
+        grid = ((runs + tile - 1) // tile * (tile if big else 1),)  # the cluster kernel: a block a run
         args = (np.uint64(table.data.ptr), np.uint64(tw.data.ptr), np.uint64(dst.data.ptr), np.int64(runs))
 
         def run() -> None:

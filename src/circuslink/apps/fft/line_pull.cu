@@ -8,7 +8,9 @@
 // output, so 8^3 points take four passes over shared memory, not eight. E elements a thread; S = -1 forward, +1
 // inverse (unnormalised). Up to 1024 points in one kernel; up to 1024^2 as a four-step FFT in two (Bailey,
 // "FFTs in external or hierarchical memory", J. Supercomputing 1990): the first pulls and transforms strided
-// points and twiddles, the second transforms across them and writes the output.
+// points and twiddles, the second transforms across them and writes the output. Up to 128 KiB of points (16384
+// complex64, 8192 complex128) still in one pass, by a thread-block cluster: T blocks, one run each, each reading
+// a T-th of the points of all T runs (whole sectors again) into the shared memory of the run's block.
 
 template <typename V> struct Real;
 template <> struct Real<float2> { typedef float T; };
@@ -48,13 +50,44 @@ template <int R, int S, typename V> __device__ __forceinline__ void dft(V* v) {
 
 template <int N, int NS> struct Radix { enum { value = (N / NS) >= 8 ? 8 : N / NS }; };
 
+// Shared memory and thread-block clusters (sm_90). tests/data/fft_line_pull_emulation.cpp defines these for the
+// host when it compiles this file as C++.
+#ifndef CIRCUSLINK_FFT_EMULATION
+__device__ __forceinline__ unsigned char* fft_shared() {
+  extern __shared__ __align__(16) unsigned char circuslink_fft_shared[];
+  return circuslink_fft_shared;
+}
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// The cluster's barrier in two halves, so that a block's own work goes on between its arrival and its wait; the
+// arrival releases the block's writes (to any block's shared memory) and the wait acquires everyone's.
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+// p (this block's shared memory) in block `rank` of the cluster: a generic address of distributed shared memory.
+template <typename T> __device__ __forceinline__ T* cluster_peer(T* p, unsigned rank) {
+  unsigned long long a;
+  asm volatile("mapa.u64 %0, %1, %2;" : "=l"(a) : "l"(p), "r"(rank));
+  return reinterpret_cast<T*>(a);
+}
+#endif
+
 // Where a kernel's first pass reads and its last pass writes: valid(t), load(t, b) and store(t, k, v) of run t of
 // the block's tile, point b in, point k out. STORE_T_FASTEST: the last pass gives neighbouring threads
-// neighbouring runs (the output is contiguous along the runs), else neighbouring points.
+// neighbouring runs (the output is contiguous along the runs), else neighbouring points. IN_SHARED: load reads
+// the block's own shared memory (the first pass then waits for the block before it writes). PAD: one element of
+// padding after every 2^PAD in shared memory (0: none), which keeps a pass's stores of one run free of bank
+// conflicts (T = 1: nothing else spreads them).
 
 // One pass over the whole axis: out[j * N + k] = DFT over b of table[b][j].
 template <typename V, int N> struct LineIo {
   static constexpr bool STORE_T_FASTEST = false;
+  static constexpr bool IN_SHARED = false;
+  static constexpr int PAD = 0;
   const V* const* table;
   V* out;
   long long j0, J;
@@ -67,6 +100,8 @@ template <typename V, int N> struct LineIo {
 // over b1 of table[b1 * m2 + b2][j], twiddled by exp(S 2 pi i b2 k1 / n), to mid[(j * m2 + b2) * M1 + k1].
 template <typename V, int M1> struct HalfOneIo {
   static constexpr bool STORE_T_FASTEST = false;
+  static constexpr bool IN_SHARED = false;
+  static constexpr int PAD = 0;
   const V* const* table;
   const V* twn;  // exp(S 2 pi i m / n), m < n
   V* mid;
@@ -83,6 +118,8 @@ template <typename V, int M1> struct HalfOneIo {
 // k1] to out[j * n + k1 + m1 * k2].
 template <typename V, int M2> struct HalfTwoIo {
   static constexpr bool STORE_T_FASTEST = true;
+  static constexpr bool IN_SHARED = false;
+  static constexpr int PAD = 0;
   const V* mid;
   V* out;
   long long j;
@@ -93,6 +130,24 @@ template <typename V, int M2> struct HalfTwoIo {
     out[j * (long long)m1 * M2 + k10 + t + (long long)m1 * k2] = v;
   }
 };
+
+// One run of the block in shared memory, read by the first pass (the cluster kernel): out[j * N + k].
+template <typename V, int N, int PAD_> struct SharedLineIo {
+  static constexpr bool STORE_T_FASTEST = false;
+  static constexpr bool IN_SHARED = true;
+  static constexpr int PAD = PAD_;
+  const V* buf;
+  V* out;
+  long long j, J;
+  __device__ __forceinline__ bool valid(int) const { return j < J; }
+  __device__ __forceinline__ V load(int, int b) const { return buf[b + (b >> PAD)]; }
+  __device__ __forceinline__ void store(int, int k, V v) const { out[j * N + k] = v; }
+};
+
+// Point i of run t in shared memory.
+template <int P, int PAD> __device__ __forceinline__ int slot(int t, int i) {
+  return t * P + i + (PAD ? i >> PAD : 0);
+}
 
 // One Stockham pass of radix R after NS points: E / R butterflies a thread. The first reads io (runs t fastest,
 // so that a warp's loads are whole sectors), the others shared memory; the last writes io.
@@ -116,7 +171,7 @@ __device__ __forceinline__ void pass(V* buf, const V* tw, const Io& io) {
       if constexpr (FIRST) {
         v[k][r] = io.valid(t) ? io.load(t, jj + r * (N / R)) : make<V>(0, 0);
       } else {
-        v[k][r] = buf[t * P + jj + r * (N / R)];
+        v[k][r] = buf[slot<P, Io::PAD>(t, jj + r * (N / R))];
         if (r > 0) {
           const V w = tw[(jj % NS) * r * (N / (NS * R))];
           v[k][r] = mul(v[k][r], w);
@@ -124,7 +179,7 @@ __device__ __forceinline__ void pass(V* buf, const V* tw, const Io& io) {
       }
     }
   }
-  if constexpr (!FIRST && !LAST) __syncthreads();  // in place: every read of this pass before any write
+  if constexpr ((!FIRST || Io::IN_SHARED) && !LAST) __syncthreads();  // in place: every read before any write
 #pragma unroll
   for (int k = 0; k < BF; ++k) {
     dft<R, S>(v[k]);
@@ -134,7 +189,7 @@ __device__ __forceinline__ void pass(V* buf, const V* tw, const Io& io) {
       if constexpr (LAST) {
         if (io.valid(t)) io.store(t, d + r * NS, v[k][r]);
       } else {
-        buf[t * P + d + r * NS] = v[k][r];
+        buf[slot<P, Io::PAD>(t, d + r * NS)] = v[k][r];
       }
     }
   }
@@ -144,9 +199,7 @@ __device__ __forceinline__ void pass(V* buf, const V* tw, const Io& io) {
   }
 }
 
-#define CIRCUSLINK_FFT_SHARED(V) \
-  extern __shared__ __align__(16) unsigned char circuslink_fft_shared[]; \
-  V* buf = reinterpret_cast<V*>(circuslink_fft_shared)
+#define CIRCUSLINK_FFT_SHARED(V) V* buf = reinterpret_cast<V*>(fft_shared())
 
 // An axis of N <= 1024 points in one pass: block x = a tile of T runs.
 template <typename V, int N, int T, int E, int S>
@@ -177,4 +230,35 @@ __global__ void __launch_bounds__(T * M2 / E) circuslink_fft_pull_half2(const V*
   CIRCUSLINK_FFT_SHARED(V);
   const HalfTwoIo<V, M2> io{mid, out, (long long)blockIdx.x, (int)blockIdx.y * T, m1};
   pass<V, M2, T, E, S, 1>(buf, tw, io);
+}
+
+// An axis of N points (N x sizeof(V) up to 128 KiB) in one pass by a cluster of T blocks (T x sizeof(V) = 64
+// bytes): block c of the cluster transforms run j0 + c. It reads points [c N / T, (c + 1) N / T) of all T runs (a
+// warp's loads are whole sectors, as in the line kernel) and stores each into the shared memory of the run's
+// block; after the cluster's barrier every block holds its whole run.
+template <typename V, int N, int T, int E, int S>
+__global__ void __cluster_dims__(T, 1, 1) __launch_bounds__(N / E)
+    circuslink_fft_line_pull_cluster(const V* const* __restrict__ table, const V* __restrict__ tw,
+                                     V* __restrict__ out, long long J) {
+  constexpr int THREADS = N / E, PAD = 4;  // PAD 4: no bank conflicts in any pass, either precision
+  CIRCUSLINK_FFT_SHARED(V);
+  const int c = (int)cluster_rank();
+  const long long j0 = (long long)blockIdx.x - c;
+  cluster_arrive();  // a block's shared memory takes stores once the block runs: wait for the others after the loads
+  V v[E];
+#pragma unroll
+  for (int k = 0; k < E; ++k) {
+    const int q = threadIdx.x + k * THREADS, t = q % T, b = c * (N / T) + q / T;
+    v[k] = j0 + t < J ? table[b][j0 + t] : make<V>(0, 0);
+  }
+  cluster_wait();
+#pragma unroll
+  for (int k = 0; k < E; ++k) {
+    const int q = threadIdx.x + k * THREADS, t = q % T, b = c * (N / T) + q / T;
+    cluster_peer(buf, (unsigned)t)[b + (b >> PAD)] = v[k];
+  }
+  cluster_arrive();  // every run's points are in: no store reaches another block after this
+  cluster_wait();
+  const SharedLineIo<V, N, PAD> io{buf, out, j0 + c, J};
+  pass<V, N, 1, E, S, 1>(buf, tw, io);
 }
