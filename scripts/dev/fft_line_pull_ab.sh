@@ -3,10 +3,10 @@
 # and the transposing put, in one call. (1) fft_line_pull_probe.py (one process: the kernels alone against the
 # callback, cuFFT without a pull and a copy; $PROBE_CASES, DIMS:SIZE split 4 ways (default 512^3 and 16384^2),
 # both precisions, and 1024^3 where $PROBE_1024 is set); (2) per rank count in $AB_RANKS (default "4 2"): bench
-# fft of $FFT_ARGS (default 16384^2 and 512^3, both precisions) with the puts and the pull on its own kernel, then the pull alone with
-# CIRCUSLINK_FFT_PULL_KERNEL=callback ($AB_KERNELS, default "own callback", picks which; "four-step" too).
-# Each step bounded by $AB_S seconds. Results under $R: fft-line-pull-probe-<size>-<dtype>.log,
-# fft-line-pull-<own|callback>-<ranks>ranks.{json,log}.
+# fft of $FFT_ARGS (default 16384^2 and 512^3, both precisions) with the puts and the pull on its own kernel,
+# then the pull alone with CIRCUSLINK_FFT_PULL_KERNEL=callback ($AB_KERNELS, default "own callback", picks
+# which; "four-step" too). Each step bounded by $AB_S seconds. Results under $R:
+# fft-line-pull-probe-<size>-<dtype>.log, fft-line-pull-<kernel>-<ranks>ranks.{json,log}.
 set -u
 R=${R:?} PY=${PY:-python3}
 for case in ${PROBE_CASES:-3:512 2:16384} ${PROBE_1024:+3:1024}; do
