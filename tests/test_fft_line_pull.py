@@ -31,13 +31,16 @@ def test_fits_takes_one_axis_of_a_power_of_two():
             tile, each, threads = _line_pull.shape(n, itemsize)
             assert tile * itemsize == _line_pull.TILE_BYTES and each >= 8 and threads * each == tile * n
             assert threads <= _line_pull.THREADS
-    # the cluster kernel: one run of up to 128 KiB a block, a cluster of 64 bytes of runs
-    assert [n for n in [1 << k for k in range(1, 16)] if _line_pull.cluster_fits(n, 8)] == [2048, 4096, 8192, 16384]
-    assert [n for n in [1 << k for k in range(1, 16)] if _line_pull.cluster_fits(n, 16)] == [2048, 4096, 8192]
-    for n, itemsize in ((2048, 16), (8192, 16), (8192, 8), (16384, 8)):
+    # the cluster kernel: a run of up to 128 KiB a block, up to 256 KiB two, a cluster of 64 bytes of runs
+    sizes = [1 << k for k in range(1, 17)]
+    assert [n for n in sizes if _line_pull.cluster_fits(n, 8)] == [2048, 4096, 8192, 16384]
+    assert [n for n in sizes if _line_pull.cluster_fits(n, 16)] == [2048, 4096, 8192, 16384]
+    assert _line_pull.cluster_blocks(8192, 16) == 1 and _line_pull.cluster_blocks(16384, 16) == 2
+    for n, itemsize in ((2048, 16), (8192, 16), (16384, 16), (8192, 8), (16384, 8)):
         tile, each, threads = _line_pull.shape(n, itemsize, cluster=True)
-        assert tile * itemsize == _line_pull.TILE_BYTES and each >= 8 and threads * each == n
-        assert threads <= _line_pull.CLUSTER_THREADS
+        blocks = _line_pull.cluster_blocks(n, itemsize)
+        assert tile * itemsize == _line_pull.TILE_BYTES and tile * blocks <= 8
+        assert each >= 8 and threads * each * blocks == n and threads <= _line_pull.CLUSTER_THREADS
 
 
 @pytest.mark.skipif(CXX is None, reason="needs a C++20 compiler (.ci/run installs g++)")
@@ -49,7 +52,7 @@ def test_the_kernel_source_transforms_every_size_on_the_cpu(tmp_path, seed):
     assert build.returncode == 0, build.stderr[-3000:]
     got = subprocess.run([str(exe), str(seed)], capture_output=True, text=True, timeout=240)
     assert got.returncode == 0 and "FAILED" not in got.stdout, got.stdout + got.stderr
-    assert got.stdout.count("forward") == 39 and got.stdout.count("cluster") == 7, got.stdout
+    assert got.stdout.count("forward") == 40 and got.stdout.count("cluster") == 8, got.stdout
 
 
 @pytest.mark.gpu
@@ -58,7 +61,7 @@ def test_the_kernel_matches_numpy_on_gpu(rng, dtype):
     cp = pytest.importorskip("cupy")
     tol = {"complex64": 1e-5, "complex128": 1e-12}[dtype]
     cache: dict = {}
-    # one kernel, then the cluster kernel (up to 128 KiB of points) and the four-step
+    # one kernel, then the cluster kernel (two blocks a run at 16384 complex128) and the four-step
     for n, cluster in [(1 << k, True) for k in range(1, 15)] + [(2048, False), (8192, False), (16384, False)]:
         runs = int(rng.integers(1, 40 if n <= 1024 else 20))
         gap = int(rng.integers(0, 5))

@@ -124,11 +124,12 @@ template <typename V, int N, int FOUR, int S, int CE> double run(long long J, st
     }
   }
   std::vector<V> out((size_t)J * n, V{-7, -7});
-  if constexpr (CE > 0) {
-    constexpr int T = 64 / (int)sizeof(V);
-    auto tw = table_of<V>(N, S);
-    launch((J + T - 1) / T * T, 1, N / CE, [&] {
-      circuslink_fft_line_pull_cluster<V, N, T, CE, S>(table.data(), tw.data(), out.data(), J); }, T);
+  if constexpr (CE > 0) {  // _line_pull.cluster_blocks: two blocks a run above 128 KiB
+    constexpr int T = 64 / (int)sizeof(V), H = N * (int)sizeof(V) > (128 << 10) ? 2 : 1;
+    auto twm = table_of<V>(N / H, S), twn = table_of<V>(N, S);
+    launch((J + T - 1) / T * T * H, 1, N / H / CE, [&] {
+      circuslink_fft_line_pull_cluster<V, N, T, H, CE, S>(table.data(), twm.data(), twn.data(), out.data(), J); },
+      T * H);
   } else if constexpr (!FOUR) {
     typedef Shape<V, N> A;
     auto tw = table_of<V>(N, S);
@@ -173,10 +174,11 @@ template <typename V> void sizes() {
   both<V, 2>(); both<V, 4>(); both<V, 8>(); both<V, 16>(); both<V, 32>(); both<V, 64>(); both<V, 128>();
   both<V, 256>(); both<V, 512>(); both<V, 1024>();
   both<V, 2, 2>(); both<V, 8, 4>(); both<V, 32, 64>(); both<V, 64, 32>(); both<V, 128, 128>(); both<V, 1024, 16>();
-  // The cluster kernel: 2048 and 4096 points with _line_pull.shape's elements a thread; its largest sizes with
-  // more elements a thread than the GPU's, for fewer host threads (the index maths is the same for any E).
+  // The cluster kernel: 2048 and 4096 points with _line_pull.shape's elements a thread; its largest sizes (at
+  // complex128 16384, two blocks a run) with more elements a thread than the GPU's, for fewer host threads (the
+  // index maths is the same for any E).
   both<V, 2048, 0, 8>(); both<V, 4096, 0, 8>();
-  if constexpr (sizeof(V) == 16) both<V, 8192, 0, 8>();
+  if constexpr (sizeof(V) == 16) { both<V, 8192, 0, 8>(); both<V, 16384, 0, 64>(); }
   else { both<V, 8192, 0, 64>(); both<V, 16384, 0, 128>(); }
 }
 int main(int argc, char** argv) {

@@ -12,7 +12,9 @@ transpose inside the communication.
 * Up to ``CLUSTER_BYTES`` of points (16384 complex64, 8192 complex128): still one pass, by a thread-block
   cluster of ``T`` blocks (``T`` runs of 64 bytes). Each block reads a ``T``-th of the points of every run of
   the cluster, whole sectors again, and stores them into the shared memory of the run's block (distributed
-  shared memory, sm_90); then each block transforms its own run.
+  shared memory, sm_90); then each block transforms its own run. Up to twice that (16384 complex128), two
+  blocks a run, each transforming the even or the odd points; the halves then meet through shared memory in
+  one radix-2 step (decimation in time) as they write the output.
 * Up to ``MAX_POINTS ** 2``: a four-step FFT of ``n = m1 x m2`` in two kernels. The first pulls, for each
   ``b2 < m2``, the ``m1`` points ``b1 x m2 + b2``, transforms them and twiddles them into a scratch array
   of the output's size (kept in the plan's cache, shared by its pulled stages: they run on one stream); the
@@ -56,9 +58,19 @@ def faster(n: int, itemsize: int) -> bool:
     return n <= MAX_POINTS or itemsize == 8
 
 
+def cluster_blocks(n: int, itemsize: int) -> int:
+    """The cluster kernel's blocks a run of ``n`` points (``fits``) above ``MAX_POINTS``: 1 where the run fits
+    one block's shared memory, 2 where two halves do and the cluster stays within the portable 8 blocks; 0 where
+    the kernel does not take it."""
+    if n <= MAX_POINTS:
+        return 0
+    halves = -(-n * itemsize // CLUSTER_BYTES)
+    return halves if halves in (1, 2) and halves * TILE_BYTES // itemsize <= 8 else 0
+
+
 def cluster_fits(n: int, itemsize: int) -> bool:
-    """Whether a run of ``n`` points (``fits``) above ``MAX_POINTS`` fits the cluster kernel's shared memory."""
-    return MAX_POINTS < n and n * itemsize <= CLUSTER_BYTES
+    """Whether the cluster kernel transforms a run of ``n`` points (``fits``)."""
+    return cluster_blocks(n, itemsize) > 0
 
 
 def halves(n: int) -> tuple[int, int]:
@@ -71,9 +83,10 @@ def shape(n: int, itemsize: int, cluster: bool = False) -> tuple[int, int, int]:
     """(runs a block or, for the cluster kernel, a cluster; elements a thread; threads a block) for ``n`` points
     of ``itemsize``-byte elements."""
     tile = max(1, TILE_BYTES // itemsize)
-    if cluster:  # one run a block
-        each = max(8, n // CLUSTER_THREADS)
-        return tile, each, n // each
+    if cluster:  # a run's points over cluster_blocks blocks
+        m = n // cluster_blocks(n, itemsize)
+        each = max(8, m // CLUSTER_THREADS)
+        return tile, each, m // each
     each = max(8, tile * n // THREADS)
     return tile, each, tile * n // each
 
@@ -86,9 +99,11 @@ def _kernel(which: str, itemsize: int, n: int, inverse: bool) -> tuple[Any, int,
         cluster = which == "line_pull_cluster"
         tile, each, threads = shape(n, itemsize, cluster)
         element = {8: "float2", 16: "double2"}[itemsize]
-        name = f"circuslink_fft_{which}<{element}, {n}, {tile}, {each}, {1 if inverse else -1}>"
+        blocks = f"{cluster_blocks(n, itemsize)}, " if cluster else ""
+        name = f"circuslink_fft_{which}<{element}, {n}, {tile}, {blocks}{each}, {1 if inverse else -1}>"
         kernel = compile_device(_SOURCE.read_text(), name_expressions=[name]).get_function(name)
-        smem = (n + n // 16 if cluster else tile * (n + 1)) * itemsize  # the cluster kernel's padding: PAD 4
+        m = n // cluster_blocks(n, itemsize) if cluster else n
+        smem = (m + m // 16 if cluster else tile * (n + 1)) * itemsize  # the cluster kernel's padding: PAD 4
         if smem > 48 << 10:
             kernel.max_dynamic_shared_size_bytes = smem
         _modules[key] = (kernel, tile, threads, smem)
@@ -108,11 +123,10 @@ def make(dst: Any, n: int, table: Any, inverse: bool, cache: dict, cluster: bool
     import cupy as cp
 
     runs = dst.size // n
-    big = cluster and cluster_fits(n, dst.itemsize)
-    if n <= MAX_POINTS or big:
-        kernel, tile, threads, smem = _kernel("line_pull_cluster" if big else "line_pull", dst.itemsize, n, inverse)
+    if n <= MAX_POINTS:
+        kernel, tile, threads, smem = _kernel("line_pull", dst.itemsize, n, inverse)
         tw = _twiddles(cp, n, dst.dtype, inverse)
-        grid = ((runs + tile - 1) // tile * (tile if big else 1),)  # the cluster kernel: a block a run
+        grid = ((runs + tile - 1) // tile,)
         args = (np.uint64(table.data.ptr), np.uint64(tw.data.ptr), np.uint64(dst.data.ptr), np.int64(runs))
 
         def run() -> None:
@@ -120,6 +134,20 @@ def make(dst: Any, n: int, table: Any, inverse: bool, cache: dict, cluster: bool
 
         run.keep = (table, tw)  # the kernel reads them at every launch
         return run
+    blocks = cluster_blocks(n, dst.itemsize) if cluster else 0
+    if blocks:
+        kernel, tile, threads, smem = _kernel("line_pull_cluster", dst.itemsize, n, inverse)
+        twm = _twiddles(cp, n // blocks, dst.dtype, inverse)
+        twn = _twiddles(cp, n, dst.dtype, inverse)  # the radix-2 step's (two blocks a run)
+        grid = ((runs + tile - 1) // tile * tile * blocks,)
+        args = (np.uint64(table.data.ptr), np.uint64(twm.data.ptr), np.uint64(twn.data.ptr),
+                np.uint64(dst.data.ptr), np.int64(runs))
+
+        def run_cluster() -> None:
+            kernel(grid, (threads,), args, shared_mem=smem, stream=cp.cuda.get_current_stream())
+
+        run_cluster.keep = (table, twm, twn)
+        return run_cluster
     m1, m2 = halves(n)
     one, tile1, threads1, smem1 = _kernel("pull_half1", dst.itemsize, m1, inverse)
     two, tile2, threads2, smem2 = _kernel("pull_half2", dst.itemsize, m2, inverse)

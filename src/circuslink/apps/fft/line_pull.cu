@@ -86,7 +86,7 @@ template <typename T> __device__ __forceinline__ T* cluster_peer(T* p, unsigned 
 // One pass over the whole axis: out[j * N + k] = DFT over b of table[b][j].
 template <typename V, int N> struct LineIo {
   static constexpr bool STORE_T_FASTEST = false;
-  static constexpr bool IN_SHARED = false;
+  static constexpr bool IN_SHARED = false, OUT_SHARED = false;
   static constexpr int PAD = 0;
   const V* const* table;
   V* out;
@@ -100,7 +100,7 @@ template <typename V, int N> struct LineIo {
 // over b1 of table[b1 * m2 + b2][j], twiddled by exp(S 2 pi i b2 k1 / n), to mid[(j * m2 + b2) * M1 + k1].
 template <typename V, int M1> struct HalfOneIo {
   static constexpr bool STORE_T_FASTEST = false;
-  static constexpr bool IN_SHARED = false;
+  static constexpr bool IN_SHARED = false, OUT_SHARED = false;
   static constexpr int PAD = 0;
   const V* const* table;
   const V* twn;  // exp(S 2 pi i m / n), m < n
@@ -118,7 +118,7 @@ template <typename V, int M1> struct HalfOneIo {
 // k1] to out[j * n + k1 + m1 * k2].
 template <typename V, int M2> struct HalfTwoIo {
   static constexpr bool STORE_T_FASTEST = true;
-  static constexpr bool IN_SHARED = false;
+  static constexpr bool IN_SHARED = false, OUT_SHARED = false;
   static constexpr int PAD = 0;
   const V* mid;
   V* out;
@@ -131,17 +131,20 @@ template <typename V, int M2> struct HalfTwoIo {
   }
 };
 
-// One run of the block in shared memory, read by the first pass (the cluster kernel): out[j * N + k].
-template <typename V, int N, int PAD_> struct SharedLineIo {
+// The cluster kernel's one run in the block's shared memory, read by the first pass; the last writes out[j * N +
+// k], or with TO_SHARED the shared memory again (in natural order, for the cluster's last radix-H step).
+template <typename V, int N, int PAD_, bool TO_SHARED> struct SharedLineIo {
   static constexpr bool STORE_T_FASTEST = false;
-  static constexpr bool IN_SHARED = true;
+  static constexpr bool IN_SHARED = true, OUT_SHARED = TO_SHARED;
   static constexpr int PAD = PAD_;
-  const V* buf;
+  V* buf;
   V* out;
   long long j, J;
   __device__ __forceinline__ bool valid(int) const { return j < J; }
   __device__ __forceinline__ V load(int, int b) const { return buf[b + (b >> PAD)]; }
-  __device__ __forceinline__ void store(int, int k, V v) const { out[j * N + k] = v; }
+  __device__ __forceinline__ void store(int, int k, V v) const {
+    if constexpr (TO_SHARED) buf[k + (k >> PAD)] = v; else out[j * N + k] = v;
+  }
 };
 
 // Point i of run t in shared memory.
@@ -179,7 +182,8 @@ __device__ __forceinline__ void pass(V* buf, const V* tw, const Io& io) {
       }
     }
   }
-  if constexpr ((!FIRST || Io::IN_SHARED) && !LAST) __syncthreads();  // in place: every read before any write
+  if constexpr ((!FIRST || Io::IN_SHARED) && (!LAST || Io::OUT_SHARED))
+    __syncthreads();  // in place: every read of the block before any write
 #pragma unroll
   for (int k = 0; k < BF; ++k) {
     dft<R, S>(v[k]);
@@ -232,33 +236,56 @@ __global__ void __launch_bounds__(T * M2 / E) circuslink_fft_pull_half2(const V*
   pass<V, M2, T, E, S, 1>(buf, tw, io);
 }
 
-// An axis of N points (N x sizeof(V) up to 128 KiB) in one pass by a cluster of T blocks (T x sizeof(V) = 64
-// bytes): block c of the cluster transforms run j0 + c. It reads points [c N / T, (c + 1) N / T) of all T runs (a
-// warp's loads are whole sectors, as in the line kernel) and stores each into the shared memory of the run's
-// block; after the cluster's barrier every block holds its whole run.
-template <typename V, int N, int T, int E, int S>
-__global__ void __cluster_dims__(T, 1, 1) __launch_bounds__(N / E)
-    circuslink_fft_line_pull_cluster(const V* const* __restrict__ table, const V* __restrict__ tw,
-                                     V* __restrict__ out, long long J) {
-  constexpr int THREADS = N / E, PAD = 4;  // PAD 4: no bank conflicts in any pass, either precision
+// An axis of N points (N x sizeof(V) / H up to 128 KiB) in one pass by a cluster of T x H blocks (T x sizeof(V)
+// = 64 bytes): blocks t H ... t H + H - 1 transform run j0 + t, block t H + h holding its points b = h mod H. Block
+// c reads points [c N / (T H), (c + 1) N / (T H)) of all T runs (a warp's loads are whole sectors, as in the line
+// kernel) and stores each into the shared memory of the block that holds it. After the cluster's barrier each
+// block transforms its M = N / H points. With H = 2 (decimation in time) the two halves' transforms E0 and E1
+// then meet through shared memory: block h writes X[k + h M] = E0[k] +- w^k E1[k], w = exp(S 2 pi i / N).
+// twm: exp(S 2 pi i m / M); twn: exp(S 2 pi i m / N), m < M (H = 2 only).
+template <typename V, int N, int T, int H, int E, int S>
+__global__ void __cluster_dims__(T * H, 1, 1) __launch_bounds__(N / H / E)
+    circuslink_fft_line_pull_cluster(const V* const* __restrict__ table, const V* __restrict__ twm,
+                                     const V* __restrict__ twn, V* __restrict__ out, long long J) {
+  static_assert(H == 1 || H == 2, "one block a run, or two");
+  constexpr int M = N / H, THREADS = M / E, PAD = 4;  // PAD 4: no bank conflicts in any pass, either precision
   CIRCUSLINK_FFT_SHARED(V);
-  const int c = (int)cluster_rank();
-  const long long j0 = (long long)blockIdx.x - c;
+  const int c = (int)cluster_rank(), h = c % H;
+  const long long j0 = (long long)(blockIdx.x / (T * H)) * T, j = j0 + c / H;
   cluster_arrive();  // a block's shared memory takes stores once the block runs: wait for the others after the loads
   V v[E];
 #pragma unroll
   for (int k = 0; k < E; ++k) {
-    const int q = threadIdx.x + k * THREADS, t = q % T, b = c * (N / T) + q / T;
+    const int q = threadIdx.x + k * THREADS, t = q % T, b = c * (N / (T * H)) + q / T;
     v[k] = j0 + t < J ? table[b][j0 + t] : make<V>(0, 0);
   }
   cluster_wait();
 #pragma unroll
   for (int k = 0; k < E; ++k) {
-    const int q = threadIdx.x + k * THREADS, t = q % T, b = c * (N / T) + q / T;
-    cluster_peer(buf, (unsigned)t)[b + (b >> PAD)] = v[k];
+    const int q = threadIdx.x + k * THREADS, t = q % T, b = c * (N / (T * H)) + q / T, i = b / H;
+    cluster_peer(buf, (unsigned)(t * H + b % H))[i + (i >> PAD)] = v[k];
   }
   cluster_arrive();  // every run's points are in: no store reaches another block after this
   cluster_wait();
-  const SharedLineIo<V, N, PAD> io{buf, out, j0 + c, J};
-  pass<V, N, 1, E, S, 1>(buf, tw, io);
+  const SharedLineIo<V, M, PAD, H == 2> io{buf, out, j, J};
+  pass<V, M, 1, E, S, 1>(buf, twm, io);
+  if constexpr (H == 2) {
+    cluster_arrive();  // both halves' transforms are in
+    cluster_wait();
+    const V* mine = buf;
+    const V* other = cluster_peer(buf, (unsigned)(c ^ 1));
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int k = threadIdx.x + e * THREADS, i = k + (k >> PAD);
+      v[e] = h ? other[i] : mine[i];  // E0[k]
+      const V odd = mul(h ? mine[i] : other[i], twn[k]);
+      v[e] = h ? sub(v[e], odd) : add(v[e], odd);
+    }
+    cluster_arrive();  // this block's reads of the other's shared memory are done: it may exit after its wait
+    if (j < J) {
+#pragma unroll
+      for (int e = 0; e < E; ++e) out[j * N + h * M + threadIdx.x + e * THREADS] = v[e];
+    }
+    cluster_wait();
+  }
 }
