@@ -79,3 +79,17 @@ def test_the_kernel_matches_numpy_on_gpu(rng, dtype):
                     else np.fft.fft(x.T.astype(np.complex128), axis=1))
             err = float(np.abs(dst.get().reshape(runs, n) - want).max() / np.abs(want).max())
             assert err < tol, (dtype, n, cluster, runs, inverse, err)
+
+
+def test_the_kernel_choice_is_read_from_the_environment(monkeypatch):
+    from circuslink.apps.fft import _cuda
+    from circuslink.errors import ConfigError
+
+    for kind in ("auto", "own", "four-step", "callback"):
+        monkeypatch.setenv("CIRCUSLINK_FFT_PULL_KERNEL", kind)
+        assert _cuda.pull_kernel() == kind
+    monkeypatch.delenv("CIRCUSLINK_FFT_PULL_KERNEL")
+    assert _cuda.pull_kernel() == "auto"
+    monkeypatch.setenv("CIRCUSLINK_FFT_PULL_KERNEL", "cluster")
+    with pytest.raises(ConfigError, match="CIRCUSLINK_FFT_PULL_KERNEL='cluster'"):
+        _cuda.pull_kernel()

@@ -68,7 +68,7 @@ print(f"{N}^{args.dims} {dt} on {P} ranks: stage 2 of one rank, {runs} runs of {
 table = cp.asarray(np.array([slabs[x // S].data.ptr + (x % S) * plane * dt.itemsize for x in range(N)],
                             dtype=np.uint64))
 out = cp.empty(runs * N, dtype=dt)
-own = _line_pull.make(out, N, table, inverse=False, cache={})
+own = _line_pull.make(out, N, table, inverse=False, cache={}, cluster=True)
 gathered = cp.concatenate([s[:, :S].reshape(S, runs) for s in slabs], axis=0).T.copy()  # (runs, N)
 ref = cp.fft.fft(gathered, axis=1)
 own()

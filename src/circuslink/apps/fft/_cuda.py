@@ -158,9 +158,10 @@ def _check_callbacks(world: Any, cp: Any, dtype: Any) -> None:
 def pull_kernel() -> str:
     """Which transform a pulled stage of one power-of-two axis (up to ``_line_pull.MAX_POINTS ** 2``) runs, from
     ``CIRCUSLINK_FFT_PULL_KERNEL``: ``auto`` (the default: the pull's own kernels where they were measured faster,
-    ``_line_pull.faster``), ``own`` (wherever they fit), ``four-step`` (as ``own``, but the four-step where the
-    cluster kernel would run) or ``callback`` (cuFFT with a load callback, as every other pulled stage); the
-    last three for A/B runs."""
+    ``_line_pull.faster``; the four-step above ``_line_pull.MAX_POINTS``), ``own`` (wherever they fit, the
+    cluster kernel where it fits), ``four-step`` (wherever they fit, never the cluster kernel) or ``callback``
+    (cuFFT with a load callback, as every other pulled stage); the last three for A/B runs. The cluster kernel
+    is not in ``auto`` until it has been timed on a GPU."""
     kind = os.environ.get("CIRCUSLINK_FFT_PULL_KERNEL", "auto")
     if kind not in ("auto", "own", "four-step", "callback"):
         raise ConfigError(f"CIRCUSLINK_FFT_PULL_KERNEL={kind!r}: expected 'auto', 'own', 'four-step' or 'callback'")
@@ -195,7 +196,7 @@ def make_pull_fft(world: Any, window: Any, dst: Any, count: int, ranks: np.ndarr
     kind = pull_kernel()
     if len(dims) == 1 and _line_pull.fits(dims[0], 1) and \
             (kind in ("own", "four-step") or (kind == "auto" and _line_pull.faster(dims[0], e))):
-        return _line_pull.make(dst.reshape(-1), n, table, inverse, cache, cluster=kind != "four-step")
+        return _line_pull.make(dst.reshape(-1), n, table, inverse, cache, cluster=kind == "own")
     batch = dst.size // n
     info = cp.asarray(np.array([n, table.data.ptr], dtype=np.uint64))
     try:

@@ -115,7 +115,7 @@ def _twiddles(cp: Any, n: int, dtype: Any, inverse: bool) -> Any:
     return cp.asarray(np.exp((1.0 if inverse else -1.0) * 2j * np.pi * np.arange(n) / n).astype(dtype))
 
 
-def make(dst: Any, n: int, table: Any, inverse: bool, cache: dict, cluster: bool = True) -> Any:
+def make(dst: Any, n: int, table: Any, inverse: bool, cache: dict, cluster: bool = False) -> Any:
     """A callable that fills ``dst`` (contiguous, complex, ``dst.size // n`` runs of ``n`` points) with the
     transforms along its last axis of what ``table`` (device array of ``n`` element addresses, one a point)
     points at, on the current stream; unnormalised, as cuFFT. ``cache``: the plan's (the four-step's scratch).
