@@ -27,6 +27,7 @@ is element ``j`` of ``table[b]``, an address in the window of the rank holding p
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -143,8 +144,19 @@ def make(dst: Any, n: int, table: Any, inverse: bool, cache: dict, cluster: bool
         args = (np.uint64(table.data.ptr), np.uint64(twm.data.ptr), np.uint64(twn.data.ptr),
                 np.uint64(dst.data.ptr), np.int64(runs))
 
+        instead: list = []  # the four-step, where this GPU (or this rank's share of it) cannot run the clusters
+
         def run_cluster() -> None:
-            kernel(grid, (threads,), args, shared_mem=smem, stream=cp.cuda.get_current_stream())
+            if instead:
+                return instead[0]()
+            try:
+                kernel(grid, (threads,), args, shared_mem=smem, stream=cp.cuda.get_current_stream())
+            except cp.cuda.driver.CUDADriverError as exc:  # e.g. too few SMs of one GPC for a cluster's blocks
+                print(f"circuslink: fft pull: the cluster kernel ({n} points, {blocks * tile} blocks of "
+                      f"{smem >> 10} KiB shared memory) did not launch ({exc}); the four-step instead",
+                      file=sys.stderr, flush=True)
+                instead.append(make(dst, n, table, inverse, cache, cluster=False))
+                instead[0]()
 
         run_cluster.keep = (table, twm, twn)
         return run_cluster
