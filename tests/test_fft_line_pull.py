@@ -57,7 +57,7 @@ def test_the_kernel_source_transforms_every_size_on_the_cpu(tmp_path, seed):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["complex64", "complex128"])
-def test_the_kernel_matches_numpy_on_gpu(rng, dtype):
+def test_the_kernel_matches_numpy_on_gpu(rng, dtype, capsys):
     cp = pytest.importorskip("cupy")
     tol = {"complex64": 1e-5, "complex128": 1e-12}[dtype]
     cache: dict = {}
@@ -79,6 +79,7 @@ def test_the_kernel_matches_numpy_on_gpu(rng, dtype):
                     else np.fft.fft(x.T.astype(np.complex128), axis=1))
             err = float(np.abs(dst.get().reshape(runs, n) - want).max() / np.abs(want).max())
             assert err < tol, (dtype, n, cluster, runs, inverse, err)
+    assert "did not launch" not in capsys.readouterr().err  # the cluster kernel ran, not the four-step instead
 
 
 def test_the_kernel_choice_is_read_from_the_environment(monkeypatch):
