@@ -52,7 +52,8 @@ def test_the_kernel_source_transforms_every_size_on_the_cpu(tmp_path, seed):
     assert build.returncode == 0, build.stderr[-3000:]
     got = subprocess.run([str(exe), str(seed)], capture_output=True, text=True, timeout=240)
     assert got.returncode == 0 and "FAILED" not in got.stdout, got.stdout + got.stderr
-    assert got.stdout.count("forward") == 40 and got.stdout.count("cluster") == 8, got.stdout
+    assert got.stdout.count("forward") == 44 and got.stdout.count("cluster") == 8, got.stdout
+    assert got.stdout.count("rows") == 4, got.stdout
 
 
 @pytest.mark.gpu
@@ -79,6 +80,17 @@ def test_the_kernel_matches_numpy_on_gpu(rng, dtype, capsys):
                     else np.fft.fft(x.T.astype(np.complex128), axis=1))
             err = float(np.abs(dst.get().reshape(runs, n) - want).max() / np.abs(want).max())
             assert err < tol, (dtype, n, cluster, runs, inverse, err)
+    # the cluster kernel on rows in memory (a local stage's transform)
+    for n in (2048, 8192, 16384):
+        runs = int(rng.integers(1, 20))
+        x = (rng.standard_normal((runs, n)) + 1j * rng.standard_normal((runs, n))).astype(dtype)
+        for inverse in (False, True):
+            dst = cp.full(runs * n, np.nan, dtype=dtype)
+            _line_pull.make_rows(dst, cp.asarray(x), n, inverse)()
+            wide = x.astype(np.complex128)
+            want = np.fft.ifft(wide, axis=1) * n if inverse else np.fft.fft(wide, axis=1)
+            err = float(np.abs(dst.get().reshape(runs, n) - want).max() / np.abs(want).max())
+            assert err < tol, (dtype, n, "rows", runs, inverse, err)
     assert "did not launch" not in capsys.readouterr().err  # the cluster kernel ran, not the four-step instead
 
 

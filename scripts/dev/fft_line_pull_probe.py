@@ -7,8 +7,9 @@ to 128 KiB of points, timed against the four-step's two kernels, and the four-st
 times: (own) the kernel reading every point's run from the slabs where the first stage left them (a table of
 addresses into --ranks arrays, as the pull reads the peers); (callback) the library's other route, cuFFT with a
 load callback, the same table; (cufft) cuFFT's packed transforms of the gathered input, no pull (what a stage
-costs when the reshape has been paid); (copy) a device copy of the same bytes (one read and one write: the floor
-of any pass). Each checked against numpy. Prints ms (best and median of --reps event-timed runs) and the
+costs when the reshape has been paid); (rows) where the cluster kernel fits, the same on the gathered rows in memory
+(a local stage's transform: ours against cuFFT's); (copy) a device copy of the same bytes (one read and one write:
+the floor of any pass). Each checked against numpy. Prints ms (best and median of --reps event-timed runs) and the
 bandwidth of one read and one write.
 """
 from __future__ import annotations
@@ -96,5 +97,12 @@ except Exception as exc:  # noqa: BLE001 - a dev probe: say why and go on
     print(f"callback: {type(exc).__name__}: {exc}", flush=True)
 packed = gathered.copy()
 show("cufft", lambda: cp.fft.fft(packed, axis=1))
+if big:  # a local stage's transform too: the cluster kernel on rows in memory, against cuFFT's just above
+    rows = cp.empty_like(packed)
+    local = _line_pull.make_rows(rows, packed, N, inverse=False)
+    local()
+    err = float(cp.abs(rows - ref).max() / cp.abs(ref).max())
+    print(f"rows (own, local) max relative error {err:.2e}", flush=True)
+    show("rows", local)
 dst = cp.empty_like(gathered)
 show("copy", lambda: cp.copyto(dst, gathered))

@@ -102,8 +102,8 @@ template <typename V, int N> struct Shape {
   static constexpr int T = 64 / (int)sizeof(V), E0 = T * N / 256, E = E0 > 8 ? E0 : 8, THREADS = T * N / E;
 };
 
-// FOUR = 0: the line kernel (N points), or with CE > 0 the cluster kernel with CE elements a thread; else the
-// four-step's halves with M1 = N, M2 = FOUR.
+// FOUR = 0: the line kernel (N points), or with CE > 0 the cluster kernel with CE elements a thread (CE < 0: -CE,
+// on rows in memory); else the four-step's halves with M1 = N, M2 = FOUR.
 template <typename V, int N, int FOUR, int S, int CE> double run(long long J, std::mt19937_64& g) {
   typedef typename Real<V>::T F;
   constexpr int M2 = FOUR ? FOUR : 1, n = N * M2;
@@ -128,8 +128,19 @@ template <typename V, int N, int FOUR, int S, int CE> double run(long long J, st
     constexpr int T = 64 / (int)sizeof(V), H = N * (int)sizeof(V) > (128 << 10) ? 2 : 1;
     auto twm = table_of<V>(N / H, S), twn = table_of<V>(N, S);
     launch((J + T - 1) / T * T * H, 1, N / H / CE, [&] {
-      circuslink_fft_line_pull_cluster<V, N, T, H, CE, S>(table.data(), twm.data(), twn.data(), out.data(), J); },
-      T * H);
+      circuslink_fft_line_pull_cluster<V, N, T, H, CE, S>(table.data(), twm.data(), twn.data(), out.data(), J, 1);
+    }, T * H);
+  } else if constexpr (CE < 0) {  // the cluster kernel on rows in memory (T = 1, stride n): a local transform
+    constexpr int H = N * (int)sizeof(V) > (128 << 10) ? 2 : 1;
+    std::vector<V> rows((size_t)J * n);
+    for (int b = 0; b < n; ++b)
+      for (long long j = 0; j < J; ++j) rows[j * n + b] = table[b][j];
+    std::vector<const V*> first(n);
+    for (int b = 0; b < n; ++b) first[b] = rows.data() + b;
+    auto twm = table_of<V>(N / H, S), twn = table_of<V>(N, S);
+    launch((unsigned)J * H, 1, N / H / -CE, [&] {
+      circuslink_fft_line_pull_cluster<V, N, 1, H, -CE, S>(first.data(), twm.data(), twn.data(), out.data(), J, n);
+    }, H);
   } else if constexpr (!FOUR) {
     typedef Shape<V, N> A;
     auto tw = table_of<V>(N, S);
@@ -161,14 +172,15 @@ unsigned long long seed;
 int failed = 0;
 template <typename V, int N, int FOUR = 0, int CE = 0> void both() {
   constexpr int IS = sizeof(V), T = 64 / IS;
-  std::mt19937_64 g(seed * 4099 + N * 2 + IS + FOUR * 7);
+  std::mt19937_64 g(seed * 4099 + N * 2 + IS + FOUR * 7 + CE * 13);
   const long long J = FOUR ? 1 + (long long)(g() % 4) : 1 + (long long)(g() % (3 * T + 2));  // a partial tile mostly
   const double tol = IS == 8 ? 1e-6 : 1e-13;
   double f = run<V, N, FOUR, -1, CE>(J, g), i = run<V, N, FOUR, 1, CE>(J, g);
   const bool bad = !(f < tol) || !(i < tol);
   failed |= bad;
   printf("%s %s n=%d runs=%lld forward %.2e inverse %.2e%s\n", IS == 8 ? "complex64 " : "complex128",
-         FOUR ? "four-step" : CE ? "cluster  " : "line     ", N * (FOUR ? FOUR : 1), J, f, i, bad ? "  FAILED" : "");
+         FOUR ? "four-step" : CE > 0 ? "cluster  " : CE ? "rows     " : "line     ", N * (FOUR ? FOUR : 1), J, f, i,
+         bad ? "  FAILED" : "");
 }
 template <typename V> void sizes() {
   both<V, 2>(); both<V, 4>(); both<V, 8>(); both<V, 16>(); both<V, 32>(); both<V, 64>(); both<V, 128>();
@@ -180,6 +192,7 @@ template <typename V> void sizes() {
   both<V, 2048, 0, 8>(); both<V, 4096, 0, 8>();
   if constexpr (sizeof(V) == 16) { both<V, 8192, 0, 8>(); both<V, 16384, 0, 64>(); }
   else { both<V, 8192, 0, 64>(); both<V, 16384, 0, 128>(); }
+  both<V, 2048, 0, -8>(); both<V, 16384, 0, -64>();  // on rows in memory (at complex128 16384, two blocks a row)
 }
 int main(int argc, char** argv) {
   seed = argc > 1 ? strtoull(argv[1], nullptr, 10) : 1;

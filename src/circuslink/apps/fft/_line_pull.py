@@ -92,13 +92,14 @@ def shape(n: int, itemsize: int, cluster: bool = False) -> tuple[int, int, int]:
     return tile, each, tile * n // each
 
 
-def _kernel(which: str, itemsize: int, n: int, inverse: bool) -> tuple[Any, int, int, int]:
-    key = (which, itemsize, n, inverse)
+def _kernel(which: str, itemsize: int, n: int, inverse: bool, rows: bool = False) -> tuple[Any, int, int, int]:
+    key = (which, itemsize, n, inverse, rows)
     if key not in _modules:
         from ...device_code import compile as compile_device
 
         cluster = which == "line_pull_cluster"
         tile, each, threads = shape(n, itemsize, cluster)
+        tile = 1 if rows else tile  # rows in memory: a block's loads run along its own row
         element = {8: "float2", 16: "double2"}[itemsize]
         blocks = f"{cluster_blocks(n, itemsize)}, " if cluster else ""
         name = f"circuslink_fft_{which}<{element}, {n}, {tile}, {blocks}{each}, {1 if inverse else -1}>"
@@ -142,7 +143,7 @@ def make(dst: Any, n: int, table: Any, inverse: bool, cache: dict, cluster: bool
         twn = _twiddles(cp, n, dst.dtype, inverse)  # the radix-2 step's (two blocks a run)
         grid = ((runs + tile - 1) // tile * tile * blocks,)
         args = (np.uint64(table.data.ptr), np.uint64(twm.data.ptr), np.uint64(twn.data.ptr),
-                np.uint64(dst.data.ptr), np.int64(runs))
+                np.uint64(dst.data.ptr), np.int64(runs), np.int64(1))
 
         instead: list = []  # the four-step, where this GPU (or this rank's share of it) cannot run the clusters
 
@@ -185,3 +186,28 @@ def make(dst: Any, n: int, table: Any, inverse: bool, cache: dict, cluster: bool
 
     four_step.keep = (table, tw1, tw2, twn, mid)
     return four_step
+
+
+def make_rows(dst: Any, src: Any, n: int, inverse: bool) -> Any:
+    """A callable that fills ``dst`` with the transforms of ``src``'s rows of ``n`` points (both contiguous, of
+    ``cluster_fits`` size), on the current stream, unnormalised: the cluster kernel on rows in memory (a block, or
+    two, a row; loads along the row). A local stage's transform, as cuFFT's; for A/B runs
+    (``scripts/dev/fft_line_pull_probe.py``), not yet used by the plans."""
+    import cupy as cp
+
+    blocks = cluster_blocks(n, dst.itemsize)
+    if not blocks:
+        raise ValueError(f"make_rows: {n} points of {dst.itemsize} bytes do not fit the cluster kernel")
+    kernel, _tile, threads, smem = _kernel("line_pull_cluster", dst.itemsize, n, inverse, rows=True)
+    runs = dst.size // n
+    table = cp.asarray(np.uint64(src.data.ptr) + np.arange(n, dtype=np.uint64) * np.uint64(src.itemsize))
+    twm = _twiddles(cp, n // blocks, dst.dtype, inverse)
+    twn = _twiddles(cp, n, dst.dtype, inverse)
+    args = (np.uint64(table.data.ptr), np.uint64(twm.data.ptr), np.uint64(twn.data.ptr), np.uint64(dst.data.ptr),
+            np.int64(runs), np.int64(n))
+
+    def run_rows() -> None:
+        kernel((runs * blocks,), (threads,), args, shared_mem=smem, stream=cp.cuda.get_current_stream())
+
+    run_rows.keep = (table, twm, twn, src)
+    return run_rows

@@ -242,11 +242,14 @@ __global__ void __launch_bounds__(T * M2 / E) circuslink_fft_pull_half2(const V*
 // kernel) and stores each into the shared memory of the block that holds it. After the cluster's barrier each
 // block transforms its M = N / H points. With H = 2 (decimation in time) the two halves' transforms E0 and E1
 // then meet through shared memory: block h writes X[k + h M] = E0[k] +- w^k E1[k], w = exp(S 2 pi i / N).
-// twm: exp(S 2 pi i m / M); twn: exp(S 2 pi i m / N), m < M (H = 2 only).
+// twm: exp(S 2 pi i m / M); twn: exp(S 2 pi i m / N), m < M (H = 2 only). stride: elements between run j's and
+// run j + 1's element of a point: 1 for a pull (runs contiguous), N for rows in memory (T = 1: a local
+// transform of rows, table[b] = the first row's point b).
 template <typename V, int N, int T, int H, int E, int S>
 __global__ void __cluster_dims__(T * H, 1, 1) __launch_bounds__(N / H / E)
     circuslink_fft_line_pull_cluster(const V* const* __restrict__ table, const V* __restrict__ twm,
-                                     const V* __restrict__ twn, V* __restrict__ out, long long J) {
+                                     const V* __restrict__ twn, V* __restrict__ out, long long J,
+                                     long long stride) {
   static_assert(H == 1 || H == 2, "one block a run, or two");
   constexpr int M = N / H, THREADS = M / E, PAD = 4;  // PAD 4: no bank conflicts in any pass, either precision
   CIRCUSLINK_FFT_SHARED(V);
@@ -257,7 +260,7 @@ __global__ void __cluster_dims__(T * H, 1, 1) __launch_bounds__(N / H / E)
 #pragma unroll
   for (int k = 0; k < E; ++k) {
     const int q = threadIdx.x + k * THREADS, t = q % T, b = c * (N / (T * H)) + q / T;
-    v[k] = j0 + t < J ? table[b][j0 + t] : make<V>(0, 0);
+    v[k] = j0 + t < J ? table[b][(j0 + t) * stride] : make<V>(0, 0);
   }
   cluster_wait();
 #pragma unroll
