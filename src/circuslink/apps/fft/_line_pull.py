@@ -42,7 +42,7 @@ CLUSTER_BYTES = 128 << 10  # one run's points in one block's shared memory (1/16
 CLUSTER_THREADS = 1024  # the cluster kernel's threads a block, at least 8 elements each
 
 _SOURCE = Path(__file__).resolve().parent / "line_pull.cu"
-_modules: dict = {}  # (kernel, element, points, sign) -> (the compiled kernel, tile, threads, shared bytes)
+_modules: dict = {}  # (kernel, element, points, sign, rows) -> (the compiled kernel, tile, threads, shared bytes)
 
 
 def fits(n: int, count: int) -> bool:
@@ -149,7 +149,8 @@ def make(dst: Any, n: int, table: Any, inverse: bool, cache: dict, cluster: bool
 
         def run_cluster() -> None:
             if instead:
-                return instead[0]()
+                instead[0]()
+                return
             try:
                 kernel(grid, (threads,), args, shared_mem=smem, stream=cp.cuda.get_current_stream())
             except cp.cuda.driver.CUDADriverError as exc:  # e.g. too few SMs of one GPC for a cluster's blocks
