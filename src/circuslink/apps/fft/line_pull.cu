@@ -10,7 +10,8 @@
 // "FFTs in external or hierarchical memory", J. Supercomputing 1990): the first pulls and transforms strided
 // points and twiddles, the second transforms across them and writes the output. Up to 128 KiB of points (16384
 // complex64, 8192 complex128) still in one pass, by a thread-block cluster: T blocks, one run each, each reading
-// a T-th of the points of all T runs (whole sectors again) into the shared memory of the run's block.
+// a T-th of the points of all T runs (whole sectors again) into the shared memory of the run's block; up to 256
+// KiB with two blocks a run.
 
 template <typename V> struct Real;
 template <> struct Real<float2> { typedef float T; };
