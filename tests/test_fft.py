@@ -217,6 +217,11 @@ def case(shape, dtype, decomposition, layout, scheme, chunks, scales, own):
             assert plan.timings["transpose"] == 0.0
         if scheme == "pull" and len(plan.stages) > 1:  # no reshape: each stage read the one before where it lay
             assert plan.describe()["reshapes"] == {{"forward": 0, "backward": 0}} and plan.chunks == 1
+            # what ran each pulled stage, named (and no kernel that gave way to another)
+            kinds = plan.describe()["pull_kernels"]
+            assert sorted(kinds) == ["backward", "forward"], kinds
+            assert all(len(v) == len(plan.stages) - 1 for v in kinds.values()), kinds  # "none": an empty box
+            assert "did not launch" not in str(kinds), kinds
     return 1
 
 

@@ -455,6 +455,7 @@ def _measure_ours(world: Any, module: Any, shape: tuple[int, ...], dtype: str, c
         row = _base_row(world, shape, dtype, cfg, scheme, chunks=plan.chunks, max_rel_err=err,
                         **_measure(world, plan, x0, cfg))
         if scheme == "pull":  # no reshape, no puts: nothing for the tile model
+            row["pull_kernels"] = plan.describe()["pull_kernels"].get("forward", [])
             return _finish(row, shape)
         row["put_alone_ms"] = _exchanges_alone(world, plan, cfg) * 1e3
         pred = plan.prediction

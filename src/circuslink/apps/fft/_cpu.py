@@ -53,6 +53,7 @@ def make_pull_fft(world: Any, window: Any, dst: np.ndarray, count: int, ranks: n
             flat[:, points] = window.peer(r).view(dst.dtype)[offsets[points][None, :] + runs]
         transform()
 
+    run.kernel = "gather, numpy"
     return run
 
 

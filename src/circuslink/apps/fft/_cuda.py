@@ -173,7 +173,8 @@ def make_pull_fft(world: Any, window: Any, dst: Any, count: int, ranks: np.ndarr
     """The pull scheme's transform over ``dst``'s last ``count`` axes, whose input ``dst.reshape(-1, n)[j, b]``
     is read from the window of ``ranks[b]`` at element ``offsets[b] + j``, so that the reshape costs no pass of
     its own; in place. One axis of a power of two: our own kernel (_line_pull); otherwise one cuFFT plan with a
-    load callback JIT-linked into its kernels (_cufft_callback)."""
+    load callback JIT-linked into its kernels (_cufft_callback). The callable's ``kernel`` names which (for
+    ``Plan.describe``)."""
     if dst.size == 0:
         return None
     cp = _cp()
@@ -192,6 +193,7 @@ def make_pull_fft(world: Any, window: Any, dst: Any, count: int, ranks: np.ndarr
             for points, r in sources:
                 flat[:, points] = window.peer(r).view(dst.dtype)[starts[points][None, :] + runs]
 
+        gather.kernel = "gather"
         return gather
     kind = pull_kernel()
     if len(dims) == 1 and _line_pull.fits(dims[0], 1) and \
@@ -214,6 +216,7 @@ def make_pull_fft(world: Any, window: Any, dst: Any, count: int, ranks: np.ndarr
         plan.execute(flat.data.ptr, direction, cp.cuda.get_current_stream().ptr)
 
     run.plan, run.keep = plan, (table, info)  # the callback reads them for the plan's life
+    run.kernel = "callback"
     return run
 
 

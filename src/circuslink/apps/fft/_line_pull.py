@@ -121,7 +121,8 @@ def make(dst: Any, n: int, table: Any, inverse: bool, cache: dict, cluster: bool
     """A callable that fills ``dst`` (contiguous, complex, ``dst.size // n`` runs of ``n`` points) with the
     transforms along its last axis of what ``table`` (device array of ``n`` element addresses, one a point)
     points at, on the current stream; unnormalised, as cuFFT. ``cache``: the plan's (the four-step's scratch).
-    ``cluster``: the cluster kernel where it fits (``cluster_fits``), else the four-step above ``MAX_POINTS``."""
+    ``cluster``: the cluster kernel where it fits (``cluster_fits``), else the four-step above ``MAX_POINTS``.
+    The callable's ``kernel`` says which ran: ``line``, ``cluster`` or ``four-step``."""
     import cupy as cp
 
     runs = dst.size // n
@@ -135,6 +136,7 @@ def make(dst: Any, n: int, table: Any, inverse: bool, cache: dict, cluster: bool
             kernel(grid, (threads,), args, shared_mem=smem, stream=cp.cuda.get_current_stream())
 
         run.keep = (table, tw)  # the kernel reads them at every launch
+        run.kernel = "line"
         return run
     blocks = cluster_blocks(n, dst.itemsize) if cluster else 0
     if blocks:
@@ -158,9 +160,11 @@ def make(dst: Any, n: int, table: Any, inverse: bool, cache: dict, cluster: bool
                       f"{smem >> 10} KiB shared memory) did not launch ({exc}); the four-step instead",
                       file=sys.stderr, flush=True)
                 instead.append(make(dst, n, table, inverse, cache, cluster=False))
+                run_cluster.kernel = "four-step (the cluster kernel did not launch)"
                 instead[0]()
 
         run_cluster.keep = (table, twm, twn)
+        run_cluster.kernel = "cluster"
         return run_cluster
     m1, m2 = halves(n)
     one, tile1, threads1, smem1 = _kernel("pull_half1", dst.itemsize, m1, inverse)
@@ -186,6 +190,7 @@ def make(dst: Any, n: int, table: Any, inverse: bool, cache: dict, cluster: bool
         two(grid2, (threads2,), args2, shared_mem=smem2, stream=stream)
 
     four_step.keep = (table, tw1, tw2, twn, mid)
+    four_step.kernel = "four-step"
     return four_step
 
 
