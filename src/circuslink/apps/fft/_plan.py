@@ -697,8 +697,8 @@ class Plan(Resource):
         me = self.world.rank
         pulls = {d: [getattr(op, "kernel", "none") if op is not None else "none" for op in ops]
                  for d, ops in self._pull_ops.items()}
-        return {"pull_kernels": pulls,"shape": self.shape, "frequency_shape": self.cshape, "dtype": self.dtype, "real": self.real,
-                "decomposition": self.decomposition, "grid": self.grid, "scheme": self.scheme,
+        return {"shape": self.shape, "frequency_shape": self.cshape, "dtype": self.dtype, "real": self.real,
+                "decomposition": self.decomposition, "grid": self.grid, "scheme": self.scheme, "pull_kernels": pulls,
                 "chunks": self.chunks, "stages": [str(s.boxes[me]) for s in self.stages],
                 "arrays": {a.name: (str(a.boxes[me]), a.region) for a in self._arrays},
                 "reshapes": {d: sum(1 for s in p if s.queues) for d, p in self._programs.items()},
