@@ -695,7 +695,7 @@ class Plan(Resource):
         prediction, and for the pull scheme what transforms each pulled stage (as of its last run: a kernel that
         could not launch gives way to another)."""
         me = self.world.rank
-        pulls = {d: [getattr(op, "kernel", "none") if op is not None else "none" for op in ops]
+        pulls = {d: [getattr(op, "kernel", "unnamed") if op is not None else "none" for op in ops]
                  for d, ops in self._pull_ops.items()}
         return {"shape": self.shape, "frequency_shape": self.cshape, "dtype": self.dtype, "real": self.real,
                 "decomposition": self.decomposition, "grid": self.grid, "scheme": self.scheme, "pull_kernels": pulls,
