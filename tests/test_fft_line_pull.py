@@ -54,6 +54,15 @@ def test_the_kernel_source_transforms_every_size_on_the_cpu(tmp_path, seed):
     assert got.returncode == 0 and "FAILED" not in got.stdout, got.stdout + got.stderr
     assert got.stdout.count("forward") == 44 and got.stdout.count("cluster") == 8, got.stdout
     assert got.stdout.count("rows") == 4, got.stdout
+    # the cluster kernel's A/B switch: lanes loading 16 bytes of runs a point (its stores then reach fewer blocks)
+    narrow = tmp_path / "emulation-group16"
+    build = subprocess.run([CXX, "-std=c++20", "-O1", "-pthread", f'-DKERNEL_SOURCE="{source}"',
+                            "-DCIRCUSLINK_FFT_CLUSTER_GROUP=16", str(HARNESS), "-o", str(narrow)],
+                           capture_output=True, text=True, timeout=240)
+    assert build.returncode == 0, build.stderr[-3000:]
+    got = subprocess.run([str(narrow), str(seed), "cluster"], capture_output=True, text=True, timeout=240)
+    assert got.returncode == 0 and "FAILED" not in got.stdout, got.stdout + got.stderr
+    assert got.stdout.count("forward") == 12, got.stdout
 
 
 @pytest.mark.gpu

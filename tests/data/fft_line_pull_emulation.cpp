@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 struct float2 { float x, y; };
@@ -182,10 +183,14 @@ template <typename V, int N, int FOUR = 0, int CE = 0> void both() {
          FOUR ? "four-step" : CE > 0 ? "cluster  " : CE ? "rows     " : "line     ", N * (FOUR ? FOUR : 1), J, f, i,
          bad ? "  FAILED" : "");
 }
-template <typename V> void sizes() {
+template <typename V> void line_sizes() {
   both<V, 2>(); both<V, 4>(); both<V, 8>(); both<V, 16>(); both<V, 32>(); both<V, 64>(); both<V, 128>();
   both<V, 256>(); both<V, 512>(); both<V, 1024>();
   both<V, 2, 2>(); both<V, 8, 4>(); both<V, 32, 64>(); both<V, 64, 32>(); both<V, 128, 128>(); both<V, 1024, 16>();
+}
+bool cluster_only = false;  // argv[2] "cluster": the cluster kernel's cases alone
+template <typename V> void sizes() {
+  if (!cluster_only) line_sizes<V>();
   // The cluster kernel: 2048 and 4096 points with _line_pull.shape's elements a thread; its largest sizes (at
   // complex128 16384, two blocks a run) with more elements a thread than the GPU's, for fewer host threads (the
   // index maths is the same for any E).
@@ -196,6 +201,7 @@ template <typename V> void sizes() {
 }
 int main(int argc, char** argv) {
   seed = argc > 1 ? strtoull(argv[1], nullptr, 10) : 1;
+  cluster_only = argc > 2 && std::string(argv[2]) == "cluster";
   sizes<float2>(); sizes<double2>();
   return failed;
 }

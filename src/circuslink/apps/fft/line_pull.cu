@@ -51,6 +51,10 @@ template <int R, int S, typename V> __device__ __forceinline__ void dft(V* v) {
 
 template <int N, int NS> struct Radix { enum { value = (N / NS) >= 8 ? 8 : N / NS }; };
 
+#ifndef CIRCUSLINK_FFT_CLUSTER_GROUP
+#define CIRCUSLINK_FFT_CLUSTER_GROUP 64  // the cluster kernel's loads: bytes of neighbouring runs a lane group reads
+#endif
+
 // Shared memory and thread-block clusters (sm_90). tests/data/fft_line_pull_emulation.cpp defines these for the
 // host when it compiles this file as C++.
 #ifndef CIRCUSLINK_FFT_EMULATION
@@ -253,6 +257,11 @@ __global__ void __cluster_dims__(T * H, 1, 1) __launch_bounds__(N / H / E)
                                      long long stride) {
   static_assert(H == 1 || H == 2, "one block a run, or two");
   constexpr int M = N / H, THREADS = M / E, PAD = 4;  // PAD 4: no bank conflicts in any pass, either precision
+  // Neighbouring lanes load G neighbouring runs of one point (G x sizeof(V) bytes, whole sectors down to 32), so a
+  // warp's stores go to G blocks, 32 / G elements each. CIRCUSLINK_FFT_CLUSTER_GROUP (bytes; default 64, all T
+  // runs) trades the loads' width against the stores' for A/B runs (CIRCUSLINK_DEVICE_DEFINES).
+  constexpr int GB = CIRCUSLINK_FFT_CLUSTER_GROUP / (int)sizeof(V), G = GB < 1 ? 1 : GB > T ? T : GB;
+  constexpr int P = N / (T * H);  // the points this block reads of every run
   CIRCUSLINK_FFT_SHARED(V);
   const int c = (int)cluster_rank(), h = c % H;
   const long long j0 = (long long)(blockIdx.x / (T * H)) * T, j = j0 + c / H;
@@ -260,13 +269,13 @@ __global__ void __cluster_dims__(T * H, 1, 1) __launch_bounds__(N / H / E)
   V v[E];
 #pragma unroll
   for (int k = 0; k < E; ++k) {
-    const int q = threadIdx.x + k * THREADS, t = q % T, b = c * (N / (T * H)) + q / T;
+    const int q = threadIdx.x + k * THREADS, t = q % G + G * (q / (G * P)), b = c * P + q / G % P;
     v[k] = j0 + t < J ? table[b][(j0 + t) * stride] : make<V>(0, 0);
   }
   cluster_wait();
 #pragma unroll
   for (int k = 0; k < E; ++k) {
-    const int q = threadIdx.x + k * THREADS, t = q % T, b = c * (N / (T * H)) + q / T, i = b / H;
+    const int q = threadIdx.x + k * THREADS, t = q % G + G * (q / (G * P)), b = c * P + q / G % P, i = b / H;
     cluster_peer(buf, (unsigned)(t * H + b % H))[i + (i >> PAD)] = v[k];
   }
   cluster_arrive();  // every run's points are in: no store reaches another block after this
