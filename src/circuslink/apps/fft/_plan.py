@@ -192,7 +192,6 @@ class Plan(Resource):
             self._cache: dict = {}  # cuFFT plans of this plan's transforms (back-end-specific)
             self._prebuilt: list | None = None
             self._pulls = self._pull_maps() if scheme == "pull" else None
-            self._pull_ops: dict = {}  # direction -> each pulled stage's transform (its ``kernel``: describe)
             self.chunks = 1 if self._pulls else self._choose_chunks(chunks)
             forward = self._prebuilt or self._forward(self.chunks)
             self._prebuilt = None
@@ -338,7 +337,6 @@ class Plan(Resource):
         inverse = direction == "backward"
         order = list(reversed(range(K))) if inverse else list(range(K))
         steps = [_Step(self._fft_ops(self._transform(order[0], inverse), 1, cache), meet_after=True)]
-        self._pull_ops[direction] = []
         for k, (ranks, offsets) in zip(order[1:], self._pulls[direction], strict=True):
             try:  # every rank plans alike, but a refusal on one must not leave the others in a collective
                 why = None
@@ -349,7 +347,6 @@ class Plan(Resource):
             refused = [w for w in self.world.allgather_object(why) if w]
             if refused:
                 raise BackendError(refused[0])
-            self._pull_ops[direction].append(pull)
             steps.append(_Step([pull], meet_after=True))
         return steps
 
@@ -695,8 +692,9 @@ class Plan(Resource):
         prediction, and for the pull scheme what transforms each pulled stage (as of its last run: a kernel that
         could not launch gives way to another)."""
         me = self.world.rank
-        pulls = {d: [getattr(op, "kernel", "unnamed") if op is not None else "none" for op in ops]
-                 for d, ops in self._pull_ops.items()}
+        # a pulled program: the first stage's transforms, then one step a pulled stage (its callable's ``kernel``)
+        pulls = {d: [getattr(s.ops[0], "kernel", "unnamed") if s.ops[0] is not None else "none" for s in p[1:]]
+                 for d, p in self._programs.items()} if self._pulls else {}
         return {"shape": self.shape, "frequency_shape": self.cshape, "dtype": self.dtype, "real": self.real,
                 "decomposition": self.decomposition, "grid": self.grid, "scheme": self.scheme, "pull_kernels": pulls,
                 "chunks": self.chunks, "stages": [str(s.boxes[me]) for s in self.stages],
@@ -708,7 +706,6 @@ class Plan(Resource):
     def _close(self, timeout: float | None) -> None:
         self._queues_all = []
         self._programs = {}
-        self._pull_ops = {}
         self._cache = {}
         self.window.free(timeout)
 
@@ -716,7 +713,6 @@ class Plan(Resource):
         # The window (and its queues) are the world's resources, released on its own error path.
         self._queues_all = []
         self._programs = {}
-        self._pull_ops = {}
         self._cache = {}
 
     def __repr__(self) -> str:
