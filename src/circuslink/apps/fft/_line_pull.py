@@ -138,14 +138,8 @@ def make(dst: Any, n: int, table: Any, inverse: bool, cache: dict, cluster: bool
         run.keep = (table, tw)  # the kernel reads them at every launch
         run.kernel = "line"
         return run
-    blocks = cluster_blocks(n, dst.itemsize) if cluster else 0
-    if blocks:
-        kernel, tile, threads, smem = _kernel("line_pull_cluster", dst.itemsize, n, inverse)
-        twm = _twiddles(cp, n // blocks, dst.dtype, inverse)
-        twn = _twiddles(cp, n, dst.dtype, inverse)  # the radix-2 step's (two blocks a run)
-        grid = ((runs + tile - 1) // tile * tile * blocks,)
-        args = (np.uint64(table.data.ptr), np.uint64(twm.data.ptr), np.uint64(twn.data.ptr),
-                np.uint64(dst.data.ptr), np.int64(runs), np.int64(1))
+    if cluster and cluster_fits(n, dst.itemsize):
+        launch, blocks_of = _cluster(dst, n, table, 1, inverse, rows=False)
 
         instead: list = []  # the four-step, where this GPU (or this rank's share of it) cannot run the clusters
 
@@ -154,16 +148,15 @@ def make(dst: Any, n: int, table: Any, inverse: bool, cache: dict, cluster: bool
                 instead[0]()
                 return
             try:
-                kernel(grid, (threads,), args, shared_mem=smem, stream=cp.cuda.get_current_stream())
+                launch()
             except cp.cuda.driver.CUDADriverError as exc:  # e.g. too few SMs of one GPC for a cluster's blocks
-                print(f"circuslink: fft pull: the cluster kernel ({n} points, {blocks * tile} blocks of "
-                      f"{smem >> 10} KiB shared memory) did not launch ({exc}); the four-step instead",
-                      file=sys.stderr, flush=True)
+                print(f"circuslink: fft pull: the cluster kernel ({n} points, {blocks_of}) did not launch ({exc}); "
+                      "the four-step instead", file=sys.stderr, flush=True)
                 instead.append(make(dst, n, table, inverse, cache, cluster=False))
                 run_cluster.kernel = "four-step (the cluster kernel did not launch)"
                 instead[0]()
 
-        run_cluster.keep = (table, twm, twn)
+        run_cluster.keep = launch.keep
         run_cluster.kernel = "cluster"
         return run_cluster
     m1, m2 = halves(n)
@@ -201,19 +194,31 @@ def make_rows(dst: Any, src: Any, n: int, inverse: bool) -> Any:
     (``scripts/dev/fft_line_pull_probe.py``), not yet used by the plans."""
     import cupy as cp
 
-    blocks = cluster_blocks(n, dst.itemsize)
-    if not blocks:
+    if not cluster_fits(n, dst.itemsize):
         raise ValueError(f"make_rows: {n} points of {dst.itemsize} bytes do not fit the cluster kernel")
-    kernel, _tile, threads, smem = _kernel("line_pull_cluster", dst.itemsize, n, inverse, rows=True)
-    runs = dst.size // n
     table = cp.asarray(np.uint64(src.data.ptr) + np.arange(n, dtype=np.uint64) * np.uint64(src.itemsize))
+    launch, _ = _cluster(dst, n, table, n, inverse, rows=True)
+    launch.keep += (src,)
+    return launch
+
+
+def _cluster(dst: Any, n: int, table: Any, stride: int, inverse: bool, rows: bool) -> tuple[Any, str]:
+    """The cluster kernel's launch over ``dst`` (``dst.size // n`` runs, ``cluster_fits``), reading run ``j``'s
+    point ``b`` at ``table[b][j * stride]`` (``rows``: rows in memory, one block or two a row), and its clusters
+    in words."""
+    import cupy as cp
+
+    blocks = cluster_blocks(n, dst.itemsize)
+    kernel, tile, threads, smem = _kernel("line_pull_cluster", dst.itemsize, n, inverse, rows=rows)
+    runs = dst.size // n
     twm = _twiddles(cp, n // blocks, dst.dtype, inverse)
-    twn = _twiddles(cp, n, dst.dtype, inverse)
+    twn = _twiddles(cp, n, dst.dtype, inverse)  # the radix-2 step's (two blocks a run)
+    grid = ((runs + tile - 1) // tile * tile * blocks,)  # whole clusters of tile x blocks
     args = (np.uint64(table.data.ptr), np.uint64(twm.data.ptr), np.uint64(twn.data.ptr), np.uint64(dst.data.ptr),
-            np.int64(runs), np.int64(n))
+            np.int64(runs), np.int64(stride))
 
-    def run_rows() -> None:
-        kernel((runs * blocks,), (threads,), args, shared_mem=smem, stream=cp.cuda.get_current_stream())
+    def launch() -> None:
+        kernel(grid, (threads,), args, shared_mem=smem, stream=cp.cuda.get_current_stream())
 
-    run_rows.keep = (table, twm, twn, src)
-    return run_rows
+    launch.keep = (table, twm, twn)  # the kernel reads them at every launch
+    return launch, f"{blocks * tile} blocks of {smem >> 10} KiB shared memory"
