@@ -45,24 +45,22 @@ def test_fits_takes_one_axis_of_a_power_of_two():
 
 @pytest.mark.skipif(CXX is None, reason="needs a C++20 compiler (.ci/run installs g++)")
 def test_the_kernel_source_transforms_every_size_on_the_cpu(tmp_path, seed):
-    source = _line_pull._SOURCE
-    exe = tmp_path / "emulation"
-    build = subprocess.run([CXX, "-std=c++20", "-O1", "-pthread", f'-DKERNEL_SOURCE="{source}"', str(HARNESS),
-                            "-o", str(exe)], capture_output=True, text=True, timeout=240)
-    assert build.returncode == 0, build.stderr[-3000:]
-    got = subprocess.run([str(exe), str(seed)], capture_output=True, text=True, timeout=240)
-    assert got.returncode == 0 and "FAILED" not in got.stdout, got.stdout + got.stderr
-    assert got.stdout.count("forward") == 44 and got.stdout.count("cluster") == 8, got.stdout
-    assert got.stdout.count("rows") == 4, got.stdout
+    def emulate(name: str, *args: str, defines: tuple = ()) -> str:
+        """Build the harness around the kernel source (with ``defines``), run it, return what it printed."""
+        exe = tmp_path / name
+        build = subprocess.run([CXX, "-std=c++20", "-O1", "-pthread", f'-DKERNEL_SOURCE="{_line_pull._SOURCE}"',
+                                *defines, str(HARNESS), "-o", str(exe)], capture_output=True, text=True, timeout=240)
+        assert build.returncode == 0, build.stderr[-3000:]
+        got = subprocess.run([str(exe), str(seed), *args], capture_output=True, text=True, timeout=240)
+        assert got.returncode == 0 and "FAILED" not in got.stdout, got.stdout + got.stderr
+        return got.stdout
+
+    out = emulate("emulation")
+    assert out.count("forward") == 44 and out.count("cluster") == 8, out
+    assert out.count("rows") == 4, out
     # the cluster kernel's A/B switch: lanes loading 16 bytes of runs a point (its stores then reach fewer blocks)
-    narrow = tmp_path / "emulation-group16"
-    build = subprocess.run([CXX, "-std=c++20", "-O1", "-pthread", f'-DKERNEL_SOURCE="{source}"',
-                            "-DCIRCUSLINK_FFT_CLUSTER_GROUP=16", str(HARNESS), "-o", str(narrow)],
-                           capture_output=True, text=True, timeout=240)
-    assert build.returncode == 0, build.stderr[-3000:]
-    got = subprocess.run([str(narrow), str(seed), "cluster"], capture_output=True, text=True, timeout=240)
-    assert got.returncode == 0 and "FAILED" not in got.stdout, got.stdout + got.stderr
-    assert got.stdout.count("forward") == 12, got.stdout
+    out = emulate("emulation-group16", "cluster", defines=("-DCIRCUSLINK_FFT_CLUSTER_GROUP=16",))
+    assert out.count("forward") == 12, out
 
 
 @pytest.mark.gpu
