@@ -266,16 +266,19 @@ __global__ void __cluster_dims__(T * H, 1, 1) __launch_bounds__(N / H / E)
   const int c = (int)cluster_rank(), h = c % H;
   const long long j0 = (long long)(blockIdx.x / (T * H)) * T, j = j0 + c / H;
   cluster_arrive();  // a block's shared memory takes stores once the block runs: wait for the others after the loads
+  // element k of this thread: run t of the cluster, point b (the loads and the stores must agree)
+  const auto run_of = [&](int k) { const int q = threadIdx.x + k * THREADS; return q % G + G * (q / (G * P)); };
+  const auto point_of = [&](int k) { const int q = threadIdx.x + k * THREADS; return c * P + q / G % P; };
   V v[E];
 #pragma unroll
   for (int k = 0; k < E; ++k) {
-    const int q = threadIdx.x + k * THREADS, t = q % G + G * (q / (G * P)), b = c * P + q / G % P;
+    const int t = run_of(k), b = point_of(k);
     v[k] = j0 + t < J ? table[b][(j0 + t) * stride] : make<V>(0, 0);
   }
   cluster_wait();
 #pragma unroll
   for (int k = 0; k < E; ++k) {
-    const int q = threadIdx.x + k * THREADS, t = q % G + G * (q / (G * P)), b = c * P + q / G % P, i = b / H;
+    const int t = run_of(k), b = point_of(k), i = b / H;
     cluster_peer(buf, (unsigned)(t * H + b % H))[i + (i >> PAD)] = v[k];
   }
   cluster_arrive();  // every run's points are in: no store reaches another block after this
