@@ -446,6 +446,41 @@ world.close()
 """
 
 
+SCRATCH_COUNTED = """
+import circuslink as cl
+from circuslink.apps import fft
+from circuslink.apps.fft import _cpu, _plan
+
+# The pulled transforms' own memory (the cuda module's four-step scratch) is in the plan's check before anything
+# is allocated: here the cpu module claims 1 TiB for each pulled stage of {n} points.
+world = cl.init()
+me = world.rank
+_cpu.pull_scratch_bytes = lambda shape, count, itemsize: (1 << 40) if shape[-1] == {n} else 0
+seen = []
+check = _plan.check_memory
+_plan.check_memory = lambda w, module, nbytes, problem: (seen.append(nbytes), check(w, module, nbytes, problem))
+ins, outs = fft.boxes(({n}, {n}), world.size, "slab", layout="transposed")
+before = len(world.resources())
+try:
+    fft.Plan(world, ins[me], outs[me], "complex64", scheme="pull").close()
+    print(f"rank {{me}} planned", flush=True)
+except cl.ConfigError as exc:
+    assert "needs about 1024." in str(exc), exc  # the scratch and the plan's few bytes
+    assert len(world.resources()) == before
+    print(f"rank {{me}} refused", flush=True)
+with fft.Plan(world, ins[me], outs[me], "complex64", scheme="transpose-put"):
+    pass
+assert seen[0] - seen[1] == 1 << 40, seen  # the pull's check counted one scratch array (its stages share it)
+print(f"rank {{me}} counted the scratch", flush=True)
+world.close()
+"""
+
+
+def test_the_pulled_transforms_memory_is_in_the_plans_check(spmd):
+    job = spmd(2, SCRATCH_COUNTED.format(n=64), timeout=120).check()
+    assert job.output.count("refused") == 2 and job.output.count("counted the scratch") == 2, job.output
+
+
 @pytest.mark.parametrize("scheme", ["pull", "transpose-put"])
 def test_a_result_stays_until_this_ranks_next_execute(spmd, scheme):
     job = spmd(3, RESULT_KEPT.format(scheme=scheme), timeout=120, env={"CIRCUSLINK_TIMEOUT": "20"}).check()

@@ -101,6 +101,28 @@ def test_the_kernel_matches_numpy_on_gpu(rng, dtype, capsys):
     assert "did not launch" not in capsys.readouterr().err  # the cluster kernel ran, not the four-step instead
 
 
+def test_the_four_steps_scratch_is_counted_where_it_runs(monkeypatch):
+    """A plan's memory check counts what the pulled transforms allocate: the four-step's scratch array (the size
+    of the stage), and nothing for the one-pass, cluster or callback kernels."""
+    from circuslink.apps.fft import _cuda
+
+    shape = (3, 5, 4096)  # 15 runs of 4096 points
+    cases = {  # kind: {itemsize: scratch bytes}
+        "auto": {8: 15 * 4096 * 8, 16: 0},  # auto: the four-step at complex64, the callback at complex128
+        "four-step": {8: 15 * 4096 * 8, 16: 15 * 4096 * 16},
+        "own": {8: 0, 16: 0},  # the cluster kernel takes 4096 points at either precision
+        "callback": {8: 0, 16: 0},
+    }
+    for kind, want in cases.items():
+        monkeypatch.setenv("CIRCUSLINK_FFT_PULL_KERNEL", kind)
+        for e, nbytes in want.items():
+            assert _cuda.pull_scratch_bytes(shape, 1, e) == nbytes, (kind, e)
+            assert _cuda.pull_scratch_bytes((15, 1024), 1, e) == 0, (kind, e)  # one pass
+            assert _cuda.pull_scratch_bytes((3, 64, 64), 2, e) == 0, (kind, e)  # two axes: the callback
+    monkeypatch.setenv("CIRCUSLINK_FFT_PULL_KERNEL", "own")
+    assert _cuda.pull_scratch_bytes((2, 32768), 1, 16) == 2 * 32768 * 16  # beyond the cluster: the four-step
+
+
 def test_the_kernel_choice_is_read_from_the_environment(monkeypatch):
     from circuslink.apps.fft import _cuda
     from circuslink.errors import ConfigError

@@ -36,11 +36,18 @@ def make_fft(world: Any, kind: str, src: np.ndarray, dst: np.ndarray, count: int
     return lambda: np.copyto(dst, np.fft.irfftn(src, s=s, axes=axes, norm="forward"))
 
 
+def pull_scratch_bytes(shape: tuple[int, ...], count: int, itemsize: int) -> int:
+    """Memory a pulled stage's transform allocates beside its array: none here (numpy's transform is counted in
+    ``EXTRA_REGIONS``)."""
+    return 0
+
+
 def make_pull_fft(world: Any, window: Any, dst: np.ndarray, count: int, ranks: np.ndarray, offsets: np.ndarray,
                   inverse: bool, cache: dict) -> Callable[[], None] | None:
     """The pull scheme's transform: ``dst`` gathered from the ranks' windows, ``dst.reshape(-1, n)[j, b] = window
     of ranks[b] [offsets[b] + j]`` (n: the points of its last ``count`` axes; elements of ``dst``'s type), then
-    transformed in place over those axes. The cuda module does both in one cuFFT plan (a load callback)."""
+    transformed in place over those axes. The cuda module does both in one pass: the pull's own kernels or a
+    cuFFT plan with a load callback."""
     if dst.size == 0:
         return None
     flat = dst.reshape(-1, offsets.size)

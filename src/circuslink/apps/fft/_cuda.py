@@ -17,6 +17,7 @@ sum may exceed the total.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 from collections.abc import Callable
@@ -168,6 +169,23 @@ def pull_kernel() -> str:
     return kind
 
 
+def _pull_own(dims: tuple[int, ...], itemsize: int) -> tuple[bool, bool]:
+    """(whether a pulled stage transforming ``dims`` (``cufft_dims``) runs the pull's own kernels, whether the
+    cluster kernel may be among them), from ``pull_kernel``."""
+    kind = pull_kernel()
+    own = len(dims) == 1 and _line_pull.fits(dims[0], 1) and \
+        (kind in ("own", "four-step") or (kind == "auto" and _line_pull.faster(dims[0], itemsize)))
+    return own, kind == "own"
+
+
+def pull_scratch_bytes(shape: tuple[int, ...], count: int, itemsize: int) -> int:
+    """The GPU memory a pulled stage's transform allocates beside its array of ``shape`` (transformed over the
+    last ``count`` axes): the four-step's scratch, where it runs (``Plan`` counts it before allocating)."""
+    dims = cufft_dims("c2c", tuple(int(x) for x in shape[len(shape) - count:]))
+    own, cluster = _pull_own(dims, itemsize)
+    return _line_pull.scratch_bytes(dims[0], itemsize, math.prod(shape), cluster) if own else 0
+
+
 def make_pull_fft(world: Any, window: Any, dst: Any, count: int, ranks: np.ndarray, offsets: np.ndarray,
                   inverse: bool, cache: dict) -> Callable[[], None] | None:
     """The pull scheme's transform over ``dst``'s last ``count`` axes, whose input ``dst.reshape(-1, n)[j, b]``
@@ -195,10 +213,9 @@ def make_pull_fft(world: Any, window: Any, dst: Any, count: int, ranks: np.ndarr
 
         gather.kernel = "gather"
         return gather
-    kind = pull_kernel()
-    if len(dims) == 1 and _line_pull.fits(dims[0], 1) and \
-            (kind in ("own", "four-step") or (kind == "auto" and _line_pull.faster(dims[0], e))):
-        return _line_pull.make(dst.reshape(-1), n, table, inverse, cache, cluster=kind == "own")
+    own, cluster = _pull_own(dims, e)
+    if own:
+        return _line_pull.make(dst.reshape(-1), n, table, inverse, cache, cluster=cluster)
     batch = dst.size // n
     info = cp.asarray(np.array([n, table.data.ptr], dtype=np.uint64))
     try:

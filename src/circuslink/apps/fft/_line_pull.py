@@ -74,6 +74,20 @@ def cluster_fits(n: int, itemsize: int) -> bool:
     return cluster_blocks(n, itemsize) > 0
 
 
+def kernel_for(n: int, itemsize: int, cluster: bool) -> str:
+    """Which of these kernels ``make`` runs for ``n`` points (``fits``): ``line`` up to ``MAX_POINTS``, else
+    ``cluster`` where asked for and it fits, else ``four-step``."""
+    if n <= MAX_POINTS:
+        return "line"
+    return "cluster" if cluster and cluster_fits(n, itemsize) else "four-step"
+
+
+def scratch_bytes(n: int, itemsize: int, elements: int, cluster: bool) -> int:
+    """The GPU memory ``make`` allocates beside its output of ``elements`` elements: the four-step's scratch
+    array, the size of the output (a plan's memory check counts it before anything is allocated)."""
+    return elements * itemsize if kernel_for(n, itemsize, cluster) == "four-step" else 0
+
+
 def halves(n: int) -> tuple[int, int]:
     """The four-step's ``(m1, m2)`` for ``n`` points: ``m1`` pulled and transformed first, the larger half."""
     m1 = 1 << (n.bit_length() // 2)
@@ -126,7 +140,8 @@ def make(dst: Any, n: int, table: Any, inverse: bool, cache: dict, cluster: bool
     import cupy as cp
 
     runs = dst.size // n
-    if n <= MAX_POINTS:
+    which = kernel_for(n, dst.itemsize, cluster)
+    if which == "line":
         kernel, tile, threads, smem = _kernel("line_pull", dst.itemsize, n, inverse)
         tw = _twiddles(cp, n, dst.dtype, inverse)
         grid = ((runs + tile - 1) // tile,)
@@ -138,7 +153,7 @@ def make(dst: Any, n: int, table: Any, inverse: bool, cache: dict, cluster: bool
         run.keep = (table, tw)  # the kernel reads them at every launch
         run.kernel = "line"
         return run
-    if cluster and cluster_fits(n, dst.itemsize):
+    if which == "cluster":
         launch, blocks_of = _cluster(dst, n, table, 1, inverse, rows=False)
 
         instead: list = []  # the four-step, where this GPU (or this rank's share of it) cannot run the clusters
@@ -167,7 +182,7 @@ def make(dst: Any, n: int, table: Any, inverse: bool, cache: dict, cluster: bool
     if key not in cache:
         try:
             cache[key] = cp.empty(dst.size, dtype=dst.dtype)
-        except cp.cuda.memory.OutOfMemoryError:  # beyond the plan's memory check, which counts cuFFT's work area
+        except cp.cuda.memory.OutOfMemoryError:  # the plan's check counts it (scratch_bytes); the GPU has less now
             raise BackendError(f"fft scheme 'pull': no GPU memory for the four-step's scratch array "
                                f"({dst.nbytes / 2**30:.2f} GiB); set CIRCUSLINK_FFT_PULL_KERNEL=callback or "
                                "use scheme='transpose-put'") from None

@@ -175,8 +175,9 @@ class Plan(Resource):
         e_max = max(DTYPES[a.dtype] * b.size for a in self._arrays for b in a.boxes)
         self._region = max(_ALIGN, -(-e_max // _ALIGN) * _ALIGN)
         regions = 3 if scheme == "local-transpose" else 2
+        scratch = self._pull_scratch_bytes() if scheme == "pull" else 0
         check_memory(world, self._impl, regions * self._region + self._impl.EXTRA_REGIONS * self._region
-                     + int(reserve_bytes), self._describe_problem())
+                     + scratch + int(reserve_bytes), self._describe_problem())
         self.window = rma.window_alloc(world, regions * self._region, timeout=timeout)
         self._queues_all: list = []
         self._register(world)
@@ -271,6 +272,22 @@ class Plan(Resource):
             return ("c2r", stage, self._spatial, count, True) if inverse else ("r2c", self._spatial, stage, count,
                                                                               False)
         return "c2c", stage, stage, count, inverse
+
+    def _pull_scratch_bytes(self) -> int:
+        """What the pulled stages' transforms allocate beside the window on this rank (the four-step's scratch
+        arrays: one per distinct stage size and type, as ``_line_pull`` keeps them in the plan's cache)."""
+        stages = self._stage_arrays
+        if len(stages) == 1:
+            return 0
+        me = self.world.rank
+        sizes: dict[tuple[int, int], int] = {}
+        for k in range(len(stages)):  # forward pulls stages 1..K-1, backward 0..K-2: together every stage
+            box = stages[k].boxes[me]
+            if not box.empty:
+                e = DTYPES[stages[k].dtype]
+                need = self._impl.pull_scratch_bytes(tuple(box.storage_shape), self.stages[k].count, e)
+                sizes[(box.size, e)] = max(sizes.get((box.size, e), 0), need)
+        return sum(sizes.values())
 
     def _pull_maps(self) -> dict[str, list[tuple[np.ndarray, np.ndarray]]] | None:
         """The pull scheme's sources, per direction and per stage after the first it runs: for this rank's array
