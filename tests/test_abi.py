@@ -87,6 +87,9 @@ CONSTANTS = [
         ("kLLPayload", "LL_PAYLOAD"), ("kKindBulk", "KIND_BULK"), ("kNbytesMask", "NBYTES_MASK"),
         ("kErrNone", "ERR_NONE"), ("kErrDataTimeout", "ERR_DATA_TIMEOUT"), ("kErrCreditTimeout", "ERR_CREDIT_TIMEOUT"),
         ("kErrMisuse", "ERR_MISUSE"), ("kErrAborted", "ERR_ABORTED")]],
+    *[("collectives_types.cuh", c, "circuslink.collectives._layout", py, None) for c, py in [
+        ("kTeamErrorBarrier", "ERROR_BARRIER"), ("kTeamErrorSlot", "ERROR_SLOT"), ("kTeamErrorGrid", "ERROR_GRID"),
+        ("kTeamErrorStage", "ERROR_STAGE"), ("kTeamErrorClaimed", "ERROR_CLAIMED")]],
     ("router_types.cuh", "kHopMapped", "circuslink.channels.protocol", "ROUTER_HOP_MAPPED", None),
     ("router_types.cuh", "kHopRelay", "circuslink.channels.protocol", "ROUTER_HOP_RELAY", None),
     *[("router_types.cuh", c, "circuslink.channels._routed", py, None) for c, py in [

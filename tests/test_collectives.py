@@ -701,3 +701,29 @@ def test_cuda_collectives_order_their_stream_after_the_callers(rng):
         assert ("wait", 7, 0) in before, cp.log  # the collective stream waits for the caller's
         assert all(op[1] == 7 for op in before if op[0] in ("copy", "fill")), cp.log
         assert ("sync", 7) in cp.log[launch_at:], cp.log
+
+
+@pytest.mark.parametrize("record, message", [
+    ([0, 0, 0, 0], None),
+    ([2, 3, 5, 9], r"rank 1: the device wait for rank 3's one-shot slot \(chunk 5\), call 9, timed out"),
+    ([3, 1, 7, 0], r"the device wait for rank 1's grid barrier \(block 7\), call 0, timed out"),
+    ([4, 1, 0, 0], r"more than the stage's 4096 bytes"),
+    # claimed, fields not yet published (read while a block still writes them): a failure all the same
+    ([0xFFFFFFFF, 0, 0, 0], r"rank 1: a device wait failed \(its record was still being written\)"),
+])
+def test_the_teams_error_record_is_read_as_the_device_writes_it(record, message):
+    """The device claims the record, fills peer, slot and call, then publishes what failed (team_fail): every
+    state the host can see is one line naming the rank, or nothing."""
+    import types
+
+    from circuslink.collectives._cuda import DeviceTeam
+
+    team = object.__new__(DeviceTeam)
+    team.world = types.SimpleNamespace(rank=1)
+    team.handle = {"stage_bytes": 4096}
+    team.error = types.SimpleNamespace(get=lambda: np.array(record, dtype=np.uint32))
+    if message is None:
+        team.check("allreduce")
+    else:
+        with pytest.raises(cl.ChannelError, match=message):
+            team.check("allreduce")

@@ -110,12 +110,15 @@ class DeviceTeam:
         """Raise ChannelError naming the peer and slot of a wait that timed out (then the team is unusable:
         the ranks' call numbers disagree; close the Comm)."""
         err = [int(v) for v in self.error.get()]
-        if err[0] == 4:
+        if err[0] == lay.ERROR_CLAIMED:  # read while a block of a kernel still running was writing its record
+            raise ChannelError(f"{what} on rank {self.world.rank}: a device wait failed (its record was still "
+                               "being written); the communicator's ranks no longer agree: close it")
+        if err[0] == lay.ERROR_STAGE:
             raise ChannelError(f"{what} on rank {self.world.rank}: allreduce_stage was given more than the stage's "
                                f"{self.handle['stage_bytes']} bytes (Comm(stage_bytes=...) sets it)")
         if err[0]:
             kind = lay.ERROR_KINDS.get(err[0], f"wait {err[0]}")
-            where = f" (chunk {err[2]})" if err[0] == 2 else (f" (block {err[2]})" if err[0] == 3 else "")
+            where = {lay.ERROR_SLOT: f" (chunk {err[2]})", lay.ERROR_GRID: f" (block {err[2]})"}.get(err[0], "")
             raise ChannelError(f"{what} on rank {self.world.rank}: the device wait for rank {err[1]}'s {kind}{where}, "
                                f"call {err[3]}, timed out; the communicator's ranks no longer agree: close it")
 

@@ -31,7 +31,10 @@ COUNTER_GRID, COUNTER_BARRIER, COUNTER_CHUNK = 0, 2, 3
 COUNTERS = COUNTER_CHUNK + LL_CHUNKS
 # The error record (4 words): what timed out, the peer, the slot (LL chunk) and the call number.
 ERROR_WORDS = 4
-ERROR_KINDS = {1: "barrier flag", 2: "one-shot slot", 3: "grid barrier", 4: "stage"}
+ERROR_BARRIER, ERROR_SLOT, ERROR_GRID, ERROR_STAGE = 1, 2, 3, 4  # kTeamError*: what failed
+ERROR_KINDS = {ERROR_BARRIER: "barrier flag", ERROR_SLOT: "one-shot slot", ERROR_GRID: "grid barrier",
+               ERROR_STAGE: "stage"}
+ERROR_CLAIMED = 0xFFFFFFFF  # kTeamErrorClaimed: a failure whose record is still being written
 
 
 def team_offsets(size: int, stage_bytes: int) -> dict[str, int]:

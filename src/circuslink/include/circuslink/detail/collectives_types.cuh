@@ -60,6 +60,7 @@ constexpr unsigned int kLLLines = kLLChunkBytes / 8;
 constexpr unsigned int kTeamCounterGrid = 0, kTeamCounterBarrier = 2, kTeamCounterChunk = 3;
 constexpr unsigned int kTeamCounters = kTeamCounterChunk + kLLChunks;
 constexpr unsigned int kTeamErrorBarrier = 1, kTeamErrorSlot = 2, kTeamErrorGrid = 3, kTeamErrorStage = 4;
+constexpr unsigned int kTeamErrorClaimed = 0xFFFFFFFFu;  // a record whose fields are being written
 
 CIRCUSLINK_HD inline unsigned long long team_ll_offset(unsigned int size) { return (4ull * size + 255) / 256 * 256; }
 CIRCUSLINK_HD inline unsigned long long team_stage_offset(unsigned int size) {

@@ -25,13 +25,17 @@ __device__ __forceinline__ T* stage_of(const Team& t, unsigned int q) {
   return reinterpret_cast<T*>(t.peers[q] + team_stage_offset(t.size));
 }
 
-// The first failure of this rank is recorded (what, peer, slot, call); the host raises it naming them.
+// The first failure of this rank is recorded (what, peer, slot, call); the host raises it naming them. As the
+// channels' record_error: the failure claims the record with kTeamErrorClaimed, fills the fields and publishes
+// `what` last, so whoever reads a kind reads its fields (team_failed counts a claimed record as a failure).
 __device__ __forceinline__ void team_fail(const Team& t, unsigned int what, unsigned int peer, unsigned int slot,
                                           unsigned int call) {
-  if (atomicCAS(t.error, 0u, what) == 0u) {
-    t.error[1] = peer;
-    t.error[2] = slot;
-    t.error[3] = call;
+  if (atomicCAS(t.error, 0u, kTeamErrorClaimed) == 0u) {
+    circuslink::detail::st_relaxed(t.error + 1, peer);
+    circuslink::detail::st_relaxed(t.error + 2, slot);
+    circuslink::detail::st_relaxed(t.error + 3, call);
+    __threadfence();
+    circuslink::detail::st_relaxed(t.error, what);
     __threadfence();
   }
 }
