@@ -108,6 +108,11 @@ def test_bench_rma_long_chains_under_mps_gpu(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [r for r in json.loads(out.read_text())["rows"] if r["impl"] == "rma-host"]
     assert sorted(r["bytes"] for r in rows) == [256 << 10, 512 << 10, 1 << 20]
+    # The machine's limit for these chains (16 x 256 KiB and up: at least 1 MiB), timed beside them and checked
+    # byte for byte: the copy engine making the same writes with both ranks at once.
+    same = [r for r in json.loads(out.read_text())["rows"] if r["impl"] == "copy-engine-same-writes"]
+    assert sorted(r["bytes"] for r in same) == [256 << 10, 512 << 10, 1 << 20], same
+    assert all(r["time_us"] > 0 and r["throughput_GBps"] > 0 and r["samples"] >= 1 for r in same), same
 
 
 def test_bench_rma_defaults_stay_small():
@@ -160,5 +165,16 @@ def test_bench_rma_targets_read_the_rows():
     assert abs(out["large_vs_copy_engine"] - 0.9) < 1e-6 and out["strided_vs_contiguous"] == 0.5
     verdicts = [line.rsplit(": ", 1)[1] for line in out["lines"]]
     assert verdicts == ["met", "MISSED", "met", "met", "MISSED"], out["lines"]
+    assert out["large_vs_same_copies"] is None and out["same_copies_vs_copy_engine"] is None  # no such row
+    # The copy engine making the same writes at once: 16 MiB in 40 us (419 GB/s = 0.84 x the lone figure).
+    for same_us, ratio, where in ((40.0, 0.84, "within"), (50.0, 0.67, "beyond")):
+        same = row("copy-engine-same-writes", "contiguous", 1, 16 << 20, same_us)
+        out = targets(rows + [same], floor)
+        ours = rows[5]["time_us"]
+        assert abs(out["large_vs_same_copies"] - same_us / ours) < 1e-9, out
+        assert abs(out["same_copies_vs_copy_engine"] - ratio) < 0.01, out
+        limit = [line for line in out["lines"] if line.startswith("limit: ")]
+        assert len(limit) == 1 and f"so the target's 0.8 x is {where} what" in limit[0], out["lines"]
+        assert [line.rsplit(": ", 1)[1] for line in out["lines"] if line.startswith("target")] == verdicts
     empty = targets([], None)
     assert all(line.endswith("not measured") for line in empty["lines"]) and len(empty["lines"]) == 5

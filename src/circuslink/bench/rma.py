@@ -14,7 +14,9 @@ rank's, ``time_us`` is their median per cycle and ``time_min_us`` the fastest sa
 The run's floor (``circuslink probe``) is in the results, and the verdicts against the targets
 (device-driven 8 x 8 B <= 3 x the relaxed floor, graphed <= 10 us, both <= 0.1 x MPI-3 RMA,
 16 MiB chains >= 0.8 x the floor's copy-engine bandwidth, strided >= 0.8 x contiguous) are printed
-and stored under ``meta["targets"]``.
+and stored under ``meta["targets"]``, with the 16 MiB target's limit on this machine: the probe's copy-engine
+figure is one copy with the GPU to itself, so the run also times the copy engine making the same writes with every
+rank at once and no queue (``copy-engine-same-writes``, chains of 1 MiB and more).
 
 impls: ``rma-host`` (start(); wait() from Python: one graph launch and a bounded wait on a back-end
 that runs kernels), ``rma-host-graphed`` (back-ends that run kernels: ``q.start(stream=)`` and
@@ -55,6 +57,7 @@ _KERNEL_FILE = Path(__file__).parent / "kernels" / "rma_cycles.cu"
 # Device-driven chains of at least this many bytes a cycle run on every block of a co-resident grid
 # (rma_start_grid): one block's copies reach a few tens of GB/s, a grid barrier costs a few microseconds.
 DEVICE_GRID_FROM_BYTES = 256 << 10
+SAME_COPIES_FROM_BYTES = 1 << 20  # copy-engine-same-writes rows: chains of at least this many bytes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -179,6 +182,7 @@ def _run_rank(args: argparse.Namespace) -> int:
     bench = _Bench(world, sizes, chains, iters, warmup, results, samples=min(args.samples, iters),
                    max_chain=_max_chain(args))
     bench.ours(layouts)
+    bench.copy_engine()  # the machine's limit for the large chains (as the floor is, not a peer's baseline)
     if not args.no_baselines:
         bench.mpi3_rma(layouts)
         bench.mpi_p2p()
@@ -272,13 +276,17 @@ class _Bench:
         stats = _summary(self.world.allgather_object(mine), ops)
         self._row(impl, layout, chain, nbytes, stats.pop("seconds"), **stats, **extra)
 
+    def _offsets(self, j: int, slot: int, i: int, nbytes: int) -> tuple[int, int]:
+        """(source offset in my window, destination offset in the target's) of write i of my chain to target j
+        (which receives it in its slot ``slot``)."""
+        return j * self.region + i * 2 * nbytes, self.src_bytes + slot * self.slot_bytes + i * 3 * nbytes
+
     def _declare(self, rma: Any, win: Any, layout: str, chain: int, nbytes: int):
         q = rma.Queue.alloc(win)
         count, block, ss, ds = _layout(layout, nbytes)
         for j, (target, slot) in enumerate(self.targets):
             for i in range(chain):
-                src_off = j * self.region + i * 2 * nbytes
-                dst_off = self.src_bytes + slot * self.slot_bytes + i * 3 * nbytes
+                src_off, dst_off = self._offsets(j, slot, i, nbytes)
                 if count == 1:
                     q.push(rma.declare_write(win, dst_off, win, src_off, nbytes, target))
                 else:
@@ -406,6 +414,81 @@ class _Bench:
 
     def ours(self, layouts: list[str]) -> None:
         self._run_queue_rows("mapped", "rma-host", layouts, extra_impls=True)
+
+    def copy_engine(self) -> None:
+        """``copy-engine-same-writes``: every rank's contiguous chain as plain copy-engine copies into the same
+        places of its targets (cudaMemcpyAsync into the mapped peers, one after another on one stream as the
+        queue's copy-engine graph issues them; a sample's cycles in one CUDA graph), every rank at once after a
+        device-side handshake, and no queue: what this GPU gives this traffic when every rank copies at the same
+        time. The probe's copy-engine figure is one copy with the GPU to itself; on one GPU under MPS the ranks'
+        copies share its memory, so this row is the limit the 16 MiB target meets there. Chains of at least
+        SAME_COPIES_FROM_BYTES (below, the copies' launch costs, not the memory)."""
+        from . import _driver as drv
+
+        impl = "copy-engine-same-writes"
+        pairs = [(c, s) for c, s in self.pairs if c * s >= SAME_COPIES_FROM_BYTES]
+        if not pairs:
+            return
+        if not self.world.backend.runs_kernels:
+            for chain, nbytes in pairs:
+                self.results.add(impl=impl, layout="contiguous", chain=chain, bytes=nbytes,
+                                 skipped="needs GPUs (the cuda back-end's copy engines)")
+            return
+        import cupy as cp
+
+        from .. import rma
+
+        rt = cp.cuda.runtime
+        stream = self.world.backend.stream
+        win = rma.window_alloc(self.world, self.nbytes, memory="mapped")
+        try:
+            local = int(win.local.data.ptr)
+            for chain, nbytes in pairs:
+                drv.progress(f"rma: {impl} chain {chain} x {drv.format_bytes(nbytes)}")
+                seed = int(self.world.broadcast_object(int(np.random.SeedSequence().entropy % (1 << 31))))
+                self._fill(win, seed)
+                cp.cuda.get_current_stream().synchronize()  # the sources are in place before any copy reads them
+                # The handshake: one 8-byte cycle of a queue (on the device, as the graphed rows' is), writing
+                # the first word of each first write: the bytes the copies write there too.
+                hand = rma.Queue.alloc(win)
+                copies = []
+                for j, (target, slot) in enumerate(self.targets):
+                    src_off, dst_off = self._offsets(j, slot, 0, nbytes)
+                    hand.push(rma.declare_write(win, dst_off, win, src_off, 8, target))
+                    peer = int(win.peer(target).data.ptr)
+                    copies += [(peer + d, local + s) for s, d in (self._offsets(j, slot, i, nbytes)
+                                                                   for i in range(chain))]
+                for origin in self.origins:
+                    hand.add_origin(origin)
+                hand.commit()
+                ops = self._ops(chain, nbytes)
+                capture = cp.cuda.Stream(non_blocking=True)
+                capture.begin_capture()
+                try:
+                    for _ in range(ops):
+                        for dst, src in copies:
+                            rt.memcpyAsync(dst, src, nbytes, rt.memcpyDefault, capture.ptr)
+                finally:
+                    graph = capture.end_capture()
+                graph.upload(stream)
+                graph.launch(stream)  # warm-up
+                self.world.barrier()
+                starts, ends = [cp.cuda.Event() for _ in range(self.samples)], [cp.cuda.Event() for _ in
+                                                                                range(self.samples)]
+                for k in range(self.samples):
+                    hand.start(stream=stream)  # every rank's copies begin once every rank is here
+                    hand.wait(stream=stream, block=False)
+                    starts[k].record(stream)
+                    graph.launch(stream)
+                    ends[k].record(stream)
+                hand.check_device()  # waits for the world's stream (bounded), raises a recorded time-out
+                mine = [cp.cuda.get_elapsed_time(starts[k], ends[k]) * 1e-3 for k in range(self.samples)]
+                self.world.barrier()  # every origin's copies into my window are done
+                self._verify(win, "contiguous", chain, nbytes, seed)
+                self._sampled_row(impl, "contiguous", chain, nbytes, mine, ops, launch="graph")
+                hand.free()
+        finally:
+            win.free()
 
     def _skip(self, impl: str, reason: str, layouts: list[str]) -> None:
         for layout in layouts:
@@ -580,6 +663,18 @@ def targets(rows: list[dict], floor: dict | None) -> dict:
     line("large_vs_copy_engine", worst, None if worst is None else worst >= LARGE_VS_CE,
          f"16 MiB chains (graphed, per neighbour) >= {LARGE_VS_CE:g} x the copy-engine bandwidth"
          + (f" (worst {worst:.2f} x {ce:.0f} GB/s)" if worst is not None else ""))
+    # The same target's limit on this machine: the copy engine making the same writes with every rank at once.
+    same = {(k[2], k[3]): r for k, r in timed.items() if k[0] == "copy-engine-same-writes" and k[1] == "contiguous"}
+    pairs = [(r, same[(r["chain"], r["bytes"])]) for r in large if (r["chain"], r["bytes"]) in same]
+    ours_vs = min((c["time_us"] / r["time_us"] for r, c in pairs), default=None)
+    limit = min((c["throughput_GBps"] / c["neighbours"] / ce for _, c in pairs), default=None) if ce else None
+    out["large_vs_same_copies"], out["same_copies_vs_copy_engine"] = ours_vs, limit
+    if ours_vs is not None:
+        within = "" if limit is None else (
+            f"; those copies reach {limit:.2f} x the lone copy-engine figure, so the target's {LARGE_VS_CE:g} x is "
+            + ("within" if limit >= LARGE_VS_CE else "beyond") + " what this machine gives the traffic")
+        out["lines"].append(f"limit: 16 MiB chains (graphed) reach {ours_vs:.2f} x the copy engine making the same "
+                            f"writes, every rank at once, with no queue{within}")
     ratios = []
     for (impl, layout, chain, nbytes), r in timed.items():
         contiguous = timed.get((impl, "contiguous", chain, nbytes))
