@@ -102,7 +102,8 @@ CONSTANTS = [
     ("router_types.cuh", "kAgentGpuScope", "circuslink.channels.protocol", "ROUTER_GPU_SCOPE", None),
     *[("rma_types.cuh", c, "circuslink.rma._layout", py, None) for c, py in [
         ("kRmaChunkBytes", "CHUNK_BYTES"), ("kRmaGpuScope", "GPU_SCOPE"), ("kRmaLowLatency", "LOW_LATENCY"),
-        ("kRmaSignalOnly", "SIGNAL_ONLY"), ("kRmaLLDepth", "LL_DEPTH"), ("kRmaSmallChainBytes", "SMALL_CHAIN_BYTES")]],
+        ("kRmaSignalOnly", "SIGNAL_ONLY"), ("kRmaLLDepth", "LL_DEPTH"), ("kRmaSmallChainBytes", "SMALL_CHAIN_BYTES"),
+        ("kRmaErrSession", "ERR_SESSION")]],
     *[("router_types.cuh", c, "circuslink.channels.protocol", py, None) for c, py in [
         ("kSharedPerInput", "ROUTER_SHARED_PER_INPUT"), ("kSharedPerOutput", "ROUTER_SHARED_PER_OUTPUT"),
         ("kSharedPerRank", "ROUTER_SHARED_PER_RANK")]],
@@ -156,3 +157,18 @@ def test_a_drifted_constant_is_caught():
         "channel_types.cuh: kLLPayload = 0x7c, but circuslink.channels.protocol.LL_PAYLOAD gives 0x78"]
     gone = (DETAIL / "router_types.cuh").read_text().replace("kCtrl = ", "kControl = ")
     assert "router_types.cuh: no constant kCtrl" in drifted(headers={"router_types.cuh": gone})[0]
+
+
+def test_the_session_defaults_are_the_headers():
+    """What a session's thread holds (its words ahead and lines in flight) is what the host counts in
+    Queue.describe()["session_threads"] and in rma_session's refusal."""
+    from circuslink.rma import _layout
+
+    text = (DETAIL / "rma_impl.cuh").read_text()
+    defaults = dict(re.findall(r"#define (CIRCUSLINK_RMA_\w+) (\d+)", text))
+    assert int(defaults["CIRCUSLINK_RMA_WORDS_AHEAD"]) == _layout.SESSION_WORDS_AHEAD, defaults
+    assert int(defaults["CIRCUSLINK_RMA_LINES_IN_FLIGHT"]) == _layout.SESSION_LINES_IN_FLIGHT, defaults
+    # A block holds the queue when every thread's share fits: 2 words, 4 lines, one target and one origin a thread.
+    assert _layout.session_threads(8, 8, 1, 1) == 4 and _layout.session_threads(9, 0, 1, 1) == 5
+    assert _layout.session_threads(0, 33, 1, 1) == 9 and _layout.session_threads(0, 0, 3, 7) == 7
+    assert _layout.session_threads(0, 0, 0, 0) == 1

@@ -176,5 +176,9 @@ def test_bench_rma_targets_read_the_rows():
         limit = [line for line in out["lines"] if line.startswith("limit: ")]
         assert len(limit) == 1 and f"so the target's 0.8 x is {where} what" in limit[0], out["lines"]
         assert [line.rsplit(": ", 1)[1] for line in out["lines"] if line.startswith("target")] == verdicts
+    # The session's form beside the plain one: the faster is the device-driven figure, named in the line.
+    session = row("rma-device-session", "contiguous", 8, 8, 0.70)
+    out = targets(rows + [session], floor)
+    assert abs(out["device_8x8_vs_floor"] - 0.70 / 0.28) < 1e-9 and "rma-device-session 0.700 us" in out["lines"][0]
     empty = targets([], None)
     assert all(line.endswith("not measured") for line in empty["lines"]) and len(empty["lines"]) == 5

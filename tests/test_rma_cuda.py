@@ -3,62 +3,29 @@
 The bodies every back-end runs (rings, time-outs, mpi staging) are parametrized in tests/test_rma.py.
 Here: device-driven queues (a user kernel that includes <circuslink/rma.cuh>, takes the queue's
 ``circuslink::RmaHandle`` by value, fills its sources, starts, waits and checks what arrived, 1,000
-times without returning to the host, in several block shapes), the stream hooks (cycles enqueued
+times without returning to the host, in several block shapes; the same through an rma_session, and its
+refusals), the stream hooks (cycles enqueued
 into a CUDA graph with ``start(stream=)`` / ``wait(stream=, block=False)``), a device-driven
 time-out with the queue's time-out, and a late peer under MPS.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytestmark = pytest.mark.gpu
+KERNELS = Path(__file__).parent / "kernels" / "rma_ring_cycles.cu"  # user_cycles and session_cycles
 
 
 DEVICE_DRIVEN = r'''
+from pathlib import Path
 import numpy as np
 import cupy as cp
 import circuslink as cl
 from circuslink import rma
 from circuslink.rma._layout import HANDLE
-
-USER_KERNEL = r"""
-#include <circuslink/rma.cuh>
-__device__ unsigned char value(unsigned long long rank, unsigned long long cycle, unsigned long long i) {
-  unsigned long long x = (rank * 0x9E3779B97F4A7C15ull) ^ (cycle * 0xBF58476D1CE4E5B9ull) ^ (i * 0x94D049BB133111EBull);
-  x ^= x >> 31; x *= 0xD6E8FEB86774B5D3ull; x ^= x >> 29;
-  return (unsigned char)(x >> 24);
-}
-// Sources: [0, 1024) contiguous to the right neighbour's [4096, 5120); 16 blocks of 24 B
-// at stride 32 from 1024 to the right neighbour's 6144 at stride 40. Any block shape.
-extern "C" __global__ void user_cycles(circuslink::RmaHandle q, unsigned char* win, unsigned long long me,
-                                       unsigned long long left, unsigned long long first,
-                                       unsigned long long cycles, unsigned long long* out) {
-  const unsigned int t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-  const unsigned int nt = blockDim.x * blockDim.y * blockDim.z;
-  unsigned long long bad = 0, done = 0;
-  for (unsigned long long c = first; c < first + cycles; ++c) {
-    for (unsigned int i = t; i < 2048; i += nt) win[i] = value(me, c, i);
-    __syncthreads();
-    if (!circuslink::rma_start(q)) break;
-    if (!circuslink::rma_wait(q)) break;
-    for (unsigned int i = t; i < 1024; i += nt) bad += win[4096 + i] != value(left, c, i);
-    for (unsigned int i = t; i < 16 * 24; i += nt) {
-      unsigned int b = i / 24, k = i % 24;
-      bad += win[6144 + b * 40 + k] != value(left, c, 1024 + b * 32 + k);
-    }
-    // Untouched bytes between the strided blocks keep their poison (0xA5).
-    for (unsigned int i = t; i < 15 * 16; i += nt) {
-      unsigned int b = i / 16, k = i % 16;
-      bad += win[6144 + b * 40 + 24 + k] != 0xA5;
-    }
-    __syncthreads();  // everyone has read this epoch's bytes before the next start lets them change
-    ++done;
-  }
-  atomicAdd(&out[0], bad);
-  if (t == 0) out[1] = done;
-}
-"""
 
 world = cl.init()
 me, n = world.rank, world.size
@@ -72,23 +39,58 @@ q.add_origin(left)
 q.commit()
 handle = q.device_handle()
 assert isinstance(handle, np.void) and handle.dtype == HANDLE.dtype
-kernel = cl.compile(USER_KERNEL).get_function("user_cycles")
+plan = q.describe()
+# 1024 B + 16 x 24 B: 176 words and 176 lines; a session's thread holds 2 words and 4 lines
+assert plan["protocol"] == "low-latency lines" and plan["session_threads"] == 88, plan
+module = cl.compile(Path("KERNELS").read_text())
+
+def refused(queue, why):  # the session's refusal, raised by check_device in one line saying why
+    try:
+        queue.check_device()
+    except cl.RmaError as exc:
+        assert f"rma_session refused the queue: {why}" in str(exc), exc
+        return
+    raise AssertionError("a refused session was not reported")
+
 first = 0
-# 1-D, a partial last warp, 2-D and 3-D blocks: the device API uses the linear thread index.
-for block, cycles in (((256, 1, 1), 1000), ((48, 1, 1), 100), ((16, 6, 1), 100), ((8, 4, 3), 100)):
-    out = cp.zeros(2, dtype=cp.uint64)
+# rma_start / rma_wait, then an rma_session; 1-D, a partial last warp, 2-D and 3-D blocks: the device API uses the
+# linear thread index. A block of 64 threads holds 128 words: its session refuses the queue, and says why.
+cases = [("user_cycles", (256, 1, 1), 1000), ("user_cycles", (48, 1, 1), 100), ("user_cycles", (16, 6, 1), 100),
+         ("user_cycles", (8, 4, 3), 100), ("session_cycles", (256, 1, 1), 1000), ("session_cycles", (88, 1, 1), 100),
+         ("session_cycles", (16, 6, 1), 100), ("session_cycles", (8, 4, 3), 100), ("session_cycles", (64, 1, 1), 1)]
+for name, block, cycles in cases:
+    out = cp.zeros(3, dtype=cp.uint64)
     cp.cuda.Device().synchronize()
-    kernel((1,), block, (handle, win.local, np.uint64(me), np.uint64(left), np.uint64(first), np.uint64(cycles), out))
+    module.get_function(name)((1,), block, (handle, win.local, np.uint64(me), np.uint64(left), np.uint64(first),
+                                            np.uint64(cycles), out))
     cp.cuda.Device().synchronize()
-    q.check_device()
-    bad, done = (int(x) for x in out.get())
-    assert done == cycles and bad == 0, (block, done, bad)
-    first += cycles
+    bad, done, taken = (int(x) for x in out.get())
+    if block == (64, 1, 1):
+        assert (done, taken) == (0, 0), (done, taken)
+        refused(q, "a block of 64 threads does not hold its 176 words and 176 lines a cycle to 1 target(s) from 1 "
+                   "origin(s): it takes 88")
+    else:
+        q.check_device()
+        assert (done, bad) == (cycles, 0) and taken == (name == "session_cycles"), (name, block, done, bad, taken)
+        first += cycles
     # Host-driven cycles continue from the device's epoch without a reset.
     for _ in range(3):
         q.start()
         q.wait()
     world.barrier()
+# A fenced queue (a 4-byte write is no whole line): no session takes it.
+q2 = rma.Queue.alloc(win)
+q2.push(rma.declare_write(win, 4096, win, 0, 1020, right))
+q2.add_origin(left)
+q2.commit()
+assert q2.describe()["protocol"] == "fenced" and q2.describe()["session_threads"] is None, q2.describe()
+out = cp.zeros(3, dtype=cp.uint64)
+module.get_function("session_cycles")((1,), (256,), (q2.device_handle(), win.local, np.uint64(me), np.uint64(left),
+                                                     np.uint64(0), np.uint64(1), out))
+cp.cuda.Device().synchronize()
+assert [int(x) for x in out.get()][1:] == [0, 0]
+refused(q2, "it is not a low-latency queue")
+q2.free()
 q.free()
 win.free()
 world.close()
@@ -96,9 +98,13 @@ print(f"rank {me} device-driven ok")
 '''
 
 
-def test_cuda_device_driven_user_kernel_any_block_shape(spmd):
-    job = spmd(2, DEVICE_DRIVEN, backend="cuda", timeout=300).check()
-    assert job.output.count("device-driven ok") == 2, job.output
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_cuda_device_driven_user_kernel_any_block_shape(spmd, ranks):
+    """A kernel drives a queue 1,000 times (and 100 in other block shapes) by rma_start / rma_wait, then through
+    an rma_session, every byte checked; host-driven cycles go on from its epoch; a block too small for the queue,
+    and a fenced queue, are refused in one line saying why."""
+    job = spmd(ranks, DEVICE_DRIVEN.replace("KERNELS", str(KERNELS)), backend="cuda", timeout=300).check()
+    assert job.output.count("device-driven ok") == ranks, job.output
 
 
 HOOKS = """

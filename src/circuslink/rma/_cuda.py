@@ -42,6 +42,7 @@ from .._wait import Deadline, timeout_error
 from ..errors import RmaError, TimeoutError
 from ._layout import (
     DESCRIPTOR,
+    ERR_SESSION,
     GPU_SCOPE,
     HANDLE,
     LINE,
@@ -52,6 +53,7 @@ from ._layout import (
     SIGNAL_ONLY,
     SMALL_CHAIN_BYTES,
     WORD,
+    session_threads,
     work_units,
 )
 from ._transpose import _cuda as transposes
@@ -229,6 +231,7 @@ class CudaQueue:
         self.staging: Any = None  # low-latency queues: every rank's staging slots (mapped; kept until close)
         self.low_latency = False
         self.n_lines = 0
+        self.n_targets = 0
         self.handles: list = []
         self.n_origins = 0
         self.grid = 1
@@ -328,6 +331,7 @@ class CudaQueue:
         self.handle = HANDLE.pack(queue=base_ptr, q=QUEUE.pack(**fields))
         self.handles = handles
         self.n_origins = len(origins)
+        self.n_targets = len(targets)
         self.units = units
         self.words = len(words)
         self.n_lines = len(lines)
@@ -469,7 +473,15 @@ class CudaQueue:
     def describe(self) -> dict:
         return {"launch": self.launch, "grid": self.grid, "threads": _THREADS, "work_units": self.units,
                 "words": self.words, "protocol": "low-latency lines" if self.low_latency else "fenced",
-                "scope": "gpu" if self.window.gpu_scope else "sys", "tiles": dict(self.tiles)}
+                "scope": "gpu" if self.window.gpu_scope else "sys", "tiles": dict(self.tiles),
+                "session_threads": self.session_threads()}
+
+    def session_threads(self) -> int | None:
+        """The fewest threads of a block whose ``circuslink::rma_session`` takes this queue (rma.cuh), None where
+        no block's does (a queue that is not low-latency)."""
+        if not self.low_latency:
+            return None
+        return session_threads(self.words, self.n_lines, self.n_targets, self.n_origins)
 
     # cycles --------------------------------------------------------------------------------
     def start(self, epoch: int, deadline: Deadline, stream: Any) -> None:
@@ -525,6 +537,15 @@ class CudaQueue:
             raise RmaError(f"{queue._where()}: a device-driven rma_start of epoch {epoch} refused the queue's "
                            "transposing puts: #include <circuslink/transpose.cuh> before <circuslink/rma.cuh> in "
                            "that kernel")
+        if code == ERR_SESSION:
+            need = self.session_threads()
+            why = ("it is not a low-latency queue (its protocol is fenced: a session takes small chains of plain "
+                   "writes sent as lines)" if need is None else
+                   f"a block of {rank} threads does not hold its {self.words} words and {self.n_lines} lines a "
+                   f"cycle to {self.n_targets} target(s) from {self.n_origins} origin(s): it takes {need} (with "
+                   f"the default CIRCUSLINK_RMA_WORDS_AHEAD and CIRCUSLINK_RMA_LINES_IN_FLIGHT)")
+            raise RmaError(f"{queue._where()}: a device-driven rma_session refused the queue: {why}; use "
+                           "rma_start / rma_wait for it")
         if code == 1:
             what = f"{how}on the device waiting for the post of target"
             tail = f" (has it started epoch {epoch}?)"

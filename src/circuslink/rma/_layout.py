@@ -47,6 +47,18 @@ SIGNAL_ONLY = 4  # kRmaSignalOnly: no chain; the start releases the origin's own
 LL_DEPTH = 4  # kRmaLLDepth: staging slots (epochs an origin may run ahead of a target's wait)
 LL_LINE_BYTES = 16  # one 8-byte word and its epoch, twice
 SMALL_CHAIN_BYTES = 4096  # kRmaSmallChainBytes: plain writes up to this many bytes are committed as words
+ERR_SESSION = 4  # kRmaErrSession: rma_session refused the queue (the record's rank: the block's threads)
+# What a thread of a session holds (rma.cuh, RmaSession): the defaults of CIRCUSLINK_RMA_WORDS_AHEAD and
+# CIRCUSLINK_RMA_LINES_IN_FLIGHT (rma_impl.cuh), which a kernel may define lower before it includes rma.cuh.
+SESSION_WORDS_AHEAD = 2
+SESSION_LINES_IN_FLIGHT = 4
+
+
+def session_threads(words: int, lines: int, targets: int, origins: int, words_ahead: int = SESSION_WORDS_AHEAD,
+                    lines_in_flight: int = SESSION_LINES_IN_FLIGHT) -> int:
+    """The fewest threads of a block whose rma_session takes a low-latency queue of ``words`` words and ``lines``
+    lines a cycle, to ``targets`` targets from ``origins`` origins (a thread for each target and each origin)."""
+    return max(1, -(-words // words_ahead), -(-lines // lines_in_flight), targets, origins)
 # The device handle: what Queue.device_handle() returns and kernels take by value (rma_start / rma_wait).
 # q: a copy of the queue, read by kernels from their parameters.
 HANDLE = abi.Struct("circuslink::RmaHandle", HEADER, [("queue", abi.PTR), ("q", QUEUE)])

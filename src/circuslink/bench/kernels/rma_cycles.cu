@@ -6,6 +6,7 @@
 //   then `samples` samples of `ops` x (rma_start, rma_wait), each timed with %globaltimer.
 //   bench_rma_device_cycles_grid: the same with every block of a co-resident grid (rma_start_grid,
 //   rma_wait_grid): chains too large for one block's copies.
+//   bench_rma_device_session_cycles: the one-block cycles through an rma_session.
 //   out[0] = cycles after the handshake that succeeded, out[1 + s] = nanoseconds of sample s. A cycle that
 //   fails stops the loop; the host raises the recorded error with queue.check_device().
 //
@@ -45,6 +46,17 @@ extern "C" __global__ void bench_rma_device_cycles(circuslink::RmaHandle queue, 
   const bool first = threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0;
   bench_cycles([&] { return circuslink::rma_start(queue) && circuslink::rma_wait(queue); }, ops, samples, out,
                first);
+}
+
+// The same cycles through an rma_session (one block; low-latency queues a block of its threads holds): the queue's
+// epoch and every address in registers for the launch (bench rma's rma-device-session rows).
+extern "C" __global__ void bench_rma_device_session_cycles(circuslink::RmaHandle queue, unsigned long long ops,
+                                                           unsigned long long samples, unsigned long long* out) {
+  if (blockIdx.x != 0) return;
+  const bool first = threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0;
+  circuslink::RmaSession s = circuslink::rma_session(queue);
+  bench_cycles([&] { return s.start() && s.wait(); }, ops, samples, out, first);
+  s.close();
 }
 
 // At most 128 registers: two blocks of 256 per SM.

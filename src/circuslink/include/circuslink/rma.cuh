@@ -193,6 +193,156 @@ __device__ __forceinline__ bool rma_wait_grid(RmaHandle queue, const GridBarrier
   return detail::ld_relaxed_u64(&queue.q.state->failed) == 0ull;  // block 0's answer, for every block
 }
 
+// ---- sessions ------------------------------------------------------------------------------------------------
+// A block's session on a queue, for a kernel that drives one queue cycle after cycle (a persistent halo
+// exchange), as a channel end's session keeps its state in registers. rma_session(queue) reads, once, the queue's
+// epoch and each thread's share of what the cycles address: its words' sources and their lines in the targets'
+// staging, the lines it polls and their destinations, its target's credit and its origin's consumed counter.
+// start() and wait() then read from memory only the sources' bytes and the lines and credits they wait on; a
+// credit read stays in a register until the staging needs a newer one (once every kRmaLLDepth epochs at most).
+// close() stores the epoch back, so that host-driven cycles, rma_start / rma_wait and a later session go on from
+// it. Every thread of the block calls each of the four; between rma_session and close() nothing else drives the
+// queue. start(): the block's threads have written the sources before it (it meets them at its one barrier);
+// wait(): the incoming bytes are visible to the whole block after it; both return the same answer on every
+// thread, false when a wait timed out (recorded for the host, as rma_start / rma_wait record it).
+//
+// A session takes a low-latency queue (kRmaLowLatency: small chains of plain writes, decided at commit) whose
+// words and lines the block holds: at most kRmaWordsAhead words and kRmaLinesInFlight lines a thread, and a thread
+// for each target and each origin (Queue.describe()["session_threads"]: the fewest threads that do). On any other
+// queue rma_session records why (the host's check_device raises it) and start() and wait() return false: use
+// rma_start / rma_wait there. Why sessions: of a low-latency cycle's 1.28 us (8 x 8 B, 2 ranks on one H200), a
+// cycle written by hand with its addresses in registers took 0.76 us; the rest were the reads of the epoch, the
+// word and line tables and the credit before each cycle's stores and polls (BENCHMARKS.md, fifth session).
+struct RmaSession {
+  RmaQueue q;                                        // the handle's copy (kernel parameters, then registers)
+  unsigned long long epoch;                          // the last epoch started
+  bool taken;                                        // the queue is one a session takes (else refused, recorded)
+  unsigned long long word_src[detail::kRmaWordsAhead];   // this thread's words: where their bytes are read,
+  unsigned long long word_line[detail::kRmaWordsAhead];  //   their lines in the targets' staging (slot 0; 0: none)
+  unsigned long long line_at[detail::kRmaLinesInFlight];   // the lines this thread polls (slot 0 of my staging;
+  unsigned long long line_dst[detail::kRmaLinesInFlight];  //   0: none) and where their words go
+  const unsigned long long* credit;                  // thread t < n_targets: target t's consumed count, in my memory
+  unsigned long long credit_seen;                    // the count it read last
+  unsigned long long* consumed;                      // thread t < n_origins: my consumed count in origin t's memory
+
+  __device__ bool start() {
+    if (!taken) return false;
+    const unsigned long long e = epoch + 1;
+    epoch = e;  // moves on whatever happens, as rma_start's epoch does
+    bool ok = true;
+    // Staging slot e % kRmaLLDepth is free once the target has consumed e - kRmaLLDepth (the first kRmaLLDepth
+    // epochs after commit are free).
+    if (credit != nullptr && e > q.ll_base + kRmaLLDepth && credit_seen + kRmaLLDepth < e) {
+      const unsigned long long need = e - kRmaLLDepth;
+      unsigned long long c = detail::ld_relaxed_u64(credit);
+      if (c < need) {
+        detail::Deadline deadline = detail::Deadline::after(q.timeout_ns, q.abort);
+        if (!detail::spin_until([&] { return (c = detail::ld_relaxed_u64(credit)) >= need; }, deadline)) {
+          detail::rma_record_error(q, 1ull, q.targets[detail::block_thread()], need);  // as rma_start records it
+          ok = false;
+        }
+      }
+      credit_seen = c;
+    }
+    // One barrier: the block's sources are written, and every target's slot is free (or a wait failed).
+    if (__syncthreads_and(ok ? 1 : 0) == 0) return false;
+    const unsigned long long slot = (e % kRmaLLDepth) * q.ll_slot_bytes;
+    unsigned long long v[detail::kRmaWordsAhead];
+#pragma unroll
+    for (unsigned int k = 0; k < detail::kRmaWordsAhead; ++k) {  // every load in flight before the first store
+      if (word_line[k] != 0ull) v[k] = *reinterpret_cast<const unsigned long long*>(word_src[k]);
+    }
+#pragma unroll
+    for (unsigned int k = 0; k < detail::kRmaWordsAhead; ++k) {
+      if (word_line[k] != 0ull) detail::rma_line_store(word_line[k] + slot, v[k], static_cast<unsigned int>(e));
+    }
+    return true;
+  }
+
+  __device__ bool wait() {
+    if (!taken) return false;
+    const unsigned long long slot = (epoch % kRmaLLDepth) * q.ll_slot_bytes;
+    const unsigned int flag = static_cast<unsigned int>(epoch);
+    bool ok = true;
+    uint4 v[detail::kRmaLinesInFlight];
+#pragma unroll
+    for (unsigned int k = 0; k < detail::kRmaLinesInFlight; ++k) {  // every first poll in flight at once
+      if (line_at[k] != 0ull) v[k] = detail::ll_load(reinterpret_cast<const uint4*>(line_at[k] + slot));
+    }
+#pragma unroll
+    for (unsigned int k = 0; k < detail::kRmaLinesInFlight; ++k) {
+      if (line_at[k] == 0ull) continue;
+      const uint4* at = reinterpret_cast<const uint4*>(line_at[k] + slot);
+      bool seen = v[k].y == flag && v[k].w == flag;
+      if (!seen) {
+        detail::Deadline deadline = detail::Deadline::after(q.timeout_ns, q.abort);
+        seen = detail::spin_until([&] {
+          v[k] = detail::ll_load(at);
+          return v[k].y == flag && v[k].w == flag;
+        }, deadline);
+      }
+      if (seen) {
+        *reinterpret_cast<unsigned long long*>(line_dst[k]) = detail::rma_line_word(v[k]);
+      } else {  // the origin, read only now: the rare path
+        const unsigned long long i = detail::block_thread() + k * static_cast<unsigned long long>(detail::block_threads());
+        detail::rma_record_error(q, 2ull, q.lines[i].origin, epoch);
+        ok = false;
+      }
+    }
+    // Every line's load has returned (its slot may be written again) and its word is visible to the block.
+    const bool all = __syncthreads_and(ok ? 1 : 0) != 0;
+    if (consumed != nullptr) detail::st_relaxed_u64(consumed, epoch);
+    return all;
+  }
+
+  // Stores the epoch back (every thread calls it; it ends with a block barrier).
+  __device__ void close() {
+    if (taken && detail::block_thread() == 0) q.state->epoch = epoch;
+    __syncthreads();
+  }
+};
+
+// Open a session (every thread of the block calls it; see RmaSession).
+__device__ __forceinline__ RmaSession rma_session(const RmaHandle& queue) {
+  RmaSession s;
+  s.q = queue.q;
+  const RmaQueue& q = queue.q;
+  const unsigned long long t = detail::block_thread(), threads = detail::block_threads();
+  s.taken = detail::rma_low_latency(q) && !detail::rma_signal_only(q) && q.transposes == nullptr &&
+           q.n_words <= threads * detail::kRmaWordsAhead && q.n_lines <= threads * detail::kRmaLinesInFlight &&
+           q.n_targets <= threads && q.n_origins <= threads;
+  s.epoch = q.state->epoch;
+  s.credit = nullptr;
+  s.credit_seen = 0ull;
+  s.consumed = nullptr;
+#pragma unroll
+  for (unsigned int k = 0; k < detail::kRmaWordsAhead; ++k) {
+    const unsigned long long i = t + k * threads;
+    s.word_src[k] = s.word_line[k] = 0ull;
+    if (s.taken && i < q.n_words) {
+      const RmaWord w = q.words[i];
+      s.word_src[k] = w.src;
+      s.word_line[k] = w.dst;
+    }
+  }
+#pragma unroll
+  for (unsigned int k = 0; k < detail::kRmaLinesInFlight; ++k) {
+    const unsigned long long i = t + k * threads;
+    s.line_at[k] = s.line_dst[k] = 0ull;
+    if (s.taken && i < q.n_lines) {
+      const RmaLine line = q.lines[i];
+      s.line_at[k] = line.staging;
+      s.line_dst[k] = line.dst;
+    }
+  }
+  if (s.taken && t < q.n_targets) s.credit = q.signals + q.size + q.targets[t];
+  if (s.taken && t < q.n_origins) s.consumed = q.post_at_origin[t];
+  // A queue a session does not take: recorded (the host's check_device names what does not fit), and every
+  // start() and wait() of the session returns false.
+  if (!s.taken && t == 0) detail::rma_record_error(q, kRmaErrSession, threads, s.epoch);
+  return s;
+}
+
 #endif  // __CUDACC__ || __CUDACC_RTC__
 
 }  // namespace circuslink

@@ -80,6 +80,8 @@ struct RmaState {
 // without a copy (written with plain stores by the one thread that won RmaState::failed:
 // atomics on host memory would need PCIe atomics). code 0: none, 1: a target did not post, 2: an origin's writes did not arrive.
 // 3: a device-driven rma_start compiled without <circuslink/transpose.cuh> on a queue with transposing puts.
+// kRmaErrSession: rma_session on a queue a session does not take (rank: the block's threads).
+constexpr unsigned long long kRmaErrSession = 4ull;
 struct RmaErrorRecord {
   unsigned long long code;
   unsigned long long rank;
