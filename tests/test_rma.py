@@ -258,6 +258,31 @@ def test_self_write_in_one_rank_world(world, win, rng):
     q.free()
 
 
+def test_a_cycle_is_a_start_and_its_wait(world, win, rng):
+    """cycle(): one epoch, start then wait, from the same state rules (on a device, cycle(stream=) enqueues both as
+    one launch: tests/test_rma_cuda.py and bench rma's graphed rows)."""
+    q = rma.Queue.alloc(win)
+    q.push(rma.declare_write(win, 256, win, 0, 64, 0))
+    q.add_origin(0)
+    with pytest.raises(cl.RmaError, match=r"start before commit on rma queue"):
+        q.cycle()
+    q.commit()
+    for epoch in (1, 2, 3):
+        win.local[:64] = rng.integers(0, 256, 64, dtype=np.uint8)
+        q.cycle()
+        assert np.array_equal(win.local[256:320], win.local[:64]) and q.epoch == epoch
+        assert q.describe()["state"] == "committed"
+    q.start()
+    with pytest.raises(cl.RmaError, match="epoch 4 was started and not waited for"):
+        q.cycle()
+    q.wait()
+    with pytest.raises(cl.RmaError, match=r"cycle\(stream=\) on rma queue .*: the mapped \(cpu\) window runs on the "
+                                          r"host and has no streams"):
+        q.cycle(stream=object())
+    assert q.epoch == 4 and q.describe()["state"] == "committed"  # refused before anything moved
+    q.free()
+
+
 def test_offsets_outside_the_window(win):
     with pytest.raises(cl.RmaError, match=r"ends at byte 1025, past the end of dst_window .*1024 B"):
         rma.declare_write(win, 1000, win, 0, 25, 0)

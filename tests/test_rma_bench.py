@@ -176,6 +176,12 @@ def test_bench_rma_targets_read_the_rows():
         limit = [line for line in out["lines"] if line.startswith("limit: ")]
         assert len(limit) == 1 and f"so the target's 0.8 x is {where} what" in limit[0], out["lines"]
         assert [line.rsplit(": ", 1)[1] for line in out["lines"] if line.startswith("target")] == verdicts
+    # One node a cycle beside two: the faster graphed form at each chain, the worst of those against the bound.
+    cycle = [row("rma-host-graphed-cycle", "contiguous", 1, 8, 4.0), row("rma-host-graphed-cycle", "contiguous", 8, 8,
+                                                                           5.0)]
+    out = targets(rows + cycle, floor)
+    assert out["graphed_8B_us"] == 5.0 and "worst 5.00 us, rma-host-graphed-cycle" in out["lines"][1], out["lines"]
+    assert abs(out["small_vs_mpi3"] - 4.0 / 94.0) < 1e-9, out  # graphed 1 x 8 B: 4.0 (was 6.0) against 94
     # The session's form beside the plain one: the faster is the device-driven figure, named in the line.
     session = row("rma-device-session", "contiguous", 8, 8, 0.70)
     out = targets(rows + [session], floor)

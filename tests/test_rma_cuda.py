@@ -161,6 +161,21 @@ theirs = np.random.default_rng([seed, peer, 1]).integers(0, 256, 8192, dtype=np.
 assert np.array_equal(first.get(stream=world.backend.stream), theirs[:100])
 check(1)
 world.barrier()
+# 3. Whole cycles, one launch each (q.cycle(stream=)), captured into one graph and replayed twice.
+fill(2)
+cp.cuda.Device().synchronize()
+world.barrier()
+capture = cp.cuda.Stream(non_blocking=True)
+capture.begin_capture()
+for _ in range(4):
+    q.cycle(stream=capture)
+graph = capture.end_capture()
+graph.launch(world.backend.stream)
+graph.launch(world.backend.stream)
+q.check_device()
+check(2)
+assert q.describe()["state"] == "committed" and q.epoch == 5 + 1 + 4, q.epoch  # the host counts what it enqueued
+world.barrier()
 q.free()
 win.free()
 world.close()

@@ -572,6 +572,28 @@ class Queue(Resource):
             if self.window._active_queue is self:
                 self.window._active_queue = None
 
+    def cycle(self, stream: Any = None) -> None:
+        """One whole epoch: :meth:`start` then :meth:`wait`.
+
+        ``stream`` (windows whose module runs on a device only): both are enqueued on it as one launch where the
+        module can (cuda, SM copies: one kernel whose last block waits for the origins, with the queue's
+        time-out; copy-engine queues: the start's nodes and the wait kernel) and the call returns at once, as
+        ``wait(stream=, block=False)`` does: a time-out it records is raised by :meth:`check_device`. A CUDA graph
+        of cycles then holds one kernel node a cycle instead of two.
+        """
+        if stream is None:
+            self.start()
+            self.wait()
+            return
+        self._check_not_freed("cycle")
+        if self._state == _OPEN:
+            raise RmaError(f"cycle before commit on {self._where()}")
+        if self._state == _STARTED:
+            raise RmaError(f"cycle on {self._where()}: epoch {self.epoch} was started and not waited for")
+        self._check_stream("cycle", stream, False)
+        self.epoch += 1
+        self._impl.cycle(self.epoch, Deadline.after(self.timeout), stream)
+
     def _check_stream(self, op: str, stream: Any, block: bool = True) -> None:
         if (stream is not None or not block) and not self.window._impl.runs_on_streams:
             what = "stream=" if stream is not None else "block=False"

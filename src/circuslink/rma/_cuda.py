@@ -496,6 +496,17 @@ class CudaQueue:
         self.graph_cycle = False
         self._enqueue_start(stream)
 
+    def cycle(self, epoch: int, deadline: Deadline, stream: Any) -> None:
+        """A whole cycle enqueued on the caller's ``stream``: with SM copies the one kernel the host-driven graph
+        holds (circuslink_rma_cycle), else the start's nodes and the wait kernel, with the queue's time-out."""
+        self.graph_cycle = False
+        if self.launch == "kernel":
+            with stream:
+                self.k_cycle((self.grid,), (_THREADS,), (self.handle,))
+            return
+        self._enqueue_start(stream)
+        self._enqueue_wait(stream, max(1, int(deadline.limit * 1e9)))
+
     def wait(self, epoch: int, deadline: Deadline, stream: Any, block: bool) -> None:
         if self.graph_cycle:
             # start() launched the wait node already (with the queue's time-out) on the world's stream.
