@@ -136,18 +136,25 @@ def check(cycle):
     for i in range(64):
         assert np.array_equal(got[32768 + 140 * i: 32768 + 140 * i + 100], theirs[128 * i: 128 * i + 100]), (cycle, i)
 
+def captured(cycles, enqueue, replays):  # cycles enqueued into one CUDA graph, launched replays times
+    cp.cuda.Device().synchronize()
+    world.barrier()
+    capture = cp.cuda.Stream(non_blocking=True)
+    capture.begin_capture()
+    for _ in range(cycles):
+        enqueue(capture)
+    graph = capture.end_capture()
+    for _ in range(replays):
+        graph.launch(world.backend.stream)
+    q.check_device()
+
+def start_and_wait(stream):
+    q.start(stream=stream)
+    q.wait(stream=stream, block=False)
+
 # 1. Cycles captured into one CUDA graph through the public hooks, replayed.
 fill(0)
-cp.cuda.Device().synchronize()
-world.barrier()
-capture = cp.cuda.Stream(non_blocking=True)
-capture.begin_capture()
-for _ in range(5):
-    q.start(stream=capture)
-    q.wait(stream=capture, block=False)
-graph = capture.end_capture()
-graph.launch(world.backend.stream)
-q.check_device()
+captured(5, start_and_wait, 1)
 check(0)
 world.barrier()
 # 2. A wait enqueued on the world's stream without blocking the host, then work queued behind it.
@@ -163,16 +170,7 @@ check(1)
 world.barrier()
 # 3. Whole cycles, one launch each (q.cycle(stream=)), captured into one graph and replayed twice.
 fill(2)
-cp.cuda.Device().synchronize()
-world.barrier()
-capture = cp.cuda.Stream(non_blocking=True)
-capture.begin_capture()
-for _ in range(4):
-    q.cycle(stream=capture)
-graph = capture.end_capture()
-graph.launch(world.backend.stream)
-graph.launch(world.backend.stream)
-q.check_device()
+captured(4, lambda stream: q.cycle(stream=stream), 2)
 check(2)
 assert q.describe()["state"] == "committed" and q.epoch == 5 + 1 + 4, q.epoch  # the host counts what it enqueued
 world.barrier()
