@@ -1,10 +1,12 @@
 """Rules for the tests themselves, checked: every subprocess a test starts has a time-out (a stalled nvcc or job
-fails its test, not the whole run), the cpu/cuda parametrisation comes from conftest, and no test turns a failure
-into a skip."""
+fails its test, not the whole run), every job script is Python (also the GPU tests' ones, which CI never runs),
+the cpu/cuda parametrisation comes from conftest, and no test turns a failure into a skip."""
 
 from __future__ import annotations
 
 import ast
+import string
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -70,6 +72,48 @@ def pasted_backend_lists(source: str) -> list[int]:
                 and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == "cuda":
             hits.append(node.lineno)
     return hits
+
+
+class _AnyField(string.Formatter):
+    """Fills every replacement field of a ``str.format`` template with 0."""
+
+    def get_value(self, key, args, kwargs):
+        return 0
+
+
+def scripts_that_do_not_parse(source: str) -> list[str]:
+    """The module-level job scripts of a test file (string constants that start a world) that are not Python:
+    as written, dedented, or with every ``str.format`` field filled. The GPU tests' scripts run only on the
+    device machine, so a syntax error there would first show in its time."""
+    bad = []
+    for node in ast.parse(source).body:
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)):
+            continue
+        text = textwrap.dedent(node.value.value)
+        if "cl.init(" not in text and "import circuslink" not in text:
+            continue
+        for form in (lambda t: t, lambda t: _AnyField().format(t)):
+            try:
+                ast.parse(form(text))
+                break
+            except (SyntaxError, ValueError, IndexError, KeyError):
+                continue
+        else:
+            bad.append(f"{getattr(node.targets[0], 'id', '?')} (line {node.lineno})")
+    return bad
+
+
+def test_every_job_script_in_the_tests_is_python():
+    bad = {p.name: b for p in _test_files() if (b := scripts_that_do_not_parse(p.read_text()))}
+    assert not bad, f"job scripts that are not Python: {bad}"
+
+
+def test_the_script_rule_can_fail():
+    broken = 'JOB = """\nimport circuslink as cl\nworld = cl.init()\ndef f(:\n    pass\n"""\n'
+    assert scripts_that_do_not_parse(broken) == ["JOB (line 1)"]
+    template = 'JOB = """\nimport circuslink as cl\nn = {n}\nprint(f"rank {{n}}")\n"""\n'
+    assert scripts_that_do_not_parse(template) == []
 
 
 def test_the_cpu_cuda_parametrisation_comes_from_conftest():
