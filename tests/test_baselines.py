@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import time
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -157,6 +158,7 @@ import os
 import sys
 import time
 import types
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
@@ -590,6 +592,27 @@ def test_nvshmem_output_parsing():
 @pytest.fixture(scope="module")
 def nvshmem_build_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("nvshmem-build")
+
+
+def test_a_baselines_build_is_cached_by_its_shared_header_too(tmp_path):
+    """Every NVSHMEM program includes nvshmem_common.cuh: a change there must rebuild them, as a change of their own
+    source does (the cache names a build by a hash of the source, the headers it includes and the command)."""
+    from circuslink.transport import _build
+
+    source, header = tmp_path / "prog.cu", tmp_path / "common.cuh"
+    source.write_text('#include "common.cuh"\n')
+    header.write_text("// one\n")
+
+    def build() -> Path:
+        return _build.build_cached("baselines", "prog", source, lambda out: ["cp", str(source), str(out)], suffix="",
+                                   folder=tmp_path / "cache", includes=[header])
+
+    first = build()
+    assert build() == first  # cached
+    header.write_text("// two\n")
+    second = build()
+    assert second != first and second.is_file() and first.is_file()
+    assert _nvshmem.COMMON.is_file() and '#include "nvshmem_common.cuh"' in _nvshmem.SOURCE.read_text()
 
 
 @needs_nvshmem_build

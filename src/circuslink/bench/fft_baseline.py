@@ -391,9 +391,10 @@ def build_nvshmem(folder: Path | None = None) -> Path:
     """Build the NVSHMEM slab FFT (cached by its sources and the command, through the one toolchain of
     ``circuslink.transport._build``); return the binary's path."""
     from ..transport import _build
+    from .baselines import _nvshmem
 
     return _build.build_cached("baselines", "fft_slab_nvshmem", _NVSHMEM_SOURCE, nvshmem_build_command, suffix="",
-                               what="nvcc", folder=folder, includes=[_KERNELS], timeout=900)
+                               what="nvcc", folder=folder, includes=[_KERNELS, _nvshmem.COMMON], timeout=900)
 
 
 def nvshmem_slab(nranks: int, cases: list[tuple[tuple[int, ...], str]], iters: int, warmup: int,

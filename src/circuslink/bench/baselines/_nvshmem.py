@@ -15,8 +15,9 @@ Run::
     LD_LIBRARY_PATH=$NV/lib NVSHMEM_BOOTSTRAP=MPI NVSHMEM_DISABLE_NVLS=1 \\
         mpirun --allow-run-as-root -np 2 -x LD_LIBRARY_PATH -x NVSHMEM_BOOTSTRAP ... BIN sizes=...
 
-The binary is cached in the build folder under a name that hashes the source and the command,
-so a second call (or a second benchmark) does not rebuild it.
+The binary is cached in the build folder under a name that hashes the source, the header every program shares
+(``nvshmem_common.cuh``: errors, the global timer, the hash, arguments) and the command, so a second call (or a
+second benchmark) does not rebuild it.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ SOURCE = Path(__file__).with_name("nvshmem_pingpong.cu")
 STENCIL_SOURCE = Path(__file__).with_name("nvshmem_stencil.cu")
 ALLREDUCE_SOURCE = Path(__file__).with_name("nvshmem_allreduce.cu")
 RMA_CHAIN_SOURCE = Path(__file__).with_name("nvshmem_rma_chain.cu")
+COMMON = Path(__file__).with_name("nvshmem_common.cuh")  # every program includes it: its build hashes it too
 _ARCH = "sm_90a"
 _HEAP_SLACK = 64 << 20  # NVSHMEM's own allocations next to our two buffers
 # What identifies an enclosing job's rank to Open MPI / PMIx: a nested mpirun must not inherit it.
@@ -71,7 +73,8 @@ def _build_program(name: str, source: Path, build_dir: str | os.PathLike | None,
     """Build baseline program ``name`` from ``source`` (cached by source and command,
     ``~/.cache/circuslink/baselines`` unless ``build_dir``); return the binary's path."""
     return _build.build_cached("baselines", name, source, lambda out: build_command(out, source), suffix="",
-                               what="nvcc", folder=Path(build_dir) if build_dir else None, force=force)
+                               what="nvcc", folder=Path(build_dir) if build_dir else None, force=force,
+                               includes=[COMMON])
 
 
 def build_nvshmem_pingpong(build_dir: str | os.PathLike | None = None, force: bool = False) -> Path:

@@ -48,27 +48,10 @@
 #include <string>
 #include <vector>
 
+#define BASELINE_PROGRAM "fft_slab_nvshmem"
+#include "nvshmem_common.cuh"
+
 #include "../kernels/fft_baseline.cu"
-
-static int g_pe = -1;
-
-[[noreturn]] static void fail(const char* fmt, ...) {
-  char message[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(message, sizeof(message), fmt, ap);
-  va_end(ap);
-  std::fprintf(stderr, "fft_slab_nvshmem: PE %d: %s\n", g_pe, message);
-  std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, 2);
-  std::exit(2);
-}
-
-#define CHECK_CUDA(call)                                                                 \
-  do {                                                                                   \
-    cudaError_t err_ = (call);                                                           \
-    if (err_ != cudaSuccess) fail("%s failed: %s", #call, cudaGetErrorString(err_));     \
-  } while (0)
 
 #define CHECK_CUFFT(call)                                                                \
   do {                                                                                   \
@@ -97,12 +80,6 @@ struct Traits<cufftDoubleComplex> {
 };
 
 // -- input: a hash of the global index, the same on every PE and on the host ----------------------------
-__host__ __device__ inline unsigned long long mix64(unsigned long long z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 __host__ __device__ inline double unit(unsigned long long h) { return (double)(h >> 11) * 0x1.0p-52 - 1.0; }
 
 template <typename C>
@@ -171,10 +148,7 @@ static std::vector<std::string> split(const std::string& s, char sep) {
 static Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    size_t eq = arg.find('=');
-    if (eq == std::string::npos) fail("argument %s is not key=value", argv[i]);
-    std::string key = arg.substr(0, eq), value = arg.substr(eq + 1);
+    const auto [key, value] = key_value(argv[i]);
     if (key == "cases") {
       for (const std::string& c : split(value, ';')) {
         std::vector<std::string> parts = split(c, ':');
@@ -474,24 +448,14 @@ static double self_check(const Options& o, int me, int npes, int sms, int ndim, 
 }
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0, size = 0, local_rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  g_pe = rank;
-  MPI_Comm local;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
-  MPI_Comm_rank(local, &local_rank);
-  MPI_Comm_free(&local);
+  const Job job = start_job(&argc, &argv);
   Options o = parse(argc, argv);
-  int ndev = 0;
-  CHECK_CUDA(cudaGetDeviceCount(&ndev));
-  if (ndev == 0) fail("no GPU visible");
-  CHECK_CUDA(cudaSetDevice(local_rank % ndev));  // before nvshmem_init, which binds this PE to the current GPU
+  const int device = job.local_rank % gpu_count();
+  CHECK_CUDA(cudaSetDevice(device));  // before nvshmem_init, which binds this PE to the current GPU
   nvshmem_init();  // NVSHMEM_BOOTSTRAP=MPI: reuses the MPI job started above
   const int me = nvshmem_my_pe(), npes = nvshmem_n_pes();
   cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, local_rank % ndev));
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
   if (me == 0) {
     std::printf("{\"info\": {\"nvshmem_header_version\": \"%d.%d.%d\", \"gpu\": \"%s\", \"sms\": %d, \"npes\": %d}}\n",
                 NVSHMEM_VENDOR_MAJOR_VERSION, NVSHMEM_VENDOR_MINOR_VERSION, NVSHMEM_VENDOR_PATCH_VERSION, prop.name,

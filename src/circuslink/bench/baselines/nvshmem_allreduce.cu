@@ -33,31 +33,8 @@
 #include <string>
 #include <vector>
 
-static int g_pe = -1;
-
-[[noreturn]] static void fail(const char* fmt, ...) {
-    char message[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    std::vsnprintf(message, sizeof(message), fmt, ap);
-    va_end(ap);
-    std::fprintf(stderr, "nvshmem_allreduce: PE %d: %s\n", g_pe, message);
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 2);
-    std::exit(2);
-}
-
-#define CHECK_CUDA(call)                                                                     \
-    do {                                                                                     \
-        cudaError_t err_ = (call);                                                           \
-        if (err_ != cudaSuccess) fail("%s failed: %s", #call, cudaGetErrorString(err_));     \
-    } while (0)
-
-__device__ __forceinline__ unsigned long long global_timer_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
+#define BASELINE_PROGRAM "nvshmem_allreduce"
+#include "nvshmem_common.cuh"
 
 // Element i of PE p: (i % 61) + p, an integer: every float sum over the PEs is exact.
 __global__ void fill(float* x, size_t n, int pe) {
@@ -91,10 +68,7 @@ struct Options {
 static Options parse(int argc, char** argv) {
     Options o;
     for (int i = 1; i < argc; ++i) {
-        std::string arg = argv[i];
-        size_t eq = arg.find('=');
-        if (eq == std::string::npos) fail("argument %s is not key=value", argv[i]);
-        std::string key = arg.substr(0, eq), value = arg.substr(eq + 1);
+        const auto [key, value] = key_value(argv[i]);
         char* end = nullptr;
         if (key == "sizes") {
             size_t at = 0;
@@ -126,20 +100,10 @@ static Options parse(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-    MPI_Init(&argc, &argv);
-    int world_rank = 0, local_rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    g_pe = world_rank;
-    MPI_Comm local;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &local);
-    MPI_Comm_rank(local, &local_rank);
-    MPI_Comm_free(&local);
+    const Job job = start_job(&argc, &argv);
     Options o = parse(argc, argv);
 
-    int ndev = 0;
-    CHECK_CUDA(cudaGetDeviceCount(&ndev));
-    if (ndev == 0) fail("no GPU visible");
-    CHECK_CUDA(cudaSetDevice(local_rank % ndev));
+    CHECK_CUDA(cudaSetDevice(job.local_rank % gpu_count()));
     nvshmem_init();
     const int me = nvshmem_my_pe(), npes = nvshmem_n_pes();
 

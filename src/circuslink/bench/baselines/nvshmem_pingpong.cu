@@ -36,40 +36,10 @@
 #include <string>
 #include <vector>
 
-static int g_pe = -1;
-
-[[noreturn]] static void fail(const char* fmt, ...) {
-    // One write per message, so the two PEs' errors do not interleave mid-line.
-    char message[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    std::vsnprintf(message, sizeof(message), fmt, ap);
-    va_end(ap);
-    std::fprintf(stderr, "nvshmem_pingpong: PE %d: %s\n", g_pe, message);
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 2);
-    std::exit(2);
-}
-
-#define CHECK_CUDA(call)                                                                     \
-    do {                                                                                     \
-        cudaError_t err_ = (call);                                                           \
-        if (err_ != cudaSuccess) fail("%s failed: %s", #call, cudaGetErrorString(err_));     \
-    } while (0)
-
-__device__ __forceinline__ unsigned long long global_timer_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
+#define BASELINE_PROGRAM "nvshmem_pingpong"
+#include "nvshmem_common.cuh"
 
 // splitmix64: the byte at offset i is byte (i % 8) of mix(seed + i / 8).
-__device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 __device__ __forceinline__ unsigned char pattern_byte(unsigned long long seed, size_t i) {
     return (unsigned char)(mix64(seed + (i >> 3)) >> (8 * (i & 7)));
@@ -222,10 +192,7 @@ static unsigned long long parse_number(const std::string& key, const std::string
 static Options parse(int argc, char** argv) {
     Options o;
     for (int i = 1; i < argc; ++i) {
-        std::string arg = argv[i];
-        size_t eq = arg.find('=');
-        if (eq == std::string::npos) fail("argument %s is not key=value", argv[i]);
-        std::string key = arg.substr(0, eq), value = arg.substr(eq + 1);
+        const auto [key, value] = key_value(argv[i]);
         if (key == "sizes") {
             size_t start = 0;
             while (start <= value.size()) {
@@ -376,29 +343,12 @@ static Timing run_case(const Options& o, const Buffers& b, Mode mode, size_t nby
     return t;
 }
 
-static double median_of(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 int main(int argc, char** argv) {
-    MPI_Init(&argc, &argv);
-    int world_rank = 0, world_size = 0, local_rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-    g_pe = world_rank;
-    MPI_Comm local;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &local);
-    MPI_Comm_rank(local, &local_rank);
-    MPI_Comm_free(&local);
-    if (world_size != 2) fail("needs exactly 2 processes (mpirun -np 2), got %d", world_size);
+    const Job job = start_job(&argc, &argv);
+    if (job.size != 2) fail("needs exactly 2 processes (mpirun -np 2), got %d", job.size);
     Options o = parse(argc, argv);
 
-    int ndev = 0;
-    CHECK_CUDA(cudaGetDeviceCount(&ndev));
-    if (ndev == 0) fail("no GPU visible");
-    const int device = local_rank % ndev;
+    const int device = job.local_rank % gpu_count();
     CHECK_CUDA(cudaSetDevice(device));  // before nvshmem_init, which binds this PE to the current GPU
 
     nvshmem_init();  // NVSHMEM_BOOTSTRAP=MPI: reuses the MPI job started above

@@ -38,40 +38,10 @@
 #include <string>
 #include <vector>
 
-static int g_pe = -1;
-
-[[noreturn]] static void fail(const char* fmt, ...) {
-    char message[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    std::vsnprintf(message, sizeof(message), fmt, ap);
-    va_end(ap);
-    std::fprintf(stderr, "nvshmem_rma_chain: PE %d: %s\n", g_pe, message);
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 2);
-    std::exit(2);
-}
-
-#define CHECK_CUDA(call)                                                                     \
-    do {                                                                                     \
-        cudaError_t err_ = (call);                                                           \
-        if (err_ != cudaSuccess) fail("%s failed: %s", #call, cudaGetErrorString(err_));     \
-    } while (0)
+#define BASELINE_PROGRAM "nvshmem_rma_chain"
+#include "nvshmem_common.cuh"
 
 constexpr size_t kStridedBlock = 512;  // bench rma's strided layout: blocks of 512 B, strides 2 and 3 blocks
-
-__device__ __forceinline__ unsigned long long global_timer_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-__device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 __device__ __forceinline__ unsigned char pattern_byte(unsigned long long seed, size_t i) {
     return (unsigned char)(mix64(seed + (i >> 3)) >> (8 * (i & 7)));
@@ -216,10 +186,7 @@ static std::vector<std::string> split(const std::string& s, char sep) {
 static Options parse(int argc, char** argv) {
     Options o;
     for (int i = 1; i < argc; ++i) {
-        std::string arg = argv[i];
-        size_t eq = arg.find('=');
-        if (eq == std::string::npos) fail("argument %s is not key=value", argv[i]);
-        std::string key = arg.substr(0, eq), value = arg.substr(eq + 1);
+        const auto [key, value] = key_value(argv[i]);
         if (key == "pairs") {
             for (const std::string& tok : split(value, ',')) {
                 std::vector<std::string> ks = split(tok, ':');
@@ -279,33 +246,16 @@ static Chain make_chain(size_t chain, size_t nbytes, bool strided) {
     return c;
 }
 
-static double median_of(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 int main(int argc, char** argv) {
-    MPI_Init(&argc, &argv);
-    int world_rank = 0, world_size = 0, local_rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-    g_pe = world_rank;
-    MPI_Comm local;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &local);
-    MPI_Comm_rank(local, &local_rank);
-    MPI_Comm_free(&local);
+    const Job job = start_job(&argc, &argv);
     Options o = parse(argc, argv);  // before anything else: its checks need no GPU
-    if (world_size < 2) fail("needs at least 2 processes (a ring), got %d", world_size);
+    if (job.size < 2) fail("needs at least 2 processes (a ring), got %d", job.size);
 
-    int ndev = 0;
-    CHECK_CUDA(cudaGetDeviceCount(&ndev));
-    if (ndev == 0) fail("no GPU visible");
-    const int device = local_rank % ndev;
+    const int device = job.local_rank % gpu_count();
     CHECK_CUDA(cudaSetDevice(device));
     nvshmem_init();
     const int me = nvshmem_my_pe(), n = nvshmem_n_pes();
-    if (n != world_size) fail("NVSHMEM sees %d PEs, MPI %d", n, world_size);
+    if (n != job.size) fail("NVSHMEM sees %d PEs, MPI %d", n, job.size);
 
     Ring ring;
     ring.me = me;

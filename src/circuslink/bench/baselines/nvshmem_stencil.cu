@@ -49,37 +49,14 @@
 #include <string>
 #include <vector>
 
+#define BASELINE_PROGRAM "nvshmem_stencil"
+#include "nvshmem_common.cuh"
+
 #ifndef CELL_UPDATE
 #define CELL_UPDATE(xm, xp, ym, yp) (T(0.25) * ((xm + xp) + (ym + yp)))
 #endif
 
 namespace cg = cooperative_groups;
-
-__device__ __forceinline__ unsigned long long device_clock_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-static int g_pe = -1;
-
-[[noreturn]] static void fail(const char* fmt, ...) {
-  char message[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(message, sizeof(message), fmt, ap);
-  va_end(ap);
-  std::fprintf(stderr, "nvshmem_stencil: PE %d: %s\n", g_pe, message);
-  std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, 2);
-  std::exit(2);
-}
-
-#define CHECK_CUDA(call)                                                                 \
-  do {                                                                                   \
-    cudaError_t err_ = (call);                                                           \
-    if (err_ != cudaSuccess) fail("%s failed: %s", #call, cudaGetErrorString(err_));     \
-  } while (0)
 
 constexpr int kThreads = 256;
 // The persistent form's block size and interior cells a thread, as the channel stencil (examples/stencil) sizes
@@ -217,7 +194,7 @@ __global__ void __launch_bounds__(kPersistentThreads)
   const long long me = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   const long long threads = (long long)gridDim.x * blockDim.x;
   for (int i = 0; i < iters; ++i) {
-    if (i == timed_from && me == 0) clocks[0] = device_clock_ns();
+    if (i == timed_from && me == 0) clocks[0] = global_timer_ns();
     exchange_and_interior(h, u, v, lx, ly, first + i);
     if (block_frame) {
       if (blockIdx.x == 0) {
@@ -234,7 +211,7 @@ __global__ void __launch_bounds__(kPersistentThreads)
     u = v;
     v = t;
   }
-  if (me == 0) clocks[1] = device_clock_ns();
+  if (me == 0) clocks[1] = global_timer_ns();
 }
 
 // Iterations [first, first + iters) in one launch of one block, both buffers in dynamic shared memory (the channel
@@ -256,7 +233,7 @@ __global__ void __launch_bounds__(kOnchipThreads)
   __syncthreads();
   const int warp = threadIdx.x / 32;
   for (int i = 0; i < iters; ++i) {
-    if (i == timed_from && threadIdx.x == 0) clocks[0] = device_clock_ns();
+    if (i == timed_from && threadIdx.x == 0) clocks[0] = global_timer_ns();
     if (warp < 4) exchange(h, warp, su, lx, ly, first + i);
     else interior(su, sv, lx, ly, threadIdx.x - kExchangeThreads, blockDim.x - kExchangeThreads);
     __syncthreads();
@@ -266,7 +243,7 @@ __global__ void __launch_bounds__(kOnchipThreads)
     su = sv;
     sv = t;
   }
-  if (threadIdx.x == 0) clocks[1] = device_clock_ns();
+  if (threadIdx.x == 0) clocks[1] = global_timer_ns();
   T* out = iters % 2 == 0 ? u : v;
   for (long long c = threadIdx.x; c < cells; c += blockDim.x) out[c] = su[c];
 }
@@ -280,12 +257,6 @@ __global__ void jacobi_whole(const T* u, T* v, int nx, int ny) {
 }
 
 // splitmix64 of (seed, global cell): the initial value of cell (i, j) of the domain with its frame, in [0, 1).
-__device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 // Cells [x0, x0 + bx) x [y0, y0 + by) of the framed domain of width ny + 2 into a bx x by array.
 template <typename T>
 __global__ void fill_initial(T* out, long long x0, long long y0, int bx, int by, int ny, unsigned long long seed) {
@@ -347,10 +318,7 @@ static std::vector<std::string> split(const std::string& s, char sep) {
 static Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const size_t eq = arg.find('=');
-    if (eq == std::string::npos) fail("argument %s is not key=value", argv[i]);
-    const std::string key = arg.substr(0, eq), value = arg.substr(eq + 1);
+    const auto [key, value] = key_value(argv[i]);
     if (key == "domains") {
       for (const std::string& tok : split(value, ',')) {
         Domain d;
@@ -395,12 +363,6 @@ static void split_extent(int n, int parts, int index, int& start, int& count) {
   const int base = n / parts, extra = n % parts;
   start = index * base + std::min(index, extra);
   count = base + (index < extra ? 1 : 0);
-}
-
-static double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 struct Gpu {
@@ -578,25 +540,14 @@ static void run_case(const Options& o, const Domain& dom, const char* dtype, boo
 }
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int world_rank = 0, world_size = 0, local_rank = 0, local_size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-  g_pe = world_rank;
-  MPI_Comm local;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &local);
-  MPI_Comm_rank(local, &local_rank);
-  MPI_Comm_size(local, &local_size);
-  MPI_Comm_free(&local);
+  const Job job = start_job(&argc, &argv);
   const Options o = parse(argc, argv);
 
-  int ndev = 0;
-  CHECK_CUDA(cudaGetDeviceCount(&ndev));
-  if (ndev == 0) fail("no GPU visible");
+  const int ndev = gpu_count();
   Gpu gpu;
-  gpu.device = local_rank % ndev;
+  gpu.device = job.local_rank % ndev;
   gpu.local_pes = 0;  // PEs of this node on this GPU (PEs take GPUs round-robin by local rank)
-  for (int r = 0; r < local_size; ++r) gpu.local_pes += r % ndev == gpu.device ? 1 : 0;
+  for (int r = 0; r < job.local_size; ++r) gpu.local_pes += r % ndev == gpu.device ? 1 : 0;
   CHECK_CUDA(cudaSetDevice(gpu.device));  // before nvshmem_init, which binds this PE to the current GPU
   nvshmem_init();                          // NVSHMEM_BOOTSTRAP=MPI: the MPI job started above
   const int me = nvshmem_my_pe(), npes = nvshmem_n_pes();
