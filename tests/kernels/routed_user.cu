@@ -1,8 +1,12 @@
 // Kernels of tests/test_routed_gpu.py, on the public device API only: routed channels take the same
 // circuslink::Sender<T> / Receiver<T> calls as direct ones.
 #include <circuslink/channel.cuh>
+#include <circuslink/warp_ends.cuh>
 
 using Handle = circuslink::detail::ChannelHandle;
+using Ends = circuslink::WarpEnds<unsigned char>;  // the end a warp visited last stays open
+using Tx = circuslink::Sender<unsigned char>;
+using Rx = circuslink::Receiver<unsigned char>;
 using u4v = circuslink::vec<unsigned int, 4>;
 
 // Byte k of message m of the channel whose sender id is `id` (a hash: both sides compute it).
@@ -16,71 +20,10 @@ __device__ __forceinline__ unsigned char pattern(unsigned int id, unsigned int m
   return (unsigned char)(x >> 24);
 }
 
-// Lane 0's reading of the GPU's global timer (ns), handed to the whole warp so that every lane decides alike.
-__device__ __forceinline__ unsigned long long warp_now_ns() {
-  unsigned long long t = 0;
-  if ((threadIdx.x & 31u) == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return __shfl_sync(0xffffffffu, t, 0);
-}
-
 // Every lane: message m of the channel whose sender id is id, n bytes, into buf.
 __device__ void stage(unsigned char* buf, unsigned int id, unsigned int m, unsigned int n, unsigned int seed) {
   for (unsigned int k = threadIdx.x & 31u; k < n; k += 32) buf[k] = pattern(id, m, k, seed);
   __syncwarp();
-}
-
-// The warp's open session: the end it visited last stays open (its state in registers, as a kernel that serves
-// one end keeps it); a visit to another end closes it (its state stored in its control block, where the end's
-// next session() finds it) and opens the new one.
-struct Session {
-  union {
-    circuslink::SendSession<unsigned char> tx;
-    circuslink::RecvSession<unsigned char> rx;
-  };
-  unsigned int end = ~0u;
-  bool sending = false;
-
-  __device__ Session() {}
-  __device__ void open(const Handle& h, unsigned int e, bool sender) {
-    if (end == e) return;
-    close();
-    __syncwarp();  // lane 0's stored state is what every lane's session() loads next time
-    if (sender) tx = circuslink::Sender<unsigned char>{h}.session();
-    else rx = circuslink::Receiver<unsigned char>{h}.session();
-    end = e;
-    sending = sender;
-  }
-  __device__ void close() {
-    if (end == ~0u) return;
-    if (sending) tx.close();
-    else rx.close();  // hands back the credits it holds
-    end = ~0u;
-  }
-};
-
-// One call on end e (block: the blocking call, which waits up to the channel's time-out and records why it gave
-// up; else the try call, false at once with nothing moved and nothing recorded when it would wait).
-__device__ bool send_visit(Session& s, const Handle& h, unsigned int e, const unsigned char* buf, unsigned int n,
-                           bool block) {
-  s.open(h, e, true);
-  const bool moved = block ? s.tx.write_warp(buf, n) : s.tx.try_write_warp(buf, n);
-  __syncwarp();
-  return moved;
-}
-__device__ bool recv_visit(Session& s, const Handle& h, unsigned int e, unsigned char* buf, unsigned int n,
-                           bool block) {
-  s.open(h, e, false);
-  const bool moved = block ? s.rx.read_warp(buf, n) : s.rx.try_read_warp(buf, n);
-  __syncwarp();  // every lane's bytes of buf are in place before any lane checks them
-  return moved;
-}
-
-// Whether an error is recorded on the end (lane 0's load, the same answer on every lane): a try call's false
-// is a "not now" unless it is.
-__device__ __forceinline__ bool recorded(const Handle& h, bool sender) {
-  const bool mine = (threadIdx.x & 31u) == 0 && (sender ? circuslink::Sender<unsigned char>{h}.failed()
-                                                        : circuslink::Receiver<unsigned char>{h}.failed());
-  return __shfl_sync(0xffffffffu, mine ? 1 : 0, 0) != 0;
 }
 
 // progress[e]: messages end e finished; this bit set: the end stopped there (stalled or failed).
@@ -103,19 +46,19 @@ extern "C" __global__ void exchange(const Handle* sends, const unsigned int* sen
                                     unsigned int* progress, unsigned long long* since, unsigned int* bad) {
   if (threadIdx.x >= 32) return;
   const unsigned int lane = threadIdx.x, ends = nsend + nrecv;
-  unsigned long long now = warp_now_ns();
+  unsigned long long now = Ends::now_ns();
   for (unsigned int e = blockIdx.x; e < ends; e += gridDim.x) {
     if (e < nsend && nmsgs) stage(scratch + (unsigned long long)e * scratch_bytes, send_ids[e], 0,
                                   sizes[send_ids[e] * nmsgs], seed);
     if (lane == 0) since[e] = now;
   }
   __syncwarp();
-  Session session;
+  Ends visits;
   bool failed = false;  // a call of this warp failed, its error recorded for the host
   unsigned int wrong = 0;
   for (bool pending = true; pending;) {
     pending = false;
-    now = warp_now_ns();
+    now = Ends::now_ns();
     for (unsigned int e = blockIdx.x; e < ends; e += gridDim.x) {
       const unsigned int m = progress[e];  // the same on every lane: lane 0 stored it before a __syncwarp
       if (m >= nmsgs) continue;  // done, or stopped (kStopped)
@@ -131,8 +74,8 @@ extern "C" __global__ void exchange(const Handle* sends, const unsigned int* sen
       const unsigned int id = sender ? send_ids[e] : recv_ids[e - nsend];
       const unsigned int n = sizes[id * nmsgs + m];
       unsigned char* buf = scratch + (unsigned long long)e * scratch_bytes;
-      const bool moved = sender ? send_visit(session, h, e, buf, n, stalled)
-                                : recv_visit(session, h, e, buf, n, stalled);
+      // the blocking call once the end has stalled, else the try call
+      const bool moved = sender ? visits.write(Tx{h}, e, buf, n, stalled) : visits.read(Rx{h}, e, buf, n, stalled);
       if (moved) {
         if (sender && m + 1 < nmsgs) {
           stage(buf, id, m + 1, sizes[id * nmsgs + m + 1], seed);  // the write copied buf into the ring
@@ -143,20 +86,20 @@ extern "C" __global__ void exchange(const Handle* sends, const unsigned int* sen
           progress[e] = m + 1;
           since[e] = now;
         }
-      } else if (stalled || recorded(h, sender)) {
+      } else if (stalled || (sender ? Ends::failed(Tx{h}) : Ends::failed(Rx{h}))) {
         failed = true;  // the blocking call timed out, or the try call found misuse: recorded either way
         if (lane == 0) progress[e] = m | kStopped;
       }
       __syncwarp();
       if (stalled) {  // the blocking call kept this warp from its other ends for up to the time-out
-        now = warp_now_ns();
+        now = Ends::now_ns();
         for (unsigned int f = blockIdx.x; f < ends; f += gridDim.x)
           if (lane == 0) since[f] = now;
         __syncwarp();
       }
     }
   }
-  session.close();
+  visits.close();
   if (wrong) atomicAdd(bad, wrong);
 }
 

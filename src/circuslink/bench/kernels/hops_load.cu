@@ -21,8 +21,12 @@
 // warp has such a failure its other stalled ends stop without a call. sync: 3 zeroed u32s. bad: a zeroed u64
 // (wrong bytes). status: set to 0 when an end stops. progress (zeroed) and since: one word of each an end.
 #include <circuslink/channel.cuh>
+#include <circuslink/warp_ends.cuh>
 
 using Handle = circuslink::detail::ChannelHandle;
+using Ends = circuslink::WarpEnds<unsigned char>;
+using Tx = circuslink::Sender<unsigned char>;
+using Rx = circuslink::Receiver<unsigned char>;
 using circuslink::detail::ld_relaxed;
 using circuslink::detail::st_relaxed;
 
@@ -30,13 +34,6 @@ namespace {
 
 constexpr unsigned int kReady = 0x4C4F4144u;  // "LOAD"
 constexpr unsigned int kStopped = 0x80000000u;  // in progress[e]: the end stopped (stalled or failed)
-
-// Lane 0's reading of the GPU's global timer, handed to the whole warp so that every lane decides alike.
-__device__ __forceinline__ unsigned long long warp_now_ns() {
-  unsigned long long t = 0;
-  if ((threadIdx.x & 31u) == 0) t = circuslink::detail::globaltimer_ns();
-  return __shfl_sync(0xffffffffu, t, 0);
-}
 
 // The payload's word k (the host's reference: circuslink.bench.hops.load_payload).
 __device__ __forceinline__ unsigned int load_word(unsigned int seed, unsigned int pair, unsigned int m,
@@ -61,63 +58,9 @@ __device__ __forceinline__ void stage(unsigned int* buf, unsigned int seed, unsi
   __syncwarp();
 }
 
-// The warp's open session: the end it visited last stays open (its state in registers, as a kernel that serves
-// one end keeps it); a visit to another end closes it (its state stored in its control block, where the end's
-// next session() finds it) and opens the new one.
-struct Session {
-  union {
-    circuslink::SendSession<unsigned char> tx;
-    circuslink::RecvSession<unsigned char> rx;
-  };
-  unsigned int end = ~0u;
-  bool sending = false;
-
-  __device__ Session() {}
-  __device__ void open(const Handle& h, unsigned int e, bool sender) {
-    if (end == e) return;
-    close();
-    __syncwarp();  // lane 0's stored state is what every lane's session() loads next time
-    if (sender) tx = circuslink::Sender<unsigned char>{h}.session();
-    else rx = circuslink::Receiver<unsigned char>{h}.session();
-    end = e;
-    sending = sender;
-  }
-  __device__ void close() {
-    if (end == ~0u) return;
-    if (sending) tx.close();
-    else rx.close();  // hands back the credits it holds
-    end = ~0u;
-  }
-};
-
-// One call on end e (block: the blocking call, which waits up to the channel's time-out and records why it gave
-// up; else the try call, false at once with nothing moved and nothing recorded when it would wait).
-__device__ bool send_visit(Session& s, const Handle& h, unsigned int e, const unsigned char* buf, unsigned int n,
-                           bool block) {
-  s.open(h, e, true);
-  const bool moved = block ? s.tx.write_warp(buf, n) : s.tx.try_write_warp(buf, n);
-  __syncwarp();
-  return moved;
-}
-__device__ bool recv_visit(Session& s, const Handle& h, unsigned int e, unsigned char* buf, unsigned int n,
-                           bool block) {
-  s.open(h, e, false);
-  const bool moved = block ? s.rx.read_warp(buf, n) : s.rx.try_read_warp(buf, n);
-  __syncwarp();  // every lane's bytes of buf are in place before any lane checks them
-  return moved;
-}
-
 // Whether the rank's gate is open (lane 0's load, the same answer on every lane).
 __device__ __forceinline__ bool gate_open(const unsigned int* sync) {
   return __shfl_sync(0xffffffffu, (threadIdx.x & 31u) == 0 ? ld_relaxed(&sync[1]) : 0u, 0) != 0u;
-}
-
-// Whether an error is recorded on the end (lane 0's load, the same answer on every lane): a try call's false
-// is a "not now" unless it is.
-__device__ __forceinline__ bool recorded(const Handle& h, bool sender) {
-  const bool mine = (threadIdx.x & 31u) == 0 && (sender ? circuslink::Sender<unsigned char>{h}.failed()
-                                                        : circuslink::Receiver<unsigned char>{h}.failed());
-  return __shfl_sync(0xffffffffu, mine ? 1 : 0, 0) != 0;
 }
 
 // Lane 0 counts an end done (or stopped); the rank's last stops the clock.
@@ -144,7 +87,7 @@ extern "C" __global__ void load_many_to_many(const Handle* sends, const unsigned
   const unsigned int lane = threadIdx.x, ends = nsend + nrecv;
   const unsigned int nwords = (nbytes + 3) / 4;
   const bool alone = gridDim.x >= ends;  // a warp an end: the blocking calls, as fast as the channel goes
-  unsigned long long now = warp_now_ns();
+  unsigned long long now = Ends::now_ns();
   for (unsigned int e = blockIdx.x; e < nsend; e += gridDim.x) {
     if (lane == 0) scratch[(unsigned long long)e * scratch_words] = kReady;  // step 0: the ready word
   }
@@ -152,12 +95,12 @@ extern "C" __global__ void load_many_to_many(const Handle* sends, const unsigned
     if (lane == 0) since[e] = now;
   }
   __syncwarp();
-  Session session;
+  Ends visits;  // the end visited last stays open (circuslink/warp_ends.cuh)
   bool failed = false;  // a call of this warp failed, its error recorded for the host
   unsigned long long wrong = 0;
   for (bool pending = true; pending;) {
     pending = false;
-    now = warp_now_ns();
+    now = Ends::now_ns();
     for (unsigned int e = blockIdx.x; e < ends; e += gridDim.x) {
       const bool sender = e < nsend;
       const unsigned int j = sender ? e : e - nsend;
@@ -174,10 +117,9 @@ extern "C" __global__ void load_many_to_many(const Handle* sends, const unsigned
       if (!stop && !gated) {
         const unsigned int n = step == 0 ? 4u : nbytes;
         unsigned char* bytes = reinterpret_cast<unsigned char*>(buf);
-        moved = sender ? send_visit(session, sends[j], e, bytes, n, block)
-                       : recv_visit(session, recvs[j], e, bytes, n, block);
+        moved = sender ? visits.write(Tx{sends[j]}, e, bytes, n, block) : visits.read(Rx{recvs[j]}, e, bytes, n, block);
         // a blocking call that gave up, or a try call that found misuse: recorded either way
-        stop = !moved && (block || recorded(sender ? sends[j] : recvs[j], sender));
+        stop = !moved && (block || (sender ? Ends::failed(Tx{sends[j]}) : Ends::failed(Rx{recvs[j]})));
         failed = failed || stop;
       }
       if (moved) {
@@ -212,13 +154,13 @@ extern "C" __global__ void load_many_to_many(const Handle* sends, const unsigned
       }
       __syncwarp();
       if (block && !alone) {  // a blocking call kept this warp from its other ends for up to the time-out
-        now = warp_now_ns();
+        now = Ends::now_ns();
         for (unsigned int f = blockIdx.x; f < ends; f += gridDim.x)
           if (lane == 0) since[f] = now;
         __syncwarp();
       }
     }
   }
-  session.close();
+  visits.close();
   if (wrong) atomicAdd(bad, wrong);
 }
