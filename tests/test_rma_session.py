@@ -111,7 +111,7 @@ def test_a_rank_that_never_runs_is_named_by_the_waits(emulation, seed, modes):
     rng = np.random.default_rng(seed)
     for _ in range(3):
         s = int(rng.integers(1 << 31))
-        rows = run(emulation, 4, 16, 10, s, modes, stopped=1, timeout_ms=300)
+        rows = run(emulation, 4, 16, 10, s, modes, stopped=1, timeout_ms=1000)
         held = _held_by(rows, 1)
         for r in rows:
             if r["rank"] == 1:
@@ -132,7 +132,7 @@ def test_a_target_that_never_consumes_holds_its_origins_at_the_staging_depth(emu
     rng = np.random.default_rng(seed)
     for _ in range(3):
         s = int(rng.integers(1 << 31))
-        rows = run(emulation, 3, 16, 20, s, modes, silent=2, stopped=2, timeout_ms=300)[:2]
+        rows = run(emulation, 3, 16, 20, s, modes, silent=2, stopped=2, timeout_ms=1000)[:2]
         if not any(2 in r["targets"] for r in rows):  # nobody writes to rank 2: nothing holds anyone
             assert all((r["done"], r["code"]) == (20, 0) for r in rows), (s, rows)
         for r in rows:
@@ -151,7 +151,7 @@ def test_a_session_that_cannot_hold_the_queue_is_refused_and_named(emulation, se
     refused = 0
     for _ in range(6):
         s = int(rng.integers(1 << 31))
-        rows = run(emulation, 4, 4, 10, s, "ssss", timeout_ms=300)
+        rows = run(emulation, 4, 4, 10, s, "ssss", timeout_ms=1000)
         for r in rows:
             assert r["taken"] == int(_taken(r, 4)), (s, r)
             if not r["taken"]:
