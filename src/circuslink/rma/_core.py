@@ -534,12 +534,7 @@ class Queue(Resource):
         after the work already on it and returning at once, e.g. inside a CUDA graph capture; by
         default it runs on the world's stream, after the caller's current stream.
         """
-        self._check_not_freed("start")
-        if self._state == _OPEN:
-            raise RmaError(f"start before commit on {self._where()}")
-        if self._state == _STARTED:
-            raise RmaError(f"start on {self._where()}: epoch {self.epoch} was started and not waited for")
-        self._check_stream("start", stream)
+        self._check_startable("start", stream)
         active = self.window._active_queue
         if active is not None and active is not self and self.window._impl.one_epoch_per_window:
             raise RmaError(
@@ -585,14 +580,19 @@ class Queue(Resource):
             self.start()
             self.wait()
             return
-        self._check_not_freed("cycle")
-        if self._state == _OPEN:
-            raise RmaError(f"cycle before commit on {self._where()}")
-        if self._state == _STARTED:
-            raise RmaError(f"cycle on {self._where()}: epoch {self.epoch} was started and not waited for")
-        self._check_stream("cycle", stream, False)
+        self._check_startable("cycle", stream, block=False)
         self.epoch += 1
         self._impl.cycle(self.epoch, Deadline.after(self.timeout), stream)
+
+    def _check_startable(self, op: str, stream: Any, block: bool = True) -> None:
+        """What a new epoch needs (start, cycle): a live, committed queue with no epoch in flight, and a stream only
+        where the window's module has them."""
+        self._check_not_freed(op)
+        if self._state == _OPEN:
+            raise RmaError(f"{op} before commit on {self._where()}")
+        if self._state == _STARTED:
+            raise RmaError(f"{op} on {self._where()}: epoch {self.epoch} was started and not waited for")
+        self._check_stream(op, stream, block)
 
     def _check_stream(self, op: str, stream: Any, block: bool = True) -> None:
         if (stream is not None or not block) and not self.window._impl.runs_on_streams:
